@@ -1,0 +1,30 @@
+"""Serving metrics of a prefill plus a generation, from step times (seconds)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devices) -> dict[str, np.ndarray]:
+    """Return TTFT, TPOT, end-to-end latency and throughputs (arrays over points).
+
+    The prefill produces the first output token (TTFT = prefill time); the other
+    gen_len - 1 tokens come from decode steps whose total time is ``decode_total_s``;
+    TPOT is their mean (with gen_len = 1, ``decode_total_s`` is one step's time and
+    TPOT is that of the step that would come next). Throughput of a static batch
+    counts the whole run, prefill included.
+    """
+    batch = np.asarray(batch, dtype=float)
+    gen = np.asarray(gen_len, dtype=float)
+    steps = np.maximum(gen - 1, 1)
+    tpot = decode_total_s / steps
+    e2e = prefill_s + np.where(gen > 1, decode_total_s, 0.0)
+    out_tps = batch * gen / e2e
+    return {
+        "ttft_s": np.asarray(prefill_s, dtype=float),
+        "tpot_s": tpot,
+        "e2e_latency_s": e2e,
+        "output_tokens_per_s": out_tps,
+        "output_tokens_per_s_per_user": 1.0 / tpot,
+        "output_tokens_per_s_per_device": out_tps / np.asarray(devices, dtype=float),
+        "prefill_tokens_per_s": batch * np.asarray(prompt_len, dtype=float) / prefill_s,
+    }

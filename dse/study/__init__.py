@@ -1,0 +1,1 @@
+"""The ``python -m dse.study`` command line."""

@@ -1,0 +1,5 @@
+import sys
+
+from dse.study.cli import main
+
+sys.exit(main())

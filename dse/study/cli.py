@@ -1,0 +1,179 @@
+"""``python -m dse.study``: analyze, list, show.
+
+Every user error prints one line ``dse.study: error: ...`` and exits with status 2;
+nothing heavier than numpy and PyYAML is imported on the analyze path.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dse.errors import DseError
+
+PROG = "python -m dse.study"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, non-zero exit
+        raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _batch(text: str):
+    return "max" if text == "max" else _positive_int(text)
+
+
+def _add_workload_args(p):
+    p.add_argument("--model", required=True, help="model name (see 'list models') or path to a config.json")
+    p.add_argument("--devices", type=_positive_int, default=1, help="devices, tensor parallel (default 1)")
+    p.add_argument("--batch", type=_batch, default=1, help="sequences per batch, or 'max' (largest that fits)")
+    p.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
+    p.add_argument("--gen-len", type=_positive_int, default=128, help="generated tokens (default 128)")
+    p.add_argument("--weights", default="fp16", help="weights format (see 'list formats')")
+    p.add_argument("--activations", default="fp16", help="activations format")
+    p.add_argument("--kv", default="fp16", help="KV-cache format")
+    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=False,
+                   help="one fused attention operator (default: off, separate qk/softmax/sv)")
+    p.add_argument("--ideal", action="store_true", help="pure roofline bound: efficiency 1, no overheads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, description="Design-space exploration of LLM-inference hardware.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    a = sub.add_parser("analyze", help="per-operator roofline of a prefill and a decode step")
+    _add_workload_args(a)
+    a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
+    a.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    ls = sub.add_parser("list", help="list models, hardware or formats")
+    ls.add_argument("what", choices=("models", "hardware", "formats"))
+    sh = sub.add_parser("show", help="show one hardware preset or model")
+    sh.add_argument("what", choices=("hardware", "model"))
+    sh.add_argument("name")
+    sh.add_argument("--format", choices=("table", "json"), default="table")
+    return ap
+
+
+def cmd_analyze(args) -> int:
+    from dse import display
+    from dse.analyze import ROW_KEYS, analyze
+    from hwmodels.presets import load_device
+    from workloads.model import load_model
+    from workloads.scenario import Scenario
+
+    model = load_model(args.model)
+    device = load_device(args.hardware)
+    sc = Scenario.make(batch=1 if args.batch == "max" else args.batch, prompt_len=args.prompt_len,
+                       gen_len=args.gen_len, weights=args.weights, activations=args.activations, kv=args.kv,
+                       flash_attention=args.flash_attention, tp=args.devices)
+    res = analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal)
+    if args.format == "json":
+        print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
+    elif args.format == "csv":
+        rows = [{"stage": st, **r} for st, rs in (("prefill", res.prefill), ("decode", res.decode)) for r in rs]
+        print(display.csv_text(rows, ["stage", *ROW_KEYS]), end="")
+        print()
+        print(display.csv_text([res.summary]), end="")
+    else:
+        print(_table_report(res, display))
+    return 0
+
+
+def _table_report(res, display) -> str:
+    si = display.si
+    cols = [("name", "operator", str), ("count", "x", str), ("compute_format", "format", str),
+            ("ops", "ops", si), ("weight_bytes", "weights B", si), ("act_bytes", "act B", si),
+            ("kv_bytes", "KV B", si), ("arithmetic_intensity", "ops/B", lambda v: f"{v:.3g}"),
+            ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
+            ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f}%")]
+    s = res.summary
+    par = f", {s['devices']} devices (TP)" if s["devices"] > 1 else ""
+    head = (f"{s['model']} on {s['hardware']}{par}: batch {s['batch']}, prompt {s['prompt_len']}, "
+            f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
+            f"FlashAttention {'on' if s['flash_attention'] else 'off'}, {s['efficiency']} roofline")
+    out = [head, "", "Prefill (per device; rows are one instance, 'x' instances per step)",
+           display.text_table(res.prefill, cols), "",
+           f"Decode step attending to {s['prompt_len']} cached tokens",
+           display.text_table(res.decode, cols), "", "Summary"]
+    fmt = {
+        "ttft_s": lambda v: si(v, "s"), "tpot_s": lambda v: si(v, "s"), "e2e_latency_s": lambda v: si(v, "s"),
+        "output_tokens_per_s": lambda v: f"{v:.4g} tokens/s", "output_tokens_per_s_per_user": lambda v: f"{v:.4g} tokens/s",
+        "output_tokens_per_s_per_device": lambda v: f"{v:.4g} tokens/s", "prefill_tokens_per_s": lambda v: f"{v:.4g} tokens/s",
+        "weights_bytes": display.binary_bytes, "kv_cache_bytes": display.binary_bytes,
+        "activation_bytes": display.binary_bytes, "peak_memory_bytes": display.binary_bytes,
+        "capacity_bytes": display.binary_bytes,
+    }
+    for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
+              "output_tokens_per_s_per_device", "prefill_tokens_per_s", "batch", "weights_bytes", "kv_cache_bytes",
+              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "fits", "why"):
+        if k in s:
+            out.append(f"  {k:32s} {fmt.get(k, str)(s[k])}")
+    return "\n".join(out)
+
+
+def cmd_list(args) -> int:
+    if args.what == "models":
+        from workloads.model import available_models
+        names = available_models()
+    elif args.what == "hardware":
+        from hwmodels.presets import available_hardware
+        names = available_hardware()
+    else:
+        from hwmodels.formats import FORMATS
+        names = [f"{f.name:10s} {f.bits:6.3f} bits  compute {f.compute:5s}  {f.description}" for f in FORMATS.values()]
+    print("\n".join(names))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from dse import display
+    if args.what == "hardware":
+        from hwmodels.presets import load_device
+        d = load_device(args.name)
+        obj = {
+            "name": d.name, "description": d.description, "class": d.device_class,
+            "peak_ops_per_s": d.peak_ops_per_s, "vector_ops_per_s": d.vector_ops_per_s,
+            "memory_tiers": [{"name": t.name, "capacity_bytes": t.capacity_bytes,
+                              "bandwidth_bytes_per_s": t.bandwidth_bytes_per_s, "latency_s": t.latency_s}
+                             for t in d.memory_tiers],
+            "onchip_buffer_bytes": d.onchip_buffer_bytes,
+            "interconnect": None if d.interconnect is None else vars(d.interconnect),
+            "host_link": None if d.host_link is None else vars(d.host_link),
+            "tdp_w": d.tdp_w, "price_usd": d.price_usd, "sources": d.sources,
+        }
+    else:
+        from dataclasses import asdict
+
+        from workloads.footprint import active_parameter_count, parameter_count
+        from workloads.model import load_model
+        m = load_model(args.name)
+        obj = {**asdict(m), "attention": m.attention_kind, "parameters": parameter_count(m),
+               "active_parameters": active_parameter_count(m)}
+    if args.format == "json":
+        print(display.json_text(obj))
+    else:
+        for k, v in obj.items():
+            print(f"{k:28s} {v}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show}[args.command](args)
+    except DseError as e:
+        print(f"dse.study: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dse.study: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

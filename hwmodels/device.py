@@ -1,0 +1,79 @@
+"""What one device offers: compute peaks per format, memory tiers, links."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dse.errors import DseError
+from hwmodels.formats import COMPUTE_CLASSES, WIDENING
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """A memory level: capacity in bytes, bandwidth in bytes/s, access latency in s."""
+
+    name: str
+    capacity_bytes: float
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point or switched link: bandwidth per direction (bytes/s), latency (s)."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU) as the roofline sees it.
+
+    peak_ops_per_s: dense peak per compute class (``fp16``, ``fp8``, ...), ops/s.
+    vector_ops_per_s: rate of element-wise work (softmax, norms, adds), ops/s.
+    memory_tiers: device memory first.
+    onchip_buffer_bytes: on-chip buffer one attention tile may use (FlashAttention).
+    interconnect: the scale-up link between devices; host_link: the link to the host.
+    """
+
+    name: str
+    description: str
+    device_class: str
+    peak_ops_per_s: dict[str, float]
+    vector_ops_per_s: float
+    memory_tiers: tuple[MemoryTier, ...]
+    onchip_buffer_bytes: float = 0.0
+    interconnect: Link | None = None
+    host_link: Link | None = None
+    tdp_w: float | None = None
+    price_usd: float | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def memory(self) -> MemoryTier:
+        """The device's own (first) memory tier."""
+        return self.memory_tiers[0]
+
+    def compute_class_for(self, wanted: str) -> str:
+        """The class that actually runs work asking for ``wanted``: itself if native,
+        else the narrowest wider class the device supports ('vector' for element-wise)."""
+        if wanted in ("vector", "none"):
+            return wanted
+        for c in WIDENING[wanted]:
+            if self.peak_ops_per_s.get(c, 0) > 0:
+                return c
+        raise DseError(f"device '{self.name}' cannot compute {wanted} nor any wider format "
+                       f"(it has {', '.join(self.peak_ops_per_s) or 'none'})")
+
+    def peak_for(self, wanted: str) -> float:
+        """Peak ops/s available to work asking for compute class ``wanted``."""
+        c = self.compute_class_for(wanted)
+        if c == "vector":
+            return self.vector_ops_per_s
+        if c == "none":
+            return float("inf")
+        return self.peak_ops_per_s[c]
+
+
+__all__ = ["Device", "MemoryTier", "Link", "COMPUTE_CLASSES"]

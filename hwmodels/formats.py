@@ -1,0 +1,112 @@
+"""Numeric data formats: what a tensor element really costs in storage and which
+compute unit class can operate on it.
+
+Storage cost includes block scales: an OCP MX format stores one shared 8-bit
+(E8M0) scale per block of 32 elements, NVFP4 one FP8 (E4M3) scale per block of
+16 elements, and grouped INT4 one FP16 scale per group of 128 elements.
+
+Sources:
+- OCP Microscaling Formats (MX) Specification v1.0 (2023), Table 1: MXFP8/MXFP6/
+  MXFP4/MXINT8 use block size 32 with an E8M0 (8-bit) shared scale.
+- NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference"
+  (developer blog, 2025): E2M1 values, one E4M3 scale per 16 values plus one FP32
+  per-tensor scale (negligible, not counted).
+- Grouped INT4 (GPTQ/AWQ style, group size 128, one FP16 scale per group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dse.errors import DseError
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    """A storage/compute format.
+
+    name: the user-facing name (``fp8``, ``mxfp4``, ...).
+    element_bits: bits of one element's payload.
+    block_size: elements that share one scale (0 = no block scale).
+    scale_bits: bits of one block scale.
+    compute: the compute class whose peak rate runs arithmetic on this format
+        (``fp32``, ``bf16``, ``fp16``, ``fp8``, ``fp6``, ``fp4``, ``int8``, ``int4``).
+    """
+
+    name: str
+    element_bits: int
+    compute: str
+    block_size: int = 0
+    scale_bits: int = 0
+    description: str = ""
+
+    @property
+    def bits(self) -> float:
+        """Storage bits per element, block scales included."""
+        if self.block_size:
+            return self.element_bits + self.scale_bits / self.block_size
+        return float(self.element_bits)
+
+    @property
+    def bytes(self) -> float:
+        """Storage bytes per element, block scales included."""
+        return self.bits / 8.0
+
+
+FORMATS: dict[str, DataFormat] = {
+    f.name: f
+    for f in (
+        DataFormat("fp32", 32, "fp32", description="IEEE binary32"),
+        DataFormat("bf16", 16, "bf16", description="bfloat16 (E8M7)"),
+        DataFormat("fp16", 16, "fp16", description="IEEE binary16 (E5M10)"),
+        DataFormat("fp8", 8, "fp8", description="FP8 E4M3"),
+        DataFormat("fp8-e5m2", 8, "fp8", description="FP8 E5M2"),
+        DataFormat("fp6", 6, "fp6", description="FP6 (E3M2/E2M3), per-channel scales negligible"),
+        DataFormat("fp4", 4, "fp4", description="FP4 E2M1, per-channel scales negligible"),
+        DataFormat("int8", 8, "int8", description="INT8, per-channel scales negligible"),
+        DataFormat("int4", 4, "int4", 128, 16, "INT4, group of 128 with one FP16 scale"),
+        DataFormat("mxfp8", 8, "fp8", 32, 8, "OCP MXFP8 (E4M3), block 32, E8M0 scale"),
+        DataFormat("mxfp6", 6, "fp6", 32, 8, "OCP MXFP6 (E3M2), block 32, E8M0 scale"),
+        DataFormat("mxfp4", 4, "fp4", 32, 8, "OCP MXFP4 (E2M1), block 32, E8M0 scale"),
+        DataFormat("mxint8", 8, "int8", 32, 8, "OCP MXINT8, block 32, E8M0 scale"),
+        DataFormat("nvfp4", 4, "fp4", 16, 8, "NVFP4 (E2M1), block 16, FP8 E4M3 scale"),
+    )
+}
+
+#: Compute classes in the order the roofline understands them.
+COMPUTE_CLASSES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp6", "fp4", "int8", "int4")
+
+#: Width (bits) of each compute class, used to pick the wider operand of a matmul.
+COMPUTE_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8, "fp6": 6,
+                "fp4": 4, "int8": 8, "int4": 4}
+
+#: When a device cannot compute a class natively, it runs on the first class in
+#: this chain that it supports (the narrowest wider format): W4A16 does FP16 math.
+WIDENING = {
+    "int4": ("int4", "int8", "fp16", "bf16", "fp32"),
+    "fp4": ("fp4", "fp6", "fp8", "fp16", "bf16", "fp32"),
+    "fp6": ("fp6", "fp8", "fp16", "bf16", "fp32"),
+    "int8": ("int8", "fp16", "bf16", "fp32"),
+    "fp8": ("fp8", "fp16", "bf16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "tf32": ("tf32", "fp32"),
+    "fp32": ("fp32",),
+}
+
+
+def get_format(name: str, what: str = "format") -> DataFormat:
+    """Return the DataFormat called ``name``; raise DseError listing the valid names."""
+    key = str(name).lower()
+    if key in ("e4m3", "fp8-e4m3"):
+        key = "fp8"
+    if key not in FORMATS:
+        raise DseError(f"unknown {what} '{name}'; valid formats: {', '.join(FORMATS)}")
+    return FORMATS[key]
+
+
+def matmul_compute_class(a: DataFormat, b: DataFormat) -> str:
+    """Compute class of a product of operands in formats ``a`` and ``b``: the wider one
+    (ties go to ``a``, the activation side)."""
+    if COMPUTE_BITS[b.compute] > COMPUTE_BITS[a.compute]:
+        return b.compute
+    return a.compute

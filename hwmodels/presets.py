@@ -1,0 +1,142 @@
+"""Hardware presets: ``configs/hardware/<name>.yaml``, every number with its source.
+
+A numeric field is written ``{value: NUMBER, source: KEY-or-text}``; ``source``
+names an entry of the file's ``sources`` map or is itself a citation. A number
+without a source, a missing required field, a zero or negative value or an
+unknown key is an error naming the file and the key.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from dse.errors import DseError
+from hwmodels.device import Device, Link, MemoryTier
+from hwmodels.formats import COMPUTE_CLASSES
+
+HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+
+TOP_KEYS = {"name", "description", "class", "sources", "peak_ops_per_s", "vector_ops_per_s",
+            "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "tdp_w", "price_usd",
+            "notes"}
+DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
+
+
+def available_hardware() -> list[str]:
+    """Names of the presets shipped in configs/hardware/."""
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+
+
+def _cited(node, where: str, sources: dict, positive: bool = True) -> float:
+    if not isinstance(node, dict) or "value" not in node:
+        raise DseError(f"{where}: expected {{value: NUMBER, source: ...}}, got {node!r}")
+    extra = set(node) - {"value", "source", "note"}
+    if extra:
+        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: value, source, note")
+    v = node["value"]
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise DseError(f"{where}.value: expected a number, got {v!r}") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise DseError(f"{where}.value: expected a number, got {v!r}")
+    if positive and not v > 0:
+        raise DseError(f"{where}.value: must be positive, got {v}")
+    if not positive and v < 0:
+        raise DseError(f"{where}.value: must not be negative, got {v}")
+    src = node.get("source")
+    if not src or not isinstance(src, str):
+        raise DseError(f"{where}: every number needs a 'source' (a key of 'sources' or a citation)")
+    return float(v)
+
+
+def _link(node, where: str, sources: dict) -> Link | None:
+    if node is None:
+        return None
+    if not isinstance(node, dict) or "name" not in node:
+        raise DseError(f"{where}: expected a mapping with name, bandwidth_bytes_per_s[, latency_s]")
+    extra = set(node) - {"name", "bandwidth_bytes_per_s", "latency_s"}
+    if extra:
+        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+    if "bandwidth_bytes_per_s" not in node:
+        raise DseError(f"{where}: missing 'bandwidth_bytes_per_s'")
+    lat = _cited(node["latency_s"], f"{where}.latency_s", sources, positive=False) if "latency_s" in node else 0.0
+    return Link(str(node["name"]), _cited(node["bandwidth_bytes_per_s"], f"{where}.bandwidth_bytes_per_s", sources),
+                lat)
+
+
+def device_from_dict(d: dict, path: str) -> Device:
+    """Return the Device a parsed preset describes; raise DseError naming ``path`` and the key."""
+    if not isinstance(d, dict):
+        raise DseError(f"{path}: expected a mapping at the top level")
+    unknown = set(d) - TOP_KEYS
+    if unknown:
+        raise DseError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
+    for key in ("name", "class", "peak_ops_per_s", "vector_ops_per_s", "memory_tiers", "sources"):
+        if key not in d:
+            raise DseError(f"{path}: missing required key '{key}'")
+    sources = d["sources"]
+    if not isinstance(sources, dict) or not sources:
+        raise DseError(f"{path}: 'sources' must map short keys to citations")
+    if d["class"] not in DEVICE_CLASSES:
+        raise DseError(f"{path}: class '{d['class']}' is not one of {', '.join(DEVICE_CLASSES)}")
+    peaks_node = d["peak_ops_per_s"]
+    if not isinstance(peaks_node, dict) or not peaks_node:
+        raise DseError(f"{path}: peak_ops_per_s must map compute formats to cited values")
+    peaks = {}
+    for fmt, node in peaks_node.items():
+        if fmt not in COMPUTE_CLASSES:
+            raise DseError(f"{path}: peak_ops_per_s.{fmt}: unknown compute format; allowed: {', '.join(COMPUTE_CLASSES)}")
+        peaks[fmt] = _cited(node, f"{path}: peak_ops_per_s.{fmt}", sources)
+    tiers_node = d["memory_tiers"]
+    if not isinstance(tiers_node, list) or not tiers_node:
+        raise DseError(f"{path}: memory_tiers must be a non-empty list")
+    tiers = []
+    for i, t in enumerate(tiers_node):
+        w = f"{path}: memory_tiers[{i}]"
+        if not isinstance(t, dict) or "name" not in t:
+            raise DseError(f"{w}: expected a mapping with name, capacity_bytes, bandwidth_bytes_per_s")
+        extra = set(t) - {"name", "capacity_bytes", "bandwidth_bytes_per_s", "latency_s"}
+        if extra:
+            raise DseError(f"{w}: unknown key(s) {', '.join(sorted(extra))}")
+        for k in ("capacity_bytes", "bandwidth_bytes_per_s"):
+            if k not in t:
+                raise DseError(f"{w}: missing '{k}'")
+        tiers.append(MemoryTier(str(t["name"]), _cited(t["capacity_bytes"], f"{w}.capacity_bytes", sources),
+                                _cited(t["bandwidth_bytes_per_s"], f"{w}.bandwidth_bytes_per_s", sources),
+                                _cited(t["latency_s"], f"{w}.latency_s", sources, False) if "latency_s" in t else 0.0))
+    opt = lambda k: _cited(d[k], f"{path}: {k}", sources) if k in d else None  # noqa: E731
+    return Device(
+        name=str(d["name"]), description=str(d.get("description", d["name"])), device_class=d["class"],
+        peak_ops_per_s=peaks, vector_ops_per_s=_cited(d["vector_ops_per_s"], f"{path}: vector_ops_per_s", sources),
+        memory_tiers=tuple(tiers), onchip_buffer_bytes=opt("onchip_buffer_bytes") or 0.0,
+        interconnect=_link(d.get("interconnect"), f"{path}: interconnect", sources),
+        host_link=_link(d.get("host_link"), f"{path}: host_link", sources),
+        tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()})
+
+
+def load_device_file(path: str | Path) -> Device:
+    """Read and validate one preset file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise DseError(f"{p}: cannot read hardware preset: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise DseError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return device_from_dict(data, str(p))
+
+
+@lru_cache(maxsize=None)
+def load_device(name_or_path: str) -> Device:
+    """Return the Device of a preset name or a path to a preset YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
+        return load_device_file(p)
+    f = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not f.is_file():
+        raise DseError(f"unknown hardware '{name_or_path}'; valid hardware: {', '.join(available_hardware())}")
+    return load_device_file(f)

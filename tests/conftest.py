@@ -1,0 +1,26 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+VENDORED = Path(__file__).resolve().parent / "data"
+
+
+def reference_file(name: str) -> Path:
+    """A reference-data file: ../shared/data when present, else the copy in tests/data."""
+    p = SHARED_DATA / name
+    return p if p.is_file() else VENDORED / name
+
+
+def run_cli(*args, timeout=60):
+    """Run ``python -m dse.study ARGS`` in a subprocess; return CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "dse.study", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

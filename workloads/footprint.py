@@ -1,0 +1,88 @@
+"""Memory footprint: parameters, KV cache and peak live activations, per device."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.model import ModelSpec
+from workloads.optable import OpTable, _kv_heads_per_device, kv_elems_per_token_per_layer
+from workloads.scenario import Scenario
+
+
+def parameter_count(m: ModelSpec, tp: int = 1) -> float:
+    """Parameters (elements) one device holds under ``tp``-way tensor parallelism;
+    with tp=1 the model's total parameter count. Split: heads, MLP and expert width,
+    vocabulary. Replicated: norms, router, MLA down-projections."""
+    h, d = m.hidden_size, m.head_dim
+    ln = 2 if m.norm_type == "layernorm" else 1
+    vocab = m.vocab_size * h / tp
+    emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
+    head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
+    final = ln * h if m.final_norm else 0
+
+    norms = m.norms_per_block * ln * h
+    nh = m.num_heads / tp
+    if m.is_mla:
+        dn, dr, dv, rkv, rq = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank
+        attn = (h * rq + rq + rq * nh * (dn + dr)) if rq else h * nh * (dn + dr)
+        attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h
+    else:
+        nkv = _kv_heads_per_device(m, tp)
+        qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
+        attn = qkv + nh * d * h + (h if m.o_proj_bias else 0)
+    mats = 3 if m.mlp_gated else 2
+
+    def mlp(width):
+        return mats * h * width + ((mats - 1) * width + h if m.mlp_bias else 0)
+
+    dense_block = norms + attn + mlp(m.intermediate_size / tp)
+    total = emb + head + final + m.num_dense_layers * dense_block
+    if m.is_moe:
+        router = h * m.num_experts + (m.num_experts if m.model_type.startswith("deepseek") else 0)
+        experts = m.num_experts * mats * h * m.moe_intermediate_size / tp
+        shared = mats * h * m.moe_intermediate_size * m.num_shared_experts / tp
+        total += m.num_moe_layers * (norms + attn + router + experts + shared)
+    return total
+
+
+def active_parameter_count(m: ModelSpec) -> float:
+    """Parameters one token uses (MoE: top-k routed plus shared experts)."""
+    if not m.is_moe:
+        return parameter_count(m)
+    mats = 3 if m.mlp_gated else 2
+    unused = (m.num_experts - m.experts_per_token) * mats * m.hidden_size * m.moe_intermediate_size
+    return parameter_count(m) - m.num_moe_layers * unused
+
+
+def kv_cache_bytes_per_token(m: ModelSpec, sc: Scenario) -> float:
+    """KV-cache bytes one token occupies on one device, over all layers."""
+    return m.num_layers * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one device holds."""
+
+    weights_bytes: float
+    kv_cache_bytes: float
+    activation_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+
+
+def peak_activation_bytes(table: OpTable) -> float:
+    """Largest live activation set of a step: over operators, its inputs and outputs
+    plus the residual stream kept alive beside them (bytes, one instance)."""
+    m_act = table.activations.bytes
+    live = (table.column("act_in") + table.column("act_out")) * m_act
+    return float(live.max()) if len(live) else 0.0
+
+
+def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
+    """Footprint of serving ``sc``: weights, KV cache for batch x (prompt + generated)
+    tokens, and the peak live activations of the prefill or decode step."""
+    residual = sc.batch * sc.prompt_len * m.hidden_size * sc.activations.bytes
+    act = max(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
+    kv = sc.batch * (sc.prompt_len + sc.gen_len) * kv_cache_bytes_per_token(m, sc)
+    return Footprint(parameter_count(m, sc.tp) * sc.weights.bytes, kv, act)

@@ -1,0 +1,395 @@
+"""Operator tables of a prefill and of one decode step.
+
+Each operator carries element counts per tensor class (weights read, activations
+read and written, KV cache read and written, collective traffic) for one
+instance, and ``count``, the number of instances in the step (e.g. one per
+layer). Bytes follow from the scenario's data formats, so weights, activations
+and KV each carry their own format. A multiply-accumulate counts as 2 ops.
+
+Conventions (documented so a reader can check them):
+- Element-wise op counts: RMSNorm 4/element (square, accumulate, scale, gain),
+  LayerNorm 7/element, softmax 5/element (max, subtract, exp, sum, divide),
+  SiLU-gated activation 5/element, GeLU 8/element, ReLU 1/element, add 1/element.
+- Non-fused attention materialises the full S x S score matrix (masking is part of
+  softmax); FlashAttention skips fully masked blocks (causal: S(S+1)/2 pairs) and
+  re-reads K and V once per block of query rows, the block height following
+  FlashAttention's tiling rule Br = min(M / (4 d), d) for an on-chip buffer of M elements.
+- Prefill computes the logits of the last position of each sequence only.
+- A decode step attends to ``kv_len`` keys, reads them from the KV cache and
+  writes the new token's K and V.
+- MoE layers read the weights of the expected number of distinct experts the
+  step's tokens touch under uniform top-k routing: E (1 - (1 - k/E)^T).
+- MLA (DeepSeek): prefill decompresses the latent into per-head K and V
+  (kv_b_proj); decode uses the absorbed form and attends over the latent.
+- Tensor parallel over ``tp`` devices splits heads, MLP width, experts' width and
+  the vocabulary; norms, adds, the router and MLA's down-projections are
+  replicated; each block adds two all-reduces of the hidden state (one for
+  parallel attention+MLP blocks). RoPE and bias adds are fused into neighbours.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dse.errors import DseError
+from hwmodels.formats import DataFormat, matmul_compute_class
+from workloads.model import ModelSpec
+from workloads.scenario import Scenario
+
+NORM_OPS = {"rmsnorm": 4, "layernorm": 7}
+ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1}
+SOFTMAX_OPS = 5
+
+#: operator kinds: how an operator is costed
+KINDS = ("matmul", "attention", "vector", "embedding", "collective")
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator of a step; element counts are for one instance."""
+
+    name: str
+    kind: str
+    count: int
+    ops: float = 0.0
+    weight: float = 0.0
+    act_in: float = 0.0
+    act_out: float = 0.0
+    kv_in: float = 0.0
+    kv_out: float = 0.0
+    comm: float = 0.0      # elements (activation format) moved by a collective
+    uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """The operators of one step on one device and the formats that price them."""
+
+    stage: str                 # 'prefill' or 'decode'
+    operators: tuple[Operator, ...]
+    weights: DataFormat
+    activations: DataFormat
+    kv: DataFormat
+    tp: int = 1
+    tokens: int = 0            # tokens processed in this step (all sequences)
+    kv_len: int = 0            # keys attended (decode)
+    arrays: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def names(self) -> list[str]:
+        return [op.name for op in self.operators]
+
+    def column(self, attr: str) -> np.ndarray:
+        """Per-operator array of an Operator attribute (one instance)."""
+        return np.array([getattr(op, attr) for op in self.operators], dtype=float)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.column("count")
+
+    @property
+    def ops(self) -> np.ndarray:
+        """Ops per instance of each operator."""
+        return self.column("ops")
+
+    @property
+    def weight_bytes(self) -> np.ndarray:
+        return self.column("weight") * self.weights.bytes
+
+    @property
+    def act_bytes(self) -> np.ndarray:
+        return (self.column("act_in") + self.column("act_out")) * self.activations.bytes
+
+    @property
+    def kv_bytes(self) -> np.ndarray:
+        return (self.column("kv_in") + self.column("kv_out")) * self.kv.bytes
+
+    @property
+    def comm_bytes(self) -> np.ndarray:
+        return self.column("comm") * self.activations.bytes
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """Bytes moved to and from memory per instance (weights + activations + KV)."""
+        return self.weight_bytes + self.act_bytes + self.kv_bytes
+
+    @property
+    def compute_classes(self) -> list[str]:
+        """Compute class each operator asks for: a format class or 'vector'/'none'."""
+        out = []
+        for op in self.operators:
+            if op.kind == "matmul":
+                out.append(matmul_compute_class(self.activations, self.weights))
+            elif op.kind == "attention":
+                out.append(matmul_compute_class(self.activations, self.kv if op.uses_kv else self.activations))
+            elif op.kind == "vector":
+                out.append("vector")
+            else:
+                out.append("none")
+        return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+def expected_experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected number of distinct experts that ``tokens`` tokens touch when each picks
+    ``top_k`` of ``num_experts`` uniformly: E (1 - (1 - k/E)^T)."""
+    if num_experts <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def _split(value: int, tp: int, what: str, model: ModelSpec) -> int:
+    if value % tp:
+        raise DseError(f"tensor parallelism {tp} does not divide {what} ({value}) of model "
+                       f"'{model.name}'; choose devices that divide it")
+    return value // tp
+
+
+def _kv_heads_per_device(m: ModelSpec, tp: int) -> int:
+    """KV heads each device holds: split when there are enough, else replicated."""
+    if m.num_kv_heads >= tp:
+        return _split(m.num_kv_heads, tp, "num_key_value_heads", m)
+    if tp % m.num_kv_heads:
+        raise DseError(f"tensor parallelism {tp} is not a multiple of num_key_value_heads "
+                       f"({m.num_kv_heads}) of model '{m.name}'")
+    return 1
+
+
+def kv_elems_per_token_per_layer(m: ModelSpec, tp: int = 1) -> int:
+    """KV-cache elements one token adds to one layer on one device."""
+    if m.is_mla:
+        return m.kv_lora_rank + m.qk_rope_head_dim          # latent is replicated over TP
+    return 2 * _kv_heads_per_device(m, tp) * m.head_dim
+
+
+def _flash_row_blocks(seq: int, head_dim: int, buffer_bytes: float, elem_bytes: float) -> int:
+    """Number of query-row blocks FlashAttention tiles a sequence into."""
+    if buffer_bytes <= 0:
+        raise DseError("FlashAttention needs the device's on-chip buffer size (onchip_buffer_bytes)")
+    m_elems = buffer_bytes / elem_bytes
+    br = max(1, min(int(m_elems // (4 * head_dim)), head_dim))
+    return math.ceil(seq / br)
+
+
+# --------------------------------------------------------------------------- builders
+
+class _Builder:
+    def __init__(self, m: ModelSpec, sc: Scenario, stage: str, kv_len: int, buffer_bytes: float):
+        self.m, self.sc, self.stage = m, sc, stage
+        self.tp = sc.tp
+        self.B = sc.batch
+        self.S = sc.prompt_len if stage == "prefill" else 1
+        self.T = self.B * self.S                           # tokens in this step
+        self.L = sc.prompt_len if stage == "prefill" else kv_len
+        self.buffer_bytes = buffer_bytes
+        self.ops: list[Operator] = []
+        self.nh = _split(m.num_heads, self.tp, "num_attention_heads", m)
+
+    def add(self, name, kind, count, **kw):
+        if count > 0:
+            self.ops.append(Operator(name, kind, int(count), **{k: float(v) for k, v in kw.items()
+                                                                 if k != "uses_kv"},
+                                     uses_kv=bool(kw.get("uses_kv", False))))
+
+    def norm(self, name, width, count, tokens=None):
+        t = self.T if tokens is None else tokens
+        per = NORM_OPS.get(self.m.norm_type, 7)
+        params = width * (2 if self.m.norm_type == "layernorm" else 1)
+        self.add(name, "vector", count, ops=per * t * width, weight=params, act_in=t * width, act_out=t * width)
+
+    def linear(self, name, d_in, d_out, count, bias=False, kv_out=False, tokens=None, weight_rows=None):
+        t = self.T if tokens is None else tokens
+        w = d_in * d_out + (d_out if bias else 0)
+        kw = dict(ops=2 * t * d_in * d_out, weight=w if weight_rows is None else weight_rows, act_in=t * d_in)
+        kw["kv_out" if kv_out else "act_out"] = t * d_out
+        self.add(name, "matmul", count, **kw)
+
+    def add_residual(self, name, operands, count):
+        h = self.m.hidden_size
+        self.add(name, "vector", count, ops=(operands - 1) * self.T * h, act_in=operands * self.T * h,
+                 act_out=self.T * h)
+
+    def allreduce(self, name, count):
+        if self.tp > 1:
+            self.add(name, "collective", count, comm=self.T * self.m.hidden_size)
+
+    # ---- attention
+    def attention_core(self, count, nh, nkv, d_qk, d_v, kv_from_cache=True, kv_qk=None, kv_sv=None):
+        """qk_matmul + softmax + sv_matmul, or one fused flash_attention."""
+        B, S, L = self.B, self.S, self.L
+        kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
+        kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
+        kvk = "kv_in" if kv_from_cache else "act_in"
+        if self.sc.flash_attention:
+            if self.stage == "prefill":
+                pairs = B * nh * S * (S + 1) / 2
+                elem = (self.sc.kv if kv_from_cache else self.sc.activations).bytes
+                nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem)
+                kv_reads = B * L * (kv_qk + kv_sv) * (nrb + 1) / 2
+            else:
+                pairs = B * nh * L
+                kv_reads = B * L * (kv_qk + kv_sv)
+            q = B * S * nh * d_qk
+            kw = {"ops": 2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs, "act_out": B * S * nh * d_v}
+            if kv_from_cache:
+                kw.update(act_in=q, kv_in=kv_reads)
+            else:
+                kw.update(act_in=q + kv_reads)
+            self.add("flash_attention", "attention", count, uses_kv=kv_from_cache, **kw)
+            return
+        scores = B * nh * S * L
+        q = B * S * nh * d_qk
+        if kv_from_cache:
+            self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_in=q, kv_in=B * L * kv_qk,
+                     act_out=scores, uses_kv=True)
+        else:
+            self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_in=q + B * L * kv_qk,
+                     act_out=scores)
+        self.add("softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
+        out = B * S * nh * d_v
+        if kv_from_cache:
+            self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_in=scores, kv_in=B * L * kv_sv,
+                     act_out=out, uses_kv=True)
+        else:
+            self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_in=scores + B * L * kv_sv,
+                     act_out=out)
+
+    def attention(self, count):
+        m, h = self.m, self.m.hidden_size
+        if m.is_mla:
+            return self.mla_attention(count)
+        d, nh = m.head_dim, self.nh
+        nkv = _kv_heads_per_device(m, self.tp)
+        self.linear("q_proj", h, nh * d, count, bias=m.attention_bias)
+        self.linear("k_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
+        self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
+        self.attention_core(count, nh, nkv, d, d)
+        self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
+
+    def mla_attention(self, count):
+        m, h, nh = self.m, self.m.hidden_size, self.nh
+        dn, dr, dv, rkv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        if m.q_lora_rank:
+            self.linear("q_a_proj", h, m.q_lora_rank, count)
+            self.norm("q_a_norm", m.q_lora_rank, count)
+            self.linear("q_b_proj", m.q_lora_rank, nh * (dn + dr), count)
+        else:
+            self.linear("q_proj", h, nh * (dn + dr), count)
+        self.linear("kv_a_proj", h, rkv + dr, count, kv_out=True)
+        self.norm("kv_a_norm", rkv, count)
+        T = self.T
+        w_b = rkv * nh * (dn + dv)
+        if self.stage == "prefill":
+            # decompress the latent of every prompt token into per-head K (nope part) and V
+            self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b, kv_in=T * rkv,
+                     act_out=T * nh * (dn + dv))
+            self.attention_core(count, nh, nh, dn + dr, dv, kv_from_cache=False)
+        else:
+            # absorbed: q_nope -> latent space before attention, latent -> v after it
+            self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
+                     act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
+            self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+        self.linear("o_proj", nh * dv, h, count)
+
+    # ---- MLP
+    def mlp(self, prefix, width, count, bias):
+        h = self.m.hidden_size
+        if self.m.mlp_gated:
+            self.linear(f"{prefix}gate_proj", h, width, count, bias=bias)
+        self.linear(f"{prefix}up_proj", h, width, count, bias=bias)
+        per = ACT_OPS.get(self.m.mlp_activation, 8)
+        n_in = 2 if self.m.mlp_gated else 1
+        self.add(f"{prefix}act_fn", "vector", count, ops=per * self.T * width,
+                 act_in=n_in * self.T * width, act_out=self.T * width)
+        self.linear(f"{prefix}down_proj", width, h, count, bias=bias)
+
+    def moe(self, count):
+        m, h, T = self.m, self.m.hidden_size, self.T
+        E, k = m.num_experts, m.experts_per_token
+        w = m.moe_intermediate_size / self.tp
+        self.add("router", "matmul", count, ops=2 * T * h * E, weight=h * E, act_in=T * h, act_out=T * E)
+        touched = expected_experts_touched(E, k, T)
+        routed = T * k
+        n_mats = 3 if m.mlp_gated else 2
+        if m.mlp_gated:
+            self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * h * w,
+                     act_in=routed * h, act_out=routed * w)
+        self.add("expert_up_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * h * w,
+                 act_in=routed * h, act_out=routed * w)
+        per = ACT_OPS.get(m.mlp_activation, 8)
+        self.add("expert_act_fn", "vector", count, ops=per * routed * w,
+                 act_in=(n_mats - 1) * routed * w, act_out=routed * w)
+        self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * w * h,
+                 act_in=routed * w, act_out=T * h)
+        if m.num_shared_experts:
+            self.mlp("shared_", m.moe_intermediate_size * m.num_shared_experts / self.tp, count, False)
+
+    # ---- whole model
+    def build(self) -> list[Operator]:
+        m, h, T = self.m, self.m.hidden_size, self.T
+        L = m.num_layers  # layers (self.L is the context length)
+        emb = T * h * (2 if m.position_embeddings else 1)
+        self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
+        if m.embedding_norm:
+            self.norm("embedding_norm", h, 1)
+        if m.parallel_block:
+            self.norm("attn_norm", h, L)
+            if m.norms_per_block > 1:
+                self.norm("mlp_norm", h, L)
+            self.attention(L)
+            self.mlp("", m.intermediate_size / self.tp, L, m.mlp_bias)
+            self.allreduce("all_reduce", L)
+            self.add_residual("residual_add", 3, L)
+        else:
+            self.norm("attn_norm", h, L)
+            self.attention(L)
+            self.allreduce("attn_all_reduce", L)
+            self.add_residual("attn_add", 2, L)
+            self.norm("mlp_norm", h, L)
+            if m.is_moe:
+                self.mlp("", m.intermediate_size / self.tp, m.num_dense_layers, m.mlp_bias)
+                self.moe(m.num_moe_layers)
+            else:
+                self.mlp("", m.intermediate_size / self.tp, L, m.mlp_bias)
+            self.allreduce("mlp_all_reduce", L)
+            self.add_residual("mlp_add", 2, L)
+        B = self.B
+        if m.final_norm:
+            self.norm("final_norm", h, 1, tokens=B)
+        v = m.vocab_size / self.tp
+        self.add("lm_head", "matmul", 1, ops=2 * B * h * v, weight=h * v + (v if m.lm_head_bias else 0),
+                 act_in=B * h, act_out=B * v)
+        return self.ops
+
+
+def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0) -> OpTable:
+    """Operator table of the prefill of ``scenario.batch`` prompts of ``prompt_len`` tokens,
+    per device. ``buffer_bytes`` is the on-chip buffer FlashAttention tiles into."""
+    ops = _Builder(model, scenario, "prefill", scenario.prompt_len, buffer_bytes).build()
+    return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
+                   scenario.tp, scenario.batch * scenario.prompt_len, scenario.prompt_len)
+
+
+def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:
+    """Operator table of one decode step of ``scenario.batch`` sequences, each attending
+    to ``kv_len`` keys, per device."""
+    if kv_len <= 0:
+        raise DseError(f"decode context length must be positive, got {kv_len}")
+    ops = _Builder(model, scenario, "decode", kv_len, buffer_bytes).build()
+    return OpTable("decode", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
+                   scenario.tp, scenario.batch, kv_len)
+
+
+def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):
+    """Return (table, slope): the decode-step table at ``kv_len`` and a table whose
+    element and op counts are the increase per extra key attended. Every count of a
+    decode step is affine in the context length, so step(L) = table + (L - kv_len) * slope."""
+    a = decode_step(model, scenario, kv_len, buffer_bytes)
+    b = decode_step(model, scenario, kv_len + 1, buffer_bytes)
+    fields = ("ops", "weight", "act_in", "act_out", "kv_in", "kv_out", "comm")
+    slope_ops = tuple(replace(oa, **{f: getattr(ob, f) - getattr(oa, f) for f in fields})
+                      for oa, ob in zip(a.operators, b.operators))
+    return a, replace(a, operators=slope_ops)
