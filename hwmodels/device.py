@@ -34,7 +34,8 @@ class Device:
     vector_ops_per_s: rate of element-wise work (softmax, norms, adds), ops/s.
     memory_tiers: device memory first.
     onchip_buffer_bytes: on-chip buffer one attention tile may use (FlashAttention).
-    interconnect: the scale-up link between devices; host_link: the link to the host.
+    interconnect: the scale-up link between devices; host_link: the link to the host;
+    host_memory: the host's memory behind host_link (for offload).
     """
 
     name: str
@@ -46,6 +47,7 @@ class Device:
     onchip_buffer_bytes: float = 0.0
     interconnect: Link | None = None
     host_link: Link | None = None
+    host_memory: MemoryTier | None = None
     tdp_w: float | None = None
     price_usd: float | None = None
     sources: dict[str, str] = field(default_factory=dict)

@@ -19,8 +19,8 @@ from hwmodels.formats import COMPUTE_CLASSES
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 
 TOP_KEYS = {"name", "description", "class", "sources", "peak_ops_per_s", "vector_ops_per_s",
-            "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "tdp_w", "price_usd",
-            "notes"}
+            "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
+            "price_usd", "notes"}
 DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
 
 
@@ -94,28 +94,31 @@ def device_from_dict(d: dict, path: str) -> Device:
     tiers_node = d["memory_tiers"]
     if not isinstance(tiers_node, list) or not tiers_node:
         raise DseError(f"{path}: memory_tiers must be a non-empty list")
-    tiers = []
-    for i, t in enumerate(tiers_node):
-        w = f"{path}: memory_tiers[{i}]"
-        if not isinstance(t, dict) or "name" not in t:
-            raise DseError(f"{w}: expected a mapping with name, capacity_bytes, bandwidth_bytes_per_s")
-        extra = set(t) - {"name", "capacity_bytes", "bandwidth_bytes_per_s", "latency_s"}
-        if extra:
-            raise DseError(f"{w}: unknown key(s) {', '.join(sorted(extra))}")
-        for k in ("capacity_bytes", "bandwidth_bytes_per_s"):
-            if k not in t:
-                raise DseError(f"{w}: missing '{k}'")
-        tiers.append(MemoryTier(str(t["name"]), _cited(t["capacity_bytes"], f"{w}.capacity_bytes", sources),
-                                _cited(t["bandwidth_bytes_per_s"], f"{w}.bandwidth_bytes_per_s", sources),
-                                _cited(t["latency_s"], f"{w}.latency_s", sources, False) if "latency_s" in t else 0.0))
+    tiers = [_tier(t, f"{path}: memory_tiers[{i}]", sources) for i, t in enumerate(tiers_node)]
+    host_memory = _tier(d["host_memory"], f"{path}: host_memory", sources) if "host_memory" in d else None
     opt = lambda k: _cited(d[k], f"{path}: {k}", sources) if k in d else None  # noqa: E731
     return Device(
         name=str(d["name"]), description=str(d.get("description", d["name"])), device_class=d["class"],
         peak_ops_per_s=peaks, vector_ops_per_s=_cited(d["vector_ops_per_s"], f"{path}: vector_ops_per_s", sources),
         memory_tiers=tuple(tiers), onchip_buffer_bytes=opt("onchip_buffer_bytes") or 0.0,
         interconnect=_link(d.get("interconnect"), f"{path}: interconnect", sources),
-        host_link=_link(d.get("host_link"), f"{path}: host_link", sources),
+        host_link=_link(d.get("host_link"), f"{path}: host_link", sources), host_memory=host_memory,
         tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()})
+
+
+def _tier(t, w: str, sources: dict) -> MemoryTier:
+    """A memory tier from its preset mapping."""
+    if not isinstance(t, dict) or "name" not in t:
+        raise DseError(f"{w}: expected a mapping with name, capacity_bytes, bandwidth_bytes_per_s")
+    extra = set(t) - {"name", "capacity_bytes", "bandwidth_bytes_per_s", "latency_s"}
+    if extra:
+        raise DseError(f"{w}: unknown key(s) {', '.join(sorted(extra))}")
+    for k in ("capacity_bytes", "bandwidth_bytes_per_s"):
+        if k not in t:
+            raise DseError(f"{w}: missing '{k}'")
+    return MemoryTier(str(t["name"]), _cited(t["capacity_bytes"], f"{w}.capacity_bytes", sources),
+                      _cited(t["bandwidth_bytes_per_s"], f"{w}.bandwidth_bytes_per_s", sources),
+                      _cited(t["latency_s"], f"{w}.latency_s", sources, False) if "latency_s" in t else 0.0)
 
 
 def load_device_file(path: str | Path) -> Device:

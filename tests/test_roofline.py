@@ -1,0 +1,140 @@
+"""The roofline kernel and metrics against independent hand calculations."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dse.analyze import analyze, compute_footprint, max_batch
+from dse.efficiency import DEFAULT, IDEAL
+from dse.errors import DseError
+from dse.roofline import OpArrays, SystemArrays, decode_total_time, step_time
+from hwmodels.presets import load_device
+from workloads.footprint import parameter_count
+from workloads.model import load_model
+from workloads.optable import decode_linear, decode_step
+from workloads.scenario import Scenario
+
+
+def test_ideal_batch1_decode_is_weights_plus_kv_over_bandwidth():
+    m, d = load_model("llama-2-7b"), load_device("rtx-a6000")
+    res = analyze(m, d, Scenario.make(batch=1, prompt_len=2048), ideal=True)
+    step = sum(r["total_time_s"] for r in res.decode)
+    # every weight once except the embedding table (the step reads one row of it), plus 2048 tokens of KV
+    weights = (6_738_415_616 - 32000 * 4096 + 4096) * 2
+    kv = 2048 * 512 * 1024
+    assert step == pytest.approx((weights + kv) / 768e9, rel=0.005)
+    assert all(r["bound"] == "memory" for r in res.decode)
+
+
+@pytest.mark.parametrize("hw", ["rtx-a6000", "a100-80gb", "h100-sxm"])
+def test_batch1_decode_memory_bound_on_gpus(hw):
+    res = analyze(load_model("llama-3.1-8b"), load_device(hw), Scenario.make(batch=1, prompt_len=1024))
+    for r in res.decode:
+        if r["ops"] > 0 and r["memory_bytes"] > 0:
+            assert r["bound"] == "memory", r["name"]
+
+
+def _exact_decode(m, sc, dev, eff, first, steps):
+    system = SystemArrays.from_devices([dev], sc.tp)
+    return sum(step_time(OpArrays.from_table(decode_step(m, sc, first + j, dev.onchip_buffer_bytes)), system, eff)[0]
+               for j in range(steps))
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=st.sampled_from(["llama-2-7b", "mixtral-8x7b", "deepseek-v3", "gpt-j-6b"]),
+       hw=st.sampled_from(["rtx-a6000", "a100-80gb", "h100-sxm"]),
+       batch=st.integers(1, 512), prompt=st.integers(1, 4000), steps=st.integers(1, 60),
+       flash=st.booleans(), ideal=st.booleans())
+def test_decode_closed_form_equals_sum_of_steps(model, hw, batch, prompt, steps, flash, ideal):
+    m, dev = load_model(model), load_device(hw)
+    sc = Scenario.make(batch=batch, prompt_len=prompt, flash_attention=flash)
+    eff = IDEAL if ideal else DEFAULT
+    d0, slope = decode_linear(m, sc, prompt + 1, dev.onchip_buffer_bytes)
+    system = SystemArrays.from_devices([dev], 1)
+    closed = decode_total_time(OpArrays.from_table(d0), OpArrays.from_table(slope), np.array([steps]), system, eff)[0]
+    assert closed == pytest.approx(_exact_decode(m, sc, dev, eff, prompt + 1, steps), rel=1e-9)
+
+
+def test_decode_crossing_compute_and_memory():
+    # large batch, attention goes memory-bound as the context grows while it started compute-bound
+    m, dev = load_model("llama-2-7b"), load_device("h100-sxm")
+    sc = Scenario.make(batch=256, prompt_len=1, weights="fp8", activations="fp8", kv="fp8")
+    d0, slope = decode_linear(m, sc, 2, dev.onchip_buffer_bytes)
+    system = SystemArrays.from_devices([dev], 1)
+    closed = decode_total_time(OpArrays.from_table(d0), OpArrays.from_table(slope), np.array([300]), system, IDEAL)[0]
+    assert closed == pytest.approx(_exact_decode(m, sc, dev, IDEAL, 2, 300), rel=1e-9)
+
+
+def test_tpot_and_throughput_definitions():
+    m, d = load_model("llama-2-7b"), load_device("a100-80gb")
+    sc = Scenario.make(batch=8, prompt_len=256, gen_len=33)
+    s = analyze(m, d, sc).summary
+    exact = _exact_decode(m, sc, d, DEFAULT, 257, 32)
+    assert s["tpot_s"] == pytest.approx(exact / 32, rel=1e-9)
+    assert s["e2e_latency_s"] == pytest.approx(s["ttft_s"] + exact, rel=1e-9)
+    assert s["output_tokens_per_s"] == pytest.approx(8 * 33 / s["e2e_latency_s"])
+    assert s["output_tokens_per_s_per_user"] == pytest.approx(1 / s["tpot_s"])
+
+
+def test_ring_all_reduce_cost():
+    m, d = load_model("llama-2-70b"), load_device("h100-sxm")
+    res = analyze(m, d, Scenario.make(batch=4, prompt_len=128, tp=4), ideal=True)
+    row = next(r for r in res.prefill if r["name"] == "attn_all_reduce")
+    msg = 4 * 128 * 8192 * 2  # tokens x hidden x fp16
+    assert row["time_s"] == pytest.approx(2 * 3 / 4 * msg / 450e9)
+    assert row["bound"] == "collective"
+
+
+def test_w4a16_reads_4bit_weights_and_computes_fp16():
+    m, d = load_model("llama-2-7b"), load_device("a100-80gb")
+    res = analyze(m, d, Scenario.make(batch=1, prompt_len=64, weights="int4", activations="fp16"), ideal=True)
+    q = next(r for r in res.decode if r["name"] == "q_proj")
+    assert q["compute_format"] == "fp16"
+    assert q["weight_bytes"] == pytest.approx(4096 * 4096 * (4 + 16 / 128) / 8)
+
+
+def test_format_widening_on_devices_without_it():
+    a100 = load_device("a100-80gb")
+    assert a100.compute_class_for("fp8") == "fp16"       # no FP8 tensor cores on Ampere
+    assert a100.compute_class_for("fp4") == "fp16"
+    assert load_device("h100-sxm").compute_class_for("fp8") == "fp8"
+    assert a100.compute_class_for("int4") == "int8"
+
+
+def test_model_that_does_not_fit_is_reported():
+    s = analyze(load_model("llama-2-70b"), load_device("a100-80gb"), Scenario.make(batch=1, prompt_len=128)).summary
+    assert s["fits"] is False and "a100-80gb" in s["why"]
+    assert s["weights_bytes"] == pytest.approx(parameter_count(load_model("llama-2-70b")) * 2)
+
+
+def test_batch_max_is_largest_that_fits():
+    m, d = load_model("llama-2-7b"), load_device("a100-80gb")
+    sc = Scenario.make(prompt_len=1024, gen_len=1024)
+    b = max_batch(m, sc, d)
+    cap = d.memory.capacity_bytes
+    assert compute_footprint(m, replace(sc, batch=b), d).total_bytes <= cap
+    assert compute_footprint(m, replace(sc, batch=b + 1), d).total_bytes > cap
+    # independent estimate: free memory / KV per sequence bounds it from above
+    kv_per_seq = 2048 * 512 * 1024
+    assert b <= (cap - 6_738_415_616 * 2) / kv_per_seq
+    assert analyze(m, d, sc, batch_max=True).summary["batch"] == b
+
+
+def test_more_bandwidth_or_compute_never_slower():
+    m, d = load_model("llama-2-13b"), load_device("a100-80gb")
+    sc = Scenario.make(batch=16, prompt_len=512)
+    base = analyze(m, d, sc).summary
+    faster_mem = replace(d, memory_tiers=(replace(d.memory, bandwidth_bytes_per_s=2 * d.memory.bandwidth_bytes_per_s),))
+    faster_alu = replace(d, peak_ops_per_s={k: 2 * v for k, v in d.peak_ops_per_s.items()})
+    for dd in (faster_mem, faster_alu):
+        s = analyze(m, dd, sc).summary
+        assert s["ttft_s"] <= base["ttft_s"] and s["tpot_s"] <= base["tpot_s"]
+
+
+def test_tp_without_interconnect_or_flash_without_buffer_is_an_error():
+    d = replace(load_device("a100-80gb"), interconnect=None, onchip_buffer_bytes=0.0)
+    with pytest.raises(DseError, match="interconnect"):
+        analyze(load_model("llama-2-7b"), d, Scenario.make(tp=2))
+    with pytest.raises(DseError, match="onchip_buffer_bytes"):
+        analyze(load_model("llama-2-7b"), d, Scenario.make(flash_attention=True))
