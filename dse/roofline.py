@@ -34,6 +34,9 @@ class SystemArrays:
     bandwidth, capacity: [P] device-memory bytes/s and bytes.
     link_bandwidth, link_latency: [P] scale-up link per direction (bytes/s) and latency (s).
     tp: [P] tensor-parallel degree.
+    host_bandwidth: [P] bytes/s to the next memory tier (host DRAM over its link).
+    offload: [P, 3] fraction of weight, activation and KV bytes that live in that tier.
+    overlap: [P] bool, host transfers overlap compute (max) instead of adding to it.
     """
 
     peak: np.ndarray
@@ -42,14 +45,27 @@ class SystemArrays:
     link_bandwidth: np.ndarray
     link_latency: np.ndarray
     tp: np.ndarray
+    host_bandwidth: np.ndarray | None = None
+    offload: np.ndarray | None = None
+    overlap: np.ndarray | None = None
+
+    def __post_init__(self):
+        n = self.bandwidth.shape[0]
+        if self.host_bandwidth is None:
+            object.__setattr__(self, "host_bandwidth", np.full(n, np.inf))
+        if self.offload is None:
+            object.__setattr__(self, "offload", np.zeros((n, 3)))
+        if self.overlap is None:
+            object.__setattr__(self, "overlap", np.ones(n, dtype=bool))
 
     @property
     def size(self) -> int:
         return self.bandwidth.shape[0]
 
     @classmethod
-    def from_devices(cls, devices: list[Device], tp) -> "SystemArrays":
-        """Stack devices (and their tensor-parallel degrees) into arrays."""
+    def from_devices(cls, devices: list[Device], tp, offload=None, overlap=True) -> "SystemArrays":
+        """Stack devices (their tensor-parallel degrees, and the [P, 3] fractions of weight,
+        activation and KV bytes offloaded to the host tier) into arrays."""
         n = len(devices)
         peak = np.zeros((n, len(PEAK_COLUMNS)))
         for i, d in enumerate(devices):
@@ -62,9 +78,13 @@ class SystemArrays:
             peak[i, _COL["none"]] = np.inf
         link_bw = np.array([d.interconnect.bandwidth_bytes_per_s if d.interconnect else np.nan for d in devices])
         link_lat = np.array([d.interconnect.latency_s if d.interconnect else 0.0 for d in devices])
+        host_bw = np.array([min(d.host_link.bandwidth_bytes_per_s if d.host_link else np.nan,
+                                d.host_memory.bandwidth_bytes_per_s if d.host_memory else np.inf) for d in devices])
+        off = np.zeros((n, 3)) if offload is None else np.broadcast_to(np.asarray(offload, float), (n, 3)).copy()
         return cls(peak, np.array([d.memory.bandwidth_bytes_per_s for d in devices]),
                    np.array([d.memory.capacity_bytes for d in devices]), link_bw, link_lat,
-                   np.broadcast_to(np.asarray(tp, dtype=float), (n,)).copy())
+                   np.broadcast_to(np.asarray(tp, dtype=float), (n,)).copy(), host_bw, off,
+                   np.broadcast_to(np.asarray(overlap, dtype=bool), (n,)).copy())
 
 
 @dataclass(frozen=True)
@@ -72,15 +92,23 @@ class OpArrays:
     """A step's operators as arrays, priced in bytes (shape [O] or [P, O])."""
 
     ops: np.ndarray
-    memory_bytes: np.ndarray
-    comm_bytes: np.ndarray
+    weight_bytes: np.ndarray
+    act_bytes: np.ndarray
+    kv_bytes: np.ndarray
+    comm_bytes: np.ndarray    # ring all-reduce message
+    p2p_bytes: np.ndarray     # point-to-point transfer (pipeline hop)
     peak_column: np.ndarray   # int index into PEAK_COLUMNS, [O]
     count: np.ndarray
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return self.weight_bytes + self.act_bytes + self.kv_bytes
 
     @classmethod
     def from_table(cls, table) -> "OpArrays":
         cols = np.array([_COL[c] for c in table.compute_classes], dtype=int)
-        return cls(table.ops, table.memory_bytes, table.comm_bytes, cols, table.counts)
+        return cls(table.ops, table.weight_bytes, table.act_bytes, table.kv_bytes, table.comm_bytes,
+                   table.p2p_bytes, cols, table.counts)
 
 
 @dataclass(frozen=True)
@@ -88,22 +116,43 @@ class OpCost:
     """Per-instance times of each operator on each point, seconds, [P, O]."""
 
     compute_s: np.ndarray
-    memory_s: np.ndarray
+    memory_s: np.ndarray      # device-memory traffic
+    offload_s: np.ndarray     # traffic to the host tier over its link
     collective_s: np.ndarray
     time_s: np.ndarray
 
     @property
     def bound(self) -> np.ndarray:
-        """'compute', 'memory' or 'collective' per [P, O]."""
-        out = np.where(self.compute_s > self.memory_s, "compute", "memory")
-        return np.where((self.collective_s > 0) & (self.compute_s == 0) & (self.memory_s == 0), "collective", out)
+        """'compute', 'memory', 'offload' or 'collective' per [P, O]: the largest term."""
+        terms = np.stack([self.compute_s, self.memory_s, self.offload_s, self.collective_s])
+        names = np.array(["compute", "memory", "offload", "collective"])
+        return names[np.argmax(terms, axis=0)]
 
 
-def _rates(op: OpArrays, sys: SystemArrays, eff: Efficiency):
+def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency):
+    """(device-memory seconds, host-tier seconds) per instance, [P, O]."""
+    f = sys.offload                                                   # [P, 3]
+    bw = (sys.bandwidth * eff.memory)[:, None]
+    host = (sys.host_bandwidth * eff.memory)[:, None]
+    on_host = (op.weight_bytes * f[:, 0:1] + op.act_bytes * f[:, 1:2] + op.kv_bytes * f[:, 2:3])
+    dev = (op.weight_bytes + op.act_bytes + op.kv_bytes) - on_host
+    with np.errstate(invalid="ignore"):
+        host_s = np.where(on_host > 0, on_host / host, 0.0)
+    return dev / bw, host_s
+
+
+def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency):
     peak = sys.peak[:, op.peak_column] * eff.compute                  # [P, O]
-    bw = (sys.bandwidth * eff.memory)[:, None]                        # [P, 1]
-    return peak, bw
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ops != 0, ops / peak, 0.0)
 
+
+def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Point-to-point transfer time per instance, [P, O]: bytes / (link bw * eff) + latency."""
+    b = np.broadcast_to(np.asarray(p2p_bytes, dtype=float), (sys.size,) + np.shape(p2p_bytes)[-1:])
+    with np.errstate(invalid="ignore"):
+        t = b / (sys.link_bandwidth[:, None] * eff.collective) + sys.link_latency[:, None]
+    return np.where(b > 0, t, 0.0)
 
 def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Ring all-reduce time per instance, [P, O]: 2(N-1)/N * bytes / (link bw * eff) + 2(N-1) latency."""
@@ -114,16 +163,22 @@ def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarra
     return np.where(comm > 0, t, 0.0)
 
 
+def _work(op: OpArrays):
+    return (op.ops > 0) | (op.memory_bytes > 0) | (op.comm_bytes > 0) | (op.p2p_bytes > 0)
+
+
 def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
-    """Per-instance cost of every operator on every design point."""
-    peak, bw = _rates(op, sys, eff)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        compute = np.where(op.ops > 0, op.ops / peak, 0.0)
-    memory = op.memory_bytes / bw
-    coll = collective_time(op.comm_bytes, sys, eff)
-    work = (op.ops > 0) | (op.memory_bytes > 0) | (op.comm_bytes > 0)
-    time = np.maximum(compute, memory) + coll + np.where(work, eff.op_overhead_s, 0.0)
-    return OpCost(compute, memory, coll, time)
+    """Per-instance cost of every operator on every design point.
+
+    Host-tier traffic overlaps compute (inside the max, summed with device traffic)
+    where ``sys.overlap``, else adds to the operator's time."""
+    compute = _compute_term(op.ops, op, sys, eff)
+    dev, host = _memory_terms(op, sys, eff)
+    ov = sys.overlap[:, None]
+    coll = collective_time(op.comm_bytes, sys, eff) + p2p_time(op.p2p_bytes, sys, eff)
+    time = (np.maximum(compute, dev + np.where(ov, host, 0.0)) + np.where(ov, 0.0, host) + coll
+            + np.where(_work(op), eff.op_overhead_s, 0.0))
+    return OpCost(compute, dev, host, coll, time)
 
 
 def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
@@ -145,14 +200,14 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     over j is split at the single crossing of two linear functions and summed in
     closed form, so the cost does not grow with the number of steps.
     """
-    peak, bw = _rates(op0, sys, eff)
     n = np.asarray(steps, dtype=float)
     n = n[:, None] if n.ndim == 1 else n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c0 = np.where(op0.ops > 0, op0.ops / peak, 0.0)
-        cs = np.where(slope.ops != 0, slope.ops / peak, 0.0)
-    m0 = op0.memory_bytes / bw
-    ms = slope.memory_bytes / bw
+    c0, cs = _compute_term(op0.ops, op0, sys, eff), _compute_term(slope.ops, op0, sys, eff)
+    dev0, host0 = _memory_terms(op0, sys, eff)
+    devs, hosts = _memory_terms(slope, sys, eff)
+    ov = sys.overlap[:, None]
+    m0, ms = dev0 + np.where(ov, host0, 0.0), devs + np.where(ov, hosts, 0.0)   # inside the max
+    a0, as_ = np.where(ov, 0.0, host0), np.where(ov, 0.0, hosts)               # added to it
     d0, ds = c0 - m0, cs - ms
     with np.errstate(divide="ignore", invalid="ignore"):
         root = -d0 / ds
@@ -161,10 +216,9 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     zero = np.zeros_like(d0)
     lo = np.where(ds > 0, up_lo, np.where(ds < 0, zero, np.where(d0 >= 0, zero, n)))
     hi = np.where(ds > 0, n + zero, np.where(ds < 0, down_hi, np.where(d0 >= 0, n + zero, n)))
-    total = (_arith_sum(c0, cs, lo, hi) + _arith_sum(m0, ms, 0, lo) + _arith_sum(m0, ms, hi, n + zero))
-    coll0 = collective_time(op0.comm_bytes, sys, eff)
-    coll1 = collective_time(op0.comm_bytes + slope.comm_bytes, sys, eff)
-    total = total + _arith_sum(coll0, coll1 - coll0, 0, n + zero)
-    work = (op0.ops > 0) | (op0.memory_bytes > 0) | (op0.comm_bytes > 0)
-    total = total + np.where(work, eff.op_overhead_s, 0.0) * n
+    total = (_arith_sum(c0, cs, lo, hi) + _arith_sum(m0, ms, 0, lo) + _arith_sum(m0, ms, hi, n + zero)
+             + _arith_sum(a0, as_, 0, n + zero))
+    coll0 = collective_time(op0.comm_bytes, sys, eff) + p2p_time(op0.p2p_bytes, sys, eff)
+    total = total + coll0 * n   # collective and hop traffic do not grow with the context
+    total = total + np.where(_work(op0), eff.op_overhead_s, 0.0) * n
     return (total * op0.count).sum(axis=-1) + eff.step_overhead_s * np.asarray(steps, dtype=float)

@@ -8,10 +8,12 @@ from workloads.optable import OpTable, _kv_heads_per_device, kv_elems_per_token_
 from workloads.scenario import Scenario
 
 
-def parameter_count(m: ModelSpec, tp: int = 1) -> float:
-    """Parameters (elements) one device holds under ``tp``-way tensor parallelism;
-    with tp=1 the model's total parameter count. Split: heads, MLP and expert width,
-    vocabulary. Replicated: norms, router, MLA down-projections."""
+def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1) -> float:
+    """Parameters (elements) one device holds under ``tp``-way tensor and ``pp``-stage
+    pipeline parallelism (the largest stage: its share of the layers plus the
+    embedding or the head); with tp=pp=1 the model's total parameter count.
+    Split over TP: heads, MLP and expert width, vocabulary. Replicated: norms, router,
+    MLA down-projections."""
     h, d = m.hidden_size, m.head_dim
     ln = 2 if m.norm_type == "layernorm" else 1
     vocab = m.vocab_size * h / tp
@@ -41,7 +43,10 @@ def parameter_count(m: ModelSpec, tp: int = 1) -> float:
         experts = m.num_experts * mats * h * m.moe_intermediate_size / tp
         shared = mats * h * m.moe_intermediate_size * m.num_shared_experts / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
-    return total
+    if pp == 1:
+        return total
+    layers = total - emb - head - final
+    return layers / pp + max(emb, head + final)
 
 
 def active_parameter_count(m: ModelSpec) -> float:
@@ -54,8 +59,8 @@ def active_parameter_count(m: ModelSpec) -> float:
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, sc: Scenario) -> float:
-    """KV-cache bytes one token occupies on one device, over all layers."""
-    return m.num_layers * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+    """KV-cache bytes one token occupies on one device, over the layers it holds."""
+    return m.num_layers // sc.pp * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,10 @@ def peak_activation_bytes(table: OpTable) -> float:
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
-    """Footprint of serving ``sc``: weights, KV cache for batch x (prompt + generated)
-    tokens, and the peak live activations of the prefill or decode step."""
-    residual = sc.batch * sc.prompt_len * m.hidden_size * sc.activations.bytes
+    """Footprint of serving ``sc`` on one device: weights, KV cache for batch x (prompt +
+    generated) tokens, and the peak live activations of the prefill or decode step
+    (the tables are of one micro-batch)."""
+    residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
     act = max(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
     kv = sc.batch * (sc.prompt_len + sc.gen_len) * kv_cache_bytes_per_token(m, sc)
-    return Footprint(parameter_count(m, sc.tp) * sc.weights.bytes, kv, act)
+    return Footprint(parameter_count(m, sc.tp, sc.pp) * sc.weights.bytes, kv, act)

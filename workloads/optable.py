@@ -25,6 +25,8 @@ Conventions (documented so a reader can check them):
   the vocabulary; norms, adds, the router and MLA's down-projections are
   replicated; each block adds two all-reduces of the hidden state (one for
   parallel attention+MLP blocks). RoPE and bias adds are fused into neighbours.
+- Pipeline parallel over ``pp`` stages: the table is the whole model's pass for one
+  micro-batch (the stages run it in turn) plus ``pp - 1`` hops of the hidden state.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ class Operator:
     act_out: float = 0.0
     kv_in: float = 0.0
     kv_out: float = 0.0
-    comm: float = 0.0      # elements (activation format) moved by a collective
+    comm: float = 0.0      # elements (activation format) in a ring all-reduce
+    p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
     uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
 
 
@@ -109,6 +112,10 @@ class OpTable:
     @property
     def comm_bytes(self) -> np.ndarray:
         return self.column("comm") * self.activations.bytes
+
+    @property
+    def p2p_bytes(self) -> np.ndarray:
+        return self.column("p2p") * self.activations.bytes
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -187,6 +194,12 @@ class _Builder:
         self.buffer_bytes = buffer_bytes
         self.ops: list[Operator] = []
         self.nh = _split(m.num_heads, self.tp, "num_attention_heads", m)
+        if m.num_layers % sc.pp:
+            raise DseError(f"pipeline parallelism {sc.pp} does not divide num_hidden_layers ({m.num_layers}) "
+                           f"of model '{m.name}'")
+        if m.is_moe and m.moe_intermediate_size % self.tp:
+            raise DseError(f"tensor parallelism {self.tp} does not divide moe_intermediate_size "
+                           f"({m.moe_intermediate_size}) of model '{m.name}'")
 
     def add(self, name, kind, count, **kw):
         if count > 0:
@@ -356,6 +369,8 @@ class _Builder:
                 self.mlp("", m.intermediate_size / self.tp, L, m.mlp_bias)
             self.allreduce("mlp_all_reduce", L)
             self.add_residual("mlp_add", 2, L)
+        if self.sc.pp > 1:
+            self.add("pp_hop", "collective", self.sc.pp - 1, p2p=T * h)
         B = self.B
         if m.final_norm:
             self.norm("final_norm", h, 1, tokens=B)
@@ -389,7 +404,7 @@ def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     decode step is affine in the context length, so step(L) = table + (L - kv_len) * slope."""
     a = decode_step(model, scenario, kv_len, buffer_bytes)
     b = decode_step(model, scenario, kv_len + 1, buffer_bytes)
-    fields = ("ops", "weight", "act_in", "act_out", "kv_in", "kv_out", "comm")
+    fields = ("ops", "weight", "act_in", "act_out", "kv_in", "kv_out", "comm", "p2p")
     slope_ops = tuple(replace(oa, **{f: getattr(ob, f) - getattr(oa, f) for f in fields})
                       for oa, ob in zip(a.operators, b.operators))
     return a, replace(a, operators=slope_ops)

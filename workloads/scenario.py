@@ -15,7 +15,8 @@ class Scenario:
     gen_len: tokens generated per sequence (the first comes out of the prefill);
     weights/activations/kv: data formats of each tensor class;
     flash_attention: one fused attention operator instead of qk/softmax/sv;
-    tp: tensor-parallel degree (the operator table is per device).
+    tp: tensor-parallel degree (the operator table is per device);
+    pp: pipeline-parallel stages (devices = tp x pp).
     """
 
     batch: int = 1
@@ -26,9 +27,24 @@ class Scenario:
     kv: DataFormat = get_format("fp16")
     flash_attention: bool = False
     tp: int = 1
+    pp: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches in flight through the pipeline: min(batch, pp)."""
+        return min(self.batch, self.pp)
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per micro-batch: ceil(batch / micro_batches)."""
+        return -(-self.batch // self.micro_batches)
 
     def __post_init__(self):
-        for key in ("batch", "prompt_len", "gen_len", "tp"):
+        for key in ("batch", "prompt_len", "gen_len", "tp", "pp"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise DseError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")

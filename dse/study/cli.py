@@ -34,7 +34,10 @@ def _batch(text: str):
 
 def _add_workload_args(p):
     p.add_argument("--model", required=True, help="model name (see 'list models') or path to a config.json")
-    p.add_argument("--devices", type=_positive_int, default=1, help="devices, tensor parallel (default 1)")
+    p.add_argument("--devices", type=_positive_int, default=None,
+                   help="devices (default tp x pp; alone, all of them tensor parallel)")
+    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree")
+    p.add_argument("--pp", type=_positive_int, default=None, help="pipeline-parallel stages")
     p.add_argument("--batch", type=_batch, default=1, help="sequences per batch, or 'max' (largest that fits)")
     p.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
     p.add_argument("--gen-len", type=_positive_int, default=128, help="generated tokens (default 128)")
@@ -44,6 +47,11 @@ def _add_workload_args(p):
     p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=False,
                    help="one fused attention operator (default: off, separate qk/softmax/sv)")
     p.add_argument("--ideal", action="store_true", help="pure roofline bound: efficiency 1, no overheads")
+    p.add_argument("--offload", default="none",
+                   help="none (default) | greedy | fractions on the host tier, e.g. weights=0.5,kv=0.2")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="host-tier transfers overlap compute (default) or add to it")
+    p.add_argument("--link", default=None, help="scale-up link preset replacing the device's (see 'list links')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
     a.add_argument("--format", choices=("table", "csv", "json"), default="table")
     ls = sub.add_parser("list", help="list models, hardware or formats")
-    ls.add_argument("what", choices=("models", "hardware", "formats"))
+    ls.add_argument("what", choices=("models", "hardware", "formats", "links"))
     sh = sub.add_parser("show", help="show one hardware preset or model")
     sh.add_argument("what", choices=("hardware", "model"))
     sh.add_argument("name")
@@ -62,19 +70,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parallel_layout(devices, tp, pp) -> tuple[int, int]:
+    """(tp, pp) from --devices/--tp/--pp; DseError when they disagree."""
+    if tp is None and pp is None:
+        return (devices or 1), 1
+    tp, pp = tp or 1, pp or 1
+    if devices is None and tp * pp > 0:
+        return tp, pp
+    if tp * pp != devices:
+        raise DseError(f"--devices {devices} must equal --tp {tp} x --pp {pp}")
+    return tp, pp
+
+
 def cmd_analyze(args) -> int:
+    from dataclasses import replace
+
     from dse import display
     from dse.analyze import ROW_KEYS, analyze
+    from hwmodels.links import load_link
+    from hwmodels.placement import parse_policy
     from hwmodels.presets import load_device
     from workloads.model import load_model
     from workloads.scenario import Scenario
 
+    tp, pp = parallel_layout(args.devices, args.tp, args.pp)
+    offload = parse_policy(args.offload)
     model = load_model(args.model)
     device = load_device(args.hardware)
+    if args.link:
+        device = replace(device, interconnect=load_link(args.link))
     sc = Scenario.make(batch=1 if args.batch == "max" else args.batch, prompt_len=args.prompt_len,
                        gen_len=args.gen_len, weights=args.weights, activations=args.activations, kv=args.kv,
-                       flash_attention=args.flash_attention, tp=args.devices)
-    res = analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal)
+                       flash_attention=args.flash_attention, tp=tp, pp=pp)
+    res = analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
+                  overlap=args.overlap)
     if args.format == "json":
         print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
     elif args.format == "csv":
@@ -95,7 +124,8 @@ def _table_report(res, display) -> str:
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
             ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f}%")]
     s = res.summary
-    par = f", {s['devices']} devices (TP)" if s["devices"] > 1 else ""
+    par = f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']})" if s["devices"] > 1 else ""
+    par += f", offload {s['offload']}" if s["offload"] != "none" else ""
     head = (f"{s['model']} on {s['hardware']}{par}: batch {s['batch']}, prompt {s['prompt_len']}, "
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
             f"FlashAttention {'on' if s['flash_attention'] else 'off'}, {s['efficiency']} roofline")
@@ -109,11 +139,11 @@ def _table_report(res, display) -> str:
         "output_tokens_per_s_per_device": lambda v: f"{v:.4g} tokens/s", "prefill_tokens_per_s": lambda v: f"{v:.4g} tokens/s",
         "weights_bytes": display.binary_bytes, "kv_cache_bytes": display.binary_bytes,
         "activation_bytes": display.binary_bytes, "peak_memory_bytes": display.binary_bytes,
-        "capacity_bytes": display.binary_bytes,
+        "capacity_bytes": display.binary_bytes, "offloaded_bytes": display.binary_bytes,
     }
     for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "batch", "weights_bytes", "kv_cache_bytes",
-              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "fits", "why"):
+              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "fits", "why"):
         if k in s:
             out.append(f"  {k:32s} {fmt.get(k, str)(s[k])}")
     return "\n".join(out)
@@ -126,6 +156,9 @@ def cmd_list(args) -> int:
     elif args.what == "hardware":
         from hwmodels.presets import available_hardware
         names = available_hardware()
+    elif args.what == "links":
+        from hwmodels.links import available_links, load_link
+        names = [f"{n:24s} {load_link(n).bandwidth_bytes_per_s / 1e9:7.1f} GB/s per direction" for n in available_links()]
     else:
         from hwmodels.formats import FORMATS
         names = [f"{f.name:10s} {f.bits:6.3f} bits  compute {f.compute:5s}  {f.description}" for f in FORMATS.values()]
