@@ -48,16 +48,18 @@ def compute_footprint(model: ModelSpec, sc: Scenario, device: Device) -> Footpri
     return footprint(model, sc, pre, dec)
 
 
-def placement_of(fp: Footprint, device: Device, policy="none") -> Placement:
-    """Where a footprint lives on ``device`` under an offload policy."""
-    return place(fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, device, policy)
+def placement_of(fp: Footprint, device: Device, policy="none", devices: int = 1) -> Placement:
+    """Where a per-device footprint lives on ``device`` under an offload policy
+    (``devices`` of them share the host memory)."""
+    return place(fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, device, policy, devices)
 
 
 def max_batch(model: ModelSpec, sc: Scenario, device: Device, limit: int = 1 << 20, offload="none") -> int:
     """Largest batch whose footprint fits (device memory, plus the host tier under an
     offload policy); 0 if none does."""
     def fits(b):
-        return placement_of(compute_footprint(model, replace(sc, batch=b), device), device, offload).fits
+        return placement_of(compute_footprint(model, replace(sc, batch=b), device), device, offload,
+                            sc.devices).fits
     if not fits(1):
         return 0
     lo, hi = 1, 2
@@ -122,7 +124,7 @@ def analyze(model: ModelSpec, device: Device, sc: Scenario, *, batch_max: bool =
         raise DseError(f"hardware '{device.name}' has no interconnect to run over {sc.devices} devices")
     pre, dec = _tables(model, sc, device)
     fp = footprint(model, sc, pre, dec)
-    where = placement_of(fp, device, offload)
+    where = placement_of(fp, device, offload, sc.devices)
     system = SystemArrays.from_devices([device], sc.tp, offload=where.offload, overlap=overlap)
     pre_arr, dec_arr = OpArrays.from_table(pre), OpArrays.from_table(dec)
     pre_cost, dec_cost = op_costs(pre_arr, system, eff), op_costs(dec_arr, system, eff)

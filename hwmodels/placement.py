@@ -52,8 +52,12 @@ def parse_policy(text: str) -> str | dict:
     return out
 
 
-def place(weights: float, activations: float, kv: float, device: Device, policy="none") -> Placement:
-    """Place a per-device footprint (bytes per class) on ``device`` under ``policy``."""
+def place(weights: float, activations: float, kv: float, device: Device, policy="none",
+          devices: int = 1) -> Placement:
+    """Place a per-device footprint (bytes per class) on ``device`` under ``policy``;
+    the ``devices`` of a system share one host memory."""
+    if isinstance(policy, str):
+        policy = parse_policy(policy)
     cap = device.memory.capacity_bytes
     total = weights + activations + kv
     if policy == "none":
@@ -79,6 +83,7 @@ def place(weights: float, activations: float, kv: float, device: Device, policy=
     why = ""
     if dev > cap:
         why = f"device part {dev / 1e9:.2f} GB exceeds {device.name}'s {cap / 1e9:.2f} GB"
-    elif host > hcap:
-        why = f"host part {host / 1e9:.2f} GB exceeds the host memory's {hcap / 1e9:.2f} GB"
+    elif host * devices > hcap:
+        why = (f"host part {host * devices / 1e9:.2f} GB ({devices} x {host / 1e9:.2f} GB) exceeds the host "
+               f"memory's {hcap / 1e9:.2f} GB")
     return Placement(name, frac, dev, host, not why, why)

@@ -54,13 +54,21 @@ def test_greedy_offload_decode_bounded_by_link():
     assert s["offloaded_bytes"] == pytest.approx(total - d.memory.capacity_bytes, rel=1e-9)
     link = min(d.host_link.bandwidth_bytes_per_s, d.host_memory.bandwidth_bytes_per_s)
     assert s["tpot_s"] >= s["offloaded_bytes"] / link
-    # and the weights still in HBM add their own time when transfers do not overlap
+    # transfers that do not overlap compute add to it: the compute-bound prefill gets slower
     s2 = analyze(m, d, sc, offload="greedy", ideal=True, overlap=False).summary
-    in_hbm = parameter_count(m) * 2 - s["offloaded_bytes"]
-    assert s2["tpot_s"] >= s["offloaded_bytes"] / link + 0.99 * in_hbm / d.memory.bandwidth_bytes_per_s
-    assert s2["tpot_s"] >= s["tpot_s"]
+    assert s2["ttft_s"] > s["ttft_s"] and s2["tpot_s"] >= s["tpot_s"]
     # without offload it does not fit, and says so
     assert analyze(m, d, sc).summary["fits"] is False
+
+
+def test_host_memory_is_shared_by_the_devices_of_a_node():
+    m, d = load_model("llama-3.1-405b"), _with_host(load_device("h100-sxm"))
+    sc = Scenario.make(batch=1, prompt_len=128, tp=8)
+    s = analyze(m, d, sc, offload="weights=1").summary
+    assert s["offloaded_bytes"] * 8 > d.host_memory.capacity_bytes or s["fits"]
+    tiny = replace(d, host_memory=replace(d.host_memory, capacity_bytes=s["offloaded_bytes"] * 4))
+    s = analyze(m, tiny, sc, offload="weights=1").summary
+    assert s["fits"] is False and "host" in s["why"]
 
 
 def test_explicit_offload_fractions():
