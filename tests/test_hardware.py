@@ -132,3 +132,17 @@ def test_cli_parallel_and_offload_errors():
     assert r.returncode == 2 and "unknown link 'nope'" in r.stderr
     r = run_cli("list", "links")
     assert r.returncode == 0 and "nvlink4" in r.stdout
+
+
+def test_weights_in_host_ddr_gpu_compute_wins_at_large_batch():
+    # the survey's Fig. 18: with the weights in host DDR, computing on the CPU (DDR at its own
+    # bandwidth) wins at small batch; streaming them to the GPU over PCIe wins once the batch is large
+    m = load_model("llama-2-7b")
+    gpu, cpu = _with_host(load_device("h100-sxm")), load_device("xeon-spr")
+
+    def tpot(dev, batch, offload):
+        sc = Scenario.make(batch=batch, prompt_len=512, gen_len=64, weights="bf16", activations="bf16", kv="bf16")
+        return analyze(m, dev, sc, offload=offload, ideal=True).summary["tpot_s"]
+
+    assert tpot(cpu, 1, "none") < tpot(gpu, 1, "weights=1")
+    assert tpot(cpu, 256, "none") > tpot(gpu, 256, "weights=1")
