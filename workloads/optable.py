@@ -255,20 +255,15 @@ class _Builder:
             return
         scores = B * nh * S * L
         q = B * S * nh * d_qk
-        if kv_from_cache:
-            self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_in=q, kv_in=B * L * kv_qk,
-                     act_out=scores, uses_kv=True)
-        else:
-            self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_in=q + B * L * kv_qk,
-                     act_out=scores)
-        self.add("softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
         out = B * S * nh * d_v
-        if kv_from_cache:
-            self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_in=scores, kv_in=B * L * kv_sv,
-                     act_out=out, uses_kv=True)
-        else:
-            self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_in=scores + B * L * kv_sv,
-                     act_out=out)
+
+        def reads(first, keys):  # activations read, plus K or V from the cache or from activations
+            return {"act_in": first, kvk: keys} if kv_from_cache else {"act_in": first + keys}
+        self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_out=scores, uses_kv=kv_from_cache,
+                 **reads(q, B * L * kv_qk))
+        self.add("softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
+        self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
+                 **reads(scores, B * L * kv_sv))
 
     def attention(self, count):
         m, h = self.m, self.m.hidden_size
