@@ -15,6 +15,8 @@ PROG = "python -m dse.study"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, non-zero exit
+        if "required: command" in message:
+            message = "choose a command: analyze, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
