@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.efficiency import Efficiency
+from dse.errors import DseError
 from hwmodels.device import Device
 from hwmodels.formats import COMPUTE_CLASSES
 
@@ -72,7 +73,7 @@ class SystemArrays:
             for c in COMPUTE_CLASSES:
                 try:
                     peak[i, _COL[c]] = d.peak_for(c)
-                except Exception:  # a class the device cannot run at all: leave 0
+                except DseError:  # a class the device cannot run at all: leave 0
                     peak[i, _COL[c]] = 0.0
             peak[i, _COL["vector"]] = d.vector_ops_per_s
             peak[i, _COL["none"]] = np.inf

@@ -66,8 +66,10 @@ def place(weights: float, activations: float, kv: float, device: Device, policy=
                                f"{kv / 1e9:.2f} GB, activations {activations / 1e9:.2f} GB) but {device.name} has "
                                f"{cap / 1e9:.2f} GB")
         return Placement("none", (0.0, 0.0, 0.0), total, 0.0, fits, why)
-    if device.host_memory is None or device.host_link is None:
-        raise DseError(f"hardware '{device.name}' names no host_link and host_memory, so nothing can be offloaded")
+    missing = [k for k in ("host_link", "host_memory") if getattr(device, k) is None]
+    if missing:
+        raise DseError(f"hardware '{device.name}' names no {' or '.join(missing)}, so nothing can be offloaded "
+                       f"(--offload {policy if isinstance(policy, str) else 'fractions'})")
     if policy == "greedy":
         left = max(cap - activations, 0.0)
         kv_dev = min(kv, left)

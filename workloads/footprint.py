@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workloads.model import ModelSpec
-from workloads.optable import OpTable, _kv_heads_per_device, kv_elems_per_token_per_layer
+from workloads.optable import OpTable, kv_heads_per_device, kv_elems_per_token_per_layer
 from workloads.scenario import Scenario
 
 
@@ -28,7 +28,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1) -> float:
         attn = (h * rq + rq + rq * nh * (dn + dr)) if rq else h * nh * (dn + dr)
         attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h
     else:
-        nkv = _kv_heads_per_device(m, tp)
+        nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
         attn = qkv + nh * d * h + (h if m.o_proj_bias else 0)
     mats = 3 if m.mlp_gated else 2

@@ -155,7 +155,7 @@ def _split(value: int, tp: int, what: str, model: ModelSpec) -> int:
     return value // tp
 
 
-def _kv_heads_per_device(m: ModelSpec, tp: int) -> int:
+def kv_heads_per_device(m: ModelSpec, tp: int) -> int:
     """KV heads each device holds: split when there are enough, else replicated."""
     if m.num_kv_heads >= tp:
         return _split(m.num_kv_heads, tp, "num_key_value_heads", m)
@@ -169,7 +169,7 @@ def kv_elems_per_token_per_layer(m: ModelSpec, tp: int = 1) -> int:
     """KV-cache elements one token adds to one layer on one device."""
     if m.is_mla:
         return m.kv_lora_rank + m.qk_rope_head_dim          # latent is replicated over TP
-    return 2 * _kv_heads_per_device(m, tp) * m.head_dim
+    return 2 * kv_heads_per_device(m, tp) * m.head_dim
 
 
 def _flash_row_blocks(seq: int, head_dim: int, buffer_bytes: float, elem_bytes: float) -> int:
@@ -270,7 +270,7 @@ class _Builder:
         if m.is_mla:
             return self.mla_attention(count)
         d, nh = m.head_dim, self.nh
-        nkv = _kv_heads_per_device(m, self.tp)
+        nkv = kv_heads_per_device(m, self.tp)
         self.linear("q_proj", h, nh * d, count, bias=m.attention_bias)
         self.linear("k_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)

@@ -77,9 +77,7 @@ def parallel_layout(devices, tp, pp) -> tuple[int, int]:
     if tp is None and pp is None:
         return (devices or 1), 1
     tp, pp = tp or 1, pp or 1
-    if devices is None and tp * pp > 0:
-        return tp, pp
-    if tp * pp != devices:
+    if devices is not None and tp * pp != devices:
         raise DseError(f"--devices {devices} must equal --tp {tp} x --pp {pp}")
     return tp, pp
 
