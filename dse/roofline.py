@@ -8,11 +8,23 @@ workload varies with the point). For one operator instance on one point:
            + collective time + eff.op_overhead_s
 
 where a collective (ring all-reduce over ``tp`` devices) costs
-2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency.
+2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency
+and a point-to-point transfer (pipeline hop, expert all-to-all) bytes / (link bandwidth
+* eff.collective) + link latency.
+
+Optional terms, skipped when a design space does not use them (``None``):
+- offload: fractions of weight, activation and KV bytes in the host tier, read over
+  the host link; overlapping compute (inside the max) or not (added).
+- sparse: 2:4 structured-sparse peaks for weight matmuls.
+- PIM: an operator whose role the PIM may run and whose arithmetic intensity is
+  below the host's ridge point (peak / bandwidth) runs in memory: PIM peak, weight
+  and KV bytes at the internal bandwidth (multiple x external), activations over
+  the external bus. A blocked host adds PIM time to the step; a concurrent one
+  overlaps it (step = max(host work, PIM work)).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +38,14 @@ PEAK_COLUMNS = COMPUTE_CLASSES + ("vector", "none")
 _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 
+#: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
+PIM_ROLES = ("attention", "gemv", "experts")
+
+
+def _full(n, value, dtype=float):
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (n,)).copy()
+
+
 @dataclass(frozen=True)
 class SystemArrays:
     """Hardware of ``P`` design points as arrays (SI units).
@@ -36,8 +56,15 @@ class SystemArrays:
     link_bandwidth, link_latency: [P] scale-up link per direction (bytes/s) and latency (s).
     tp: [P] tensor-parallel degree.
     host_bandwidth: [P] bytes/s to the next memory tier (host DRAM over its link).
-    offload: [P, 3] fraction of weight, activation and KV bytes that live in that tier.
+    offload: [P, 3] fraction of weight, activation and KV bytes that live in that tier
+             (None: nothing offloaded).
     overlap: [P] bool, host transfers overlap compute (max) instead of adding to it.
+    sparse_gain: [P, len(PEAK_COLUMNS)] factor on the peak of weight matmuls (2:4
+             sparsity; None: dense).
+    pim_peak: [P, len(PEAK_COLUMNS)] ops/s of the PIM units (None: no PIM).
+    pim_multiple: [P] PIM internal bandwidth / external bandwidth.
+    pim_roles: [P, len(PIM_ROLES)] bool, roles the PIM may run.
+    pim_concurrent: [P] bool, the host computes while the PIM runs.
     """
 
     peak: np.ndarray
@@ -49,57 +76,93 @@ class SystemArrays:
     host_bandwidth: np.ndarray | None = None
     offload: np.ndarray | None = None
     overlap: np.ndarray | None = None
+    sparse_gain: np.ndarray | None = None
+    pim_peak: np.ndarray | None = None
+    pim_multiple: np.ndarray | None = None
+    pim_roles: np.ndarray | None = None
+    pim_concurrent: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]
         if self.host_bandwidth is None:
             object.__setattr__(self, "host_bandwidth", np.full(n, np.inf))
-        if self.offload is None:
-            object.__setattr__(self, "offload", np.zeros((n, 3)))
         if self.overlap is None:
             object.__setattr__(self, "overlap", np.ones(n, dtype=bool))
+        if self.pim_peak is not None:
+            for k, v in (("pim_multiple", 1.0), ("pim_concurrent", False)):
+                if getattr(self, k) is None:
+                    object.__setattr__(self, k, _full(n, v, type(v)))
+            if self.pim_roles is None:
+                object.__setattr__(self, "pim_roles", np.ones((n, len(PIM_ROLES)), dtype=bool))
 
     @property
     def size(self) -> int:
         return self.bandwidth.shape[0]
 
+    def take(self, index) -> "SystemArrays":
+        """The design points selected by ``index`` (a slice, mask or index array)."""
+        return SystemArrays(**{f: (None if v is None else v[index]) for f, v in self.__dict__.items()})
+
     @classmethod
-    def from_devices(cls, devices: list[Device], tp, offload=None, overlap=True) -> "SystemArrays":
-        """Stack devices (their tensor-parallel degrees, and the [P, 3] fractions of weight,
-        activation and KV bytes offloaded to the host tier) into arrays."""
+    def from_devices(cls, devices: list[Device], tp, offload=None, overlap=True, sparse=False) -> "SystemArrays":
+        """Stack devices (their tensor-parallel degrees, the [P, 3] fractions of weight,
+        activation and KV bytes offloaded to the host tier, and whether 2:4 sparse
+        peaks are used) into arrays."""
         n = len(devices)
         peak = np.zeros((n, len(PEAK_COLUMNS)))
+        gain = np.ones((n, len(PEAK_COLUMNS)))
+        pim = np.zeros((n, len(PEAK_COLUMNS)))
         for i, d in enumerate(devices):
             for c in COMPUTE_CLASSES:
                 try:
                     peak[i, _COL[c]] = d.peak_for(c)
                 except DseError:  # a class the device cannot run at all: leave 0
-                    peak[i, _COL[c]] = 0.0
+                    continue
+                if sparse:
+                    gain[i, _COL[c]] = d.peak_for(c, sparse=True) / peak[i, _COL[c]]
+                if d.pim is not None:
+                    pim[i, _COL[c]] = d.pim.peak_for(c)
             peak[i, _COL["vector"]] = d.vector_ops_per_s
             peak[i, _COL["none"]] = np.inf
         link_bw = np.array([d.interconnect.bandwidth_bytes_per_s if d.interconnect else np.nan for d in devices])
         link_lat = np.array([d.interconnect.latency_s if d.interconnect else 0.0 for d in devices])
         host_bw = np.array([min(d.host_link.bandwidth_bytes_per_s if d.host_link else np.nan,
                                 d.host_memory.bandwidth_bytes_per_s if d.host_memory else np.inf) for d in devices])
-        off = np.zeros((n, 3)) if offload is None else np.broadcast_to(np.asarray(offload, float), (n, 3)).copy()
+        off = None
+        if offload is not None and np.any(np.asarray(offload, float) > 0):
+            off = np.broadcast_to(np.asarray(offload, float), (n, 3)).copy()
+        has_pim = any(d.pim is not None for d in devices)
+        pim_kw = {}
+        if has_pim:
+            pim_kw = dict(
+                pim_peak=pim,
+                pim_multiple=np.array([d.pim.internal_bandwidth_multiple if d.pim else 1.0 for d in devices]),
+                pim_roles=np.array([[bool(d.pim) and r in d.pim.operators for r in PIM_ROLES] for d in devices]),
+                pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices]))
         return cls(peak, np.array([d.memory.bandwidth_bytes_per_s for d in devices]),
                    np.array([d.memory.capacity_bytes for d in devices]), link_bw, link_lat,
-                   np.broadcast_to(np.asarray(tp, dtype=float), (n,)).copy(), host_bw, off,
-                   np.broadcast_to(np.asarray(overlap, dtype=bool), (n,)).copy())
+                   _full(n, tp), host_bw, off, _full(n, overlap, bool),
+                   gain if sparse and np.any(gain != 1) else None, **pim_kw)
 
 
 @dataclass(frozen=True)
 class OpArrays:
-    """A step's operators as arrays, priced in bytes (shape [O] or [P, O])."""
+    """A step's operators as arrays, priced in bytes (shape [O] or [P, O]).
+
+    sparse_ok: [O] bool, weight matmuls that 2:4 sparse peaks apply to.
+    role: [O] int, index into PIM_ROLES (-1: the host runs it).
+    """
 
     ops: np.ndarray
     weight_bytes: np.ndarray
     act_bytes: np.ndarray
     kv_bytes: np.ndarray
     comm_bytes: np.ndarray    # ring all-reduce message
-    p2p_bytes: np.ndarray     # point-to-point transfer (pipeline hop)
+    p2p_bytes: np.ndarray     # point-to-point transfer (pipeline hop, expert all-to-all)
     peak_column: np.ndarray   # int index into PEAK_COLUMNS, [O]
     count: np.ndarray
+    sparse_ok: np.ndarray | None = None
+    role: np.ndarray | None = None
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -108,8 +171,11 @@ class OpArrays:
     @classmethod
     def from_table(cls, table) -> "OpArrays":
         cols = np.array([_COL[c] for c in table.compute_classes], dtype=int)
+        roles = table.roles
         return cls(table.ops, table.weight_bytes, table.act_bytes, table.kv_bytes, table.comm_bytes,
-                   table.p2p_bytes, cols, table.counts)
+                   table.p2p_bytes, cols, table.counts,
+                   np.array([r in ("gemv", "experts") for r in roles], dtype=bool),
+                   np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int))
 
 
 @dataclass(frozen=True)
@@ -121,51 +187,94 @@ class OpCost:
     offload_s: np.ndarray     # traffic to the host tier over its link
     collective_s: np.ndarray
     time_s: np.ndarray
+    on_pim: np.ndarray | None = None   # [P, O] bool: the operator runs in memory
 
     @property
     def bound(self) -> np.ndarray:
         """'compute', 'memory', 'offload' or 'collective' per [P, O]: the largest term."""
-        terms = np.stack([self.compute_s, self.memory_s, self.offload_s, self.collective_s])
+        terms = np.stack(np.broadcast_arrays(self.compute_s, self.memory_s, self.offload_s, self.collective_s))
         names = np.array(["compute", "memory", "offload", "collective"])
         return names[np.argmax(terms, axis=0)]
 
 
-def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency):
-    """(device-memory seconds, host-tier seconds) per instance, [P, O]."""
-    f = sys.offload                                                   # [P, 3]
-    bw = (sys.bandwidth * eff.memory)[:, None]
-    host = (sys.host_bandwidth * eff.memory)[:, None]
-    on_host = (op.weight_bytes * f[:, 0:1] + op.act_bytes * f[:, 1:2] + op.kv_bytes * f[:, 2:3])
-    dev = (op.weight_bytes + op.act_bytes + op.kv_bytes) - on_host
-    with np.errstate(invalid="ignore"):
-        host_s = np.where(on_host > 0, on_host / host, 0.0)
-    return dev / bw, host_s
-
-
-def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency):
-    peak = sys.peak[:, op.peak_column] * eff.compute                  # [P, O]
+def pim_mask(op: OpArrays, sys: SystemArrays) -> np.ndarray | None:
+    """[P, O] bool: operators the PIM runs (a role it may run, and arithmetic
+    intensity below the host's ridge point); None without PIM."""
+    if sys.pim_peak is None or op.role is None:
+        return None
+    role_ok = (op.role >= 0) & sys.pim_roles[:, np.maximum(op.role, 0)]
+    mem = op.memory_bytes
+    ridge = sys.peak[:, op.peak_column] / sys.bandwidth[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(ops != 0, ops / peak, 0.0)
+        below = op.ops < ridge * mem
+    return role_ok & below & (sys.pim_peak[:, op.peak_column] > 0)
+
+
+def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
+    """(device-memory seconds, host-tier seconds) per instance, [P, O] (host: scalar 0
+    when nothing is offloaded). On PIM, weight and KV bytes stream at the internal bandwidth."""
+    bw = (sys.bandwidth * eff.memory)[:, None]
+    w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
+    host_s = 0.0
+    if sys.offload is not None:
+        f = sys.offload
+        on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
+        w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
+        with np.errstate(invalid="ignore"):
+            host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth * eff.memory)[:, None], 0.0)
+    if on_pim is None:
+        return (w + a + kv) / bw, host_s
+    inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
+    return ((w + kv) / inner + a) / bw, host_s
+
+
+def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
+    peak = sys.peak[:, op.peak_column]                               # [P, O]
+    if sys.sparse_gain is not None and op.sparse_ok is not None:
+        peak = peak * np.where(op.sparse_ok, sys.sparse_gain[:, op.peak_column], 1.0)
+    if on_pim is not None:
+        peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ops != 0, ops / (peak * eff.compute), 0.0)
 
 
 def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Point-to-point transfer time per instance, [P, O]: bytes / (link bw * eff) + latency."""
-    b = np.broadcast_to(np.asarray(p2p_bytes, dtype=float), (sys.size,) + np.shape(p2p_bytes)[-1:])
+    b = np.asarray(p2p_bytes, dtype=float)
     with np.errstate(invalid="ignore"):
         t = b / (sys.link_bandwidth[:, None] * eff.collective) + sys.link_latency[:, None]
     return np.where(b > 0, t, 0.0)
 
+
 def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Ring all-reduce time per instance, [P, O]: 2(N-1)/N * bytes / (link bw * eff) + 2(N-1) latency."""
     n = sys.tp[:, None]
-    comm = np.broadcast_to(np.asarray(comm_bytes, dtype=float), (sys.size,) + np.shape(comm_bytes)[-1:])
+    comm = np.asarray(comm_bytes, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         t = 2 * (n - 1) / n * comm / (sys.link_bandwidth[:, None] * eff.collective) + 2 * (n - 1) * sys.link_latency[:, None]
     return np.where(comm > 0, t, 0.0)
 
 
+def _link_time(op: OpArrays, sys: SystemArrays, eff: Efficiency):
+    """Collective plus point-to-point time per instance, [P, O] (scalar 0 if the step has none)."""
+    t = 0.0
+    if np.any(op.comm_bytes > 0):
+        t = t + collective_time(op.comm_bytes, sys, eff)
+    if np.any(op.p2p_bytes > 0):
+        t = t + p2p_time(op.p2p_bytes, sys, eff)
+    return t
+
+
 def _work(op: OpArrays):
     return (op.ops > 0) | (op.memory_bytes > 0) | (op.comm_bytes > 0) | (op.p2p_bytes > 0)
+
+
+def _combine(compute, dev, host, sys: SystemArrays):
+    """max(compute, memory) with host-tier traffic inside the max (overlap) or added."""
+    if np.ndim(host) == 0:
+        return np.maximum(compute, dev)
+    ov = sys.overlap[:, None]
+    return np.maximum(compute, dev + np.where(ov, host, 0.0)) + np.where(ov, 0.0, host)
 
 
 def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
@@ -173,18 +282,30 @@ def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
 
     Host-tier traffic overlaps compute (inside the max, summed with device traffic)
     where ``sys.overlap``, else adds to the operator's time."""
-    compute = _compute_term(op.ops, op, sys, eff)
-    dev, host = _memory_terms(op, sys, eff)
-    ov = sys.overlap[:, None]
-    coll = collective_time(op.comm_bytes, sys, eff) + p2p_time(op.p2p_bytes, sys, eff)
-    time = (np.maximum(compute, dev + np.where(ov, host, 0.0)) + np.where(ov, 0.0, host) + coll
-            + np.where(_work(op), eff.op_overhead_s, 0.0))
-    return OpCost(compute, dev, host, coll, time)
+    on_pim = pim_mask(op, sys)
+    compute = _compute_term(op.ops, op, sys, eff, on_pim)
+    dev, host = _memory_terms(op, sys, eff, on_pim)
+    coll = _link_time(op, sys, eff)
+    time = _combine(compute, dev, host, sys) + coll + np.where(_work(op), eff.op_overhead_s, 0.0)
+    zeros = np.zeros_like(time)
+    return OpCost(compute, dev, host + zeros, coll + zeros, time, on_pim)
+
+
+def _step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
+    """Σ count x per-operator time, [P]; with PIM, host and PIM work add (blocked host)
+    or overlap (concurrent: the larger of the two)."""
+    total = per_op * count
+    if on_pim is None:
+        return total.sum(axis=-1)
+    pim = np.where(on_pim, total, 0.0).sum(axis=-1)
+    host = total.sum(axis=-1) - pim
+    return np.where(sys.pim_concurrent, np.maximum(host, pim), host + pim)
 
 
 def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead."""
-    return (op_costs(op, sys, eff).time_s * op.count).sum(axis=-1) + eff.step_overhead_s
+    cost = op_costs(op, sys, eff)
+    return _step_sum(cost.time_s, op.count, cost.on_pim, sys) + eff.step_overhead_s
 
 
 def _arith_sum(x0, xs, lo, hi):
@@ -203,12 +324,17 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     """
     n = np.asarray(steps, dtype=float)
     n = n[:, None] if n.ndim == 1 else n
-    c0, cs = _compute_term(op0.ops, op0, sys, eff), _compute_term(slope.ops, op0, sys, eff)
-    dev0, host0 = _memory_terms(op0, sys, eff)
-    devs, hosts = _memory_terms(slope, sys, eff)
-    ov = sys.overlap[:, None]
-    m0, ms = dev0 + np.where(ov, host0, 0.0), devs + np.where(ov, hosts, 0.0)   # inside the max
-    a0, as_ = np.where(ov, 0.0, host0), np.where(ov, 0.0, hosts)               # added to it
+    on_pim = pim_mask(op0, sys)      # placement follows the first step (intensity barely moves)
+    c0, cs = _compute_term(op0.ops, op0, sys, eff, on_pim), _compute_term(slope.ops, op0, sys, eff, on_pim)
+    slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
+    dev0, host0 = _memory_terms(op0, sys, eff, on_pim)
+    devs, hosts = _memory_terms(slope, sys, eff, on_pim)
+    if np.ndim(host0) == 0 and np.ndim(hosts) == 0:
+        m0, ms, a0, as_ = dev0, devs, 0.0, 0.0
+    else:
+        ov = sys.overlap[:, None]
+        m0, ms = dev0 + np.where(ov, host0, 0.0), devs + np.where(ov, hosts, 0.0)   # inside the max
+        a0, as_ = np.where(ov, 0.0, host0), np.where(ov, 0.0, hosts)               # added to it
     d0, ds = c0 - m0, cs - ms
     with np.errstate(divide="ignore", invalid="ignore"):
         root = -d0 / ds
@@ -217,9 +343,9 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     zero = np.zeros_like(d0)
     lo = np.where(ds > 0, up_lo, np.where(ds < 0, zero, np.where(d0 >= 0, zero, n)))
     hi = np.where(ds > 0, n + zero, np.where(ds < 0, down_hi, np.where(d0 >= 0, n + zero, n)))
-    total = (_arith_sum(c0, cs, lo, hi) + _arith_sum(m0, ms, 0, lo) + _arith_sum(m0, ms, hi, n + zero)
-             + _arith_sum(a0, as_, 0, n + zero))
-    coll0 = collective_time(op0.comm_bytes, sys, eff) + p2p_time(op0.p2p_bytes, sys, eff)
-    total = total + coll0 * n   # collective and hop traffic do not grow with the context
+    total = _arith_sum(c0, cs, lo, hi) + _arith_sum(m0, ms, 0, lo) + _arith_sum(m0, ms, hi, n + zero)
+    if np.ndim(a0) or np.ndim(as_):
+        total = total + _arith_sum(a0, as_, 0, n + zero)
+    total = total + _link_time(op0, sys, eff) * n   # collective and hop traffic do not grow with the context
     total = total + np.where(_work(op0), eff.op_overhead_s, 0.0) * n
-    return (total * op0.count).sum(axis=-1) + eff.step_overhead_s * np.asarray(steps, dtype=float)
+    return _step_sum(total, op0.count, on_pim, sys) + eff.step_overhead_s * np.asarray(steps, dtype=float)

@@ -26,6 +26,34 @@ class Link:
     latency_s: float = 0.0
 
 
+#: Operator groups a PIM may run (see workloads.optable for the operator names).
+PIM_OPERATOR_GROUPS = ("attention", "gemv", "experts")
+
+
+@dataclass(frozen=True)
+class PimUnit:
+    """Compute inside the device memory (bank-level PIM or a logic base die).
+
+    peak_ops_per_s: the PIM's own peak per compute class, summed over all units, ops/s.
+    internal_bandwidth_multiple: bandwidth the PIM units see, as a multiple of the
+        external memory bus (the device's first memory tier).
+    operators: groups of operators the PIM may run (PIM_OPERATOR_GROUPS).
+    concurrent: True if the host computes while the PIM runs (else the host is blocked).
+    """
+
+    peak_ops_per_s: dict[str, float]
+    internal_bandwidth_multiple: float
+    operators: tuple[str, ...]
+    concurrent: bool = False
+
+    def peak_for(self, wanted: str) -> float:
+        """Peak ops/s of the PIM for work asking for ``wanted`` (0 if it cannot run it)."""
+        for c in WIDENING.get(wanted, (wanted,)):
+            if self.peak_ops_per_s.get(c, 0) > 0:
+                return self.peak_ops_per_s[c]
+        return 0.0
+
+
 @dataclass(frozen=True)
 class Device:
     """One accelerator (or CPU) as the roofline sees it.
@@ -36,6 +64,9 @@ class Device:
     onchip_buffer_bytes: on-chip buffer one attention tile may use (FlashAttention).
     interconnect: the scale-up link between devices; host_link: the link to the host;
     host_memory: the host's memory behind host_link (for offload).
+    sparse_peak_ops_per_s: 2:4 structured-sparse peaks, used only when asked for.
+    pim: compute inside the device memory (class 'pim').
+    host_cpu: name of the CPU preset of the host (computes layers kept on the CPU).
     """
 
     name: str
@@ -51,6 +82,9 @@ class Device:
     tdp_w: float | None = None
     price_usd: float | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    sparse_peak_ops_per_s: dict[str, float] = field(default_factory=dict)
+    pim: PimUnit | None = None
+    host_cpu: str | None = None
 
     @property
     def memory(self) -> MemoryTier:
@@ -68,14 +102,17 @@ class Device:
         raise DseError(f"device '{self.name}' cannot compute {wanted} nor any wider format "
                        f"(it has {', '.join(self.peak_ops_per_s) or 'none'})")
 
-    def peak_for(self, wanted: str) -> float:
-        """Peak ops/s available to work asking for compute class ``wanted``."""
+    def peak_for(self, wanted: str, sparse: bool = False) -> float:
+        """Peak ops/s available to work asking for compute class ``wanted``
+        (the 2:4 sparse rate if ``sparse`` and the device publishes one)."""
         c = self.compute_class_for(wanted)
         if c == "vector":
             return self.vector_ops_per_s
         if c == "none":
             return float("inf")
+        if sparse and c in self.sparse_peak_ops_per_s:
+            return self.sparse_peak_ops_per_s[c]
         return self.peak_ops_per_s[c]
 
 
-__all__ = ["Device", "MemoryTier", "Link", "COMPUTE_CLASSES"]
+__all__ = ["Device", "MemoryTier", "Link", "PimUnit", "COMPUTE_CLASSES"]

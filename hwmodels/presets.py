@@ -13,14 +13,15 @@ from pathlib import Path
 import yaml
 
 from dse.errors import DseError
-from hwmodels.device import Device, Link, MemoryTier
+from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 
 TOP_KEYS = {"name", "description", "class", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
-            "price_usd", "notes"}
+            "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu"}
+PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes"}
 DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
 
 
@@ -83,14 +84,15 @@ def device_from_dict(d: dict, path: str) -> Device:
         raise DseError(f"{path}: 'sources' must map short keys to citations")
     if d["class"] not in DEVICE_CLASSES:
         raise DseError(f"{path}: class '{d['class']}' is not one of {', '.join(DEVICE_CLASSES)}")
-    peaks_node = d["peak_ops_per_s"]
-    if not isinstance(peaks_node, dict) or not peaks_node:
-        raise DseError(f"{path}: peak_ops_per_s must map compute formats to cited values")
-    peaks = {}
-    for fmt, node in peaks_node.items():
-        if fmt not in COMPUTE_CLASSES:
-            raise DseError(f"{path}: peak_ops_per_s.{fmt}: unknown compute format; allowed: {', '.join(COMPUTE_CLASSES)}")
-        peaks[fmt] = _cited(node, f"{path}: peak_ops_per_s.{fmt}", sources)
+    peaks = _peaks(d["peak_ops_per_s"], f"{path}: peak_ops_per_s", sources)
+    sparse = _peaks(d["sparse_peak_ops_per_s"], f"{path}: sparse_peak_ops_per_s", sources) \
+        if "sparse_peak_ops_per_s" in d else {}
+    pim = _pim(d["pim"], f"{path}: pim", sources) if "pim" in d else None
+    if (pim is None) == (d["class"] == "pim"):
+        raise DseError(f"{path}: a 'pim' section is required for class pim and allowed only there")
+    host_cpu = d.get("host_cpu")
+    if host_cpu is not None and not isinstance(host_cpu, str):
+        raise DseError(f"{path}: host_cpu must name a CPU preset, got {host_cpu!r}")
     tiers_node = d["memory_tiers"]
     if not isinstance(tiers_node, list) or not tiers_node:
         raise DseError(f"{path}: memory_tiers must be a non-empty list")
@@ -103,7 +105,42 @@ def device_from_dict(d: dict, path: str) -> Device:
         memory_tiers=tuple(tiers), onchip_buffer_bytes=opt("onchip_buffer_bytes") or 0.0,
         interconnect=_link(d.get("interconnect"), f"{path}: interconnect", sources),
         host_link=_link(d.get("host_link"), f"{path}: host_link", sources), host_memory=host_memory,
-        tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()})
+        tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()},
+        sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu)
+
+
+def _peaks(node, where: str, sources: dict) -> dict[str, float]:
+    """Cited peaks per compute format from a preset mapping."""
+    if not isinstance(node, dict) or not node:
+        raise DseError(f"{where}: must map compute formats to cited values")
+    peaks = {}
+    for fmt, v in node.items():
+        if fmt not in COMPUTE_CLASSES:
+            raise DseError(f"{where}.{fmt}: unknown compute format; allowed: {', '.join(COMPUTE_CLASSES)}")
+        peaks[fmt] = _cited(v, f"{where}.{fmt}", sources)
+    return peaks
+
+
+def _pim(node, where: str, sources: dict) -> PimUnit:
+    """The PIM section of a preset."""
+    if not isinstance(node, dict):
+        raise DseError(f"{where}: expected a mapping with {', '.join(sorted(PIM_KEYS))}")
+    extra = set(node) - PIM_KEYS
+    if extra:
+        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: {', '.join(sorted(PIM_KEYS))}")
+    for k in ("peak_ops_per_s", "internal_bandwidth_multiple", "operators"):
+        if k not in node:
+            raise DseError(f"{where}: missing '{k}'")
+    ops = node["operators"]
+    if not isinstance(ops, list) or not ops or any(o not in PIM_OPERATOR_GROUPS for o in ops):
+        raise DseError(f"{where}.operators: expected a list of {', '.join(PIM_OPERATOR_GROUPS)}, got {ops!r}")
+    conc = node.get("concurrent", False)
+    if not isinstance(conc, bool):
+        raise DseError(f"{where}.concurrent: expected true or false, got {conc!r}")
+    mult = _cited(node["internal_bandwidth_multiple"], f"{where}.internal_bandwidth_multiple", sources)
+    if mult < 1:
+        raise DseError(f"{where}.internal_bandwidth_multiple: must be at least 1, got {mult}")
+    return PimUnit(_peaks(node["peak_ops_per_s"], f"{where}.peak_ops_per_s", sources), mult, tuple(ops), conc)
 
 
 def _tier(t, w: str, sources: dict) -> MemoryTier:

@@ -8,18 +8,16 @@ from workloads.optable import OpTable, kv_heads_per_device, kv_elems_per_token_p
 from workloads.scenario import Scenario
 
 
-def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1) -> float:
-    """Parameters (elements) one device holds under ``tp``-way tensor and ``pp``-stage
-    pipeline parallelism (the largest stage: its share of the layers plus the
-    embedding or the head); with tp=pp=1 the model's total parameter count.
+def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> float:
+    """Parameters (elements) one device holds under ``tp``-way tensor, ``pp``-stage
+    pipeline (the largest stage: its share of the layers plus the embedding or the
+    head) and ``ep``-group expert parallelism (1/ep of the routed experts, the rest
+    replicated); with tp=pp=ep=1 the model's total parameter count.
     Split over TP: heads, MLP and expert width, vocabulary. Replicated: norms, router,
     MLA down-projections."""
     h, d = m.hidden_size, m.head_dim
     ln = 2 if m.norm_type == "layernorm" else 1
-    vocab = m.vocab_size * h / tp
-    emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
-    head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
-    final = ln * h if m.final_norm else 0
+    emb, head, final = _outer_parameters(m, tp)
 
     norms = m.norms_per_block * ln * h
     nh = m.num_heads / tp
@@ -40,13 +38,29 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1) -> float:
     total = emb + head + final + m.num_dense_layers * dense_block
     if m.is_moe:
         router = h * m.num_experts + (m.num_experts if m.model_type.startswith("deepseek") else 0)
-        experts = m.num_experts * mats * h * m.moe_intermediate_size / tp
+        experts = m.num_experts / ep * mats * h * m.moe_intermediate_size / tp
         shared = mats * h * m.moe_intermediate_size * m.num_shared_experts / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
     if pp == 1:
         return total
     layers = total - emb - head - final
     return layers / pp + max(emb, head + final)
+
+
+def _outer_parameters(m: ModelSpec, tp: int = 1) -> tuple[float, float, float]:
+    """Parameters (elements per device) outside the layers: embedding, head, final norm."""
+    h = m.hidden_size
+    ln = 2 if m.norm_type == "layernorm" else 1
+    vocab = m.vocab_size * h / tp
+    emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
+    head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
+    final = ln * h if m.final_norm else 0
+    return emb, head, final
+
+
+def layer_parameter_count(m: ModelSpec, tp: int = 1) -> float:
+    """Parameters (elements per device) of all the layers together, under ``tp``."""
+    return parameter_count(m, tp) - sum(_outer_parameters(m, tp))
 
 
 def active_parameter_count(m: ModelSpec) -> float:
@@ -85,10 +99,10 @@ def peak_activation_bytes(table: OpTable) -> float:
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
-    """Footprint of serving ``sc`` on one device: weights, KV cache for batch x (prompt +
-    generated) tokens, and the peak live activations of the prefill or decode step
+    """Footprint of serving ``sc`` on one device: weights, KV cache for its group's batch
+    x (prompt + generated) tokens, and the peak live activations of the prefill or decode step
     (the tables are of one micro-batch)."""
     residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
     act = max(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
-    kv = sc.batch * (sc.prompt_len + sc.gen_len) * kv_cache_bytes_per_token(m, sc)
-    return Footprint(parameter_count(m, sc.tp, sc.pp) * sc.weights.bytes, kv, act)
+    kv = sc.group_batch * (sc.prompt_len + sc.gen_len) * kv_cache_bytes_per_token(m, sc)
+    return Footprint(parameter_count(m, sc.tp, sc.pp, sc.ep) * sc.weights.bytes, kv, act)

@@ -27,6 +27,15 @@ Conventions (documented so a reader can check them):
   parallel attention+MLP blocks). RoPE and bias adds are fused into neighbours.
 - Pipeline parallel over ``pp`` stages: the table is the whole model's pass for one
   micro-batch (the stages run it in turn) plus ``pp - 1`` hops of the hidden state.
+- Expert parallel over ``ep`` groups (MoE): the table is one group's, whose ``batch``
+  sequences are its share; the group holds E/ep routed experts and receives, under
+  uniform routing, as many routed tokens as its own sequences produce (T k). The
+  expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
+  dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
+  group, split over its tp devices (costed as point-to-point traffic per device).
+- Operator roles (``OpTable.roles``) name what a near-memory unit may run: 'attention'
+  (the attention core), 'experts' (routed-expert matmuls), 'gemv' (other weight
+  matmuls), '' for the rest.
 """
 from __future__ import annotations
 
@@ -123,6 +132,22 @@ class OpTable:
         return self.weight_bytes + self.act_bytes + self.kv_bytes
 
     @property
+    def roles(self) -> list[str]:
+        """Role of each operator for near-memory placement: 'attention', 'experts',
+        'gemv' (other weight matmuls) or ''."""
+        out = []
+        for op in self.operators:
+            if op.kind == "attention":
+                out.append("attention")
+            elif op.kind == "matmul" and op.name.startswith("expert_"):
+                out.append("experts")
+            elif op.kind == "matmul" and op.name != "router":
+                out.append("gemv")
+            else:
+                out.append("")
+        return out
+
+    @property
     def compute_classes(self) -> list[str]:
         """Compute class each operator asks for: a format class or 'vector'/'none'."""
         out = []
@@ -196,6 +221,12 @@ class _Builder:
         self.nh = _split(m.num_heads, self.tp, "num_attention_heads", m)
         if m.num_layers % sc.pp:
             raise DseError(f"pipeline parallelism {sc.pp} does not divide num_hidden_layers ({m.num_layers}) "
+                           f"of model '{m.name}'")
+        self.ep = sc.ep
+        if self.ep > 1 and not m.is_moe:
+            raise DseError(f"expert parallelism {self.ep} needs a mixture-of-experts model; '{m.name}' is dense")
+        if m.is_moe and m.num_experts % self.ep:
+            raise DseError(f"expert parallelism {self.ep} does not divide num_experts ({m.num_experts}) "
                            f"of model '{m.name}'")
         if m.is_moe and m.moe_intermediate_size % self.tp:
             raise DseError(f"tensor parallelism {self.tp} does not divide moe_intermediate_size "
@@ -319,8 +350,11 @@ class _Builder:
         E, k = m.num_experts, m.experts_per_token
         w = m.moe_intermediate_size / self.tp
         self.add("router", "matmul", count, ops=2 * T * h * E, weight=h * E, act_in=T * h, act_out=T * E)
-        touched = expected_experts_touched(E, k, T)
+        touched = expected_experts_touched(E, k, T * self.ep) / self.ep
         routed = T * k
+        a2a = routed * h * (self.ep - 1) / self.ep / self.tp
+        if self.ep > 1:
+            self.add("moe_dispatch", "collective", count, p2p=a2a)
         n_mats = 3 if m.mlp_gated else 2
         if m.mlp_gated:
             self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * h * w,
@@ -332,6 +366,8 @@ class _Builder:
                  act_in=(n_mats - 1) * routed * w, act_out=routed * w)
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * w * h,
                  act_in=routed * w, act_out=T * h)
+        if self.ep > 1:
+            self.add("moe_combine", "collective", count, p2p=a2a)
         if m.num_shared_experts:
             self.mlp("shared_", m.moe_intermediate_size * m.num_shared_experts / self.tp, count, False)
 

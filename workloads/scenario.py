@@ -16,7 +16,10 @@ class Scenario:
     weights/activations/kv: data formats of each tensor class;
     flash_attention: one fused attention operator instead of qk/softmax/sv;
     tp: tensor-parallel degree (the operator table is per device);
-    pp: pipeline-parallel stages (devices = tp x pp).
+    pp: pipeline-parallel stages;
+    ep: expert-parallel groups (MoE): each group of tp x pp devices serves
+        ceil(batch / ep) sequences with its own copy of the dense weights and holds
+        1/ep of the routed experts; devices = tp x pp x ep.
     """
 
     batch: int = 1
@@ -28,23 +31,29 @@ class Scenario:
     flash_attention: bool = False
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.ep
+
+    @property
+    def group_batch(self) -> int:
+        """Sequences one expert-parallel group serves: ceil(batch / ep)."""
+        return -(-self.batch // self.ep)
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches in flight through the pipeline: min(batch, pp)."""
-        return min(self.batch, self.pp)
+        """Micro-batches in flight through a group's pipeline: min(group batch, pp)."""
+        return min(self.group_batch, self.pp)
 
     @property
     def micro_batch(self) -> int:
-        """Sequences per micro-batch: ceil(batch / micro_batches)."""
-        return -(-self.batch // self.micro_batches)
+        """Sequences per micro-batch: ceil(group batch / micro_batches)."""
+        return -(-self.group_batch // self.micro_batches)
 
     def __post_init__(self):
-        for key in ("batch", "prompt_len", "gen_len", "tp", "pp"):
+        for key in ("batch", "prompt_len", "gen_len", "tp", "pp", "ep"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise DseError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")

@@ -40,6 +40,8 @@ def _add_workload_args(p):
                    help="devices (default tp x pp; alone, all of them tensor parallel)")
     p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree")
     p.add_argument("--pp", type=_positive_int, default=None, help="pipeline-parallel stages")
+    p.add_argument("--ep", type=_positive_int, default=1,
+                   help="expert-parallel groups for MoE models (devices = tp x pp x ep)")
     p.add_argument("--batch", type=_batch, default=1, help="sequences per batch, or 'max' (largest that fits)")
     p.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
     p.add_argument("--gen-len", type=_positive_int, default=128, help="generated tokens (default 128)")
@@ -54,6 +56,10 @@ def _add_workload_args(p):
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="host-tier transfers overlap compute (default) or add to it")
     p.add_argument("--link", default=None, help="scale-up link preset replacing the device's (see 'list links')")
+    p.add_argument("--sparse", action="store_true", help="weight matmuls at the device's 2:4 sparse peaks")
+    p.add_argument("--cpu-layers", type=_positive_int, default=0,
+                   help="run this many layers on the host CPU (llama.cpp-style split)")
+    p.add_argument("--host-cpu", default=None, help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,13 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parallel_layout(devices, tp, pp) -> tuple[int, int]:
-    """(tp, pp) from --devices/--tp/--pp; DseError when they disagree."""
+def parallel_layout(devices, tp, pp, ep=1) -> tuple[int, int]:
+    """(tp, pp) from --devices/--tp/--pp/--ep; DseError when they disagree."""
     if tp is None and pp is None:
-        return (devices or 1), 1
+        if devices is not None and devices % ep:
+            raise DseError(f"--devices {devices} is not a multiple of --ep {ep}")
+        return (devices or ep) // ep, 1
     tp, pp = tp or 1, pp or 1
-    if devices is not None and tp * pp != devices:
-        raise DseError(f"--devices {devices} must equal --tp {tp} x --pp {pp}")
+    if devices is not None and tp * pp * ep != devices:
+        raise DseError(f"--devices {devices} must equal --tp {tp} x --pp {pp}" + (f" x --ep {ep}" if ep > 1 else ""))
     return tp, pp
 
 
@@ -93,17 +101,29 @@ def cmd_analyze(args) -> int:
     from workloads.model import load_model
     from workloads.scenario import Scenario
 
-    tp, pp = parallel_layout(args.devices, args.tp, args.pp)
+    tp, pp = parallel_layout(args.devices, args.tp, args.pp, args.ep)
     offload = parse_policy(args.offload)
     model = load_model(args.model)
     device = load_device(args.hardware)
     if args.link:
         device = replace(device, interconnect=load_link(args.link))
+    host_cpu = None
+    if args.cpu_layers:
+        name = args.host_cpu or device.host_cpu
+        host_cpu = load_device(name) if name else None
+        if host_cpu is not None and host_cpu.device_class != "cpu":
+            raise DseError(f"--host-cpu '{host_cpu.name}' is a {host_cpu.device_class}, not a cpu preset")
     sc = Scenario.make(batch=1 if args.batch == "max" else args.batch, prompt_len=args.prompt_len,
                        gen_len=args.gen_len, weights=args.weights, activations=args.activations, kv=args.kv,
-                       flash_attention=args.flash_attention, tp=tp, pp=pp)
+                       flash_attention=args.flash_attention, tp=tp, pp=pp, ep=args.ep)
+    chips = None
+    if device.device_class == "spatial" and args.devices is None and args.tp is None and args.pp is None:
+        from dse.layout import spatial_layout
+        chips, tp, pp = spatial_layout(model, sc, device)
+        sc = replace(sc, tp=tp, pp=pp)
     res = analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
-                  overlap=args.overlap)
+                  overlap=args.overlap, sparse=args.sparse, cpu_layers=args.cpu_layers, host_cpu=host_cpu,
+                  chips_required=chips)
     if args.format == "json":
         print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
     elif args.format == "csv":
@@ -118,13 +138,18 @@ def cmd_analyze(args) -> int:
 
 def _table_report(res, display) -> str:
     si = display.si
-    cols = [("name", "operator", str), ("count", "x", str), ("compute_format", "format", str),
+    cols = [("name", "operator", str), ("count", "x", lambda v: f"{v:g}"), ("place", "on", str),
+            ("compute_format", "format", str),
             ("ops", "ops", si), ("weight_bytes", "weights B", si), ("act_bytes", "act B", si),
             ("kv_bytes", "KV B", si), ("arithmetic_intensity", "ops/B", lambda v: f"{v:.3g}"),
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
             ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f}%")]
     s = res.summary
-    par = f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']})" if s["devices"] > 1 else ""
+    par = (f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']}" + (f" x EP {s['ep']}" if s["ep"] > 1 else "")
+           + ")") if s["devices"] > 1 else ""
+    par += f", {s['chips_required']} chips needed by capacity" if "chips_required" in s else ""
+    par += f", {s['cpu_layers']} layers on {s['host_cpu']}" if "cpu_layers" in s else ""
+    par += ", 2:4 sparse" if s.get("sparse") else ""
     par += f", offload {s['offload']}" if s["offload"] != "none" else ""
     head = (f"{s['model']} on {s['hardware']}{par}: batch {s['batch']}, prompt {s['prompt_len']}, "
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
@@ -143,7 +168,8 @@ def _table_report(res, display) -> str:
     }
     for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "batch", "weights_bytes", "kv_cache_bytes",
-              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "fits", "why"):
+              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "chips_required",
+              "fits", "why"):
         if k in s:
             out.append(f"  {k:32s} {fmt.get(k, str)(s[k])}")
     return "\n".join(out)
@@ -180,6 +206,9 @@ def cmd_show(args) -> int:
             "onchip_buffer_bytes": d.onchip_buffer_bytes,
             "interconnect": None if d.interconnect is None else vars(d.interconnect),
             "host_link": None if d.host_link is None else vars(d.host_link),
+            "host_memory": None if d.host_memory is None else vars(d.host_memory),
+            "host_cpu": d.host_cpu, "sparse_peak_ops_per_s": d.sparse_peak_ops_per_s or None,
+            "pim": None if d.pim is None else vars(d.pim),
             "tdp_w": d.tdp_w, "price_usd": d.price_usd, "sources": d.sources,
         }
     else:
