@@ -30,6 +30,15 @@ class Efficiency:
     collective: float = 0.80
     name: str = "default"
 
+    def compute_fraction(self, op):
+        """Achievable fraction of peak compute per operator of ``op`` (an OpArrays):
+        an array broadcastable to its operators, in (0, 1]."""
+        return self.compute
+
+    def memory_fraction(self, op):
+        """Achievable fraction of memory bandwidth per operator of ``op``, in (0, 1]."""
+        return self.memory
+
     def __post_init__(self):
         for k in ("compute", "memory", "collective"):
             v = getattr(self, k)

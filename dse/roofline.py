@@ -4,7 +4,7 @@ Arrays are shaped ``[points, operators]``; per-point quantities are ``[points]``
 and per-operator quantities ``[operators]`` (or ``[points, operators]`` when the
 workload varies with the point). For one operator instance on one point:
 
-    time = max(ops / (peak[class] * eff.compute), bytes / (bandwidth * eff.memory))
+    time = max(ops / (peak[class] * eff.compute_fraction), bytes / (bandwidth * eff.memory_fraction))
            + collective time + eff.op_overhead_s
 
 where a collective (ring all-reduce over ``tp`` devices) costs
@@ -210,10 +210,12 @@ def pim_mask(op: OpArrays, sys: SystemArrays) -> np.ndarray | None:
     return role_ok & below & (sys.pim_peak[:, op.peak_column] > 0)
 
 
-def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
+def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None, shape: OpArrays | None = None):
     """(device-memory seconds, host-tier seconds) per instance, [P, O] (host: scalar 0
-    when nothing is offloaded). On PIM, weight and KV bytes stream at the internal bandwidth."""
-    bw = (sys.bandwidth * eff.memory)[:, None]
+    when nothing is offloaded). On PIM, weight and KV bytes stream at the internal bandwidth.
+    Efficiency fractions follow the operators of ``shape`` (default ``op``)."""
+    frac = eff.memory_fraction(op if shape is None else shape)
+    bw = sys.bandwidth[:, None] * frac
     w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
     host_s = 0.0
     if sys.offload is not None:
@@ -221,7 +223,7 @@ def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None)
         on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
         w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
         with np.errstate(invalid="ignore"):
-            host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth * eff.memory)[:, None], 0.0)
+            host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth[:, None] * frac), 0.0)
     if on_pim is None:
         return (w + a + kv) / bw, host_s
     inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
@@ -235,7 +237,7 @@ def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=
     if on_pim is not None:
         peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(ops != 0, ops / (peak * eff.compute), 0.0)
+        return np.where(ops != 0, ops / (peak * eff.compute_fraction(op)), 0.0)
 
 
 def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
@@ -328,7 +330,7 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     c0, cs = _compute_term(op0.ops, op0, sys, eff, on_pim), _compute_term(slope.ops, op0, sys, eff, on_pim)
     slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
     dev0, host0 = _memory_terms(op0, sys, eff, on_pim)
-    devs, hosts = _memory_terms(slope, sys, eff, on_pim)
+    devs, hosts = _memory_terms(slope, sys, eff, on_pim, shape=op0)
     if np.ndim(host0) == 0 and np.ndim(hosts) == 0:
         m0, ms, a0, as_ = dev0, devs, 0.0, 0.0
     else:
