@@ -1,8 +1,9 @@
-"""Hand-run benchmark: design points per second through the roofline kernel.
+"""Hand-run benchmark: full design points per second through the vectorized evaluator.
 
-Llama-2-70B FP16, TP 1, batch 64, prompt 2048, 128 generated tokens; every design
-point a GPU with its own compute peak and HBM bandwidth. Per point: prefill time,
-exact decode total over the generation (closed form) and TTFT/TPOT.
+Llama-2-70B FP8, prompt 2048, 256 generated tokens, FlashAttention; a GPU template
+(H100 SXM base) with its own HBM bandwidth, capacity and FP8 peak per point, and the
+batch from 1 to 256. Per point: prefill, the exact decode total over the generation,
+the memory footprint, feasibility and the serving metrics (``dse.evaluate.evaluate``).
 
     python benchmarks/bench_kernel.py [points]
 """
@@ -11,39 +12,24 @@ import time
 
 import numpy as np
 
-from dse.efficiency import DEFAULT
-from dse.metrics import serving_metrics
-from dse.roofline import PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_time, step_time
-from hwmodels.presets import load_device
-from workloads import optable
-from workloads.model import load_model
-from workloads.scenario import Scenario
+from dse.evaluate import evaluate
 
 
-def main(points: int = 1_000_000):
+def main(points: int = 1_000_000, chunk: int = 1_000_000):
     rng = np.random.default_rng(0)
-    m, d = load_model("llama-2-70b"), load_device("h100-sxm")
-    sc = Scenario.make(batch=64, prompt_len=2048, gen_len=128)
-    pre = OpArrays.from_table(optable.prefill(m, sc))
-    d0, slope = (OpArrays.from_table(t) for t in optable.decode_linear(m, sc, sc.prompt_len + 1))
-    base = SystemArrays.from_devices([d], 1)
-    scale_c = rng.uniform(0.25, 4, points)
-    scale_b = rng.uniform(0.25, 4, points)
-    system = SystemArrays(base.peak * scale_c[:, None], base.bandwidth * scale_b, np.full(points, base.capacity[0]),
-                          np.full(points, np.nan), np.zeros(points), np.ones(points))
+    cols_all = dict(batch=rng.integers(1, 257, points), memory_bandwidth=rng.uniform(1e12, 1.6e13, points),
+                    memory_capacity=rng.uniform(4e10, 4e11, points), peak_fp8=rng.uniform(2.5e14, 1e16, points))
+    fixed = dict(hardware="h100-sxm", model="llama-2-70b", weights="fp8", activations="fp8", kv="fp8",
+                 prompt_len=2048, gen_len=256, flash_attention=True)
+    evaluate({**fixed, **{k: v[:1000] for k, v in cols_all.items()}})      # warm the table cache
     t = time.perf_counter()
-    chunk = 100_000
-    out = []
+    feasible = 0
     for i in range(0, points, chunk):
-        sl = slice(i, i + chunk)
-        sub = SystemArrays(system.peak[sl], system.bandwidth[sl], system.capacity[sl], system.link_bandwidth[sl],
-                           system.link_latency[sl], system.tp[sl])
-        ttft = step_time(pre, sub, DEFAULT)
-        dec = decode_total_time(d0, slope, np.full(sub.size, sc.gen_len - 1), sub, DEFAULT)
-        out.append(serving_metrics(ttft, dec, sc.batch, sc.prompt_len, sc.gen_len, 1)["tpot_s"])
+        out = evaluate({**fixed, **{k: v[i:i + chunk] for k, v in cols_all.items()}})
+        feasible += int(out["feasible"].sum())
     dt = time.perf_counter() - t
-    print(f"{points} points x {len(pre.ops)} prefill + {len(d0.ops)} decode operators ({len(PEAK_COLUMNS)} peak columns): "
-          f"{dt:.2f} s, {points / dt:,.0f} points/s")
+    print(f"{points:,} design points (256 batch sizes x GPU designs): {dt:.2f} s, {points / dt:,.0f} points/s "
+          f"({feasible:,} feasible)")
 
 
 if __name__ == "__main__":

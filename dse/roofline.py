@@ -31,7 +31,7 @@ import numpy as np
 from dse.efficiency import Efficiency
 from dse.errors import DseError
 from hwmodels.device import Device
-from hwmodels.formats import COMPUTE_CLASSES
+from hwmodels.formats import COMPUTE_CLASSES, WIDENING
 
 #: columns of SystemArrays.peak: every compute class, then 'vector', then 'none'
 PEAK_COLUMNS = COMPUTE_CLASSES + ("vector", "none")
@@ -40,6 +40,23 @@ _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 #: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
 PIM_ROLES = ("attention", "gemv", "experts")
+
+
+def widen_peaks(raw: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """Peaks per PEAK_COLUMNS [P, C+2] from native peaks per COMPUTE_CLASSES [P, C] (0 =
+    not native) and the vector rate [P]: work asking for a class runs at the first
+    native class of its widening chain (the narrowest wider format), 0 if none."""
+    rows = np.ascontiguousarray(np.asarray(raw, dtype=float).T)      # [C, P]: one contiguous row per class
+    out = np.empty((len(PEAK_COLUMNS), rows.shape[1]))
+    for c in COMPUTE_CLASSES:
+        col = np.zeros(rows.shape[1])
+        for w in reversed(WIDENING[c]):       # narrowest last, so it wins
+            v = rows[COMPUTE_CLASSES.index(w)]
+            np.copyto(col, v, where=v > 0)
+        out[_COL[c]] = col
+    out[_COL["vector"]] = vector
+    out[_COL["none"]] = np.inf
+    return out.T
 
 
 def _full(n, value, dtype=float):
@@ -101,7 +118,13 @@ class SystemArrays:
 
     def take(self, index) -> "SystemArrays":
         """The design points selected by ``index`` (a slice, mask or index array)."""
-        return SystemArrays(**{f: (None if v is None else v[index]) for f, v in self.__dict__.items()})
+        def pick(v):
+            if v is None:
+                return None
+            if v.ndim == 2 and v.flags.f_contiguous and not isinstance(index, slice):
+                return v.T[:, index].T        # column-major: gather along each contiguous column
+            return v[index]
+        return SystemArrays(**{f: pick(v) for f, v in self.__dict__.items()})
 
     @classmethod
     def from_devices(cls, devices: list[Device], tp, offload=None, overlap=True, sparse=False) -> "SystemArrays":
@@ -304,8 +327,73 @@ def _step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
     return np.where(sys.pim_concurrent, np.maximum(host, pim), host + pim)
 
 
+def _separable(op: OpArrays, sys: SystemArrays) -> bool:
+    """True when a step's cost splits into per-operator constants and per-point rates:
+    one workload for all points (1-D operator arrays), no offload, PIM or sparsity."""
+    return (sys.offload is None and sys.pim_peak is None and sys.sparse_gain is None
+            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
+
+
+def _roofline_sum(ops, mem, count, column, sys: SystemArrays) -> np.ndarray:
+    """Σ_o count_o max(ops_o / peak[P, column_o], mem_o / bandwidth[P]), seconds, [P].
+
+    The same sum as the per-operator kernel, in O(P log O): within one peak column an
+    operator is compute-bound exactly when its intensity ops/mem exceeds the point's
+    ridge peak/bandwidth, so sorting operators by intensity turns the sum into a
+    prefix sum of bytes plus a suffix sum of ops at the ridge's rank."""
+    bw = sys.bandwidth
+    total = np.zeros(sys.size)
+    for k in np.unique(column):
+        sel = (column == k) & (count > 0) & ((ops > 0) | (mem > 0))
+        if not sel.any():
+            continue
+        o, b = ops[sel] * count[sel], mem[sel] * count[sel]
+        peak = sys.peak[:, k]
+        if np.all(np.isinf(peak)):
+            total += b.sum() / bw
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ai = np.where(b > 0, o / b, np.inf)
+        order = np.argsort(ai, kind="stable")
+        ai, o, b = ai[order], o[order], b[order]
+        mem_prefix = np.concatenate(([0.0], np.cumsum(b)))          # memory-bound: the lowest intensities
+        ops_suffix = np.concatenate((np.cumsum(o[::-1])[::-1], [0.0]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ridge = peak / bw
+            idx = np.searchsorted(ai, ridge, side="right")
+            comp = np.where(ops_suffix[idx] > 0, ops_suffix[idx] / peak, 0.0)
+        total += mem_prefix[idx] / bw + comp
+    return total
+
+
+def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
+    """Σ count x (collective + point-to-point time) of a step, seconds, [P] (0.0 if none)."""
+    t = 0.0
+    c = op.count
+    comm = np.asarray(op.comm_bytes, float) * c
+    if np.any(comm > 0):
+        n = sys.tp
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t = t + (2 * (n - 1) / n * comm.sum() / (sys.link_bandwidth * eff.collective)
+                     + 2 * (n - 1) * sys.link_latency * c[comm > 0].sum())
+    p2p = np.asarray(op.p2p_bytes, float) * c
+    if np.any(p2p > 0):
+        t = t + p2p.sum() / (sys.link_bandwidth * eff.collective) + sys.link_latency * c[p2p > 0].sum()
+    return t
+
+
+def _separable_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ count x per-instance time of a step without the step overhead, [P] (separable case)."""
+    ops = op.ops / eff.compute_fraction(op)
+    mem = op.memory_bytes / eff.memory_fraction(op)
+    overhead = (op.count * _work(op)).sum() * eff.op_overhead_s
+    return _roofline_sum(ops, mem, op.count, op.peak_column, sys) + _link_sum(op, sys, eff) + overhead
+
+
 def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead."""
+    if _separable(op, sys):
+        return _separable_step(op, sys, eff) + eff.step_overhead_s
     cost = op_costs(op, sys, eff)
     return _step_sum(cost.time_s, op.count, cost.on_pim, sys) + eff.step_overhead_s
 
@@ -322,8 +410,27 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     Step j (j = 0 .. steps-1) costs op0 + j * slope (every count of a decode step is
     affine in the context length). Per operator the sum of max(compute, memory)
     over j is split at the single crossing of two linear functions and summed in
-    closed form, so the cost does not grow with the number of steps.
+    closed form, so the cost does not grow with the number of steps. Operators whose
+    cost does not change with the context take the separable O(P log O) path.
     """
+    if _separable(op0, sys) and np.ndim(slope.ops) == 1:
+        grows = (slope.ops != 0) | (slope.memory_bytes != 0)
+        fixed = _subset(op0, ~grows)
+        n = np.asarray(steps, dtype=float)
+        total = _separable_step(fixed, sys, eff) * n + eff.step_overhead_s * n
+        if grows.any():
+            total = total + _decode_general(_subset(op0, grows), _subset(slope, grows), steps, sys, eff)
+        return total
+    return _decode_general(op0, slope, steps, sys, eff) + eff.step_overhead_s * np.asarray(steps, dtype=float)
+
+
+def _subset(op: OpArrays, sel) -> OpArrays:
+    """The operators of ``op`` selected by the [O] mask ``sel``."""
+    return OpArrays(**{f: (None if v is None else np.asarray(v)[..., sel]) for f, v in op.__dict__.items()})
+
+
+def _decode_general(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ over ``steps`` decode steps of Σ count x per-instance time (no step overhead), [P]."""
     n = np.asarray(steps, dtype=float)
     n = n[:, None] if n.ndim == 1 else n
     on_pim = pim_mask(op0, sys)      # placement follows the first step (intensity barely moves)
@@ -350,4 +457,4 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
         total = total + _arith_sum(a0, as_, 0, n + zero)
     total = total + _link_time(op0, sys, eff) * n   # collective and hop traffic do not grow with the context
     total = total + np.where(_work(op0), eff.op_overhead_s, 0.0) * n
-    return _step_sum(total, op0.count, on_pim, sys) + eff.step_overhead_s * np.asarray(steps, dtype=float)
+    return _step_sum(total, op0.count, on_pim, sys)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from dse.errors import DseError
 from hwmodels.device import Device
 
@@ -52,6 +54,20 @@ def parse_policy(text: str) -> str | dict:
     return out
 
 
+def greedy_fractions(weights, activations, kv, capacity):
+    """Fractions (weights, activations, KV) [..., 3] in the host tier under the greedy
+    policy: activations stay on the device; the KV cache, then the weights, fill what is
+    left of ``capacity``; the rest overflows. Works on scalars or arrays (bytes)."""
+    w, a, k, cap = (np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity))
+    left = np.maximum(cap - a, 0.0)
+    kv_dev = np.minimum(k, left)
+    w_dev = np.minimum(w, left - kv_dev)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fw = np.where(w > 0, 1 - w_dev / w, 0.0)
+        fk = np.where(k > 0, 1 - kv_dev / k, 0.0)
+    return np.stack(np.broadcast_arrays(fw, np.zeros_like(fw), fk), axis=-1)
+
+
 def place(weights: float, activations: float, kv: float, device: Device, policy="none",
           devices: int = 1) -> Placement:
     """Place a per-device footprint (bytes per class) on ``device`` under ``policy``;
@@ -71,10 +87,7 @@ def place(weights: float, activations: float, kv: float, device: Device, policy=
         raise DseError(f"hardware '{device.name}' names no {' or '.join(missing)}, so nothing can be offloaded "
                        f"(--offload {policy if isinstance(policy, str) else 'fractions'})")
     if policy == "greedy":
-        left = max(cap - activations, 0.0)
-        kv_dev = min(kv, left)
-        w_dev = min(weights, left - kv_dev)
-        frac = (1 - w_dev / weights if weights else 0.0, 0.0, 1 - kv_dev / kv if kv else 0.0)
+        frac = tuple(float(f) for f in greedy_fractions(weights, activations, kv, cap))
         name = "greedy"
     else:
         frac = tuple(float(policy.get(c, 0.0)) for c in CLASSES)

@@ -16,7 +16,7 @@ PROG = "python -m dse.study"
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
-            message = "choose a command: analyze, list, show (see --help)"
+            message = "choose a command: analyze, run, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
@@ -69,10 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(a)
     a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
     a.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    ls = sub.add_parser("list", help="list models, hardware or formats")
-    ls.add_argument("what", choices=("models", "hardware", "formats", "links"))
-    sh = sub.add_parser("show", help="show one hardware preset or model")
-    sh.add_argument("what", choices=("hardware", "model"))
+    r = sub.add_parser("run", help="run a study file: sweep a design space, write results and Pareto fronts")
+    r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
+    r.add_argument("--out", default=None, help="output folder (default runs/<study name>); rerun to resume")
+    r.add_argument("--seed", type=int, default=None, help="override the study's seed")
+    r.add_argument("--quiet", action="store_true", help="no progress output")
+    ls = sub.add_parser("list", help="list models, hardware, formats, links or studies")
+    ls.add_argument("what", choices=("models", "hardware", "formats", "links", "studies"))
+    sh = sub.add_parser("show", help="show one hardware preset, model or study")
+    sh.add_argument("what", choices=("hardware", "model", "study"))
     sh.add_argument("name")
     sh.add_argument("--format", choices=("table", "json"), default="table")
     return ap
@@ -175,6 +180,26 @@ def _table_report(res, display) -> str:
     return "\n".join(out)
 
 
+def cmd_run(args) -> int:
+    import time
+    from pathlib import Path
+
+    from dse.study.studyfile import load_study
+    from dse.sweep import run_sweep
+
+    data, spec = load_study(args.study, seed=args.seed)
+    name = str(data.get("name") or Path(args.study).stem)
+    out = Path(args.out or Path("runs") / name)
+    t0 = time.perf_counter()
+    _, front = run_sweep(spec, out, quiet=args.quiet)
+    dt = time.perf_counter() - t0
+    print(f"{name}: {spec.points:,} design points ({spec.method}) in {dt:.1f} s; "
+          f"{len(front)} on the Pareto front")
+    print(f"  results: {out / 'results.parquet'}")
+    print(f"  pareto:  {out / 'pareto.csv'}")
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.what == "models":
         from workloads.model import available_models
@@ -182,6 +207,10 @@ def cmd_list(args) -> int:
     elif args.what == "hardware":
         from hwmodels.presets import available_hardware
         names = available_hardware()
+    elif args.what == "studies":
+        from dse.study.studyfile import available_studies, load_study
+        names = [f"{n:28s} {str(load_study(n)[0].get('description', '')).strip().splitlines()[0]}"
+                 for n in available_studies()]
     elif args.what == "links":
         from hwmodels.links import available_links, load_link
         names = [f"{n:24s} {load_link(n).bandwidth_bytes_per_s / 1e9:7.1f} GB/s per direction" for n in available_links()]
@@ -211,6 +240,10 @@ def cmd_show(args) -> int:
             "pim": None if d.pim is None else vars(d.pim),
             "tdp_w": d.tdp_w, "price_usd": d.price_usd, "sources": d.sources,
         }
+    elif args.what == "study":
+        from dse.study.studyfile import load_study
+        data, spec = load_study(args.name)
+        obj = {**data, "points": spec.points, "chunks": spec.chunks}
     else:
         from dataclasses import asdict
 
@@ -230,7 +263,7 @@ def cmd_show(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show}[args.command](args)
+        return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run}[args.command](args)
     except DseError as e:
         print(f"dse.study: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,239 @@
+"""Design spaces: named parameters, each fixed, a range or a list of choices.
+
+A parameter is written in a study file (or a dict) as
+- a scalar: fixed;
+- a list: choices (a categorical axis, e.g. presets: ``hardware: [h100-sxm, b200]``;
+  ``native_formats`` choices are comma-separated compute formats or lists of them);
+- a mapping ``{min, max, step}`` or ``{min, max, count[, scale: linear|log]}``: a range;
+  with ``step`` the values are min, min + step, ... <= max; with ``count`` they are
+  ``count`` values from min to max, evenly spaced (log: evenly in log space).
+
+Grids enumerate the product of the axes in mixed radix; random and Sobol sweeps draw
+each range continuously (integer parameters are rounded) and each choice uniformly.
+Values are in SI units (bytes, bytes/s, ops/s, seconds).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.errors import DseError
+from hwmodels.formats import COMPUTE_CLASSES
+
+#: hardware-template parameters (override the base preset named by ``hardware``)
+HARDWARE_PARAMS = {
+    "hardware": str,
+    **{f"peak_{c}": float for c in COMPUTE_CLASSES},
+    "compute_scale": float,
+    "vector_ops_per_s": float,
+    "memory_bandwidth": float,
+    "memory_capacity": float,
+    "onchip_buffer_bytes": float,
+    "link_bandwidth": float,
+    "link_latency": float,
+    "host_link_bandwidth": float,
+    "host_memory_capacity": float,
+    "host_memory_bandwidth": float,
+    "pim_multiple": float,
+    "pim_peak": float,
+    "native_formats": str,
+    "tdp_w": float,
+    "price_usd": float,
+}
+#: workload parameters
+WORKLOAD_PARAMS = {
+    "model": str,
+    "batch": int,
+    "prompt_len": int,
+    "gen_len": int,
+    "weights": str,
+    "activations": str,
+    "kv": str,
+    "tp": int,
+    "pp": int,
+    "ep": int,
+    "flash_attention": bool,
+    "offload": str,
+    "sparse": bool,
+}
+PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
+DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
+            "tp": 1, "pp": 1, "ep": 1, "flash_attention": False, "offload": "none", "sparse": False}
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One parameter: its grid values (``values``) and, for a range, its bounds."""
+
+    name: str
+    values: tuple
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+
+    @property
+    def is_range(self) -> bool:
+        return self.low is not None
+
+
+def _num(v, where):
+    if isinstance(v, str):      # YAML 1.1 reads 1.0e12 (no sign in the exponent) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            raise DseError(f"{where}: expected a number, got {v!r}") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise DseError(f"{where}: expected a number, got {v!r}")
+    return float(v)
+
+
+def _cast(name: str, v, where: str):
+    kind = PARAMS[name]
+    if kind is bool:
+        if not isinstance(v, bool):
+            raise DseError(f"{where}: expected true or false, got {v!r}")
+        return v
+    if kind is str:
+        if isinstance(v, (list, tuple)) and name == "native_formats":
+            return ",".join(map(str, v))
+        if not isinstance(v, str):
+            raise DseError(f"{where}: expected a name, got {v!r}")
+        return v
+    x = _num(v, where)
+    if kind is int:
+        if x != int(x) or x <= 0:
+            raise DseError(f"{where}: expected a positive integer, got {v!r}")
+        return int(x)
+    if x < 0:
+        raise DseError(f"{where}: must not be negative, got {v!r}")
+    return x
+
+
+def make_axis(name: str, spec, where: str = "space") -> Axis:
+    """Parse one parameter's spec (scalar, list or range mapping); DseError naming ``where.name``."""
+    w = f"{where}.{name}"
+    if name not in PARAMS:
+        raise DseError(f"{w}: unknown parameter; allowed: {', '.join(PARAMS)}")
+    if isinstance(spec, dict):
+        extra = set(spec) - {"min", "max", "step", "count", "scale"}
+        if extra:
+            raise DseError(f"{w}: unknown key(s) {', '.join(sorted(extra))}; allowed: min, max, step, count, scale")
+        if PARAMS[name] in (str, bool):
+            raise DseError(f"{w}: a range needs a numeric parameter; give a list of choices")
+        for k in ("min", "max"):
+            if k not in spec:
+                raise DseError(f"{w}: a range needs '{k}'")
+        lo, hi = _num(spec["min"], f"{w}.min"), _num(spec["max"], f"{w}.max")
+        if lo > hi:
+            raise DseError(f"{w}: empty range, min {lo:g} > max {hi:g}")
+        scale = spec.get("scale", "linear")
+        if scale not in ("linear", "log"):
+            raise DseError(f"{w}.scale: expected linear or log, got {scale!r}")
+        if ("step" in spec) == ("count" in spec):
+            raise DseError(f"{w}: give exactly one of 'step' or 'count'")
+        if scale == "log" and lo <= 0:
+            raise DseError(f"{w}: a log range needs min > 0, got {lo:g}")
+        if "step" in spec:
+            step = _num(spec["step"], f"{w}.step")
+            if step <= 0:
+                raise DseError(f"{w}.step: must be positive, got {step:g}")
+            if hi > lo and step > hi - lo:
+                raise DseError(f"{w}.step: {step:g} is larger than the range {lo:g}..{hi:g}")
+            if scale == "log":
+                raise DseError(f"{w}: 'step' goes with a linear range; use 'count' for a log range")
+            n = int(math.floor((hi - lo) / step * (1 + 1e-12))) + 1
+            vals = lo + step * np.arange(n)
+        else:
+            n = spec["count"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise DseError(f"{w}.count: expected a positive integer, got {n!r}")
+            if n > 1 and lo == hi:
+                raise DseError(f"{w}: empty range for {n} values, min = max = {lo:g}")
+            vals = np.geomspace(lo, hi, n) if scale == "log" else np.linspace(lo, hi, n)
+        if PARAMS[name] is int:
+            vals = np.unique(np.round(vals).astype(int))
+            if vals.min() <= 0:
+                raise DseError(f"{w}: integer parameter must stay positive")
+        values = tuple(v.item() for v in vals)
+        return Axis(name, tuple(_cast(name, v, w) for v in values), lo, hi, scale == "log")
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise DseError(f"{w}: empty list of choices")
+        vals = tuple(_cast(name, v, f"{w}[{i}]") for i, v in enumerate(spec))
+        return Axis(name, vals)
+    return Axis(name, (_cast(name, spec, w),))
+
+
+class DesignSpace:
+    """A product of axes (hardware template and workload parameters)."""
+
+    def __init__(self, spec: dict, where: str = "space"):
+        if not isinstance(spec, dict) or not spec:
+            raise DseError(f"{where}: expected a mapping of parameter names to values, lists or ranges")
+        self.where = where
+        self.axes = [make_axis(k, v, where) for k, v in spec.items()]
+        if "hardware" not in spec:
+            raise DseError(f"{where}: 'hardware' is required (a preset name or a list of presets as the base design)")
+        if "model" not in spec:
+            raise DseError(f"{where}: 'model' is required")
+        self.spec = spec
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.axes]
+
+    @property
+    def grid_size(self) -> int:
+        return math.prod(len(a.values) for a in self.axes)
+
+    def fingerprint(self) -> str:
+        """A short hash of the space's definition (to recognise a run folder's study)."""
+        return hashlib.sha256(json.dumps(self.spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def grid_chunk(self, start: int, stop: int) -> dict:
+        """Columns of grid points ``start`` .. ``stop - 1`` (mixed-radix order, last axis
+        fastest); a fixed parameter is a scalar, a choice of names a pandas Categorical."""
+        flat = np.arange(start, stop, dtype=np.int64)
+        cols = {}
+        stride = 1
+        for a in reversed(self.axes):
+            n = len(a.values)
+            cols[a.name] = a.values[0] if n == 1 else _take(a.values, (flat // stride) % n)
+            stride *= n
+        return {a.name: cols[a.name] for a in self.axes}
+
+    def sample_chunk(self, unit: np.ndarray) -> dict[str, np.ndarray]:
+        """Columns of points from a [N, axes] array of numbers in [0, 1): ranges are
+        drawn continuously (log ranges in log space; integers rounded), choices uniformly."""
+        cols = {}
+        for j, a in enumerate(self.axes):
+            u = unit[:, j]
+            if a.is_range:
+                if a.log:
+                    x = np.exp(np.log(a.low) + u * (np.log(a.high) - np.log(a.low)))
+                else:
+                    x = a.low + u * (a.high - a.low)
+                if PARAMS[a.name] is int:
+                    x = np.maximum(np.round(x), 1).astype(np.int64)
+                cols[a.name] = x
+            elif len(a.values) == 1:
+                cols[a.name] = a.values[0]
+            else:
+                idx = np.minimum((u * len(a.values)).astype(np.int64), len(a.values) - 1)
+                cols[a.name] = _take(a.values, idx)
+        return cols
+
+
+def _take(values: tuple, idx: np.ndarray):
+    """values[idx]: a pandas Categorical for names (cheap to group and to store), else an array."""
+    if isinstance(values[0], str):
+        import pandas as pd
+        return pd.Categorical.from_codes(idx, categories=list(values))
+    return np.array(values)[idx]
+
+
+__all__ = ["DesignSpace", "Axis", "make_axis", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS"]

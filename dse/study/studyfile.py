@@ -1,0 +1,86 @@
+"""Study files (``studies/*.yaml``): the design space, objectives, constraints and method.
+
+    name: gpu-sweep-1m
+    description: what question the study answers
+    space:            # parameters of dse.space: fixed values, lists of choices, ranges
+      hardware: h100-sxm
+      model: llama-2-70b
+      memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 100}
+    objectives: {output_tokens_per_s: max, memory_bandwidth: min}
+    constraints: {tpot_s: {max: 0.05}}
+    method: grid      # grid | random | sobol
+    samples: 100000   # random and sobol
+    seed: 0
+    max_points: 10000000
+    chunk_size: 250000
+    ideal: false
+
+Everything is validated before any work starts; an error names the file and the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from dse.errors import DseError
+from dse.space import DesignSpace
+from dse.sweep import SweepSpec
+
+STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
+KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
+        "chunk_size", "ideal"}
+
+
+def available_studies() -> list[str]:
+    """Names of the study files shipped in studies/."""
+    return sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
+
+
+def study_path(name_or_path: str) -> Path:
+    """The file of a study name or path; DseError listing the shipped studies."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
+        if not p.is_file():
+            raise DseError(f"{p}: no such study file")
+        return p
+    f = STUDY_DIR / f"{name_or_path}.yaml"
+    if not f.is_file():
+        raise DseError(f"unknown study '{name_or_path}'; shipped studies: {', '.join(available_studies())}")
+    return f
+
+
+def load_study(name_or_path: str, seed: int | None = None) -> tuple[dict, SweepSpec]:
+    """(raw mapping, validated SweepSpec) of a study file; ``seed`` overrides the file's."""
+    path = study_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise DseError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise DseError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
+    unknown = set(data) - KEYS
+    if unknown:
+        raise DseError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+    if "space" not in data:
+        raise DseError(f"{path}: missing 'space' (the parameters to explore)")
+    for key, kind in (("objectives", dict), ("constraints", dict)):
+        if key in data and not isinstance(data[key], kind):
+            raise DseError(f"{path}: {key}: expected a mapping, got {data[key]!r}")
+    ints = {}
+    for key in ("samples", "seed", "max_points", "chunk_size"):
+        if key in data:
+            v = data[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
+                raise DseError(f"{path}: {key}: expected a {'non-negative' if key == 'seed' else 'positive'} "
+                               f"integer, got {v!r}")
+            ints[key] = v
+    if "ideal" in data and not isinstance(data["ideal"], bool):
+        raise DseError(f"{path}: ideal: expected true or false, got {data['ideal']!r}")
+    if seed is not None:
+        ints["seed"] = seed
+    space = DesignSpace(data["space"], where=f"{path}: space")
+    spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
+                     constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
+                     where=str(path), **ints)
+    return data, spec
