@@ -38,7 +38,7 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
 
 #: workload columns that shape the operator tables
 _WORKLOAD_KEY = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "tp", "pp", "ep",
-                 "flash_attention", "offload", "sparse")
+                 "flash_attention", "offload", "sparse", "devices")
 
 
 def _raw(cols: dict, name: str):
@@ -198,9 +198,10 @@ def evaluate(cols: dict, *, efficiency: Efficiency | None = None, ideal: bool = 
         device = devices[hw_inv[i0]]
         w = {k: _at(work[k], i0) for k in _WORKLOAD_KEY}
         try:
+            tp = _tp_of(w)
             pre, d0, slope, fp, sc = _tables(str(w["model"]), int(w["batch"]), int(w["prompt_len"]),
                                              int(w["gen_len"]), str(w["weights"]), str(w["activations"]),
-                                             str(w["kv"]), int(w["tp"]), int(w["pp"]), int(w["ep"]),
+                                             str(w["kv"]), tp, int(w["pp"]), int(w["ep"]),
                                              bool(w["flash_attention"]), float(buffer[i0]))
         except DseError as e:
             feasible[idx], reason[idx] = False, str(e)
@@ -213,6 +214,18 @@ def evaluate(cols: dict, *, efficiency: Efficiency | None = None, ideal: bool = 
         unsorted[k] = np.empty_like(v)
         unsorted[k][order] = v
     return unsorted
+
+
+def _tp_of(w: dict) -> int:
+    """The tensor-parallel degree of a workload: ``tp``, or ``devices / (pp x ep)`` when
+    ``devices`` is given (DseError if it does not divide)."""
+    dev = w.get("devices")
+    if dev is None or (isinstance(dev, float) and np.isnan(dev)):
+        return int(w["tp"])
+    pp_ep = int(w["pp"]) * int(w["ep"])
+    if int(dev) % pp_ep:
+        raise DseError(f"devices {int(dev)} is not a multiple of pp x ep = {pp_ep}")
+    return int(dev) // pp_ep
 
 
 def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out, feasible, reason, eff):

@@ -44,7 +44,7 @@ HARDWARE_PARAMS = {
     "tdp_w": float,
     "price_usd": float,
 }
-#: workload parameters
+#: workload parameters (``devices`` alone sets tp = devices / (pp x ep))
 WORKLOAD_PARAMS = {
     "model": str,
     "batch": int,
@@ -53,6 +53,7 @@ WORKLOAD_PARAMS = {
     "weights": str,
     "activations": str,
     "kv": str,
+    "devices": int,
     "tp": int,
     "pp": int,
     "ep": int,

@@ -226,3 +226,37 @@ def test_shipped_studies_validate():
         assert spec.points >= 1
     _, spec = load_study("gpu-sweep-1m")
     assert spec.points >= 1_000_000
+
+
+@pytest.mark.parametrize("hw, model, extra, kw", [
+    ("h100-sxm", "llama-2-70b", dict(offload="greedy", batch=4), dict(offload="greedy")),
+    ("attacc", "llama-2-7b", dict(batch=32, prompt_len=4096), {}),
+    ("hbm-pim", "llama-2-7b", dict(batch=1), {}),
+    ("groq-lpu", "llama-2-7b", dict(tp=8, pp=8, weights="int8", activations="int8", kv="int8"), {}),
+    ("h100-sxm", "mixtral-8x7b", dict(devices=8, ep=4, batch=64), {}),
+    ("h100-sxm", "llama-2-70b", dict(sparse=True, batch=64, prompt_len=2048), dict(sparse=True)),
+])
+def test_vectorized_equals_analyze_on_every_class(hw, model, extra, kw):
+    cols = {"hardware": hw, "model": model, "prompt_len": 1024, "gen_len": 64, **extra}
+    out = evaluate(cols)
+    sc_kw = {k: v for k, v in extra.items() if k in ("batch", "prompt_len", "tp", "pp", "ep", "weights",
+                                                     "activations", "kv")}
+    if "devices" in extra:
+        sc_kw["tp"] = extra["devices"] // (extra.get("pp", 1) * extra.get("ep", 1))
+    sc = Scenario.make(**{"prompt_len": 1024, "gen_len": 64, **sc_kw})
+    s = analyze(load_model(model), load_device(hw), sc, **kw).summary
+    for k in METRICS + ("e2e_latency_s", "offloaded_bytes"):
+        assert out[k][0] == pytest.approx(s[k], rel=1e-9), k
+    assert bool(out["feasible"][0]) == s["fits"]
+
+
+def test_budgets_and_slos_mark_points_infeasible_with_reasons():
+    sp = _space(hardware=["h100-sxm", "b200"], batch=[1, 64])
+    spec = SweepSpec(sp, objectives={"output_tokens_per_s": "max"},
+                     constraints={"tpot_s": {"max": 0.012}, "power_w": {"max": 800}})
+    res, front = run_sweep(spec)
+    b200 = res[res.hardware == "b200"]
+    assert (~b200.feasible).all() and b200.reason.str.contains("power_w 1000 > 800").all()
+    slow = res[(res.tpot_s > 0.012)]
+    assert (~slow.feasible).all() and slow.reason.str.contains("tpot_s").all()
+    assert set(front.point) <= set(res[res.feasible].point)
