@@ -1,6 +1,7 @@
 """The command line: outputs, listing and one-line errors (never a traceback)."""
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,12 @@ def test_analyze_table_and_csv(fmt):
 
 def test_batch_max_and_not_fitting():
     r = run_cli("analyze", "--model", "llama-2-70b", "--hardware", "a100-80gb", "--batch", "max", "--format", "json")
-    assert r.returncode == 0
+    # the report is printed, then one error line and a non-zero exit
+    assert r.returncode == 3
     s = json.loads(r.stdout)["summary"]
     assert s["fits"] is False and "does not fit" in s["why"]
+    line, = r.stderr.strip().splitlines()
+    assert "memory_tiers[0].capacity_bytes" in line and "--offload greedy" in line and "Traceback" not in line
     r = run_cli("analyze", "--model", "llama-2-7b", "--hardware", "h100-sxm", "--batch", "max", "--format", "json")
     assert json.loads(r.stdout)["summary"]["fits"] is True and json.loads(r.stdout)["summary"]["batch"] > 1
 
@@ -115,3 +119,23 @@ def test_show_hardware_json():
     assert d["peak_ops_per_s"]["fp8"] == 1979e12
     assert d["memory_tiers"][0]["bandwidth_bytes_per_s"] == 3.35e12
     assert d["tdp_w"] == 700 and d["sources"]
+
+
+def test_format_no_compute_unit_can_run(tmp_path):
+    # a preset that computes only int8: fp16 work has no native or wider format to run on
+    import yaml
+    d = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs/hardware/t4.yaml").read_text())
+    d["peak_ops_per_s"] = {"int8": d["peak_ops_per_s"]["int8"]}
+    d.pop("sparse_peak_ops_per_s", None)
+    f = tmp_path / "int8-only.yaml"
+    f.write_text(yaml.safe_dump(d))
+    r = run_cli("analyze", "--model", "llama-2-7b", "--hardware", f)
+    assert r.returncode == 2 and "cannot compute fp16 nor any wider format" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_host_tier_too_small_is_an_error():
+    # DeepSeek-V3 in FP32 is 2.7 TB: more than one H100 plus the node's 2 TiB of host memory
+    r = run_cli("analyze", "--model", "deepseek-v3", "--hardware", "h100-sxm", "--offload", "greedy",
+                "--weights", "fp32")
+    assert r.returncode == 3 and "host" in r.stderr and "host_memory.capacity_bytes" in r.stderr

@@ -254,3 +254,19 @@ def test_attacc_preset_speeds_decode_attention_within_multiple():
     t = lambda a: sum(r["total_time_s"] for r in a.decode if r["name"] in ("qk_matmul", "sv_matmul"))  # noqa: E731
     assert 1 < t(a_gpu) / t(a_pim) <= pim.pim.internal_bandwidth_multiple
     assert a_pim.summary["tpot_s"] < a_gpu.summary["tpot_s"]
+
+
+def test_offload_to_cxl_and_nvme_tiers():
+    from hwmodels.tiers import available_tiers, load_tier, with_host_tier
+    assert {"cxl-cmm-d-128gb", "cxl-cmm-b-16tb", "nvme-990pro-2tb"} <= set(available_tiers())
+    m, d = load_model("llama-2-70b"), load_device("h100-sxm")
+    sc = Scenario.make(batch=1, prompt_len=256, gen_len=8)
+    t = {}
+    for name in ("cxl-cmm-b-16tb", "nvme-990pro-2tb"):
+        s = analyze(m, with_host_tier(d, name), sc, offload="greedy", ideal=True).summary
+        assert s["fits"]
+        assert s["tpot_s"] >= s["offloaded_bytes"] / load_tier(name).bandwidth_bytes_per_s
+        t[name] = s["tpot_s"]
+    assert t["nvme-990pro-2tb"] / t["cxl-cmm-b-16tb"] == pytest.approx(60 / 7.45, rel=0.05)
+    with pytest.raises(DseError, match="valid tiers"):
+        load_tier("floppy")

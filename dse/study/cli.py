@@ -56,6 +56,8 @@ def _add_workload_args(p):
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="host-tier transfers overlap compute (default) or add to it")
     p.add_argument("--link", default=None, help="scale-up link preset replacing the device's (see 'list links')")
+    p.add_argument("--host-tier", default=None,
+                   help="offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe)")
     p.add_argument("--sparse", action="store_true", help="weight matmuls at the device's 2:4 sparse peaks")
     p.add_argument("--cpu-layers", type=_positive_int, default=0,
                    help="run this many layers on the host CPU (llama.cpp-style split)")
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None, help="override the study's seed")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     ls = sub.add_parser("list", help="list models, hardware, formats, links or studies")
-    ls.add_argument("what", choices=("models", "hardware", "formats", "links", "studies"))
+    ls.add_argument("what", choices=("models", "hardware", "formats", "links", "tiers", "studies"))
     sh = sub.add_parser("show", help="show one hardware preset, model or study")
     sh.add_argument("what", choices=("hardware", "model", "study"))
     sh.add_argument("name")
@@ -112,6 +114,9 @@ def cmd_analyze(args) -> int:
     device = load_device(args.hardware)
     if args.link:
         device = replace(device, interconnect=load_link(args.link))
+    if args.host_tier:
+        from hwmodels.tiers import with_host_tier
+        device = with_host_tier(device, args.host_tier)
     host_cpu = None
     if args.cpu_layers:
         name = args.host_cpu or device.host_cpu
@@ -138,6 +143,12 @@ def cmd_analyze(args) -> int:
         print(display.csv_text([res.summary]), end="")
     else:
         print(_table_report(res, display))
+    if not res.summary["fits"]:
+        where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
+        print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
+              f"{', host_memory.capacity_bytes' if offload != 'none' else ''}); allowed remedies: --offload greedy, "
+              f"more --devices, a narrower --weights/--kv format, a smaller --batch", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -207,6 +218,10 @@ def cmd_list(args) -> int:
     elif args.what == "hardware":
         from hwmodels.presets import available_hardware
         names = available_hardware()
+    elif args.what == "tiers":
+        from hwmodels.tiers import available_tiers, load_tier
+        names = [f"{n:20s} {load_tier(n).capacity_bytes / 2**30:9.0f} GiB {load_tier(n).bandwidth_bytes_per_s / 1e9:7.2f} GB/s"
+                 for n in available_tiers()]
     elif args.what == "studies":
         from dse.study.studyfile import available_studies, load_study
         names = [f"{n:28s} {str(load_study(n)[0].get('description', '')).strip().splitlines()[0]}"

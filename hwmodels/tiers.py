@@ -1,0 +1,40 @@
+"""Offload memory tiers beyond host DRAM (``configs/tiers.yaml``): CXL expanders, NVMe."""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import yaml
+
+from dse.errors import DseError
+from hwmodels.device import Device, Link, MemoryTier
+from hwmodels.presets import HARDWARE_DIR, _tier
+
+TIERS_FILE = HARDWARE_DIR.parent / "tiers.yaml"
+
+
+@lru_cache(maxsize=None)
+def _all() -> dict[str, MemoryTier]:
+    data = yaml.safe_load(TIERS_FILE.read_text())
+    sources = data.get("sources", {})
+    return {name: _tier({"name": name, **node}, f"{TIERS_FILE}: tiers.{name}", sources)
+            for name, node in (data.get("tiers") or {}).items()}
+
+
+def available_tiers() -> list[str]:
+    return sorted(_all())
+
+
+def load_tier(name: str) -> MemoryTier:
+    """The MemoryTier preset called ``name``; DseError listing the valid names."""
+    tiers = _all()
+    if name not in tiers:
+        raise DseError(f"unknown memory tier '{name}'; valid tiers: {', '.join(sorted(tiers))}")
+    return tiers[name]
+
+
+def with_host_tier(device: Device, name: str) -> Device:
+    """``device`` offloading to tier ``name`` instead of its host DRAM: the tier becomes its
+    host memory, reached over a link as fast as the tier's own interface."""
+    t = load_tier(name)
+    return replace(device, host_memory=t, host_link=Link(name, t.bandwidth_bytes_per_s, t.latency_s))
