@@ -265,7 +265,10 @@ def test_offload_to_cxl_and_nvme_tiers():
     for name in ("cxl-cmm-b-16tb", "nvme-990pro-2tb"):
         s = analyze(m, with_host_tier(d, name), sc, offload="greedy", ideal=True).summary
         assert s["fits"]
-        assert s["tpot_s"] >= s["offloaded_bytes"] / load_tier(name).bandwidth_bytes_per_s
+        # every step streams the offloaded share of the weights (KV stays on the device under greedy
+        # here); the embedding table is only read one row per token, hence the 0.1 % slack
+        assert s["kv_cache_bytes"] < d.memory.capacity_bytes
+        assert s["tpot_s"] >= s["offloaded_bytes"] / load_tier(name).bandwidth_bytes_per_s * (1 - 1e-3)
         t[name] = s["tpot_s"]
     assert t["nvme-990pro-2tb"] / t["cxl-cmm-b-16tb"] == pytest.approx(60 / 7.45, rel=0.05)
     with pytest.raises(DseError, match="valid tiers"):
