@@ -165,7 +165,8 @@ def _group(keys: list, n: int):
         if len(uniq) > 1:
             codes = codes * len(uniq) + inv
     inv, uniq = pd.factorize(codes)
-    order = np.argsort(inv, kind="stable")
+    # a stable sort of small integers is a radix sort in numpy: O(n)
+    order = np.argsort(inv.astype(np.uint16) if len(uniq) < 2**16 else inv, kind="stable")
     counts = np.bincount(inv, minlength=len(uniq))
     starts = np.concatenate(([0], np.cumsum(counts)))
     first = order[starts[:-1]]
