@@ -298,3 +298,58 @@ def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out
     ok = fits & can
     feasible[idx] = ok
     reason[idx] = np.where(ok, "", why)
+
+
+def device_for(params: dict):
+    """The Device of one design point: its base preset (``hardware``) with every hardware
+    override of ``params`` applied (what ``evaluate`` prices for that point)."""
+    from hwmodels.device import Link, MemoryTier, PimUnit
+    d = load_device(str(params["hardware"]))
+    scale = float(params.get("compute_scale", 1.0) or 1.0)
+    peaks = dict(d.peak_ops_per_s)
+    for c in COMPUTE_CLASSES:
+        v = params.get(f"peak_{c}")
+        if v is not None and not (isinstance(v, float) and np.isnan(v)):
+            peaks[c] = float(v)
+    if params.get("native_formats") is not None:
+        allowed = {f.strip() for f in str(params["native_formats"]).split(",")}
+        peaks = {c: v for c, v in peaks.items() if c in allowed}
+    peaks = {c: v * scale for c, v in peaks.items() if v > 0}
+    vector = float(params.get("vector_ops_per_s") or d.vector_ops_per_s) * scale
+
+    def num(key, default):
+        v = params.get(key)
+        return default if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
+    mem = MemoryTier(d.memory.name, num("memory_capacity", d.memory.capacity_bytes),
+                     num("memory_bandwidth", d.memory.bandwidth_bytes_per_s), d.memory.latency_s)
+    link = d.interconnect
+    if "link_bandwidth" in params or "link_latency" in params:
+        link = Link(link.name if link else "link", num("link_bandwidth", link.bandwidth_bytes_per_s if link else np.nan),
+                    num("link_latency", link.latency_s if link else 0.0))
+    host_link, host_mem = d.host_link, d.host_memory
+    if "host_link_bandwidth" in params:
+        host_link = Link(host_link.name if host_link else "host-link", num("host_link_bandwidth", 0.0),
+                         host_link.latency_s if host_link else 0.0)
+    if "host_memory_capacity" in params or "host_memory_bandwidth" in params:
+        host_mem = MemoryTier(host_mem.name if host_mem else "host-memory",
+                              num("host_memory_capacity", host_mem.capacity_bytes if host_mem else np.nan),
+                              num("host_memory_bandwidth", host_mem.bandwidth_bytes_per_s if host_mem else np.inf))
+    pim = d.pim
+    if "pim_multiple" in params or "pim_peak" in params:
+        base = pim or PimUnit({c: v for c, v in peaks.items()}, 1.0, ("attention", "gemv", "experts"))
+        pk = {c: num("pim_peak", v) for c, v in base.peak_ops_per_s.items()}
+        pim = PimUnit(pk, num("pim_multiple", base.internal_bandwidth_multiple), base.operators, base.concurrent)
+    return replace(d, peak_ops_per_s=peaks, vector_ops_per_s=vector,
+                   memory_tiers=(mem,) + tuple(d.memory_tiers[1:]),
+                   onchip_buffer_bytes=num("onchip_buffer_bytes", d.onchip_buffer_bytes),
+                   interconnect=link, host_link=host_link, host_memory=host_mem, pim=pim,
+                   tdp_w=num("tdp_w", d.tdp_w) if d.tdp_w or "tdp_w" in params else None,
+                   price_usd=num("price_usd", d.price_usd) if d.price_usd or "price_usd" in params else None)
+
+
+def scenario_for(params: dict) -> Scenario:
+    """The Scenario of one design point's workload parameters."""
+    w = {k: params.get(k, DEFAULTS.get(k)) for k in _WORKLOAD_KEY}
+    return Scenario.make(batch=int(w["batch"]), prompt_len=int(w["prompt_len"]), gen_len=int(w["gen_len"]),
+                         weights=str(w["weights"]), activations=str(w["activations"]), kv=str(w["kv"]),
+                         tp=_tp_of(w), pp=int(w["pp"]), ep=int(w["ep"]), flash_attention=bool(w["flash_attention"]))

@@ -260,3 +260,14 @@ def test_budgets_and_slos_mark_points_infeasible_with_reasons():
     slow = res[(res.tpot_s > 0.012)]
     assert (~slow.feasible).all() and slow.reason.str.contains("tpot_s").all()
     assert set(front.point) <= set(res[res.feasible].point)
+
+
+def test_device_for_reproduces_evaluated_point():
+    from dse.evaluate import device_for, scenario_for
+    params = dict(hardware="h100-sxm", model="llama-2-13b", batch=16, prompt_len=1000, gen_len=50, weights="fp8",
+                  memory_bandwidth=5e12, memory_capacity=1e11, peak_fp8=3e15, native_formats="fp16,fp8",
+                  flash_attention=True)
+    out = evaluate(params)
+    s = analyze(load_model("llama-2-13b"), device_for(params), scenario_for(params)).summary
+    for k in METRICS:
+        assert out[k][0] == pytest.approx(s[k], rel=1e-9)
