@@ -6,7 +6,8 @@ A parameter is written in a study file (or a dict) as
   ``native_formats`` choices are comma-separated compute formats or lists of them);
 - a mapping ``{min, max, step}`` or ``{min, max, count[, scale: linear|log]}``: a range;
   with ``step`` the values are min, min + step, ... <= max; with ``count`` they are
-  ``count`` values from min to max, evenly spaced (log: evenly in log space).
+  ``count`` values from min to max, evenly spaced (log: evenly in log space); with
+  neither, a continuous range for random, Sobol and Optuna (a grid refuses it).
 
 Grids enumerate the product of the axes in mixed radix; random and Sobol sweeps draw
 each range continuously (integer parameters are rounded) and each choice uniformly.
@@ -134,8 +135,10 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
         scale = spec.get("scale", "linear")
         if scale not in ("linear", "log"):
             raise DseError(f"{w}.scale: expected linear or log, got {scale!r}")
-        if ("step" in spec) == ("count" in spec):
-            raise DseError(f"{w}: give exactly one of 'step' or 'count'")
+        if "step" in spec and "count" in spec:
+            raise DseError(f"{w}: give one of 'step' or 'count', not both")
+        if "step" not in spec and "count" not in spec:   # continuous: sampled, not gridded
+            return Axis(name, (), lo, hi, scale == "log")
         if scale == "log" and lo <= 0:
             raise DseError(f"{w}: a log range needs min > 0, got {lo:g}")
         if "step" in spec:
@@ -189,6 +192,11 @@ class DesignSpace:
 
     @property
     def grid_size(self) -> int:
+        """Points of the full grid (DseError if a range has neither step nor count)."""
+        for a in self.axes:
+            if not a.values:
+                raise DseError(f"{self.where}.{a.name}: a grid needs 'step' or 'count' on every range "
+                               f"(or use method random, sobol or optuna)")
         return math.prod(len(a.values) for a in self.axes)
 
     def fingerprint(self) -> str:

@@ -26,7 +26,7 @@ from dse.evaluate import METRICS, evaluate
 from dse.pareto import pareto_mask
 from dse.space import PARAMS, DesignSpace
 
-METHODS = ("grid", "random", "sobol")
+METHODS = ("grid", "random", "sobol", "optuna")
 
 
 @dataclass
@@ -47,13 +47,26 @@ class SweepSpec:
     max_points: int = 10_000_000
     ideal: bool = False
     where: str = "study"
+    sampler: str = "nsga2"
+    trials: int | None = None
+    population: int | None = None
 
     def __post_init__(self):
         where = self.where
         if self.method not in METHODS:
             raise DseError(f"{where}: method: '{self.method}' is not one of {', '.join(METHODS)}")
-        if self.method != "grid" and (not isinstance(self.samples, int) or self.samples < 1):
+        if self.method in ("random", "sobol") and (not isinstance(self.samples, int) or self.samples < 1):
             raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
+        if self.method == "optuna":
+            from dse.search import SAMPLERS
+            if self.sampler not in SAMPLERS:
+                raise DseError(f"{where}: sampler: '{self.sampler}' is not one of {', '.join(SAMPLERS)}")
+            if not isinstance(self.trials, int) or self.trials < 1:
+                raise DseError(f"{where}: trials: an optuna study needs a positive number of trials")
+            if self.population is not None and (not isinstance(self.population, int) or self.population < 2):
+                raise DseError(f"{where}: population: expected an integer >= 2, got {self.population!r}")
+            if not self.objectives:
+                raise DseError(f"{where}: objectives: an optuna study needs at least one objective")
         names = set(METRICS) | set(PARAMS) | {"feasible"}
         for k, sense in self.objectives.items():
             if k not in names:
@@ -81,6 +94,8 @@ class SweepSpec:
 
     @property
     def points(self) -> int:
+        if self.method == "optuna":
+            return int(self.trials)
         return self.space.grid_size if self.method == "grid" else int(self.samples)
 
     @property
@@ -90,7 +105,8 @@ class SweepSpec:
     def fingerprint(self) -> str:
         return json.dumps({"space": self.space.fingerprint(), "method": self.method, "samples": self.samples,
                            "seed": self.seed, "chunk_size": self.chunk_size, "ideal": self.ideal,
-                           "constraints": self.constraints}, sort_keys=True)
+                           "constraints": self.constraints, "sampler": self.sampler,
+                           "objectives": self.objectives, "population": self.population}, sort_keys=True)
 
     def chunk_columns(self, k: int) -> dict[str, np.ndarray]:
         """Parameter columns of chunk ``k`` (deterministic: the same chunk always has the same points)."""
@@ -171,16 +187,25 @@ def _write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
 
 
 class _Progress:
-    def __init__(self, total: int, quiet: bool):
+    """A progress line on stderr: rewritten in place on a terminal, else one line per
+    tenth of the work."""
+
+    def __init__(self, total: int, quiet: bool, what: str = "sweep", unit: str = "points"):
         self.total, self.quiet, self.t0, self.done = total, quiet, time.perf_counter(), 0
+        self.what, self.unit, self._shown = what, unit, -1
 
     def update(self, n: int, note: str = ""):
         self.done += n
         if self.quiet:
             return
+        tty = sys.stderr.isatty()
+        tenth = 10 * self.done // max(self.total, 1)
+        if not tty and tenth == self._shown and self.done < self.total:
+            return
+        self._shown = tenth
         dt = time.perf_counter() - self.t0
-        end = "\n" if self.done >= self.total or not sys.stderr.isatty() else ""
-        print(f"\r[sweep] {self.done:,}/{self.total:,} points ({100 * self.done / self.total:.0f}%) "
+        end = "\n" if self.done >= self.total or not tty else ""
+        print(f"\r[{self.what}] {self.done:,}/{self.total:,} {self.unit} ({100 * self.done / self.total:.0f}%) "
               f"{dt:.1f} s{note}", end=end, file=sys.stderr, flush=True)
 
 
@@ -246,6 +271,23 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True
     cols = [c for c in front.columns if c in PARAMS or c in objectives or c == "point"]
     _write_atomic(front[cols] if len(front.columns) else front, out / "pareto.csv", "csv")
     return None, front
+
+
+def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
+              quiet: bool = True) -> pd.DataFrame:
+    """Run a sweep or an Optuna search into ``out`` (resuming), write ``pareto.csv``,
+    and return the Pareto front."""
+    out = Path(out)
+    if spec.method != "optuna":
+        if storage is not None or workers != 1:
+            raise DseError("--storage and --workers apply to optuna studies (method: optuna)")
+        return run_sweep(spec, out, quiet=quiet)[1]
+    from dse.search import run_search
+    rows = run_search(spec, out, storage, workers, quiet)
+    front = _front(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
+    cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]
+    _write_atomic(front[cols], out / "pareto.csv", "csv")
+    return front
 
 
 def _merge(chunk_dir: Path, chunks: int, final: Path) -> None:

@@ -172,7 +172,7 @@ def test_interrupted_sweep_resumes_without_redoing_chunks(tmp_path, monkeypatch)
     ({"memory_bandwidth": {"min": 1e12, "max": 2e12, "step": 5e12}}, "larger than the range"),
     ({"warp_factor": 9}, "unknown parameter"),
     ({"batch": []}, "empty list"),
-    ({"memory_bandwidth": {"min": 1e12, "max": 2e12}}, "exactly one of 'step' or 'count'"),
+    ({"memory_bandwidth": {"min": 1e12, "max": 2e12, "step": 1e11, "count": 3}}, "not both"),
     ({"memory_bandwidth": -5.0}, "must not be negative"),
 ])
 def test_bad_spaces(spec, match):
@@ -181,6 +181,8 @@ def test_bad_spaces(spec, match):
 
 
 def test_bad_sweeps():
+    with pytest.raises(DseError, match="a grid needs 'step' or 'count'"):
+        SweepSpec(_space(memory_bandwidth={"min": 1e12, "max": 2e12}))
     with pytest.raises(DseError, match="unknown metric"):
         SweepSpec(_space(), objectives={"speed": "max"})
     with pytest.raises(DseError, match="contradictory"):

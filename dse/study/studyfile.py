@@ -8,8 +8,11 @@
       memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 100}
     objectives: {output_tokens_per_s: max, memory_bandwidth: min}
     constraints: {tpot_s: {max: 0.05}}
-    method: grid      # grid | random | sobol
+    method: grid      # grid | random | sobol | optuna
     samples: 100000   # random and sobol
+    sampler: nsga2    # optuna: nsga2 | nsga3 | tpe | random | qmc
+    trials: 2000      # optuna
+    population: 50    # optuna: trials asked and evaluated per batch (NSGA population)
     seed: 0
     max_points: 10000000
     chunk_size: 250000
@@ -29,7 +32,7 @@ from dse.sweep import SweepSpec
 
 STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
-        "chunk_size", "ideal"}
+        "chunk_size", "ideal", "sampler", "trials", "population"}
 
 
 def available_studies() -> list[str]:
@@ -50,8 +53,8 @@ def study_path(name_or_path: str) -> Path:
     return f
 
 
-def load_study(name_or_path: str, seed: int | None = None) -> tuple[dict, SweepSpec]:
-    """(raw mapping, validated SweepSpec) of a study file; ``seed`` overrides the file's."""
+def load_study(name_or_path: str, seed: int | None = None, trials: int | None = None) -> tuple[dict, SweepSpec]:
+    """(raw mapping, validated SweepSpec) of a study file; ``seed`` and ``trials`` override the file's."""
     path = study_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -68,7 +71,7 @@ def load_study(name_or_path: str, seed: int | None = None) -> tuple[dict, SweepS
         if key in data and not isinstance(data[key], kind):
             raise DseError(f"{path}: {key}: expected a mapping, got {data[key]!r}")
     ints = {}
-    for key in ("samples", "seed", "max_points", "chunk_size"):
+    for key in ("samples", "seed", "max_points", "chunk_size", "trials", "population"):
         if key in data:
             v = data[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
@@ -79,6 +82,10 @@ def load_study(name_or_path: str, seed: int | None = None) -> tuple[dict, SweepS
         raise DseError(f"{path}: ideal: expected true or false, got {data['ideal']!r}")
     if seed is not None:
         ints["seed"] = seed
+    if trials is not None:
+        ints["trials"] = trials
+    if "sampler" in data:
+        ints["sampler"] = str(data["sampler"])
     space = DesignSpace(data["space"], where=f"{path}: space")
     spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
                      constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
