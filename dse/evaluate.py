@@ -240,14 +240,14 @@ def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out
     if offload == "none":
         off = None
         host_bytes = np.zeros(size)
-        fits = fp.total_bytes <= cap
+        fits = fp.total_bytes <= cap * (1 + 1e-12)
         why[~fits] = "does not fit in device memory"
     elif offload == "greedy":
         off = greedy_fractions(fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, cap)
         host_bytes = fp.weights_bytes * off[:, 0] + fp.kv_cache_bytes * off[:, 2]
         hcap = extras["host_capacity"][idx]
         dev_part = fp.total_bytes - host_bytes
-        fits = (dev_part <= cap) & (host_bytes * sc.devices <= np.nan_to_num(hcap, nan=0.0))
+        fits = (dev_part <= cap * (1 + 1e-12)) & (host_bytes * sc.devices <= np.nan_to_num(hcap, nan=0.0) * (1 + 1e-12))
         why[~fits] = "does not fit in device and host memory"
         hb = sys.host_bandwidth
         no_host = ~np.isfinite(hb) | np.isnan(hb)

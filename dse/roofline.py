@@ -197,7 +197,7 @@ class OpArrays:
         roles = table.roles
         return cls(table.ops, table.weight_bytes, table.act_bytes, table.kv_bytes, table.comm_bytes,
                    table.p2p_bytes, cols, table.counts,
-                   np.array([r in ("gemv", "experts") for r in roles], dtype=bool),
+                   np.array([op.kind == "matmul" for op in table.operators], dtype=bool),
                    np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int))
 
 

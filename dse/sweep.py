@@ -174,7 +174,9 @@ def _front(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
                 "max" if objectives[name] == "max" else "min")
             feas = feas[(feas[name] == best) | feas[name].isna()]
     vals = feas[names].to_numpy(dtype=float)
-    return feas[pareto_mask(vals, list(objectives.values()))]
+    front = feas[pareto_mask(vals, list(objectives.values()))]
+    params = [c for c in front.columns if c in PARAMS]
+    return front.drop_duplicates(subset=params) if params else front   # a design sampled twice is listed once
 
 
 def _write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:

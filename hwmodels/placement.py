@@ -96,9 +96,9 @@ def place(weights: float, activations: float, kv: float, device: Device, policy=
     dev = total - host
     hcap = device.host_memory.capacity_bytes
     why = ""
-    if dev > cap:
+    if dev > cap * (1 + 1e-12):        # rounding of total - host must not reject an exact fill
         why = f"device part {dev / 1e9:.2f} GB exceeds {device.name}'s {cap / 1e9:.2f} GB"
-    elif host * devices > hcap:
+    elif host * devices > hcap * (1 + 1e-12):
         why = (f"host part {host * devices / 1e9:.2f} GB ({devices} x {host / 1e9:.2f} GB) exceeds the host "
                f"memory's {hcap / 1e9:.2f} GB")
     return Placement(name, frac, dev, host, not why, why)

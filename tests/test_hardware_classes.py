@@ -49,6 +49,11 @@ def test_pim_runs_low_intensity_operators_only():
     pre_names = optable.prefill(m, sc).names
     assert not pim_mask(pre, sys)[0][pre_names.index("q_proj")]
     assert not pim_mask(dec, sys)[0][names.index("softmax")]  # not a PIM role
+    # the prefill stays on the host, even its low-intensity attention
+    assert not pim_mask(pre, sys)[0].any()
+    a = analyze(m, load_device("attacc"), Scenario.make(batch=1, prompt_len=4096, flash_attention=True), ideal=True)
+    h = analyze(m, load_device("h100-sxm"), Scenario.make(batch=1, prompt_len=4096, flash_attention=True), ideal=True)
+    assert a.summary["ttft_s"] == pytest.approx(h.summary["ttft_s"])
 
 
 def test_pim_attention_time_is_hand_calculation_and_speedup_bounded():

@@ -33,9 +33,9 @@ Conventions (documented so a reader can check them):
   expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
   dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
   group, split over its tp devices (costed as point-to-point traffic per device).
-- Operator roles (``OpTable.roles``) name what a near-memory unit may run: 'attention'
-  (the attention core), 'experts' (routed-expert matmuls), 'gemv' (other weight
-  matmuls), '' for the rest.
+- Operator roles (``OpTable.roles``) name what a near-memory unit may run in a decode
+  step: 'attention' (the attention core), 'experts' (routed-expert matmuls), 'gemv'
+  (other weight matmuls), '' for the rest and for every prefill operator.
 """
 from __future__ import annotations
 
@@ -134,9 +134,13 @@ class OpTable:
     @property
     def roles(self) -> list[str]:
         """Role of each operator for near-memory placement: 'attention', 'experts',
-        'gemv' (other weight matmuls) or ''."""
+        'gemv' (other weight matmuls) or ''. Only decode steps have roles: near-memory
+        units serve decode's GEMV-shaped work, prefill runs on the host."""
         out = []
         for op in self.operators:
+            if self.stage != "decode":
+                out.append("")
+                continue
             if op.kind == "attention":
                 out.append("attention")
             elif op.kind == "matmul" and op.name.startswith("expert_"):
