@@ -3,21 +3,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import yaml
-
-from dse.errors import DseError
 from hwmodels.device import Link
-from hwmodels.presets import HARDWARE_DIR, _link
+from hwmodels.presets import HARDWARE_DIR, _link, load_named_table, lookup
 
 LINKS_FILE = HARDWARE_DIR.parent / "links.yaml"
 
 
 @lru_cache(maxsize=None)
 def _all() -> dict[str, Link]:
-    data = yaml.safe_load(LINKS_FILE.read_text())
-    sources = data.get("sources", {})
-    return {name: _link({"name": name, **node}, f"{LINKS_FILE}: links.{name}", sources)
-            for name, node in (data.get("links") or {}).items()}
+    return load_named_table(LINKS_FILE, "links", _link)
 
 
 def available_links() -> list[str]:
@@ -26,7 +20,4 @@ def available_links() -> list[str]:
 
 def load_link(name: str) -> Link:
     """The Link preset called ``name``; DseError listing the valid names."""
-    links = _all()
-    if name not in links:
-        raise DseError(f"unknown link '{name}'; valid links: {', '.join(sorted(links))}")
-    return links[name]
+    return lookup(_all(), name, "link")

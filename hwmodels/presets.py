@@ -170,6 +170,22 @@ def load_device_file(path: str | Path) -> Device:
     return device_from_dict(data, str(p))
 
 
+def load_named_table(path: Path, section: str, parse) -> dict:
+    """Entries of ``section`` in a YAML file of cited presets (``configs/links.yaml``,
+    ``configs/tiers.yaml``), each parsed by ``parse(mapping with its name, where, sources)``."""
+    data = yaml.safe_load(path.read_text())
+    sources = data.get("sources", {})
+    return {name: parse({"name": name, **node}, f"{path}: {section}.{name}", sources)
+            for name, node in (data.get(section) or {}).items()}
+
+
+def lookup(table: dict, name: str, what: str):
+    """``table[name]``; DseError listing the valid names of ``what``."""
+    if name not in table:
+        raise DseError(f"unknown {what} '{name}'; valid {what}s: {', '.join(sorted(table))}")
+    return table[name]
+
+
 @lru_cache(maxsize=None)
 def load_device(name_or_path: str) -> Device:
     """Return the Device of a preset name or a path to a preset YAML file."""

@@ -4,21 +4,15 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-import yaml
-
-from dse.errors import DseError
 from hwmodels.device import Device, Link, MemoryTier
-from hwmodels.presets import HARDWARE_DIR, _tier
+from hwmodels.presets import HARDWARE_DIR, _tier, load_named_table, lookup
 
 TIERS_FILE = HARDWARE_DIR.parent / "tiers.yaml"
 
 
 @lru_cache(maxsize=None)
 def _all() -> dict[str, MemoryTier]:
-    data = yaml.safe_load(TIERS_FILE.read_text())
-    sources = data.get("sources", {})
-    return {name: _tier({"name": name, **node}, f"{TIERS_FILE}: tiers.{name}", sources)
-            for name, node in (data.get("tiers") or {}).items()}
+    return load_named_table(TIERS_FILE, "tiers", _tier)
 
 
 def available_tiers() -> list[str]:
@@ -27,10 +21,7 @@ def available_tiers() -> list[str]:
 
 def load_tier(name: str) -> MemoryTier:
     """The MemoryTier preset called ``name``; DseError listing the valid names."""
-    tiers = _all()
-    if name not in tiers:
-        raise DseError(f"unknown memory tier '{name}'; valid tiers: {', '.join(sorted(tiers))}")
-    return tiers[name]
+    return lookup(_all(), name, "tier")
 
 
 def with_host_tier(device: Device, name: str) -> Device:
