@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.efficiency import DEFAULT, IDEAL, Efficiency
+from dse.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.errors import DseError
 from dse.metrics import serving_metrics
 from dse.roofline import OpArrays, SystemArrays, decode_total_time, op_costs, step_time
@@ -133,7 +133,7 @@ def analyze(model: ModelSpec, device: Device, sc: Scenario, *, batch_max: bool =
     many layers run on ``host_cpu`` (llama.cpp-style split) at its peak and memory
     bandwidth, their weights and KV in host memory; the hidden state crosses the host
     link twice per step."""
-    eff = IDEAL if ideal else (efficiency or DEFAULT)
+    eff = IDEAL if ideal else (efficiency or efficiency_for(device))
     if sc.flash_attention and device.onchip_buffer_bytes <= 0:
         raise DseError(f"hardware '{device.name}' has no onchip_buffer_bytes; FlashAttention traffic needs it")
     for wanted in {matmul_compute_class(sc.activations, sc.weights),
@@ -198,7 +198,8 @@ def analyze(model: ModelSpec, device: Device, sc: Scenario, *, batch_max: bool =
         ttft = step_time(pre_arr, system, eff) * (m + sc.pp - 1) / sc.pp
         dec_total = decode_total_time(d0_arr, slope_arr, np.array([steps]), system, eff)
         rows_pre, rows_dec = _rows(pre, pre_cost, device), _rows(dec, dec_cost, device)
-    metrics = serving_metrics(ttft, dec_total, sc.batch, sc.prompt_len, sc.gen_len, sc.devices)
+    metrics = serving_metrics(ttft, dec_total, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
+                              overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
 
     why = where.why
     if why and note:

@@ -284,7 +284,8 @@ def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out
         ttft = step_time(pre, sys, eff) * (sc.micro_batches + sc.pp - 1) / sc.pp
         steps = np.full(size, max(sc.gen_len - 1, 1), dtype=float)
         dec = decode_total_time(d0, slope, steps, sys, eff)
-        metrics = serving_metrics(ttft, dec, sc.batch, sc.prompt_len, sc.gen_len, sc.devices)
+        metrics = serving_metrics(ttft, dec, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
+                                  overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
     for k, v in metrics.items():
         out[k][idx] = v
     out["weights_bytes"][idx] = fp.weights_bytes

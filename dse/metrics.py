@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devices) -> dict[str, np.ndarray]:
+def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devices, *,
+                    overlap=0.0, request_overhead_s=0.0) -> dict[str, np.ndarray]:
     """Return TTFT, TPOT, end-to-end latency and throughputs (arrays over points).
 
     The prefill produces the first output token (TTFT = prefill time); the other
@@ -12,12 +13,22 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     TPOT is their mean (with gen_len = 1, ``decode_total_s`` is one step's time and
     TPOT is that of the step that would come next). Throughput of a static batch
     counts the whole run, prefill included.
+
+    ``request_overhead_s`` (the efficiency model's fixed cost of one request: scheduling,
+    tokenization, sampling set-up) adds to TTFT and to the end-to-end latency.
+    ``overlap`` in [0, 1] is the share of the shorter of prefill and decode hidden under
+    the other when a scheduler mixes new prefills into running decode batches (in-flight
+    batching): the run lasts prefill + decode - overlap x min(prefill, decode). It
+    shortens the run (throughput, end-to-end latency) but not TTFT or TPOT; 0 (static
+    batches) by default.
     """
     batch = np.asarray(batch, dtype=float)
     gen = np.asarray(gen_len, dtype=float)
     steps = np.maximum(gen - 1, 1)
     tpot = decode_total_s / steps
-    e2e = prefill_s + np.where(gen > 1, decode_total_s, 0.0)
+    dec = np.where(gen > 1, decode_total_s, 0.0)
+    prefill_s = np.asarray(prefill_s, dtype=float) + request_overhead_s
+    e2e = prefill_s + dec - overlap * np.minimum(prefill_s, dec)
     out_tps = batch * gen / e2e
     return {
         "ttft_s": np.asarray(prefill_s, dtype=float),

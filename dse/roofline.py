@@ -9,8 +9,8 @@ workload varies with the point). For one operator instance on one point:
 
 where a collective (ring all-reduce over ``tp`` devices) costs
 2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency
-and a point-to-point transfer (pipeline hop, expert all-to-all) bytes / (link bandwidth
-* eff.collective) + link latency.
++ eff.collective_latency_s, and a point-to-point transfer (pipeline hop, expert
+all-to-all) bytes / (link bandwidth * eff.collective) + link latency + eff.collective_latency_s.
 
 Optional terms, skipped when a design space does not use them (``None``):
 - offload: fractions of weight, activation and KV bytes in the host tier, read over
@@ -263,11 +263,22 @@ def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=
         return np.where(ops != 0, ops / (peak * eff.compute_fraction(op)), 0.0)
 
 
+def _latency(sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Seconds of latency of one point-to-point message, [P]: the link's plus the software's."""
+    return sys.link_latency + eff.collective_latency_s
+
+
+def _ring_latency(n, sys: SystemArrays, eff: Efficiency):
+    """Seconds of latency of one ring all-reduce over ``n`` devices: 2(n - 1) link latencies
+    plus one software latency per collective (a launch, as one-shot all-reduce kernels pay)."""
+    return 2 * (n - 1) * sys.link_latency + np.where(n > 1, eff.collective_latency_s, 0.0)
+
+
 def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Point-to-point transfer time per instance, [P, O]: bytes / (link bw * eff) + latency."""
     b = np.asarray(p2p_bytes, dtype=float)
     with np.errstate(invalid="ignore"):
-        t = b / (sys.link_bandwidth[:, None] * eff.collective) + sys.link_latency[:, None]
+        t = b / (sys.link_bandwidth[:, None] * eff.collective) + _latency(sys, eff)[:, None]
     return np.where(b > 0, t, 0.0)
 
 
@@ -276,7 +287,8 @@ def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarra
     n = sys.tp[:, None]
     comm = np.asarray(comm_bytes, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        t = 2 * (n - 1) / n * comm / (sys.link_bandwidth[:, None] * eff.collective) + 2 * (n - 1) * sys.link_latency[:, None]
+        t = (2 * (n - 1) / n * comm / (sys.link_bandwidth[:, None] * eff.collective)
+             + _ring_latency(sys.tp, sys, eff)[:, None])
     return np.where(comm > 0, t, 0.0)
 
 
@@ -375,10 +387,10 @@ def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | 
         n = sys.tp
         with np.errstate(invalid="ignore", divide="ignore"):
             t = t + (2 * (n - 1) / n * comm.sum() / (sys.link_bandwidth * eff.collective)
-                     + 2 * (n - 1) * sys.link_latency * c[comm > 0].sum())
+                     + _ring_latency(n, sys, eff) * c[comm > 0].sum())
     p2p = np.asarray(op.p2p_bytes, float) * c
     if np.any(p2p > 0):
-        t = t + p2p.sum() / (sys.link_bandwidth * eff.collective) + sys.link_latency * c[p2p > 0].sum()
+        t = t + p2p.sum() / (sys.link_bandwidth * eff.collective) + _latency(sys, eff) * c[p2p > 0].sum()
     return t
 
 

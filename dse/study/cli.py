@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from dse.errors import DseError
+from dse.study import calibration_cli
 
 PROG = "python -m dse.study"
 
@@ -16,7 +17,7 @@ PROG = "python -m dse.study"
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
-            message = "choose a command: analyze, run, list, show (see --help)"
+            message = "choose a command: analyze, compare, run, validate, calibrate, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
@@ -75,13 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
     r.add_argument("--out", default=None, help="output folder (default runs/<study name>); rerun to resume")
     r.add_argument("--seed", type=int, default=None, help="override the study's seed")
+    r.add_argument("--trials", type=_positive_int, default=None, help="override the study's trials (optuna)")
+    r.add_argument("--workers", type=_positive_int, default=1, help="worker processes on this machine (optuna)")
+    r.add_argument("--storage", default=None,
+                   help="SQLAlchemy URL of a shared study storage (optuna; default: a journal file in --out)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    c = sub.add_parser("compare", help="the same workload on several hardware presets, side by side")
+    _add_workload_args(c)
+    c.add_argument("--hardware", required=True, nargs="+",
+                   help="hardware presets (see 'list hardware') or preset YAML paths")
+    c.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    c.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the comparison as bar charts")
     ls = sub.add_parser("list", help="list models, hardware, formats, links or studies")
     ls.add_argument("what", choices=("models", "hardware", "formats", "links", "tiers", "studies"))
     sh = sub.add_parser("show", help="show one hardware preset, model or study")
     sh.add_argument("what", choices=("hardware", "model", "study"))
     sh.add_argument("name")
     sh.add_argument("--format", choices=("table", "json"), default="table")
+    calibration_cli.add_parsers(sub)
     return ap
 
 
@@ -97,11 +109,13 @@ def parallel_layout(devices, tp, pp, ep=1) -> tuple[int, int]:
     return tp, pp
 
 
-def cmd_analyze(args) -> int:
+def analyze_from_args(args, hardware: str, device=None):
+    """The Analysis of the workload options of ``args`` on ``hardware`` (a preset name or
+    path; ``device`` if already loaded): link and host-tier overrides, CPU split, and the
+    chip layout of a spatial device when no layout is given."""
     from dataclasses import replace
 
-    from dse import display
-    from dse.analyze import ROW_KEYS, analyze
+    from dse.analyze import analyze
     from hwmodels.links import load_link
     from hwmodels.placement import parse_policy
     from hwmodels.presets import load_device
@@ -111,7 +125,7 @@ def cmd_analyze(args) -> int:
     tp, pp = parallel_layout(args.devices, args.tp, args.pp, args.ep)
     offload = parse_policy(args.offload)
     model = load_model(args.model)
-    device = load_device(args.hardware)
+    device = device or load_device(hardware)
     if args.link:
         device = replace(device, interconnect=load_link(args.link))
     if args.host_tier:
@@ -131,9 +145,17 @@ def cmd_analyze(args) -> int:
         from dse.layout import spatial_layout
         chips, tp, pp = spatial_layout(model, sc, device)
         sc = replace(sc, tp=tp, pp=pp)
-    res = analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
-                  overlap=args.overlap, sparse=args.sparse, cpu_layers=args.cpu_layers, host_cpu=host_cpu,
-                  chips_required=chips)
+    return analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
+                   overlap=args.overlap, sparse=args.sparse, cpu_layers=args.cpu_layers, host_cpu=host_cpu,
+                   chips_required=chips)
+
+
+def cmd_analyze(args) -> int:
+    from dse import display
+    from dse.analyze import ROW_KEYS
+
+    res = analyze_from_args(args, args.hardware)
+    offload = args.offload
     if args.format == "json":
         print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
     elif args.format == "csv":
@@ -146,7 +168,7 @@ def cmd_analyze(args) -> int:
     if not res.summary["fits"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
         print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
-              f"{', host_memory.capacity_bytes' if offload != 'none' else ''}); allowed remedies: --offload greedy, "
+              f"{', host_memory.capacity_bytes' if offload.strip().lower() != 'none' else ''}); allowed remedies: --offload greedy, "
               f"more --devices, a narrower --weights/--kv format, a smaller --batch", file=sys.stderr)
         return 3
     return 0
@@ -196,19 +218,41 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from dse.study.studyfile import load_study
-    from dse.sweep import run_sweep
+    from dse.sweep import run_study
 
-    data, spec = load_study(args.study, seed=args.seed)
+    data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
     name = str(data.get("name") or Path(args.study).stem)
     out = Path(args.out or Path("runs") / name)
     t0 = time.perf_counter()
-    _, front = run_sweep(spec, out, quiet=args.quiet)
+    front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet)
     dt = time.perf_counter() - t0
-    print(f"{name}: {spec.points:,} design points ({spec.method}) in {dt:.1f} s; "
-          f"{len(front)} on the Pareto front")
+    what = f"{spec.trials:,} trials ({spec.sampler})" if spec.method == "optuna" else \
+        f"{spec.points:,} design points ({spec.method})"
+    print(f"{name}: {what} in {dt:.1f} s; {len(front)} on the Pareto front")
+    if spec.method == "optuna":
+        where = args.storage or f"{out / 'optuna.journal'} (optuna-dashboard {out / 'optuna.journal'})"
+        print(f"  storage: {where}")
     print(f"  results: {out / 'results.parquet'}")
     print(f"  pareto:  {out / 'pareto.csv'}")
+    from dse.report import write_report
+    write_report(out, data, spec, front)
+    print(f"  summary: {out / 'summary.md'}")
     return 0
+
+
+def cmd_compare(args) -> int:
+    from dse.compare import run_compare
+    return run_compare(args)
+
+
+def _first_sentence(text: str, limit: int = 110) -> str:
+    """The first sentence (or question) of ``text``, at most ``limit`` characters."""
+    text = " ".join(text.split())
+    for i, ch in enumerate(text):
+        if ch in ".?" and (i + 1 == len(text) or text[i + 1] == " "):
+            text = text[:i + 1]
+            break
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
 def cmd_list(args) -> int:
@@ -224,7 +268,7 @@ def cmd_list(args) -> int:
                  for n in available_tiers()]
     elif args.what == "studies":
         from dse.study.studyfile import available_studies, load_study
-        names = [f"{n:28s} {str(load_study(n)[0].get('description', '')).strip().splitlines()[0]}"
+        names = [f"{n:20s} {_first_sentence(str(load_study(n)[0].get('description', '')))}"
                  for n in available_studies()]
     elif args.what == "links":
         from hwmodels.links import available_links, load_link
@@ -278,12 +322,15 @@ def cmd_show(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run}[args.command](args)
+        return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
+                "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:
-        print(f"dse.study: error: {e}", file=sys.stderr)
-        return 2
+        from_signal = type(e).__name__ == "Interrupted"
+        print(f"dse.study: {'' if from_signal else 'error: '}{e}", file=sys.stderr)
+        return 130 if from_signal else 2
     except KeyboardInterrupt:
-        print("dse.study: interrupted", file=sys.stderr)
+        print("dse.study: interrupted; finished chunks are kept: run the same command again to resume",
+              file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

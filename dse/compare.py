@@ -1,0 +1,107 @@
+"""``python -m dse.study compare``: one workload on several hardware presets, side by side.
+
+Each hardware is analyzed exactly as ``analyze`` does (same workload options, same
+parallel layout, offload, link and CPU-split handling), and the summaries are shown
+together: TTFT, TPOT, tokens/s (system, per user, per device), memory footprint per
+device against capacity, whether it fits, and what bounds the decode step. A design
+that does not fit is a row with ``fits`` False, not an error. ``--plot FILE.png``
+draws the same as bars (``dse.plots.compare_plot``).
+
+Nothing heavier than numpy is imported unless ``--plot`` is given.
+"""
+from __future__ import annotations
+
+from dse.errors import DseError
+
+#: columns of the side-by-side table (and of the CSV), in order
+COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
+           "output_tokens_per_s_per_device", "peak_memory_bytes", "capacity_bytes", "fits", "decode_bound",
+           "decode_bound_share", "prefill_bound")
+
+
+def analyze_hardware(args, hardware: str, device=None):
+    """The Analysis of the workload of ``args`` (the ``analyze`` options) on ``hardware``."""
+    from dse.study.cli import analyze_from_args
+    return analyze_from_args(args, hardware, device)
+
+
+def compare(args) -> list[dict]:
+    """One row per hardware of ``args.hardware``: the analyze summary plus the bound of
+    the decode step and of the prefill. Every name is resolved before any analysis."""
+    from dse.report import step_bound
+    from hwmodels.presets import load_device
+    names = list(dict.fromkeys(args.hardware))
+    devices = {h: load_device(h) for h in names}     # unknown hardware: one error, before any work
+    rows = []
+    for h in names:
+        try:
+            res = analyze_hardware(args, h, devices[h])
+        except DseError as e:
+            raise DseError(f"hardware '{h}': {e}") from None
+        dec_bound, dec_share = step_bound(res.decode)
+        pre_bound, _ = step_bound(res.prefill)
+        rows.append({**res.summary, "hardware": res.summary["hardware"], "decode_bound": dec_bound,
+                     "decode_bound_share": dec_share, "prefill_bound": pre_bound, "source": h})
+    return rows
+
+
+def table_text(rows: list[dict]) -> str:
+    """Metrics as rows, hardware as columns."""
+    from dse import display
+    si = display.si
+    fmt = {
+        "devices": str, "batch": str,
+        "ttft_s": lambda v: si(v, "s"), "tpot_s": lambda v: si(v, "s"),
+        "output_tokens_per_s": lambda v: f"{v:.4g} tokens/s",
+        "output_tokens_per_s_per_user": lambda v: f"{v:.4g} tokens/s",
+        "output_tokens_per_s_per_device": lambda v: f"{v:.4g} tokens/s",
+        "peak_memory_bytes": display.binary_bytes, "capacity_bytes": display.binary_bytes,
+        "fits": lambda v: "yes" if v else "NO",
+        "decode_bound": str, "decode_bound_share": lambda v: f"{100 * v:.0f} %", "prefill_bound": str,
+    }
+    label = {"peak_memory_bytes": "memory per device", "capacity_bytes": "capacity per device",
+             "decode_bound_share": "decode time on that bound", "output_tokens_per_s": "tokens/s",
+             "output_tokens_per_s_per_user": "tokens/s per user",
+             "output_tokens_per_s_per_device": "tokens/s per device"}
+    keys = [k for k in COLUMNS if k != "hardware"]
+    cells = [["metric"] + [r["hardware"] for r in rows]]
+    cells += [[label.get(k, k)] + [fmt[k](r[k]) for r in rows] for k in keys]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    lines = []
+    for j, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    first = rows[0]
+    head = (f"{first['model']}: batch {first['batch'] if len({r['batch'] for r in rows}) == 1 else 'max'}, "
+            f"prompt {first['prompt_len']}, generate {first['gen_len']}, weights {first['weights']} / "
+            f"activations {first['activations']} / KV {first['kv']}, FlashAttention "
+            f"{'on' if first['flash_attention'] else 'off'}, {first['efficiency']} roofline")
+    notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
+    return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
+
+
+def run_compare(args) -> int:
+    """The ``compare`` command: print the table (or CSV / JSON) and draw ``--plot``."""
+    from pathlib import Path
+
+    from dse import display
+    path = Path(args.plot) if args.plot else None
+    if path is not None:           # a bad file name fails before any work
+        if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise DseError(f"--plot {args.plot}: expected a .png, .svg or .pdf file name")
+        if not path.parent.is_dir():
+            raise DseError(f"--plot {args.plot}: no such folder {path.parent}")
+    rows = compare(args)
+    if args.format == "json":
+        print(display.json_text(rows))
+    elif args.format == "csv":
+        print(display.csv_text(rows, list(COLUMNS)), end="")
+    else:
+        print(table_text(rows))
+    if path is not None:
+        from dse.plots import compare_plot
+        compare_plot(path, rows)
+        import sys
+        print(f"plot: {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,203 @@
+"""Study reports: summary.md, plots and plots.json, checked for content."""
+import json
+import re
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+
+STUDY = """\
+name: report-grid
+description: H100 vs B200 serving Llama-2-7B, by batch, prompt length and HBM bandwidth.
+space:
+  hardware: [h100-sxm, b200]
+  model: llama-2-7b
+  batch: [1, 8, 64]
+  prompt_len: [128, 1024]
+  gen_len: 64
+  memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 8}
+objectives:
+  output_tokens_per_s: max
+  memory_bandwidth: min
+constraints:
+  tpot_s: {max: 0.02}
+method: grid
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    (d / "study.yaml").write_text(STUDY)
+    out = d / "out"
+    r = run_cli("run", d / "study.yaml", "--out", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert f"summary: {out / 'summary.md'}" in r.stdout
+    results = pd.read_parquet(out / "results.parquet")
+    return {"out": out, "stdout": r.stdout, "results": results, "front": pd.read_csv(out / "pareto.csv"),
+            "plots": json.loads((out / "plots.json").read_text()),
+            "summary": (out / "summary.md").read_text()}
+
+
+def _analysis(row):
+    from dse.analyze import analyze
+    from dse.evaluate import _efficiency_for, device_for, scenario_for
+    from hwmodels.presets import load_device
+    from workloads.model import load_model
+    return analyze(load_model(row["model"]), device_for(row), scenario_for(row),
+                   efficiency=_efficiency_for(load_device(row["hardware"]), None, False))
+
+
+def _best(results, name, sense):
+    feas = results[results["feasible"]]
+    return feas[name].max() if sense == "max" else feas[name].min()
+
+
+def test_run_writes_report_files(run):
+    out = run["out"]
+    for f in ("summary.md", "plots.json", "pareto_memory_bandwidth.png", "roofline.png", "breakdown.png",
+              "sweep_batch.png", "sweep_seq.png"):
+        assert (out / f).is_file(), f
+    for f in out.glob("*.png"):
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob("*.tmp"))
+    assert set(run["plots"]) == {p.name for p in out.glob("*.png")}
+
+
+def test_pareto_plot_highlights_exactly_the_front_with_units(run):
+    rec = run["plots"]["pareto_memory_bandwidth.png"]
+    front = run["front"]
+    assert rec["x"] == "memory_bandwidth" and rec["y"] == "output_tokens_per_s"
+    assert sorted(rec["highlighted"]) == sorted(front["point"].tolist())
+    by_id = front.set_index("point")
+    np.testing.assert_allclose(rec["highlighted_x"], by_id.loc[rec["highlighted"], "memory_bandwidth"] / 1e12)
+    np.testing.assert_allclose(rec["highlighted_y"], by_id.loc[rec["highlighted"], "output_tokens_per_s"])
+    assert "(TB/s)" in rec["x_label"] and "(tokens/s)" in rec["y_label"]
+    assert rec["background_points"] == int(run["results"]["feasible"].sum())
+    # the 2-objective front drawn as a line is the pareto.csv front itself here (2 objectives)
+    assert sorted(rec["front_2d"]) == sorted(front["point"].tolist())
+
+
+def test_summary_names_best_design_per_objective(run):
+    text, results = run["summary"], run["results"]
+    assert text.startswith("# report-grid")
+    assert f"Points evaluated: {len(results):,}" in text
+    assert f"Feasible: {int(results['feasible'].sum()):,}" in text
+    assert f"Pareto front: {len(run['front']):,} designs" in text
+    for name, sense in (("output_tokens_per_s", "max"), ("memory_bandwidth", "min")):
+        m = re.search(rf"^\| {name} \| {sense} \| [^|]+ \| ([^|]+) \| (\d+) \| ([^|]+) \|$", text, re.MULTILINE)
+        assert m, name
+        value, point, hardware = float(m.group(1)), int(m.group(2)), m.group(3).strip()
+        best = _best(results, name, sense)
+        assert value == pytest.approx(best, rel=1e-5)
+        row = results.set_index("point").loc[point]
+        assert row["feasible"] and row[name] == best and row["hardware"] == hardware
+        assert f"### {name} ({sense}imize)" in text
+    assert re.search(r"Bottleneck — decode: (memory|compute)-bound \(\d+ % of the step\), \d+ % of the step in ", text)
+
+
+def test_summary_counts_infeasible_reasons(run):
+    results = run["results"]
+    n = int(results["reason"].str.contains("tpot_s").sum())
+    assert n > 0
+    assert f"| tpot_s > 0.02 | {n:,} |" in run["summary"]
+
+
+def test_roofline_operators_are_the_analysis_of_the_best_design(run):
+    rec = run["plots"]["roofline.png"]
+    results = run["results"]
+    best = _best(results, "output_tokens_per_s", "max")
+    row = results[results["feasible"] & (results["output_tokens_per_s"] == best)].iloc[0].to_dict()
+    assert rec["point"] == row["point"]
+    a = _analysis(row)
+    expect = [("prefill", r["name"]) for r in a.prefill] + [("decode", r["name"]) for r in a.decode]
+    assert [(o["stage"], o["name"]) for o in rec["operators"]] == expect
+    rows = {("prefill", r["name"]): r for r in a.prefill} | {("decode", r["name"]): r for r in a.decode}
+    plotted = [o for o in rec["operators"] if o["plotted"]]
+    assert len(plotted) >= len(expect) - 4          # only ops without arithmetic (embedding, ...) are left out
+    for o in plotted:
+        r = rows[(o["stage"], o["name"])]
+        assert o["arithmetic_intensity"] == pytest.approx(r["arithmetic_intensity"])
+        assert o["ops_per_s"] == pytest.approx(r["ops"] / r["time_s"])
+    assert rec["x_label"] == "arithmetic intensity (ops/byte)" and rec["y_label"].endswith("(TFLOPS)")
+    assert rec["memory_bandwidth"] == row["memory_bandwidth"] and rec["ceilings"]["fp16"] > 0
+
+
+def test_breakdown_is_per_operator_time_of_the_best_designs(run):
+    rec = run["plots"]["breakdown.png"]
+    results = run["results"].set_index("point")
+    assert rec["y_unit"] == "%" and rec["y_label"] == "share of one decode step time (%)"
+    assert len(rec["designs"]) == 2
+    for d, (name, sense) in zip(rec["designs"], (("output_tokens_per_s", "max"), ("memory_bandwidth", "min"))):
+        assert results.loc[d["point"], name] == _best(run["results"], name, sense)
+        a = _analysis({**results.loc[d["point"]].to_dict(), "point": d["point"]})
+        i = rec["designs"].index(d)
+        for stage in ("prefill", "decode"):
+            total = sum(r["total_time_s"] for r in getattr(a, stage))
+            st = rec["stages"][stage]
+            assert st["total_s"][i] == pytest.approx(total)
+            assert sum(v[i] for v in st["time_s"].values()) == pytest.approx(total)
+            for r in getattr(a, stage):
+                if r["name"] in st["operators"]:
+                    assert st["time_s"][r["name"]][i] == pytest.approx(r["total_time_s"])
+
+
+def test_sweep_curves_hold_the_other_parameters_at_the_best_design(run):
+    rec = run["plots"]["sweep_batch.png"]
+    results = run["results"]
+    panel = rec["panels"][0]
+    assert panel["x"] == "batch" and panel["hue"] == "hardware" and rec["mode"] == "slice"
+    assert panel["y_units"] == {"output_tokens_per_s": "tokens/s", "tpot_s": "ms"}
+    assert "(sequences)" in panel["x_label"] and panel["y_labels"] == ["output throughput (tokens/s)", "TPOT (ms)"]
+    fixed = rec["fixed"]
+    assert set(fixed) == {"memory_bandwidth", "prompt_len"}
+    by_id = results.set_index("point")
+    for line in panel["lines"]:
+        pts = by_id.loc[line["points"] + line["infeasible_points"]]
+        assert set(pts["hardware"]) == {line["hue"]}
+        assert (pts["memory_bandwidth"] == fixed["memory_bandwidth"]).all()
+        assert (pts["prompt_len"] == fixed["prompt_len"]).all()
+        assert sorted(pts["batch"]) == [1, 8, 64]
+        np.testing.assert_allclose(line["y_values"], by_id.loc[line["points"], line["y"]])
+    seq = run["plots"]["sweep_seq.png"]["panels"][0]
+    assert seq["x"] == "prompt_len" and seq["ys"] == ["ttft_s", "tpot_s", "e2e_latency_s"]
+    assert seq["x_label"] == "prompt length (tokens)" and seq["y_labels"] == ["time (s)"]
+
+
+def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
+    from dse import report
+    from dse.study.studyfile import load_study
+    out = tmp_path / "copy"
+    shutil.copytree(run["out"], out)
+    (tmp_path / "s.yaml").write_text(STUDY)
+    data, spec = load_study(str(tmp_path / "s.yaml"))
+    monkeypatch.setattr(report, "BACKGROUND_SAMPLE", 10)
+    files = report.write_report(out, data, spec, None)      # the front from pareto.csv
+    assert out / "summary.md" in files and out / "plots.json" in files
+    rec = json.loads((out / "plots.json").read_text())["pareto_memory_bandwidth.png"]
+    assert rec["background_points"] == 10
+    assert sorted(rec["highlighted"]) == sorted(run["front"]["point"].tolist())
+    assert (out / "summary.md").read_text() == run["summary"]
+
+
+def test_units_and_bottleneck_text():
+    from dse.plots import human, label_of
+    from dse.report import bottleneck, op_group
+    assert label_of("memory_bandwidth") == "memory bandwidth (TB/s)"
+    assert label_of("peak_fp8") == "peak FP8 compute (TFLOPS)" and label_of("peak_int8").endswith("(TOPS)")
+    assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")
+    assert human("tpot_s", 0.0123) == "12.3 ms" and human("ttft_s", 2.5) == "2.5 s"
+    assert human("memory_bandwidth", 3.35e12) == "3.35 TB/s"
+    assert op_group("q_proj") == "*_proj" and op_group("qk_matmul") == "attention"
+    assert op_group("attn_all_reduce") == "communication"
+
+    def row(name, bound, t, w=0.0, kv=0.0, act=0.0, fmt="fp16"):
+        return {"name": name, "bound": bound, "total_time_s": t, "count": 1.0, "weight_bytes": w,
+                "kv_bytes": kv, "act_bytes": act, "compute_format": fmt}
+    b = bottleneck([row("q_proj", "memory", 0.5, w=10), row("down_proj", "memory", 0.21, w=10),
+                    row("flash_attention", "memory", 0.2, kv=10), row("softmax", "compute", 0.09)])
+    assert b["bound"] == "memory" and b["group"] == "*_proj" and b["what"] == "weight reads"
+    assert b["text"] == "memory-bound (91 % of the step), 71 % of the step in weight reads of *_proj"
