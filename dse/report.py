@@ -465,12 +465,15 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         if len(reasons) > 8:
             lines.append(f"\n… and {len(reasons) - 8} more reasons.")
     if objectives:
+        varied = [a.name for a in spec.space.axes if len(a.values) != 1 and a.name not in objectives]
         lines += ["", "## Best feasible design per objective", "",
-                  _md_table(["objective", "sense", "best", "value (SI)", key, "hardware"],
+                  _md_table(["objective", "sense", "best", "value (SI)", key, "hardware", *varied],
                             [[k, v, human(k, full[best[k]][k]) if best[k] is not None else "-",
                               f"{float(full[best[k]][k]):.6g}" if best[k] is not None else "-",
                               str(int(df['point'].iat[best[k]])) if best[k] is not None else "-",
-                              str(full[best[k]]["hardware"]) if best[k] is not None else "-"]
+                              str(full[best[k]]["hardware"]) if best[k] is not None else "-",
+                              *[human(c, full[best[k]][c]) if best[k] is not None and c in full[best[k]] else "-"
+                                for c in varied]]
                              for k, v in objectives.items()])]
         for k, v in objectives.items():
             p = best[k]

@@ -237,7 +237,25 @@ def cmd_run(args) -> int:
     from dse.report import write_report
     write_report(out, data, spec, front)
     print(f"  summary: {out / 'summary.md'}")
+    best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")
+    if best:
+        print("\nBest feasible design per objective (details, bottlenecks and plots in summary.md):")
+        print(best)
     return 0
+
+
+def _markdown_section(text: str, heading: str) -> str:
+    """The table under ``heading`` in a Markdown text ('' if absent)."""
+    lines = text.splitlines()
+    if heading not in lines:
+        return ""
+    body = []
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            body.append(line)
+    return "\n".join(body)
 
 
 def cmd_compare(args) -> int:
