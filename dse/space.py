@@ -185,6 +185,31 @@ class DesignSpace:
         if "model" not in spec:
             raise DseError(f"{where}: 'model' is required")
         self.spec = spec
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """Every named choice (preset, model, format, offload policy) must exist: checked
+        before any work starts, the error naming the key and what is allowed."""
+        from hwmodels.formats import COMPUTE_CLASSES as classes
+        from hwmodels.formats import get_format
+        from hwmodels.presets import load_device
+        from workloads.model import load_model
+        check = {"hardware": load_device, "model": load_model,
+                 "weights": get_format, "activations": get_format, "kv": get_format}
+        for a in self.axes:
+            for i, v in enumerate(a.values):
+                w = f"{self.where}.{a.name}" + (f"[{i}]" if len(a.values) > 1 else "")
+                try:
+                    if a.name in check:
+                        check[a.name](v)
+                    elif a.name == "offload" and v not in ("none", "greedy"):
+                        raise DseError(f"offload '{v}': allowed in a design space: none, greedy")
+                    elif a.name == "native_formats":
+                        bad = [f for f in str(v).split(",") if f.strip() not in classes]
+                        if bad:
+                            raise DseError(f"unknown compute format(s) {', '.join(bad)}; allowed: {', '.join(classes)}")
+                except DseError as e:
+                    raise DseError(f"{w}: {e}") from None
 
     @property
     def names(self) -> list[str]:

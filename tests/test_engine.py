@@ -273,3 +273,15 @@ def test_device_for_reproduces_evaluated_point():
     s = analyze(load_model("llama-2-13b"), device_for(params), scenario_for(params)).summary
     for k in METRICS:
         assert out[k][0] == pytest.approx(s[k], rel=1e-9)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"hardware": ["h100-sxm", "h900"]}, r"space.hardware\[1\]: unknown hardware 'h900'"),
+    ({"model": "gpt-5"}, r"space.model: unknown model"),
+    ({"weights": ["fp8", "fp3"]}, r"space.weights\[1\]: unknown weights format 'fp3'|space.weights\[1\]: unknown format 'fp3'"),
+    ({"offload": "sometimes"}, r"space.offload: offload 'sometimes'"),
+    ({"native_formats": ["fp16,fp9"]}, r"unknown compute format"),
+])
+def test_unknown_names_fail_before_any_work(spec, match):
+    with pytest.raises(DseError, match=match):
+        _space(**spec)
