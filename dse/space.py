@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.errors import DseError
+from dse.errors import DseError, as_number
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: hardware-template parameters (override the base preset named by ``hardware``)
@@ -82,15 +82,7 @@ class Axis:
         return self.low is not None
 
 
-def _num(v, where):
-    if isinstance(v, str):      # YAML 1.1 reads 1.0e12 (no sign in the exponent) as a string
-        try:
-            v = float(v)
-        except ValueError:
-            raise DseError(f"{where}: expected a number, got {v!r}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise DseError(f"{where}: expected a number, got {v!r}")
-    return float(v)
+_num = as_number
 
 
 def _cast(name: str, v, where: str):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from dse.errors import DseError
+from dse.errors import DseError, as_number
 from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
@@ -36,14 +36,7 @@ def _cited(node, where: str, sources: dict, positive: bool = True) -> float:
     extra = set(node) - {"value", "source", "note"}
     if extra:
         raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: value, source, note")
-    v = node["value"]
-    if isinstance(v, str):
-        try:
-            v = float(v)
-        except ValueError:
-            raise DseError(f"{where}.value: expected a number, got {v!r}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise DseError(f"{where}.value: expected a number, got {v!r}")
+    v = as_number(node["value"], f"{where}.value")
     if positive and not v > 0:
         raise DseError(f"{where}.value: must be positive, got {v}")
     if not positive and v < 0:
