@@ -88,7 +88,10 @@ def open_storage(url: str | None, out: Path):
     try:
         return optuna.storages.RDBStorage(url, heartbeat_interval=None)
     except Exception as e:    # driver missing, server down, bad URL: one line
-        raise DseError(f"--storage '{url}': cannot open: {str(e).splitlines()[0]}") from None
+        hint = ""
+        if "import" in str(e).lower() and url.startswith("postgres"):
+            hint = " (install the PostgreSQL driver: pip install -e '.[postgres]')"
+        raise DseError(f"--storage '{url}': cannot open: {str(e).splitlines()[0]}{hint}") from None
 
 
 def _baselines(space) -> list[dict]:
