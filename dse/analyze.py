@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.efficiency import IDEAL, Efficiency, efficiency_for
+from dse.efficiency import Efficiency, choose
 from dse.errors import DseError
 from dse.metrics import serving_metrics
 from dse.roofline import OpArrays, SystemArrays, decode_total_time, op_costs, step_time
@@ -133,7 +133,7 @@ def analyze(model: ModelSpec, device: Device, sc: Scenario, *, batch_max: bool =
     many layers run on ``host_cpu`` (llama.cpp-style split) at its peak and memory
     bandwidth, their weights and KV in host memory; the hidden state crosses the host
     link twice per step."""
-    eff = IDEAL if ideal else (efficiency or efficiency_for(device))
+    eff = choose(device, efficiency, ideal)
     if sc.flash_attention and device.onchip_buffer_bytes <= 0:
         raise DseError(f"hardware '{device.name}' has no onchip_buffer_bytes; FlashAttention traffic needs it")
     for wanted in {matmul_compute_class(sc.activations, sc.weights),

@@ -313,3 +313,11 @@ def __getattr__(name: str):
     if name == "DEFAULT":
         return efficiency_for("gpu")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def choose(device, efficiency: "Efficiency | None" = None, ideal: bool = False) -> "Efficiency":
+    """The Efficiency a prediction on ``device`` uses: IDEAL with ``ideal``, else the one
+    given, else the device class's calibrated default (``efficiency_for``)."""
+    if ideal:
+        return IDEAL
+    return efficiency if efficiency is not None else efficiency_for(device)

@@ -17,8 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dse import efficiency as efficiency_mod
-from dse.efficiency import IDEAL, Efficiency
+from dse.efficiency import Efficiency, choose
 from dse.errors import DseError
 from dse.metrics import serving_metrics
 from dse.roofline import (_COL, PIM_ROLES, OpArrays, SystemArrays, decode_total_time, step_time,
@@ -69,15 +68,6 @@ def _codes(v, n: int) -> tuple[np.ndarray, list]:
 def _at(v, i: int):
     """Value of a column at point ``i``."""
     return v if np.ndim(v) == 0 and not hasattr(v, "codes") else v[i]
-
-
-def _efficiency_for(device, efficiency: Efficiency | None, ideal: bool) -> Efficiency:
-    if ideal:
-        return IDEAL
-    if efficiency is not None:
-        return efficiency
-    per_class = getattr(efficiency_mod, "efficiency_for", None)
-    return per_class(device) if per_class else efficiency_mod.DEFAULT
 
 
 def hardware_arrays(cols: dict, n: int):
@@ -208,7 +198,7 @@ def evaluate(cols: dict, *, efficiency: Efficiency | None = None, ideal: bool = 
             feasible[idx], reason[idx] = False, str(e)
             continue
         _evaluate_group(idx, sys, device, sc, pre, d0, slope, fp, w, extras, out, feasible, reason,
-                        _efficiency_for(device, efficiency, ideal))
+                        choose(device, efficiency, ideal))
     out["feasible"], out["reason"] = feasible, reason
     unsorted = {}
     for k, v in out.items():          # back to the caller's order

@@ -111,11 +111,12 @@ def analyze_row(row: dict, ideal: bool = False):
     """(Analysis, Device) of one results row: the design point rebuilt from its parameters
     and analyzed with the efficiency model the sweep's evaluator used."""
     from dse.analyze import analyze
-    from dse.evaluate import _efficiency_for, device_for, scenario_for
+    from dse.efficiency import choose
+    from dse.evaluate import device_for, scenario_for
     from hwmodels.presets import load_device
     from workloads.model import load_model
     device = device_for(row)
-    eff = _efficiency_for(load_device(str(row["hardware"])), None, ideal)
+    eff = choose(load_device(str(row["hardware"])), None, ideal)
     offload = row.get("offload") or "none"
     res = analyze(load_model(str(row["model"])), device, scenario_for(row), ideal=ideal, efficiency=eff,
                   offload=str(offload), sparse=bool(row.get("sparse") or False))

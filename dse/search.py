@@ -166,7 +166,6 @@ def _open_study(spec, out: Path, storage_url: str | None, study_name: str, seed:
 def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, quiet: bool = True) -> int:
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
     this worker completed."""
-    optuna = _optuna()
     from optuna.trial import TrialState
     from dse.sweep import apply_constraints, _write_atomic
     study = _open_study(spec, out, storage_url, study_name, seed)
@@ -310,7 +309,6 @@ def _fail_stale(study_name: str, out: Path) -> None:
     """Mark failed the trials a killed run left running in the embedded storage (no
     worker can be using that storage before this run starts its own); they are
     replaced by new trials, so no unfinished trial counts and none runs twice."""
-    optuna = _optuna()
     from optuna.trial import TrialState
     if not (out / "optuna.journal").exists():
         return

@@ -56,7 +56,7 @@ def test_vectorized_equals_single_point_analyze(points):
                            kv=p["kv"], flash_attention=p["flash_attention"], tp=p["tp"])
         try:
             s = analyze(load_model(p["model"]), d, sc).summary
-        except DseError as e:
+        except DseError:
             assert not out["feasible"][i] and out["reason"][i]
             continue
         for k in METRICS:

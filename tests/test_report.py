@@ -44,11 +44,12 @@ def run(tmp_path_factory):
 
 def _analysis(row):
     from dse.analyze import analyze
-    from dse.evaluate import _efficiency_for, device_for, scenario_for
+    from dse.efficiency import choose
+    from dse.evaluate import device_for, scenario_for
     from hwmodels.presets import load_device
     from workloads.model import load_model
     return analyze(load_model(row["model"]), device_for(row), scenario_for(row),
-                   efficiency=_efficiency_for(load_device(row["hardware"]), None, False))
+                   efficiency=choose(load_device(row["hardware"]), None, False))
 
 
 def _best(results, name, sense):
