@@ -24,7 +24,7 @@ from dse.roofline import (_COL, PIM_ROLES, OpArrays, SystemArrays, decode_total_
                           widen_peaks)
 from dse.space import DEFAULTS, PARAMS
 from hwmodels.formats import COMPUTE_CLASSES, matmul_compute_class
-from hwmodels.placement import greedy_fractions
+from hwmodels.placement import fits_within, greedy_fractions
 from hwmodels.presets import load_device
 from workloads import optable
 from workloads.footprint import footprint
@@ -230,33 +230,27 @@ def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out
     if offload == "none":
         off = None
         host_bytes = np.zeros(size)
-        fits = fp.total_bytes <= cap * (1 + 1e-12)
+        fits = fits_within(fp.total_bytes, cap)
         why[~fits] = "does not fit in device memory"
     elif offload == "greedy":
         off = greedy_fractions(fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, cap)
         host_bytes = fp.weights_bytes * off[:, 0] + fp.kv_cache_bytes * off[:, 2]
         hcap = extras["host_capacity"][idx]
         dev_part = fp.total_bytes - host_bytes
-        fits = (dev_part <= cap * (1 + 1e-12)) & (host_bytes * sc.devices <= np.nan_to_num(hcap, nan=0.0) * (1 + 1e-12))
+        fits = fits_within(dev_part, cap) & fits_within(host_bytes * sc.devices, np.nan_to_num(hcap, nan=0.0))
         why[~fits] = "does not fit in device and host memory"
         hb = sys.host_bandwidth
-        no_host = ~np.isfinite(hb) | np.isnan(hb)
+        no_host = ~np.isfinite(hb)
         why[no_host & (host_bytes > 0)] = "no host link to offload to"
         fits &= ~(no_host & (host_bytes > 0))
     else:
         raise DseError(f"offload '{offload}': allowed in a design space: none, greedy")
     sys = replace(sys, tp=np.full(size, float(sc.tp)), offload=off,
                   overlap=np.ones(size, dtype=bool))
-    if bool(w["sparse"]):
-        gain = np.ones_like(sys.peak)
-        for c in COMPUTE_CLASSES:
-            try:
-                native = device.compute_class_for(c)
-            except DseError:
-                continue
-            if native in device.sparse_peak_ops_per_s:
-                gain[:, _COL[c]] = device.sparse_peak_ops_per_s[native] / device.peak_ops_per_s[native]
-        sys = replace(sys, sparse_gain=gain)
+    if bool(w["sparse"]):             # the preset's sparse/dense ratios, as analyze uses them
+        gain = SystemArrays.from_devices([device], 1, sparse=True).sparse_gain
+        if gain is not None:
+            sys = replace(sys, sparse_gain=np.broadcast_to(gain, sys.peak.shape))
     can = np.ones(size, dtype=bool)
     for wanted in {matmul_compute_class(sc.activations, sc.weights), matmul_compute_class(sc.activations, sc.kv)}:
         ok = sys.peak[:, _COL[wanted]] > 0

@@ -54,6 +54,11 @@ def parse_policy(text: str) -> str | dict:
     return out
 
 
+def fits_within(need, capacity):
+    """need <= capacity, allowing the rounding of a sum that fills a tier exactly (scalars or arrays)."""
+    return need <= capacity * (1 + 1e-12)
+
+
 def greedy_fractions(weights, activations, kv, capacity):
     """Fractions (weights, activations, KV) [..., 3] in the host tier under the greedy
     policy: activations stay on the device; the KV cache, then the weights, fill what is
@@ -96,9 +101,9 @@ def place(weights: float, activations: float, kv: float, device: Device, policy=
     dev = total - host
     hcap = device.host_memory.capacity_bytes
     why = ""
-    if dev > cap * (1 + 1e-12):        # rounding of total - host must not reject an exact fill
+    if not fits_within(dev, cap):
         why = f"device part {dev / 1e9:.2f} GB exceeds {device.name}'s {cap / 1e9:.2f} GB"
-    elif host * devices > hcap * (1 + 1e-12):
+    elif not fits_within(host * devices, hcap):
         why = (f"host part {host * devices / 1e9:.2f} GB ({devices} x {host / 1e9:.2f} GB) exceeds the host "
                f"memory's {hcap / 1e9:.2f} GB")
     return Placement(name, frac, dev, host, not why, why)
