@@ -3,7 +3,7 @@
 Llama-2-70B FP8, prompt 2048, 256 generated tokens, FlashAttention; a GPU template
 (H100 SXM base) with its own HBM bandwidth, capacity and FP8 peak per point, and the
 batch from 1 to 256. Per point: prefill, the exact decode total over the generation,
-the memory footprint, feasibility and the serving metrics (``dse.evaluate.evaluate``).
+the memory footprint, feasibility and the serving metrics (``dse.system.evaluator.evaluate``).
 
     python benchmarks/bench_kernel.py [points]
 """
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from dse.evaluate import evaluate
+from dse.system.evaluator import evaluate
 
 
 def main(points: int = 1_000_000, chunk: int = 1_000_000, repeats: int = 5):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dse.errors import DseError
+from basis.errors import DseError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.errors import DseError
+from basis.errors import DseError
 from hwmodels.device import Device
 
 CLASSES = ("weights", "activations", "kv")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from dse.errors import DseError, as_number
+from basis.errors import DseError, as_number
 from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 

@@ -17,7 +17,7 @@ def _json(capsys, argv):
 
 
 def test_compare_equals_analyze_per_hardware(capsys):
-    from dse.report import step_bound
+    from dse.present.report import step_bound
     rows = _json(capsys, ["compare", *WORKLOAD, "--hardware", "h100-sxm", "b200", "mi300x", "--format", "json"])
     assert [r["hardware"] for r in rows] == ["h100-sxm", "b200", "mi300x"]
     for r in rows:
@@ -31,8 +31,8 @@ def test_compare_equals_analyze_per_hardware(capsys):
 
 
 def test_compare_table_and_csv(capsys):
-    from dse import display
-    from dse.compare import COLUMNS
+    from dse.present import display
+    from dse.present.compare import COLUMNS
     rows = _json(capsys, ["compare", *WORKLOAD, "--hardware", "h100-sxm", "a100-80gb", "--format", "json"])
     assert main(["compare", *WORKLOAD, "--hardware", "h100-sxm", "a100-80gb"]) == 0
     text = capsys.readouterr().out
@@ -66,8 +66,8 @@ def test_compare_plot(tmp_path, capsys):
     png = tmp_path / "cmp.png"
     assert main(["compare", *WORKLOAD, "--hardware", "h100-sxm", "l40s", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from dse.compare import compare
-    from dse.plots import compare_plot
+    from dse.present.compare import compare
+    from dse.present.plots import compare_plot
     from dse.study.cli import build_parser
     args = build_parser().parse_args(["compare", *WORKLOAD, "--hardware", "h100-sxm", "l40s"])
     rec = compare_plot(tmp_path / "again.png", compare(args))

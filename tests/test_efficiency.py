@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dse import efficiency as E
-from dse.analyze import analyze
-from dse.efficiency import IDEAL, Efficiency, efficiency_for
-from dse.errors import DseError
-from dse.metrics import serving_metrics
-from dse.roofline import PEAK_COLUMNS, PIM_ROLES, OpArrays
+from dse.core import efficiency as E
+from dse.system.analysis import analyze
+from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
+from basis.errors import DseError
+from dse.core.metrics import serving_metrics
+from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, OpArrays
 from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.scenario import Scenario

@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from dse import sweep as sweep_mod
-from dse.analyze import analyze
-from dse.errors import DseError
-from dse.evaluate import evaluate
-from dse.roofline import OpArrays, SystemArrays, _decode_general, _step_sum, decode_total_time, op_costs, step_time
-from dse.efficiency import DEFAULT
-from dse.space import DesignSpace
-from dse.sweep import SweepSpec, run_sweep
+from dse.explore import sweep as sweep_mod
+from dse.system.analysis import analyze
+from basis.errors import DseError
+from dse.system.evaluator import evaluate
+from dse.core.roofline import OpArrays, SystemArrays, _decode_general, _step_sum, decode_total_time, op_costs, step_time
+from dse.core.efficiency import DEFAULT
+from dse.explore.space import DesignSpace
+from dse.explore.sweep import SweepSpec, run_sweep
 from hwmodels.device import MemoryTier
 from hwmodels.presets import load_device
 from workloads import optable
@@ -265,7 +265,7 @@ def test_budgets_and_slos_mark_points_infeasible_with_reasons():
 
 
 def test_device_for_reproduces_evaluated_point():
-    from dse.evaluate import device_for, scenario_for
+    from dse.system.evaluator import device_for, scenario_for
     params = dict(hardware="h100-sxm", model="llama-2-13b", batch=16, prompt_len=1000, gen_len=50, weights="fp8",
                   memory_bandwidth=5e12, memory_capacity=1e11, peak_fp8=3e15, native_formats="fp16,fp8",
                   flash_attention=True)

@@ -1,7 +1,7 @@
 """Storage cost of each data format, block scales included (OCP MX v1.0, NVFP4, grouped INT4)."""
 import pytest
 
-from dse.errors import DseError
+from basis.errors import DseError
 from hwmodels.formats import FORMATS, get_format
 
 EXPECTED_BITS = {

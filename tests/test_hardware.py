@@ -4,8 +4,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import run_cli
-from dse.analyze import analyze
-from dse.errors import DseError
+from dse.system.analysis import analyze
+from basis.errors import DseError
 from hwmodels.links import available_links, load_link
 from hwmodels.placement import parse_policy
 from hwmodels.presets import available_hardware, load_device

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from dse.analyze import analyze
-from dse.efficiency import IDEAL
-from dse.errors import DseError
-from dse.roofline import OpArrays, SystemArrays, op_costs, pim_mask
+from dse.system.analysis import analyze
+from dse.core.efficiency import IDEAL
+from basis.errors import DseError
+from dse.core.roofline import OpArrays, SystemArrays, op_costs, pim_mask
 from hwmodels.device import PimUnit
 from hwmodels.presets import load_device
 from workloads import optable
@@ -100,7 +100,7 @@ def test_pim_blocked_adds_concurrent_overlaps():
     host_t = sum(r["total_time_s"] for r in blocked.decode if r["place"] != "pim")
     table = optable.decode_step(m, sc, sc.prompt_len)
     one_step = OpArrays.from_table(table)
-    from dse.roofline import step_time
+    from dse.core.roofline import step_time
     sys_b = SystemArrays.from_devices([_pim_gpu(operators=("attention",))], 1)
     sys_c = SystemArrays.from_devices([_pim_gpu(operators=("attention",), concurrent=True)], 1)
     assert step_time(one_step, sys_b, IDEAL)[0] == pytest.approx(pim_t + host_t, rel=1e-12)
@@ -192,7 +192,7 @@ def test_sparse_rates_only_when_asked():
 # ---------------------------------------------------------------- spatial (LPU-style)
 
 def test_groq_chip_count_is_bytes_over_sram():
-    from dse.layout import chips_required, spatial_layout
+    from dse.system.layout import chips_required, spatial_layout
     from workloads.footprint import kv_cache_bytes_per_token
     import math
     m, d = load_model("llama-2-70b"), load_device("groq-lpu")

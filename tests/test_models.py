@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from dse.errors import DseError
+from basis.errors import DseError
 from workloads.footprint import active_parameter_count, kv_cache_bytes_per_token, parameter_count
 from workloads.model import available_models, load_model, spec_from_config
 from workloads.optable import decode_step, expected_experts_touched, prefill

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dse.errors import DseError
-from dse.pareto import _mask_blockwise, hypervolume, normalize, pareto_mask, pareto_ranks
+from basis.errors import DseError
+from dse.explore.pareto import _mask_blockwise, hypervolume, normalize, pareto_mask, pareto_ranks
 
 SIGN = {"min": 1.0, "max": -1.0}
 
@@ -14,7 +14,7 @@ SIGN = {"min": 1.0, "max": -1.0}
 # ------------------------------------------------------------ brute force
 
 def to_min(values, senses):
-    """Minimization copy of ``values`` (independent of dse.pareto.normalize)."""
+    """Minimization copy of ``values`` (independent of dse.explore.pareto.normalize)."""
     return np.asarray(values, dtype=float) * np.array([SIGN[s] for s in senses])
 
 

@@ -43,9 +43,9 @@ def run(tmp_path_factory):
 
 
 def _analysis(row):
-    from dse.analyze import analyze
-    from dse.efficiency import choose
-    from dse.evaluate import device_for, scenario_for
+    from dse.system.analysis import analyze
+    from dse.core.efficiency import choose
+    from dse.system.evaluator import device_for, scenario_for
     from hwmodels.presets import load_device
     from workloads.model import load_model
     return analyze(load_model(row["model"]), device_for(row), scenario_for(row),
@@ -169,7 +169,7 @@ def test_sweep_curves_hold_the_other_parameters_at_the_best_design(run):
 
 
 def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
-    from dse import report
+    from dse.present import report
     from dse.study.studyfile import load_study
     out = tmp_path / "copy"
     shutil.copytree(run["out"], out)
@@ -185,8 +185,8 @@ def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
 
 
 def test_units_and_bottleneck_text():
-    from dse.plots import human, label_of
-    from dse.report import bottleneck, op_group
+    from dse.present.plots import human, label_of
+    from dse.present.report import bottleneck, op_group
     assert label_of("memory_bandwidth") == "memory bandwidth (TB/s)"
     assert label_of("peak_fp8") == "peak FP8 compute (TFLOPS)" and label_of("peak_int8").endswith("(TOPS)")
     assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dse.analyze import analyze, compute_footprint, max_batch
-from dse.efficiency import DEFAULT, IDEAL
-from dse.errors import DseError
-from dse.roofline import OpArrays, SystemArrays, decode_total_time, step_time
+from dse.system.analysis import analyze, compute_footprint, max_batch
+from dse.core.efficiency import DEFAULT, IDEAL
+from basis.errors import DseError
+from dse.core.roofline import OpArrays, SystemArrays, decode_total_time, step_time
 from hwmodels.presets import load_device
 from workloads.footprint import parameter_count
 from workloads.model import load_model

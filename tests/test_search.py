@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse import search as search_mod
-from dse.errors import DseError
-from dse.space import DesignSpace
-from dse.sweep import SweepSpec, run_study
+from dse.explore import search as search_mod
+from basis.errors import DseError
+from dse.explore.space import DesignSpace
+from dse.explore.sweep import SweepSpec, run_study
 
 SPACE = dict(hardware=["h100-sxm", "b200"], model="llama-2-7b", batch={"min": 1, "max": 128},
              memory_bandwidth={"min": 1e12, "max": 1.6e13, "scale": "log"},

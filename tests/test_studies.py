@@ -16,10 +16,10 @@ import pytest
 import yaml
 from conftest import run_cli
 
-from dse.errors import DseError
-from dse.space import DesignSpace
+from basis.errors import DseError
+from dse.explore.space import DesignSpace
 from dse.study.studyfile import STUDY_DIR, load_study
-from dse.sweep import SweepSpec, run_sweep
+from dse.explore.sweep import SweepSpec, run_sweep
 from hwmodels.presets import load_device
 
 STUDIES = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
@@ -75,7 +75,7 @@ def test_study_validates(name):
 def test_study_runs_reduced(name, tmp_path):
     _, spec = _load(name)
     if spec.method == "optuna":
-        from dse.sweep import run_study
+        from dse.explore.sweep import run_study
         small = dataclasses.replace(spec, trials=20)
         run_study(small, tmp_path / "run")
         res = pd.read_parquet(tmp_path / "run" / "results.parquet")
@@ -425,7 +425,7 @@ def test_parametric_gpu_capacity_must_hold_the_weights():
 
 def test_parametric_gpu_optuna_front(tmp_path):
     _, spec = _load("gpu-pareto-optuna")
-    from dse.sweep import run_study
+    from dse.explore.sweep import run_study
     run_study(dataclasses.replace(spec, trials=20), tmp_path / "run")
     front = pd.read_csv(tmp_path / "run" / "pareto.csv")
     res = pd.read_parquet(tmp_path / "run" / "results.parquet")

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, reference_file, run_cli
-from dse import calibrate as C
-from dse import validate as V
-from dse.analyze import analyze
-from dse.efficiency import Efficiency, efficiency_for
-from dse.errors import DseError
+from dse.fit import calibrate as C
+from dse.fit import validate as V
+from dse.system.analysis import analyze
+from dse.core.efficiency import Efficiency, efficiency_for
+from basis.errors import DseError
 from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.scenario import Scenario
@@ -192,7 +192,7 @@ def test_fit_recovers_known_parameters_and_writes_notes(tmp_path, reference):
 
 
 def test_validation_modules_import_light():
-    code = ("import sys; import dse.validate, dse.calibrate, dse.study.calibration_cli; "
+    code = ("import sys; import dse.fit.validate, dse.fit.calibrate, dse.study.calibration_cli; "
             "heavy = {'pandas','optuna','seaborn','matplotlib','scipy'} & set(m.split('.')[0] for m in sys.modules); "
             "sys.stderr.write(repr(sorted(heavy)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dse.errors import DseError
+from basis.errors import DseError
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from dse.errors import DseError
+from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
 from workloads.model import ModelSpec
 from workloads.scenario import Scenario

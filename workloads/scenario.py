@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dse.errors import DseError
+from basis.errors import DseError
 from hwmodels.formats import DataFormat, get_format
 
 

@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_validate(args) -> int:
-    from dse import validate as V
+    from dse.fit import validate as V
 
     res = V.validate(args.measured, ideal=args.ideal)
     stats = V.summarize(res.rows)
@@ -51,8 +51,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from dse import calibrate as C
-    from dse import validate as V
+    from dse.fit import calibrate as C
+    from dse.fit import validate as V
 
     cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation)
     print(C.report_text(cal))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dse.errors import DseError
+from basis.errors import DseError
 from dse.study import calibration_cli
 
 PROG = "python -m dse.study"
@@ -115,7 +115,7 @@ def analyze_from_args(args, hardware: str, device=None):
     chip layout of a spatial device when no layout is given."""
     from dataclasses import replace
 
-    from dse.analyze import analyze
+    from dse.system.analysis import analyze
     from hwmodels.links import load_link
     from hwmodels.placement import parse_policy
     from hwmodels.presets import load_device
@@ -142,7 +142,7 @@ def analyze_from_args(args, hardware: str, device=None):
                        flash_attention=args.flash_attention, tp=tp, pp=pp, ep=args.ep)
     chips = None
     if device.device_class == "spatial" and args.devices is None and args.tp is None and args.pp is None:
-        from dse.layout import spatial_layout
+        from dse.system.layout import spatial_layout
         chips, tp, pp = spatial_layout(model, sc, device)
         sc = replace(sc, tp=tp, pp=pp)
     return analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
@@ -151,8 +151,8 @@ def analyze_from_args(args, hardware: str, device=None):
 
 
 def cmd_analyze(args) -> int:
-    from dse import display
-    from dse.analyze import ROW_KEYS
+    from dse.present import display
+    from dse.system.analysis import ROW_KEYS
 
     res = analyze_from_args(args, args.hardware)
     offload = args.offload
@@ -218,7 +218,7 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from dse.study.studyfile import load_study
-    from dse.sweep import run_study
+    from dse.explore.sweep import run_study
 
     data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
     name = str(data.get("name") or Path(args.study).stem)
@@ -234,7 +234,7 @@ def cmd_run(args) -> int:
         print(f"  storage: {where}")
     print(f"  results: {out / 'results.parquet'}")
     print(f"  pareto:  {out / 'pareto.csv'}")
-    from dse.report import write_report
+    from dse.present.report import write_report
     write_report(out, data, spec, front)
     print(f"  summary: {out / 'summary.md'}")
     best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")
@@ -259,7 +259,7 @@ def _markdown_section(text: str, heading: str) -> str:
 
 
 def cmd_compare(args) -> int:
-    from dse.compare import run_compare
+    from dse.present.compare import run_compare
     return run_compare(args)
 
 
@@ -299,7 +299,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from dse import display
+    from dse.present import display
     if args.what == "hardware":
         from hwmodels.presets import load_device
         d = load_device(args.name)

@@ -2,7 +2,7 @@
 
     name: gpu-sweep-1m
     description: what question the study answers
-    space:            # parameters of dse.space: fixed values, lists of choices, ranges
+    space:            # parameters of dse.explore.space: fixed values, lists of choices, ranges
       hardware: h100-sxm
       model: llama-2-70b
       memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 100}
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from dse.errors import DseError
-from dse.space import DesignSpace
-from dse.sweep import SweepSpec
+from basis.errors import DseError
+from dse.explore.space import DesignSpace
+from dse.explore.sweep import SweepSpec
 
 STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",

@@ -1,9 +1,9 @@
 """Evaluate arrays of design points: hardware template x workload -> metrics.
 
-Points come as columns (one array per parameter of ``dse.space.PARAMS``; a missing
+Points come as columns (one array per parameter of ``dse.explore.space.PARAMS``; a missing
 workload parameter takes its default). Hardware columns start from the base preset
 named in ``hardware`` and override its figures. Points that share a workload (and
-base preset) are evaluated together by the vectorized kernel (``dse.roofline``), so
+base preset) are evaluated together by the vectorized kernel (``dse.core.roofline``), so
 the only Python loop is over distinct workloads, never over points.
 
 Returns one array per metric (SI units), ``feasible`` and ``reason`` (why a point is
@@ -17,12 +17,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from dse.efficiency import Efficiency, choose
-from dse.errors import DseError
-from dse.metrics import serving_metrics
-from dse.roofline import (_COL, PIM_ROLES, OpArrays, SystemArrays, decode_total_time, step_time,
+from dse.core.efficiency import Efficiency, choose
+from basis.errors import DseError
+from dse.core.metrics import serving_metrics
+from dse.core.roofline import (_COL, PIM_ROLES, OpArrays, SystemArrays, decode_total_time, step_time,
                           widen_peaks)
-from dse.space import DEFAULTS, PARAMS
+from dse.explore.space import DEFAULTS, PARAMS
 from hwmodels.formats import COMPUTE_CLASSES, matmul_compute_class
 from hwmodels.placement import fits_within, greedy_fractions
 from hwmodels.presets import load_device

@@ -9,7 +9,7 @@ touched, and every file is written atomically (a temporary file, then a rename).
 
 Each plotting function returns a JSON-ready record of what it drew (columns, units,
 axis labels read back from the axes, and the ``point`` ids of highlighted designs);
-``dse.report`` collects them in ``plots.json``.
+``dse.present.report`` collects them in ``plots.json``.
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def _ids(df) -> list[int]:
 def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, title: str = "") -> dict:
     """Feasible points (``background``, a sample) as a light cloud and the Pareto rows
     (``front``) highlighted; the 2-objective front of (x, y) among them as a step line."""
-    from dse.pareto import pareto_mask
+    from dse.explore.pareto import pareto_mask
     fig, (ax,) = _figure()
     sx, _, _ = unit_of(x)
     sy, _, _ = unit_of(y)
@@ -271,7 +271,7 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
     their step in every design are summed into 'other'."""
     import seaborn as sns
 
-    from dse.display import si
+    from dse.present.display import si
     fig, axes = _figure(ncols=2, width=5.5 + 0.6 * len(designs), height=5.5)
     record = {"kind": "breakdown", "x": "design", "y": "share of step time", "y_unit": "%",
               "designs": [{"label": d["label"], "point": d["point"]} for d in designs], "stages": {}}

@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.efficiency import Efficiency
-from dse.errors import DseError
+from dse.core.efficiency import Efficiency
+from basis.errors import DseError
 from hwmodels.device import Device
 from hwmodels.formats import COMPUTE_CLASSES, WIDENING
 

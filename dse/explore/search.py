@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.errors import DseError
-from dse.evaluate import METRICS, evaluate
-from dse.space import PARAMS
+from basis.errors import DseError
+from dse.system.evaluator import METRICS, evaluate
+from dse.explore.space import PARAMS
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc")
 
@@ -167,7 +167,7 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
     this worker completed."""
     from optuna.trial import TrialState
-    from dse.sweep import apply_constraints, _write_atomic
+    from dse.explore.sweep import apply_constraints, _write_atomic
     study = _open_study(spec, out, storage_url, study_name, seed)
     names = list(spec.objectives)
     dists, fixed = distributions(spec.space)
@@ -176,7 +176,7 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     batch_size = spec.population or 50
     done_here = 0
     live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    from dse.sweep import _Progress
+    from dse.explore.sweep import _Progress
     progress = _Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
     progress.done = _count(study, (TrialState.COMPLETE,))
     with _Stop() as stop:
@@ -298,7 +298,7 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))]
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": []})
     rows = rows[rows["trial"].isin(complete)].drop_duplicates("trial").sort_values("trial").reset_index(drop=True)
-    from dse.sweep import _write_atomic
+    from dse.explore.sweep import _write_atomic
     _write_atomic(rows, out / "results.parquet")
     if stopped is not None:
         raise stopped

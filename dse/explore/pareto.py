@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from dse.errors import DseError
+from basis.errors import DseError
 
 _SIGN = {"min": 1.0, "max": -1.0}
 

@@ -3,7 +3,7 @@
 :func:`write_report` reads ``results.parquet`` only as far as it needs (the columns it
 plots or ranks, never the whole table: a run may hold 10^6+ rows), finds the best
 feasible design per objective, re-analyzes those few designs operator by operator
-(``dse.analyze`` on ``device_for`` / ``scenario_for`` of their rows, with the efficiency
+(``dse.system.analysis`` on ``device_for`` / ``scenario_for`` of their rows, with the efficiency
 model the sweep used) to name their bottleneck, and writes:
 
 - ``summary.md``: the study, points evaluated, feasible and infeasible counts (by
@@ -74,7 +74,7 @@ def step_bound(rows: list[dict]) -> tuple[str, float]:
 
 
 def bottleneck(rows: list[dict]) -> dict:
-    """What limits one step (prefill or decode rows of ``dse.analyze``): the bound that
+    """What limits one step (prefill or decode rows of ``dse.system.analysis``): the bound that
     takes most time, and in it the operator class taking most time and what it waits
     for (weight, KV-cache or activation bytes; a compute format; the link)."""
     bound, bshare = step_bound(rows)
@@ -110,9 +110,9 @@ def bottleneck(rows: list[dict]) -> dict:
 def analyze_row(row: dict, ideal: bool = False):
     """(Analysis, Device) of one results row: the design point rebuilt from its parameters
     and analyzed with the efficiency model the sweep's evaluator used."""
-    from dse.analyze import analyze
-    from dse.efficiency import choose
-    from dse.evaluate import device_for, scenario_for
+    from dse.system.analysis import analyze
+    from dse.core.efficiency import choose
+    from dse.system.evaluator import device_for, scenario_for
     from hwmodels.presets import load_device
     from workloads.model import load_model
     device = device_for(row)
@@ -260,7 +260,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     ``point`` ids are highlighted), by default read from pareto.csv."""
     import pandas as pd
 
-    from dse.plots import THROUGHPUT, breakdown_plot, human, label_of, pareto_plot, roofline_plot, sweep_plot
+    from dse.present.plots import THROUGHPUT, breakdown_plot, human, label_of, pareto_plot, roofline_plot, sweep_plot
 
     out = Path(out_dir)
     res = _Results(out / "results.parquet")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from dse.analyze import compute_footprint
-from dse.errors import DseError
+from dse.system.analysis import compute_footprint
+from basis.errors import DseError
 from hwmodels.device import Device
 from workloads.model import ModelSpec
 from workloads.scenario import Scenario

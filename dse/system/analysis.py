@@ -1,6 +1,6 @@
 """Single-design-point analysis: per-operator rows and a summary.
 
-Uses the same vectorized kernel as sweeps (``dse.roofline``) with one point.
+Uses the same vectorized kernel as sweeps (``dse.core.roofline``) with one point.
 """
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.efficiency import Efficiency, choose
-from dse.errors import DseError
-from dse.metrics import serving_metrics
-from dse.roofline import OpArrays, SystemArrays, decode_total_time, op_costs, step_time
+from dse.core.efficiency import Efficiency, choose
+from basis.errors import DseError
+from dse.core.metrics import serving_metrics
+from dse.core.roofline import OpArrays, SystemArrays, decode_total_time, op_costs, step_time
 from hwmodels.device import Device
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import Placement, place

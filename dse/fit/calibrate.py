@@ -1,15 +1,15 @@
 """Fit the efficiency parameters to measured results.
 
-``calibrate(measured_csv)`` predicts every predictable scored row (as ``dse.validate``
+``calibrate(measured_csv)`` predicts every predictable scored row (as ``dse.fit.validate``
 does: same batch, placement and engine profile), fits the parameters of ``FIT`` per
 hardware class with ``scipy.optimize.least_squares`` (robust ``soft_l1`` loss on the log
 of predicted / measured, parameters bounded, several starts), cross-validates the fit
 leaving one hardware and one model out at a time, and writes ``configs/calibration.yaml``
 (every fitted value with a note: fitted, from which file, when, with what error), which
-``dse.efficiency.efficiency_for`` then loads as the default.
+``dse.core.efficiency.efficiency_for`` then loads as the default.
 
 The fit evaluates the kernel directly on operator arrays built once per row (the same
-calls ``dse.analyze.analyze`` makes); after writing, the new defaults are validated
+calls ``dse.system.analysis.analyze`` makes); after writing, the new defaults are validated
 through ``analyze`` itself, so the reported error is the one users get.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency
-from dse.errors import DseError
-from dse.validate import Case, ape_stats, prepare_all, read_measured
+from dse.core.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency
+from basis.errors import DseError
+from dse.fit.validate import Case, ape_stats, prepare_all, read_measured
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
@@ -88,11 +88,11 @@ NOT_FITTED = {
 
 class Predictor:
     """One prepared row's prediction as a function of the efficiency: the operator arrays
-    and system arrays ``dse.analyze.analyze`` would build, built once."""
+    and system arrays ``dse.system.analysis.analyze`` would build, built once."""
 
     def __init__(self, case: Case):
-        from dse.analyze import _tables, placement_of
-        from dse.roofline import OpArrays, SystemArrays
+        from dse.system.analysis import _tables, placement_of
+        from dse.core.roofline import OpArrays, SystemArrays
         from workloads import optable
         from workloads.footprint import footprint
 
@@ -108,8 +108,8 @@ class Predictor:
         self.steps = np.array([max(sc.gen_len - 1, 1)])
 
     def metrics(self, eff: Efficiency) -> dict:
-        from dse.metrics import serving_metrics
-        from dse.roofline import decode_total_time, step_time
+        from dse.core.metrics import serving_metrics
+        from dse.core.roofline import decode_total_time, step_time
 
         sc = self.case.scenario
         eff = self.case.efficiency(eff)
@@ -125,7 +125,7 @@ class Predictor:
 def kernel_applies_collective_latency() -> bool:
     """True when the roofline kernel adds ``Efficiency.collective_latency_s`` to collectives
     (probed on a one-operator all-reduce; the parameter is fitted only then)."""
-    from dse.roofline import PEAK_COLUMNS, OpArrays, SystemArrays, step_time
+    from dse.core.roofline import PEAK_COLUMNS, OpArrays, SystemArrays, step_time
 
     one, zero = np.array([1.0]), np.array([0.0])
     op = OpArrays(zero, zero, zero, zero, one * 1e3, zero, np.array([len(PEAK_COLUMNS) - 1]), one)
@@ -139,11 +139,11 @@ def kernel_applies_collective_latency() -> bool:
 
 
 def sweeps_apply_request_overhead() -> bool:
-    """True when the vectorized evaluator of sweeps (``dse.evaluate``) adds
+    """True when the vectorized evaluator of sweeps (``dse.system.evaluator``) adds
     ``Efficiency.request_overhead_s`` to TTFT as ``analyze`` does (probed on one design
     point; the parameter is fitted only then, so that sweeps and analyze agree)."""
     try:
-        from dse.evaluate import evaluate
+        from dse.system.evaluator import evaluate
         cols = {"hardware": np.array(["h100-sxm"], dtype=object), "model": np.array(["llama-2-7b"], dtype=object)}
         base = Efficiency(op_overhead_s=0.0)
         a = evaluate(cols, efficiency=base)["ttft_s"][0]
@@ -265,7 +265,7 @@ def _stats_by(rows: list, errors: np.ndarray, key: str) -> dict:
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
               params=None) -> Calibration:
     """Fit, cross-validate and write the calibration file (default configs/calibration.yaml)."""
-    from dse.validate import default_measured
+    from dse.fit.validate import default_measured
 
     src = Path(measured) if measured else default_measured()
     dest = Path(out) if out else CALIBRATION_FILE
@@ -324,9 +324,9 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     not_fitted = dict(NOT_FITTED)
     if not lat_ok:
         not_fitted["collective_latency_s"] = ("the roofline kernel does not apply Efficiency.collective_latency_s yet "
-                                              "(dse.roofline collective_time / p2p_time); 0 until it does")
+                                              "(dse.core.roofline collective_time / p2p_time); 0 until it does")
     if not req_ok:
-        not_fitted["request_overhead_s"] = ("dse.evaluate (sweeps) does not pass Efficiency.request_overhead_s to "
+        not_fitted["request_overhead_s"] = ("dse.system.evaluator (sweeps) does not pass Efficiency.request_overhead_s to "
                                             "serving_metrics yet, so fitting it would make analyze and sweeps "
                                             "disagree; 0 until it does")
     data = {
@@ -351,7 +351,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
 def _display_path(p: Path) -> str:
     """``p`` relative to the repository root when that is shorter (../shared/data/...)."""
     import os
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent.parent
     try:
         rel = os.path.relpath(p.resolve(), root)
     except ValueError:
@@ -361,7 +361,7 @@ def _display_path(p: Path) -> str:
 
 HEADER = """\
 # Efficiency parameters fitted to measured results by `python -m dse.study calibrate`.
-# dse.efficiency.efficiency_for() reads `classes` (the defaults of `analyze`, `validate`
+# dse.core.efficiency.efficiency_for() reads `classes` (the defaults of `analyze`, `validate`
 # and sweeps); the other sections record how, when and how well they were fitted.
 # Regenerate with: python -m dse.study calibrate --measured ../shared/data/measured_calibration.csv
 """
@@ -370,7 +370,7 @@ HEADER = """\
 def write_calibration(path: Path, data: dict) -> None:
     import yaml
 
-    from dse.efficiency import load_calibration
+    from dse.core.efficiency import load_calibration
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(HEADER + yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True))

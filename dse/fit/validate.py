@@ -1,5 +1,5 @@
 """Predictions against measured results: read a measured-results CSV, predict every
-scored row with ``dse.analyze`` and report the error.
+scored row with ``dse.system.analysis`` and report the error.
 
 CSV format (../shared/data/measured_calibration.csv): one measurement per row with the
 columns ``model_slug, hardware_slug, devices, batch, prompt_len, gen_len, weights,
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.efficiency import IDEAL, Efficiency, efficiency_for
-from dse.errors import DseError
+from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
+from basis.errors import DseError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SHARED_MEASURED = ROOT.parent / "shared" / "data" / "measured_calibration.csv"
 VENDORED_MEASURED = ROOT / "tests" / "data" / "measured_calibration.csv"
 
@@ -263,7 +263,7 @@ def engine_of(row: MeasuredRow) -> Engine:
 
 def prepare(row: MeasuredRow) -> Case:
     """Resolve a row's batch and placement; DseError (the reason) if it cannot be predicted."""
-    from dse.analyze import analyze
+    from dse.system.analysis import analyze
     from hwmodels.presets import load_device
     from workloads.model import load_model
     from workloads.optable import kv_heads_per_device
@@ -297,7 +297,7 @@ def prepare(row: MeasuredRow) -> Case:
 
 def predict(case: Case, eff: Efficiency) -> dict:
     """analyze's summary of a prepared row under ``eff`` (with the row's engine behaviour)."""
-    from dse.analyze import analyze
+    from dse.system.analysis import analyze
     return analyze(case.model, case.device, case.scenario, efficiency=case.efficiency(eff),
                    offload=case.offload).summary
 
@@ -390,7 +390,7 @@ def _pct(x: float) -> str:
 
 
 def report_text(v: Validation, stats: dict | None = None) -> str:
-    from dse import display
+    from dse.present import display
     stats = stats or summarize(v.rows)
     cols = [("id", "id", str), ("model", "model", str), ("hardware", "hardware", str),
             ("devices", "dev", str), ("batch", "batch", str), ("prompt_len", "prompt", str),
@@ -414,7 +414,7 @@ def report_text(v: Validation, stats: dict | None = None) -> str:
 
 def write_outputs(v: Validation, out_dir, stats: dict | None = None) -> dict[str, Path]:
     """validation.csv, summary.md and predicted_vs_measured.png in ``out_dir``."""
-    from dse import display
+    from dse.present import display
     d = Path(out_dir)
     try:
         d.mkdir(parents=True, exist_ok=True)

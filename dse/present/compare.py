@@ -5,13 +5,13 @@ parallel layout, offload, link and CPU-split handling), and the summaries are sh
 together: TTFT, TPOT, tokens/s (system, per user, per device), memory footprint per
 device against capacity, whether it fits, and what bounds the decode step. A design
 that does not fit is a row with ``fits`` False, not an error. ``--plot FILE.png``
-draws the same as bars (``dse.plots.compare_plot``).
+draws the same as bars (``dse.present.plots.compare_plot``).
 
 Nothing heavier than numpy is imported unless ``--plot`` is given.
 """
 from __future__ import annotations
 
-from dse.errors import DseError
+from basis.errors import DseError
 
 #: columns of the side-by-side table (and of the CSV), in order
 COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -28,7 +28,7 @@ def analyze_hardware(args, hardware: str, device=None):
 def compare(args) -> list[dict]:
     """One row per hardware of ``args.hardware``: the analyze summary plus the bound of
     the decode step and of the prefill. Every name is resolved before any analysis."""
-    from dse.report import step_bound
+    from dse.present.report import step_bound
     from hwmodels.presets import load_device
     names = list(dict.fromkeys(args.hardware))
     devices = {h: load_device(h) for h in names}     # unknown hardware: one error, before any work
@@ -47,7 +47,7 @@ def compare(args) -> list[dict]:
 
 def table_text(rows: list[dict]) -> str:
     """Metrics as rows, hardware as columns."""
-    from dse import display
+    from dse.present import display
     si = display.si
     fmt = {
         "devices": str, "batch": str,
@@ -85,7 +85,7 @@ def run_compare(args) -> int:
     """The ``compare`` command: print the table (or CSV / JSON) and draw ``--plot``."""
     from pathlib import Path
 
-    from dse import display
+    from dse.present import display
     path = Path(args.plot) if args.plot else None
     if path is not None:           # a bad file name fails before any work
         if path.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -100,7 +100,7 @@ def run_compare(args) -> int:
     else:
         print(table_text(rows))
     if path is not None:
-        from dse.plots import compare_plot
+        from dse.present.plots import compare_plot
         compare_plot(path, rows)
         import sys
         print(f"plot: {path}", file=sys.stderr)

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dse.errors import DseError
-from dse.evaluate import METRICS, evaluate
-from dse.pareto import pareto_mask
-from dse.space import PARAMS, DesignSpace
+from basis.errors import DseError
+from dse.system.evaluator import METRICS, evaluate
+from dse.explore.pareto import pareto_mask
+from dse.explore.space import PARAMS, DesignSpace
 
 METHODS = ("grid", "random", "sobol", "optuna")
 
@@ -58,7 +58,7 @@ class SweepSpec:
         if self.method in ("random", "sobol") and (not isinstance(self.samples, int) or self.samples < 1):
             raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
         if self.method == "optuna":
-            from dse.search import SAMPLERS
+            from dse.explore.search import SAMPLERS
             if self.sampler not in SAMPLERS:
                 raise DseError(f"{where}: sampler: '{self.sampler}' is not one of {', '.join(SAMPLERS)}")
             if not isinstance(self.trials, int) or self.trials < 1:
@@ -284,7 +284,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
         if storage is not None or workers != 1:
             raise DseError("--storage and --workers apply to optuna studies (method: optuna)")
         return run_sweep(spec, out, quiet=quiet)[1]
-    from dse.search import run_search
+    from dse.explore.search import run_search
     rows = run_search(spec, out, storage, workers, quiet)
     front = _front(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
     cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.errors import DseError, as_number
+from basis.errors import DseError, as_number
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: hardware-template parameters (override the base preset named by ``hardware``)

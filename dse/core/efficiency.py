@@ -62,11 +62,11 @@ fractions; a decode kernel that reads K/V once per query head instead of once pe
 group is ``attention_kv_reads`` > 1.
 
 Prefill/decode overlap and the per-request overhead act on the serving metrics
-(``dse.metrics.serving_metrics``); the collective latency acts in the kernel's
+(``dse.core.metrics.serving_metrics``); the collective latency acts in the kernel's
 collective and point-to-point terms.
 
 Defaults per hardware class (``efficiency_for``): ``CLASS_PRIORS`` are documented
-first-order figures; the parameters ``dse.calibrate`` fits are read from
+first-order figures; the parameters ``dse.fit.calibrate`` fits are read from
 ``configs/calibration.yaml`` (with the file, date and error of the fit) and replace the
 priors of the classes the measurements cover. ``--ideal`` keeps the pure bound.
 """
@@ -78,10 +78,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.errors import DseError
+from basis.errors import DseError
 from hwmodels.formats import COMPUTE_BITS, COMPUTE_CLASSES
 
-CALIBRATION_FILE = Path(__file__).resolve().parent.parent / "configs" / "calibration.yaml"
+CALIBRATION_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "calibration.yaml"
 
 #: peak columns below this index are tensor (matmul) classes; then 'vector', 'none'
 _TENSOR_COLUMNS = len(COMPUTE_CLASSES)
@@ -309,7 +309,7 @@ def efficiency_for(device, path: str | None = None) -> Efficiency:
 
 def __getattr__(name: str):
     """``DEFAULT``: the calibrated gpu default, read when first asked for (so that a broken
-    calibration file does not stop ``import dse.efficiency``, and ``calibrate`` can rewrite it)."""
+    calibration file does not stop ``import dse.core.efficiency``, and ``calibrate`` can rewrite it)."""
     if name == "DEFAULT":
         return efficiency_for("gpu")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
