@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from dse.explore.space import DesignSpace
-from dse.explore.sweep import SweepSpec, run_study
+from dse.explore.spec import SweepSpec
+from dse.explore.study import run_study
 
 SPACE = {
     "hardware": ["h100-sxm", "b200", "mi300x"], "model": "llama-2-70b", "weights": "fp8", "activations": "fp8",

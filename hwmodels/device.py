@@ -4,7 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from basis.errors import DseError
-from hwmodels.formats import COMPUTE_CLASSES, WIDENING
+from hwmodels.formats import COMPUTE_CLASSES, widening_choice
+
+
+def _widened(peaks: dict[str, float], wanted: str) -> str | None:
+    """The class of ``peaks`` that runs work asking for ``wanted`` (``widening_choice``), or None."""
+    k = widening_choice([peaks.get(c, 0.0) for c in COMPUTE_CLASSES])[COMPUTE_CLASSES.index(wanted)]
+    return COMPUTE_CLASSES[k] if k >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,8 @@ class PimUnit:
 
     def peak_for(self, wanted: str) -> float:
         """Peak ops/s of the PIM for work asking for ``wanted`` (0 if it cannot run it)."""
-        for c in WIDENING.get(wanted, (wanted,)):
-            if self.peak_ops_per_s.get(c, 0) > 0:
-                return self.peak_ops_per_s[c]
-        return 0.0
+        c = _widened(self.peak_ops_per_s, wanted)
+        return self.peak_ops_per_s[c] if c else 0.0
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,9 @@ class Device:
         else the narrowest wider class the device supports ('vector' for element-wise)."""
         if wanted in ("vector", "none"):
             return wanted
-        for c in WIDENING[wanted]:
-            if self.peak_ops_per_s.get(c, 0) > 0:
-                return c
+        c = _widened(self.peak_ops_per_s, wanted)
+        if c:
+            return c
         raise DseError(f"device '{self.name}' cannot compute {wanted} nor any wider format "
                        f"(it has {', '.join(self.peak_ops_per_s) or 'none'})")
 

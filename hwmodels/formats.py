@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from basis.errors import DseError
 
 
@@ -92,6 +94,20 @@ WIDENING = {
     "tf32": ("tf32", "fp32"),
     "fp32": ("fp32",),
 }
+
+
+def widening_choice(native) -> np.ndarray:
+    """The compute class that runs the work asking for each class: ``native`` is [..., C]
+    peaks per ``COMPUTE_CLASSES`` (0 = not native); returns [..., C] indices into
+    ``COMPUTE_CLASSES`` of the first native class of each class's ``WIDENING`` chain (the
+    narrowest wider format), -1 where the chain has none."""
+    native = np.asarray(native, dtype=float)
+    used = np.full(native.shape, -1, dtype=np.int64)
+    for j, c in enumerate(COMPUTE_CLASSES):
+        for w in reversed(WIDENING[c]):            # narrowest last, so it wins
+            k = COMPUTE_CLASSES.index(w)
+            used[..., j] = np.where(native[..., k] > 0, k, used[..., j])
+    return used
 
 
 def get_format(name: str, what: str = "format") -> DataFormat:

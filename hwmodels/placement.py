@@ -1,5 +1,5 @@
-"""Where tensors live: placement of weights, activations and KV cache over the
-device memory and the host tier behind the host link.
+"""Where tensors live: placement of weights, activations and KV cache over the device
+memory and the tier behind it (host DRAM over the host link, a CXL expander, NVMe).
 
 Policies:
 - ``none``: everything in device memory (the footprint must fit).
@@ -7,6 +7,9 @@ Policies:
   fill what is left; whatever overflows goes to the host tier.
 - explicit fractions per tensor class placed on the host tier, as FlexGen's policy
   does: ``{"weights": 0.5, "kv": 0.2, "activations": 0.0}``.
+
+Everything here works on arrays of design points (bytes per device); the fit test
+``fits_within`` is the one every part of dse uses.
 """
 from __future__ import annotations
 
@@ -15,25 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError
-from hwmodels.device import Device
 
 CLASSES = ("weights", "activations", "kv")
+#: relative slack of the fit test: a sum that fills a tier exactly still fits
+FIT_TOLERANCE = 1e-12
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Fractions of each tensor class in the host tier and what each tier holds (bytes)."""
-
-    policy: str
-    offload: tuple[float, float, float]   # weights, activations, kv
-    device_bytes: float
-    host_bytes: float
-    fits: bool
-    why: str = ""
-
-
-def parse_policy(text: str) -> str | dict:
-    """'none' | 'greedy' | 'weights=0.5,kv=0.2[,activations=0]' -> policy; DseError on bad input."""
+def parse_policy(text) -> str | dict:
+    """'none' | 'greedy' | 'weights=0.5,kv=0.2[,activations=0]' -> policy (a dict of
+    fractions for the explicit form); DseError on bad input."""
+    if isinstance(text, dict):
+        return text
     t = str(text).strip().lower()
     if t in ("none", "greedy"):
         return t
@@ -42,21 +37,28 @@ def parse_policy(text: str) -> str | dict:
         key, eq, val = part.partition("=")
         key = key.strip()
         if not eq or key not in CLASSES:
-            raise DseError(f"--offload '{text}': expected none, greedy, or fractions like weights=0.5,kv=0.2 "
+            raise DseError(f"offload '{text}': expected none, greedy, or fractions like weights=0.5,kv=0.2 "
                            f"(classes: {', '.join(CLASSES)})")
         try:
             f = float(val)
         except ValueError:
-            raise DseError(f"--offload '{text}': {key} fraction '{val}' is not a number") from None
+            raise DseError(f"offload '{text}': {key} fraction '{val}' is not a number") from None
         if not 0 <= f <= 1:
-            raise DseError(f"--offload '{text}': {key} fraction must be in [0, 1], got {f}")
+            raise DseError(f"offload '{text}': {key} fraction must be in [0, 1], got {f}")
         out[key] = f
     return out
 
 
+def policy_name(policy) -> str:
+    """The canonical text of a parsed policy: 'none', 'greedy' or 'weights=0.5,kv=0.2'."""
+    if isinstance(policy, str):
+        return policy
+    return ",".join(f"{c}={policy[c]:g}" for c in CLASSES if c in policy) or "none"
+
+
 def fits_within(need, capacity):
     """need <= capacity, allowing the rounding of a sum that fills a tier exactly (scalars or arrays)."""
-    return need <= capacity * (1 + 1e-12)
+    return need <= capacity * (1 + FIT_TOLERANCE)
 
 
 def greedy_fractions(weights, activations, kv, capacity):
@@ -73,37 +75,48 @@ def greedy_fractions(weights, activations, kv, capacity):
     return np.stack(np.broadcast_arrays(fw, np.zeros_like(fw), fk), axis=-1)
 
 
-def place(weights: float, activations: float, kv: float, device: Device, policy="none",
-          devices: int = 1) -> Placement:
-    """Place a per-device footprint (bytes per class) on ``device`` under ``policy``;
-    the ``devices`` of a system share one host memory."""
-    if isinstance(policy, str):
-        policy = parse_policy(policy)
-    cap = device.memory.capacity_bytes
-    total = weights + activations + kv
+@dataclass(frozen=True)
+class Placement:
+    """Where the footprint of each design point lives (arrays over points, bytes per device).
+
+    fractions: [P, 3] share of weights, activations and KV cache in the host tier.
+    device_bytes, host_bytes: what each tier holds for one device.
+    host_need: host-tier bytes of the whole system (the devices sharing one host memory).
+    """
+
+    fractions: np.ndarray
+    device_bytes: np.ndarray
+    host_bytes: np.ndarray
+    host_need: np.ndarray
+
+    def memory_violation(self, capacity, host_capacity) -> np.ndarray:
+        """How far the fullest tier is over its capacity, as a fraction of it (<= 0: fits)."""
+        cap = np.asarray(capacity, dtype=float)
+        hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dev = np.where(cap > 0, self.device_bytes / cap - 1, np.where(self.device_bytes > 0, np.inf, -1.0))
+            host = np.where(self.host_need > 0, np.where(hcap > 0, self.host_need / hcap - 1, np.inf), -np.inf)
+        return np.maximum(dev, host)
+
+    def device_fits(self, capacity) -> np.ndarray:
+        return fits_within(self.device_bytes, np.asarray(capacity, dtype=float))
+
+    def host_fits(self, host_capacity) -> np.ndarray:
+        hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
+        return (self.host_need <= 0) | fits_within(self.host_need, hcap)
+
+
+def place(policy, weights, activations, kv, capacity, devices=1) -> Placement:
+    """Place a per-device footprint (bytes per class, arrays over points) under ``policy``
+    (a parsed policy: 'none', 'greedy' or a dict of fractions) on devices of ``capacity``
+    bytes; ``devices`` of a system share one host memory."""
+    w, a, k, cap = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity)))
     if policy == "none":
-        fits = total <= cap
-        why = "" if fits else (f"needs {total / 1e9:.2f} GB per device (weights {weights / 1e9:.2f} GB, KV cache "
-                               f"{kv / 1e9:.2f} GB, activations {activations / 1e9:.2f} GB) but {device.name} has "
-                               f"{cap / 1e9:.2f} GB")
-        return Placement("none", (0.0, 0.0, 0.0), total, 0.0, fits, why)
-    missing = [k for k in ("host_link", "host_memory") if getattr(device, k) is None]
-    if missing:
-        raise DseError(f"hardware '{device.name}' names no {' or '.join(missing)}, so nothing can be offloaded "
-                       f"(--offload {policy if isinstance(policy, str) else 'fractions'})")
-    if policy == "greedy":
-        frac = tuple(float(f) for f in greedy_fractions(weights, activations, kv, cap))
-        name = "greedy"
-    else:
-        frac = tuple(float(policy.get(c, 0.0)) for c in CLASSES)
-        name = ",".join(f"{c}={policy[c]:g}" for c in CLASSES if c in policy)
-    host = weights * frac[0] + activations * frac[1] + kv * frac[2]
-    dev = total - host
-    hcap = device.host_memory.capacity_bytes
-    why = ""
-    if not fits_within(dev, cap):
-        why = f"device part {dev / 1e9:.2f} GB exceeds {device.name}'s {cap / 1e9:.2f} GB"
-    elif not fits_within(host * devices, hcap):
-        why = (f"host part {host * devices / 1e9:.2f} GB ({devices} x {host / 1e9:.2f} GB) exceeds the host "
-               f"memory's {hcap / 1e9:.2f} GB")
-    return Placement(name, frac, dev, host, not why, why)
+        frac = np.zeros(w.shape + (3,))
+    elif policy == "greedy":
+        frac = greedy_fractions(w, a, k, cap)
+    else:                                 # fractions per class: scalars, or arrays over points
+        frac = np.stack(np.broadcast_arrays(*(np.asarray(policy.get(c, 0.0), dtype=float) for c in CLASSES),
+                                            w), axis=-1)[..., :3]
+    host = w * frac[..., 0] + a * frac[..., 1] + k * frac[..., 2]
+    return Placement(frac, w + a + k - host, host, host * np.asarray(devices, dtype=float))

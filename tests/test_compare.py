@@ -17,7 +17,7 @@ def _json(capsys, argv):
 
 
 def test_compare_equals_analyze_per_hardware(capsys):
-    from dse.present.report import step_bound
+    from dse.present.bottleneck import step_bound
     rows = _json(capsys, ["compare", *WORKLOAD, "--hardware", "h100-sxm", "b200", "mi300x", "--format", "json"])
     assert [r["hardware"] for r in rows] == ["h100-sxm", "b200", "mi300x"]
     for r in rows:
@@ -66,11 +66,10 @@ def test_compare_plot(tmp_path, capsys):
     png = tmp_path / "cmp.png"
     assert main(["compare", *WORKLOAD, "--hardware", "h100-sxm", "l40s", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from dse.present.compare import compare
     from dse.present.plots import compare_plot
-    from dse.study.cli import build_parser
+    from dse.study.cli import build_parser, compare_from_args
     args = build_parser().parse_args(["compare", *WORKLOAD, "--hardware", "h100-sxm", "l40s"])
-    rec = compare_plot(tmp_path / "again.png", compare(args))
+    rec = compare_plot(tmp_path / "again.png", compare_from_args(args))
     assert rec["hardware"] == ["h100-sxm", "l40s"]
     assert rec["y_labels"]["ttft_s"] == "TTFT (ms)" and rec["y_labels"]["output_tokens_per_s"].endswith("(tokens/s)")
     assert rec["y_labels"]["peak_memory_bytes"].endswith("(GB)")

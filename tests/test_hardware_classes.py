@@ -9,6 +9,7 @@ from conftest import run_cli
 from dse.system.analysis import analyze
 from dse.core.efficiency import IDEAL
 from basis.errors import DseError
+from dse.system.hardware import system_arrays
 from dse.core.roofline import OpArrays, SystemArrays, op_costs, pim_mask
 from hwmodels.device import PimUnit
 from hwmodels.presets import load_device
@@ -36,7 +37,7 @@ def test_pim_runs_low_intensity_operators_only():
     sc = Scenario.make(batch=8, prompt_len=1024)
     dec = OpArrays.from_table(optable.decode_step(m, sc, 1024))
     pre = OpArrays.from_table(optable.prefill(m, sc))
-    sys = SystemArrays.from_devices([d], 1)
+    sys = system_arrays([d], 1)
     ridge = d.peak_ops_per_s["fp16"] / d.memory.bandwidth_bytes_per_s
     for op in (dec, pre):
         mask = pim_mask(op, sys)[0]
@@ -65,14 +66,14 @@ def test_pim_attention_time_is_hand_calculation_and_speedup_bounded():
     host = load_device("h100-sxm")
     for mult in (1.0, 2.0, 4.0, 16.0):
         d = _pim_gpu(multiple=mult, pim_peak=1e18)
-        t_pim = op_costs(OpArrays.from_table(table), SystemArrays.from_devices([d], 1), IDEAL).time_s[0, i]
+        t_pim = op_costs(OpArrays.from_table(table), system_arrays([d], 1), IDEAL).time_s[0, i]
         bw = d.memory.bandwidth_bytes_per_s
         assert t_pim == pytest.approx(kv / (mult * bw) + act / bw, rel=1e-12)
-        t_host = op_costs(OpArrays.from_table(table), SystemArrays.from_devices([host], 1), IDEAL).time_s[0, i]
+        t_host = op_costs(OpArrays.from_table(table), system_arrays([host], 1), IDEAL).time_s[0, i]
         assert t_host / t_pim <= mult * (1 + 1e-12)
     # the PIM's own peak caps it too
     slow = _pim_gpu(multiple=16.0, pim_peak=1e12)
-    t = op_costs(OpArrays.from_table(table), SystemArrays.from_devices([slow], 1), IDEAL).time_s[0, i]
+    t = op_costs(OpArrays.from_table(table), system_arrays([slow], 1), IDEAL).time_s[0, i]
     assert t == pytest.approx(table.ops[i] / 1e12, rel=1e-12)
 
 
@@ -101,8 +102,8 @@ def test_pim_blocked_adds_concurrent_overlaps():
     table = optable.decode_step(m, sc, sc.prompt_len)
     one_step = OpArrays.from_table(table)
     from dse.core.roofline import step_time
-    sys_b = SystemArrays.from_devices([_pim_gpu(operators=("attention",))], 1)
-    sys_c = SystemArrays.from_devices([_pim_gpu(operators=("attention",), concurrent=True)], 1)
+    sys_b = system_arrays([_pim_gpu(operators=("attention",))], 1)
+    sys_c = system_arrays([_pim_gpu(operators=("attention",), concurrent=True)], 1)
     assert step_time(one_step, sys_b, IDEAL)[0] == pytest.approx(pim_t + host_t, rel=1e-12)
     assert step_time(one_step, sys_c, IDEAL)[0] == pytest.approx(max(pim_t, host_t), rel=1e-12)
     assert conc.summary["tpot_s"] < blocked.summary["tpot_s"]
@@ -192,7 +193,7 @@ def test_sparse_rates_only_when_asked():
 # ---------------------------------------------------------------- spatial (LPU-style)
 
 def test_groq_chip_count_is_bytes_over_sram():
-    from dse.system.layout import chips_required, spatial_layout
+    from dse.system.analysis import analyze_point
     from workloads.footprint import kv_cache_bytes_per_token
     import math
     m, d = load_model("llama-2-70b"), load_device("groq-lpu")
@@ -203,14 +204,22 @@ def test_groq_chip_count_is_bytes_over_sram():
     weights = parameter_count(m) * 1.0
     kv = 640 * 2 * 8 * 128 * 80
     assert kv_cache_bytes_per_token(m, sc) * 640 == kv
-    need = chips_required(m, sc, d)
+    # no tp / pp / devices given: the chip count and layout follow from capacity
+    a, _ = analyze_point({"model": "llama-2-70b", "hardware": "groq-lpu", "batch": 1, "prompt_len": 512,
+                          "gen_len": 128, "weights": "int8", "activations": "int8", "kv": "int8"})
+    need, tp, pp = a.summary["chips_required"], a.summary["tp"], a.summary["pp"]
     sram = d.memory.capacity_bytes
     assert math.ceil((weights + kv) / sram) <= need <= math.ceil((weights + kv + 64 * 2**20) / sram)
     assert need == math.ceil(analyze(m, d, sc).summary["peak_memory_bytes"] / sram)
-    chips, tp, pp = spatial_layout(m, sc, d)
-    assert chips == need and tp * pp >= need and m.num_layers % pp == 0
-    a = analyze(m, d, replace(sc, tp=tp, pp=pp), chips_required=chips)
+    assert tp * pp >= need and m.num_layers % pp == 0 and m.num_heads % tp == 0
     assert a.summary["fits"] and a.summary["peak_memory_bytes"] <= sram
+    same = analyze(m, d, replace(sc, tp=tp, pp=pp)).summary | {"chips_required": need}
+    assert {k: v for k, v in a.summary.items() if v == v} == {k: v for k, v in same.items() if v == v}
+    # no smaller layout with enough chips fits (the smallest tp x pp is used)
+    for t in (1, 2, 4, 8):
+        for p in (1, 2, 4, 5, 8, 10, 16, 20, 40, 80):
+            if need <= t * p < tp * pp:
+                assert not analyze(m, d, replace(sc, tp=t, pp=p)).summary["fits"], (t, p)
 
 
 def test_spatial_pipeline_full_throughput():

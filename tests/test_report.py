@@ -43,13 +43,11 @@ def run(tmp_path_factory):
 
 
 def _analysis(row):
-    from dse.system.analysis import analyze
-    from dse.core.efficiency import choose
-    from dse.system.evaluator import device_for, scenario_for
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
-    return analyze(load_model(row["model"]), device_for(row), scenario_for(row),
-                   efficiency=choose(load_device(row["hardware"]), None, False))
+    """The design point of a results row analyzed on its own (a one-row evaluation)."""
+    from dse.system.analysis import analyze_point
+    from dse.system.params import PARAMS
+    return analyze_point({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()
+                          if k in PARAMS and v is not None and v == v})[0]
 
 
 def _best(results, name, sense):
@@ -186,7 +184,7 @@ def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
 
 def test_units_and_bottleneck_text():
     from dse.present.plots import human, label_of
-    from dse.present.report import bottleneck, op_group
+    from dse.present.bottleneck import bottleneck, op_group
     assert label_of("memory_bandwidth") == "memory bandwidth (TB/s)"
     assert label_of("peak_fp8") == "peak FP8 compute (TFLOPS)" and label_of("peak_int8").endswith("(TOPS)")
     assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")

@@ -14,7 +14,8 @@ import pytest
 from dse.explore import search as search_mod
 from basis.errors import DseError
 from dse.explore.space import DesignSpace
-from dse.explore.sweep import SweepSpec, run_study
+from dse.explore.spec import SweepSpec
+from dse.explore.study import run_study
 
 SPACE = dict(hardware=["h100-sxm", "b200"], model="llama-2-7b", batch={"min": 1, "max": 128},
              memory_bandwidth={"min": 1e12, "max": 1.6e13, "scale": "log"},
@@ -64,21 +65,21 @@ def test_same_seed_same_trials(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_then_rerun_ends_with_exact_trials(tmp_path, monkeypatch, sig):
-    real = search_mod.evaluate
+    real = search_mod.evaluate_columns
     calls = []
 
-    def evaluate_then_signal(cols, **kw):
+    def evaluate_then_signal(*a, **kw):
         calls.append(1)
         if len(calls) == 3:
             os.kill(os.getpid(), sig)       # arrives mid-batch: the batch is finished, then it stops
-        return real(cols, **kw)
-    monkeypatch.setattr(search_mod, "evaluate", evaluate_then_signal)
+        return real(*a, **kw)
+    monkeypatch.setattr(search_mod, "evaluate_columns", evaluate_then_signal)
     with pytest.raises(search_mod.Interrupted, match="interrupted after 60 of 100 trials"):
         run_study(_spec(trials=100), tmp_path)
     counts, _ = _states(tmp_path)
     assert counts == {"COMPLETE": 60}
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 60   # partial results kept
-    monkeypatch.setattr(search_mod, "evaluate", real)
+    monkeypatch.setattr(search_mod, "evaluate_columns", real)
     run_study(_spec(trials=100), tmp_path)
     counts, study = _states(tmp_path)
     assert counts == {"COMPLETE": 100}

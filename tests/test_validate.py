@@ -74,8 +74,11 @@ def test_fast_predictor_equals_analyze_on_reference_rows():
     cases, _ = V.prepare_all(rows)
     eff = Efficiency(compute=0.6, compute_half_rows=10, memory=0.8, kv_reread_exponent=0.9, op_overhead_s=4e-6,
                      step_overhead_s=1e-4, request_overhead_s=1e-3, prefill_decode_overlap=0.3)
-    for c in cases:
-        assert C.Predictor(c)(eff) == pytest.approx(V.predict(c, eff)[c.row.metric], rel=1e-12), c.row.id
+    from dse.system.analysis import analyze_point
+    together = V.Predictions(cases).values(eff)         # every row in one table
+    for c, v in zip(cases, together):                  # each row alone, through analyze
+        alone = analyze_point(c.columns, efficiency=c.efficiency(eff))[0].summary[c.row.metric]
+        assert v == pytest.approx(alone, rel=1e-12), c.row.id
 
 
 def test_bad_csv_lists_every_bad_row(tmp_path):
@@ -176,13 +179,11 @@ def test_validate_cli_writes_report_and_plot(tmp_path):
 def test_fit_recovers_known_parameters_and_writes_notes(tmp_path, reference):
     _, cases, _ = reference
     truth = Efficiency(compute=0.55, memory=0.8, op_overhead_s=6e-6)
-    synthetic = []
-    for c in cases[:12]:          # rows whose "measurements" are the predictions of known parameters
-        p = C.Predictor(c)
-        p.case = replace(c, row=replace(c.row, value=p(truth)))
-        synthetic.append(p)
+    # rows whose "measurements" are the predictions of known parameters
+    values = V.Predictions(cases[:12]).values(truth)
+    synthetic = [replace(c, row=replace(c.row, value=float(v))) for c, v in zip(cases[:12], values)]
     params = [q for q in C.FIT if q.name in ("compute", "memory", "op_overhead_s")]
-    f = C.fit(synthetic, Efficiency(), params, starts=1)
+    f = C.fit(V.Predictions(synthetic), Efficiency(), params, starts=1)
     assert f.params["compute"] == pytest.approx(0.55, rel=1e-3) and f.params["memory"] == pytest.approx(0.8, rel=1e-3)
     assert np.max(np.abs(f.errors)) < 1e-4
     out = tmp_path / "cal.yaml"

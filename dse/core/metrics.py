@@ -39,3 +39,15 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
         "output_tokens_per_s_per_device": out_tps / np.asarray(devices, dtype=float),
         "prefill_tokens_per_s": batch * np.asarray(prompt_len, dtype=float) / prefill_s,
     }
+
+
+def pipelined_prefill_s(pass_s, micro_batches, pp):
+    """Seconds until the last of ``micro_batches`` micro-batches leaves a ``pp``-stage
+    pipeline whose whole-model pass takes ``pass_s``: (m + pp - 1) stage times of pass_s / pp."""
+    return np.asarray(pass_s, dtype=float) * (np.asarray(micro_batches, dtype=float) + pp - 1) / pp
+
+
+def system_figures(devices, tdp_w, price_usd) -> dict[str, np.ndarray]:
+    """Power (W) and list price ($) of a system of ``devices`` devices (NaN where unknown)."""
+    d = np.asarray(devices, dtype=float)
+    return {"power_w": d * np.asarray(tdp_w, dtype=float), "cost_usd": d * np.asarray(price_usd, dtype=float)}

@@ -29,9 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dse.core.efficiency import Efficiency
-from basis.errors import DseError
-from hwmodels.device import Device
-from hwmodels.formats import COMPUTE_CLASSES, WIDENING
+from hwmodels.formats import COMPUTE_CLASSES
 
 #: columns of SystemArrays.peak: every compute class, then 'vector', then 'none'
 PEAK_COLUMNS = COMPUTE_CLASSES + ("vector", "none")
@@ -40,23 +38,6 @@ _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 #: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
 PIM_ROLES = ("attention", "gemv", "experts")
-
-
-def widen_peaks(raw: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """Peaks per PEAK_COLUMNS [P, C+2] from native peaks per COMPUTE_CLASSES [P, C] (0 =
-    not native) and the vector rate [P]: work asking for a class runs at the first
-    native class of its widening chain (the narrowest wider format), 0 if none."""
-    rows = np.ascontiguousarray(np.asarray(raw, dtype=float).T)      # [C, P]: one contiguous row per class
-    out = np.empty((len(PEAK_COLUMNS), rows.shape[1]))
-    for c in COMPUTE_CLASSES:
-        col = np.zeros(rows.shape[1])
-        for w in reversed(WIDENING[c]):       # narrowest last, so it wins
-            v = rows[COMPUTE_CLASSES.index(w)]
-            np.copyto(col, v, where=v > 0)
-        out[_COL[c]] = col
-    out[_COL["vector"]] = vector
-    out[_COL["none"]] = np.inf
-    return out.T
 
 
 def _full(n, value, dtype=float):
@@ -125,47 +106,6 @@ class SystemArrays:
                 return v.T[:, index].T        # column-major: gather along each contiguous column
             return v[index]
         return SystemArrays(**{f: pick(v) for f, v in self.__dict__.items()})
-
-    @classmethod
-    def from_devices(cls, devices: list[Device], tp, offload=None, overlap=True, sparse=False) -> "SystemArrays":
-        """Stack devices (their tensor-parallel degrees, the [P, 3] fractions of weight,
-        activation and KV bytes offloaded to the host tier, and whether 2:4 sparse
-        peaks are used) into arrays."""
-        n = len(devices)
-        peak = np.zeros((n, len(PEAK_COLUMNS)))
-        gain = np.ones((n, len(PEAK_COLUMNS)))
-        pim = np.zeros((n, len(PEAK_COLUMNS)))
-        for i, d in enumerate(devices):
-            for c in COMPUTE_CLASSES:
-                try:
-                    peak[i, _COL[c]] = d.peak_for(c)
-                except DseError:  # a class the device cannot run at all: leave 0
-                    continue
-                if sparse:
-                    gain[i, _COL[c]] = d.peak_for(c, sparse=True) / peak[i, _COL[c]]
-                if d.pim is not None:
-                    pim[i, _COL[c]] = d.pim.peak_for(c)
-            peak[i, _COL["vector"]] = d.vector_ops_per_s
-            peak[i, _COL["none"]] = np.inf
-        link_bw = np.array([d.interconnect.bandwidth_bytes_per_s if d.interconnect else np.nan for d in devices])
-        link_lat = np.array([d.interconnect.latency_s if d.interconnect else 0.0 for d in devices])
-        host_bw = np.array([min(d.host_link.bandwidth_bytes_per_s if d.host_link else np.nan,
-                                d.host_memory.bandwidth_bytes_per_s if d.host_memory else np.inf) for d in devices])
-        off = None
-        if offload is not None and np.any(np.asarray(offload, float) > 0):
-            off = np.broadcast_to(np.asarray(offload, float), (n, 3)).copy()
-        has_pim = any(d.pim is not None for d in devices)
-        pim_kw = {}
-        if has_pim:
-            pim_kw = dict(
-                pim_peak=pim,
-                pim_multiple=np.array([d.pim.internal_bandwidth_multiple if d.pim else 1.0 for d in devices]),
-                pim_roles=np.array([[bool(d.pim) and r in d.pim.operators for r in PIM_ROLES] for d in devices]),
-                pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices]))
-        return cls(peak, np.array([d.memory.bandwidth_bytes_per_s for d in devices]),
-                   np.array([d.memory.capacity_bytes for d in devices]), link_bw, link_lat,
-                   _full(n, tp), host_bw, off, _full(n, overlap, bool),
-                   gain if sparse and np.any(gain != 1) else None, **pim_kw)
 
 
 @dataclass(frozen=True)
@@ -274,12 +214,19 @@ def _ring_latency(n, sys: SystemArrays, eff: Efficiency):
     return 2 * (n - 1) * sys.link_latency + np.where(n > 1, eff.collective_latency_s, 0.0)
 
 
-def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
-    """Point-to-point transfer time per instance, [P, O]: bytes / (link bw * eff) + latency."""
-    b = np.asarray(p2p_bytes, dtype=float)
+def transfer_time(nbytes, bandwidth, latency, eff: Efficiency):
+    """Seconds of one point-to-point message of ``nbytes`` over a link of ``bandwidth``
+    bytes/s and ``latency`` s: bytes / (bandwidth x eff.collective) + latency +
+    eff.collective_latency_s (0 for an empty message). Broadcasts."""
+    b = np.asarray(nbytes, dtype=float)
     with np.errstate(invalid="ignore"):
-        t = b / (sys.link_bandwidth[:, None] * eff.collective) + _latency(sys, eff)[:, None]
+        t = b / (np.asarray(bandwidth, dtype=float) * eff.collective) + np.asarray(latency) + eff.collective_latency_s
     return np.where(b > 0, t, 0.0)
+
+
+def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Point-to-point transfer time per instance over the scale-up link, [P, O] (``transfer_time``)."""
+    return transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
 
 
 def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:

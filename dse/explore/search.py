@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
-from dse.system.evaluator import METRICS, evaluate
+from dse.explore.runio import Progress, write_atomic
 from dse.explore.space import PARAMS
+from dse.explore.spec import SAMPLERS
+from dse.explore.sweep import evaluate_columns
 
-SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc")
 
 
 def _optuna():
@@ -167,7 +168,6 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
     this worker completed."""
     from optuna.trial import TrialState
-    from dse.explore.sweep import apply_constraints, _write_atomic
     study = _open_study(spec, out, storage_url, study_name, seed)
     names = list(spec.objectives)
     dists, fixed = distributions(spec.space)
@@ -176,8 +176,7 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     batch_size = spec.population or 50
     done_here = 0
     live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    from dse.explore.sweep import _Progress
-    progress = _Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
+    progress = Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
     progress.done = _count(study, (TrialState.COMPLETE,))
     with _Stop() as stop:
         while not stop.requested:
@@ -200,20 +199,12 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
                 break
             cols = {name: _column([t.params[name] for t in keep]) for name in dists}
             cols.update(fixed)
-            metrics = evaluate(cols, ideal=spec.ideal)
-            apply_constraints(metrics, spec.constraints)
-            df = pd.DataFrame({"trial": np.array([t.number for t in keep], dtype=np.int64)})
-            for name in (*dists, *fixed):
-                df[name] = cols[name] if name in dists else fixed[name]
-            for name in (*METRICS, "feasible"):
-                df[name] = metrics[name]
-            df["reason"] = metrics["reason"].astype(str)
-            _write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
-            violation = _violations(metrics, spec.constraints)
-            keys = ["fits"] + [f"{k}.{s}" for k, b in spec.constraints.items() for s in b]
+            df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
+            write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
+            violations = {k: np.clip(np.nan_to_num(v, nan=1e300), -1e300, 1e300) for k, v in ev.violations.items()}
             for i, t in enumerate(keep):
-                for key, v in zip(keys, violation[i]):
-                    t.set_constraint(key, float(v))
+                for key, v in violations.items():
+                    t.set_constraint(key, float(v[i]))
                 vals = [_finite(df[k].iloc[i], spec.objectives[k]) for k in names]
                 study.tell(t, vals)
             done_here += len(keep)
@@ -237,26 +228,6 @@ def _finite(v, sense: str) -> float:
     if np.isfinite(v):
         return v
     return -1e300 if sense == "max" else 1e300
-
-
-def _violations(metrics: dict, constraints: dict) -> np.ndarray:
-    """[P, 1 + constraints] violations (> 0 infeasible): not fitting or not computable, then each constraint."""
-    cols = [np.where(metrics["feasible"] | _only_constraint_failures(metrics, constraints), 0.0, 1.0)]
-    for k, bound in constraints.items():
-        v = np.nan_to_num(metrics[k].astype(float), nan=np.inf)
-        for sense, limit in bound.items():
-            scale = abs(limit) if limit else 1.0
-            with np.errstate(invalid="ignore"):
-                cols.append(np.clip((limit - v) / scale if sense == "min" else (v - limit) / scale, -1e300, 1e300))
-    return np.stack(cols, axis=1)
-
-
-def _only_constraint_failures(metrics: dict, constraints: dict) -> np.ndarray:
-    """True where a point fits and computes, whatever its constraints say."""
-    reason = metrics["reason"].astype(str)
-    names = tuple(f"{k} " for k in constraints)
-    hard = np.array([any(part and not part.startswith(names) for part in r.split("; ")) for r in reason])
-    return ~hard
 
 
 def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1, quiet: bool = True,
@@ -298,8 +269,7 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))]
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": []})
     rows = rows[rows["trial"].isin(complete)].drop_duplicates("trial").sort_values("trial").reset_index(drop=True)
-    from dse.explore.sweep import _write_atomic
-    _write_atomic(rows, out / "results.parquet")
+    write_atomic(rows, out / "results.parquet")
     if stopped is not None:
         raise stopped
     return rows

@@ -23,49 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError, as_number
-from hwmodels.formats import COMPUTE_CLASSES
-
-#: hardware-template parameters (override the base preset named by ``hardware``)
-HARDWARE_PARAMS = {
-    "hardware": str,
-    **{f"peak_{c}": float for c in COMPUTE_CLASSES},
-    "compute_scale": float,
-    "vector_ops_per_s": float,
-    "memory_bandwidth": float,
-    "memory_capacity": float,
-    "onchip_buffer_bytes": float,
-    "link_bandwidth": float,
-    "link_latency": float,
-    "host_link_bandwidth": float,
-    "host_memory_capacity": float,
-    "host_memory_bandwidth": float,
-    "pim_multiple": float,
-    "pim_peak": float,
-    "native_formats": str,
-    "tdp_w": float,
-    "price_usd": float,
-}
-#: workload parameters (``devices`` alone sets tp = devices / (pp x ep))
-WORKLOAD_PARAMS = {
-    "model": str,
-    "batch": int,
-    "prompt_len": int,
-    "gen_len": int,
-    "weights": str,
-    "activations": str,
-    "kv": str,
-    "devices": int,
-    "tp": int,
-    "pp": int,
-    "ep": int,
-    "flash_attention": bool,
-    "offload": str,
-    "sparse": bool,
-}
-PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
-DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
-            "tp": 1, "pp": 1, "ep": 1, "flash_attention": False, "offload": "none", "sparse": False}
-
+from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, ZERO_ALLOWED
+from hwmodels.formats import COMPUTE_CLASSES, get_format
+from hwmodels.links import load_link
+from hwmodels.placement import parse_policy
+from hwmodels.presets import load_device
+from hwmodels.tiers import load_tier
+from workloads.model import load_model
 
 @dataclass(frozen=True)
 class Axis:
@@ -97,10 +61,16 @@ def _cast(name: str, v, where: str):
         if not isinstance(v, str):
             raise DseError(f"{where}: expected a name, got {v!r}")
         return v
+    if name == "batch" and v == BATCH_MAX:
+        return v
     x = _num(v, where)
+    if not math.isfinite(x):
+        raise DseError(f"{where}: expected a finite number, got {v!r}")
     if kind is int:
-        if x != int(x) or x <= 0:
-            raise DseError(f"{where}: expected a positive integer, got {v!r}")
+        low = 0 if name in ZERO_ALLOWED else 1
+        if x != int(x) or x < low:
+            raise DseError(f"{where}: expected a {'non-negative' if low == 0 else 'positive'} integer"
+                           f"{' or max' if name == 'batch' else ''}, got {v!r}")
         return int(x)
     if x < 0:
         raise DseError(f"{where}: must not be negative, got {v!r}")
@@ -182,20 +152,19 @@ class DesignSpace:
     def _check_names(self) -> None:
         """Every named choice (preset, model, format, offload policy) must exist: checked
         before any work starts, the error naming the key and what is allowed."""
-        from hwmodels.formats import COMPUTE_CLASSES as classes
-        from hwmodels.formats import get_format
-        from hwmodels.presets import load_device
-        from workloads.model import load_model
-        check = {"hardware": load_device, "model": load_model,
-                 "weights": get_format, "activations": get_format, "kv": get_format}
+        classes = COMPUTE_CLASSES
+
+        def cpu(name):
+            if load_device(name).device_class != "cpu":
+                raise DseError(f"'{name}' is a {load_device(name).device_class} preset, not a cpu preset")
+        check = {"hardware": load_device, "model": load_model, "weights": get_format, "activations": get_format,
+                 "kv": get_format, "link": load_link, "host_tier": load_tier, "host_cpu": cpu, "offload": parse_policy}
         for a in self.axes:
             for i, v in enumerate(a.values):
                 w = f"{self.where}.{a.name}" + (f"[{i}]" if len(a.values) > 1 else "")
                 try:
                     if a.name in check:
                         check[a.name](v)
-                    elif a.name == "offload" and v not in ("none", "greedy"):
-                        raise DseError(f"offload '{v}': allowed in a design space: none, greedy")
                     elif a.name == "native_formats":
                         bad = [f for f in str(v).split(",") if f.strip() not in classes]
                         if bad:
@@ -256,9 +225,9 @@ class DesignSpace:
 
 def _take(values: tuple, idx: np.ndarray):
     """values[idx]: a pandas Categorical for names (cheap to group and to store), else an array."""
-    if isinstance(values[0], str):
+    if any(isinstance(v, str) for v in values):
         import pandas as pd
-        return pd.Categorical.from_codes(idx, categories=list(values))
+        return pd.Categorical.from_codes(idx, categories=[str(v) for v in values])
     return np.array(values)[idx]
 
 

@@ -8,9 +8,9 @@ leaving one hardware and one model out at a time, and writes ``configs/calibrati
 (every fitted value with a note: fitted, from which file, when, with what error), which
 ``dse.core.efficiency.efficiency_for`` then loads as the default.
 
-The fit evaluates the kernel directly on operator arrays built once per row (the same
-calls ``dse.system.analysis.analyze`` makes); after writing, the new defaults are validated
-through ``analyze`` itself, so the reported error is the one users get.
+The fit prices one prepared plan of the rows (``dse.system.evaluator.prepare``: the same
+evaluator as every other prediction) under each trial efficiency; after writing, the new
+defaults are validated through the same evaluator, so the reported error is the one users get.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from dse.core.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency
 from basis.errors import DseError
-from dse.fit.validate import Case, ape_stats, prepare_all, read_measured
+from dse.fit.validate import Case, Predictions, ape_stats, prepare_all, read_measured
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
@@ -84,75 +84,6 @@ NOT_FITTED = {
 }
 
 
-# --------------------------------------------------------------------------- fast predictions
-
-class Predictor:
-    """One prepared row's prediction as a function of the efficiency: the operator arrays
-    and system arrays ``dse.system.analysis.analyze`` would build, built once."""
-
-    def __init__(self, case: Case):
-        from dse.system.analysis import _tables, placement_of
-        from dse.core.roofline import OpArrays, SystemArrays
-        from workloads import optable
-        from workloads.footprint import footprint
-
-        self.case = case
-        sc, dev = case.scenario, case.device
-        pre, dec = _tables(case.model, sc, dev)
-        where = placement_of(footprint(case.model, sc, pre, dec), dev, case.offload, sc.devices)
-        self.system = SystemArrays.from_devices([dev], sc.tp, offload=where.offload, overlap=True, sparse=False)
-        self.pre = OpArrays.from_table(pre)
-        d0, slope = optable.decode_linear(case.model, replace(sc, batch=sc.micro_batch), sc.prompt_len + 1,
-                                          dev.onchip_buffer_bytes)
-        self.d0, self.slope = OpArrays.from_table(d0), OpArrays.from_table(slope)
-        self.steps = np.array([max(sc.gen_len - 1, 1)])
-
-    def metrics(self, eff: Efficiency) -> dict:
-        from dse.core.metrics import serving_metrics
-        from dse.core.roofline import decode_total_time, step_time
-
-        sc = self.case.scenario
-        eff = self.case.efficiency(eff)
-        ttft = step_time(self.pre, self.system, eff) * (sc.micro_batches + sc.pp - 1) / sc.pp
-        dec = decode_total_time(self.d0, self.slope, self.steps, self.system, eff)
-        return serving_metrics(ttft, dec, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
-                               overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
-
-    def __call__(self, eff: Efficiency) -> float:
-        return float(self.metrics(eff)[self.case.row.metric][0])
-
-
-def kernel_applies_collective_latency() -> bool:
-    """True when the roofline kernel adds ``Efficiency.collective_latency_s`` to collectives
-    (probed on a one-operator all-reduce; the parameter is fitted only then)."""
-    from dse.core.roofline import PEAK_COLUMNS, OpArrays, SystemArrays, step_time
-
-    one, zero = np.array([1.0]), np.array([0.0])
-    op = OpArrays(zero, zero, zero, zero, one * 1e3, zero, np.array([len(PEAK_COLUMNS) - 1]), one)
-    sys = SystemArrays(np.ones((1, len(PEAK_COLUMNS))), one * 1e12, one * 1e12, one * 1e12, zero, one * 2)
-    base = Efficiency(op_overhead_s=0.0)
-    try:
-        return bool(step_time(op, sys, replace(base, collective_latency_s=1.0))[0]
-                    > step_time(op, sys, base)[0] + 0.5)
-    except Exception:  # noqa: BLE001 - a kernel that cannot run the probe does not apply it
-        return False
-
-
-def sweeps_apply_request_overhead() -> bool:
-    """True when the vectorized evaluator of sweeps (``dse.system.evaluator``) adds
-    ``Efficiency.request_overhead_s`` to TTFT as ``analyze`` does (probed on one design
-    point; the parameter is fitted only then, so that sweeps and analyze agree)."""
-    try:
-        from dse.system.evaluator import evaluate
-        cols = {"hardware": np.array(["h100-sxm"], dtype=object), "model": np.array(["llama-2-7b"], dtype=object)}
-        base = Efficiency(op_overhead_s=0.0)
-        a = evaluate(cols, efficiency=base)["ttft_s"][0]
-        b = evaluate(cols, efficiency=replace(base, request_overhead_s=1.0))["ttft_s"][0]
-        return bool(b > a + 0.5)
-    except Exception:  # noqa: BLE001 - an evaluator that cannot run the probe does not apply it
-        return False
-
-
 # --------------------------------------------------------------------------- fitting
 
 def _to_x(p: Param, v: float) -> float:
@@ -173,13 +104,13 @@ class Fit:
     nfev: int
 
 
-def fit(predictors: list[Predictor], base: Efficiency, params=FIT, *, starts: int = 3) -> Fit:
+def fit(predictors: Predictions, base: Efficiency, params=FIT, *, starts: int = 3) -> Fit:
     """Least-squares fit of ``params`` (the others as in ``base``) to the rows of
     ``predictors``: robust loss on log(predicted / measured), bounded, best of ``starts``
     starting points (the documented start, then low and high corners of the box)."""
     from scipy.optimize import least_squares
 
-    measured = np.array([p.case.row.value for p in predictors])
+    measured = np.array([c.row.value for c in predictors.cases])
     lo = np.array([_to_x(p, p.lo) for p in params])
     hi = np.array([_to_x(p, p.hi) for p in params])
 
@@ -188,7 +119,7 @@ def fit(predictors: list[Predictor], base: Efficiency, params=FIT, *, starts: in
 
     def resid(x):
         e = eff_of(x)
-        pred = np.array([f(e) for f in predictors])
+        pred = predictors.values(e)
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.log(pred / measured)
         return np.where(np.isfinite(r), r, 10.0)
@@ -204,23 +135,23 @@ def fit(predictors: list[Predictor], base: Efficiency, params=FIT, *, starts: in
     return Fit(values, np.exp(resid(best.x)) - 1.0, float(best.cost), int(best.nfev))
 
 
-def cross_validate(predictors: list[Predictor], base: Efficiency, params=FIT, *, key: str = "hardware",
+def cross_validate(cases: list[Case], base: Efficiency, params=FIT, *, key: str = "hardware",
                    starts: int = 3) -> tuple[np.ndarray, dict]:
     """Errors of every row predicted by a fit without its ``key`` group (hardware or
     model), and the parameters of each fold."""
     groups: dict[str, list[int]] = {}
-    for i, p in enumerate(predictors):
-        groups.setdefault(getattr(p.case.row, key), []).append(i)
-    errors = np.full(len(predictors), np.nan)
+    for i, c in enumerate(cases):
+        groups.setdefault(getattr(c.row, key), []).append(i)
+    errors = np.full(len(cases), np.nan)
     folds = {}
     for g, idx in sorted(groups.items()):
-        train = [predictors[i] for i in range(len(predictors)) if i not in idx]
+        train = [cases[i] for i in range(len(cases)) if i not in idx]
         if not train:
             continue
-        f = fit(train, base, params, starts=starts)
+        f = fit(Predictions(train), base, params, starts=starts)
         eff = replace(base, **f.params)
-        for i in idx:
-            errors[i] = predictors[i](eff) / predictors[i].case.row.value - 1.0
+        held = [cases[i] for i in idx]
+        errors[idx] = Predictions(held).values(eff) / np.array([c.row.value for c in held]) - 1.0
         folds[g] = {"rows": len(idx), **{k: _round(v) for k, v in f.params.items()},
                     **{k: _round(v) for k, v in ape_stats(np.abs(errors[idx])).items()}}
     return errors, folds
@@ -251,7 +182,6 @@ class Calibration:
     out: Path
     classes: dict          # class -> {"fit": Fit, "rows": [...], "loho": ..., "lomo": ...}
     unpredictable: list
-    collective_latency_fitted: bool
     data: dict             # what was written
 
 
@@ -271,13 +201,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     dest = Path(out) if out else CALIBRATION_FILE
     rows, _ = read_measured(src)
     cases, skipped = prepare_all(rows)
-    lat_ok = kernel_applies_collective_latency()
-    req_ok = sweeps_apply_request_overhead()
     params = tuple(params or FIT)
-    if not lat_ok:
-        params = tuple(p for p in params if p.name != "collective_latency_s")
-    if not req_ok:
-        params = tuple(p for p in params if p.name != "request_overhead_s")
     by_class: dict[str, list[Case]] = {}
     for c in cases:
         by_class.setdefault(c.device.device_class, []).append(c)
@@ -289,7 +213,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         if len(cs) < MIN_ROWS:
             too_few[cls] = f"{len(cs)} predictable rows (fewer than {MIN_ROWS}): priors kept"
             continue
-        preds = [Predictor(c) for c in cs]
+        preds = Predictions(cs)
         base = Efficiency(name=f"fit {cls}", **CLASS_PRIORS[cls])
         f = fit(preds, base, params, starts=starts)
         rws = [c.row for c in cs]
@@ -300,7 +224,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         cv = {}
         if cross_validation:
             for key, name in (("hardware", "leave_one_hardware_out"), ("model", "leave_one_model_out")):
-                e, folds = cross_validate(preds, base, params, key=key, starts=starts)
+                e, folds = cross_validate(cs, base, params, key=key, starts=starts)
                 res[key] = e
                 cv[name] = {**{k: _round(v) for k, v in ape_stats(np.abs(e[np.isfinite(e)])).items()},
                             "folds": folds}
@@ -322,13 +246,6 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     if not classes_out:
         raise DseError(f"{src}: no hardware class has {MIN_ROWS} or more predictable rows to fit")
     not_fitted = dict(NOT_FITTED)
-    if not lat_ok:
-        not_fitted["collective_latency_s"] = ("the roofline kernel does not apply Efficiency.collective_latency_s yet "
-                                              "(dse.core.roofline collective_time / p2p_time); 0 until it does")
-    if not req_ok:
-        not_fitted["request_overhead_s"] = ("dse.system.evaluator (sweeps) does not pass Efficiency.request_overhead_s to "
-                                            "serving_metrics yet, so fitting it would make analyze and sweeps "
-                                            "disagree; 0 until it does")
     data = {
         "fitted": {
             "by": "python -m dse.study calibrate", "measured": _display_path(src), "sha256": digest, "date": today,
@@ -345,7 +262,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         "unpredictable": {r.id: why for r, why in skipped},
     }
     write_calibration(dest, data)
-    return Calibration(src, dest, results, skipped, lat_ok, data)
+    return Calibration(src, dest, results, skipped, data)
 
 
 def _display_path(p: Path) -> str:

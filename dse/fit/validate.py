@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
+from dse.system.evaluator import evaluate, prepare
+from dse.system.reasons import MEMORY_CODES
 from basis.errors import DseError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -113,10 +115,17 @@ class Case:
     row: MeasuredRow
     model: object
     device: object
-    scenario: object
-    offload: str
+    columns: dict         # the design point (scalars), batch resolved and offload chosen
     engine: Engine
     kv_group: float       # query heads per K/V head on one device
+
+    @property
+    def batch(self) -> int:
+        return int(self.columns["batch"])
+
+    @property
+    def offload(self) -> str:
+        return self.columns["offload"]
 
     def efficiency(self, eff: Efficiency) -> Efficiency:
         """The efficiency this row runs with: ``eff`` plus its engine's attention and
@@ -261,56 +270,88 @@ def engine_of(row: MeasuredRow) -> Engine:
 
 # --------------------------------------------------------------------------- predicting
 
-def prepare(row: MeasuredRow) -> Case:
-    """Resolve a row's batch and placement; DseError (the reason) if it cannot be predicted."""
-    from dse.system.analysis import analyze
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
-    from workloads.optable import kv_heads_per_device
-    from workloads.scenario import Scenario
-
-    model, device = load_model(row.model), load_device(row.hardware)
-    engine = engine_of(row)
-    sc = Scenario.make(batch=1 if row.batch == "max" else row.batch, prompt_len=row.prompt_len,
-                       gen_len=row.gen_len, weights=row.weights, activations=row.activations, kv=row.kv,
-                       flash_attention=engine.flash_attention, tp=row.tp, pp=row.pp)
-    s = analyze(model, device, sc, batch_max=row.batch == "max", ideal=True).summary
-    offload = "none"
-    sc = replace(sc, batch=int(s["batch"]))
-    if not s["fits"]:
-        offload = "greedy"
-        try:
-            s = analyze(model, device, sc, ideal=True, offload="greedy").summary
-        except DseError as e:
-            raise DseError(f"does not fit in device memory and cannot overflow to the host: {e}") from None
-        if not s["fits"]:
-            host = device.host_memory.capacity_bytes / 1e9
-            raise DseError(f"does not fit even with greedy overflow to the host: {s.get('why', '')} (per device: "
-                           f"weights {s['weights_bytes'] / 1e9:.1f} GB, KV cache {s['kv_cache_bytes'] / 1e9:.1f} GB, "
-                           f"activations {s['activation_bytes'] / 1e9:.1f} GB; host memory {host:.0f} GB; "
-                           f"tiers below the host memory, such as disk, are not modelled)")
-    group = 1.0
-    if not model.is_mla:
-        group = (model.num_heads / row.tp) / kv_heads_per_device(model, row.tp)
-    return Case(row, model, device, sc, offload, engine, group)
+def row_columns(row: MeasuredRow, engine: Engine) -> dict:
+    """The design point of a measured row (scalars)."""
+    return {"model": row.model, "hardware": row.hardware, "batch": row.batch, "prompt_len": row.prompt_len,
+            "gen_len": row.gen_len, "weights": row.weights, "activations": row.activations, "kv": row.kv,
+            "flash_attention": engine.flash_attention, "tp": row.tp, "pp": row.pp, "offload": "none"}
 
 
-def predict(case: Case, eff: Efficiency) -> dict:
-    """analyze's summary of a prepared row under ``eff`` (with the row's engine behaviour)."""
-    from dse.system.analysis import analyze
-    return analyze(case.model, case.device, case.scenario, efficiency=case.efficiency(eff),
-                   offload=case.offload).summary
+def table_of(points: list[dict]) -> dict:
+    """Columns of a list of design points (dicts of scalars with the same keys)."""
+    return {k: np.array([p[k] for p in points], dtype=object if isinstance(points[0][k], str) or k == "batch"
+                        else None) for k in points[0]}
 
 
 def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[MeasuredRow, str]]]:
-    """(cases, unpredictable rows with the reason)."""
+    """(cases, unpredictable rows with the reason): every row's batch resolved (``max``:
+    the largest that fits in the devices' memory, never grown into host memory) and, for a
+    row that does not fit, greedy overflow to the host tier; one evaluation of all rows."""
+    from hwmodels.presets import load_device
+    from workloads.model import load_model
+    from workloads.optable import kv_heads_per_device
+
+    engines = [engine_of(r) for r in rows]
+    points = [row_columns(r, e) for r, e in zip(rows, engines)]
+    ev = evaluate(table_of(points), ideal=True)
+    greedy = []
+    for i, p in enumerate(points):
+        p["batch"] = int(ev["batch_used"][i])
+        if not ev.feasible[i] and int(ev.reason[i]) in MEMORY_CODES:
+            p["offload"] = "greedy"
+            greedy.append(i)
+    why = {i: ev.reason_text(i) for i in range(len(rows)) if not ev.feasible[i] and i not in greedy}
+    if greedy:
+        ev2 = evaluate(table_of([points[i] for i in greedy]), ideal=True)
+        for j, i in enumerate(greedy):
+            if ev2.feasible[j]:
+                continue
+            if int(ev2.reason[j]) not in MEMORY_CODES:
+                why[i] = f"does not fit in device memory and cannot overflow to the host: {ev2.reason_text(j)}"
+            else:
+                host = ev2["offloaded_bytes"][j] * ev2["devices"][j] / 1e9
+                why[i] = (f"does not fit even with greedy overflow to the host: {ev2.reason_text(j)} (per device: "
+                          f"weights {ev2['weights_bytes'][j] / 1e9:.1f} GB, KV cache {ev2['kv_cache_bytes'][j] / 1e9:.1f}"
+                          f" GB, activations {ev2['activation_bytes'][j] / 1e9:.1f} GB; {host:.0f} GB to the host; "
+                          f"tiers below the host memory, such as disk, are not modelled)")
     cases, skipped = [], []
-    for r in rows:
-        try:
-            cases.append(prepare(r))
-        except DseError as e:
-            skipped.append((r, str(e)))
+    for i, (r, e, p) in enumerate(zip(rows, engines, points)):
+        if i in why:
+            skipped.append((r, why[i]))
+            continue
+        model = load_model(r.model)
+        group = 1.0 if model.is_mla else (model.num_heads / r.tp) / kv_heads_per_device(model, r.tp)
+        cases.append(Case(r, model, load_device(r.hardware), p, e, group))
     return cases, skipped
+
+
+class Predictions:
+    """The prepared rows of ``cases`` as one plan: ``values(eff)`` predicts each row's
+    measured metric under an efficiency (each row with its engine's behaviour), through
+    the one evaluator; the plan is built once, so a fit prices it many times cheaply."""
+
+    def __init__(self, cases: list[Case]):
+        self.cases = cases
+        self.plan = prepare(table_of([c.columns for c in cases]))
+        self.metric = [c.row.metric for c in cases]
+
+    def evaluation(self, eff: Efficiency | None, ideal: bool = False):
+        """The Evaluation of every row under ``eff`` (None: each row's class default)."""
+        if ideal:
+            return self.plan.run(ideal=True)
+        memo: dict = {}
+        effs = []
+        for c in self.cases:
+            base = eff or efficiency_for(c.device)
+            key = (id(base), c.engine.gqa_kv_sharing, c.engine.batching, c.kv_group)
+            if key not in memo:
+                memo[key] = c.efficiency(base)
+            effs.append(memo[key])
+        return self.plan.run(efficiency=effs)
+
+    def values(self, eff: Efficiency | None = None, ideal: bool = False) -> np.ndarray:
+        ev = self.evaluation(eff, ideal)
+        return np.array([ev[m][i] for i, m in enumerate(self.metric)], dtype=float)
 
 
 @dataclass
@@ -332,10 +373,10 @@ def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = 
     if cases is None:
         cases, skipped = prepare_all(rows)
     out = []
-    for c in cases:
-        eff = IDEAL if ideal else (efficiency or efficiency_for(c.device))
-        s = predict(c, eff)
-        out.append(result_row(c, float(s[c.row.metric]), s["efficiency"]))
+    if cases:
+        ev = Predictions(cases).evaluation(efficiency, ideal)
+        for i, c in enumerate(cases):
+            out.append(result_row(c, float(ev[c.row.metric][i]), ev.efficiency_name(i)))
     names = sorted({r["efficiency"] for r in out}) or ["ideal" if ideal else "default"]
     return Validation(p, ", ".join(names), out, list(skipped or []), context)
 
@@ -346,7 +387,7 @@ def result_row(case: Case, predicted: float, eff_name: str = "") -> dict:
     latency = r.metric in LATENCY_METRICS
     return {
         "id": r.id, "line": r.line, "model": r.model, "hardware": r.hardware, "devices": r.devices,
-        "batch": case.scenario.batch, "batch_given": str(r.batch), "prompt_len": r.prompt_len,
+        "batch": case.batch, "batch_given": str(r.batch), "prompt_len": r.prompt_len,
         "gen_len": r.gen_len, "formats": f"{r.weights}/{r.activations}/{r.kv}", "metric": r.metric,
         "measured": r.value, "predicted": predicted, "error": err, "ape": abs(err),
         "optimistic": (err < 0) if latency else (err > 0), "offload": case.offload,

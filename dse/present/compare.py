@@ -1,7 +1,7 @@
 """``python -m dse.study compare``: one workload on several hardware presets, side by side.
 
-Each hardware is analyzed exactly as ``analyze`` does (same workload options, same
-parallel layout, offload, link and CPU-split handling), and the summaries are shown
+The design points (one per hardware, the same workload options) are one table through
+``evaluate`` with their explanations, exactly as ``analyze`` prices one, and the summaries are shown
 together: TTFT, TPOT, tokens/s (system, per user, per device), memory footprint per
 device against capacity, whether it fits, and what bounds the decode step. A design
 that does not fit is a row with ``fits`` False, not an error. ``--plot FILE.png``
@@ -19,29 +19,22 @@ COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_pe
            "decode_bound_share", "prefill_bound")
 
 
-def analyze_hardware(args, hardware: str, device=None):
-    """The Analysis of the workload of ``args`` (the ``analyze`` options) on ``hardware``."""
-    from dse.study.cli import analyze_from_args
-    return analyze_from_args(args, hardware, device)
-
-
-def compare(args) -> list[dict]:
-    """One row per hardware of ``args.hardware``: the analyze summary plus the bound of
-    the decode step and of the prefill. Every name is resolved before any analysis."""
-    from dse.present.report import step_bound
-    from hwmodels.presets import load_device
-    names = list(dict.fromkeys(args.hardware))
-    devices = {h: load_device(h) for h in names}     # unknown hardware: one error, before any work
+def compare_rows(ev) -> list[dict]:
+    """One row per design point of an evaluation (``explain`` for every point): the
+    analyze summary plus the bound of the decode step and of the prefill. A point
+    infeasible for a reason other than memory is a DseError naming its hardware."""
+    from dse.present.bottleneck import step_bound
+    from dse.system.analysis import summary_of
+    from dse.system.reasons import MEMORY_CODES
     rows = []
-    for h in names:
-        try:
-            res = analyze_hardware(args, h, devices[h])
-        except DseError as e:
-            raise DseError(f"hardware '{h}': {e}") from None
-        dec_bound, dec_share = step_bound(res.decode)
-        pre_bound, _ = step_bound(res.prefill)
-        rows.append({**res.summary, "hardware": res.summary["hardware"], "decode_bound": dec_bound,
-                     "decode_bound_share": dec_share, "prefill_bound": pre_bound, "source": h})
+    for i in range(len(ev)):
+        s = summary_of(ev, i)
+        if not ev.feasible[i] and int(ev.reason[i]) not in MEMORY_CODES:
+            raise DseError(f"hardware '{s['hardware']}': {s['why']}")
+        ex = ev.explained[i]
+        dec_bound, dec_share = step_bound(ex["decode"])
+        pre_bound, _ = step_bound(ex["prefill"])
+        rows.append({**s, "decode_bound": dec_bound, "decode_bound_share": dec_share, "prefill_bound": pre_bound})
     return rows
 
 
@@ -81,27 +74,31 @@ def table_text(rows: list[dict]) -> str:
     return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
 
 
-def run_compare(args) -> int:
-    """The ``compare`` command: print the table (or CSV / JSON) and draw ``--plot``."""
+def check_plot_path(plot: str | None):
+    """The ``--plot`` file as a Path (None without one); DseError before any work for a bad name."""
     from pathlib import Path
+    if plot is None:
+        return None
+    path = Path(plot)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise DseError(f"--plot {plot}: expected a .png, .svg or .pdf file name")
+    if not path.parent.is_dir():
+        raise DseError(f"--plot {plot}: no such folder {path.parent}")
+    return path
+
+
+def show(rows: list[dict], fmt: str, plot=None) -> None:
+    """Print the comparison as a table, CSV or JSON and draw it to ``plot`` if given."""
+    import sys
 
     from dse.present import display
-    path = Path(args.plot) if args.plot else None
-    if path is not None:           # a bad file name fails before any work
-        if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise DseError(f"--plot {args.plot}: expected a .png, .svg or .pdf file name")
-        if not path.parent.is_dir():
-            raise DseError(f"--plot {args.plot}: no such folder {path.parent}")
-    rows = compare(args)
-    if args.format == "json":
+    if fmt == "json":
         print(display.json_text(rows))
-    elif args.format == "csv":
+    elif fmt == "csv":
         print(display.csv_text(rows, list(COLUMNS)), end="")
     else:
         print(table_text(rows))
-    if path is not None:
+    if plot is not None:
         from dse.present.plots import compare_plot
-        compare_plot(path, rows)
-        import sys
-        print(f"plot: {path}", file=sys.stderr)
-    return 0
+        compare_plot(plot, rows)
+        print(f"plot: {plot}", file=sys.stderr)

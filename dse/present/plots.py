@@ -206,12 +206,13 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
 
 # --------------------------------------------------------------------------- roofline
 
-def roofline_plot(path: Path, analysis, device, title: str = "") -> dict:
+def roofline_plot(path: Path, analysis, title: str = "") -> dict:
     """Operators of the prefill and of a decode step by arithmetic intensity and attained
-    performance (ops / time of one instance), under the device's roofline: the memory
-    slope (ops/s = intensity x bandwidth) and the compute ceiling of each format used."""
+    performance (ops / time of one instance), under the design's roofline: the memory
+    slope (ops/s = intensity x ``analysis.memory_bandwidth``) and the compute ceiling of
+    each format used (the peak its operators ran at)."""
     fig, (ax,) = _figure(width=8.5, height=6.0)
-    bw = device.memory.bandwidth_bytes_per_s
+    bw = analysis.memory_bandwidth
     rows = []
     for stage, rs in (("prefill", analysis.prefill), ("decode", analysis.decode)):
         for r in rs:
@@ -225,10 +226,11 @@ def roofline_plot(path: Path, analysis, device, title: str = "") -> dict:
     integer = any(f in _INT_FORMATS for f in formats)
     unit = "TOPS" if integer else "TFLOPS"
     ceilings = {}
-    for f in formats:
-        peak = device.vector_ops_per_s if f == "vector" else device.peak_ops_per_s.get(f)
-        if peak:
-            ceilings[f] = float(peak)
+    for stage_rows in (analysis.prefill, analysis.decode):
+        for r in stage_rows:
+            f, peak = r["compute_format"], r.get("peak_ops_per_s")
+            if f in formats and r["place"] != "pim" and peak and math.isfinite(peak):
+                ceilings[f] = max(ceilings.get(f, 0.0), float(peak))
     pts = [r for r in rows if r["plotted"]]
     ais = np.array([r["arithmetic_intensity"] for r in pts], float)
     lo = min(ais.min() / 3 if len(ais) else 0.1, 0.1)
@@ -252,7 +254,7 @@ def roofline_plot(path: Path, analysis, device, title: str = "") -> dict:
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (ops/byte)")
     ax.set_ylabel(f"attained performance ({unit})")
-    ax.set_title(title or f"roofline of {device.name}")
+    ax.set_title(title or "roofline")
     ax.legend(loc="lower right", fontsize="x-small")
     _save(fig, path)
     return {"kind": "roofline", "x": "arithmetic_intensity", "y": "ops_per_s", "x_unit": "ops/byte",

@@ -1,10 +1,10 @@
 """The report of a study run: ``summary.md``, plots and ``plots.json``.
 
-:func:`write_report` reads ``results.parquet`` only as far as it needs (the columns it
-plots or ranks, never the whole table: a run may hold 10^6+ rows), finds the best
-feasible design per objective, re-analyzes those few designs operator by operator
-(``dse.system.analysis`` on ``device_for`` / ``scenario_for`` of their rows, with the efficiency
-model the sweep used) to name their bottleneck, and writes:
+:func:`write_report` reads what the run stored and recomputes no physics:
+``results.parquet`` only as far as it needs (the columns it plots or ranks, never the
+whole table: a run may hold 10^6+ rows) and ``best.json`` (the best feasible design per
+objective with its per-operator tables, written by the run; ``dse.explore.best``), from
+which it names bottlenecks, and writes:
 
 - ``summary.md``: the study, points evaluated, feasible and infeasible counts (by
   reason), the Pareto-front size, the best design per objective with its metrics and
@@ -29,10 +29,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from pathlib import Path
 
 import numpy as np
+
+from basis.errors import DseError
+from dse.explore.best import BEST_FILE
+from dse.explore.runio import ResultsFile
+from dse.system.analysis import Analysis
+from dse.present.bottleneck import bottleneck
+from dse.system.reasons import describe
 
 #: hardware figures a throughput objective is plotted against (when present, varying and not all NaN)
 HARDWARE_AXES = ("memory_bandwidth", "memory_capacity", "cost_usd")      # and every peak_<format>
@@ -40,180 +46,7 @@ HARDWARE_AXES = ("memory_bandwidth", "memory_capacity", "cost_usd")      # and e
 BACKGROUND_SAMPLE = 20_000
 SEED = 0
 
-_ATTENTION = ("qk_matmul", "softmax", "sv_matmul", "flash_attention")
-_COMM = ("moe_dispatch", "moe_combine", "pp_hop")
-
-
-# --------------------------------------------------------------------------- bottlenecks
-
-def op_group(name: str) -> str:
-    """The class an operator belongs to for naming bottlenecks: '*_proj', 'attention', ..."""
-    if name in _ATTENTION:
-        return "attention"
-    if "all_reduce" in name or name in _COMM:
-        return "communication"
-    if name.startswith("expert_") and name.endswith("_proj"):
-        return "expert *_proj"
-    if name.endswith("_proj"):
-        return "*_proj"
-    if name.endswith("_norm"):
-        return "*_norm"
-    return name
-
-
-def step_bound(rows: list[dict]) -> tuple[str, float]:
-    """(bound taking most of the step's time, its share of the step): 'memory', 0.93."""
-    by: dict[str, float] = {}
-    for r in rows:
-        by[r["bound"]] = by.get(r["bound"], 0.0) + r["total_time_s"]
-    total = sum(by.values())
-    if not by or total <= 0:
-        return "-", 0.0
-    b = max(by, key=by.get)
-    return b, by[b] / total
-
-
-def bottleneck(rows: list[dict]) -> dict:
-    """What limits one step (prefill or decode rows of ``dse.system.analysis``): the bound that
-    takes most time, and in it the operator class taking most time and what it waits
-    for (weight, KV-cache or activation bytes; a compute format; the link)."""
-    bound, bshare = step_bound(rows)
-    total = sum(r["total_time_s"] for r in rows)
-    if bound == "-":
-        return {"bound": "-", "bound_share": 0.0, "group": "-", "group_share": 0.0, "what": "-", "text": "-"}
-    groups: dict[str, list] = {}
-    for r in rows:
-        if r["bound"] == bound:
-            groups.setdefault(op_group(r["name"]), []).append(r)
-    group = max(groups, key=lambda g: sum(r["total_time_s"] for r in groups[g]))
-    rs = groups[group]
-    gshare = sum(r["total_time_s"] for r in rs) / total
-    if bound in ("memory", "offload"):
-        kinds = {"weight reads": sum(r["weight_bytes"] * r["count"] for r in rs),
-                 "KV-cache reads": sum(r["kv_bytes"] * r["count"] for r in rs),
-                 "activation traffic": sum(r["act_bytes"] * r["count"] for r in rs)}
-        what = max(kinds, key=kinds.get)
-        if bound == "offload":
-            what += " over the host link"
-    elif bound == "compute":
-        fmts: dict[str, float] = {}
-        for r in rs:
-            fmts[r["compute_format"]] = fmts.get(r["compute_format"], 0.0) + r["total_time_s"]
-        what = f"{max(fmts, key=fmts.get)} compute"
-    else:
-        what = "link transfers"
-    return {"bound": bound, "bound_share": bshare, "group": group, "group_share": gshare, "what": what,
-            "text": f"{bound}-bound ({100 * bshare:.0f} % of the step), {100 * gshare:.0f} % of the step "
-                    f"in {what} of {group}"}
-
-
-def analyze_row(row: dict, ideal: bool = False):
-    """(Analysis, Device) of one results row: the design point rebuilt from its parameters
-    and analyzed with the efficiency model the sweep's evaluator used."""
-    from dse.system.analysis import analyze
-    from dse.core.efficiency import choose
-    from dse.system.evaluator import device_for, scenario_for
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
-    device = device_for(row)
-    eff = choose(load_device(str(row["hardware"])), None, ideal)
-    offload = row.get("offload") or "none"
-    res = analyze(load_model(str(row["model"])), device, scenario_for(row), ideal=ideal, efficiency=eff,
-                  offload=str(offload), sparse=bool(row.get("sparse") or False))
-    return res, device
-
-
-# --------------------------------------------------------------------------- reading results
-
-class _Results:
-    """Lazy, column-wise access to a results.parquet file."""
-
-    def __init__(self, path: Path):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        self.path = path
-        schema = pq.read_schema(path)
-        strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-        self.file = pq.ParquetFile(path, read_dictionary=strings)   # names as categoricals: small, fast
-        self.schema = schema
-        self.names = list(schema.names)
-        self.rows = self.file.metadata.num_rows
-        sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.metadata.num_row_groups)]
-        self.starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-
-    def columns(self, cols: list[str]):
-        """A DataFrame of ``cols`` (names stored as categoricals), one row per point."""
-        cols = [c for c in dict.fromkeys(cols) if c in self.names]
-        return self.file.read(columns=cols).to_pandas(split_blocks=True, self_destruct=True)
-
-    def reasons(self) -> list[tuple[str, int]]:
-        """(reason class, points) of the infeasible points, most frequent first: the measured
-        value is dropped from constraint messages ('tpot_s 0.1055 > 0.1' -> 'tpot_s > 0.1');
-        a point failing several checks counts once under each."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        if "reason" not in self.names:
-            return []
-        counts: dict[str, int] = {}
-        distinct: dict[str, int] = {}
-        for chunk in self.file.read(columns=["reason"]).column(0).chunks:
-            if pa.types.is_dictionary(chunk.type):
-                idx = chunk.indices.to_numpy(zero_copy_only=False)
-                n = np.bincount(idx[idx >= 0] if chunk.null_count == 0 else idx[chunk.is_valid().to_numpy(
-                    zero_copy_only=False)], minlength=len(chunk.dictionary))
-                pairs = zip(chunk.dictionary.to_pylist(), n.tolist())
-            else:
-                pairs = ((d["values"], d["counts"]) for d in pc.value_counts(chunk).to_pylist())
-            for text, c in pairs:
-                if c:
-                    distinct[text] = distinct.get(text, 0) + c
-        for text, n in distinct.items():
-            if not text:
-                continue
-            for part in str(text).split("; "):
-                key = re.sub(r"^(\S+) \S+ ([<>]) ", r"\1 \2 ", part.strip())
-                counts[key] = counts.get(key, 0) + n
-        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-
-    def rows_at(self, positions) -> list[dict]:
-        """Full rows (every column) at row ``positions``, reading only their row groups."""
-        positions = [int(p) for p in positions]
-        out: dict[int, dict] = {}
-        groups = np.searchsorted(self.starts, positions, side="right") - 1
-        for g in sorted(set(groups.tolist())):
-            want = [p for p, gg in zip(positions, groups) if gg == g]
-            table = self.file.read_row_group(int(g)).take([p - int(self.starts[g]) for p in want])
-            for p, rec in zip(want, table.to_pylist()):
-                out[p] = rec
-        return [out[p] for p in positions]
-
-
 # --------------------------------------------------------------------------- the report
-
-def _best_positions(df, objectives: dict) -> dict[str, int | None]:
-    """Row position of the best feasible design per objective; ties broken by the other
-    objectives in study order (a minimal bandwidth with the most tokens/s, say)."""
-    feas = df["feasible"].to_numpy(bool)
-    vals = {k: df[k].to_numpy(dtype=float) for k in objectives if k in df}
-    best = {}
-    for k in objectives:
-        if k not in vals:
-            best[k] = None
-            continue
-        cand = feas & np.isfinite(vals[k])
-        for j in [k] + [o for o in objectives if o != k and o in vals]:
-            v = vals[j]
-            ok = cand & np.isfinite(v)
-            if not ok.any():
-                if j == k:
-                    break
-                continue
-            target = v[ok].max() if objectives[j] == "max" else v[ok].min()
-            cand = ok & (v == target)
-        idx = np.flatnonzero(cand)
-        best[k] = int(idx[0]) if len(idx) else None
-    return best
-
 
 def _spread(front_pos: np.ndarray, df, first: str | None, sense: str, k: int = 10) -> np.ndarray:
     """Up to ``k`` positions of the front, evenly spread along the first objective (best first)."""
@@ -263,7 +96,11 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     from dse.present.plots import THROUGHPUT, breakdown_plot, human, label_of, pareto_plot, roofline_plot, sweep_plot
 
     out = Path(out_dir)
-    res = _Results(out / "results.parquet")
+    res = ResultsFile(out / "results.parquet")
+    best_file = out / BEST_FILE
+    if not best_file.exists():
+        raise DseError(f"{out}: no {BEST_FILE} (the explained best designs); run the study again to write it")
+    stored = json.loads(best_file.read_text())
     if front is None and (out / "pareto.csv").exists():
         front = pd.read_csv(out / "pareto.csv")
     objectives = dict(spec.objectives or {})
@@ -299,15 +136,10 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     front_df = df.iloc[front_pos]
 
     # ---- best designs and their analyses
-    best = _best_positions(df, objectives)
-    uniq = list(dict.fromkeys(p for p in best.values() if p is not None))
-    full = dict(zip(uniq, res.rows_at(uniq))) if uniq else {}
-    analyses = {}
-    for p in uniq:
-        try:
-            analyses[p] = analyze_row(full[p], ideal=bool(spec.ideal))
-        except Exception as e:  # noqa: BLE001 — a report never fails on one design's re-analysis
-            analyses[p] = e
+    best = {k: stored["objectives"].get(k) for k in objectives}
+    full = {int(p): d["row"] for p, d in stored["designs"].items()}
+    analyses = {int(p): Analysis(d["prefill"], d["decode"], d["summary"], d["memory_bandwidth"] or float("nan"))
+                for p, d in stored["designs"].items()}
     first = next(iter(objectives), None)
 
     written: list[Path] = []
@@ -351,9 +183,8 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
 
     # ---- b. roofline of the best design of the first objective
     p0 = best.get(first) if first else None
-    if p0 is not None and not isinstance(analyses[p0], Exception):
-        an, dev = analyses[p0]
-        rec = roofline_plot(out / "roofline.png", an, dev,
+    if p0 is not None:
+        rec = roofline_plot(out / "roofline.png", analyses[p0],
                             title=f"{name}: best {first} ({key} {int(df['point'].iat[p0])}) on "
                                   f"{full[p0]['hardware']}")
         rec.update(point=int(df["point"].iat[p0]), id=key, objective=first)
@@ -363,7 +194,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     # ---- c. per-operator breakdown of the best designs
     designs, seen = [], {}
     for k, p in best.items():
-        if p is None or isinstance(analyses[p], Exception):
+        if p is None:
             continue
         if p in seen:
             seen[p]["label"] += f"\n& {k}"
@@ -371,7 +202,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         if len(designs) == 4:
             continue
         d = {"label": f"best {k}\n({key} {int(df['point'].iat[p])})", "point": int(df["point"].iat[p]),
-             "analysis": analyses[p][0], "objective": k}
+             "analysis": analyses[p], "objective": k}
         seen[p] = d
         designs.append(d)
     if designs:
@@ -462,7 +293,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     if reasons:
         lines += ["", "## Infeasible points by reason", "",
                   _md_table(["reason", "points", "share of all"],
-                            [[r, f"{c:,}", f"{100 * c / n:.1f} %"] for r, c in reasons[:8]])]
+                            [[describe(r), f"{c:,}", f"{100 * c / n:.1f} %"] for r, c in reasons[:8]])]
         if len(reasons) > 8:
             lines.append(f"\n… and {len(reasons) - 8} more reasons.")
     if objectives:
@@ -489,14 +320,10 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
             lines.append("")
             lines.append("Metrics: " + ", ".join(f"{m} {human(m, row[m])}" for m in _SUMMARY_METRICS
                                                   if m in row and row[m] is not None))
-            a = analyses[p]
+            an = analyses[p]
             lines.append("")
-            if isinstance(a, Exception):
-                lines.append(f"Bottleneck: not analyzed ({a}).")
-            else:
-                an = a[0]
-                lines.append(f"Bottleneck — decode: {bottleneck(an.decode)['text']}; "
-                             f"prefill: {bottleneck(an.prefill)['text']}.")
+            lines.append(f"Bottleneck — decode: {bottleneck(an.decode)['text']}; "
+                         f"prefill: {bottleneck(an.prefill)['text']}.")
     if len(front_pos):
         shown = _spread(np.asarray(front_pos), df, first, objectives.get(first, "max"))
         rows = res.rows_at(shown)

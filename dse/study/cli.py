@@ -97,64 +97,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parallel_layout(devices, tp, pp, ep=1) -> tuple[int, int]:
-    """(tp, pp) from --devices/--tp/--pp/--ep; DseError when they disagree."""
-    if tp is None and pp is None:
-        if devices is not None and devices % ep:
-            raise DseError(f"--devices {devices} is not a multiple of --ep {ep}")
-        return (devices or ep) // ep, 1
-    tp, pp = tp or 1, pp or 1
-    if devices is not None and tp * pp * ep != devices:
-        raise DseError(f"--devices {devices} must equal --tp {tp} x --pp {pp}" + (f" x --ep {ep}" if ep > 1 else ""))
-    return tp, pp
+#: command-line flags of the design-point columns, for messages in the words the user typed
+FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "--host-tier",
+         "prompt_len": "--prompt-len", "gen_len": "--gen-len", "flash_attention": "--flash-attention",
+         "devices": "--devices", "tp": "--tp", "pp": "--pp", "ep": "--ep", "offload": "--offload",
+         "sparse": "--sparse", "batch": "--batch", "link": "--link"}
 
 
-def analyze_from_args(args, hardware: str, device=None):
-    """The Analysis of the workload options of ``args`` on ``hardware`` (a preset name or
-    path; ``device`` if already loaded): link and host-tier overrides, CPU split, and the
-    chip layout of a spatial device when no layout is given."""
-    from dataclasses import replace
+def flagged(text: str) -> str:
+    """``text`` with column names written as the command-line flags that set them."""
+    import re
+    return re.sub(r"\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
-    from dse.system.analysis import analyze
-    from hwmodels.links import load_link
-    from hwmodels.placement import parse_policy
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
-    from workloads.scenario import Scenario
 
-    tp, pp = parallel_layout(args.devices, args.tp, args.pp, args.ep)
-    offload = parse_policy(args.offload)
-    model = load_model(args.model)
-    device = device or load_device(hardware)
-    if args.link:
-        device = replace(device, interconnect=load_link(args.link))
-    if args.host_tier:
-        from hwmodels.tiers import with_host_tier
-        device = with_host_tier(device, args.host_tier)
-    host_cpu = None
-    if args.cpu_layers:
-        name = args.host_cpu or device.host_cpu
-        host_cpu = load_device(name) if name else None
-        if host_cpu is not None and host_cpu.device_class != "cpu":
-            raise DseError(f"--host-cpu '{host_cpu.name}' is a {host_cpu.device_class}, not a cpu preset")
-    sc = Scenario.make(batch=1 if args.batch == "max" else args.batch, prompt_len=args.prompt_len,
-                       gen_len=args.gen_len, weights=args.weights, activations=args.activations, kv=args.kv,
-                       flash_attention=args.flash_attention, tp=tp, pp=pp, ep=args.ep)
-    chips = None
-    if device.device_class == "spatial" and args.devices is None and args.tp is None and args.pp is None:
-        from dse.system.layout import spatial_layout
-        chips, tp, pp = spatial_layout(model, sc, device)
-        sc = replace(sc, tp=tp, pp=pp)
-    return analyze(model, device, sc, batch_max=args.batch == "max", ideal=args.ideal, offload=offload,
-                   overlap=args.overlap, sparse=args.sparse, cpu_layers=args.cpu_layers, host_cpu=host_cpu,
-                   chips_required=chips)
+def point_columns(args, hardware) -> dict:
+    """The columns of the design point the workload options of ``args`` describe on ``hardware``."""
+    cols = {"model": args.model, "hardware": hardware, "batch": args.batch, "prompt_len": args.prompt_len,
+            "gen_len": args.gen_len, "weights": args.weights, "activations": args.activations, "kv": args.kv,
+            "flash_attention": args.flash_attention, "ep": args.ep, "offload": args.offload,
+            "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers}
+    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu"):
+        if getattr(args, k) is not None:
+            cols[k] = getattr(args, k)
+    return cols
 
 
 def cmd_analyze(args) -> int:
     from dse.present import display
-    from dse.system.analysis import ROW_KEYS
+    from dse.system.analysis import ROW_KEYS, analyze_point
+    from dse.system.reasons import MEMORY_CODES
 
-    res = analyze_from_args(args, args.hardware)
+    with cli_words():
+        res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
+    if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES:
+        raise DseError(flagged(ev.reason_text(0)))
     offload = args.offload
     if args.format == "json":
         print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
@@ -165,7 +141,7 @@ def cmd_analyze(args) -> int:
         print(display.csv_text([res.summary]), end="")
     else:
         print(_table_report(res, display))
-    if not res.summary["fits"]:
+    if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
         print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
               f"{', host_memory.capacity_bytes' if offload.strip().lower() != 'none' else ''}); allowed remedies: --offload greedy, "
@@ -218,7 +194,7 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from dse.study.studyfile import load_study
-    from dse.explore.sweep import run_study
+    from dse.explore.study import run_study
 
     data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
     name = str(data.get("name") or Path(args.study).stem)
@@ -259,8 +235,37 @@ def _markdown_section(text: str, heading: str) -> str:
 
 
 def cmd_compare(args) -> int:
-    from dse.present.compare import run_compare
-    return run_compare(args)
+    from dse.present.compare import check_plot_path, show
+    plot = check_plot_path(args.plot)
+    show(compare_from_args(args), args.format, plot)
+    return 0
+
+
+def compare_from_args(args) -> list[dict]:
+    """The rows of ``compare``: the workload of ``args`` on each of ``args.hardware``, one evaluation."""
+    import numpy as np
+
+    from dse.present.compare import compare_rows
+    from dse.system.evaluator import evaluate
+    names = list(dict.fromkeys(args.hardware))
+    with cli_words():
+        ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
+        rows = compare_rows(ev)
+    for r, h in zip(rows, names):
+        r["source"] = h
+    return rows
+
+
+class cli_words:
+    """Re-raise a DseError from the evaluator in the words of the command line (its flags)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if isinstance(e, DseError) and type(e) is DseError:
+            raise DseError(flagged(str(e).removeprefix("columns: "))) from None
+        return False
 
 
 def _first_sentence(text: str, limit: int = 110) -> str:

@@ -28,7 +28,7 @@ import yaml
 
 from basis.errors import DseError
 from dse.explore.space import DesignSpace
-from dse.explore.sweep import SweepSpec
+from dse.explore.spec import SweepSpec
 
 STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",

@@ -1,340 +1,643 @@
-"""Evaluate arrays of design points: hardware template x workload -> metrics.
+"""The one evaluator: columns of design points -> metrics, feasibility and explanations.
 
-Points come as columns (one array per parameter of ``dse.explore.space.PARAMS``; a missing
-workload parameter takes its default). Hardware columns start from the base preset
-named in ``hardware`` and override its figures. Points that share a workload (and
-base preset) are evaluated together by the vectorized kernel (``dse.core.roofline``), so
-the only Python loop is over distinct workloads, never over points.
+``evaluate(columns)`` is ``prepare(columns).run()``. ``prepare`` does everything that does
+not depend on the efficiency model, once: the hardware arrays of every point
+(``dse.system.hardware``), the parallel layout and the chip count of spatial systems,
+the largest batch that fits (``batch: max``), the operator tables of each distinct
+workload (``dse.system.workload``), where the footprint lives (``hwmodels.placement``)
+and every feasibility check. ``run`` prices the prepared points with the roofline kernel
+(``dse.core.roofline``) under an efficiency model and turns step times into serving
+metrics (``dse.core.metrics``). Calibration runs one plan under many efficiencies.
 
-Returns one array per metric (SI units), ``feasible`` and ``reason`` (why a point is
-infeasible: it does not fit, it cannot compute a format, its layout does not divide the
-model, it has no interconnect).
+Points are grouped by workload; each group is priced by one vectorized kernel call, so
+the only Python loop is over distinct workloads, never over points. One design point is
+a one-row table through the same code as a million.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from dse.core.efficiency import Efficiency, choose
 from basis.errors import DseError
-from dse.core.metrics import serving_metrics
-from dse.core.roofline import (_COL, PIM_ROLES, OpArrays, SystemArrays, decode_total_time, step_time,
-                          widen_peaks)
-from dse.explore.space import DEFAULTS, PARAMS
-from hwmodels.formats import COMPUTE_CLASSES, matmul_compute_class
-from hwmodels.placement import fits_within, greedy_fractions
-from hwmodels.presets import load_device
-from workloads import optable
-from workloads.footprint import footprint
-from workloads.model import load_model
-from workloads.scenario import Scenario
+from dse.core.efficiency import IDEAL, Efficiency, choose
+from dse.core.metrics import pipelined_prefill_s, serving_metrics, system_figures
+from dse.core.roofline import (_COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time,
+                               transfer_time)
+from dse.system import reasons as R
+from dse.system.columns import Columns, group
+from dse.system.hardware import HardwareArrays, assemble
+from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
+from dse.system.params import PARAMS
+from dse.system.workload import WorkloadTables, footprint_in_batch, resolve_model, tables
+from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
+from hwmodels.placement import fits_within, parse_policy, place
+from hwmodels.presets import DEVICE_CLASSES
 
+#: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",
-           "activation_bytes", "memory_bytes", "offloaded_bytes", "devices", "power_w", "cost_usd")
-
-#: workload columns that shape the operator tables
-_WORKLOAD_KEY = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "tp", "pp", "ep",
-                 "flash_attention", "offload", "sparse", "devices")
-
-
-def _raw(cols: dict, name: str):
-    """A column as given (scalar, array or pandas Categorical), or its default."""
-    return cols.get(name, DEFAULTS.get(name))
+           "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "devices", "power_w",
+           "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required")
+#: columns of the per-operator explanation (one row per operator of a step)
+EXPLAIN_KEYS = ("name", "count", "place", "compute_format", "ops", "weight_bytes", "act_bytes", "kv_bytes",
+                "memory_bytes", "comm_bytes", "arithmetic_intensity", "bound", "peak_ops_per_s", "time_s",
+                "total_time_s", "share")
+#: built-in checks whose violations are kept as numbers (<= 0: satisfied)
+CHECKS = ("memory", "support")
 
 
-def _array(cols: dict, name: str, n: int) -> np.ndarray:
-    """A numeric column as a float array of length ``n`` (NaN if absent without default)."""
-    v = _raw(cols, name)
-    if v is None:
-        return np.full(n, np.nan)
-    a = np.asarray(v, dtype=float)
-    return np.full(n, float(a)) if a.ndim == 0 else a
+# --------------------------------------------------------------------------- the result
+
+@dataclass
+class Evaluation:
+    """What ``evaluate`` returns: one entry per design point of every array.
+
+    ``result["tpot_s"]`` (any of METRICS), ``result["feasible"]``, ``result["reason"]`` (an
+    integer code, 0 when feasible; ``reason_keys[code]`` names it) and ``violations`` (one
+    array per check and per constraint, <= 0 when satisfied). ``explained`` holds the
+    per-operator tables of the points asked for (``explain``)."""
+
+    columns: Columns
+    metrics: dict
+    feasible: np.ndarray
+    reason: np.ndarray
+    violations: dict
+    reason_keys: tuple
+    efficiency: np.ndarray
+    efficiency_names: list
+    failed: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
+    details: list = field(default_factory=list)
+    explained: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.feasible)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name == "feasible":
+            return self.feasible
+        if name == "reason":
+            return self.reason
+        return self.metrics[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.metrics or name in ("feasible", "reason")
+
+    def keys(self):
+        return (*self.metrics, "feasible", "reason")
+
+    def reason_key(self, i: int) -> str:
+        return self.reason_keys[int(self.reason[i])]
+
+    def reason_labels(self):
+        """The reason of every point as a pandas Categorical of keys ('' when feasible)."""
+        import pandas as pd
+        codes = self.reason.astype(np.int64)
+        used = np.unique(codes)
+        cats = [self.reason_keys[c] for c in used]
+        return pd.Categorical.from_codes(np.searchsorted(used, codes), categories=cats)
+
+    def detail(self, i: int) -> str | None:
+        """The words of the check that failed at point ``i``, where the check gave some."""
+        for idx, text in self.details:
+            if np.any(idx == i):
+                return text
+        return None
+
+    def point(self, i: int) -> dict:
+        """Parameters (as given) and resolved layout of point ``i``."""
+        cols = self.columns
+        out = {}
+        for k in PARAMS:
+            v = cols.raw(k)
+            if v is None:
+                continue
+            v = v if np.ndim(v) == 0 and not hasattr(v, "codes") else np.asarray(v, dtype=object)[i]
+            out[k] = v.item() if hasattr(v, "item") else v
+        for k, (codes, names) in self.labels.items():
+            out[k + "_name"] = names[int(codes[i])]
+        m = self.metrics
+        given = {k: cols.numbers(k)[i] for k in ("devices", "tp", "pp")}
+        out.update({k + "_given": ("?" if np.isnan(v) else int(v)) for k, v in given.items()})
+        out.update(devices=int(m["devices"][i]), tp=int(m["tp_used"][i]), pp=int(m["pp_used"][i]),
+                   ep=int(cols.numbers("ep")[i]))
+        gb = {"memory_gb": "memory_bytes", "weights_gb": "weights_bytes", "kv_gb": "kv_cache_bytes",
+              "activations_gb": "activation_bytes", "capacity_gb": "capacity_bytes", "offloaded_gb": "offloaded_bytes"}
+        out.update({k: f"{m[v][i] / 1e9:.2f}" for k, v in gb.items()})
+        out["format"] = matmul_compute_class(get_format(str(out.get("activations", "fp16"))),
+                                             get_format(str(out.get("weights", "fp16"))))
+        return out
+
+    def reason_text(self, i: int) -> str:
+        """Why point ``i`` is infeasible, in words ('' when feasible)."""
+        return R.describe(self.reason_key(i), self.point(i), self.detail(i))
+
+    def efficiency_name(self, i: int) -> str:
+        return self.efficiency_names[int(self.efficiency[i])]
+
+    def to_frame(self):
+        """A pandas DataFrame: the parameters given, every metric, feasible and reason (keys)."""
+        import pandas as pd
+        df = pd.DataFrame(index=np.arange(len(self)))
+        for k, v in self.columns.given.items():
+            df[k] = v if np.ndim(v) or hasattr(v, "codes") else [v] * len(self) if not np.isscalar(v) else v
+        for k, v in self.metrics.items():
+            df[k] = v
+        df["feasible"] = self.feasible
+        df["reason"] = self.reason_labels()
+        return df
 
 
-def _codes(v, n: int) -> tuple[np.ndarray, list]:
-    """(code per point, distinct values) of a column of names."""
-    if np.ndim(v) == 0 and not hasattr(v, "codes"):
-        return np.zeros(n, dtype=np.int64), [v]
-    if hasattr(v, "codes"):
-        return np.asarray(v.codes, dtype=np.int64), list(v.categories)
-    import pandas as pd
-    inv, uniq = pd.factorize(np.asarray(v))
-    return inv, list(uniq)
+# --------------------------------------------------------------------------- the plan
+
+@dataclass
+class _Group:
+    """Points of one workload on one hardware class, ready for the kernel."""
+
+    index: np.ndarray             # positions of the points in the caller's order
+    tables: WorkloadTables | None
+    system: SystemArrays | None
+    device_class: str
+    cpu: dict | None = None       # CPU layer split: share, CPU system, hop bytes and host link
 
 
-def _at(v, i: int):
-    """Value of a column at point ``i``."""
-    return v if np.ndim(v) == 0 and not hasattr(v, "codes") else v[i]
+class Plan:
+    """Design points prepared for pricing: ``run(efficiency)`` evaluates them."""
+
+    def __init__(self, cols: Columns, hw: HardwareArrays, groups: list[_Group], base: dict, fails: dict,
+                 memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict):
+        self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
+        self.base, self.fails, self.memory_violation, self.details = base, fails, memory_violation, details
+        self.constraints = constraints or {}
+
+    @property
+    def size(self) -> int:
+        return self.columns.n
+
+    def run(self, *, efficiency=None, ideal: bool = False, explain=False) -> Evaluation:
+        """Price every point (see ``evaluate``)."""
+        n = self.size
+        out = {k: np.full(n, np.nan) for k in METRICS}
+        for k, v in self.base.items():
+            out[k] = v.copy()
+        eff_code = np.zeros(n, dtype=np.int64)
+        eff_names: list[str] = []
+        per_row = efficiency is not None and not isinstance(efficiency, Efficiency)
+        if per_row and len(efficiency) != n:
+            raise DseError(f"efficiency: expected one Efficiency or one per design point ({n}), got {len(efficiency)}")
+        want = _explain_set(explain, n)
+        explained = {}
+        for g in self.groups:
+            if g.tables is None:
+                continue
+            parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
+            for idx, e in parts:
+                eff = choose(g.device_class, e, ideal)
+                if eff.name not in eff_names:
+                    eff_names.append(eff.name)
+                eff_code[idx] = eff_names.index(eff.name)
+                sub = g if idx is g.index else _subgroup(g, idx)
+                metrics = _price(sub, eff, e, ideal)
+                for k, v in metrics.items():
+                    out[k][idx] = v
+                for j in np.flatnonzero(np.isin(idx, want)) if want is not None else ():
+                    explained[int(idx[j])] = _explain(sub, j, eff, e, ideal, self.hw, int(idx[j]))
+        fails = dict(self.fails)
+        violations = {"memory": self.memory_violation,
+                      "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
+                                        [np.zeros(n, bool)], axis=0).astype(float)}
+        keys = [r.key for r in R.REASONS] + [""] * (R.CONSTRAINT_BASE - len(R.REASONS))
+        for k, (metric, bound) in enumerate(_constraint_items(self.constraints)):
+            sense, limit = bound
+            v = out[metric]
+            with np.errstate(invalid="ignore"):
+                scale = abs(limit) if limit else 1.0
+                viol = (limit - v) / scale if sense == "min" else (v - limit) / scale
+            viol = np.where(np.isnan(viol), np.inf, viol)
+            violations[f"{metric}.{sense}"] = viol
+            fails[R.CONSTRAINT_BASE + k] = viol > 0
+            keys.append(R.constraint_key(metric, sense, limit))
+        reason = np.zeros(n, dtype=np.int16)
+        for code in sorted(fails):
+            reason = np.where((reason == 0) & fails[code], code, reason).astype(np.int16)
+        return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
+                          eff_names or ["ideal" if ideal else "default"], fails, self.labels, self.details, explained)
 
 
-def hardware_arrays(cols: dict, n: int):
-    """(SystemArrays at tp=1 without offload, base device per point, per-point extras) of
-    the hardware columns: the base presets with every override applied."""
-    inv, uniq = _codes(_raw(cols, "hardware"), n)
-    devices = [load_device(str(u)) for u in uniq]
-    raw = np.array([[d.peak_ops_per_s.get(c, 0.0) for c in COMPUTE_CLASSES] for d in devices])[inv]
-    for j, c in enumerate(COMPUTE_CLASSES):
-        if f"peak_{c}" in cols:
-            raw[:, j] = _array(cols, f"peak_{c}", n)
-    if "native_formats" in cols:
-        nat_inv, nat = _codes(cols["native_formats"], n)
-        allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for c in COMPUTE_CLASSES] for v in nat])
-        raw = np.where(allowed[nat_inv], raw, 0.0)
-    scale = _array(cols, "compute_scale", n) if "compute_scale" in cols else 1.0
-    vector = np.array([d.vector_ops_per_s for d in devices])[inv]
-    if "vector_ops_per_s" in cols:
-        vector = _array(cols, "vector_ops_per_s", n)
-    peak = widen_peaks(raw * np.reshape(scale, (-1, 1)) if np.ndim(scale) else raw, vector * scale)
-
-    def field(key, per_device, default=np.nan):
-        if key in cols:
-            return _array(cols, key, n)
-        return np.array([per_device(d) if per_device(d) is not None else default for d in devices], float)[inv]
-
-    bw = field("memory_bandwidth", lambda d: d.memory.bandwidth_bytes_per_s)
-    cap = field("memory_capacity", lambda d: d.memory.capacity_bytes)
-    link_bw = field("link_bandwidth", lambda d: d.interconnect.bandwidth_bytes_per_s if d.interconnect else None)
-    link_lat = field("link_latency", lambda d: d.interconnect.latency_s if d.interconnect else None, 0.0)
-    hl = field("host_link_bandwidth", lambda d: d.host_link.bandwidth_bytes_per_s if d.host_link else None)
-    hm = field("host_memory_bandwidth", lambda d: d.host_memory.bandwidth_bytes_per_s if d.host_memory else None,
-               np.inf)
-    extras = {
-        "host_capacity": field("host_memory_capacity", lambda d: d.host_memory.capacity_bytes if d.host_memory
-                               else None),
-        "buffer": field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes),
-        "tdp_w": field("tdp_w", lambda d: d.tdp_w),
-        "price_usd": field("price_usd", lambda d: d.price_usd),
-    }
-    pim_kw = {}
-    if any(d.pim for d in devices) or "pim_multiple" in cols or "pim_peak" in cols:
-        pim = np.zeros((len(devices), len(peak[0])))
-        for i, d in enumerate(devices):
-            if d.pim:
-                for c in COMPUTE_CLASSES:
-                    pim[i, _COL[c]] = d.pim.peak_for(c)
-        pim = pim[inv]
-        if "pim_peak" in cols:
-            p = _array(cols, "pim_peak", n)[:, None]
-            pim = np.where(pim > 0, p, 0.0) if any(d.pim for d in devices) else np.where(peak > 0, p, 0.0)
-        roles = np.array([[bool(d.pim) and r in d.pim.operators for r in PIM_ROLES] for d in devices])[inv]
-        if not any(d.pim for d in devices):
-            roles[:] = True
-        pim_kw = dict(pim_peak=pim, pim_multiple=field("pim_multiple", lambda d: d.pim.internal_bandwidth_multiple
-                                                       if d.pim else None, 1.0),
-                      pim_roles=roles,
-                      pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv])
-    sys = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(hl, hm), None, None, None, **pim_kw)
-    return sys, devices, inv, extras
+def _explain_set(explain, n: int):
+    if explain is False or explain is None:
+        return None
+    if explain is True:
+        return np.arange(n)
+    return np.asarray(list(explain), dtype=np.int64)
 
 
-@lru_cache(maxsize=4096)
-def _tables(model_name, batch, prompt_len, gen_len, weights, activations, kv, tp, pp, ep, flash, buffer):
-    """Operator arrays of one workload: (prefill, decode first step, decode slope, footprint, scenario)."""
-    m = load_model(model_name)
-    sc = Scenario.make(batch=int(batch), prompt_len=int(prompt_len), gen_len=int(gen_len), weights=weights,
-                       activations=activations, kv=kv, tp=int(tp), pp=int(pp), ep=int(ep), flash_attention=bool(flash))
-    micro = replace(sc, batch=sc.micro_batch)
-    pre = optable.prefill(m, micro, buffer)
-    dec = optable.decode_step(m, micro, sc.prompt_len, buffer)
-    d0, slope = optable.decode_linear(m, micro, sc.prompt_len + 1, buffer)
-    fp = footprint(m, sc, pre, dec)
-    return OpArrays.from_table(pre), OpArrays.from_table(d0), OpArrays.from_table(slope), fp, sc
+def _by_efficiency(index: np.ndarray, effs: Sequence):
+    """Split a group's points by their own Efficiency (per-row efficiencies)."""
+    keys: dict[int, list] = {}
+    for i in index:
+        keys.setdefault(id(effs[i]), []).append(i)
+    return [(np.array(v, dtype=np.int64), effs[v[0]]) for v in keys.values()]
 
 
-def _group(keys: list, n: int):
-    """(group of each point, first point of each group, point order sorted by group, group starts)."""
-    import pandas as pd
-    codes = np.zeros(n, dtype=np.int64)
-    for k in keys:
-        if np.ndim(k) == 0 and not hasattr(k, "codes"):
-            continue                          # a fixed parameter: one value for all points
-        inv, uniq = (np.asarray(k.codes), k.categories) if hasattr(k, "codes") else pd.factorize(k)
-        if len(uniq) > 1:
-            codes = codes * len(uniq) + inv
-    inv, uniq = pd.factorize(codes)
-    # a stable sort of small integers is a radix sort in numpy: O(n)
-    order = np.argsort(inv.astype(np.uint16) if len(uniq) < 2**16 else inv, kind="stable")
-    counts = np.bincount(inv, minlength=len(uniq))
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    first = order[starts[:-1]]
-    return first, order, starts
+def _subgroup(g: _Group, idx: np.ndarray) -> _Group:
+    pos = np.searchsorted(g.index, idx) if np.all(np.diff(g.index) > 0) else \
+        np.array([int(np.flatnonzero(g.index == i)[0]) for i in idx])
+    cpu = None if g.cpu is None else {**g.cpu, "system": g.cpu["system"].take(pos),
+                                      "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
+    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu)
 
 
-def evaluate(cols: dict, *, efficiency: Efficiency | None = None, ideal: bool = False) -> dict[str, np.ndarray]:
-    """Metrics, ``feasible`` and ``reason`` of every design point in ``cols`` (arrays of equal length)."""
-    unknown = set(cols) - set(PARAMS)
-    if unknown:
-        raise DseError(f"unknown parameter(s) {', '.join(sorted(unknown))}; allowed: {', '.join(PARAMS)}")
-    n = len(next(iter(v for v in cols.values() if np.ndim(v) > 0 or hasattr(v, "codes")), [0]))
-    for name in _codes(_raw(cols, "model"), n)[1]:
-        load_model(str(name))         # unknown model: one clear error before any work
-    # sort the points by workload once, so that every group is a contiguous slice (views, no copies)
-    hw_inv, hw_names = _codes(_raw(cols, "hardware"), n)
-    buffer = (_array(cols, "onchip_buffer_bytes", n) if "onchip_buffer_bytes" in cols else
-              np.array([load_device(str(h)).onchip_buffer_bytes for h in hw_names])[hw_inv])
-    _, order, starts = _group([_raw(cols, k) for k in _WORKLOAD_KEY] + [hw_inv, buffer], n)
-    cols = {k: (v if np.ndim(v) == 0 and not hasattr(v, "codes") else v[order]) for k, v in cols.items()}
-    sys, devices, hw_inv, extras = hardware_arrays(cols, n)
-    out = {k: np.full(n, np.nan) for k in METRICS}
-    feasible = np.ones(n, dtype=bool)
-    reason = np.full(n, "", dtype=object)
-    work = {k: _raw(cols, k) for k in _WORKLOAD_KEY}
-    buffer = extras["buffer"]
-    for g in range(len(starts) - 1):
-        i0 = starts[g]
-        idx = slice(starts[g], starts[g + 1])
-        device = devices[hw_inv[i0]]
-        w = {k: _at(work[k], i0) for k in _WORKLOAD_KEY}
-        try:
-            tp = _tp_of(w)
-            pre, d0, slope, fp, sc = _tables(str(w["model"]), int(w["batch"]), int(w["prompt_len"]),
-                                             int(w["gen_len"]), str(w["weights"]), str(w["activations"]),
-                                             str(w["kv"]), tp, int(w["pp"]), int(w["ep"]),
-                                             bool(w["flash_attention"]), float(buffer[i0]))
-        except DseError as e:
-            feasible[idx], reason[idx] = False, str(e)
-            continue
-        _evaluate_group(idx, sys, device, sc, pre, d0, slope, fp, w, extras, out, feasible, reason,
-                        choose(device, efficiency, ideal))
-    out["feasible"], out["reason"] = feasible, reason
-    unsorted = {}
-    for k, v in out.items():          # back to the caller's order
-        unsorted[k] = np.empty_like(v)
-        unsorted[k][order] = v
-    return unsorted
+def _constraint_items(constraints: dict):
+    for metric, bound in constraints.items():
+        for sense, limit in bound.items():
+            yield metric, (sense, float(limit))
 
 
-def _tp_of(w: dict) -> int:
-    """The tensor-parallel degree of a workload: ``tp``, or ``devices / (pp x ep)`` when
-    ``devices`` is given (DseError if it does not divide)."""
-    dev = w.get("devices")
-    if dev is None or (isinstance(dev, float) and np.isnan(dev)):
-        return int(w["tp"])
-    pp_ep = int(w["pp"]) * int(w["ep"])
-    if int(dev) % pp_ep:
-        raise DseError(f"devices {int(dev)} is not a multiple of pp x ep = {pp_ep}")
-    return int(dev) // pp_ep
+# --------------------------------------------------------------------------- pricing
+
+def _cpu_efficiency(given, ideal: bool) -> Efficiency:
+    return choose("cpu", given, ideal)
 
 
-def _evaluate_group(idx, sys_all, device, sc, pre, d0, slope, fp, w, extras, out, feasible, reason, eff):
-    """Evaluate the points ``idx`` (a slice of the sorted points) that share one workload,
-    writing into the (sorted) output arrays."""
-    sys = sys_all.take(idx)
-    offload = str(w["offload"])
-    cap = sys.capacity
-    size = sys.size
-    why = np.full(size, "", dtype=object)
-    if offload == "none":
-        off = None
-        host_bytes = np.zeros(size)
-        fits = fits_within(fp.total_bytes, cap)
-        why[~fits] = "does not fit in device memory"
-    elif offload == "greedy":
-        off = greedy_fractions(fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, cap)
-        host_bytes = fp.weights_bytes * off[:, 0] + fp.kv_cache_bytes * off[:, 2]
-        hcap = extras["host_capacity"][idx]
-        dev_part = fp.total_bytes - host_bytes
-        fits = fits_within(dev_part, cap) & fits_within(host_bytes * sc.devices, np.nan_to_num(hcap, nan=0.0))
-        why[~fits] = "does not fit in device and host memory"
-        hb = sys.host_bandwidth
-        no_host = ~np.isfinite(hb)
-        why[no_host & (host_bytes > 0)] = "no host link to offload to"
-        fits &= ~(no_host & (host_bytes > 0))
-    else:
-        raise DseError(f"offload '{offload}': allowed in a design space: none, greedy")
-    sys = replace(sys, tp=np.full(size, float(sc.tp)), offload=off,
-                  overlap=np.ones(size, dtype=bool))
-    if bool(w["sparse"]):             # the preset's sparse/dense ratios, as analyze uses them
-        gain = SystemArrays.from_devices([device], 1, sparse=True).sparse_gain
-        if gain is not None:
-            sys = replace(sys, sparse_gain=np.broadcast_to(gain, sys.peak.shape))
-    can = np.ones(size, dtype=bool)
-    for wanted in {matmul_compute_class(sc.activations, sc.weights), matmul_compute_class(sc.activations, sc.kv)}:
-        ok = sys.peak[:, _COL[wanted]] > 0
-        why[~ok] = f"cannot compute {wanted} nor a wider format"
-        can &= ok
-    if sc.devices > 1:
-        ok = np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)
-        why[~ok] = f"no interconnect for {sc.devices} devices"
-        can &= ok
-    if sc.flash_attention:
-        ok = extras["buffer"][idx] > 0
-        why[~ok] = "FlashAttention needs an on-chip buffer"
-        can &= ok
+def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
+    """Serving metrics of a group's points (arrays)."""
+    t, sys, sc = g.tables, g.system, g.tables.scenario
+    steps = np.full(sys.size, max(sc.gen_len - 1, 1), dtype=float)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ttft = step_time(pre, sys, eff) * (sc.micro_batches + sc.pp - 1) / sc.pp
-        steps = np.full(size, max(sc.gen_len - 1, 1), dtype=float)
-        dec = decode_total_time(d0, slope, steps, sys, eff)
-        metrics = serving_metrics(ttft, dec, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
-                                  overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
-    for k, v in metrics.items():
-        out[k][idx] = v
-    out["weights_bytes"][idx] = fp.weights_bytes
-    out["kv_cache_bytes"][idx] = fp.kv_cache_bytes
-    out["activation_bytes"][idx] = fp.activation_bytes
-    out["memory_bytes"][idx] = fp.total_bytes
-    out["offloaded_bytes"][idx] = host_bytes
-    out["devices"][idx] = sc.devices
-    out["power_w"][idx] = sc.devices * extras["tdp_w"][idx]
-    out["cost_usd"][idx] = sc.devices * extras["price_usd"][idx]
-    ok = fits & can
-    feasible[idx] = ok
-    reason[idx] = np.where(ok, "", why)
+        if g.cpu is None:
+            prefill = pipelined_prefill_s(step_time(t.prefill, sys, eff), sc.micro_batches, sc.pp)
+            decode = decode_total_time(t.decode_first, t.decode_slope, steps, sys, eff)
+        else:
+            c = g.cpu
+            ceff = _cpu_efficiency(given, ideal)
+            dev_pre, cpu_pre = _split_counts(t.prefill, t.layer_ops, c["share"])
+            dev_d0, cpu_d0 = _split_counts(t.decode_first, t.layer_ops, c["share"])
+            hop = [2 * transfer_time(b, c["host_bw"], c["host_lat"], eff) for b in (c["hop_prefill"], c["hop_decode"])]
+            prefill = (step_time(dev_pre, sys, eff) + step_time(cpu_pre, c["system"], ceff)
+                       - ceff.step_overhead_s + hop[0])
+            decode = (decode_total_time(dev_d0, t.decode_slope, steps, sys, eff)
+                      + decode_total_time(cpu_d0, t.decode_slope, steps, c["system"], ceff)
+                      - ceff.step_overhead_s * steps + hop[1] * steps)
+        return serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
+                               overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
 
 
-def device_for(params: dict):
-    """The Device of one design point: its base preset (``hardware``) with every hardware
-    override of ``params`` applied (what ``evaluate`` prices for that point)."""
-    from hwmodels.device import Link, MemoryTier, PimUnit
-    d = load_device(str(params["hardware"]))
-    scale = float(params.get("compute_scale", 1.0) or 1.0)
-    peaks = dict(d.peak_ops_per_s)
-    for c in COMPUTE_CLASSES:
-        v = params.get(f"peak_{c}")
-        if v is not None and not (isinstance(v, float) and np.isnan(v)):
-            peaks[c] = float(v)
-    if params.get("native_formats") is not None:
-        allowed = {f.strip() for f in str(params["native_formats"]).split(",")}
-        peaks = {c: v for c, v in peaks.items() if c in allowed}
-    peaks = {c: v * scale for c, v in peaks.items() if v > 0}
-    vector = float(params.get("vector_ops_per_s") or d.vector_ops_per_s) * scale
-
-    def num(key, default):
-        v = params.get(key)
-        return default if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
-    mem = MemoryTier(d.memory.name, num("memory_capacity", d.memory.capacity_bytes),
-                     num("memory_bandwidth", d.memory.bandwidth_bytes_per_s), d.memory.latency_s)
-    link = d.interconnect
-    if "link_bandwidth" in params or "link_latency" in params:
-        link = Link(link.name if link else "link", num("link_bandwidth", link.bandwidth_bytes_per_s if link else np.nan),
-                    num("link_latency", link.latency_s if link else 0.0))
-    host_link, host_mem = d.host_link, d.host_memory
-    if "host_link_bandwidth" in params:
-        host_link = Link(host_link.name if host_link else "host-link", num("host_link_bandwidth", 0.0),
-                         host_link.latency_s if host_link else 0.0)
-    if "host_memory_capacity" in params or "host_memory_bandwidth" in params:
-        host_mem = MemoryTier(host_mem.name if host_mem else "host-memory",
-                              num("host_memory_capacity", host_mem.capacity_bytes if host_mem else np.nan),
-                              num("host_memory_bandwidth", host_mem.bandwidth_bytes_per_s if host_mem else np.inf))
-    pim = d.pim
-    if "pim_multiple" in params or "pim_peak" in params:
-        base = pim or PimUnit({c: v for c, v in peaks.items()}, 1.0, ("attention", "gemv", "experts"))
-        pk = {c: num("pim_peak", v) for c, v in base.peak_ops_per_s.items()}
-        pim = PimUnit(pk, num("pim_multiple", base.internal_bandwidth_multiple), base.operators, base.concurrent)
-    return replace(d, peak_ops_per_s=peaks, vector_ops_per_s=vector,
-                   memory_tiers=(mem,) + tuple(d.memory_tiers[1:]),
-                   onchip_buffer_bytes=num("onchip_buffer_bytes", d.onchip_buffer_bytes),
-                   interconnect=link, host_link=host_link, host_memory=host_mem, pim=pim,
-                   tdp_w=num("tdp_w", d.tdp_w) if d.tdp_w or "tdp_w" in params else None,
-                   price_usd=num("price_usd", d.price_usd) if d.price_usd or "price_usd" in params else None)
+def _split_counts(op, layer_ops: np.ndarray, share: float):
+    """(accelerator part, CPU part) of a step when ``share`` of the layers run on the CPU:
+    per-layer operators split in proportion, the others stay on the accelerator."""
+    cpu = np.where(layer_ops, op.count * share, 0.0)
+    return replace(op, count=op.count - cpu), replace(op, count=cpu)
 
 
-def scenario_for(params: dict) -> Scenario:
-    """The Scenario of one design point's workload parameters."""
-    w = {k: params.get(k, DEFAULTS.get(k)) for k in _WORKLOAD_KEY}
-    return Scenario.make(batch=int(w["batch"]), prompt_len=int(w["prompt_len"]), gen_len=int(w["gen_len"]),
-                         weights=str(w["weights"]), activations=str(w["activations"]), kv=str(w["kv"]),
-                         tp=_tp_of(w), pp=int(w["pp"]), ep=int(w["ep"]), flash_attention=bool(w["flash_attention"]))
+def _explain(g: _Group, j: int, eff: Efficiency, given, ideal: bool, hw: HardwareArrays, point: int) -> dict:
+    """Per-operator rows of the prefill and of one decode step of the group's j-th point."""
+    t = g.tables
+    one = g.system.take(np.array([j]))
+    used = hw.used[point]
+    stages = {}
+    for stage, op, table in (("prefill", t.prefill, t.prefill_table), ("decode", t.decode, t.decode_table)):
+        if g.cpu is None:
+            stages[stage] = _rows(op, table, one, eff, used, "device", op.count)
+        else:
+            ceff = _cpu_efficiency(given, ideal)
+            cpu_sys = g.cpu["system"].take(np.array([j]))
+            dev, cpu = _split_counts(op, t.layer_ops, g.cpu["share"])
+            cpu_used = g.cpu["used"]
+            rows = (_rows(op, table, one, eff, used, "device", dev.count)
+                    + _rows(op, table, cpu_sys, ceff, cpu_used, "cpu", cpu.count))
+            stages[stage] = [r for r in rows if r["count"] > 0]
+    return {**stages, "memory_bandwidth": float(one.bandwidth[0])}
+
+
+def _rows(op, table, sys: SystemArrays, eff: Efficiency, used: np.ndarray, place_name: str, counts) -> list[dict]:
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return _rows_of(op, table, sys, eff, used, place_name, counts)
+
+
+def _rows_of(op, table, sys, eff, used, place_name, counts) -> list[dict]:
+    cost = op_costs(op, sys, eff)
+    total = cost.time_s[0] * counts
+    step = total.sum()
+    bound = cost.bound[0]
+    on_pim = cost.on_pim[0] if cost.on_pim is not None else np.zeros(len(op.ops), dtype=bool)
+    peak = sys.peak[0, op.peak_column]
+    if sys.sparse_gain is not None:
+        peak = peak * np.where(op.sparse_ok, sys.sparse_gain[0, op.peak_column], 1.0)
+    if sys.pim_peak is not None:
+        peak = np.where(on_pim, sys.pim_peak[0, op.peak_column], peak)
+    mem = op.memory_bytes
+    rows = []
+    for i, o in enumerate(table.operators):
+        col = int(op.peak_column[i])
+        fmt = PEAK_COLUMNS[col] if col >= len(COMPUTE_CLASSES) else (
+            COMPUTE_CLASSES[used[col]] if used[col] >= 0 else "-")
+        ai = op.ops[i] / mem[i] if mem[i] > 0 else (float("inf") if op.ops[i] > 0 else 0.0)
+        rows.append({
+            "name": o.name, "count": float(counts[i]), "place": "pim" if on_pim[i] else place_name,
+            "compute_format": {"none": "-"}.get(fmt, fmt), "ops": float(op.ops[i]),
+            "weight_bytes": float(op.weight_bytes[i]), "act_bytes": float(op.act_bytes[i]),
+            "kv_bytes": float(op.kv_bytes[i]), "memory_bytes": float(mem[i]), "comm_bytes": float(op.comm_bytes[i]),
+            "arithmetic_intensity": float(ai), "bound": str(bound[i]), "peak_ops_per_s": float(peak[i]),
+            "time_s": float(cost.time_s[0, i]), "total_time_s": float(total[i]),
+            "share": float(total[i] / step) if step > 0 else 0.0,
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- preparing
+
+def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "columns") -> Plan:
+    """Assemble, lay out, size and check every design point of ``columns`` (see the module
+    docstring); DseError for an unknown name or an invalid value, naming the column."""
+    cols = columns if isinstance(columns, Columns) else Columns(columns, where)
+    n = cols.n
+    hw = assemble(cols)
+    w = _workload_columns(cols, hw)
+    fails: dict[int, np.ndarray] = {}
+    details: list = []
+
+    def fail(code: str, mask, detail: str | None = None):
+        c = R.CODE[code]
+        fails[c] = fails.get(c, np.zeros(n, dtype=bool)) | mask
+        if detail and np.any(mask):
+            details.append((np.flatnonzero(mask), detail))
+
+    tp, pp, valid = parallel_layout(w["devices"], w["tp"], w["pp"], w["ep"])
+    fail("layout", ~valid)
+    sized = hw.spatial & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
+    chips = np.full(n, np.nan)
+    if sized.any():
+        _size_chips(w, hw, sized, tp, pp, chips, fail)
+    batch = w["batch"].copy()
+    if w["batch_max"].any():
+        _max_batch(w, hw, tp, pp, batch, fail)
+    cpu_layers = w["cpu_layers"]
+    devices = tp * pp * w["ep"]
+
+    key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
+           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, hw.host_cpu, hw.device_class]
+    inv, order, starts = group(key, n)
+    memory_violation = np.full(n, np.inf)
+    base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
+            "capacity_bytes": hw.system.capacity.copy(), **{k: np.full(n, np.nan) for k in (
+                "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes")}}
+    base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
+    groups = []
+    for g in range(len(starts) - 1):
+        idx = np.sort(order[starts[g]:starts[g + 1]])
+        i0 = idx[0]
+        model = w["models"][w["model"][i0]]
+        names = {k: str(w[k + "_names"][w[k][i0]]) for k in ("weights", "activations", "kv")}
+        if w["flash"][i0] and not hw.buffer[i0] > 0:
+            mask = np.zeros(n, dtype=bool)
+            mask[idx] = True
+            fail("onchip_buffer", mask)
+            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
+            continue
+        try:
+            t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), names["weights"],
+                       names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w["ep"][i0]),
+                       bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
+        except DseError as e:
+            mask = np.zeros(n, dtype=bool)
+            mask[idx] = True
+            fail("model_split", mask, str(e))
+            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
+            continue
+        groups.append(_check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation))
+    labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
+              "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""])}
+    return Plan(cols, hw, groups, base, fails, memory_violation, details, constraints, labels)
+
+
+def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
+    """Per-point workload arrays, every name resolved (DseError naming the column)."""
+    n = cols.n
+    w = {}
+    w["model"], raw_models = cols.labels("model")
+    models = []
+    for m in raw_models:
+        try:
+            models.append(resolve_model(m))
+        except DseError as e:
+            raise DseError(f"{cols.where}: model: {e}") from None
+    w["models"] = models
+    for k in ("weights", "activations", "kv"):
+        w[k], names = cols.labels(k)
+        for v in names:
+            try:
+                get_format(str(v), f"{k} format")
+            except DseError as e:
+                raise DseError(f"{cols.where}: {k}: {e}") from None
+        w[k + "_names"] = [get_format(str(v)).name for v in names]
+    codes, policies = cols.labels("offload")
+    parsed = []
+    for p in policies:
+        try:
+            parsed.append(parse_policy(p))
+        except DseError as e:
+            raise DseError(f"{cols.where}: {e}") from None
+    w["policy"], w["policies"] = codes, parsed
+    w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
+    w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
+    w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
+    w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), cols.flags("sparse"), cols.flags("overlap")
+    w["batch"], w["batch_max"] = cols.batch()
+    w["batch"] = np.where(w["batch_max"], 1.0, w["batch"])
+    for k in ("prompt", "gen", "ep"):
+        if np.any(w[k] < 1):
+            raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
+                           f"expected a positive integer")
+    return w
+
+
+def _host_capacity(w: dict, hw: HardwareArrays, policy, cpu_layers, index) -> np.ndarray:
+    """Bytes of host memory the points ``index`` may place data in: none without a host
+    tier, except that CPU layers live in the CPU's own memory when the device names no host memory."""
+    hcap = np.where(hw.has_host[index], hw.host_capacity[index], 0.0)
+    if np.any(cpu_layers > 0):
+        cpu_mem = np.array([c.memory.capacity_bytes for c in hw.cpus] + [0.0])[hw.host_cpu[index]]
+        own = np.nan_to_num(hw.host_capacity[index], nan=0.0)
+        hcap = np.where(cpu_layers > 0, np.where(own > 0, own, cpu_mem), hcap)
+    return hcap
+
+
+def _placement(policy, wb, ab, kvb, cap, devices, cpu_share=0.0, layer_w=0.0):
+    """Placement of per-device footprints: the offload policy, or under a CPU layer split
+    the CPU's layers' weights and KV cache in host memory (read there by the CPU itself)."""
+    if np.any(np.asarray(cpu_share) > 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fw = np.where(np.asarray(wb) > 0, layer_w * cpu_share / np.asarray(wb, dtype=float), 0.0)
+        return place({"weights": fw, "kv": cpu_share}, wb, ab, kvb, cap, 1)
+    return place(policy, wb, ab, kvb, cap, devices)
+
+
+def _size_chips(w: dict, hw: HardwareArrays, sized: np.ndarray, tp, pp, chips, fail) -> None:
+    """Chip count and (tp, pp) of the spatial points ``sized`` (in place)."""
+    idx_all = np.flatnonzero(sized)
+    key = [w[k][idx_all] for k in ("model", "batch", "prompt", "gen", "weights", "activations", "kv", "ep",
+                                   "flash")] + [np.where(w["flash"], hw.buffer, 0.0)[idx_all]]
+    inv, order, starts = group(key, len(idx_all))
+    for g in range(len(starts) - 1):
+        idx = idx_all[order[starts[g]:starts[g + 1]]]
+        i0 = idx[0]
+        model = w["models"][w["model"][i0]]
+        args = (int(w["batch"][i0]), int(w["prompt"][i0]), int(w["gen"][i0]),
+                *(w[k + "_names"][w[k][i0]] for k in ("weights", "activations", "kv")))
+        flash, buf = bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0
+        cap = hw.system.capacity[idx]
+        try:
+            need = chips_required(tables(model, *args, 1, 1, 1, flash, buf).footprint.total_bytes, cap)
+        except DseError as e:
+            mask = np.zeros(len(sized), dtype=bool)
+            mask[idx] = True
+            fail("model_split", mask, str(e))
+            continue
+        chips[idx] = need
+        left = np.ones(len(idx), dtype=bool)
+        for t_, p_ in chip_layouts(model):
+            ok = left & (t_ * p_ >= need)
+            if not ok.any():
+                continue
+            try:
+                total = tables(model, *args, t_, p_, int(w["ep"][i0]), flash, buf).footprint.total_bytes
+            except DseError:
+                continue
+            ok &= fits_within(total, cap)
+            tp[idx[ok]], pp[idx[ok]] = t_, p_
+            left &= ~ok
+            if not left.any():
+                break
+        mask = np.zeros(len(sized), dtype=bool)
+        mask[idx[left]] = True
+        fail("no_chip_layout", mask)
+
+
+def _max_batch(w: dict, hw: HardwareArrays, tp, pp, batch, fail) -> None:
+    """The largest batch that fits, for the points asking for it (in place); 1 (and
+    'does not fit') where even one sequence does not."""
+    idx_all = np.flatnonzero(w["batch_max"])
+    key = [w[k][idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "flash",
+                                   "policy", "cpu_layers")] + [tp[idx_all], pp[idx_all],
+                                                               np.where(w["flash"], hw.buffer, 0.0)[idx_all]]
+    inv, order, starts = group(key, len(idx_all))
+    for g in range(len(starts) - 1):
+        idx = idx_all[order[starts[g]:starts[g + 1]]]
+        i0 = idx[0]
+        model = w["models"][w["model"][i0]]
+        t_, p_, e_ = int(tp[i0]), int(pp[i0]), int(w["ep"][i0])
+        flash, buf = bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0
+        names = [w[k + "_names"][w[k][i0]] for k in ("weights", "activations", "kv")]
+        try:
+            fib = footprint_in_batch(model, int(w["prompt"][i0]), int(w["gen"][i0]), *names, t_, p_, e_, flash, buf)
+            layer_w = tables(model, 1, int(w["prompt"][i0]), int(w["gen"][i0]), *names, t_, p_, e_, flash,
+                             buf).layer_weight_bytes
+        except DseError:
+            continue                  # the layout does not divide the model: reported by the group check
+        policy = w["policies"][w["policy"][i0]]
+        share = w["cpu_layers"][i0] / model.num_layers
+        cap = hw.system.capacity[idx]
+        hcap = _host_capacity(w, hw, policy, w["cpu_layers"][idx], idx)
+
+        def fits(b):
+            wb, kvb, ab = fib.at(np.broadcast_to(b, cap.shape))
+            pl = _placement(policy, wb, ab, kvb, cap, t_ * p_ * e_, share, layer_w)
+            return pl.device_fits(cap) & pl.host_fits(hcap)
+
+        best = largest_fitting(fits)
+        batch[idx] = np.maximum(best, 1.0)
+
+
+def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0: int, fail, n: int, base: dict,
+                 memory_violation: np.ndarray) -> _Group:
+    """Placement and every feasibility check of one workload's points; the group ready to price."""
+    sc = t.scenario
+    fp = t.footprint
+    sys = hw.system.take(idx)
+    size = len(idx)
+    policy = w["policies"][w["policy"][i0]]
+    cpu_layers = int(w["cpu_layers"][i0])
+
+    def mark(code, bad, detail=None):
+        if np.any(bad):
+            mask = np.zeros(n, dtype=bool)
+            mask[idx[np.broadcast_to(bad, (size,))]] = True
+            fail(code, mask, detail)
+
+    share = cpu_layers / model.num_layers
+    cpu = None
+    if cpu_layers:
+        why = None
+        if cpu_layers > model.num_layers:
+            why = f"cpu_layers must be between 1 and the model's {model.num_layers} layers, got {cpu_layers}"
+        elif policy != "none" or sc.devices > 1:
+            why = "cpu_layers works on one device without offload"
+        elif hw.host_cpu[i0] < 0:
+            why = (f"cpu_layers needs a host CPU: hardware '{hw.names[hw.name[i0]]}' names no host_cpu; "
+                   f"give host_cpu (a cpu preset)")
+        if why:
+            mark("cpu_split", np.ones(size, dtype=bool), why)
+            share = 0.0
+    cap = sys.capacity
+    hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx)
+    pl = _placement(policy, fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, cap, sc.devices, share,
+                    t.layer_weight_bytes)
+    dev_ok, host_ok = pl.device_fits(cap), pl.host_fits(hcap)
+    no_host = (pl.host_bytes > 0) & ~hw.has_host[idx] & (share == 0)
+    mark("no_host_tier", no_host)
+    mark("device_memory", ~dev_ok)
+    mark("host_memory", dev_ok & ~host_ok & ~no_host)
+    memory_violation[idx] = pl.memory_violation(cap, hcap)
+
+    wanted = {matmul_compute_class(sc.activations, sc.weights), matmul_compute_class(sc.activations, sc.kv)}
+    for c in sorted(wanted):
+        mark("format", ~(sys.peak[:, _COL[c]] > 0), None)
+    weight_class = matmul_compute_class(sc.activations, sc.weights)
+    if w["sparse"][i0]:
+        gain = hw.sparse_ratio[idx]
+        mark("sparse", ~(gain[:, _COL[weight_class]] > 1))
+        sys = replace(sys, sparse_gain=gain)
+    if sc.devices > 1:
+        mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
+    if sc.flash_attention:
+        mark("onchip_buffer", ~(hw.buffer[idx] > 0))
+
+    offload = None
+    if share == 0 and np.any(pl.fractions > 0):
+        offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
+    sys = replace(sys, tp=np.full(size, float(sc.tp)), offload=offload,
+                  overlap=w["overlap"][idx].copy())
+    if share:
+        cpu_hw = assemble(Columns({"hardware": hw.cpus[hw.host_cpu[i0]], "model": ""}))
+        cpu_sys, cpu_used = cpu_hw.system.take(np.zeros(size, dtype=np.int64)), cpu_hw.used[0]
+        for c in sorted(wanted):
+            mark("format", ~(cpu_sys.peak[:, _COL[c]] > 0))
+        per_token = model.hidden_size * sc.activations.bytes
+        cpu = {"share": share, "system": cpu_sys, "used": cpu_used, "hop_prefill": t.prefill_table.tokens * per_token,
+               "hop_decode": t.decode_table.tokens * per_token, "host_bw": hw.host_link_bandwidth[idx], "host_lat": hw.host_link_latency[idx]}
+        no_link = ~(np.isfinite(cpu["host_bw"]) & (cpu["host_bw"] > 0))
+        mark("cpu_split", no_link, f"hardware '{hw.names[hw.name[i0]]}' names no host_link for a CPU layer split")
+    base["weights_bytes"][idx] = fp.weights_bytes
+    base["kv_cache_bytes"][idx] = fp.kv_cache_bytes
+    base["activation_bytes"][idx] = fp.activation_bytes
+    base["memory_bytes"][idx] = fp.total_bytes
+    base["offloaded_bytes"][idx] = pl.host_bytes
+    return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu)
+
+
+def evaluate(columns: Mapping, *, ideal: bool = False, explain=False, efficiency=None,
+             constraints: dict | None = None) -> Evaluation:
+    """Evaluate design points given as columns (one entry per point; scalars broadcast).
+
+    ``efficiency``: an Efficiency for every point, one per point, or None (each point's
+    hardware class default; ``ideal`` the pure roofline bound). ``explain``: True for
+    every point, or the indices of the points whose per-operator tables to keep.
+    ``constraints``: {metric: {'min': x, 'max': y}} checked on top of the built-in checks.
+    Returns an ``Evaluation``."""
+    return prepare(columns, constraints=constraints).run(efficiency=efficiency, ideal=ideal, explain=explain)
+
+
+__all__ = ["evaluate", "prepare", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]

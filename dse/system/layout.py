@@ -1,32 +1,38 @@
-"""Chip count and parallel layout of a spatial (LPU-style) system.
+"""Parallel layout of a design point: devices = tp x pp x ep, and the chip count of a
+spatial (LPU-style) system sized from capacity.
 
-A spatial device is one chip whose first memory tier (on-chip SRAM, or HBM for
-SN40L-like parts) holds a share of the weights, KV cache and activations. The
-system needs ``ceil(footprint / capacity per chip)`` chips; layers are pipelined
-over chips (``pp`` stages, a divisor of the layer count) with tensor parallelism
-inside a stage (``tp`` dividing the heads), and the layout used is the smallest
-``tp x pp`` whose per-chip share fits.
+- ``tp``, ``pp`` and ``devices`` left out (NaN) mean "not given". With ``devices`` alone
+  all of them are tensor parallel (tp = devices / ep); with ``devices`` and one of
+  ``tp``/``pp`` the other follows; all three given must agree; with none, tp = pp = 1.
+- A spatial device with none of them given is one chip whose first memory tier holds
+  its share of the model: the system needs ``ceil(footprint / capacity per chip)``
+  chips; layers are pipelined over chips (``pp`` dividing the layer count) with tensor
+  parallelism inside a stage (``tp`` dividing the heads), and the layout used is the
+  smallest ``tp x pp`` whose per-chip share fits.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+import numpy as np
 
-from dse.system.analysis import compute_footprint
-from basis.errors import DseError
-from hwmodels.device import Device
 from workloads.model import ModelSpec
-from workloads.scenario import Scenario
 
 
-def chips_required(model: ModelSpec, sc: Scenario, device: Device) -> int:
-    """ceil(bytes of weights, KV cache and activations on one chip's worth of model /
-    capacity of the chip's first memory tier)."""
-    fp = compute_footprint(model, replace(sc, tp=1, pp=1, ep=1), device)
-    return max(1, math.ceil(fp.total_bytes / device.memory.capacity_bytes))
+def parallel_layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tp, pp, valid) per point from the given ``devices``, ``tp``, ``pp`` (NaN: not given)
+    and ``ep``; invalid points (devices that the others do not divide or match) get tp = pp = 1."""
+    devices, tp, pp, ep = (np.asarray(x, dtype=float) for x in (devices, tp, pp, ep))
+    has_d, has_t, has_p = ~np.isnan(devices), ~np.isnan(tp), ~np.isnan(pp)
+    t = np.where(has_t, tp, 1.0)
+    p = np.where(has_p, pp, 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(has_d & ~has_t, devices / (p * ep), t)                 # devices (and pp): tp follows
+        p = np.where(has_d & has_t & ~has_p, devices / (t * ep), p)         # devices and tp: pp follows
+    valid = ~has_d | ((t * p * ep == devices) & (t == np.round(t)) & (p == np.round(p)) & (t >= 1) & (p >= 1))
+    return np.where(valid, t, 1.0), np.where(valid, p, 1.0), valid
 
 
-def _valid_tp(model: ModelSpec) -> list[int]:
+def tensor_parallel_degrees(model: ModelSpec) -> list[int]:
+    """Tensor-parallel degrees that divide the model's heads (and KV heads, and expert width)."""
     out = []
     for t in range(1, model.num_heads + 1):
         if model.num_heads % t:
@@ -39,16 +45,29 @@ def _valid_tp(model: ModelSpec) -> list[int]:
     return out
 
 
-def spatial_layout(model: ModelSpec, sc: Scenario, device: Device) -> tuple[int, int, int]:
-    """(chips required by capacity, tp, pp) of the smallest layout whose per-chip share
-    fits; DseError if none does."""
-    need = chips_required(model, sc, device)
+def chip_layouts(model: ModelSpec) -> list[tuple[int, int]]:
+    """Every (tp, pp) of a spatial system, smallest chip count first (ties: less tp)."""
     pps = [p for p in range(1, model.num_layers + 1) if model.num_layers % p == 0]
-    layouts = sorted(((t, p) for t in _valid_tp(model) for p in pps if t * p >= need),
-                     key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[0]))
-    cap = device.memory.capacity_bytes
-    for t, p in layouts:
-        if compute_footprint(model, replace(sc, tp=t, pp=p), device).total_bytes <= cap:
-            return need, t, p
-    raise DseError(f"model '{model.name}' does not fit on any layout of '{device.name}' chips "
-                   f"(at most {max(_valid_tp(model))} x {model.num_layers} chips of {cap / 1e6:.0f} MB)")
+    return sorted(((t, p) for t in tensor_parallel_degrees(model) for p in pps), key=lambda tp: (tp[0] * tp[1], tp[0]))
+
+
+def chips_required(footprint_one_chip, capacity) -> np.ndarray:
+    """ceil(bytes of the whole model's footprint / capacity of one chip), at least 1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.maximum(1.0, np.ceil(np.asarray(footprint_one_chip, float) / np.asarray(capacity, float)))
+
+
+def largest_fitting(fits, limit: int = 1 << 20) -> np.ndarray:
+    """The largest b in [1, limit] with ``fits(b)`` per point (0 where even 1 does not fit),
+    by bisection on arrays; ``fits`` maps an array of candidates to a bool array and must
+    be monotone (what fits at b fits below b)."""
+    ok1 = np.asarray(fits(np.ones(1)), dtype=bool)
+    lo = np.where(ok1, 1.0, 0.0)
+    hi = np.where(ok1, float(limit + 1), 1.0)
+    while np.any(hi - lo > 1):
+        active = hi - lo > 1
+        mid = np.where(active, np.floor((lo + hi) / 2), np.maximum(lo, 1.0))
+        ok = np.asarray(fits(mid), dtype=bool)
+        lo = np.where(active & ok, mid, lo)
+        hi = np.where(active & ~ok, mid, hi)
+    return lo

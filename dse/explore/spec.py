@@ -1,0 +1,110 @@
+"""What a study asks for: the design space, the method, objectives and constraints."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.explore.space import PARAMS, DesignSpace
+from dse.system.evaluator import METRICS
+
+SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc")
+METHODS = ("grid", "random", "sobol", "optuna")
+
+
+@dataclass
+class SweepSpec:
+    """What to sweep and how.
+
+    objectives: {name: 'min'|'max'} over metrics or parameters.
+    constraints: {metric: {'min': x} | {'max': x}} on top of fitting in memory.
+    """
+
+    space: DesignSpace
+    method: str = "grid"
+    samples: int | None = None
+    seed: int = 0
+    objectives: dict = field(default_factory=dict)
+    constraints: dict = field(default_factory=dict)
+    chunk_size: int = 250_000
+    max_points: int = 10_000_000
+    ideal: bool = False
+    where: str = "study"
+    sampler: str = "nsga2"
+    trials: int | None = None
+    population: int | None = None
+
+    def __post_init__(self):
+        where = self.where
+        if self.method not in METHODS:
+            raise DseError(f"{where}: method: '{self.method}' is not one of {', '.join(METHODS)}")
+        if self.method in ("random", "sobol") and (not isinstance(self.samples, int) or self.samples < 1):
+            raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
+        if self.method == "optuna":
+            if self.sampler not in SAMPLERS:
+                raise DseError(f"{where}: sampler: '{self.sampler}' is not one of {', '.join(SAMPLERS)}")
+            if not isinstance(self.trials, int) or self.trials < 1:
+                raise DseError(f"{where}: trials: an optuna study needs a positive number of trials")
+            if self.population is not None and (not isinstance(self.population, int) or self.population < 2):
+                raise DseError(f"{where}: population: expected an integer >= 2, got {self.population!r}")
+            if not self.objectives:
+                raise DseError(f"{where}: objectives: an optuna study needs at least one objective")
+        names = set(METRICS) | set(PARAMS) | {"feasible"}
+        for k, sense in self.objectives.items():
+            if k not in names:
+                raise DseError(f"{where}: objectives.{k}: unknown metric or parameter; allowed: "
+                               f"{', '.join(METRICS)} or a parameter")
+            if sense not in ("min", "max"):
+                raise DseError(f"{where}: objectives.{k}: expected min or max, got {sense!r}")
+        for k, bound in self.constraints.items():
+            if k not in METRICS:
+                raise DseError(f"{where}: constraints.{k}: unknown metric; allowed: {', '.join(METRICS)}")
+            if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
+                raise DseError(f"{where}: constraints.{k}: expected {{min: x}} and/or {{max: x}}, got {bound!r}")
+            for s, v in list(bound.items()):
+                try:
+                    bound[s] = float(v) if not isinstance(v, bool) else None
+                except (TypeError, ValueError):
+                    bound[s] = None
+                if bound[s] is None:
+                    raise DseError(f"{where}: constraints.{k}.{s}: expected a number, got {v!r}")
+            if "min" in bound and "max" in bound and bound["min"] > bound["max"]:
+                raise DseError(f"{where}: constraints.{k}: contradictory, min {bound['min']} > max {bound['max']}")
+        if self.points > self.max_points:
+            raise DseError(f"{where}: the space has {self.points:,} points, more than max_points "
+                           f"{self.max_points:,}; narrow it or raise max_points")
+
+    @property
+    def points(self) -> int:
+        if self.method == "optuna":
+            return int(self.trials)
+        return self.space.grid_size if self.method == "grid" else int(self.samples)
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.points // self.chunk_size)
+
+    def fingerprint(self) -> str:
+        return json.dumps({"space": self.space.fingerprint(), "method": self.method, "samples": self.samples,
+                           "seed": self.seed, "chunk_size": self.chunk_size, "ideal": self.ideal,
+                           "constraints": self.constraints, "sampler": self.sampler,
+                           "objectives": self.objectives, "population": self.population}, sort_keys=True)
+
+    def chunk_columns(self, k: int) -> dict[str, np.ndarray]:
+        """Parameter columns of chunk ``k`` (deterministic: the same chunk always has the same points)."""
+        start = k * self.chunk_size
+        stop = min(start + self.chunk_size, self.points)
+        if self.method == "grid":
+            return self.space.grid_chunk(start, stop)
+        d = len(self.space.axes)
+        if self.method == "random":
+            unit = np.random.default_rng([self.seed, k]).random((stop - start, d))
+        else:
+            from scipy.stats import qmc
+            sob = qmc.Sobol(d, scramble=True, seed=self.seed)
+            if start:
+                sob.fast_forward(start)
+            unit = sob.random(stop - start)
+        return self.space.sample_chunk(unit)

@@ -1,0 +1,195 @@
+"""Design points as columns: one entry per point, scalars broadcast.
+
+A column is a scalar (the same for every point), a numpy array, a list or a pandas
+Categorical (how sweeps pass names: cheap to group). Names may also be objects (a
+``Device`` for ``hardware``, a ``ModelSpec`` for ``model``). Every numeric entry must be
+finite and in range; every name is checked by whoever resolves it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.system.params import BATCH_MAX, DEFAULTS, PARAMS, ZERO_ALLOWED
+
+
+def _is_array(v) -> bool:
+    return hasattr(v, "codes") or (np.ndim(v) > 0 and not isinstance(v, (str, bytes)))
+
+
+class Columns:
+    """Validated columns of ``n`` design points (see the module docstring)."""
+
+    def __init__(self, columns: Mapping, where: str = "columns"):
+        if not isinstance(columns, Mapping):
+            raise DseError(f"{where}: expected a mapping of parameter names to values or arrays")
+        unknown = sorted(set(columns) - set(PARAMS))
+        if unknown:
+            raise DseError(f"{where}: unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(PARAMS)}")
+        for key in ("hardware", "model"):
+            if key not in columns:
+                raise DseError(f"{where}: '{key}' is required")
+        self.where = where
+        cols = {}
+        n = None
+        for k, v in columns.items():
+            if isinstance(v, (list, tuple)):
+                v = np.array(v, dtype=object) if any(isinstance(x, (str, bool)) or not np.isscalar(x) for x in v) \
+                    else np.asarray(v)
+            if _is_array(v):
+                m = len(v)
+                if n is not None and m != n:
+                    raise DseError(f"{where}: column '{k}' has {m} entries, others have {n}")
+                n = m
+            cols[k] = v
+        self.n = 1 if n is None else n
+        self.given = cols
+        if self.n == 0:
+            raise DseError(f"{where}: no design points (empty columns)")
+        for k, v in cols.items():
+            if PARAMS[k] in (int, float) and k != "batch":
+                self.numbers(k)       # range check of every numeric column before any work
+
+    def has(self, name: str) -> bool:
+        """True when the column was given (not left to its default)."""
+        return name in self.given
+
+    def raw(self, name: str):
+        """The column as given, or its default (None if it has none)."""
+        return self.given.get(name, DEFAULTS.get(name))
+
+    def is_fixed(self, name: str) -> bool:
+        return not _is_array(self.raw(name))
+
+    def numbers(self, name: str) -> np.ndarray:
+        """A numeric column as a float array of length n (NaN where not given); DseError
+        naming the column for a non-number, a non-finite or an out-of-range entry."""
+        v = self.raw(name)
+        if v is None:
+            return np.full(self.n, np.nan)
+        try:
+            a = np.asarray(v, dtype=float)
+        except (TypeError, ValueError):
+            raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
+        if a.ndim == 0:
+            a = np.full(self.n, float(a))
+        bad = ~np.isfinite(a)
+        kind = PARAMS[name]
+        if kind is int:
+            low = 0 if name in ZERO_ALLOWED else 1
+            bad |= (a != np.round(a)) | (a < low)
+            allowed = "a non-negative integer" if low == 0 else "a positive integer"
+        else:
+            bad |= a < 0
+            allowed = "a finite number >= 0"
+        if bad.any():
+            raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]]!r}")
+        return a
+
+    def flags(self, name: str) -> np.ndarray:
+        """A boolean column as a bool array of length n; DseError for anything else."""
+        v = self.raw(name)
+        a = np.asarray(v)
+        if a.dtype != bool:
+            if a.dtype == object and all(isinstance(x, (bool, np.bool_)) for x in np.ravel(a)):
+                a = a.astype(bool)
+            else:
+                raise DseError(f"{self.where}: {name}: expected true or false, got {_sample(v)!r}")
+        return np.full(self.n, bool(a)) if a.ndim == 0 else a
+
+    def batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """(batch per point, NaN where 'max'; True where 'max')."""
+        v = self.raw("batch")
+        if isinstance(v, str):
+            if v != BATCH_MAX:
+                raise DseError(f"{self.where}: batch: expected a positive integer or '{BATCH_MAX}', got {v!r}")
+            return np.full(self.n, np.nan), np.ones(self.n, dtype=bool)
+        if hasattr(v, "codes"):
+            v = np.asarray(v, dtype=object)
+        a = np.asarray(v)
+        if a.dtype.kind in "OUS":
+            is_max = np.array([x == BATCH_MAX for x in np.ravel(a)], dtype=bool).reshape(a.shape)
+            rest = np.where(is_max, 1, a)
+            try:
+                nums = np.asarray(rest, dtype=float)
+            except (TypeError, ValueError):
+                raise DseError(f"{self.where}: batch: expected positive integers or '{BATCH_MAX}', "
+                               f"got {_sample(v)!r}") from None
+        else:
+            is_max, nums = np.zeros(a.shape, dtype=bool), a.astype(float)
+        nums = np.full(self.n, float(nums)) if nums.ndim == 0 else nums
+        is_max = np.full(self.n, bool(is_max)) if np.ndim(is_max) == 0 else is_max
+        bad = ~is_max & (~np.isfinite(nums) | (nums < 1) | (nums != np.round(nums)))
+        if bad.any():
+            raise DseError(f"{self.where}: batch: expected a positive integer or '{BATCH_MAX}', "
+                           f"got {nums[np.flatnonzero(bad)[0]]!r}")
+        return np.where(is_max, np.nan, nums), is_max
+
+    def labels(self, name: str) -> tuple[np.ndarray, list]:
+        """(code per point, distinct values) of a column of names or objects."""
+        return factorize(self.raw(name), self.n)
+
+
+def factorize(v, n: int) -> tuple[np.ndarray, list]:
+    """(code per point, distinct values) of a scalar, array or Categorical of names or objects
+    (objects that are not strings are told apart by identity)."""
+    if not _is_array(v):
+        return np.zeros(n, dtype=np.int64), [v]
+    if hasattr(v, "codes"):
+        codes = np.asarray(v.codes, dtype=np.int64)
+        if (codes < 0).any():
+            raise DseError("a column of names has missing entries")
+        return codes, list(v.categories)
+    a = np.asarray(v)
+    if a.dtype.kind in "USb" or (a.dtype == object and all(isinstance(x, str) for x in a[:64])
+                                 and all(isinstance(x, str) for x in a)):
+        uniq, codes = np.unique(a.astype(str), return_inverse=True)
+        return codes.astype(np.int64).ravel(), [str(u) for u in uniq]
+    keys, uniq, codes = {}, [], np.empty(len(a), dtype=np.int64)
+    for i, x in enumerate(a):
+        k = x if isinstance(x, (str, bool, int, float)) else ("id", id(x))
+        if k not in keys:
+            keys[k] = len(uniq)
+            uniq.append(x)
+        codes[i] = keys[k]
+    return codes, uniq
+
+
+def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group points by the combination of ``keys`` (integer code arrays or scalars):
+    (group of each point, point order sorted by group, start of each group in that order).
+    A stable sort of small integers is a radix sort in numpy: O(n)."""
+    codes = np.zeros(n, dtype=np.int64)
+    for k in keys:
+        if np.ndim(k) == 0:
+            continue
+        k = np.asarray(k)
+        if k.dtype.kind == "f":
+            _, k = np.unique(k, return_inverse=True)
+        m = int(k.max()) + 1 if len(k) else 1
+        if m > 1:
+            codes = codes * m + k
+            if codes.max(initial=0) > 2**52:          # keep the mixed radix small: renumber
+                _, codes = np.unique(codes, return_inverse=True)
+    _, inv = np.unique(codes, return_inverse=True)
+    inv = inv.astype(np.int64)
+    order = np.argsort(inv.astype(np.uint16) if inv.max(initial=0) < 2**16 else inv, kind="stable")
+    counts = np.bincount(inv)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    return inv, order, starts
+
+
+def _sample(v):
+    """One entry of ``v`` for an error message."""
+    if _is_array(v):
+        a = np.asarray(v, dtype=object)
+        return a[0] if len(a) else v
+    return v
+
+
+def finite_or_nan(x) -> float:
+    """``x`` as a float, NaN for None."""
+    return math.nan if x is None else float(x)

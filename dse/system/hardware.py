@@ -1,0 +1,206 @@
+"""Hardware columns -> arrays: the one place presets and overrides become physics inputs.
+
+Each point starts from its base preset (``hardware``: a name, a YAML path or a
+``Device``), with a scale-up link preset (``link``) and an offload tier preset
+(``host_tier``) swapped in where given, then every numeric override of the point:
+peaks per format (``peak_<format>``, ``native_formats``, ``compute_scale``), memory,
+links, host tier, PIM, power and price. Work asking for a compute class runs on the
+narrowest wider class the point has (``hwmodels.formats.widening_choice``); 2:4 sparse
+peaks apply as the preset's sparse/dense ratio of that class, on top of the point's
+own dense peak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
+from dse.system.columns import Columns, factorize, group
+from hwmodels.device import Device
+from hwmodels.formats import COMPUTE_CLASSES, widening_choice
+from hwmodels.links import load_link
+from hwmodels.presets import DEVICE_CLASSES, load_device
+from hwmodels.tiers import with_host_tier
+
+_C = len(COMPUTE_CLASSES)
+
+
+@dataclass(frozen=True)
+class HardwareArrays:
+    """The hardware of every design point (SI units, arrays over points).
+
+    system: the kernel's view at tp = 1 without offload (peaks widened per PEAK_COLUMNS).
+    used: [P, C] index into COMPUTE_CLASSES of the class that runs work asking for each
+        class (-1: none can). sparse_ratio: [P, len(PEAK_COLUMNS)] 2:4 sparse / dense peak of
+        the class used (1 where the preset publishes none).
+    device_class: [P] index into DEVICE_CLASSES. name: [P] index into ``names``.
+    has_host: [P] a host link and a host memory exist (offload can go somewhere).
+    host_capacity, host_link_latency: [P] bytes and seconds (NaN / 0 without a host tier).
+    host_cpu: [P] index into ``cpus`` (the CPU preset computing CPU layers; -1: none).
+    """
+
+    system: SystemArrays
+    used: np.ndarray
+    sparse_ratio: np.ndarray
+    device_class: np.ndarray
+    name: np.ndarray
+    names: list
+    buffer: np.ndarray
+    has_host: np.ndarray
+    host_capacity: np.ndarray
+    host_link_bandwidth: np.ndarray
+    host_link_latency: np.ndarray
+    tdp_w: np.ndarray
+    price_usd: np.ndarray
+    host_cpu: np.ndarray
+    cpus: list
+
+    @property
+    def spatial(self) -> np.ndarray:
+        return self.device_class == DEVICE_CLASSES.index("spatial")
+
+    def class_name(self, i: int) -> str:
+        return DEVICE_CLASSES[int(self.device_class[i])]
+
+
+def resolve_device(value) -> Device:
+    """A base preset: a Device as is, else a preset name or YAML path."""
+    if isinstance(value, Device):
+        return value
+    if not isinstance(value, str):
+        raise DseError(f"hardware: expected a preset name, a preset YAML path or a Device, got {value!r}")
+    return load_device(value)
+
+
+def _bases(cols: Columns) -> tuple[np.ndarray, list[Device]]:
+    """(base device of each point, the distinct base devices) with link and host-tier presets applied."""
+    keys = []
+    parts = {}
+    for k in ("hardware", "link", "host_tier"):
+        if cols.raw(k) is not None:
+            parts[k] = cols.labels(k)
+            keys.append(parts[k][0])
+    inv, order, starts = group(keys, cols.n)
+    devices = []
+    for g in range(len(starts) - 1):
+        i = order[starts[g]]
+        d = resolve_device(parts["hardware"][1][parts["hardware"][0][i]])
+        if "link" in parts:
+            d = replace(d, interconnect=load_link(str(parts["link"][1][parts["link"][0][i]])))
+        if "host_tier" in parts:
+            d = with_host_tier(d, str(parts["host_tier"][1][parts["host_tier"][0][i]]))
+        devices.append(d)
+    return inv, devices
+
+
+def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
+    vals = [get(d) for d in devices]
+    return np.array([default if v is None else v for v in vals], dtype=float)[inv]
+
+
+def assemble(cols: Columns) -> HardwareArrays:
+    """The HardwareArrays of every point of ``cols`` (see the module docstring)."""
+    n = cols.n
+    inv, devices = _bases(cols)
+
+    def field(key, get, default=np.nan):
+        return cols.numbers(key) if cols.has(key) else _per_device(devices, inv, get, default)
+
+    raw = np.array([[d.peak_ops_per_s.get(c, 0.0) for c in COMPUTE_CLASSES] for d in devices])[inv]
+    for j, c in enumerate(COMPUTE_CLASSES):
+        if cols.has(f"peak_{c}"):
+            raw[:, j] = cols.numbers(f"peak_{c}")
+    if cols.has("native_formats"):
+        nat_inv, nat = cols.labels("native_formats")
+        allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for c in COMPUTE_CLASSES] for v in nat])
+        raw = np.where(allowed[nat_inv], raw, 0.0)
+    scale = cols.numbers("compute_scale") if cols.has("compute_scale") else np.ones(n)
+    raw = raw * scale[:, None]
+    used = widening_choice(raw)
+    peak = np.empty((n, len(PEAK_COLUMNS)))
+    peak[:, :_C] = np.where(used >= 0, np.take_along_axis(raw, np.maximum(used, 0), axis=1), 0.0)
+    peak[:, _C] = field("vector_ops_per_s", lambda d: d.vector_ops_per_s) * scale
+    peak[:, _C + 1] = np.inf
+
+    ratio_native = np.array([[d.sparse_peak_ops_per_s.get(c, 0.0) / d.peak_ops_per_s[c]
+                              if d.sparse_peak_ops_per_s.get(c) and d.peak_ops_per_s.get(c) else 1.0
+                              for c in COMPUTE_CLASSES] for d in devices])[inv]
+    sparse_ratio = np.ones((n, len(PEAK_COLUMNS)))
+    sparse_ratio[:, :_C] = np.where(used >= 0, np.take_along_axis(ratio_native, np.maximum(used, 0), axis=1), 1.0)
+
+    bw = field("memory_bandwidth", lambda d: d.memory.bandwidth_bytes_per_s)
+    cap = field("memory_capacity", lambda d: d.memory.capacity_bytes)
+    link_bw = field("link_bandwidth", lambda d: d.interconnect.bandwidth_bytes_per_s if d.interconnect else None)
+    link_lat = field("link_latency", lambda d: d.interconnect.latency_s if d.interconnect else None, 0.0)
+    host_link = field("host_link_bandwidth", lambda d: d.host_link.bandwidth_bytes_per_s if d.host_link else None)
+    host_lat = _per_device(devices, inv, lambda d: d.host_link.latency_s if d.host_link else None, 0.0)
+    host_mem_bw = field("host_memory_bandwidth", lambda d: d.host_memory.bandwidth_bytes_per_s
+                        if d.host_memory else None, np.inf)
+    host_cap = field("host_memory_capacity", lambda d: d.host_memory.capacity_bytes if d.host_memory else None)
+    has_host = np.isfinite(host_link) & (host_link > 0) & np.isfinite(host_cap) & (host_cap > 0)
+
+    pim_kw = {}
+    if any(d.pim for d in devices) or cols.has("pim_multiple") or cols.has("pim_peak"):
+        any_pim = any(d.pim for d in devices)
+        pim_raw = np.array([[d.pim.peak_ops_per_s.get(c, 0.0) if d.pim else 0.0 for c in COMPUTE_CLASSES]
+                            for d in devices])[inv]
+        if cols.has("pim_peak"):
+            p = cols.numbers("pim_peak")[:, None]
+            pim_raw = np.where(pim_raw > 0, p, 0.0) if any_pim else np.where(raw > 0, p, 0.0)
+        pim_used = widening_choice(pim_raw)
+        pim = np.zeros((n, len(PEAK_COLUMNS)))
+        pim[:, :_C] = np.where(pim_used >= 0, np.take_along_axis(pim_raw, np.maximum(pim_used, 0), axis=1), 0.0)
+        roles = np.array([[(bool(d.pim) and r in d.pim.operators) or not any_pim for r in PIM_ROLES]
+                          for d in devices])[inv]
+        pim_kw = dict(pim_peak=pim,
+                      pim_multiple=field("pim_multiple", lambda d: d.pim.internal_bandwidth_multiple
+                                         if d.pim else None, 1.0),
+                      pim_roles=roles,
+                      pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv])
+
+    system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
+                          None, None, None, **pim_kw)
+    dev_class = np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64)[inv]
+    cpu_idx, cpus = _host_cpus(cols, devices, inv)
+    return HardwareArrays(
+        system=system, used=used, sparse_ratio=sparse_ratio, device_class=dev_class,
+        name=inv, names=[d.name for d in devices],
+        buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
+        has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
+        tdp_w=field("tdp_w", lambda d: d.tdp_w), price_usd=field("price_usd", lambda d: d.price_usd),
+        host_cpu=cpu_idx, cpus=cpus)
+
+
+def _host_cpus(cols: Columns, devices: list[Device], inv: np.ndarray) -> tuple[np.ndarray, list[Device]]:
+    """(index of the CPU preset computing CPU layers per point, -1 for none; the CPU presets):
+    the ``host_cpu`` column, else the base preset's own ``host_cpu``."""
+    if cols.raw("host_cpu") is not None:
+        codes, names = cols.labels("host_cpu")
+        cpus = [resolve_device(x) for x in names]
+        for c in cpus:
+            if c.device_class != "cpu":
+                raise DseError(f"host_cpu '{c.name}' is a {c.device_class}, not a cpu preset")
+        return codes, cpus
+    names = sorted({d.host_cpu for d in devices if d.host_cpu})
+    cpus = [resolve_device(x) for x in names]
+    per_device = np.array([names.index(d.host_cpu) if d.host_cpu else -1 for d in devices], dtype=np.int64)
+    return per_device[inv], cpus
+
+
+def cpu_system(hw: HardwareArrays, index) -> SystemArrays:
+    """The kernel's view of the host CPUs of the points ``index`` (their own peaks and memory)."""
+    cpus = [c for c in hw.cpus]
+    cols = Columns({"hardware": np.array(cpus, dtype=object)[hw.host_cpu[index]], "model": ""})
+    return assemble(cols).system
+
+
+def system_arrays(devices, tp=1) -> SystemArrays:
+    """The kernel's view of a list of devices (presets or Device objects) at tensor-parallel
+    degree ``tp``, no offload and dense peaks: for tests and notebooks that drive the kernel."""
+    sys = assemble(Columns({"hardware": np.array(list(devices), dtype=object), "model": ""})).system
+    return replace(sys, tp=np.broadcast_to(np.asarray(tp, dtype=float), (sys.size,)).copy())
+
+
+__all__ = ["HardwareArrays", "assemble", "resolve_device", "cpu_system", "system_arrays", "factorize"]

@@ -1,0 +1,79 @@
+"""Why a design point is infeasible: one small integer code per point.
+
+The evaluator writes codes (cheap to compute, group and store); text is made only where
+it is shown (``describe``). When a point fails several checks the first in the order of
+``REASONS`` is its reason; ``Evaluation.violations`` keeps every check as a number.
+Codes from ``CONSTRAINT_BASE`` on are a study's constraints, in the order given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A reason code: a stable key (stored in results) and the text shown to people, a
+    template over the point's parameters and resolved layout."""
+
+    code: int
+    key: str
+    label: str
+    text: str = ""
+
+
+REASONS = (
+    Reason(0, "", ""),
+    Reason(1, "layout", "devices is not tp x pp x ep",
+           "devices {devices_given} must equal tp {tp_given} x pp {pp_given} x ep {ep}"),
+    Reason(2, "model_split", "the parallel layout does not divide the model"),
+    Reason(3, "cpu_split", "the CPU layer split cannot run"),
+    Reason(4, "format", "cannot compute a format nor any wider one",
+           "hardware '{hardware_name}' cannot compute {format} nor any wider format"),
+    Reason(5, "sparse", "no 2:4 sparse peak for the format weight matmuls use",
+           "hardware '{hardware_name}' publishes no 2:4 sparse peak for {format}, the format its weight matmuls "
+           "compute in (sparse_peak_ops_per_s)"),
+    Reason(6, "interconnect", "no interconnect for several devices",
+           "hardware '{hardware_name}' has no interconnect to run over {devices} devices"),
+    Reason(7, "onchip_buffer", "FlashAttention needs an on-chip buffer",
+           "hardware '{hardware_name}' has no onchip_buffer_bytes; FlashAttention traffic needs it"),
+    Reason(8, "no_host_tier", "offload needs a host link and a host memory",
+           "hardware '{hardware_name}' names no host_link or host_memory, so nothing can be offloaded "
+           "({offloaded_gb} GB per device would be)"),
+    Reason(9, "no_chip_layout", "does not fit on any layout of chips",
+           "model '{model_name}' does not fit on any layout of '{hardware_name}' chips of {capacity_gb} GB"),
+    Reason(10, "device_memory", "does not fit in device memory",
+           "does not fit in device memory: needs {memory_gb} GB per device (weights {weights_gb} GB, KV cache {kv_gb} GB, activations "
+           "{activations_gb} GB) and {offloaded_gb} GB of it on the host tier, but {hardware_name} has {capacity_gb} GB"),
+    Reason(11, "host_memory", "does not fit in device and host memory",
+           "does not fit in host memory: the host part, {offloaded_gb} GB per device over {devices} devices, exceeds the host memory of "
+           "{hardware_name}"),
+)
+CODE = {r.key: r.code for r in REASONS if r.key}
+#: codes that say "the footprint does not fit" (as opposed to "this cannot run at all")
+MEMORY_CODES = (CODE["device_memory"], CODE["host_memory"], CODE["no_chip_layout"])
+#: the first code of a study's constraints (constraint k has code CONSTRAINT_BASE + k)
+CONSTRAINT_BASE = 32
+
+
+def constraint_key(metric: str, sense: str, limit: float) -> str:
+    """The key of a constraint: 'tpot_s > 0.05' for {tpot_s: {max: 0.05}} (what violates it)."""
+    return f"{metric} {'<' if sense == 'min' else '>'} {limit:g}"
+
+
+def describe(key: str, point: dict | None = None, detail: str | None = None) -> str:
+    """The text of a reason key: its short label, or with ``point`` (the point's parameters,
+    layout and footprint) the full sentence; ``detail`` (the words of the check that
+    failed) replaces both."""
+    if not key:
+        return ""
+    if detail:
+        return detail
+    r = next((r for r in REASONS if r.key == key), None)
+    if r is None:                       # a constraint key is its own text
+        return key
+    if point is None or not r.text:
+        return r.label
+    try:
+        return r.text.format(**point)
+    except (KeyError, IndexError, ValueError):
+        return r.label
