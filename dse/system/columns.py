@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.params import BATCH_MAX, DEFAULTS, PARAMS, ZERO_ALLOWED
+from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, ZERO_ALLOWED
 
 
 def _is_array(v) -> bool:
@@ -77,13 +77,15 @@ class Columns:
         if a.ndim == 0:
             a = np.full(self.n, float(a))
         bad = ~np.isfinite(a)
+        if name in MAY_BE_MISSING:
+            bad &= ~np.isnan(a)
         kind = PARAMS[name]
         if kind is int:
             low = 0 if name in ZERO_ALLOWED else 1
-            bad |= (a != np.round(a)) | (a < low)
+            bad |= ~np.isnan(a) & ((a != np.round(a)) | (a < low))
             allowed = "a non-negative integer" if low == 0 else "a positive integer"
         else:
-            bad |= a < 0
+            bad |= ~np.isnan(a) & (a < 0)
             allowed = "a finite number >= 0"
         if bad.any():
             raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]]!r}")

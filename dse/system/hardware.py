@@ -106,17 +106,22 @@ def assemble(cols: Columns) -> HardwareArrays:
     inv, devices = _bases(cols)
 
     def field(key, get, default=np.nan):
-        return cols.numbers(key) if cols.has(key) else _per_device(devices, inv, get, default)
+        own = _per_device(devices, inv, get, default)
+        if not cols.has(key):
+            return own
+        given = cols.numbers(key)
+        return np.where(np.isnan(given), own, given)
 
     raw = np.array([[d.peak_ops_per_s.get(c, 0.0) for c in COMPUTE_CLASSES] for d in devices])[inv]
     for j, c in enumerate(COMPUTE_CLASSES):
         if cols.has(f"peak_{c}"):
-            raw[:, j] = cols.numbers(f"peak_{c}")
+            given = cols.numbers(f"peak_{c}")
+            raw[:, j] = np.where(np.isnan(given), raw[:, j], given)
     if cols.has("native_formats"):
         nat_inv, nat = cols.labels("native_formats")
         allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for c in COMPUTE_CLASSES] for v in nat])
         raw = np.where(allowed[nat_inv], raw, 0.0)
-    scale = cols.numbers("compute_scale") if cols.has("compute_scale") else np.ones(n)
+    scale = np.nan_to_num(cols.numbers("compute_scale"), nan=1.0) if cols.has("compute_scale") else np.ones(n)
     raw = raw * scale[:, None]
     used = widening_choice(raw)
     peak = np.empty((n, len(PEAK_COLUMNS)))
@@ -148,7 +153,8 @@ def assemble(cols: Columns) -> HardwareArrays:
                             for d in devices])[inv]
         if cols.has("pim_peak"):
             p = cols.numbers("pim_peak")[:, None]
-            pim_raw = np.where(pim_raw > 0, p, 0.0) if any_pim else np.where(raw > 0, p, 0.0)
+            pim_raw = np.where(np.isnan(p), pim_raw, np.where(pim_raw > 0, p, 0.0) if any_pim
+                               else np.where(raw > 0, p, 0.0))
         pim_used = widening_choice(pim_raw)
         pim = np.zeros((n, len(PEAK_COLUMNS)))
         pim[:, :_C] = np.where(pim_used >= 0, np.take_along_axis(pim_raw, np.maximum(pim_used, 0), axis=1), 0.0)

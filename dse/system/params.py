@@ -59,10 +59,12 @@ WORKLOAD_PARAMS = {
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
 #: integer parameters that may be 0 (all others must be positive)
 ZERO_ALLOWED = ("cpu_layers",)
-#: numeric parameters that may be negative: none
+#: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
+#: from the others; a hardware figure is the base preset's own)
+MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
             "ep": 1, "flash_attention": False, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0}
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 
-__all__ = ["PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BATCH_MAX"]
+__all__ = ["PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING"]

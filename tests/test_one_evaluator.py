@@ -1,0 +1,187 @@
+"""One evaluator: a design point gives the same answer alone, inside a table of other
+points, and through ``analyze``; the divergences the two old evaluators had are settled."""
+import numpy as np
+import pytest
+
+from basis.errors import DseError
+from dse import evaluate
+from dse.system.analysis import analyze_point
+from dse.system.evaluator import METRICS
+from hwmodels.presets import available_hardware, load_device
+
+PRESETS = available_hardware()
+MODELS = ["llama-2-7b", "mixtral-8x7b", "llama-3.1-8b", "gpt-j-6b", "llama-2-70b"]
+
+
+def _random_point(rng) -> dict:
+    """A random design point over every shipped preset and every feature."""
+    hw = str(rng.choice(PRESETS))
+    p = {"hardware": hw, "model": str(rng.choice(MODELS)), "batch": int(rng.choice([1, 4, 16, 64])),
+         "prompt_len": int(rng.integers(16, 2048)), "gen_len": int(rng.integers(1, 256)),
+         "weights": str(rng.choice(["fp16", "fp8", "int4", "int8"])), "kv": str(rng.choice(["fp16", "fp8"])),
+         "flash_attention": bool(rng.random() < 0.4), "sparse": bool(rng.random() < 0.3),
+         "offload": str(rng.choice(["none", "none", "greedy", "weights=0.5,kv=0.2"]))}
+    kind = load_device(hw).device_class
+    if kind == "spatial":
+        if rng.random() < 0.5:           # else: the chip layout is sized from capacity
+            p["tp"], p["pp"] = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2]))
+    elif rng.random() < 0.5:
+        p["tp"] = int(rng.choice([1, 2, 4]))
+        p["pp"] = int(rng.choice([1, 2]))
+        if p["model"] == "mixtral-8x7b" and rng.random() < 0.5:
+            p["ep"] = int(rng.choice([2, 4]))
+    if rng.random() < 0.15:
+        p.update(cpu_layers=int(rng.integers(1, 8)), host_cpu="xeon-spr", offload="none", tp=1, pp=1)
+        p.pop("ep", None)
+    if rng.random() < 0.2:
+        p["batch"] = "max"
+    if rng.random() < 0.3:
+        p["memory_bandwidth"] = float(rng.uniform(2e11, 8e12))
+    if rng.random() < 0.2:
+        p["compute_scale"] = float(rng.uniform(0.5, 3))
+    return p
+
+
+def _table(points: list[dict]) -> dict:
+    keys = sorted({k for p in points for k in p})
+    defaults = {"tp": np.nan, "pp": np.nan, "ep": 1, "cpu_layers": 0, "memory_bandwidth": np.nan,
+                "compute_scale": 1.0, "host_cpu": "xeon-spr"}
+    cols = {}
+    for k in keys:
+        vals = [p.get(k, defaults.get(k)) for p in points]
+        cols[k] = np.array(vals, dtype=object if any(isinstance(v, str) for v in vals) else None)
+    if "memory_bandwidth" in cols:      # NaN: the preset's own (a table needs a value per point)
+        mb = cols.pop("memory_bandwidth").astype(float)
+        if np.isfinite(mb).all():
+            cols["memory_bandwidth"] = mb
+    return cols
+
+
+def _same(a, b, i, j):
+    for k in METRICS:
+        x, y = a[k][i], b[k][j]
+        assert (np.isnan(x) and np.isnan(y)) or x == pytest.approx(y, rel=1e-12, abs=0), k
+    assert a.feasible[i] == b.feasible[j] and a.reason_key(i) == b.reason_key(j)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_alone_equals_row_in_a_table_and_analyze(seed):
+    rng = np.random.default_rng(seed)
+    points = []
+    while len(points) < 51:
+        p = _random_point(rng)
+        if "memory_bandwidth" in p and len(points) % 2:     # keep one override column consistent per table
+            p.pop("memory_bandwidth")
+        points.append(p)
+    for p in points:
+        p.pop("memory_bandwidth", None)
+    table = evaluate(_table(points))
+    for i in rng.choice(len(points), 8, replace=False):
+        alone = evaluate(_table([points[i]]))
+        _same(table, alone, i, 0)
+        a, ev = analyze_point(points[i])
+        _same(ev, alone, 0, 0)
+        s = a.summary
+        for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+            assert (np.isnan(s[k]) and np.isnan(alone[k][0])) or s[k] == pytest.approx(alone[k][0], rel=1e-12)
+        assert s["feasible"] == bool(alone.feasible[0])
+
+
+def _one(**kw):
+    return evaluate({"model": "llama-2-7b", **kw})
+
+
+# --------------------------------------------------------------------------- the settled divergences
+
+@pytest.mark.parametrize("hw", ["tpu-v4", "m2-max"])
+def test_sparse_without_sparse_peaks_is_infeasible(hw):
+    # 2:4 sparse weights need sparse matrix units for the format the weight matmuls run in;
+    # a device that publishes none cannot price them (pricing them dense would let a sweep
+    # keep "sparse" designs that buy nothing): infeasible with reason 'sparse', in sweeps and analyze
+    ev = _one(hardware=hw, sparse=True)
+    assert not ev.feasible[0] and ev.reason_key(0) == "sparse"
+    with pytest.raises(DseError, match="2:4"):
+        from dse.system.analysis import analyze
+        from workloads.model import load_model
+        from workloads.scenario import Scenario
+        analyze(load_model("llama-2-7b"), load_device(hw), Scenario.make(), sparse=True)
+
+
+def test_spatial_without_layout_is_sized_from_capacity_everywhere():
+    # groq-lpu with no tp/pp/devices: the chip count follows from capacity (64 chips for
+    # Llama-2-7B in FP16), in a sweep as in analyze; one SRAM chip never holds the model
+    ev = _one(hardware="groq-lpu")
+    a, _ = analyze_point({"model": "llama-2-7b", "hardware": "groq-lpu"})
+    assert ev.feasible[0] and ev["devices"][0] == a.summary["devices"] >= ev["chips_required"][0] > 1
+    assert ev["tpot_s"][0] == a.summary["tpot_s"]
+    sram = load_device("groq-lpu").memory.capacity_bytes
+    assert ev["memory_bytes"][0] <= sram
+    assert ev["chips_required"][0] == np.ceil(evaluate({"model": "llama-2-7b", "hardware": "groq-lpu", "tp": 1,
+                                                        "pp": 1})["memory_bytes"][0] / sram)
+
+
+@pytest.mark.parametrize("hw", ["a100-40gb", "l40s", "epyc-genoa", "hbm-pim", "cerebras-wse3"])
+def test_greedy_offload_without_host_memory(hw):
+    # greedy offload only overflows what does not fit: a design that fits in device memory is
+    # feasible with nothing offloaded; one that does not is infeasible ('no_host_tier'), in
+    # sweeps and analyze alike
+    small = _one(hardware=hw, offload="greedy", model="gpt-j-6b", batch=1, prompt_len=128, gen_len=8,
+                 weights="int4", tp=1, pp=1)
+    big = _one(hardware=hw, offload="greedy", model="llama-2-70b", batch=64, prompt_len=4096, tp=1, pp=1)
+    dev = load_device(hw)
+    if dev.host_link is None or dev.host_memory is None:
+        if small["memory_bytes"][0] <= dev.memory.capacity_bytes:
+            assert small.feasible[0] and small["offloaded_bytes"][0] == 0
+        if big["memory_bytes"][0] > dev.memory.capacity_bytes:
+            assert not big.feasible[0] and big.reason_key(0) == "no_host_tier"
+        else:
+            assert big.feasible[0] and big["offloaded_bytes"][0] == 0
+    a, ev = analyze_point({"model": "llama-2-70b", "hardware": hw, "offload": "greedy", "batch": 64,
+                           "prompt_len": 4096, "tp": 1, "pp": 1})
+    assert ev.reason_key(0) == big.reason_key(0)
+
+
+def test_sparse_with_scaled_compute_is_the_same_everywhere():
+    # sparse peaks are the preset's sparse/dense ratio on top of the design's own dense peak,
+    # so compute_scale and peak overrides scale the sparse rate too
+    cols = dict(hardware="h100-sxm", model="llama-2-70b", batch=64, prompt_len=2048, weights="fp8",
+                activations="fp8", kv="fp8", compute_scale=2.0, sparse=True, tp=4)
+    sweep = evaluate(cols)
+    a, _ = analyze_point(cols)
+    assert a.summary["ttft_s"] == sweep["ttft_s"][0]
+    dense = evaluate({**cols, "sparse": False})
+    ideal_sparse = evaluate(cols, ideal=True)
+    ideal_dense = evaluate({**cols, "sparse": False}, ideal=True)
+    # the prefill is compute-bound on its weight matmuls: 2:4 at twice the peak shortens it
+    assert sweep["ttft_s"][0] < dense["ttft_s"][0]
+    assert ideal_sparse["ttft_s"][0] < ideal_dense["ttft_s"][0] < 2 * ideal_sparse["ttft_s"][0]
+    # the explanation shows the doubled, scaled peak on the weight matmuls
+    ex = a.prefill
+    d = load_device("h100-sxm")
+    qkv = next(r for r in ex if r["name"].endswith("_proj"))
+    assert qkv["peak_ops_per_s"] == pytest.approx(2.0 * d.sparse_peak_ops_per_s["fp8"], rel=1e-12)
+
+
+def test_fit_tolerance_is_one_rule():
+    # a footprint that fills device memory exactly fits in a sweep and in analyze
+    probe = _one(hardware="h100-sxm", tp=1)
+    exact = probe["memory_bytes"][0]
+    ev = _one(hardware="h100-sxm", tp=1, memory_capacity=exact)
+    a, _ = analyze_point({"model": "llama-2-7b", "hardware": "h100-sxm", "tp": 1, "memory_capacity": exact})
+    assert ev.feasible[0] and a.summary["fits"]
+    assert not _one(hardware="h100-sxm", tp=1, memory_capacity=exact * (1 - 1e-9)).feasible[0]
+
+
+def test_cpu_split_host_hop_pays_the_collective_latency():
+    # the hidden state crossing to the CPU and back is a transfer like any other: it pays the
+    # software latency per message (collective_latency_s), as every other transfer does
+    from dataclasses import replace
+
+    from dse.core.efficiency import IDEAL
+    base = dict(model="llama-2-7b", hardware="l40s", cpu_layers=4, host_cpu="xeon-spr", batch=1, prompt_len=128,
+                gen_len=2)
+    a = evaluate(base, efficiency=IDEAL)
+    b = evaluate(base, efficiency=replace(IDEAL, collective_latency_s=1e-3))
+    # two crossings per step: prefill (1 step) and one decode step
+    assert b["ttft_s"][0] - a["ttft_s"][0] == pytest.approx(2e-3, rel=1e-9)
+    assert b["tpot_s"][0] - a["tpot_s"][0] == pytest.approx(2e-3, rel=1e-9)
