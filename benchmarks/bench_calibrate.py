@@ -11,9 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from dse.core.efficiency import efficiency_for
 from dse.fit import calibrate as C
 from dse.fit import validate as V
-from dse.core.efficiency import efficiency_for
 
 
 def main(path=None):

@@ -2,8 +2,8 @@
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from dse.study.cli import main
 
 WORKLOAD = ["--model", "llama-2-7b", "--batch", "8", "--prompt-len", "256", "--gen-len", "64", "--weights", "fp8",

@@ -5,14 +5,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dse.core import efficiency as E
-from dse.system.analysis import analyze
-from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from basis.errors import DseError
+from dse.core import efficiency as E
+from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.core.metrics import serving_metrics
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, OpArrays
+from dse.system.analysis import analyze
 from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.scenario import Scenario

@@ -5,20 +5,20 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_cli
-from dse.explore import sweep as sweep_mod
-from dse.system.analysis import analyze
 from basis.errors import DseError
-from dse.system.evaluator import evaluate
-from dse.system.hardware import system_arrays
-from dse.core.roofline import OpArrays, SystemArrays, _decode_general, _step_sum, decode_total_time, op_costs, step_time
 from dse.core.efficiency import DEFAULT
+from dse.core.roofline import OpArrays, _decode_general, _step_sum, decode_total_time, op_costs, step_time
+from dse.explore import sweep as sweep_mod
 from dse.explore.space import DesignSpace
 from dse.explore.spec import SweepSpec
 from dse.explore.sweep import run_sweep
+from dse.system.analysis import analyze
+from dse.system.evaluator import evaluate
+from dse.system.hardware import system_arrays
 from hwmodels.device import MemoryTier
 from hwmodels.presets import load_device
 from workloads import optable

@@ -2,10 +2,10 @@
 from dataclasses import replace
 
 import pytest
-
 from conftest import run_cli
-from dse.system.analysis import analyze
+
 from basis.errors import DseError
+from dse.system.analysis import analyze
 from hwmodels.links import available_links, load_link
 from hwmodels.placement import parse_policy
 from hwmodels.presets import available_hardware, load_device

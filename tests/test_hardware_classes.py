@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from dse.system.analysis import analyze
-from dse.core.efficiency import IDEAL
+
 from basis.errors import DseError
+from dse.core.efficiency import IDEAL
+from dse.core.roofline import OpArrays, op_costs, pim_mask
+from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
-from dse.core.roofline import OpArrays, SystemArrays, op_costs, pim_mask
 from hwmodels.device import PimUnit
 from hwmodels.presets import load_device
 from workloads import optable
@@ -193,9 +193,10 @@ def test_sparse_rates_only_when_asked():
 # ---------------------------------------------------------------- spatial (LPU-style)
 
 def test_groq_chip_count_is_bytes_over_sram():
+    import math
+
     from dse.system.analysis import analyze_point
     from workloads.footprint import kv_cache_bytes_per_token
-    import math
     m, d = load_model("llama-2-70b"), load_device("groq-lpu")
     assert d.device_class == "spatial"
     sc = Scenario.make(batch=1, prompt_len=512, gen_len=128, weights="int8", activations="int8", kv="int8")

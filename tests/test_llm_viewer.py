@@ -20,7 +20,6 @@ import csv
 import json
 
 import pytest
-
 from conftest import reference_file, run_cli
 
 ALIASES = {"norm": ("attn_norm", "mlp_norm"), "add": ("attn_add", "mlp_add")}

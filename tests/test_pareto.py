@@ -3,7 +3,8 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from basis.errors import DseError
 from dse.explore.pareto import _mask_blockwise, hypervolume, normalize, pareto_mask, pareto_ranks

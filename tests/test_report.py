@@ -6,7 +6,6 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import run_cli
 
 STUDY = """\
@@ -183,8 +182,8 @@ def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
 
 
 def test_units_and_bottleneck_text():
-    from dse.present.plots import human, label_of
     from dse.present.bottleneck import bottleneck, op_group
+    from dse.present.plots import human, label_of
     assert label_of("memory_bandwidth") == "memory bandwidth (TB/s)"
     assert label_of("peak_fp8") == "peak FP8 compute (TFLOPS)" and label_of("peak_int8").endswith("(TOPS)")
     assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")

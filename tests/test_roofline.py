@@ -3,13 +3,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dse.system.analysis import analyze
-from dse.core.efficiency import DEFAULT, IDEAL
 from basis.errors import DseError
+from dse.core.efficiency import DEFAULT, IDEAL
+from dse.core.roofline import OpArrays, decode_total_time, step_time
+from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
-from dse.core.roofline import OpArrays, SystemArrays, decode_total_time, step_time
 from hwmodels.presets import load_device
 from workloads.footprint import parameter_count
 from workloads.model import load_model

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dse.explore import search as search_mod
 from basis.errors import DseError
+from dse.explore import search as search_mod
 from dse.explore.space import DesignSpace
 from dse.explore.spec import SweepSpec
 from dse.explore.study import run_study

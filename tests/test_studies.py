@@ -18,9 +18,9 @@ from conftest import run_cli
 
 from basis.errors import DseError
 from dse.explore.space import DesignSpace
-from dse.study.studyfile import STUDY_DIR, load_study
 from dse.explore.spec import SweepSpec
 from dse.explore.sweep import run_sweep
+from dse.study.studyfile import STUDY_DIR, load_study
 from hwmodels.presets import load_device
 
 STUDIES = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, reference_file, run_cli
+
+from basis.errors import DseError
+from dse.core.efficiency import Efficiency, efficiency_for
 from dse.fit import calibrate as C
 from dse.fit import validate as V
 from dse.system.analysis import analyze
-from dse.core.efficiency import Efficiency, efficiency_for
-from basis.errors import DseError
 from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.scenario import Scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workloads.model import ModelSpec
-from workloads.optable import OpTable, kv_heads_per_device, kv_elems_per_token_per_layer
+from workloads.optable import OpTable, kv_elems_per_token_per_layer, kv_heads_per_device
 from workloads.scenario import Scenario
 
 

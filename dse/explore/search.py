@@ -30,7 +30,7 @@ from dse.explore.runio import Progress, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SAMPLERS
 from dse.explore.sweep import evaluate_columns
-
+from hwmodels.presets import load_device
 
 
 def _optuna():
@@ -97,7 +97,6 @@ def open_storage(url: str | None, out: Path):
 
 def _baselines(space) -> list[dict]:
     """Parameters of each preset named in the space, for the ranges that contain its own figures."""
-    from hwmodels.presets import load_device
     hw = next(a for a in space.axes if a.name == "hardware")
     out = []
     for name in hw.values:

@@ -31,6 +31,7 @@ from hwmodels.presets import load_device
 from hwmodels.tiers import load_tier
 from workloads.model import load_model
 
+
 @dataclass(frozen=True)
 class Axis:
     """One parameter: its grid values (``values``) and, for a range, its bounds."""

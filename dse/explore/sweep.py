@@ -25,6 +25,7 @@ from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
 
+
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """Rows of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
     ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints)

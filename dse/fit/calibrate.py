@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.core.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency
 from basis.errors import DseError
-from dse.fit.validate import Case, Predictions, ape_stats, prepare_all, read_measured
+from dse.core.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency, load_calibration
+from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_measured
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
@@ -195,7 +195,6 @@ def _stats_by(rows: list, errors: np.ndarray, key: str) -> dict:
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
               params=None) -> Calibration:
     """Fit, cross-validate and write the calibration file (default configs/calibration.yaml)."""
-    from dse.fit.validate import default_measured
 
     src = Path(measured) if measured else default_measured()
     dest = Path(out) if out else CALIBRATION_FILE
@@ -287,7 +286,6 @@ HEADER = """\
 def write_calibration(path: Path, data: dict) -> None:
     import yaml
 
-    from dse.core.efficiency import load_calibration
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(HEADER + yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True))

@@ -33,10 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
+from basis.errors import DseError
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
+from dse.present import display
 from dse.system.evaluator import evaluate, prepare
 from dse.system.reasons import MEMORY_CODES
-from basis.errors import DseError
+from hwmodels.formats import get_format
+from hwmodels.presets import load_device
+from workloads.model import load_model
+from workloads.optable import kv_heads_per_device
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SHARED_MEASURED = ROOT.parent / "shared" / "data" / "measured_calibration.csv"
@@ -169,9 +174,6 @@ def read_measured(path) -> tuple[list[MeasuredRow], list[dict]]:
     DseError naming the file and every bad row (line number) when columns are missing
     or values cannot be used: unknown model, hardware, format or metric, non-numeric or
     non-positive numbers."""
-    from hwmodels.formats import get_format
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
 
     p = Path(path)
     try:
@@ -287,9 +289,6 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
     """(cases, unpredictable rows with the reason): every row's batch resolved (``max``:
     the largest that fits in the devices' memory, never grown into host memory) and, for a
     row that does not fit, greedy overflow to the host tier; one evaluation of all rows."""
-    from hwmodels.presets import load_device
-    from workloads.model import load_model
-    from workloads.optable import kv_heads_per_device
 
     engines = [engine_of(r) for r in rows]
     points = [row_columns(r, e) for r, e in zip(rows, engines)]
@@ -431,7 +430,6 @@ def _pct(x: float) -> str:
 
 
 def report_text(v: Validation, stats: dict | None = None) -> str:
-    from dse.present import display
     stats = stats or summarize(v.rows)
     cols = [("id", "id", str), ("model", "model", str), ("hardware", "hardware", str),
             ("devices", "dev", str), ("batch", "batch", str), ("prompt_len", "prompt", str),
@@ -455,7 +453,6 @@ def report_text(v: Validation, stats: dict | None = None) -> str:
 
 def write_outputs(v: Validation, out_dir, stats: dict | None = None) -> dict[str, Path]:
     """validation.csv, summary.md and predicted_vs_measured.png in ``out_dir``."""
-    from dse.present import display
     d = Path(out_dir)
     try:
         d.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,10 @@ Nothing heavier than numpy is imported unless ``--plot`` is given.
 from __future__ import annotations
 
 from basis.errors import DseError
+from dse.present import display
+from dse.present.bottleneck import step_bound
+from dse.system.analysis import summary_of
+from dse.system.reasons import MEMORY_CODES
 
 #: columns of the side-by-side table (and of the CSV), in order
 COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -23,9 +27,6 @@ def compare_rows(ev) -> list[dict]:
     """One row per design point of an evaluation (``explain`` for every point): the
     analyze summary plus the bound of the decode step and of the prefill. A point
     infeasible for a reason other than memory is a DseError naming its hardware."""
-    from dse.present.bottleneck import step_bound
-    from dse.system.analysis import summary_of
-    from dse.system.reasons import MEMORY_CODES
     rows = []
     for i in range(len(ev)):
         s = summary_of(ev, i)
@@ -40,7 +41,6 @@ def compare_rows(ev) -> list[dict]:
 
 def table_text(rows: list[dict]) -> str:
     """Metrics as rows, hardware as columns."""
-    from dse.present import display
     si = display.si
     fmt = {
         "devices": str, "batch": str,
@@ -91,7 +91,6 @@ def show(rows: list[dict], fmt: str, plot=None) -> None:
     """Print the comparison as a table, CSV or JSON and draw it to ``plot`` if given."""
     import sys
 
-    from dse.present import display
     if fmt == "json":
         print(display.json_text(rows))
     elif fmt == "csv":
@@ -99,6 +98,6 @@ def show(rows: list[dict], fmt: str, plot=None) -> None:
     else:
         print(table_text(rows))
     if plot is not None:
-        from dse.present.plots import compare_plot
+        from dse.present.plots import compare_plot  # matplotlib: only with --plot
         compare_plot(plot, rows)
         print(f"plot: {plot}", file=sys.stderr)

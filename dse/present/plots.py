@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dse.explore.pareto import pareto_mask
+from dse.present.display import si
+
 #: metrics and parameters measuring throughput (plotted on the y axis of Pareto fronts)
 THROUGHPUT = ("output_tokens_per_s", "output_tokens_per_s_per_user", "output_tokens_per_s_per_device",
               "prefill_tokens_per_s")
@@ -152,7 +155,6 @@ def _ids(df) -> list[int]:
 def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, title: str = "") -> dict:
     """Feasible points (``background``, a sample) as a light cloud and the Pareto rows
     (``front``) highlighted; the 2-objective front of (x, y) among them as a step line."""
-    from dse.explore.pareto import pareto_mask
     fig, (ax,) = _figure()
     sx, _, _ = unit_of(x)
     sy, _, _ = unit_of(y)
@@ -273,7 +275,6 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
     their step in every design are summed into 'other'."""
     import seaborn as sns
 
-    from dse.present.display import si
     fig, axes = _figure(ncols=2, width=5.5 + 0.6 * len(designs), height=5.5)
     record = {"kind": "breakdown", "x": "design", "y": "share of step time", "y_unit": "%",
               "designs": [{"label": d["label"], "point": d["point"]} for d in designs], "stages": {}}

@@ -36,8 +36,8 @@ import numpy as np
 from basis.errors import DseError
 from dse.explore.best import BEST_FILE
 from dse.explore.runio import ResultsFile
-from dse.system.analysis import Analysis
 from dse.present.bottleneck import bottleneck
+from dse.system.analysis import Analysis
 from dse.system.reasons import describe
 
 #: hardware figures a throughput objective is plotted against (when present, varying and not all NaN)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dse.fit import calibrate as C
+from dse.fit import validate as V
+
 
 def add_parsers(sub) -> None:
     """Add the two subcommands to the CLI's subparsers."""
@@ -27,7 +30,6 @@ def add_parsers(sub) -> None:
 
 
 def cmd_validate(args) -> int:
-    from dse.fit import validate as V
 
     res = V.validate(args.measured, ideal=args.ideal)
     stats = V.summarize(res.rows)
@@ -51,8 +53,6 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from dse.fit import calibrate as C
-    from dse.fit import validate as V
 
     cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation)
     print(C.report_text(cal))

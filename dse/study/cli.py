@@ -6,10 +6,27 @@ nothing heavier than numpy and PyYAML is imported on the analyze path.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
 
 from basis.errors import DseError
+from dse.present import display
+from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
+from dse.study.studyfile import available_studies, load_study
+from dse.system.analysis import ROW_KEYS, analyze_point
+from dse.system.evaluator import evaluate
+from dse.system.reasons import MEMORY_CODES
+from hwmodels.formats import FORMATS
+from hwmodels.links import available_links, load_link
+from hwmodels.presets import available_hardware, load_device
+from hwmodels.tiers import available_tiers, load_tier
+from workloads.footprint import active_parameter_count, parameter_count
+from workloads.model import available_models, load_model
 
 PROG = "python -m dse.study"
 
@@ -106,7 +123,6 @@ FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "-
 
 def flagged(text: str) -> str:
     """``text`` with column names written as the command-line flags that set them."""
-    import re
     return re.sub(r"\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
 
@@ -123,9 +139,6 @@ def point_columns(args, hardware) -> dict:
 
 
 def cmd_analyze(args) -> int:
-    from dse.present import display
-    from dse.system.analysis import ROW_KEYS, analyze_point
-    from dse.system.reasons import MEMORY_CODES
 
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
@@ -191,10 +204,8 @@ def _table_report(res, display) -> str:
 
 def cmd_run(args) -> int:
     import time
-    from pathlib import Path
 
-    from dse.study.studyfile import load_study
-    from dse.explore.study import run_study
+    from dse.explore.study import run_study  # pandas, pyarrow, optuna: only when a study runs
 
     data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
     name = str(data.get("name") or Path(args.study).stem)
@@ -210,7 +221,7 @@ def cmd_run(args) -> int:
         print(f"  storage: {where}")
     print(f"  results: {out / 'results.parquet'}")
     print(f"  pareto:  {out / 'pareto.csv'}")
-    from dse.present.report import write_report
+    from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
     write_report(out, data, spec, front)
     print(f"  summary: {out / 'summary.md'}")
     best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")
@@ -235,7 +246,6 @@ def _markdown_section(text: str, heading: str) -> str:
 
 
 def cmd_compare(args) -> int:
-    from dse.present.compare import check_plot_path, show
     plot = check_plot_path(args.plot)
     show(compare_from_args(args), args.format, plot)
     return 0
@@ -243,10 +253,7 @@ def cmd_compare(args) -> int:
 
 def compare_from_args(args) -> list[dict]:
     """The rows of ``compare``: the workload of ``args`` on each of ``args.hardware``, one evaluation."""
-    import numpy as np
 
-    from dse.present.compare import compare_rows
-    from dse.system.evaluator import evaluate
     names = list(dict.fromkeys(args.hardware))
     with cli_words():
         ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
@@ -280,33 +287,25 @@ def _first_sentence(text: str, limit: int = 110) -> str:
 
 def cmd_list(args) -> int:
     if args.what == "models":
-        from workloads.model import available_models
         names = available_models()
     elif args.what == "hardware":
-        from hwmodels.presets import available_hardware
         names = available_hardware()
     elif args.what == "tiers":
-        from hwmodels.tiers import available_tiers, load_tier
         names = [f"{n:20s} {load_tier(n).capacity_bytes / 2**30:9.0f} GiB {load_tier(n).bandwidth_bytes_per_s / 1e9:7.2f} GB/s"
                  for n in available_tiers()]
     elif args.what == "studies":
-        from dse.study.studyfile import available_studies, load_study
         names = [f"{n:20s} {_first_sentence(str(load_study(n)[0].get('description', '')))}"
                  for n in available_studies()]
     elif args.what == "links":
-        from hwmodels.links import available_links, load_link
         names = [f"{n:24s} {load_link(n).bandwidth_bytes_per_s / 1e9:7.1f} GB/s per direction" for n in available_links()]
     else:
-        from hwmodels.formats import FORMATS
         names = [f"{f.name:10s} {f.bits:6.3f} bits  compute {f.compute:5s}  {f.description}" for f in FORMATS.values()]
     print("\n".join(names))
     return 0
 
 
 def cmd_show(args) -> int:
-    from dse.present import display
     if args.what == "hardware":
-        from hwmodels.presets import load_device
         d = load_device(args.name)
         obj = {
             "name": d.name, "description": d.description, "class": d.device_class,
@@ -323,14 +322,9 @@ def cmd_show(args) -> int:
             "tdp_w": d.tdp_w, "price_usd": d.price_usd, "sources": d.sources,
         }
     elif args.what == "study":
-        from dse.study.studyfile import load_study
         data, spec = load_study(args.name)
         obj = {**data, "points": spec.points, "chunks": spec.chunks}
     else:
-        from dataclasses import asdict
-
-        from workloads.footprint import active_parameter_count, parameter_count
-        from workloads.model import load_model
         m = load_model(args.name)
         obj = {**asdict(m), "attention": m.attention_kind, "parameters": parameter_count(m),
                "active_parameters": active_parameter_count(m)}

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from basis.errors import DseError
-from dse.core.efficiency import IDEAL, Efficiency, choose
+from dse.core.efficiency import Efficiency, choose
 from dse.core.metrics import pipelined_prefill_s, serving_metrics, system_figures
-from dse.core.roofline import (_COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time,
-                               transfer_time)
+from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
 from dse.system import reasons as R
 from dse.system.columns import Columns, group
 from dse.system.hardware import HardwareArrays, assemble
@@ -415,32 +414,12 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 
 def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     """Per-point workload arrays, every name resolved (DseError naming the column)."""
-    n = cols.n
     w = {}
-    w["model"], raw_models = cols.labels("model")
-    models = []
-    for m in raw_models:
-        try:
-            models.append(resolve_model(m))
-        except DseError as e:
-            raise DseError(f"{cols.where}: model: {e}") from None
-    w["models"] = models
+    w["model"], w["models"] = _resolved(cols, "model", resolve_model)
     for k in ("weights", "activations", "kv"):
-        w[k], names = cols.labels(k)
-        for v in names:
-            try:
-                get_format(str(v), f"{k} format")
-            except DseError as e:
-                raise DseError(f"{cols.where}: {k}: {e}") from None
-        w[k + "_names"] = [get_format(str(v)).name for v in names]
-    codes, policies = cols.labels("offload")
-    parsed = []
-    for p in policies:
-        try:
-            parsed.append(parse_policy(p))
-        except DseError as e:
-            raise DseError(f"{cols.where}: {e}") from None
-    w["policy"], w["policies"] = codes, parsed
+        w[k], formats = _resolved(cols, k, lambda v, k=k: get_format(str(v), f"{k} format"))
+        w[k + "_names"] = [f.name for f in formats]
+    w["policy"], w["policies"] = _resolved(cols, "offload", parse_policy)
     w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
     w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
@@ -452,6 +431,15 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return w
+
+
+def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
+    """(code per point, each distinct value of column ``key`` resolved); DseError naming the column."""
+    codes, values = cols.labels(key)
+    try:
+        return codes, [resolve(v) for v in values]
+    except DseError as e:
+        raise DseError(f"{cols.where}: {key}: {e}") from None
 
 
 def _host_capacity(w: dict, hw: HardwareArrays, policy, cpu_layers, index) -> np.ndarray:

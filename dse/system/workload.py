@@ -16,8 +16,14 @@ import numpy as np
 
 from dse.core.roofline import OpArrays
 from workloads import optable
-from workloads.footprint import (Footprint, footprint, kv_cache_bytes_per_token, layer_parameter_count,
-                                 parameter_count, peak_activation_bytes)
+from workloads.footprint import (
+    Footprint,
+    footprint,
+    kv_cache_bytes_per_token,
+    layer_parameter_count,
+    parameter_count,
+    peak_activation_bytes,
+)
 from workloads.model import ModelSpec, load_model
 from workloads.scenario import Scenario
 
