@@ -439,7 +439,8 @@ def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
     try:
         return codes, [resolve(v) for v in values]
     except DseError as e:
-        raise DseError(f"{cols.where}: {key}: {e}") from None
+        said = str(e)
+        raise DseError(f"{cols.where}: {said}" if said.startswith(key) else f"{cols.where}: {key}: {said}") from None
 
 
 def _host_capacity(w: dict, hw: HardwareArrays, policy, cpu_layers, index) -> np.ndarray:
