@@ -53,6 +53,13 @@ class Columns:
             if PARAMS[k] in (int, float) and k != "batch":
                 self.numbers(k)       # range check of every numeric column before any work
 
+    def take(self, order: np.ndarray) -> "Columns":
+        """The same columns with the points in ``order`` (positions)."""
+        out = Columns.__new__(Columns)
+        out.where, out.n = self.where, len(order)
+        out.given = {k: (v[order] if _is_array(v) else v) for k, v in self.given.items()}
+        return out
+
     def has(self, name: str) -> bool:
         """True when the column was given (not left to its default)."""
         return name in self.given
@@ -169,19 +176,26 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if np.ndim(k) == 0:
             continue
         k = np.asarray(k)
-        if k.dtype.kind == "f":
-            _, k = np.unique(k, return_inverse=True)
+        if k.dtype.kind == "f" or k.min(initial=0) < 0:
+            k = _dense_codes(k)
         m = int(k.max()) + 1 if len(k) else 1
         if m > 1:
             codes = codes * m + k
             if codes.max(initial=0) > 2**52:          # keep the mixed radix small: renumber
-                _, codes = np.unique(codes, return_inverse=True)
-    _, inv = np.unique(codes, return_inverse=True)
-    inv = inv.astype(np.int64)
+                codes = _dense_codes(codes)
+    inv = _dense_codes(codes)
     order = np.argsort(inv.astype(np.uint16) if inv.max(initial=0) < 2**16 else inv, kind="stable")
     counts = np.bincount(inv)
     starts = np.concatenate(([0], np.cumsum(counts)))
     return inv, order, starts
+
+
+def _dense_codes(a: np.ndarray) -> np.ndarray:
+    """Codes 0..k-1 of the distinct values of ``a`` (hashing for large arrays, sorting for small)."""
+    if len(a) > 4096:
+        import pandas as pd          # large tables come from sweeps, which have pandas loaded already
+        return np.asarray(pd.factorize(a)[0], dtype=np.int64)
+    return np.unique(a, return_inverse=True)[1].astype(np.int64).ravel()
 
 
 def _sample(v):

@@ -166,9 +166,22 @@ class Plan:
     """Design points prepared for pricing: ``run(efficiency)`` evaluates them."""
 
     def __init__(self, cols: Columns, hw: HardwareArrays, groups: list[_Group], base: dict, fails: dict,
-                 memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict):
+                 memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict,
+                 order: np.ndarray | None):
+        # the points are held sorted by group (``order``: caller position of each sorted one)
         self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
-        self.base, self.fails, self.memory_violation, self.details = base, fails, memory_violation, details
+        self.order = order
+        self.inverse = None
+        if order is not None:
+            self.inverse = np.empty_like(order)
+            self.inverse[order] = np.arange(len(order))
+        self.base, self.memory_violation, self.details = base, memory_violation, details
+        self.fails = {}
+        for code, parts in fails.items():         # index lists -> one mask per check
+            mask = np.zeros(cols.n, dtype=bool)
+            for p in parts:
+                mask[p] = True
+            self.fails[code] = mask
         self.constraints = constraints or {}
 
     @property
@@ -186,7 +199,11 @@ class Plan:
         per_row = efficiency is not None and not isinstance(efficiency, Efficiency)
         if per_row and len(efficiency) != n:
             raise DseError(f"efficiency: expected one Efficiency or one per design point ({n}), got {len(efficiency)}")
+        if per_row and self.order is not None:
+            efficiency = [efficiency[o] for o in self.order]
         want = _explain_set(explain, n)
+        if want is not None and self.inverse is not None:
+            want = self.inverse[want]
         explained = {}
         for g in self.groups:
             if g.tables is None:
@@ -201,8 +218,11 @@ class Plan:
                 metrics = _price(sub, eff, e, ideal)
                 for k, v in metrics.items():
                     out[k][idx] = v
-                for j in np.flatnonzero(np.isin(idx, want)) if want is not None else ():
-                    explained[int(idx[j])] = _explain(sub, j, eff, e, ideal, self.hw, int(idx[j]))
+                positions = _positions(idx)
+                for j in np.flatnonzero(np.isin(positions, want)) if want is not None else ():
+                    p = int(positions[j])
+                    explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
+                                                                                        self.hw, p)
         fails = dict(self.fails)
         violations = {"memory": self.memory_violation,
                       "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
@@ -221,8 +241,17 @@ class Plan:
         reason = np.zeros(n, dtype=np.int16)
         for code in sorted(fails):
             reason = np.where((reason == 0) & fails[code], code, reason).astype(np.int16)
+        labels, details = self.labels, self.details
+        if self.inverse is not None:                  # back to the caller's order
+            back = self.inverse
+            out = {k: v[back] for k, v in out.items()}
+            violations = {k: v[back] for k, v in violations.items()}
+            fails = {k: v[back] for k, v in fails.items()}
+            reason, eff_code = reason[back], eff_code[back]
+            labels = {k: (codes[back], names) for k, (codes, names) in labels.items()}
+            details = [(self.order[idx], text) for idx, text in details]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
-                          eff_names or ["ideal" if ideal else "default"], fails, self.labels, self.details, explained)
+                          eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained)
 
 
 def _explain_set(explain, n: int):
@@ -233,17 +262,21 @@ def _explain_set(explain, n: int):
     return np.asarray(list(explain), dtype=np.int64)
 
 
-def _by_efficiency(index: np.ndarray, effs: Sequence):
+def _positions(index) -> np.ndarray:
+    """The positions a slice or an index array selects."""
+    return np.arange(index.start, index.stop) if isinstance(index, slice) else np.asarray(index)
+
+
+def _by_efficiency(index, effs: Sequence):
     """Split a group's points by their own Efficiency (per-row efficiencies)."""
     keys: dict[int, list] = {}
-    for i in index:
+    for i in _positions(index):
         keys.setdefault(id(effs[i]), []).append(i)
     return [(np.array(v, dtype=np.int64), effs[v[0]]) for v in keys.values()]
 
 
 def _subgroup(g: _Group, idx: np.ndarray) -> _Group:
-    pos = np.searchsorted(g.index, idx) if np.all(np.diff(g.index) > 0) else \
-        np.array([int(np.flatnonzero(g.index == i)[0]) for i in idx])
+    pos = idx - _positions(g.index)[0]
     cpu = None if g.cpu is None else {**g.cpu, "system": g.cpu["system"].take(pos),
                                       "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
     return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu)
@@ -295,7 +328,7 @@ def _explain(g: _Group, j: int, eff: Efficiency, given, ideal: bool, hw: Hardwar
     """Per-operator rows of the prefill and of one decode step of the group's j-th point."""
     t = g.tables
     one = g.system.take(np.array([j]))
-    used = hw.used[point]
+    used = hw.used(point)
     stages = {}
     for stage, op, table in (("prefill", t.prefill, t.prefill_table), ("decode", t.decode, t.decode_table)):
         if g.cpu is None:
@@ -352,20 +385,23 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     """Assemble, lay out, size and check every design point of ``columns`` (see the module
     docstring); DseError for an unknown name or an invalid value, naming the column."""
     cols = columns if isinstance(columns, Columns) else Columns(columns, where)
+    original = cols
     n = cols.n
     hw = assemble(cols)
     w = _workload_columns(cols, hw)
     fails: dict[int, np.ndarray] = {}
     details: list = []
 
-    def fail(code: str, mask, detail: str | None = None):
-        c = R.CODE[code]
-        fails[c] = fails.get(c, np.zeros(n, dtype=bool)) | mask
-        if detail and np.any(mask):
-            details.append((np.flatnonzero(mask), detail))
+    def fail(code: str, index, detail: str | None = None):
+        """Points ``index`` (positions) fail the check ``code``."""
+        index = np.asarray(index, dtype=np.int64)
+        if len(index):
+            fails.setdefault(R.CODE[code], []).append(index)
+            if detail:
+                details.append((index, detail))
 
     tp, pp, valid = parallel_layout(w["devices"], w["tp"], w["pp"], w["ep"])
-    fail("layout", ~valid)
+    fail("layout", np.flatnonzero(~valid))
     sized = hw.spatial & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
     chips = np.full(n, np.nan)
     if sized.any():
@@ -379,6 +415,19 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, hw.host_cpu, hw.device_class]
     inv, order, starts = group(key, n)
+    if np.all(order[1:] > order[:-1]):
+        order = None                    # already in group order
+    else:                               # hold the points in group order: every group a slice (views)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(n)
+        cols = cols.take(order)
+        hw = assemble(cols)
+        w = _workload_columns(cols, hw)
+        tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
+        cpu_layers = w["cpu_layers"]
+        for c, parts in fails.items():
+            parts[:] = [inverse[p] for p in parts]
+        details[:] = [(inverse[idx], text) for idx, text in details]
     memory_violation = np.full(n, np.inf)
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), **{k: np.full(n, np.nan) for k in (
@@ -386,14 +435,12 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
     groups = []
     for g in range(len(starts) - 1):
-        idx = np.sort(order[starts[g]:starts[g + 1]])
-        i0 = idx[0]
+        idx = slice(int(starts[g]), int(starts[g + 1]))
+        i0 = idx.start
         model = w["models"][w["model"][i0]]
         names = {k: str(w[k + "_names"][w[k][i0]]) for k in ("weights", "activations", "kv")}
         if w["flash"][i0] and not hw.buffer[i0] > 0:
-            mask = np.zeros(n, dtype=bool)
-            mask[idx] = True
-            fail("onchip_buffer", mask)
+            fail("onchip_buffer", _positions(idx))
             groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
             continue
         try:
@@ -401,15 +448,14 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                        names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w["ep"][i0]),
                        bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
         except DseError as e:
-            mask = np.zeros(n, dtype=bool)
-            mask[idx] = True
-            fail("model_split", mask, str(e))
+            fail("model_split", _positions(idx), str(e))
             groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
             continue
         groups.append(_check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation))
     labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""])}
-    return Plan(cols, hw, groups, base, fails, memory_violation, details, constraints, labels)
+    return Plan(original, hw, groups, base, fails, memory_violation,
+                details, constraints, labels, order)
 
 
 def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
@@ -481,9 +527,7 @@ def _size_chips(w: dict, hw: HardwareArrays, sized: np.ndarray, tp, pp, chips, f
         try:
             need = chips_required(tables(model, *args, 1, 1, 1, flash, buf).footprint.total_bytes, cap)
         except DseError as e:
-            mask = np.zeros(len(sized), dtype=bool)
-            mask[idx] = True
-            fail("model_split", mask, str(e))
+            fail("model_split", idx, str(e))
             continue
         chips[idx] = need
         left = np.ones(len(idx), dtype=bool)
@@ -500,9 +544,7 @@ def _size_chips(w: dict, hw: HardwareArrays, sized: np.ndarray, tp, pp, chips, f
             left &= ~ok
             if not left.any():
                 break
-        mask = np.zeros(len(sized), dtype=bool)
-        mask[idx[left]] = True
-        fail("no_chip_layout", mask)
+        fail("no_chip_layout", idx[left])
 
 
 def _max_batch(w: dict, hw: HardwareArrays, tp, pp, batch, fail) -> None:
@@ -546,15 +588,14 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     sc = t.scenario
     fp = t.footprint
     sys = hw.system.take(idx)
-    size = len(idx)
+    positions = _positions(idx)
+    size = len(positions)
     policy = w["policies"][w["policy"][i0]]
     cpu_layers = int(w["cpu_layers"][i0])
 
     def mark(code, bad, detail=None):
         if np.any(bad):
-            mask = np.zeros(n, dtype=bool)
-            mask[idx[np.broadcast_to(bad, (size,))]] = True
-            fail(code, mask, detail)
+            fail(code, positions[np.broadcast_to(bad, (size,))], detail)
 
     share = cpu_layers / model.num_layers
     cpu = None
@@ -586,7 +627,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
         mark("format", ~(sys.peak[:, _COL[c]] > 0), None)
     weight_class = matmul_compute_class(sc.activations, sc.weights)
     if w["sparse"][i0]:
-        gain = hw.sparse_ratio[idx]
+        gain = hw.sparse_ratio(idx)
         mark("sparse", ~(gain[:, _COL[weight_class]] > 1))
         sys = replace(sys, sparse_gain=gain)
     if sc.devices > 1:
@@ -601,7 +642,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
                   overlap=w["overlap"][idx].copy())
     if share:
         cpu_hw = assemble(Columns({"hardware": hw.cpus[hw.host_cpu[i0]], "model": ""}))
-        cpu_sys, cpu_used = cpu_hw.system.take(np.zeros(size, dtype=np.int64)), cpu_hw.used[0]
+        cpu_sys, cpu_used = cpu_hw.system.take(np.zeros(size, dtype=np.int64)), cpu_hw.used(0)
         for c in sorted(wanted):
             mark("format", ~(cpu_sys.peak[:, _COL[c]] > 0))
         per_token = model.hidden_size * sc.activations.bytes

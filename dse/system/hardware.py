@@ -32,9 +32,10 @@ class HardwareArrays:
     """The hardware of every design point (SI units, arrays over points).
 
     system: the kernel's view at tp = 1 without offload (peaks widened per PEAK_COLUMNS).
-    used: [P, C] index into COMPUTE_CLASSES of the class that runs work asking for each
-        class (-1: none can). sparse_ratio: [P, len(PEAK_COLUMNS)] 2:4 sparse / dense peak of
-        the class used (1 where the preset publishes none).
+    pattern: [P] index into ``used_by_pattern`` [U, C]: the class (index into COMPUTE_CLASSES)
+        that runs work asking for each class (-1: none can), per pattern of native classes.
+    ratio_native: [D, C] 2:4 sparse / dense peak of each base device's classes (1 where the
+        preset publishes none); ``sparse_ratio`` widens it for some points.
     device_class: [P] index into DEVICE_CLASSES. name: [P] index into ``names``.
     has_host: [P] a host link and a host memory exist (offload can go somewhere).
     host_capacity, host_link_latency: [P] bytes and seconds (NaN / 0 without a host tier).
@@ -42,8 +43,9 @@ class HardwareArrays:
     """
 
     system: SystemArrays
-    used: np.ndarray
-    sparse_ratio: np.ndarray
+    pattern: np.ndarray
+    used_by_pattern: np.ndarray
+    ratio_native: np.ndarray
     device_class: np.ndarray
     name: np.ndarray
     names: list
@@ -56,6 +58,19 @@ class HardwareArrays:
     price_usd: np.ndarray
     host_cpu: np.ndarray
     cpus: list
+
+    def used(self, i: int) -> np.ndarray:
+        """[C] the class that runs each class's work at point ``i``."""
+        return self.used_by_pattern[self.pattern[i]]
+
+    def sparse_ratio(self, index) -> np.ndarray:
+        """[len(index), len(PEAK_COLUMNS)] 2:4 sparse / dense peak of the class each column's
+        work runs in, at the points ``index`` (1 where none is published)."""
+        used = self.used_by_pattern[self.pattern[index]]
+        native = self.ratio_native[self.name[index]]
+        out = np.ones((len(used), len(PEAK_COLUMNS)))
+        out[:, :_C] = np.where(used >= 0, np.take_along_axis(native, np.maximum(used, 0), axis=1), 1.0)
+        return out
 
     @property
     def spatial(self) -> np.ndarray:
@@ -96,8 +111,8 @@ def _bases(cols: Columns) -> tuple[np.ndarray, list[Device]]:
 
 
 def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
-    vals = [get(d) for d in devices]
-    return np.array([default if v is None else v for v in vals], dtype=float)[inv]
+    vals = np.array([default if v is None else v for v in map(get, devices)], dtype=float)
+    return np.full(len(inv), vals[0]) if len(vals) == 1 else vals[inv]
 
 
 def assemble(cols: Columns) -> HardwareArrays:
@@ -112,28 +127,44 @@ def assemble(cols: Columns) -> HardwareArrays:
         given = cols.numbers(key)
         return np.where(np.isnan(given), own, given)
 
-    raw = np.array([[d.peak_ops_per_s.get(c, 0.0) for c in COMPUTE_CLASSES] for d in devices])[inv]
+    # peaks per class as contiguous rows [C, P]: every step below is a whole-row operation
+    own = np.array([[d.peak_ops_per_s.get(c, 0.0) for d in devices] for c in COMPUTE_CLASSES])
+    raw = np.repeat(own, n, axis=1) if len(devices) == 1 else own[:, inv]
     for j, c in enumerate(COMPUTE_CLASSES):
         if cols.has(f"peak_{c}"):
             given = cols.numbers(f"peak_{c}")
-            raw[:, j] = np.where(np.isnan(given), raw[:, j], given)
+            raw[j] = np.where(np.isnan(given), raw[j], given)
     if cols.has("native_formats"):
         nat_inv, nat = cols.labels("native_formats")
-        allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for c in COMPUTE_CLASSES] for v in nat])
-        raw = np.where(allowed[nat_inv], raw, 0.0)
-    scale = np.nan_to_num(cols.numbers("compute_scale"), nan=1.0) if cols.has("compute_scale") else np.ones(n)
-    raw = raw * scale[:, None]
-    used = widening_choice(raw)
-    peak = np.empty((n, len(PEAK_COLUMNS)))
-    peak[:, :_C] = np.where(used >= 0, np.take_along_axis(raw, np.maximum(used, 0), axis=1), 0.0)
-    peak[:, _C] = field("vector_ops_per_s", lambda d: d.vector_ops_per_s) * scale
-    peak[:, _C + 1] = np.inf
-
+        allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for v in nat] for c in COMPUTE_CLASSES])
+        raw = np.where(allowed[:, nat_inv], raw, 0.0)
+    scale = np.nan_to_num(cols.numbers("compute_scale"), nan=1.0) if cols.has("compute_scale") else None
+    if scale is not None:
+        raw *= scale
+    # the class that runs each class's work depends only on which classes are native: one
+    # widening per distinct pattern, then whole rows copied per pattern
+    bits = np.zeros(n, dtype=np.int64)
+    for j in range(_C):
+        bits |= (raw[j] > 0).astype(np.int64) << j
+    seen = np.flatnonzero(np.bincount(bits, minlength=1 << _C))
+    lookup = np.zeros(1 << _C, dtype=np.int64)
+    lookup[seen] = np.arange(len(seen))
+    patterns, pattern = seen, lookup[bits]
+    used_by_pattern = widening_choice((patterns[:, None] >> np.arange(_C)) & 1)
+    peak_t = np.zeros((len(PEAK_COLUMNS), n))
+    for u, used in enumerate(used_by_pattern):
+        cols_u = slice(None) if len(patterns) == 1 else pattern == u
+        for j, k in enumerate(used):
+            if k >= 0:
+                peak_t[j, cols_u] = raw[k, cols_u]
+    vector = field("vector_ops_per_s", lambda d: d.vector_ops_per_s)
+    peak_t[_C] = vector * scale if scale is not None else vector
+    peak_t[_C + 1] = np.inf
+    peak = peak_t.T                     # [P, columns], column-major: SystemArrays.take gathers per column
+    raw = raw.T
     ratio_native = np.array([[d.sparse_peak_ops_per_s.get(c, 0.0) / d.peak_ops_per_s[c]
                               if d.sparse_peak_ops_per_s.get(c) and d.peak_ops_per_s.get(c) else 1.0
-                              for c in COMPUTE_CLASSES] for d in devices])[inv]
-    sparse_ratio = np.ones((n, len(PEAK_COLUMNS)))
-    sparse_ratio[:, :_C] = np.where(used >= 0, np.take_along_axis(ratio_native, np.maximum(used, 0), axis=1), 1.0)
+                              for c in COMPUTE_CLASSES] for d in devices])
 
     bw = field("memory_bandwidth", lambda d: d.memory.bandwidth_bytes_per_s)
     cap = field("memory_capacity", lambda d: d.memory.capacity_bytes)
@@ -171,7 +202,8 @@ def assemble(cols: Columns) -> HardwareArrays:
     dev_class = np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64)[inv]
     cpu_idx, cpus = _host_cpus(cols, devices, inv)
     return HardwareArrays(
-        system=system, used=used, sparse_ratio=sparse_ratio, device_class=dev_class,
+        system=system, pattern=pattern, used_by_pattern=used_by_pattern, ratio_native=ratio_native,
+        device_class=dev_class,
         name=inv, names=[d.name for d in devices],
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
