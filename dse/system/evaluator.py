@@ -387,6 +387,11 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     cols = columns if isinstance(columns, Columns) else Columns(columns, where)
     original = cols
     n = cols.n
+    # points that share a workload are put side by side first (from the columns as given), so
+    # that every group is a slice; batch: max and chip sizing may split groups further below
+    held = _workload_order(cols)
+    if held is not None:
+        cols = cols.take(held)
     hw = assemble(cols)
     w = _workload_columns(cols, hw)
     fails: dict[int, np.ndarray] = {}
@@ -416,7 +421,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, hw.host_cpu, hw.device_class]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
-        order = None                    # already in group order
+        order = held                    # already in group order
     else:                               # hold the points in group order: every group a slice (views)
         inverse = np.empty_like(order)
         inverse[order] = np.arange(n)
@@ -428,6 +433,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         for c, parts in fails.items():
             parts[:] = [inverse[p] for p in parts]
         details[:] = [(inverse[idx], text) for idx, text in details]
+        order = order if held is None else held[order]
     memory_violation = np.full(n, np.inf)
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), **{k: np.full(n, np.nan) for k in (
@@ -456,6 +462,26 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""])}
     return Plan(original, hw, groups, base, fails, memory_violation,
                 details, constraints, labels, order)
+
+
+#: the columns that decide which points share a workload (and so one kernel call)
+_WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
+                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "hardware", "link",
+                    "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats")
+
+
+def _workload_order(cols: Columns) -> np.ndarray | None:
+    """Positions that put points with the same workload inputs side by side (None: already so)."""
+    keys = []
+    for k in _WORKLOAD_INPUTS:
+        if cols.has(k) and not cols.is_fixed(k):
+            v = cols.given[k]
+            keys.append(np.asarray(v.codes) if hasattr(v, "codes") else cols.labels(k)[0]
+                        if np.asarray(v).dtype.kind in "OUSb" else np.asarray(v))
+    if not keys:
+        return None
+    _, order, _ = group(keys, cols.n)
+    return None if np.all(order[1:] > order[:-1]) else order
 
 
 def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
