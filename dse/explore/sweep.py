@@ -26,6 +26,10 @@ from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
 
 
+#: metrics that are whole numbers of devices or sequences (stored as integers)
+COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
+
+
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """Rows of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
     ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints)
@@ -33,7 +37,8 @@ def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str 
     for name, v in cols.items():
         df[name] = v
     for name in METRICS:
-        df[name] = ev.metrics[name]
+        v = ev.metrics[name]
+        df[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
     df["feasible"] = ev.feasible
     df["reason"] = ev.reason_labels()
     return df, ev
