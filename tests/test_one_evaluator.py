@@ -185,3 +185,28 @@ def test_cpu_split_host_hop_pays_the_collective_latency():
     # two crossings per step: prefill (1 step) and one decode step
     assert b["ttft_s"][0] - a["ttft_s"][0] == pytest.approx(2e-3, rel=1e-9)
     assert b["tpot_s"][0] - a["tpot_s"][0] == pytest.approx(2e-3, rel=1e-9)
+
+
+def test_batch_max_is_a_study_column(tmp_path):
+    # batch: max sweeps like any other value; a point's resolved batch is the one analyze finds
+    from dse.explore.space import DesignSpace
+    from dse.explore.spec import SweepSpec
+    from dse.explore.study import run_study
+    from dse.present.report import write_report
+    space = DesignSpace({"hardware": ["h100-sxm", "a100-80gb"], "model": "llama-2-7b", "batch": [1, "max"],
+                         "prompt_len": 1024, "gen_len": 256})
+    spec = SweepSpec(space, objectives={"output_tokens_per_s": "max"})
+    run_study(spec, tmp_path)
+    write_report(tmp_path, {"name": "bm"}, spec)
+    import pandas as pd
+    res = pd.read_parquet(tmp_path / "results.parquet")
+    for hw in ("h100-sxm", "a100-80gb"):
+        row = res[(res.hardware == hw) & (res.batch == "max")].iloc[0]
+        a, _ = analyze_point({"model": "llama-2-7b", "hardware": hw, "batch": "max", "prompt_len": 1024,
+                              "gen_len": 256})
+        assert row.batch_used == a.summary["batch"] > 1
+        # the largest that fits: one more sequence does not
+        more = evaluate({"model": "llama-2-7b", "hardware": hw, "batch": int(row.batch_used) + 1,
+                         "prompt_len": 1024, "gen_len": 256})
+        assert not more.feasible[0] and more.reason_key(0) == "device_memory"
+    assert (tmp_path / "sweep_batch.png").exists()

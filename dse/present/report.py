@@ -114,7 +114,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     key = "point" if "point" in res.names else "trial" if "trial" in res.names else None
     want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes]
     if any(v in varied for v in ("batch", "prompt_len", "gen_len")):
-        want += list(sweep_metrics)
+        want += list(sweep_metrics) + ["batch_used"]
     df = res.columns(want)
     if key is None:
         df["point"] = np.arange(len(df), dtype=np.int64)
@@ -254,8 +254,10 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
 
     if base is not None and "batch" in varied:
         sub, hue, fixed, mode = sweep_slice("batch")
+        # batch: max is drawn at the batch it resolved to
+        bx = "batch" if pd.api.types.is_numeric_dtype(df["batch"]) else "batch_used"
         rec = sweep_plot(out / "sweep_batch.png",
-                         [{"data": sub, "x": "batch", "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}],
+                         [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}],
                          title_of("batch sweep", fixed, mode))
         rec.update(mode=mode, fixed=plain(fixed), base_point=int(df["point"].iat[p0]))
         plots["sweep_batch.png"] = rec
