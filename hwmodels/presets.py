@@ -10,9 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
-from basis.errors import DseError, as_number
+from basis.errors import MAX_FIGURE, DseError, as_number
+from basis.yamlfile import load_yaml
 from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
@@ -41,6 +40,8 @@ def _cited(node, where: str, sources: dict, positive: bool = True) -> float:
         raise DseError(f"{where}.value: must be positive, got {v}")
     if not positive and v < 0:
         raise DseError(f"{where}.value: must not be negative, got {v}")
+    if v > MAX_FIGURE:
+        raise DseError(f"{where}.value: at most {MAX_FIGURE:g} (SI units), got {v:g}")
     src = node.get("source")
     if not src or not isinstance(src, str):
         raise DseError(f"{where}: every number needs a 'source' (a key of 'sources' or a citation)")
@@ -154,19 +155,15 @@ def _tier(t, w: str, sources: dict) -> MemoryTier:
 def load_device_file(path: str | Path) -> Device:
     """Read and validate one preset file."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise DseError(f"{p}: cannot read hardware preset: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise DseError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
-    return device_from_dict(data, str(p))
+    return device_from_dict(load_yaml(p, "hardware preset"), str(p))
 
 
 def load_named_table(path: Path, section: str, parse) -> dict:
     """Entries of ``section`` in a YAML file of cited presets (``configs/links.yaml``,
     ``configs/tiers.yaml``), each parsed by ``parse(mapping with its name, where, sources)``."""
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path, f"table of {section}")
+    if not isinstance(data, dict):
+        raise DseError(f"{path}: expected a mapping with '{section}' and 'sources'")
     sources = data.get("sources", {})
     return {name: parse({"name": name, **node}, f"{path}: {section}.{name}", sources)
             for name, node in (data.get(section) or {}).items()}

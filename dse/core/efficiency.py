@@ -78,7 +78,8 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import DseError, as_number
+from basis.yamlfile import load_yaml
 from hwmodels.formats import COMPUTE_BITS, COMPUTE_CLASSES
 
 CALIBRATION_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "calibration.yaml"
@@ -248,13 +249,8 @@ load_calibration.cache_clear = lambda: _load_calibration.cache_clear()   # noqa:
 
 @lru_cache(maxsize=8)
 def _load_calibration(path: str, mtime_ns: int, size: int) -> dict:
-    import yaml
-
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise DseError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    data = load_yaml(p, "calibration file") or {}
     if not isinstance(data, dict) or not isinstance(data.get("classes", {}), dict):
         raise DseError(f"{p}: expected a mapping with 'classes: {{<class>: {{<parameter>: {{value: ...}}}}}}'")
     for cls, params in data.get("classes", {}).items():
@@ -266,8 +262,9 @@ def _load_calibration(path: str, mtime_ns: int, size: int) -> dict:
             if k not in PARAM_NAMES:
                 raise DseError(f"{p}: classes.{cls}.{k}: unknown parameter; allowed: {', '.join(PARAM_NAMES)}")
             val = v.get("value") if isinstance(v, dict) else v
-            if isinstance(val, bool) or not isinstance(val, (int, float)):
+            if isinstance(val, str):
                 raise DseError(f"{p}: classes.{cls}.{k}: expected {{value: NUMBER, note: ...}}, got {v!r}")
+            as_number(val, f"{p}: classes.{cls}.{k}")
     return data
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dse.explore.runio import write_text_atomic
+from basis.files import write_text_atomic
 from dse.system.analysis import summary_of
 from dse.system.evaluator import evaluate
 from dse.system.params import PARAMS

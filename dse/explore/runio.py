@@ -1,5 +1,5 @@
-"""Run-folder I/O shared by sweeps, searches and reports: atomic writes, a progress line,
-column-wise reading of results.parquet."""
+"""Run-folder I/O shared by sweeps, searches and reports: the folder's lock, atomic
+writes, a progress line, column-wise reading of results.parquet."""
 from __future__ import annotations
 
 import os
@@ -10,14 +10,61 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from basis.errors import DseError
+from basis.files import atomic_write
+
 
 def write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``df`` to ``path`` as Parquet or CSV, atomically."""
     if kind == "parquet":
-        df.to_parquet(tmp, index=False)
+        atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
     else:
-        df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+        atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+LOCK_FILE = ".dse-run.lock"
+_held: dict[Path, list] = {}      # run folders this process has locked: [open lock file, depth]
+
+
+class RunLock:
+    """Exclusive use of a run folder while a run writes it (re-entrant within a process).
+
+    An advisory ``flock`` on ``<folder>/.dse-run.lock``: the kernel drops it when the
+    holder exits, however it exits, so a killed run never leaves the folder locked and a
+    second run on a folder in use is refused at once, with the holder's process id."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder).resolve()
+
+    def __enter__(self):
+        held = _held.get(self.folder)
+        if held is not None:
+            held[1] += 1
+            return self
+        import fcntl
+        f = open(self.folder / LOCK_FILE, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise DseError(f"{self.folder}: another dse run is using this folder (process {holder}); wait for it "
+                           f"to finish, or use another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        _held[self.folder] = [f, 1]
+        return self
+
+    def __exit__(self, *exc):
+        held = _held[self.folder]
+        held[1] -= 1
+        if held[1] == 0:
+            del _held[self.folder]
+            held[0].close()        # releases the lock; the file stays (removing it would race a waiter)
+        return False
 
 
 class Progress:
@@ -27,6 +74,11 @@ class Progress:
     def __init__(self, total: int, quiet: bool, what: str = "sweep", unit: str = "points"):
         self.total, self.quiet, self.t0, self.done = total, quiet, time.perf_counter(), 0
         self.what, self.unit, self._shown = what, unit, -1
+        self.start = 0         # work already done when this run started (resumed), not timed by it
+
+    def resume(self, done: int) -> None:
+        """Count ``done`` units finished by an earlier run (not in the time estimate)."""
+        self.done = self.start = done
 
     def update(self, n: int, note: str = ""):
         self.done += n
@@ -38,16 +90,12 @@ class Progress:
             return
         self._shown = tenth
         dt = time.perf_counter() - self.t0
+        done_here = self.done - self.start
+        left = (self.total - self.done) * dt / done_here if 0 < done_here and self.done < self.total else None
+        eta = f", ~{left:.0f} s left" if left is not None else ""
         end = "\n" if self.done >= self.total or not tty else ""
         print(f"\r[{self.what}] {self.done:,}/{self.total:,} {self.unit} ({100 * self.done / self.total:.0f}%) "
-              f"{dt:.1f} s{note}", end=end, file=sys.stderr, flush=True)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+              f"{dt:.1f} s{eta}{note}", end=end, file=sys.stderr, flush=True)
 
 
 class ResultsFile:

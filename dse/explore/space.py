@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError, as_number
-from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, ZERO_ALLOWED
+from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, out_of_range
 from hwmodels.formats import COMPUTE_CLASSES, get_format
 from hwmodels.links import load_link
 from hwmodels.placement import parse_policy
@@ -48,6 +48,8 @@ class Axis:
 
 
 _num = as_number
+#: the most values one axis may list (checked before anything is allocated)
+MAX_AXIS_VALUES = 10_000_000
 
 
 def _cast(name: str, v, where: str):
@@ -65,17 +67,10 @@ def _cast(name: str, v, where: str):
     if name == "batch" and v == BATCH_MAX:
         return v
     x = _num(v, where)
-    if not math.isfinite(x):
-        raise DseError(f"{where}: expected a finite number, got {v!r}")
-    if kind is int:
-        low = 0 if name in ZERO_ALLOWED else 1
-        if x != int(x) or x < low:
-            raise DseError(f"{where}: expected a {'non-negative' if low == 0 else 'positive'} integer"
-                           f"{' or max' if name == 'batch' else ''}, got {v!r}")
-        return int(x)
-    if x < 0:
-        raise DseError(f"{where}: must not be negative, got {v!r}")
-    return x
+    bad, allowed = out_of_range(name, np.array([x]))
+    if bad[0]:
+        raise DseError(f"{where}: expected {allowed}{' or max' if name == 'batch' else ''}, got {v!r}")
+    return int(x) if kind is int else x
 
 
 def make_axis(name: str, spec, where: str = "space") -> Axis:
@@ -92,7 +87,7 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
         for k in ("min", "max"):
             if k not in spec:
                 raise DseError(f"{w}: a range needs '{k}'")
-        lo, hi = _num(spec["min"], f"{w}.min"), _num(spec["max"], f"{w}.max")
+        lo, hi = _cast(name, spec["min"], f"{w}.min"), _cast(name, spec["max"], f"{w}.max")
         if lo > hi:
             raise DseError(f"{w}: empty range, min {lo:g} > max {hi:g}")
         scale = spec.get("scale", "linear")
@@ -100,10 +95,10 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
             raise DseError(f"{w}.scale: expected linear or log, got {scale!r}")
         if "step" in spec and "count" in spec:
             raise DseError(f"{w}: give one of 'step' or 'count', not both")
-        if "step" not in spec and "count" not in spec:   # continuous: sampled, not gridded
-            return Axis(name, (), lo, hi, scale == "log")
         if scale == "log" and lo <= 0:
             raise DseError(f"{w}: a log range needs min > 0, got {lo:g}")
+        if "step" not in spec and "count" not in spec:   # continuous: sampled, not gridded
+            return Axis(name, (), lo, hi, scale == "log")
         if "step" in spec:
             step = _num(spec["step"], f"{w}.step")
             if step <= 0:
@@ -112,12 +107,14 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
                 raise DseError(f"{w}.step: {step:g} is larger than the range {lo:g}..{hi:g}")
             if scale == "log":
                 raise DseError(f"{w}: 'step' goes with a linear range; use 'count' for a log range")
-            n = int(math.floor((hi - lo) / step * (1 + 1e-12))) + 1
+            n = math.floor(min((hi - lo) / step * (1 + 1e-12), MAX_AXIS_VALUES)) + 1
+            if n > MAX_AXIS_VALUES:
+                raise DseError(f"{w}.step: gives more than {MAX_AXIS_VALUES:,} values; allowed: a larger step")
             vals = lo + step * np.arange(n)
         else:
             n = spec["count"]
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise DseError(f"{w}.count: expected a positive integer, got {n!r}")
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_AXIS_VALUES:
+                raise DseError(f"{w}.count: expected a positive integer up to {MAX_AXIS_VALUES:,}, got {n!r}")
             if n > 1 and lo == hi:
                 raise DseError(f"{w}: empty range for {n} values, min = max = {lo:g}")
             vals = np.geomspace(lo, hi, n) if scale == "log" else np.linspace(lo, hi, n)

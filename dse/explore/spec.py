@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +13,11 @@ from dse.system.evaluator import METRICS
 
 SAMPLERS = ("nsga2", "nsga3", "tpe", "random", "qmc")
 METHODS = ("grid", "random", "sobol", "optuna")
+#: seeds are 32-bit (what numpy's legacy generators and Optuna's samplers accept)
+SEED_LIMIT = 2**32
+#: the most points one chunk may hold, and the most samples or trials a study may ask for
+MAX_CHUNK = 10_000_000
+MAX_TRIALS = 10_000_000
 
 
 @dataclass
@@ -40,6 +46,14 @@ class SweepSpec:
         where = self.where
         if self.method not in METHODS:
             raise DseError(f"{where}: method: '{self.method}' is not one of {', '.join(METHODS)}")
+        for key, low, high in (("seed", 0, SEED_LIMIT - 1), ("chunk_size", 1, MAX_CHUNK), ("max_points", 1, None),
+                               ("samples", 1, None), ("trials", 1, MAX_TRIALS), ("population", 2, MAX_CHUNK)):
+            v = getattr(self, key)
+            if v is None and key in ("samples", "trials", "population"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low or (high and v > high):
+                raise DseError(f"{where}: {key}: expected an integer from {low:,}"
+                               f"{f' to {high:,}' if high else ' up'}, got {v!r}")
         if self.method in ("random", "sobol") and (not isinstance(self.samples, int) or self.samples < 1):
             raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
         if self.method == "optuna":
@@ -47,15 +61,14 @@ class SweepSpec:
                 raise DseError(f"{where}: sampler: '{self.sampler}' is not one of {', '.join(SAMPLERS)}")
             if not isinstance(self.trials, int) or self.trials < 1:
                 raise DseError(f"{where}: trials: an optuna study needs a positive number of trials")
-            if self.population is not None and (not isinstance(self.population, int) or self.population < 2):
-                raise DseError(f"{where}: population: expected an integer >= 2, got {self.population!r}")
             if not self.objectives:
                 raise DseError(f"{where}: objectives: an optuna study needs at least one objective")
-        names = set(METRICS) | set(PARAMS) | {"feasible"}
+        numeric = [k for k, kind in PARAMS.items() if kind in (int, float)]
         for k, sense in self.objectives.items():
-            if k not in names:
-                raise DseError(f"{where}: objectives.{k}: unknown metric or parameter; allowed: "
-                               f"{', '.join(METRICS)} or a parameter")
+            if k not in METRICS and k not in numeric and k != "feasible":
+                what = "a name or a switch, which has no order" if k in PARAMS else "unknown metric or parameter"
+                raise DseError(f"{where}: objectives.{k}: {what}; allowed: {', '.join(METRICS)} or a numeric "
+                               f"parameter ({', '.join(numeric)})")
             if sense not in ("min", "max"):
                 raise DseError(f"{where}: objectives.{k}: expected min or max, got {sense!r}")
         for k, bound in self.constraints.items():
@@ -66,10 +79,10 @@ class SweepSpec:
             for s, v in list(bound.items()):
                 try:
                     bound[s] = float(v) if not isinstance(v, bool) else None
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     bound[s] = None
-                if bound[s] is None:
-                    raise DseError(f"{where}: constraints.{k}.{s}: expected a number, got {v!r}")
+                if bound[s] is None or not math.isfinite(bound[s]):
+                    raise DseError(f"{where}: constraints.{k}.{s}: expected a finite number, got {v!r}")
             if "min" in bound and "max" in bound and bound["min"] > bound["max"]:
                 raise DseError(f"{where}: constraints.{k}: contradictory, min {bound['min']} > max {bound['max']}")
         if self.points > self.max_points:

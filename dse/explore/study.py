@@ -7,8 +7,9 @@ from pathlib import Path
 import pandas as pd
 
 from basis.errors import DseError
+from basis.files import output_folder
 from dse.explore.best import explain_best
-from dse.explore.runio import ResultsFile, write_atomic
+from dse.explore.runio import ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
@@ -18,16 +19,18 @@ from dse.explore.sweep import front_of, run_sweep
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
               quiet: bool = True) -> pd.DataFrame:
     """Run a sweep or an Optuna search into ``out`` (resuming), write ``pareto.csv`` and
-    ``best.json`` (the best design per objective, explained), and return the Pareto front."""
-    out = Path(out)
-    if spec.method != "optuna":
-        if storage is not None or workers != 1:
-            raise DseError("--storage and --workers apply to optuna studies (method: optuna)")
-        front = run_sweep(spec, out, quiet=quiet)[1]
-    else:
-        rows = run_search(spec, out, storage, workers, quiet)
-        front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
-        cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]
-        write_atomic(front[cols], out / "pareto.csv", "csv")
-    explain_best(out, spec, ResultsFile(out / "results.parquet"))
+    ``best.json`` (the best design per objective, explained), and return the Pareto front.
+    The folder is locked for the run: a second run on it is refused (DseError)."""
+    if spec.method != "optuna" and (storage is not None or workers != 1):
+        raise DseError("--storage and --workers apply to optuna studies (method: optuna)")
+    out = output_folder(out)
+    with RunLock(out):
+        if spec.method != "optuna":
+            front = run_sweep(spec, out, quiet=quiet)[1]
+        else:
+            rows = run_search(spec, out, storage, workers, quiet)
+            front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
+            cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]
+            write_atomic(front[cols], out / "pareto.csv", "csv")
+        explain_best(out, spec, ResultsFile(out / "results.parquet"))
     return front

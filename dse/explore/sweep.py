@@ -6,25 +6,24 @@ interrupted sweep run again skips the chunks already on disk. When all chunks ar
 there they are merged into ``results.parquet`` (one row per point: parameters,
 metrics, ``feasible`` and ``reason``) and the feasible non-dominated points go to
 ``pareto.csv``. Memory stays bounded by the chunk size: the Pareto front is kept
-incrementally and the merge streams chunk by chunk.
+incrementally and the merge streams chunk by chunk. The folder is locked for the run (``RunLock``): a second
+run on it is refused, and a run deletes only the chunk files it wrote.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
+from basis.files import atomic_write, output_folder, write_text_atomic
 from dse.explore.pareto import pareto_mask
-from dse.explore.runio import Progress, write_atomic
+from dse.explore.runio import Progress, RunLock, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
-
 
 #: metrics that are whole numbers of devices or sequences (stored as integers)
 COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
@@ -93,65 +92,116 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True
         results = pd.concat(parts, ignore_index=True)
         return results, front_of(results, objectives).reset_index(drop=True)
 
-    out = Path(out)
+    out = output_folder(out)
+    with RunLock(out):
+        return None, _run_into(spec, out, progress)
+
+
+def _run_into(spec: SweepSpec, out: Path, progress: Progress) -> pd.DataFrame:
+    """The sweep written into the locked folder ``out``; its Pareto front."""
+    objectives = spec.objectives
     chunk_dir = out / "chunks"
     manifest = out / "sweep.json"
     final = out / "results.parquet"
-    out.mkdir(parents=True, exist_ok=True)
     fp = spec.fingerprint()
     if manifest.exists():
-        old = json.loads(manifest.read_text())
-        if old.get("fingerprint") != fp:
-            raise DseError(f"{out}: holds the results of a different study or space; use another --out folder")
+        state = _read_manifest(manifest)
+        if state.get("fingerprint") != fp:
+            raise DseError(f"{out}: holds a run whose {changed_settings(state.get('fingerprint'), fp)} differ from "
+                           f"this study's; to keep both, use another --out; to start over, delete {out}")
     else:
-        tmp = manifest.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fingerprint": fp, "complete": False}))
-        os.replace(tmp, manifest)
-    state = json.loads(manifest.read_text())
+        state = {"fingerprint": fp, "complete": False}
+        write_text_atomic(manifest, json.dumps(state))
     front = None
     if not state.get("complete"):
         chunk_dir.mkdir(exist_ok=True)
         cands = []
         for k in range(spec.chunks):
             path = chunk_dir / f"part-{k:06d}.parquet"
-            if path.exists():
-                df = pd.read_parquet(path)
-                note = " (resumed)"
+            df = _read_chunk(path)
+            if df is not None:
+                progress.resume(progress.done + len(df))        # an earlier run's: not in the estimate
+                progress.update(0, " (resumed)")
             else:
                 df = evaluate_chunk(spec, k)
                 write_atomic(df, path)
-                note = ""
+                progress.update(len(df))
             cands.append(front_of(df, objectives))
             if sum(map(len, cands)) > 4 * spec.chunk_size:     # keep memory bounded
                 cands = [front_of(pd.concat(cands, ignore_index=True), objectives)]
-            progress.update(len(df), note)
         front = front_of(pd.concat(cands, ignore_index=True), objectives) if cands else None
         _merge(chunk_dir, spec.chunks, final)
         state["complete"] = True
-        tmp = manifest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, manifest)
-        shutil.rmtree(chunk_dir, ignore_errors=True)
+        write_text_atomic(manifest, json.dumps(state))
+        _remove_chunks(chunk_dir, spec.chunks)
     else:
-        front = front_of(pd.read_parquet(final), objectives)
+        try:
+            front = front_of(pd.read_parquet(final), objectives)
+        except (OSError, ValueError) as e:
+            raise DseError(f"{final}: cannot be read ({str(e).splitlines()[0]}); delete {out} to run the study "
+                           f"again") from None
     front = (front if front is not None else pd.DataFrame()).reset_index(drop=True)
     cols = [c for c in front.columns if c in PARAMS or c in objectives or c == "point"]
     write_atomic(front[cols] if len(front.columns) else front, out / "pareto.csv", "csv")
-    return None, front
+    return front
+
+
+def _read_chunk(path: Path) -> pd.DataFrame | None:
+    """A chunk an earlier run wrote, or None when there is none (or it cannot be read: then
+    it is computed again)."""
+    if not path.exists():
+        return None
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_manifest(path: Path) -> dict:
+    """The state a sweep keeps in ``sweep.json``; DseError if it is not ours."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        state = None
+    if not isinstance(state, dict):
+        raise DseError(f"{path}: not a dse sweep manifest; use another --out, or delete that file to start over")
+    return state
+
+
+def changed_settings(old: str | None, new: str) -> str:
+    """The study settings (space, seed, method, ...) in which two fingerprints differ, as a phrase."""
+    try:
+        a, b = json.loads(old), json.loads(new)
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    except (TypeError, ValueError, AttributeError):
+        keys = []
+    return ", ".join(keys) + " settings" if keys else "settings"
+
+
+def _remove_chunks(chunk_dir: Path, chunks: int) -> None:
+    """Delete the chunk files this sweep wrote (and the folder if nothing else is in it)."""
+    for k in range(chunks):
+        (chunk_dir / f"part-{k:06d}.parquet").unlink(missing_ok=True)
+    try:
+        chunk_dir.rmdir()
+    except OSError:
+        pass
 
 
 def _merge(chunk_dir: Path, chunks: int, final: Path) -> None:
     """Stream the chunk files into one Parquet file, atomically."""
     import pyarrow.parquet as pq
-    tmp = final.with_name(final.name + ".tmp")
-    writer = None
-    try:
-        for k in range(chunks):
-            table = pq.read_table(chunk_dir / f"part-{k:06d}.parquet")
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table.cast(writer.schema))
-    finally:
-        if writer is not None:
-            writer.close()
-    os.replace(tmp, final)
+
+    def write(tmp: Path) -> None:
+        writer = None
+        try:
+            for k in range(chunks):
+                table = pq.read_table(chunk_dir / f"part-{k:06d}.parquet")
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
+
+    atomic_write(final, write)

@@ -12,6 +12,7 @@ Nothing heavier than numpy is imported unless ``--plot`` is given.
 from __future__ import annotations
 
 from basis.errors import DseError
+from basis.files import output_file
 from dse.present import display
 from dse.present.bottleneck import step_bound
 from dse.system.analysis import summary_of
@@ -76,15 +77,11 @@ def table_text(rows: list[dict]) -> str:
 
 def check_plot_path(plot: str | None):
     """The ``--plot`` file as a Path (None without one); DseError before any work for a bad name."""
-    from pathlib import Path
     if plot is None:
         return None
-    path = Path(plot)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if not plot.lower().endswith((".png", ".svg", ".pdf")):
         raise DseError(f"--plot {plot}: expected a .png, .svg or .pdf file name")
-    if not path.parent.is_dir():
-        raise DseError(f"--plot {plot}: no such folder {path.parent}")
-    return path
+    return output_file(plot, "--plot")
 
 
 def show(rows: list[dict], fmt: str, plot=None) -> None:

@@ -14,11 +14,11 @@ axis labels read back from the axes, and the ``point`` ids of highlighted design
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
+from basis.files import atomic_write
 from dse.explore.pareto import pareto_mask
 from dse.present.display import si
 
@@ -127,9 +127,7 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0):
 
 def _save(fig, path: Path) -> None:
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110))
 
 
 def _log_if_wide(ax, axis: str, values) -> bool:

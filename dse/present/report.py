@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
 from basis.errors import DseError
+from basis.files import write_text_atomic
 from dse.explore.best import BEST_FILE
 from dse.explore.runio import ResultsFile
 from dse.present.bottleneck import bottleneck
@@ -74,12 +74,6 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
     return "\n".join(lines)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 _SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -340,9 +334,9 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         rec["id"] = key          # the column naming the highlighted and analyzed designs
     if plots:
         lines += ["", "## Plots", ""] + [f"- [{f}]({f}): {_describe(rec)}" for f, rec in plots.items()]
-    _write_text(out / "summary.md", "\n".join(lines) + "\n")
+    write_text_atomic(out / "summary.md", "\n".join(lines) + "\n")
     written.insert(0, out / "summary.md")
-    _write_text(out / "plots.json", json.dumps(_clean(plots), separators=(",", ":")))
+    write_text_atomic(out / "plots.json", json.dumps(_clean(plots), separators=(",", ":")))
     written.append(out / "plots.json")
     return written
 

@@ -6,7 +6,9 @@ nothing heavier than numpy and PyYAML is imported on the analyze path.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -14,12 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from basis.errors import DseError
+from basis.files import output_folder
+from dse.explore.spec import SEED_LIMIT
 from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import ROW_KEYS, analyze_point
 from dse.system.evaluator import evaluate
+from dse.system.params import MAX_COUNT
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import FORMATS
 from hwmodels.links import available_links, load_link
@@ -43,8 +48,28 @@ def _positive_int(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    if not 0 < v <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_COUNT:,}, got {text}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'") from None
+    if not 0 <= v <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer up to {MAX_COUNT:,}, got {text}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got '{text}'") from None
+    if not 0 <= v < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got {v}")
     return v
 
 
@@ -77,7 +102,7 @@ def _add_workload_args(p):
     p.add_argument("--host-tier", default=None,
                    help="offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe)")
     p.add_argument("--sparse", action="store_true", help="weight matmuls at the device's 2:4 sparse peaks")
-    p.add_argument("--cpu-layers", type=_positive_int, default=0,
+    p.add_argument("--cpu-layers", type=_count, default=0,
                    help="run this many layers on the host CPU (llama.cpp-style split)")
     p.add_argument("--host-cpu", default=None, help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
 
@@ -92,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a study file: sweep a design space, write results and Pareto fronts")
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
     r.add_argument("--out", default=None, help="output folder (default runs/<study name>); rerun to resume")
-    r.add_argument("--seed", type=int, default=None, help="override the study's seed")
+    r.add_argument("--seed", type=_seed, default=None, help="override the study's seed (0 to 2**32 - 1)")
     r.add_argument("--trials", type=_positive_int, default=None, help="override the study's trials (optuna)")
     r.add_argument("--workers", type=_positive_int, default=1, help="worker processes on this machine (optuna)")
     r.add_argument("--storage", default=None,
@@ -203,13 +228,25 @@ def _table_report(res, display) -> str:
 
 
 def cmd_run(args) -> int:
-    import time
-
-    from dse.explore.study import run_study  # pandas, pyarrow, optuna: only when a study runs
+    from dse.explore.runio import RunLock  # pandas: only when a study runs
 
     data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
     name = str(data.get("name") or Path(args.study).stem)
-    out = Path(args.out or Path("runs") / name)
+    out = output_folder(args.out or Path("runs") / name)
+    signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops a run as Ctrl-C does: work done is kept
+    with RunLock(out):
+        return _run_locked(args, data, spec, name, out)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
+    """``run`` in its locked output folder: the study, then its report."""
+    import time
+
+    from dse.explore.study import run_study  # pandas, pyarrow, optuna: only when a study runs
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet)
     dt = time.perf_counter() - t0
@@ -271,7 +308,9 @@ class cli_words:
 
     def __exit__(self, kind, e, tb):
         if isinstance(e, DseError) and type(e) is DseError:
-            raise DseError(flagged(str(e).removeprefix("columns: "))) from None
+            text = str(e)
+            cut = len(text) if e.verbatim_from is None else e.verbatim_from
+            raise DseError(flagged(text[:cut]).removeprefix("columns: ") + text[cut:]) from None
         return False
 
 
@@ -336,9 +375,29 @@ def cmd_show(args) -> int:
     return 0
 
 
+def check_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """DseError naming the first option of ``argv`` that its command does not have, with the
+    nearest one it does (argparse would report a required option as missing instead)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    cmd = next((i for i, tok in enumerate(argv) if tok in commands), None)
+    if cmd is None:
+        return
+    known = [s for a in commands[argv[cmd]]._actions for s in a.option_strings]
+    for tok in argv[cmd + 1:]:
+        if tok == "--":
+            return
+        flag = tok.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known and not any(k.startswith(flag) for k in known):
+            near = difflib.get_close_matches(flag, known, n=1)
+            raise DseError(f"{argv[cmd]}: unknown option {flag}" + (f"; did you mean {near[0]}?" if near else
+                                                                      f"; allowed: {', '.join(sorted(known))}"))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        check_flags(parser, sys.argv[1:] if argv is None else list(argv))
+        args = parser.parse_args(argv)
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:

@@ -22,14 +22,16 @@ Everything is validated before any work starts; an error names the file and the 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-import yaml
-
 from basis.errors import DseError
+from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
 from dse.explore.spec import SweepSpec
 
+#: a study name: it is also the default output folder runs/<name>, so no paths
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
         "chunk_size", "ideal", "sampler", "trials", "population"}
@@ -56,10 +58,7 @@ def study_path(name_or_path: str) -> Path:
 def load_study(name_or_path: str, seed: int | None = None, trials: int | None = None) -> tuple[dict, SweepSpec]:
     """(raw mapping, validated SweepSpec) of a study file; ``seed`` and ``trials`` override the file's."""
     path = study_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise DseError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    data = load_yaml(path, "study file")
     if not isinstance(data, dict):
         raise DseError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
     unknown = set(data) - KEYS
@@ -70,18 +69,20 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
     for key, kind in (("objectives", dict), ("constraints", dict)):
         if key in data and not isinstance(data[key], kind):
             raise DseError(f"{path}: {key}: expected a mapping, got {data[key]!r}")
-    ints = {}
-    for key in ("samples", "seed", "max_points", "chunk_size", "trials", "population"):
-        if key in data:
-            v = data[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
-                raise DseError(f"{path}: {key}: expected a {'non-negative' if key == 'seed' else 'positive'} "
-                               f"integer, got {v!r}")
-            ints[key] = v
+    ints = {key: data[key] for key in ("samples", "seed", "max_points", "chunk_size", "trials", "population")
+            if key in data}         # ranges checked by SweepSpec
+    if "name" in data and not (isinstance(data["name"], str) and NAME.fullmatch(data["name"])):
+        raise DseError(f"{path}: name: {data['name']!r} is not a plain name (it names the output folder "
+                       f"runs/<name>); allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                       f"at most 100 characters")
+    if not isinstance(data.get("description", ""), str):
+        raise DseError(f"{path}: description: expected text, got {data['description']!r}")
     if "ideal" in data and not isinstance(data["ideal"], bool):
         raise DseError(f"{path}: ideal: expected true or false, got {data['ideal']!r}")
     if seed is not None:
         ints["seed"] = seed
+    if "sampler" in data and not isinstance(data["sampler"], str):
+        raise DseError(f"{path}: sampler: expected a name, got {data['sampler']!r}")
     if trials is not None:
         ints["trials"] = trials
     if "sampler" in data:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, ZERO_ALLOWED
+from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, out_of_range
 
 
 def _is_array(v) -> bool:
@@ -83,17 +83,9 @@ class Columns:
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
         if a.ndim == 0:
             a = np.full(self.n, float(a))
-        bad = ~np.isfinite(a)
+        bad, allowed = out_of_range(name, a)
         if name in MAY_BE_MISSING:
             bad &= ~np.isnan(a)
-        kind = PARAMS[name]
-        if kind is int:
-            low = 0 if name in ZERO_ALLOWED else 1
-            bad |= ~np.isnan(a) & ((a != np.round(a)) | (a < low))
-            allowed = "a non-negative integer" if low == 0 else "a positive integer"
-        else:
-            bad |= ~np.isnan(a) & (a < 0)
-            allowed = "a finite number >= 0"
         if bad.any():
             raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]]!r}")
         return a
@@ -131,9 +123,10 @@ class Columns:
             is_max, nums = np.zeros(a.shape, dtype=bool), a.astype(float)
         nums = np.full(self.n, float(nums)) if nums.ndim == 0 else nums
         is_max = np.full(self.n, bool(is_max)) if np.ndim(is_max) == 0 else is_max
-        bad = ~is_max & (~np.isfinite(nums) | (nums < 1) | (nums != np.round(nums)))
+        bad, allowed = out_of_range("batch", nums)
+        bad &= ~is_max
         if bad.any():
-            raise DseError(f"{self.where}: batch: expected a positive integer or '{BATCH_MAX}', "
+            raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', "
                            f"got {nums[np.flatnonzero(bad)[0]]!r}")
         return np.where(is_max, np.nan, nums), is_max
 
@@ -193,7 +186,7 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _dense_codes(a: np.ndarray) -> np.ndarray:
     """Codes 0..k-1 of the distinct values of ``a`` (hashing for large arrays, sorting for small)."""
     if len(a) > 4096:
-        import pandas as pd          # large tables come from sweeps, which have pandas loaded already
+        import pandas as pd  # large tables come from sweeps, which have pandas loaded already
         return np.asarray(pd.factorize(a)[0], dtype=np.int64)
     return np.unique(a, return_inverse=True)[1].astype(np.int64).ravel()
 

@@ -512,7 +512,8 @@ def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
         return codes, [resolve(v) for v in values]
     except DseError as e:
         said = str(e)
-        raise DseError(f"{cols.where}: {said}" if said.startswith(key) else f"{cols.where}: {key}: {said}") from None
+        head = f"{cols.where}: " if said.startswith(key) else f"{cols.where}: {key}: "
+        raise DseError(head + said, verbatim_from=len(head) + (len(key) if said.startswith(key) else 0)) from None
 
 
 def _host_capacity(w: dict, hw: HardwareArrays, policy, cpu_layers, index) -> np.ndarray:

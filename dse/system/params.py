@@ -12,6 +12,9 @@ bytes/s, ops/s, seconds, watts, dollars).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from basis.errors import MAX_FIGURE
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: hardware-template parameters (override the base preset named by ``hardware``)
@@ -57,8 +60,11 @@ WORKLOAD_PARAMS = {
     "cpu_layers": int,
 }
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
-#: integer parameters that may be 0 (all others must be positive)
-ZERO_ALLOWED = ("cpu_layers",)
+#: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
+#: latency, an on-chip buffer, host memory (0: none to offload to)
+ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity")
+#: the largest count (batch, tokens, devices, layers) a design point may ask for
+MAX_COUNT = 2**40
 #: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
 #: from the others; a hardware figure is the base preset's own)
 MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
@@ -67,4 +73,20 @@ DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "a
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 
-__all__ = ["PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING"]
+def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
+    """(True where an entry of numeric parameter ``name`` is not allowed, a phrase saying
+    what is): finite, an integer for counts, positive (or >= 0 for ``ZERO_ALLOWED``), at
+    most ``MAX_COUNT`` / ``MAX_FIGURE``. NaN entries are flagged; callers that accept
+    "not given" mask them out."""
+    a = np.asarray(values, dtype=float)
+    zero = name in ZERO_ALLOWED
+    with np.errstate(invalid="ignore"):
+        if PARAMS[name] is int:
+            bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
+            return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
+        bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
+    return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
+
+
+__all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS",
+           "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING"]
