@@ -6,20 +6,59 @@ violations (``trial.set_constraint``: fits in memory, SLOs, budgets; <= 0 is
 feasible). Presets named in the space are enqueued first as baselines.
 
 Storage: by default a journal file inside the run folder (``optuna.journal``, no
-server, opens in optuna-dashboard); ``--storage`` takes any SQLAlchemy URL (SQLite,
-PostgreSQL) so that worker processes on many machines share one study. Each batch's
-rows are written to ``chunks/`` before its trials are told, and the study stops at
-exactly ``trials`` complete trials: a rerun after an interruption resumes with the
-trials still missing, and a trial asked beyond the target by a concurrent worker is
-marked failed, never evaluated twice. SIGINT and SIGTERM finish the current batch
-(milliseconds) before stopping, so no asked trial is left running.
+server, opens in optuna-dashboard); ``--storage`` takes any SQLAlchemy URL (SQLite
+file, PostgreSQL) so that worker processes on many machines share one study. An
+in-memory SQLite (``sqlite:///:memory:``) is refused: workers cannot share it and a
+rerun cannot resume it. A URL that cannot be opened is one DseError line; passwords
+never appear in messages (``display_url``).
+
+Exact counts. Each batch's rows are written to ``chunks/`` before its trials are told,
+and the study stops at exactly ``trials`` complete trials: a rerun after an
+interruption resumes with the trials still missing, and a trial asked beyond the
+target by a concurrent worker is marked failed, never evaluated twice. A trial left
+RUNNING by a killed process is marked failed and replaced by a new one:
+
+- journal file: at the start of a run, since the run folder is locked by its run (no
+  other process can be using its journal), every RUNNING trial is a killed run's; a
+  journal lock file left by a killed writer is removed at once instead of waiting
+  Optuna's 30 s grace period.
+- SQLAlchemy storages: other machines may be running trials of the same study, so a
+  RUNNING trial is failed only when its heartbeat is older than a grace period. Each
+  worker records the heartbeat of the trials it runs every ``HEARTBEAT_S`` seconds
+  (env ``DSE_HEARTBEAT_S``); a trial whose heartbeat is older than ``GRACE_S`` (env
+  ``DSE_HEARTBEAT_GRACE_S``, default three intervals) is stale. A RUNNING trial with no
+  heartbeat at all (killed within its first interval, or left by an older version) is
+  given one when first seen, so it too goes stale a grace period later. A run that
+  has its target minus such trials waits for them (saying so on stderr), fails them,
+  and replaces them.
+
+Processes. SIGINT and SIGTERM are handled alike: the current batch (milliseconds) is
+finished and told, then the run stops with "interrupted after N of M trials", N the
+study's complete trials at that moment. With ``workers > 1`` the parent forwards the
+stop to its workers (SIGTERM), waits for them and kills any that do not stop in
+``STOP_WAIT_S``. Workers die with their parent however it dies: on Linux through
+``PR_SET_PDEATHSIG`` (the kernel sends SIGTERM), elsewhere (and as a fallback) a
+watchdog thread that sees the parent process id change; a worker then finishes its
+batch and exits, and exits hard after ``STOP_WAIT_S`` if it cannot.
+
+Shared studies. ``trial_counts`` gives the states of the study's trials and how many of
+the complete ones have a row in this run folder. Each run folder's ``results.parquet``
+(and so its Pareto front and report) holds the trials evaluated by that folder's
+workers only; with one ``--storage`` shared by runs with different ``--out`` folders
+the study's other complete trials have their rows in those folders. ``run_search``
+says so on stderr and in ``rows.attrs["trials"]``; the Optuna study itself (in the
+shared storage) holds every trial's parameters and objective values.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
+import sys
+import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +71,18 @@ from dse.explore.spec import SAMPLERS
 from dse.explore.sweep import evaluate_columns
 from hwmodels.presets import load_device
 
+HEARTBEAT_S = 10.0     # seconds between heartbeats of running trials (SQLAlchemy storages)
+GRACE_S = None         # a heartbeat older than this marks a trial stale; None: 3 * HEARTBEAT_S
+STOP_WAIT_S = 20.0     # how long a stop may take before workers are killed / exit hard
+_ENV_HEARTBEAT, _ENV_GRACE = "DSE_HEARTBEAT_S", "DSE_HEARTBEAT_GRACE_S"
+
 
 def _optuna():
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # heartbeats are recorded here for asked trials (ask/tell, not Study.optimize)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     return optuna
 
 
@@ -77,22 +124,127 @@ def distributions(space) -> tuple[dict, dict]:
     return dists, fixed
 
 
+def display_url(url: str | None) -> str | None:
+    """``url`` with its password masked (``***``), for messages: user:secret@host becomes
+    user:***@host, and a password given as a query parameter is masked too."""
+    if url is None:
+        return None
+    shown = None
+    try:
+        from sqlalchemy.engine import make_url
+        u = make_url(url)
+        if u.password is not None:
+            shown = u.render_as_string(hide_password=True)
+    except Exception:         # not parseable by SQLAlchemy (or no SQLAlchemy): mask by pattern
+        pass
+    if shown is None:
+        shown = re.sub(r"(://[^/?#@]*?:)[^/?#@]*@", r"\1***@", str(url))
+    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&#]*", r"\1***", shown)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` (an error message about ``url``) with the URL and its password masked."""
+    text = text.replace(url, display_url(url))
+    secrets = []
+    try:
+        from sqlalchemy.engine import make_url
+        u = make_url(url)
+        secrets = [u.password] + [v for k, v in u.query.items() if k.lower() in ("password", "passwd", "pwd")]
+    except Exception:
+        m = re.search(r"://[^/?#@]*?:([^/?#@]*)@", url)
+        secrets = [m.group(1)] if m else []
+    for secret in secrets:
+        if isinstance(secret, str) and len(secret) >= 4:     # shorter: masked where the URL is, only
+            text = text.replace(secret, "***")
+    return text
+
+
+def heartbeat_settings() -> tuple[float, float]:
+    """(heartbeat interval, grace period) in seconds: ``HEARTBEAT_S`` and ``GRACE_S``,
+    overridden by the environment variables DSE_HEARTBEAT_S and DSE_HEARTBEAT_GRACE_S
+    (the environment reaches spawned workers; module constants would not)."""
+    def env(name, default):
+        v = os.environ.get(name)
+        if v in (None, ""):
+            return default
+        try:
+            f = float(v)
+        except ValueError:
+            f = -1.0
+        if not (f > 0 and np.isfinite(f)):
+            raise DseError(f"{name}={v!r}: expected a positive number of seconds")
+        return f
+    interval = env(_ENV_HEARTBEAT, float(HEARTBEAT_S))
+    grace = env(_ENV_GRACE, float(GRACE_S) if GRACE_S else 3.0 * interval)
+    if grace <= interval:
+        raise DseError(f"heartbeat grace period {grace:g} s must be longer than its interval {interval:g} s")
+    return interval, grace
+
+
+def _check_url(url: str) -> None:
+    """DseError (one line, password masked) for a URL that cannot hold a shared, resumable study."""
+    shown = display_url(url)
+    if "://" not in url:
+        raise DseError(f"--storage '{shown}': expected an SQLAlchemy URL such as sqlite:///study.db or "
+                       f"postgresql://user@host/db")
+    try:
+        from sqlalchemy.engine import make_url
+        u = make_url(url)
+    except ImportError:
+        return
+    except Exception as e:
+        raise DseError(f"--storage '{shown}': not a valid SQLAlchemy URL ({_scrub(_first_line(e), url)})") from None
+    if u.get_backend_name() == "sqlite":
+        db = u.database or ""
+        if db in ("", ":memory:") or db.startswith("file::memory:") or "mode=memory" in db \
+                or u.query.get("mode") == "memory":
+            raise DseError(f"--storage '{shown}': an in-memory SQLite database cannot be shared by worker "
+                           f"processes nor resumed by a rerun; use a file URL such as sqlite:///study.db")
+        path = db[5:].split("?")[0] if db.startswith("file:") else db
+        parent = Path(path).expanduser().parent
+        if not parent.is_dir():
+            raise DseError(f"--storage '{shown}': no such folder {parent} for the SQLite file")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
 def open_storage(url: str | None, out: Path):
-    """The study storage: a journal file in ``out`` by default, else an SQLAlchemy URL."""
+    """The study storage: a journal file in ``out`` by default, else an SQLAlchemy URL
+    (an RDBStorage with heartbeats, see ``heartbeat_settings``)."""
     optuna = _optuna()
     if url is None:
         from optuna.storages.journal import JournalFileBackend
         return optuna.storages.JournalStorage(JournalFileBackend(str(out / "optuna.journal")))
-    if "://" not in url:
-        raise DseError(f"--storage '{url}': expected an SQLAlchemy URL such as sqlite:///study.db or "
-                       f"postgresql://user@host/db")
+    _check_url(url)
+    interval, grace = heartbeat_settings()
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
-    except Exception as e:    # driver missing, server down, bad URL: one line
-        hint = ""
-        if "import" in str(e).lower() and url.startswith("postgres"):
-            hint = " (install the PostgreSQL driver: pip install -e '.[postgres]')"
-        raise DseError(f"--storage '{url}': cannot open: {str(e).splitlines()[0]}{hint}") from None
+        return optuna.storages.RDBStorage(_with_installed_driver(url), heartbeat_interval=interval, grace_period=grace)
+    except Exception as e:    # unknown dialect, driver missing, server down, bad URL: one line
+        msg = _scrub(_first_line(e), url)
+        if isinstance(e, ImportError):
+            cause = _scrub(_first_line(e.__cause__ or e), url)
+            msg = f"its database driver is not installed ({cause})"
+            if url.startswith("postgres"):
+                msg += "; pip install -e '.[postgres]' and use postgresql+psycopg2://..."
+        raise DseError(f"--storage '{display_url(url)}': cannot open: {msg}") from None
+
+
+def _with_installed_driver(url: str) -> str:
+    """``url`` with an installed PostgreSQL driver when it names none: SQLAlchemy 2.1
+    defaults to psycopg 3, the ``postgres`` extra installs psycopg2."""
+    import importlib.util
+    try:
+        from sqlalchemy.engine import make_url
+        u = make_url(url)
+    except Exception:
+        return url
+    if u.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return u.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    return url
 
 
 def _baselines(space) -> list[dict]:
@@ -116,11 +268,19 @@ class Interrupted(DseError):
     """The study stopped on SIGINT/SIGTERM after telling its last batch."""
 
 
+def _interrupted(n: int, trials: int) -> Interrupted:
+    if n >= trials:
+        return Interrupted(f"interrupted after all {trials:,} trials were complete; run the same command again to "
+                           f"write the results")
+    return Interrupted(f"interrupted after {n:,} of {trials:,} trials; run the same command again to resume")
+
+
 class _Stop:
-    """SIGINT/SIGTERM: finish the batch in hand, then stop."""
+    """SIGINT/SIGTERM (handled alike): finish the batch in hand, then stop."""
 
     def __init__(self):
         self.requested = False
+        self.signum = None
         self._old = {}
 
     def __enter__(self):
@@ -133,6 +293,7 @@ class _Stop:
 
     def _handle(self, signum, frame):
         self.requested = True
+        self.signum = signum
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
@@ -163,9 +324,106 @@ def _open_study(spec, out: Path, storage_url: str | None, study_name: str, seed:
     return study
 
 
-def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, quiet: bool = True) -> int:
+# ------------------------------------------------------------ heartbeats (SQLAlchemy storages)
+
+def _heartbeat_storage(study):
+    """The study's storage if it records heartbeats (RDBStorage with an interval), else None."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+    storage = study._storage
+    return storage if is_heartbeat_enabled(storage) else None
+
+
+class _Heartbeat:
+    """A thread recording, every interval, the heartbeat of the trials this worker runs.
+
+    A batch takes milliseconds, so most batches are told before the first beat; a trial
+    of a batch killed before any beat has no heartbeat and is given one by the first
+    process that sees it (``_reap_stale``)."""
+
+    def __init__(self, study):
+        self.storage = _heartbeat_storage(study)
+        self._ids: list[int] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = None
+
+    def __enter__(self):
+        if self.storage is not None:
+            self.interval = float(self.storage.get_heartbeat_interval())
+            self._thread = threading.Thread(target=self._run, name="dse-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def running(self, trial_ids) -> None:
+        with self._lock:
+            self._ids = list(trial_ids)
+
+    def _run(self):
+        while not self._done.wait(self.interval):
+            with self._lock:
+                ids = list(self._ids)
+            for i in ids:
+                try:
+                    self.storage.record_heartbeat(i)
+                except Exception:     # a finished trial, a concurrent first beat, a network blip: next time
+                    pass
+
+    def __exit__(self, *exc):
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _unbeaten_running(storage, study_id: int) -> list[int] | None:
+    """Ids of the study's RUNNING trials that have no heartbeat at all (None: cannot tell)."""
+    try:
+        import sqlalchemy
+        from optuna.storages._rdb import models
+        from optuna.trial import TrialState
+        backend = getattr(storage, "_backend", storage)
+        t, h = models.TrialModel, models.TrialHeartbeatModel
+        q = sqlalchemy.select(t.trial_id).where(t.study_id == study_id, t.state == TrialState.RUNNING,
+                                                ~sqlalchemy.exists().where(h.trial_id == t.trial_id))
+        with sqlalchemy.orm.Session(backend.engine) as session:
+            return list(session.scalars(q))
+    except Exception:
+        return None
+
+
+def _reap_stale(study, seen: set) -> int:
+    """Fail the study's RUNNING trials whose heartbeat is older than the grace period, and
+    give a first heartbeat to RUNNING trials that have none (so that they go stale in
+    turn if nobody runs them). Returns how many RUNNING trials are left."""
+    from optuna.trial import TrialState
+    storage = _heartbeat_storage(study)
+    if storage is None:
+        return _count(study, (TrialState.RUNNING,))
+    optuna = _optuna()
+    try:
+        optuna.storages.fail_stale_trials(study)
+    except Exception:
+        pass
+    study_id = study._study_id
+    ids = _unbeaten_running(storage, study_id)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if ids is None:         # cannot query heartbeats: give a first beat to trials not yet seen here
+        ids = [t._trial_id for t in running if t._trial_id not in seen]
+    for i in ids:
+        seen.add(i)
+        try:
+            storage.record_heartbeat(i)
+        except Exception:
+            pass
+    return len(running)
+
+
+# ------------------------------------------------------------ a worker
+
+def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, quiet: bool = True,
+               say: bool = True) -> int:
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
-    this worker completed."""
+    this worker completed. ``say``: this worker tells stderr why it waits, if it waits."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
     study = _open_study(spec, out, storage_url, study_name, seed)
     names = list(spec.objectives)
@@ -174,45 +432,83 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     chunk_dir.mkdir(parents=True, exist_ok=True)
     batch_size = spec.population or 50
     done_here = 0
-    live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+    live = (TrialState.COMPLETE, TrialState.RUNNING)
     progress = Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
-    progress.done = _count(study, (TrialState.COMPLETE,))
-    with _Stop() as stop:
+    progress.resume(_count(study, (TrialState.COMPLETE,)))
+    seen: set = set()
+    waiting_since = None
+    told_wait = False
+    with _Stop() as stop, _Heartbeat(study) as heart:
         while not stop.requested:
-            room = spec.trials - _count(study, (TrialState.COMPLETE, TrialState.RUNNING))
+            n_complete = _count(study, (TrialState.COMPLETE,))
+            room = spec.trials - n_complete - _count(study, (TrialState.RUNNING,))
             if room <= 0:
-                break
+                if n_complete >= spec.trials or heart.storage is None:
+                    break       # done; or (journal) this run's other workers finish the trials they hold
+                # trials held by other processes: live ones finish in milliseconds, killed ones go stale
+                running = _reap_stale(study, seen)
+                now = time.monotonic()
+                waiting_since = waiting_since or now
+                interval, grace = heartbeat_settings()
+                if say and not told_wait and now - waiting_since > min(2.0, interval) and running:
+                    print(f"dse.study: {n_complete:,} of {spec.trials:,} trials complete; waiting for {running:,} "
+                          f"trial(s) still marked running, perhaps by a killed process: a trial whose heartbeat "
+                          f"is older than {grace:g} s is failed and replaced", file=sys.stderr, flush=True)
+                    told_wait = True
+                time.sleep(min(0.2 if now - waiting_since < 2.0 else 1.0, interval / 2))
+                continue
+            waiting_since = None
             trials = []
             for _ in range(min(batch_size, room)):
-                t = study.ask(dists)
-                trials.append(t)
-            # a concurrent worker may have asked too: trials beyond the target are failed, not run
-            numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=live[:2]))
-            allowed = set(numbers[:spec.trials]) | {t.number for t in study.get_trials(
-                deepcopy=False, states=(TrialState.COMPLETE,))}
-            keep = [t for t in trials if t.number in allowed]
-            for t in trials:
-                if t.number not in allowed:
-                    study.tell(t, state=TrialState.FAIL)
-            if not keep:
-                break
-            cols = {name: _column([t.params[name] for t in keep]) for name in dists}
-            cols.update(fixed)
-            df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
-            write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
-            violations = {k: np.clip(np.nan_to_num(v, nan=1e300), -1e300, 1e300) for k, v in ev.violations.items()}
-            for i, t in enumerate(keep):
-                for key, v in violations.items():
-                    t.set_constraint(key, float(v[i]))
-                vals = [_finite(df[k].iloc[i], spec.objectives[k]) for k in names]
-                study.tell(t, vals)
-            done_here += len(keep)
-            progress.update(len(keep))
+                trials.append(study.ask(dists))
+            heart.running([t._trial_id for t in trials])
+            settled = set()
+            try:
+                # a concurrent worker may have asked too: trials beyond the target are failed, not run
+                numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=live))
+                allowed = set(numbers[:spec.trials]) | {t.number for t in study.get_trials(
+                    deepcopy=False, states=(TrialState.COMPLETE,))}
+                keep = [t for t in trials if t.number in allowed]
+                for t in trials:
+                    if t.number not in allowed:
+                        _tell_fail(study, t)
+                        settled.add(t.number)
+                if not keep:
+                    continue
+                cols = {name: _column([t.params[name] for t in keep]) for name in dists}
+                cols.update(fixed)
+                df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
+                write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
+                violations = {k: np.clip(np.nan_to_num(v, nan=1e300), -1e300, 1e300)
+                              for k, v in ev.violations.items()}
+                n_told = 0
+                for i, t in enumerate(keep):
+                    try:
+                        for key, v in violations.items():
+                            t.set_constraint(key, float(v[i]))
+                        study.tell(t, [_finite(df[k].iloc[i], spec.objectives[k]) for k in names])
+                        n_told += 1
+                    except UpdateFinishedTrialError:
+                        pass        # failed meanwhile as stale by another process: it is replaced
+                    settled.add(t.number)
+                done_here += n_told
+                progress.update(n_told)
+            finally:
+                for t in trials:     # an error mid-batch: leave no trial of it running
+                    if t.number not in settled:
+                        _tell_fail(study, t)
+                heart.running([])
         if stop.requested:
-            n = _count(study, (TrialState.COMPLETE,))
-            raise Interrupted(f"interrupted after {n:,} of {spec.trials:,} trials; run the same command again "
-                              f"to resume")
+            raise _interrupted(_count(study, (TrialState.COMPLETE,)), spec.trials)
     return done_here
+
+
+def _tell_fail(study, trial) -> None:
+    from optuna.trial import TrialState
+    try:
+        study.tell(trial, state=TrialState.FAIL)
+    except Exception:          # already finished (failed as stale by another process)
+        pass
 
 
 def _column(values: list):
@@ -229,78 +525,273 @@ def _finite(v, sense: str) -> float:
     return -1e300 if sense == "max" else 1e300
 
 
+# ------------------------------------------------------------ the run
+
+def _state_counts(trials) -> dict[str, int]:
+    """{state name in lower case: how many of ``trials``} for every Optuna trial state."""
+    from optuna.trial import TrialState
+    counts = {s.name.lower(): 0 for s in TrialState}
+    for t in trials:
+        counts[t.state.name.lower()] += 1
+    return counts
+
+
+def trial_counts(storage_url: str | None, out: Path, study_name: str = "dse") -> dict[str, int]:
+    """How many trials of the study are in each state, and how many of the complete ones
+    have their row in ``out/results.parquet``.
+
+    Keys: ``complete``, ``fail``, ``running``, ``waiting``, ``pruned`` (the study's trials
+    in that state, over every run folder sharing the storage) and ``rows`` (complete
+    trials with a row in this folder's results.parquet). All zero for a study that does
+    not exist yet. DseError (one line) if the storage cannot be opened."""
+    from optuna.trial import TrialState
+    out = Path(out)
+    counts = {**_state_counts([]), "rows": 0}
+    if storage_url is None and not (out / "optuna.journal").exists():
+        return counts
+    storage = open_storage(storage_url, out)
+    try:
+        try:
+            study_id = storage.get_study_id_from_name(study_name)
+        except KeyError:
+            return counts
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+    finally:
+        if hasattr(storage, "engine"):
+            storage.engine.dispose()       # this process keeps no connection open
+    counts.update(_state_counts(trials))
+    complete = {t.number for t in trials if t.state == TrialState.COMPLETE}
+    res = out / "results.parquet"
+    if res.exists():
+        try:
+            numbers = pd.read_parquet(res, columns=["trial"])["trial"]
+            counts["rows"] = int(numbers[numbers.isin(complete)].nunique())
+        except Exception:
+            pass
+    return counts
+
+
 def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1, quiet: bool = True,
                study_name: str = "dse") -> pd.DataFrame:
     """Run (or resume) an Optuna study with ``workers`` processes; merge the rows of its
-    complete trials into ``out/results.parquet`` and return them."""
+    complete trials into ``out/results.parquet`` and return them.
+
+    ``rows.attrs["trials"]`` is ``trial_counts`` after the run plus ``asked`` (``spec.trials``).
+    Raises Interrupted on SIGINT/SIGTERM (partial results written), DseError if a worker
+    failed or the study ended short of its target."""
     optuna = _optuna()
     from optuna.trial import TrialState
     out.mkdir(parents=True, exist_ok=True)
     if storage_url is None:
         _fail_stale(study_name, out)
-    stopped = None
+    study = _open_study(spec, out, storage_url, study_name, spec.seed)  # schema and study exist before workers
+    _reap_stale(study, set())
+    stopped, failed = False, []
     if workers <= 1:
         try:
             run_worker(spec, out, storage_url, study_name, spec.seed, quiet)
-        except Interrupted as e:
-            stopped = e
+        except Interrupted:
+            stopped = True
     else:
-        _open_study(spec, out, storage_url, study_name, spec.seed)   # schema and study exist before workers race
-        import multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_worker_main, args=(spec, out, storage_url, study_name, spec.seed + i))
-                 for i in range(workers)]
-        for p in procs:
-            p.start()
-        try:
-            for p in procs:
-                p.join()
-        except KeyboardInterrupt:
-            for p in procs:
-                p.terminate()
-                p.join()
-            raise
-        bad = [p.exitcode for p in procs if p.exitcode]
-        if bad:
-            raise DseError(f"{len(bad)} of {workers} worker processes failed (exit codes {bad})")
+        stopped, failed = _run_workers(spec, out, storage_url, study_name, workers)
+        if storage_url is None and (stopped or failed):
+            _fail_stale(study_name, out)         # all of this run's workers are gone
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
-    complete = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))]
-    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": []})
+    all_trials = study.get_trials(deepcopy=False)
+    complete = {t.number for t in all_trials if t.state == TrialState.COMPLETE}
+    parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))] \
+        if (out / "chunks").is_dir() else []
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": pd.Series([], dtype="int64")})
     rows = rows[rows["trial"].isin(complete)].drop_duplicates("trial").sort_values("trial").reset_index(drop=True)
     write_atomic(rows, out / "results.parquet")
-    if stopped is not None:
-        raise stopped
+    counts = {**_state_counts(all_trials), "rows": len(rows)}
+    rows.attrs["trials"] = {**counts, "asked": spec.trials}
+    if stopped:
+        raise _interrupted(counts["complete"], spec.trials)
+    if failed:
+        raise DseError(f"{len(failed)} of {workers} worker processes failed (exit codes {failed}); "
+                       f"{counts['complete']:,} of {spec.trials:,} trials complete: run the same command again "
+                       f"to resume")
+    if counts["complete"] < spec.trials:
+        raise DseError(f"the study has {counts['complete']:,} of {spec.trials:,} trials complete "
+                       f"({counts['running']:,} still running elsewhere); run the same command again to resume")
+    if storage_url is not None and counts["rows"] < counts["complete"]:
+        print(f"dse.study: note: {counts['rows']:,} of the study's {counts['complete']:,} complete trials were "
+              f"evaluated in {out}; the others were evaluated by runs with another --out on the shared "
+              f"storage: results.parquet and the Pareto front here cover these {counts['rows']:,} only",
+              file=sys.stderr)
     return rows
 
 
+def _run_workers(spec, out: Path, storage_url, study_name: str, workers: int):
+    """Run ``workers`` spawned worker processes to the end or until a stop; return
+    (whether SIGINT/SIGTERM stopped them, the exit codes of workers that failed). On a
+    stop or a failure the others are sent SIGTERM (they finish their batch) and killed
+    after ``STOP_WAIT_S``. Workers are started by this thread: PR_SET_PDEATHSIG fires
+    when it exits, so call this from the thread that lives as long as the run."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, name=f"dse-worker-{i}",
+                         args=(spec, str(out), storage_url, study_name, spec.seed + i, os.getpid(), i == 0))
+             for i in range(workers)]
+    failed, stopping_since = [], None
+    with _Stop() as stop:
+        try:
+            for p in procs:
+                if stop.requested:
+                    break
+                p.start()
+            started = [p for p in procs if p.pid is not None]
+            while True:
+                alive = [p for p in started if p.exitcode is None]
+                if not alive:
+                    break
+                wait([p.sentinel for p in alive], timeout=0.2)
+                for p in started:
+                    stopped_by_us = stopping_since is not None and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+                    if p.exitcode not in (None, 0, 130) and not stopped_by_us and p not in [q for q, _ in failed]:
+                        failed.append((p, p.exitcode))
+                if (stop.requested or failed) and stopping_since is None:
+                    stopping_since = time.monotonic()
+                    if failed and storage_url is None:   # a killed worker may hold the journal lock
+                        _remove_stale_lock(out / "optuna.journal.lock")
+                    for p in started:
+                        if p.exitcode is None:
+                            p.terminate()       # SIGTERM: the worker finishes its batch and exits
+                if stopping_since is not None and time.monotonic() - stopping_since > STOP_WAIT_S:
+                    for p in started:
+                        if p.exitcode is None:
+                            p.kill()
+        except BaseException:
+            for p in procs:
+                if p.pid is not None and p.exitcode is None:
+                    p.kill()
+            raise
+        finally:
+            for p in procs:
+                if p.pid is not None:
+                    p.join(timeout=STOP_WAIT_S)
+    return stop.requested, [c for _, c in failed]
+
+
 def _fail_stale(study_name: str, out: Path) -> None:
-    """Mark failed the trials a killed run left running in the embedded storage (no
-    worker can be using that storage before this run starts its own); they are
-    replaced by new trials, so no unfinished trial counts and none runs twice."""
+    """Mark failed the trials a killed run left running in the run folder's journal (no
+    other process can be using it: the run folder is locked by its run, and this run's
+    workers are not started or are gone); they are replaced by new trials, so no
+    unfinished trial counts and none runs twice. A journal lock left by a killed writer is
+    removed at once (a live writer holds it for milliseconds), not after Optuna's 30 s."""
     from optuna.trial import TrialState
-    if not (out / "optuna.journal").exists():
+    journal = out / "optuna.journal"
+    if not journal.exists():
         return
-    lock = out / "optuna.journal.lock"     # held for milliseconds per write: an old one is a killed run's
-    try:
-        if lock.exists() and time.time() - lock.lstat().st_mtime > 2.0:
-            lock.unlink()
-    except OSError:
-        pass
+    _remove_stale_lock(out / "optuna.journal.lock")
+    _drop_partial_line(journal)
     storage = open_storage(None, out)
     try:
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return
     for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        try:
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except Exception:
+            pass
 
 
-def _worker_main(spec, out, storage_url, study_name, seed):
+def _drop_partial_line(journal: Path) -> None:
+    """Cut a last line a killed writer left unfinished (Optuna would skip it, then fail on
+    it once a new line follows)."""
     try:
-        run_worker(spec, Path(out), storage_url, study_name, seed, quiet=True)
+        with open(journal, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            pos = size
+            while pos > 0:
+                step = min(65536, pos)
+                f.seek(pos - step)
+                block = f.read(step)
+                k = block.rfind(b"\n")
+                if k >= 0:
+                    f.truncate(pos - step + k + 1)
+                    return
+                pos -= step
+            f.truncate(0)
+    except OSError:
+        pass
+
+
+def _remove_stale_lock(lock: Path, settle_s: float = 0.3) -> None:
+    """Remove the journal lock ``lock`` unless it changes within ``settle_s`` (a writer
+    finishing its last write)."""
+    def ident():
+        try:
+            st = lock.lstat()
+            return (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            return None
+    first = ident()
+    if first is None:
+        return
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = ident()
+        if now is None:
+            return              # released by its writer
+        if now != first:
+            first, deadline = now, time.monotonic() + settle_s
+    try:
+        lock.unlink()
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------ worker processes
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this worker stop when its parent dies, however it dies: SIGTERM from the kernel
+    on Linux (PR_SET_PDEATHSIG), and a watchdog thread everywhere that sees the parent
+    process id change. SIGTERM makes the worker finish its batch and exit; if it has not
+    exited ``STOP_WAIT_S`` later, the watchdog ends it."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except Exception:
+            pass
+
+    def orphaned() -> bool:
+        return os.getppid() != parent_pid
+
+    def watch():
+        while not orphaned():
+            time.sleep(0.25)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except OSError:
+            pass
+        time.sleep(STOP_WAIT_S)
+        os._exit(143)
+
+    if orphaned():             # the parent died before the death signal was armed
+        os._exit(143)
+    threading.Thread(target=watch, name="dse-parent-watchdog", daemon=True).start()
+
+
+def _worker_main(spec, out, storage_url, study_name, seed, parent_pid=None, say=False):
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
+    try:
+        run_worker(spec, Path(out), storage_url, study_name, seed, quiet=True, say=say)
     except Interrupted:
         os._exit(130)
     except DseError as e:
-        print(f"dse.study: error: {e}", file=__import__("sys").stderr)
+        print(f"dse.study: error: {e}", file=sys.stderr)
         os._exit(2)

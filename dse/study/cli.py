@@ -246,15 +246,20 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     """``run`` in its locked output folder: the study, then its report."""
     import time
 
-    from dse.explore.study import run_study  # pandas, pyarrow, optuna: only when a study runs
+    from dse.explore.search import display_url, trial_counts  # optuna: only when a study runs
+    from dse.explore.study import run_study
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet)
     dt = time.perf_counter() - t0
-    what = f"{spec.trials:,} trials ({spec.sampler})" if spec.method == "optuna" else \
-        f"{spec.points:,} design points ({spec.method})"
+    if spec.method == "optuna":
+        counts = trial_counts(args.storage, out)
+        what = f"{counts['complete']:,} trials complete of {spec.trials:,} asked ({spec.sampler})" + (
+            f", {counts['rows']:,} evaluated in this folder" if counts["rows"] < counts["complete"] else "")
+    else:
+        what = f"{spec.points:,} design points ({spec.method})"
     print(f"{name}: {what} in {dt:.1f} s; {len(front)} on the Pareto front")
     if spec.method == "optuna":
-        where = args.storage or f"{out / 'optuna.journal'} (optuna-dashboard {out / 'optuna.journal'})"
+        where = display_url(args.storage) or f"{out / 'optuna.journal'} (optuna-dashboard {out / 'optuna.journal'})"
         print(f"  storage: {where}")
     print(f"  results: {out / 'results.parquet'}")
     print(f"  pareto:  {out / 'pareto.csv'}")
