@@ -236,7 +236,7 @@ def test_shipped_studies_validate():
 
 @pytest.mark.parametrize("hw, model, extra, kw", [
     ("h100-sxm", "llama-2-70b", dict(offload="greedy", batch=4), dict(offload="greedy")),
-    ("attacc", "llama-2-7b", dict(batch=32, prompt_len=4096), {}),
+    ("attacc", "llama-2-7b", dict(batch=32, prompt_len=3840), {}),
     ("hbm-pim", "llama-2-7b", dict(batch=1), {}),
     ("groq-lpu", "llama-2-7b", dict(tp=8, pp=8, weights="int8", activations="int8", kv="int8"), {}),
     ("h100-sxm", "mixtral-8x7b", dict(devices=8, ep=4, batch=64), {}),

@@ -45,7 +45,8 @@ def shipped(name: str) -> dict:
 
 
 def test_shipped_list_is_covered():
-    assert set(available_models()) == set(SHIPPED)
+    # the configs shipped with the newer families are checked in tests/test_model_families.py
+    assert set(SHIPPED) <= set(available_models())
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

@@ -127,7 +127,7 @@ def test_greedy_offload_without_host_memory(hw):
     # sweeps and analyze alike
     small = _one(hardware=hw, offload="greedy", model="gpt-j-6b", batch=1, prompt_len=128, gen_len=8,
                  weights="int4", tp=1, pp=1)
-    big = _one(hardware=hw, offload="greedy", model="llama-2-70b", batch=64, prompt_len=4096, tp=1, pp=1)
+    big = _one(hardware=hw, offload="greedy", model="llama-2-70b", batch=64, prompt_len=3840, tp=1, pp=1)
     dev = load_device(hw)
     if dev.host_link is None or dev.host_memory is None:
         if small["memory_bytes"][0] <= dev.memory.capacity_bytes:
@@ -137,7 +137,7 @@ def test_greedy_offload_without_host_memory(hw):
         else:
             assert big.feasible[0] and big["offloaded_bytes"][0] == 0
     a, ev = analyze_point({"model": "llama-2-70b", "hardware": hw, "offload": "greedy", "batch": 64,
-                           "prompt_len": 4096, "tp": 1, "pp": 1})
+                           "prompt_len": 3840, "tp": 1, "pp": 1})
     assert ev.reason_key(0) == big.reason_key(0)
 
 

@@ -189,7 +189,7 @@ def test_units_and_bottleneck_text():
     assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")
     assert human("tpot_s", 0.0123) == "12.3 ms" and human("ttft_s", 2.5) == "2.5 s"
     assert human("memory_bandwidth", 3.35e12) == "3.35 TB/s"
-    assert op_group("q_proj") == "*_proj" and op_group("qk_matmul") == "attention"
+    assert op_group("q_proj") == "*_proj" and op_group("qk_matmul") == op_group("sliding_sv_matmul") == "attention"
     assert op_group("attn_all_reduce") == "communication"
 
     def row(name, bound, t, w=0.0, kv=0.0, act=0.0, fmt="fp16"):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from workloads.model import ModelSpec
 from workloads.optable import OpTable, kv_elems_per_token_per_layer, kv_heads_per_device
 from workloads.scenario import Scenario
@@ -16,7 +18,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     Split over TP: heads, MLP and expert width, vocabulary. Replicated: norms, router,
     MLA down-projections."""
     h, d = m.hidden_size, m.head_dim
-    ln = 2 if m.norm_type == "layernorm" else 1
+    ln = m.norm_weights_per_element
     emb, head, final = _outer_parameters(m, tp)
 
     norms = m.norms_per_block * ln * h
@@ -28,7 +30,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     else:
         nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
-        attn = qkv + nh * d * h + (h if m.o_proj_bias else 0)
+        attn = qkv + nh * d * h + (h if m.o_proj_bias else 0) + (2 * d if m.qk_norm else 0)
     mats = 3 if m.mlp_gated else 2
 
     def mlp(width):
@@ -37,9 +39,9 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     dense_block = norms + attn + mlp(m.intermediate_size / tp)
     total = emb + head + final + m.num_dense_layers * dense_block
     if m.is_moe:
-        router = h * m.num_experts + (m.num_experts if m.model_type.startswith("deepseek") else 0)
-        experts = m.num_experts / ep * mats * h * m.moe_intermediate_size / tp
-        shared = mats * h * m.moe_intermediate_size * m.num_shared_experts / tp
+        router = h * m.num_experts + (m.num_experts if m.router_bias else 0) + (h if m.shared_expert_gate else 0)
+        experts = m.num_experts / ep * expert_parameter_count(m, tp)
+        shared = mats * h * m.shared_expert_intermediate_size / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
     if pp == 1:
         return total
@@ -47,10 +49,17 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     return layers / pp + max(emb, head + final)
 
 
+def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:
+    """Parameters (elements per device) of one routed expert: its projections (width split
+    over ``tp``) and their biases where the model has them."""
+    h, w, mats = m.hidden_size, m.moe_intermediate_size / tp, 3 if m.mlp_gated else 2
+    return mats * h * w + ((mats - 1) * w + h if m.mlp_bias else 0)
+
+
 def _outer_parameters(m: ModelSpec, tp: int = 1) -> tuple[float, float, float]:
     """Parameters (elements per device) outside the layers: embedding, head, final norm."""
     h = m.hidden_size
-    ln = 2 if m.norm_type == "layernorm" else 1
+    ln = m.norm_weights_per_element
     vocab = m.vocab_size * h / tp
     emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
     head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
@@ -67,14 +76,29 @@ def active_parameter_count(m: ModelSpec) -> float:
     """Parameters one token uses (MoE: top-k routed plus shared experts)."""
     if not m.is_moe:
         return parameter_count(m)
-    mats = 3 if m.mlp_gated else 2
-    unused = (m.num_experts - m.experts_per_token) * mats * m.hidden_size * m.moe_intermediate_size
+    unused = (m.num_experts - m.experts_per_token) * expert_parameter_count(m)
     return parameter_count(m) - m.num_moe_layers * unused
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, sc: Scenario) -> float:
-    """KV-cache bytes one token occupies on one device, over the layers it holds."""
+    """KV-cache bytes one token occupies on one device, over the layers it holds (every
+    layer's, before any sliding window is full)."""
     return m.num_layers // sc.pp * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+
+
+def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None = None) -> float:
+    """KV-cache bytes one sequence of ``context`` tokens (default: prompt_len + gen_len) holds on
+    one device: a full-attention layer caches every token, a sliding-window layer the last
+    min(context, sliding_window), as engines allocate it (vLLM's sliding-window KV manager,
+    transformers' hybrid cache). Under pipeline parallelism, the stage holding the most
+    full-attention layers."""
+    tokens = sc.prompt_len + sc.gen_len if context is None else context
+    per_stage = m.num_layers // sc.pp
+    sliding = np.zeros(m.num_layers, dtype=bool)
+    sliding[list(m.sliding_layers)] = True
+    full = int((~sliding[:per_stage * sc.pp]).reshape(sc.pp, per_stage).sum(axis=1).max())
+    cached = full * tokens + (per_stage - full) * min(tokens, m.sliding_window or tokens)
+    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
 
 
 @dataclass(frozen=True)
@@ -104,5 +128,5 @@ def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: 
     (the tables are of one micro-batch)."""
     residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
     act = max(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
-    kv = sc.group_batch * (sc.prompt_len + sc.gen_len) * kv_cache_bytes_per_token(m, sc)
+    kv = sc.group_batch * kv_cache_bytes_per_sequence(m, sc)
     return Footprint(parameter_count(m, sc.tp, sc.pp, sc.ep) * sc.weights.bytes, kv, act)

@@ -1,11 +1,33 @@
 """ModelSpec: the architecture of a transformer LLM, read from an unmodified
 Hugging Face ``config.json``.
 
-Supported families (by ``model_type``): llama, mistral, qwen2 (gated SwiGLU MLP,
-MHA/GQA), mixtral (MoE), gptj (parallel attention+MLP, GeLU), falcon (parallel
-blocks, MQA/GQA), opt (ReLU MLP, learned positions), bloom (GeLU, ALiBi),
-deepseek_v3 (MLA + MoE with shared experts). Other model types are read with the
-common Hugging Face field names and the llama layout.
+Supported families (by ``model_type``; any other is refused, never read as another family):
+
+- llama, mistral, phi3 (fused qkv / gate_up, the llama shapes), qwen2, qwen3 (explicit head_dim,
+  RMSNorm of every query and key head): gated MLP, MHA/GQA. Llama 3.x ``rope_scaling`` does
+  not change any shape.
+- gemma2, gemma3 (or gemma3_text; a multimodal gemma3 config is read from its ``text_config``,
+  the vision tower is left out): GeGLU (``hidden_activation``, gelu_pytorch_tanh), four norms per
+  block, tied embeddings, local sliding-window layers between global ones (gemma2 alternates
+  1:1, gemma3 has one global layer in ``sliding_window_pattern``); fields a published config leaves
+  out take the defaults of the transformers config class (cited at ``_DEFAULTS``).
+- mixture of experts: mixtral, qwen2_moe (shared expert with a sigmoid gate, ``decoder_sparse_step``
+  and ``mlp_only_layers``), qwen3_moe, gpt_oss (biases on attention, router and experts; the
+  per-head attention sinks, 64 numbers a layer, are left out), dbrx (nested ``attn_config`` and
+  ``ffn_config``, LayerNorm without bias), deepseek_v2 / deepseek_v3 (MLA + MoE with shared
+  experts).
+- gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
+  positions), bloom (GeLU, ALiBi).
+
+A config of a dense family that names routed experts (``num_local_experts``, ``num_experts``,
+``n_routed_experts`` or ``moe_num_experts`` above 0) is refused: an MoE is never read as dense.
+
+Sliding-window attention: a layer with window W attends to, and caches, the last min(context, W)
+tokens. Which layers slide: ``layer_types`` when the config lists it; else gemma2 and gpt_oss
+every other layer from the first, gemma3 all but every ``sliding_window_pattern``-th, mistral,
+mixtral and phi3 every layer when ``sliding_window`` is set, qwen2/qwen3 (and MoE) the layers from
+``max_window_layers`` on when ``use_sliding_window`` is true. A window at least as long as
+``max_position_embeddings`` never binds and is dropped.
 
 Reading is strict: every field the model uses is checked for type, finiteness and
 range (counts are integers from 1, or 0 where 0 means "none", up to ``MAX_SIZE`` =
@@ -42,11 +64,13 @@ class ModelSpec:
     mlp_gated: bool = True            # SwiGLU-style gate_proj * up_proj
     mlp_activation: str = "silu"
     parallel_block: bool = False      # attention and MLP read the same input (GPT-J, Falcon)
-    norms_per_block: int = 2
-    norm_type: str = "rmsnorm"        # rmsnorm | layernorm (layernorm has a bias)
+    norms_per_block: int = 2          # 4: Gemma's norms before and after attention and MLP
+    norm_type: str = "rmsnorm"        # rmsnorm | layernorm
+    norm_bias: bool = True            # a LayerNorm has a bias (DBRX's have none)
+    qk_norm: bool = False             # RMSNorm of every query and key head (Qwen3, Gemma 3)
     attention_bias: bool = False      # q/k/v projections have a bias
     o_proj_bias: bool = False
-    mlp_bias: bool = False
+    mlp_bias: bool = False            # MLP and expert projections have biases (gpt-oss experts)
     lm_head_bias: bool = False
     tie_word_embeddings: bool = False
     position_embeddings: int = 0      # rows of a learned position table (OPT)
@@ -57,14 +81,21 @@ class ModelSpec:
     experts_per_token: int = 0        # top-k
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
-    first_dense_layers: int = 0       # leading layers with a dense MLP (DeepSeek first_k_dense_replace)
+    shared_expert_intermediate_size: int = 0  # width of the shared expert(s) together
+    shared_expert_gate: bool = False  # a sigmoid gate (hidden -> 1) on the shared expert (Qwen-MoE)
+    router_bias: bool = False         # a bias per routed expert (gpt-oss; DeepSeek-V3's score correction)
+    first_dense_layers: int = 0       # MoE models: layers with a dense MLP (DeepSeek's first_k_dense_replace;
+    #                                   Qwen-MoE's mlp_only_layers and layers off decoder_sparse_step)
     # Multi-head latent attention (DeepSeek)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    max_position_embeddings: int = 0
+    # Sliding-window attention
+    sliding_window: int = 0           # tokens a sliding layer attends to and caches (0: no sliding layers)
+    sliding_layers: tuple = ()        # indices (from 0) of the layers with the window
+    max_position_embeddings: int = 0  # the longest context (prompt + generation); 0: not given
     source: str = ""
 
     @property
@@ -84,6 +115,21 @@ class ModelSpec:
         return self.num_layers - self.num_moe_layers
 
     @property
+    def num_sliding_layers(self) -> int:
+        """Layers attending to the last ``sliding_window`` tokens only."""
+        return len(self.sliding_layers)
+
+    @property
+    def num_global_layers(self) -> int:
+        """Layers attending to the whole context."""
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def norm_weights_per_element(self) -> int:
+        """Parameters of a norm per normalized element: a gain, and a LayerNorm's bias."""
+        return 2 if self.norm_type == "layernorm" and self.norm_bias else 1
+
+    @property
     def attention_kind(self) -> str:
         """'MLA', 'MHA', 'MQA' or 'GQA'."""
         if self.is_mla:
@@ -98,6 +144,22 @@ class ModelSpec:
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
+
+
+def context_error(m: ModelSpec, prompt_len: int, gen_len: int, max_context: int = 0) -> str:
+    """'' when a prompt of ``prompt_len`` tokens and ``gen_len`` generated ones fit in the
+    context, else why not. The context is ``max_context`` tokens when given (> 0: a longer
+    one served with RoPE scaling, as engines allow with ``--max-model-len``), else the
+    model's ``max_position_embeddings`` (not checked when the config gives none)."""
+    used = prompt_len + gen_len
+    limit = max_context or m.max_position_embeddings
+    if not limit or used <= limit:
+        return ""
+    if max_context:
+        return f"prompt_len {prompt_len} + gen_len {gen_len} = {used} tokens exceed max_context {limit}"
+    return (f"prompt_len {prompt_len} + gen_len {gen_len} = {used} tokens exceed the {limit}-token context of "
+            f"model '{m.name}' (max_position_embeddings in {m.source or 'its config'}; max_context sets a "
+            f"longer one)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,6 +179,20 @@ def _one_line(text: str) -> DseError:
 
 def _fail(path, key: str, problem: str) -> DseError:
     return _one_line(f"{path}: {key}: {problem}")
+
+
+class _Section(dict):
+    """A nested object of a config (``text_config``, ``attn_config``): its keys are named
+    ``{prefix}{key}`` in messages."""
+
+    def __init__(self, fields: dict, prefix: str):
+        super().__init__(fields)
+        self.prefix = prefix
+
+
+def _named(cfg: dict, key: str) -> str:
+    """``key`` as a message names it: with the prefix of the section it sits in."""
+    return getattr(cfg, "prefix", "") + key
 
 
 def _show(v) -> str:
@@ -163,23 +239,24 @@ def _int(cfg: dict, path: str, *keys: str, default=_REQUIRED, lo: int = 1, hi: i
         if default is not _REQUIRED:
             return default
         null = next((k for k in keys if k in cfg), None)
-        what = "got null" if null else f"config.json is missing '{keys[0]}'"
-        raise _fail(path, null or keys[0], f"{what}{also}; {allowed}")
+        what = "got null" if null else f"config.json is missing '{_named(cfg, keys[0])}'"
+        raise _fail(path, _named(cfg, null or keys[0]), f"{what}{also}; {allowed}")
+    name = _named(cfg, key)
     if isinstance(v, bool) or not isinstance(v, (numbers.Integral, numbers.Real)):
-        raise _fail(path, key, f"got {_show(v)}; {allowed}")
+        raise _fail(path, name, f"got {_show(v)}; {allowed}")
     if not isinstance(v, numbers.Integral):
         v = float(v)
         if not math.isfinite(v):
-            raise _fail(path, key, f"got {_show(v)}, not a finite number; {allowed}")
+            raise _fail(path, name, f"got {_show(v)}, not a finite number; {allowed}")
         if not v.is_integer():
-            raise _fail(path, key, f"got {_show(v)}, not a whole number; {allowed}")
+            raise _fail(path, name, f"got {_show(v)}, not a whole number; {allowed}")
     v = int(v)
     if v < lo:
-        raise _fail(path, key, f"got {_show(v)}, below {lo}; {allowed}")
+        raise _fail(path, name, f"got {_show(v)}, below {lo}; {allowed}")
     if v > hi:
         why = (f"above {hi_name} ({hi})" if hi_name else
                f"above {_MAX_TEXT} (no real model is that large)" if hi == MAX_SIZE else f"above {hi}")
-        raise _fail(path, key, f"got {_show(v)}, {why}; {allowed}")
+        raise _fail(path, name, f"got {_show(v)}, {why}; {allowed}")
     return v
 
 
@@ -192,7 +269,7 @@ def _flag(cfg: dict, path: str, key: str, default: bool) -> bool:
         return v
     if isinstance(v, int) and v in (0, 1):
         return bool(v)
-    raise _fail(path, key, f"got {_show(v)}; expected true or false")
+    raise _fail(path, _named(cfg, key), f"got {_show(v)}; expected true or false")
 
 
 def _text(cfg: dict, path: str, key: str, default: str) -> str:
@@ -201,27 +278,143 @@ def _text(cfg: dict, path: str, key: str, default: str) -> str:
     if v is None:
         return default
     if not isinstance(v, str):
-        raise _fail(path, key, f"got {_show(v)}; expected a string")
+        raise _fail(path, _named(cfg, key), f"got {_show(v)}; expected a string")
     return v
+
+
+#: model_type -> whether the family has routed experts; the families this reader knows
+FAMILIES = {
+    "llama": False, "mistral": False, "phi3": False, "qwen2": False, "qwen3": False,
+    "gemma2": False, "gemma3": False, "gemma3_text": False,
+    "gptj": False, "falcon": False, "opt": False, "bloom": False,
+    "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
+    "deepseek_v2": True, "deepseek_v3": True,
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
+#: keys that give a number of routed experts in some family's config
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+#: values the transformers config class takes for keys a published config leaves out (only for
+#: the keys read below): Gemma2Config and Gemma3TextConfig (huggingface/transformers,
+#: src/transformers/models/gemma2/configuration_gemma2.py at 008e574391258935f3ecc3035c882e73bbcac419,
+#: src/transformers/models/gemma3/configuration_gemma3.py at 008f5c8c29be84d4721dc6d1e0fcd72300580be4)
+_DEFAULTS = {
+    "gemma2": {"vocab_size": 256_000, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+               "max_position_embeddings": 8192, "tie_word_embeddings": True, "sliding_window": 4096},
+    "gemma3_text": {"vocab_size": 262_208, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+                    "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 4096,
+                    "sliding_window_pattern": 6},
+}
+#: Qwen2/Qwen3 (and MoE) config classes: layers from max_window_layers on slide when use_sliding_window
+_QWEN_MAX_WINDOW_LAYERS = 28
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _model_type(cfg: dict, path) -> str:
+    """The model_type of ``cfg``, one of SUPPORTED_MODEL_TYPES; DseError naming the key otherwise."""
+    v = cfg.get("model_type")
+    allowed = f"expected one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if v is None:
+        what = "got null" if "model_type" in cfg else "config.json is missing 'model_type'"
+        raise _fail(path, _named(cfg, "model_type"), f"{what}; {allowed}")
+    if not isinstance(v, str):
+        raise _fail(path, _named(cfg, "model_type"), f"got {_show(v)}; expected a string")
+    if v.lower() not in FAMILIES:
+        raise _fail(path, _named(cfg, "model_type"), f"got {_show(v)}, a model family this reader does not "
+                    f"know (it is not read as another family); {allowed}")
+    return v.lower()
+
+
+def _section(cfg: dict, path, key: str, defaults: dict | None = None) -> _Section:
+    """The nested object under ``key`` (with ``defaults`` for the keys it leaves out)."""
+    v = cfg.get(key)
+    if not isinstance(v, dict):
+        what = (f"config.json is missing '{_named(cfg, key)}'" if key not in cfg else
+                "got null" if v is None else f"got {_show(v)}")
+        raise _fail(path, _named(cfg, key), f"{what}; expected an object {{...}} of the model's fields")
+    return _Section({**(defaults or {}), **v}, _named(cfg, key) + ".")
+
+
+def _index_list(cfg: dict, path, key: str, layers: int) -> set:
+    """The set of layer indices listed under ``key`` (absent or null: none)."""
+    v = cfg.get(key)
+    if v is None:
+        return set()
+    if not isinstance(v, list):
+        raise _fail(path, _named(cfg, key), f"got {_show(v)}; expected a list of layer indices")
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < layers:
+            raise _fail(path, f"{_named(cfg, key)}[{i}]", f"got {_show(x)}; expected a layer index from 0 to "
+                        f"{layers - 1} (num_hidden_layers - 1)")
+    return set(v)
+
+
+def _sliding(cfg: dict, path, mt: str, layers: int, max_pos: int) -> tuple[int, tuple]:
+    """(window, indices of the sliding layers) of the config (see the module docstring)."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            got = f"{len(types)} entries" if isinstance(types, list) else _show(types)
+            raise _fail(path, _named(cfg, "layer_types"), f"got {got}; expected a list of one entry per layer "
+                        f"({layers}, num_hidden_layers), each one of {', '.join(_LAYER_TYPES)}")
+        for i, t in enumerate(types):
+            if t not in _LAYER_TYPES:
+                raise _fail(path, f"{_named(cfg, 'layer_types')}[{i}]", f"got {_show(t)}, a kind of layer this "
+                            f"reader does not model; expected one of {', '.join(_LAYER_TYPES)}")
+        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif mt in ("gemma2", "gpt_oss"):
+        sliding = list(range(0, layers, 2))
+    elif mt == "gemma3_text":
+        pattern = _int(cfg, path, "sliding_window_pattern")
+        sliding = [i for i in range(layers) if (i + 1) % pattern]
+    elif mt in ("mistral", "mixtral", "phi3"):
+        sliding = list(range(layers)) if cfg.get("sliding_window") is not None else []
+    elif mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and _flag(cfg, path, "use_sliding_window", False):
+        first = _int(cfg, path, "max_window_layers", default=_QWEN_MAX_WINDOW_LAYERS, lo=0)
+        sliding = list(range(first, layers))
+    else:
+        sliding = []
+    if not sliding:
+        return 0, ()
+    window = _int(cfg, path, "sliding_window")
+    if max_pos and window >= max_pos:      # the window never binds
+        return 0, ()
+    return window, tuple(sliding)
 
 
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
     """Return the ModelSpec of a parsed Hugging Face config dict; raise DseError (one line
-    naming ``path`` and the key) on a missing, mistyped or out-of-range field."""
+    naming ``path`` and the key) on a missing, mistyped or out-of-range field, or a model_type
+    this reader does not know."""
     if not isinstance(cfg, dict):
         raise _fail(path, "(top level)", f"got {_show(cfg)}; expected a JSON object {{...}} of config fields")
-    mt = _text(cfg, path, "model_type", "llama").lower()
+    mt = _model_type(cfg, path)
+    if mt == "gemma3" and cfg.get("text_config") is not None:     # multimodal: the text decoder's fields
+        cfg = _section(cfg, path, "text_config")
+        mt = "gemma3" if cfg.get("model_type") is None else _model_type(cfg, path)
+        if mt not in ("gemma3", "gemma3_text"):
+            raise _fail(path, _named(cfg, "model_type"), f"got {_show(mt)}; expected gemma3_text")
+    mt = "gemma3_text" if mt == "gemma3" else mt
+    if mt in _DEFAULTS:
+        cfg = _Section({**_DEFAULTS[mt], **cfg}, getattr(cfg, "prefix", ""))
+    if not FAMILIES[mt]:
+        key = next((k for k in _EXPERT_KEYS if cfg.get(k) not in (None, 0)), None)
+        if key:
+            raise _fail(path, _named(cfg, key), f"got {_show(cfg[key])} experts, but model_type '{mt}' is a dense "
+                        "family (an MoE is never read as dense); give the model_type of its MoE family")
+
+    def fail(key: str, problem: str) -> DseError:
+        return _fail(path, _named(cfg, key), problem)
 
     hidden = _int(cfg, path, "hidden_size", "n_embd", "n_embed", "d_model")
-    layers = _int(cfg, path, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(cfg, path, "num_attention_heads", "n_head", "num_heads")
+    layers = _int(cfg, path, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    heads = _int(cfg, path, "num_attention_heads", "n_head", "num_heads", "n_heads")
     vocab = _int(cfg, path, "vocab_size")
+    max_pos = _int(cfg, path, "max_position_embeddings", "n_positions", "max_seq_len", default=0)
     kw: dict = dict(name=name, model_type=mt, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                    vocab_size=vocab, source=path,
-                    max_position_embeddings=_int(cfg, path, "max_position_embeddings", "n_positions", default=0),
+                    vocab_size=vocab, source=path, max_position_embeddings=max_pos,
                     tie_word_embeddings=_flag(cfg, path, "tie_word_embeddings", mt in ("opt", "bloom", "falcon")))
     head_dim = _int(cfg, path, "head_dim", default=None)
-    kv_key, kv_default = "num_key_value_heads", heads
+    kv_cfg, kv_key, kv_default = cfg, "num_key_value_heads", heads
 
     if mt == "gptj":
         kw.update(intermediate_size=_int(cfg, path, "n_inner", default=4 * hidden), mlp_gated=False,
@@ -249,54 +442,88 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                   final_norm=_flag(cfg, path, "do_layer_norm_before", True))
         proj = _int(cfg, path, "word_embed_proj_dim", default=hidden)
         if proj != hidden:
-            raise _fail(path, "word_embed_proj_dim", f"got {proj}, not hidden_size ({hidden}); only "
-                        "word_embed_proj_dim equal to hidden_size is supported")
+            raise fail("word_embed_proj_dim", f"got {proj}, not hidden_size ({hidden}); only "
+                       "word_embed_proj_dim equal to hidden_size is supported")
         kv_key = None
     elif mt == "bloom":
         kw.update(intermediate_size=4 * hidden, mlp_gated=False, mlp_activation="gelu",
                   norm_type="layernorm", attention_bias=True, o_proj_bias=True, mlp_bias=True,
                   embedding_norm=True)
         kv_key = None
-    else:  # llama, mistral, qwen2, mixtral, deepseek_v3 and llama-like models
+    elif mt == "dbrx":      # nested attn_config / ffn_config; every layer a GLU MoE; LayerNorm without bias
+        kv_cfg, kv_key = _section(cfg, path, "attn_config"), "kv_n_heads"
+        ffn = _section(cfg, path, "ffn_config")
+        act = ffn.get("ffn_act_fn")
+        experts = _int(ffn, path, "moe_num_experts")
+        inter = _int(ffn, path, "ffn_hidden_size")
+        kw.update(intermediate_size=inter, moe_intermediate_size=inter, num_experts=experts,
+                  experts_per_token=_int(ffn, path, "moe_top_k", hi=experts, hi_name="ffn_config.moe_num_experts"),
+                  mlp_activation=(_text(_section(ffn, path, "ffn_act_fn"), path, "name", "silu")
+                                  if act is not None else "silu"),
+                  norm_type="layernorm", norm_bias=False)
+    else:  # gated-MLP decoders: llama, mistral, phi3, qwen2/3, gemma2/3, mixtral, qwen MoE, gpt_oss, deepseek
+        gemma = mt in ("gemma2", "gemma3_text")
+        qwen2 = mt in ("qwen2", "qwen2_moe")          # q/k/v always have a bias, o_proj never
         inter = _int(cfg, path, "intermediate_size", "ffn_dim", "n_inner")
+        bias = _flag(cfg, path, "attention_bias", qwen2 or mt == "gpt_oss")
         kw.update(intermediate_size=inter, mlp_gated=True,
-                  mlp_activation=_text(cfg, path, "hidden_act", "silu"),
-                  attention_bias=_flag(cfg, path, "attention_bias", mt == "qwen2"),
-                  o_proj_bias=_flag(cfg, path, "attention_bias", False) and mt != "qwen2",
-                  mlp_bias=_flag(cfg, path, "mlp_bias", False))
-        if mt == "mixtral" or "num_local_experts" in cfg:
+                  mlp_activation=(_text(cfg, path, "hidden_activation", "gelu_pytorch_tanh") if gemma
+                                  else _text(cfg, path, "hidden_act", "silu")),
+                  attention_bias=bias, o_proj_bias=bias and not qwen2,
+                  mlp_bias=_flag(cfg, path, "mlp_bias", False) or mt == "gpt_oss",
+                  norms_per_block=4 if gemma else 2, qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"))
+        if mt in ("mixtral", "gpt_oss"):
             experts = _int(cfg, path, "num_local_experts")
-            kw.update(num_experts=experts, moe_intermediate_size=inter,
-                      experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_local_experts"))
-        if mt.startswith("deepseek") or "n_routed_experts" in cfg:
+            top_k = _int(cfg, path, "num_experts_per_tok", "experts_per_token", hi=experts,
+                         hi_name="num_local_experts")
+            if mt == "gpt_oss" and cfg.get("experts_per_token") not in (None, top_k):
+                raise fail("experts_per_token", f"got {_show(cfg['experts_per_token'])}, not num_experts_per_tok "
+                           f"({top_k}); give one top-k")
+            kw.update(num_experts=experts, moe_intermediate_size=inter, experts_per_token=top_k,
+                      router_bias=mt == "gpt_oss")
+        elif mt in ("qwen2_moe", "qwen3_moe"):
+            experts = _int(cfg, path, "num_experts")
+            step = _int(cfg, path, "decoder_sparse_step", default=1, hi=layers, hi_name="num_hidden_layers")
+            dense = _index_list(cfg, path, "mlp_only_layers", layers)
+            moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+            shared = _int(cfg, path, "shared_expert_intermediate_size", lo=0) if mt == "qwen2_moe" else 0
+            kw.update(num_experts=experts, moe_intermediate_size=_int(cfg, path, "moe_intermediate_size"),
+                      experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_experts"),
+                      num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared,
+                      shared_expert_gate=bool(shared), first_dense_layers=layers - moe_layers)
+        elif mt in ("deepseek_v2", "deepseek_v3"):
             experts = _int(cfg, path, "n_routed_experts")
+            moe_inter = _int(cfg, path, "moe_intermediate_size")
+            shared = _int(cfg, path, "n_shared_experts", default=0, lo=0)
             kw.update(num_experts=experts,
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="n_routed_experts"),
-                      moe_intermediate_size=_int(cfg, path, "moe_intermediate_size"),
-                      num_shared_experts=_int(cfg, path, "n_shared_experts", default=0, lo=0),
+                      moe_intermediate_size=moe_inter, num_shared_experts=shared,
+                      shared_expert_intermediate_size=shared * moe_inter, router_bias=mt == "deepseek_v3",
                       first_dense_layers=_int(cfg, path, "first_k_dense_replace", default=0, lo=0, hi=layers,
                                               hi_name="num_hidden_layers"))
             freq = _int(cfg, path, "moe_layer_freq", default=1)
             if freq != 1:
-                raise _fail(path, "moe_layer_freq", f"got {freq}; only 1 (every layer after first_k_dense_replace "
-                            "is a MoE layer) is supported")
-        if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention
-            kw.update(kv_lora_rank=_int(cfg, path, "kv_lora_rank"),
-                      q_lora_rank=_int(cfg, path, "q_lora_rank", default=0, lo=0),  # 0 or null: no q compression
-                      qk_nope_head_dim=_int(cfg, path, "qk_nope_head_dim"),
-                      qk_rope_head_dim=_int(cfg, path, "qk_rope_head_dim"),
-                      v_head_dim=_int(cfg, path, "v_head_dim"))
-            head_dim = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+                raise fail("moe_layer_freq", f"got {freq}; only 1 (every layer after first_k_dense_replace "
+                           "is a MoE layer) is supported")
+            if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention
+                kw.update(kv_lora_rank=_int(cfg, path, "kv_lora_rank"),
+                          q_lora_rank=_int(cfg, path, "q_lora_rank", default=0, lo=0),  # 0 or null: no q compression
+                          qk_nope_head_dim=_int(cfg, path, "qk_nope_head_dim"),
+                          qk_rope_head_dim=_int(cfg, path, "qk_rope_head_dim"),
+                          v_head_dim=_int(cfg, path, "v_head_dim"))
+                head_dim = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+    window, sliding = _sliding(cfg, path, mt, layers, max_pos)
+    kw.update(sliding_window=window, sliding_layers=sliding)
     if head_dim is None:
         if hidden % heads:
-            raise _fail(path, "num_attention_heads", f"hidden_size ({hidden}) is not a multiple of "
-                        f"num_attention_heads ({heads}); give head_dim in the config or a number of heads "
-                        "that divides hidden_size")
+            raise fail("num_attention_heads", f"hidden_size ({hidden}) is not a multiple of "
+                       f"num_attention_heads ({heads}); give head_dim in the config or a number of heads "
+                       "that divides hidden_size")
         head_dim = hidden // heads
-    kv_heads = (_int(cfg, path, kv_key, default=heads, hi=heads, hi_name="num_attention_heads")
+    kv_heads = (_int(kv_cfg, path, kv_key, default=heads, hi=heads, hi_name="num_attention_heads")
                 if kv_key else kv_default)
     if heads % kv_heads:
-        raise _fail(path, kv_key, f"got {kv_heads}, not a divisor of num_attention_heads ({heads}); "
+        raise _fail(path, _named(kv_cfg, kv_key), f"got {kv_heads}, not a divisor of num_attention_heads ({heads}); "
                     f"num_attention_heads ({heads}) must be a multiple of {kv_key}")
     kw.update(num_kv_heads=kv_heads, head_dim=head_dim)
     return ModelSpec(**kw)

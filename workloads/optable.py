@@ -10,15 +10,24 @@ Conventions (documented so a reader can check them):
 - Element-wise op counts: RMSNorm 4/element (square, accumulate, scale, gain),
   LayerNorm 7/element, softmax 5/element (max, subtract, exp, sum, divide),
   SiLU-gated activation 5/element, GeLU 8/element, ReLU 1/element, add 1/element.
-- Non-fused attention materialises the full S x S score matrix (masking is part of
-  softmax); FlashAttention skips fully masked blocks (causal: S(S+1)/2 pairs) and
-  re-reads K and V once per block of query rows, the block height following
-  FlashAttention's tiling rule Br = min(M / (4 d), d) for an on-chip buffer of M elements.
+- Non-fused attention materialises the full S x S score matrix (masking, causal or
+  sliding-window, is part of softmax); FlashAttention skips fully masked blocks (causal:
+  S(S+1)/2 pairs) and re-reads K and V once per block of query rows, the block height
+  following FlashAttention's tiling rule Br = min(M / (4 d), d) for an on-chip buffer of M
+  elements.
+- Sliding-window layers (window W; ``sliding_*`` operators, one instance per such layer): a
+  query attends to the last W keys. A decode step reads min(L, W) cached keys per layer;
+  FlashAttention's prefill computes sum_i min(i, W) pairs and a block of query rows reads
+  only the keys inside the window of its rows. So a decode step's counts are affine in the
+  context L up to W and constant after it (``decode_pieces``).
+- Qwen3 / Gemma 3 normalise every query and key head (``qk_norm``, an RMSNorm over head_dim).
 - Prefill computes the logits of the last position of each sequence only.
 - A decode step attends to ``kv_len`` keys, reads them from the KV cache and
   writes the new token's K and V.
 - MoE layers read the weights of the expected number of distinct experts the
-  step's tokens touch under uniform top-k routing: E (1 - (1 - k/E)^T).
+  step's tokens touch under uniform top-k routing: E (1 - (1 - k/E)^T). The router also
+  computes a shared expert's sigmoid gate (Qwen-MoE) and adds router and expert biases
+  where the model has them (gpt-oss).
 - MLA (DeepSeek): prefill decompresses the latent into per-head K and V
   (kv_b_proj); decode uses the absorbed form and attends over the latent.
 - Tensor parallel over ``tp`` devices splits heads, MLP width, experts' width and
@@ -201,6 +210,25 @@ def kv_elems_per_token_per_layer(m: ModelSpec, tp: int = 1) -> int:
     return 2 * kv_heads_per_device(m, tp) * m.head_dim
 
 
+def _causal_pairs(seq: int, window: int = 0) -> float:
+    """(query, key) pairs of causal attention over ``seq`` tokens, each query attending to at
+    most ``window`` keys (0: no window): sum over i = 1..seq of min(i, window)."""
+    if not window or window >= seq:
+        return seq * (seq + 1) / 2
+    return window * (window + 1) / 2 + (seq - window) * window
+
+
+def _flash_keys_read(seq: int, row_blocks: int, window: int = 0) -> float:
+    """Keys FlashAttention's prefill reads over all its blocks of query rows: block r of
+    height b = seq / row_blocks reads the keys up to its last row, r b of them, or with a
+    window only those inside the window of its rows, at most b + window - 1."""
+    if not window or window >= seq:
+        return seq * (row_blocks + 1) / 2
+    b = seq / row_blocks
+    full = min(row_blocks, math.floor(1 + (window - 1) / b))     # blocks whose rows all see every earlier key
+    return b * full * (full + 1) / 2 + (row_blocks - full) * (b + window - 1)
+
+
 def _flash_row_blocks(seq: int, head_dim: int, buffer_bytes: float, elem_bytes: float) -> int:
     """Number of query-row blocks FlashAttention tiles a sequence into."""
     if buffer_bytes <= 0:
@@ -245,7 +273,7 @@ class _Builder:
     def norm(self, name, width, count, tokens=None):
         t = self.T if tokens is None else tokens
         per = NORM_OPS.get(self.m.norm_type, 7)
-        params = width * (2 if self.m.norm_type == "layernorm" else 1)
+        params = width * self.m.norm_weights_per_element
         self.add(name, "vector", count, ops=per * t * width, weight=params, act_in=t * width, act_out=t * width)
 
     def linear(self, name, d_in, d_out, count, bias=False, kv_out=False, tokens=None, weight_rows=None):
@@ -265,18 +293,21 @@ class _Builder:
             self.add(name, "collective", count, comm=self.T * self.m.hidden_size)
 
     # ---- attention
-    def attention_core(self, count, nh, nkv, d_qk, d_v, kv_from_cache=True, kv_qk=None, kv_sv=None):
-        """qk_matmul + softmax + sv_matmul, or one fused flash_attention."""
-        B, S, L = self.B, self.S, self.L
+    def attention_core(self, count, nh, nkv, d_qk, d_v, kv_from_cache=True, kv_qk=None, kv_sv=None, window=0):
+        """qk_matmul + softmax + sv_matmul, or one fused flash_attention; with a sliding
+        ``window`` the ``sliding_`` operators of the layers that have it."""
+        B, S = self.B, self.S
+        L = min(self.L, window) if window and self.stage == "decode" else self.L   # keys a decode query attends to
+        prefix = "sliding_" if window else ""
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
         kvk = "kv_in" if kv_from_cache else "act_in"
         if self.sc.flash_attention:
             if self.stage == "prefill":
-                pairs = B * nh * S * (S + 1) / 2
+                pairs = B * nh * _causal_pairs(S, window)
                 elem = (self.sc.kv if kv_from_cache else self.sc.activations).bytes
                 nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem)
-                kv_reads = B * L * (kv_qk + kv_sv) * (nrb + 1) / 2
+                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window)
             else:
                 pairs = B * nh * L
                 kv_reads = B * L * (kv_qk + kv_sv)
@@ -286,7 +317,7 @@ class _Builder:
                 kw.update(act_in=q, kv_in=kv_reads)
             else:
                 kw.update(act_in=q + kv_reads)
-            self.add("flash_attention", "attention", count, uses_kv=kv_from_cache, **kw)
+            self.add(f"{prefix}flash_attention", "attention", count, uses_kv=kv_from_cache, **kw)
             return
         scores = B * nh * S * L
         q = B * S * nh * d_qk
@@ -294,10 +325,10 @@ class _Builder:
 
         def reads(first, keys):  # activations read, plus K or V from the cache or from activations
             return {"act_in": first, kvk: keys} if kv_from_cache else {"act_in": first + keys}
-        self.add("qk_matmul", "attention", count, ops=2 * scores * d_qk, act_out=scores, uses_kv=kv_from_cache,
-                 **reads(q, B * L * kv_qk))
-        self.add("softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
-        self.add("sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
+        self.add(f"{prefix}qk_matmul", "attention", count, ops=2 * scores * d_qk, act_out=scores,
+                 uses_kv=kv_from_cache, **reads(q, B * L * kv_qk))
+        self.add(f"{prefix}softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
+        self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
                  **reads(scores, B * L * kv_sv))
 
     def attention(self, count):
@@ -309,7 +340,12 @@ class _Builder:
         self.linear("q_proj", h, nh * d, count, bias=m.attention_bias)
         self.linear("k_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
-        self.attention_core(count, nh, nkv, d, d)
+        if m.qk_norm:
+            heads = self.T * (nh + nkv) * d
+            self.add("qk_norm", "vector", count, ops=NORM_OPS["rmsnorm"] * heads, weight=2 * d, act_in=heads,
+                     act_out=heads)
+        self.attention_core(count - m.num_sliding_layers, nh, nkv, d, d)       # count: every layer
+        self.attention_core(m.num_sliding_layers, nh, nkv, d, d, window=m.sliding_window)
         self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
 
     def mla_attention(self, count):
@@ -353,27 +389,30 @@ class _Builder:
         m, h, T = self.m, self.m.hidden_size, self.T
         E, k = m.num_experts, m.experts_per_token
         w = m.moe_intermediate_size / self.tp
-        self.add("router", "matmul", count, ops=2 * T * h * E, weight=h * E, act_in=T * h, act_out=T * E)
+        gates = E + (1 if m.shared_expert_gate else 0)      # routed experts' logits and the shared expert's gate
+        self.add("router", "matmul", count, ops=2 * T * h * gates, weight=h * gates + (E if m.router_bias else 0),
+                 act_in=T * h, act_out=T * gates)
         touched = expected_experts_touched(E, k, T * self.ep) / self.ep
         routed = T * k
         a2a = routed * h * (self.ep - 1) / self.ep / self.tp
         if self.ep > 1:
             self.add("moe_dispatch", "collective", count, p2p=a2a)
         n_mats = 3 if m.mlp_gated else 2
+        bw, bh = (w, h) if m.mlp_bias else (0, 0)             # bias elements of an expert's up and down projections
         if m.mlp_gated:
-            self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * h * w,
+            self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
                      act_in=routed * h, act_out=routed * w)
-        self.add("expert_up_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * h * w,
+        self.add("expert_up_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
                  act_in=routed * h, act_out=routed * w)
         per = ACT_OPS.get(m.mlp_activation, 8)
         self.add("expert_act_fn", "vector", count, ops=per * routed * w,
                  act_in=(n_mats - 1) * routed * w, act_out=routed * w)
-        self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * w * h,
+        self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
                  act_in=routed * w, act_out=T * h)
         if self.ep > 1:
             self.add("moe_combine", "collective", count, p2p=a2a)
-        if m.num_shared_experts:
-            self.mlp("shared_", m.moe_intermediate_size * m.num_shared_experts / self.tp, count, False)
+        if m.shared_expert_intermediate_size:
+            self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 
     # ---- whole model
     def build(self) -> list[Operator]:
@@ -392,9 +431,12 @@ class _Builder:
             self.allreduce("all_reduce", L)
             self.add_residual("residual_add", 3, L)
         else:
+            post = m.norms_per_block == 4                  # Gemma: norms after attention and after the MLP too
             self.norm("attn_norm", h, L)
             self.attention(L)
             self.allreduce("attn_all_reduce", L)
+            if post:
+                self.norm("post_attn_norm", h, L)
             self.add_residual("attn_add", 2, L)
             self.norm("mlp_norm", h, L)
             if m.is_moe:
@@ -403,6 +445,8 @@ class _Builder:
             else:
                 self.mlp("", m.intermediate_size / self.tp, L, m.mlp_bias)
             self.allreduce("mlp_all_reduce", L)
+            if post:
+                self.norm("post_mlp_norm", h, L)
             self.add_residual("mlp_add", 2, L)
         if self.sc.pp > 1:
             self.add("pp_hop", "collective", self.sc.pp - 1, p2p=T * h)
@@ -436,10 +480,25 @@ def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes:
 def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):
     """Return (table, slope): the decode-step table at ``kv_len`` and a table whose
     element and op counts are the increase per extra key attended. Every count of a
-    decode step is affine in the context length, so step(L) = table + (L - kv_len) * slope."""
+    decode step is affine in the context length, so step(L) = table + (L - kv_len) * slope,
+    until a sliding window fills (``decode_pieces`` splits the decode there)."""
     a = decode_step(model, scenario, kv_len, buffer_bytes)
     b = decode_step(model, scenario, kv_len + 1, buffer_bytes)
     fields = ("ops", "weight", "act_in", "act_out", "kv_in", "kv_out", "comm", "p2p")
     slope_ops = tuple(replace(oa, **{f: getattr(ob, f) - getattr(oa, f) for f in fields})
                       for oa, ob in zip(a.operators, b.operators))
     return a, replace(a, operators=slope_ops)
+
+
+def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):
+    """The decode steps from ``kv_len`` keys on as affine pieces ((first step, table, slope), ...):
+    step j (attending to kv_len + j keys) of the piece starting at step j_k is
+    table + (j - j_k) x slope. Every count is affine in the context except a sliding-window
+    layer's attention, which stops growing once its window is full: one piece, or two when the
+    window fills after ``kv_len`` (the second starts at the first step attending to more keys
+    than the window holds)."""
+    first = (0, *decode_linear(model, scenario, kv_len, buffer_bytes))
+    window = model.sliding_window
+    if not model.num_sliding_layers or kv_len >= window:
+        return (first,)
+    return first, (window - kv_len + 1, *decode_linear(model, scenario, window + 1, buffer_bytes))

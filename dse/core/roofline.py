@@ -16,11 +16,16 @@ Optional terms, skipped when a design space does not use them (``None``):
 - offload: fractions of weight, activation and KV bytes in the host tier, read over
   the host link; overlapping compute (inside the max) or not (added).
 - sparse: 2:4 structured-sparse peaks for weight matmuls.
-- PIM: an operator whose role the PIM may run and whose arithmetic intensity is
-  below the host's ridge point (peak / bandwidth) runs in memory: PIM peak, weight
-  and KV bytes at the internal bandwidth (multiple x external), activations over
-  the external bus. A blocked host adds PIM time to the step; a concurrent one
-  overlaps it (step = max(host work, PIM work)).
+- PIM: an operator whose role the PIM may run (and whose format it computes) is
+  priced both ways: on the host, and in memory (PIM peak, weight and KV bytes at the
+  internal bandwidth, multiple x external, activations over the external bus; every
+  other term as on the host). ``dispatch`` places it (the one placement rule): a
+  blocked host adds PIM time to the step, so each operator runs where it finishes
+  sooner, which is the best placement; a concurrent one overlaps it (step =
+  max(host work, PIM work)), so the placement is the one with the smallest step.
+  Either way the step is a minimum over a fixed set of placements of times that each
+  fall as any peak or bandwidth rises, so more bandwidth, compute, PIM peak or PIM
+  multiple never slows a design.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.core.efficiency import Efficiency
+from dse.core.efficiency import IDEAL, Efficiency
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: columns of SystemArrays.peak: every compute class, then 'vector', then 'none'
@@ -160,17 +165,103 @@ class OpCost:
         return names[np.argmax(terms, axis=0)]
 
 
-def pim_mask(op: OpArrays, sys: SystemArrays) -> np.ndarray | None:
-    """[P, O] bool: operators the PIM runs (a role it may run, and arithmetic
-    intensity below the host's ridge point); None without PIM."""
+def pim_eligible(op: OpArrays, sys: SystemArrays) -> np.ndarray | None:
+    """[P, O] bool: operators the PIM can run (a role it may run, in a format it computes);
+    None without PIM. Depends on the design's kind, never on its figures."""
     if sys.pim_peak is None or op.role is None:
         return None
     role_ok = (op.role >= 0) & sys.pim_roles[:, np.maximum(op.role, 0)]
-    mem = op.memory_bytes
-    ridge = sys.peak[:, op.peak_column] / sys.bandwidth[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        below = op.ops < ridge * mem
-    return role_ok & below & (sys.pim_peak[:, op.peak_column] > 0)
+    return role_ok & (sys.pim_peak[:, op.peak_column] > 0)
+
+
+#: a concurrent PIM's placement is searched exactly over every subset of up to this many
+#: operators; with more eligible operators they are grouped into this many blocks (see ``dispatch``)
+EXACT_PIM_OPERATORS = 8
+#: design points x placements priced at once by the concurrent search
+_SEARCH_CHUNK = 1 << 22
+
+
+def dispatch(host_s, pim_s, eligible, concurrent) -> np.ndarray:
+    """[P, O] bool: the operators the PIM runs (the one placement rule).
+
+    ``host_s``, ``pim_s``: [P, O] seconds each operator takes (all its instances: one step,
+    or a whole generation) on the host and on the PIM; ``eligible``: [P, O] operators the
+    PIM can run; ``concurrent``: [P] the host computes while the PIM runs.
+
+    Blocked host (step = host work + PIM work): each operator goes where it finishes
+    sooner (ties stay on the host); that is the best placement, and the step,
+    Σ min(host, PIM), falls whenever either time falls.
+
+    Concurrent host (step = max(host work, PIM work)): "where it finishes sooner" is not
+    enough; moving an operator to the side that became faster for it can lengthen
+    the step when that side is the busier one, so more bandwidth could slow a design.
+    The placement is the one with the smallest step among every subset of the operators
+    the point's PIM can run; past ``EXACT_PIM_OPERATORS`` such operators, among every
+    subset of that many blocks of them (consecutive in table order), which is not always
+    the best. Either set of placements is fixed by the workload and the design's kind, not
+    by its figures, so the smallest step over it cannot rise when a peak or a bandwidth
+    does."""
+    host_s, pim_s = np.broadcast_arrays(np.asarray(host_s, dtype=float), np.asarray(pim_s, dtype=float))
+    eligible = np.broadcast_to(eligible, host_s.shape)
+    with np.errstate(invalid="ignore"):
+        on_pim = eligible & (pim_s < host_s)
+    conc = np.flatnonzero(concurrent)
+    if conc.size == 0:
+        return on_pim
+    on_pim[conc] = False
+    ec = eligible[conc]
+    if np.array_equal(ec, np.broadcast_to(ec[:1], ec.shape)):     # one kind of PIM (the usual case)
+        groups = [(conc, ec[0])]
+    else:                                                           # each kind of PIM on its own
+        kinds, which = np.unique(np.packbits(ec, axis=1), axis=0, return_inverse=True)
+        which = which.ravel()
+        groups = [(conc[which == g], ec[np.argmax(which == g)]) for g in range(len(kinds))]
+    for points, kind in groups:
+        _search(host_s, pim_s, points, np.flatnonzero(kind), on_pim)
+    return on_pim
+
+
+def _search(host_s, pim_s, points, cols, on_pim) -> None:
+    """Concurrent placement (``dispatch``) of the points ``points``, all of which may run the
+    operators ``cols`` on the PIM, into ``on_pim`` (in place)."""
+    if cols.size == 0:
+        return
+    nb = min(cols.size, EXACT_PIM_OPERATORS)
+    starts = (np.arange(nb) * cols.size) // nb                       # blocks of consecutive operators
+    block = np.repeat(np.arange(nb), np.diff(np.append(starts, cols.size)))
+    subsets = ((np.arange(1 << nb)[None, :] >> np.arange(nb)[:, None]) & 1).astype(bool)   # [nb, S]; 0: none
+    rest_cols = np.setdiff1d(np.arange(host_s.shape[1]), cols)
+    step = max(1, _SEARCH_CHUNK >> nb)
+    for lo in range(0, points.size, step):                           # chunks of points bound the memory
+        idx = points[lo:lo + step]
+        if idx.size == host_s.shape[0]:
+            idx = slice(None)                                        # every point: views, no copies
+        h = host_s[idx]
+        rest = h[:, rest_cols].sum(axis=1)                           # work that stays on the host
+        hb = np.add.reduceat(h[:, cols], starts, axis=1)             # [n, nb]
+        pb = np.add.reduceat(pim_s[idx][:, cols], starts, axis=1)
+        host_work = _subset_sums(hb, ~subsets, rest)
+        pim_work = _subset_sums(pb, subsets, 0.0)
+        with np.errstate(invalid="ignore"):
+            total = np.fmax(host_work, pim_work)
+        best = np.argmin(np.where(np.isnan(total), np.inf, total), axis=1)
+        rows = np.arange(host_s.shape[0])[idx]
+        on_pim[rows[:, None], cols[None, :]] = subsets[:, best].T[:, block]
+
+
+def _subset_sums(blocks, member, base) -> np.ndarray:
+    """[n, S]: base + Σ of ``blocks`` [n, nb] over the members [nb, S] of each subset,
+    infinite where a member is (a matrix product would turn inf x 0 into NaN)."""
+    finite = np.isfinite(blocks)
+    m = member.astype(float)
+    total = np.where(finite, blocks, 0.0) @ m + np.asarray(base, dtype=float)[..., None]
+    return np.where((~finite).astype(float) @ m > 0, np.inf, total)
+
+
+def pim_mask(op: OpArrays, sys: SystemArrays, eff: Efficiency | None = None) -> np.ndarray | None:
+    """[P, O] bool: the operators the PIM runs in one step under ``eff`` (ideal when None);
+    None without PIM (``dispatch``)."""
+    return op_costs(op, sys, IDEAL if eff is None else eff).on_pim
 
 
 def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None, shape: OpArrays | None = None):
@@ -261,18 +352,38 @@ def _combine(compute, dev, host, sys: SystemArrays):
     return np.maximum(compute, dev + np.where(ov, host, 0.0)) + np.where(ov, 0.0, host)
 
 
-def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
-    """Per-instance cost of every operator on every design point.
-
-    Host-tier traffic overlaps compute (inside the max, summed with device traffic)
-    where ``sys.overlap``, else adds to the operator's time."""
-    on_pim = pim_mask(op, sys)
+def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
+    """(compute, device memory, host tier, collective, time) per instance, [P, O], with the
+    operators of ``on_pim`` in memory (None: all on the host)."""
     compute = _compute_term(op.ops, op, sys, eff, on_pim)
     dev, host = _memory_terms(op, sys, eff, on_pim)
     coll = _link_time(op, sys, eff)
     time = _combine(compute, dev, host, sys) + coll + np.where(_work(op), eff.op_overhead_s, 0.0)
-    zeros = np.zeros_like(time)
-    return OpCost(compute, dev, host + zeros, coll + zeros, time, on_pim)
+    return compute, dev, host, coll, time
+
+
+def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
+    """Per-instance cost of every operator on every design point, where ``dispatch`` places it.
+
+    Host-tier traffic overlaps compute (inside the max, summed with device traffic)
+    where ``sys.overlap``, else adds to the operator's time."""
+    terms = _priced(op, sys, eff)
+    zeros = np.zeros_like(terms[-1])
+    terms = [t + zeros for t in terms]
+    eligible = pim_eligible(op, sys)
+    on_pim = None
+    if eligible is not None:
+        sel = np.flatnonzero(eligible.any(axis=0))        # price in memory only what the PIM can run
+        on_pim = np.zeros(zeros.shape, dtype=bool)
+        if sel.size:
+            pim = _priced(_subset(op, sel), sys, eff, eligible[:, sel])
+            time = terms[-1].copy()
+            time[:, sel] = pim[-1]
+            on_pim = dispatch(terms[-1] * op.count, time * op.count, eligible, sys.pim_concurrent)
+            for t, b in zip(terms, pim):
+                t[:, sel] = np.where(on_pim[:, sel], b, t[:, sel])
+    compute, dev, host, coll, time = terms
+    return OpCost(compute, dev, host, coll, time, on_pim)
 
 
 def _step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
@@ -282,7 +393,7 @@ def _step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
     if on_pim is None:
         return total.sum(axis=-1)
     pim = np.where(on_pim, total, 0.0).sum(axis=-1)
-    host = total.sum(axis=-1) - pim
+    host = np.where(on_pim, 0.0, total).sum(axis=-1)
     return np.where(sys.pim_concurrent, np.maximum(host, pim), host + pim)
 
 
@@ -389,10 +500,28 @@ def _subset(op: OpArrays, sel) -> OpArrays:
 
 
 def _decode_general(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
-    """Σ over ``steps`` decode steps of Σ count x per-instance time (no step overhead), [P]."""
+    """Σ over ``steps`` decode steps of Σ count x per-instance time (no step overhead), [P].
+    With PIM, each operator keeps one place for the whole generation, chosen by ``dispatch``
+    from its time over the whole generation on the host and on the PIM."""
+    host = _decode_op_totals(op0, slope, steps, sys, eff)
+    eligible = pim_eligible(op0, sys)
+    if eligible is None:
+        return (host * op0.count).sum(axis=-1)
+    sel = np.flatnonzero(eligible.any(axis=0))            # price in memory only what the PIM can run
+    if sel.size == 0:
+        return (host * op0.count).sum(axis=-1)
+    pim = host.copy()
+    pim[:, sel] = _decode_op_totals(_subset(op0, sel), _subset(slope, sel), steps, sys, eff, eligible[:, sel])
+    on_pim = dispatch(host * op0.count, pim * op0.count, eligible, sys.pim_concurrent)
+    return _step_sum(np.where(on_pim, pim, host), op0.count, on_pim, sys)
+
+
+def _decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency,
+                      on_pim=None) -> np.ndarray:
+    """Σ over ``steps`` decode steps of each operator's per-instance time, [P, O], with the
+    operators of ``on_pim`` in memory (None: all on the host)."""
     n = np.asarray(steps, dtype=float)
     n = n[:, None] if n.ndim == 1 else n
-    on_pim = pim_mask(op0, sys)      # placement follows the first step (intensity barely moves)
     c0, cs = _compute_term(op0.ops, op0, sys, eff, on_pim), _compute_term(slope.ops, op0, sys, eff, on_pim)
     slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
     dev0, host0 = _memory_terms(op0, sys, eff, on_pim)
@@ -415,5 +544,4 @@ def _decode_general(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, ef
     if np.ndim(a0) or np.ndim(as_):
         total = total + _arith_sum(a0, as_, 0, n + zero)
     total = total + _link_time(op0, sys, eff) * n   # collective and hop traffic do not grow with the context
-    total = total + np.where(_work(op0), eff.op_overhead_s, 0.0) * n
-    return _step_sum(total, op0.count, on_pim, sys)
+    return total + np.where(_work(op0), eff.op_overhead_s, 0.0) * n

@@ -273,10 +273,13 @@ def engine_of(row: MeasuredRow) -> Engine:
 # --------------------------------------------------------------------------- predicting
 
 def row_columns(row: MeasuredRow, engine: Engine) -> dict:
-    """The design point of a measured row (scalars)."""
+    """The design point of a measured row (scalars). The row's context is what it measured: an
+    engine that served prompt + generation past the config's ``max_position_embeddings``
+    (GPT-J at 2048 + 128 in TensorRT-LLM's tables) ran it with a longer context."""
     return {"model": row.model, "hardware": row.hardware, "batch": row.batch, "prompt_len": row.prompt_len,
             "gen_len": row.gen_len, "weights": row.weights, "activations": row.activations, "kv": row.kv,
-            "flash_attention": engine.flash_attention, "tp": row.tp, "pp": row.pp, "offload": "none"}
+            "flash_attention": engine.flash_attention, "tp": row.tp, "pp": row.pp, "offload": "none",
+            "max_context": row.prompt_len + row.gen_len}
 
 
 def table_of(points: list[dict]) -> dict:

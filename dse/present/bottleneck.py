@@ -8,8 +8,9 @@ _COMM = ("moe_dispatch", "moe_combine", "pp_hop")
 
 
 def op_group(name: str) -> str:
-    """The class an operator belongs to for naming bottlenecks: '*_proj', 'attention', ..."""
-    if name in _ATTENTION:
+    """The class an operator belongs to for naming bottlenecks: '*_proj', 'attention', ...
+    (a sliding-window layer's ``sliding_*`` attention counts as attention)."""
+    if name.removeprefix("sliding_") in _ATTENTION:
         return "attention"
     if "all_reduce" in name or name in _COMM:
         return "communication"

@@ -88,6 +88,9 @@ def _add_workload_args(p):
     p.add_argument("--batch", type=_batch, default=1, help="sequences per batch, or 'max' (largest that fits)")
     p.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
     p.add_argument("--gen-len", type=_positive_int, default=128, help="generated tokens (default 128)")
+    p.add_argument("--max-context", type=_count, default=0,
+                   help="context limit in tokens for prompt + generation (default 0: the model's "
+                        "max_position_embeddings; larger serves a longer one with RoPE scaling)")
     p.add_argument("--weights", default="fp16", help="weights format (see 'list formats')")
     p.add_argument("--activations", default="fp16", help="activations format")
     p.add_argument("--kv", default="fp16", help="KV-cache format")
@@ -143,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "--host-tier",
          "prompt_len": "--prompt-len", "gen_len": "--gen-len", "flash_attention": "--flash-attention",
          "devices": "--devices", "tp": "--tp", "pp": "--pp", "ep": "--ep", "offload": "--offload",
-         "sparse": "--sparse", "batch": "--batch", "link": "--link"}
+         "sparse": "--sparse", "batch": "--batch", "link": "--link",
+         "max_context": "--max-context"}
 
 
 def flagged(text: str) -> str:
@@ -156,7 +160,8 @@ def point_columns(args, hardware) -> dict:
     cols = {"model": args.model, "hardware": hardware, "batch": args.batch, "prompt_len": args.prompt_len,
             "gen_len": args.gen_len, "weights": args.weights, "activations": args.activations, "kv": args.kv,
             "flash_attention": args.flash_attention, "ep": args.ep, "offload": args.offload,
-            "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers}
+            "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers,
+            "max_context": args.max_context}
     for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)

@@ -87,7 +87,7 @@ class Columns:
         if name in MAY_BE_MISSING:
             bad &= ~np.isnan(a)
         if bad.any():
-            raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]]!r}")
+            raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]].item()!r}")
         return a
 
     def flags(self, name: str) -> np.ndarray:
@@ -127,7 +127,7 @@ class Columns:
         bad &= ~is_max
         if bad.any():
             raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', "
-                           f"got {nums[np.flatnonzero(bad)[0]]!r}")
+                           f"got {nums[np.flatnonzero(bad)[0]].item()!r}")
         return np.where(is_max, np.nan, nums), is_max
 
     def labels(self, name: str) -> tuple[np.ndarray, list]:

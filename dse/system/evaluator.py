@@ -33,6 +33,7 @@ from dse.system.workload import WorkloadTables, footprint_in_batch, resolve_mode
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
 from hwmodels.presets import DEVICE_CLASSES
+from workloads.model import context_error
 
 #: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -227,7 +228,7 @@ class Plan:
         violations = {"memory": self.memory_violation,
                       "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
                                         [np.zeros(n, bool)], axis=0).astype(float)}
-        keys = [r.key for r in R.REASONS] + [""] * (R.CONSTRAINT_BASE - len(R.REASONS))
+        keys = list(R.KEYS)
         for k, (metric, bound) in enumerate(_constraint_items(self.constraints)):
             sense, limit = bound
             v = out[metric]
@@ -239,7 +240,7 @@ class Plan:
             fails[R.CONSTRAINT_BASE + k] = viol > 0
             keys.append(R.constraint_key(metric, sense, limit))
         reason = np.zeros(n, dtype=np.int16)
-        for code in sorted(fails):
+        for code in sorted(fails, key=R.rank):
             reason = np.where((reason == 0) & fails[code], code, reason).astype(np.int16)
         labels, details = self.labels, self.details
         if self.inverse is not None:                  # back to the caller's order
@@ -297,22 +298,26 @@ def _cpu_efficiency(given, ideal: bool) -> Efficiency:
 def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     """Serving metrics of a group's points (arrays)."""
     t, sys, sc = g.tables, g.system, g.tables.scenario
-    steps = np.full(sys.size, max(sc.gen_len - 1, 1), dtype=float)
+    n_steps = max(sc.gen_len - 1, 1)
+    steps = np.full(sys.size, n_steps, dtype=float)
+    pieces = [(d0, slope, np.full(sys.size, n, dtype=float)) for d0, slope, n in t.decode_steps(n_steps)]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if g.cpu is None:
             prefill = pipelined_prefill_s(step_time(t.prefill, sys, eff), sc.micro_batches, sc.pp)
-            decode = decode_total_time(t.decode_first, t.decode_slope, steps, sys, eff)
+            decode = sum(decode_total_time(d0, slope, n, sys, eff) for d0, slope, n in pieces)
         else:
             c = g.cpu
             ceff = _cpu_efficiency(given, ideal)
             dev_pre, cpu_pre = _split_counts(t.prefill, t.layer_ops, c["share"])
-            dev_d0, cpu_d0 = _split_counts(t.decode_first, t.layer_ops, c["share"])
             hop = [2 * transfer_time(b, c["host_bw"], c["host_lat"], eff) for b in (c["hop_prefill"], c["hop_decode"])]
             prefill = (step_time(dev_pre, sys, eff) + step_time(cpu_pre, c["system"], ceff)
                        - ceff.step_overhead_s + hop[0])
-            decode = (decode_total_time(dev_d0, t.decode_slope, steps, sys, eff)
-                      + decode_total_time(cpu_d0, t.decode_slope, steps, c["system"], ceff)
-                      - ceff.step_overhead_s * steps + hop[1] * steps)
+            decode = 0.0
+            for d0, slope, n in pieces:
+                dev_d0, cpu_d0 = _split_counts(d0, t.layer_ops, c["share"])
+                decode = decode + (decode_total_time(dev_d0, slope, n, sys, eff)
+                                   + decode_total_time(cpu_d0, slope, n, c["system"], ceff))
+            decode = decode - ceff.step_overhead_s * steps + hop[1] * steps
         return serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
                                overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
 
@@ -418,7 +423,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     devices = tp * pp * w["ep"]
 
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
-           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, hw.host_cpu, hw.device_class]
+           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
@@ -466,7 +471,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 
 #: the columns that decide which points share a workload (and so one kernel call)
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "hardware", "link",
+                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats")
 
 
@@ -494,6 +499,7 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["policy"], w["policies"] = _resolved(cols, "offload", parse_policy)
     w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
     w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
+    w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), cols.flags("sparse"), cols.flags("overlap")
     w["batch"], w["batch_max"] = cols.batch()
@@ -624,6 +630,9 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
         if np.any(bad):
             fail(code, positions[np.broadcast_to(bad, (size,))], detail)
 
+    too_long = context_error(model, sc.prompt_len, sc.gen_len, int(w["max_context"][i0]))
+    if too_long:
+        mark("context", np.ones(size, dtype=bool), too_long)
     share = cpu_layers / model.num_layers
     cpu = None
     if cpu_layers:

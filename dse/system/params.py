@@ -58,18 +58,21 @@ WORKLOAD_PARAMS = {
     "overlap": bool,
     "sparse": bool,
     "cpu_layers": int,
+    "max_context": int,
 }
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
 #: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
-#: latency, an on-chip buffer, host memory (0: none to offload to)
-ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity")
+#: latency, an on-chip buffer, host memory (0: none to offload to), the context (0: the model's
+#: ``max_position_embeddings``)
+ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context")
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
 #: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
 #: from the others; a hardware figure is the base preset's own)
 MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
-            "ep": 1, "flash_attention": False, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0}
+            "ep": 1, "flash_attention": False, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
+            "max_context": 0}
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 

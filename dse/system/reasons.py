@@ -2,8 +2,9 @@
 
 The evaluator writes codes (cheap to compute, group and store); text is made only where
 it is shown (``describe``). When a point fails several checks the first in the order of
-``REASONS`` is its reason; ``Evaluation.violations`` keeps every check as a number.
-Codes from ``CONSTRAINT_BASE`` on are a study's constraints, in the order given.
+``REASONS`` is its reason (``rank``; a code keeps its number wherever it is listed);
+``Evaluation.violations`` keeps every check as a number. Codes from ``CONSTRAINT_BASE`` on
+are a study's constraints, in the order given.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ REASONS = (
     Reason(1, "layout", "devices is not tp x pp x ep",
            "devices {devices_given} must equal tp {tp_given} x pp {pp_given} x ep {ep}"),
     Reason(2, "model_split", "the parallel layout does not divide the model"),
+    Reason(12, "context", "prompt and generation exceed the model's maximum context",
+           "prompt_len {prompt_len} + gen_len {gen_len} exceed the maximum context of model '{model_name}' "
+           "(max_position_embeddings)"),
     Reason(3, "cpu_split", "the CPU layer split cannot run"),
     Reason(4, "format", "cannot compute a format nor any wider one",
            "hardware '{hardware_name}' cannot compute {format} nor any wider format"),
@@ -53,6 +57,15 @@ CODE = {r.key: r.code for r in REASONS if r.key}
 MEMORY_CODES = (CODE["device_memory"], CODE["host_memory"], CODE["no_chip_layout"])
 #: the first code of a study's constraints (constraint k has code CONSTRAINT_BASE + k)
 CONSTRAINT_BASE = 32
+#: the key of every built-in code, indexed by code ('' for codes not in use)
+KEYS = tuple(next((r.key for r in REASONS if r.code == c), "") for c in range(CONSTRAINT_BASE))
+_RANK = {r.code: i for i, r in enumerate(REASONS)}
+
+
+def rank(code: int) -> int:
+    """Where the check ``code`` stands when a point fails several: the first in REASONS first,
+    then a study's constraints in their order."""
+    return _RANK.get(code, code)
 
 
 def constraint_key(metric: str, sense: str, limit: float) -> str:

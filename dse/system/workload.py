@@ -3,7 +3,8 @@
 A workload is a model run with one scenario (batch, lengths, formats, parallel layout,
 attention kernel) on devices with a given on-chip buffer. Its operator tables (one
 micro-batch: the prefill, the decode step attending to ``prompt_len`` cached tokens, and
-the decode step's first value and slope over the growing context) and its per-device
+the decode steps' first value and slope over the growing context, in affine pieces
+(``optable.decode_pieces``: two when a sliding window fills during the generation)) and its per-device
 footprint are built once and kept (``tables``). For the largest batch that fits, the
 footprint is also written in closed form in the batch (``FootprintInBatch``).
 """
@@ -19,7 +20,7 @@ from workloads import optable
 from workloads.footprint import (
     Footprint,
     footprint,
-    kv_cache_bytes_per_token,
+    kv_cache_bytes_per_sequence,
     layer_parameter_count,
     parameter_count,
     peak_activation_bytes,
@@ -50,6 +51,14 @@ class WorkloadTables:
     footprint: Footprint
     layer_ops: np.ndarray     # [O] bool: operators repeated per layer (CPU split)
     layer_weight_bytes: float  # weights of all the layers on one device
+    decode_pieces: tuple = ()  # (first step, OpArrays, slope) of each affine piece of the decode (optable)
+
+    def decode_steps(self, steps: int) -> list:
+        """(first step's OpArrays, slope, number of steps) of each piece of ``steps`` decode steps
+        (one piece, or two when a sliding window fills during the generation)."""
+        pieces = self.decode_pieces or ((0, self.decode_first, self.decode_slope),)
+        ends = [j for j, _, _ in pieces[1:]] + [steps]
+        return [(d0, slope, min(end, steps) - j) for (j, d0, slope), end in zip(pieces, ends) if min(end, steps) > j]
 
 
 @lru_cache(maxsize=4096)
@@ -61,12 +70,12 @@ def tables(model: ModelSpec, batch: int, prompt_len: int, gen_len: int, weights:
     micro = replace(sc, batch=sc.micro_batch)
     pre = optable.prefill(model, micro, buffer)
     dec = optable.decode_step(model, micro, sc.prompt_len, buffer)
-    d0, slope = optable.decode_linear(model, micro, sc.prompt_len + 1, buffer)
+    pieces = tuple((j, OpArrays.from_table(d0), OpArrays.from_table(slope))
+                   for j, d0, slope in optable.decode_pieces(model, micro, sc.prompt_len + 1, buffer))
     fp = footprint(model, sc, pre, dec)
     layer = np.array([op.name not in NON_LAYER_OPS for op in pre.operators])
-    return WorkloadTables(sc, OpArrays.from_table(pre), OpArrays.from_table(dec), OpArrays.from_table(d0),
-                          OpArrays.from_table(slope), pre, dec, fp, layer,
-                          layer_parameter_count(model, tp) * sc.weights.bytes)
+    return WorkloadTables(sc, OpArrays.from_table(pre), OpArrays.from_table(dec), pieces[0][1], pieces[0][2],
+                          pre, dec, fp, layer, layer_parameter_count(model, tp) * sc.weights.bytes, pieces)
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,7 @@ def footprint_in_batch(model: ModelSpec, prompt_len: int, gen_len: int, weights:
     if not np.allclose(a3, 3 * slope + intercept, rtol=1e-12, atol=0.0):
         raise AssertionError(f"live activations of '{model.name}' are not affine in the batch")
     return FootprintInBatch(parameter_count(model, tp, pp, ep) * sc.weights.bytes,
-                            (prompt_len + gen_len) * kv_cache_bytes_per_token(model, sc), slope, intercept, ep, pp)
+                            kv_cache_bytes_per_sequence(model, sc), slope, intercept, ep, pp)
 
 
 __all__ = ["WorkloadTables", "tables", "FootprintInBatch", "footprint_in_batch", "resolve_model", "NON_LAYER_OPS",
