@@ -4,9 +4,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from hwmodels.device import Link
-from hwmodels.presets import HARDWARE_DIR, _link, load_named_table, lookup
+from basis.shipped import shipped
+from hwmodels.presets import _link, load_named_table, lookup
 
-LINKS_FILE = HARDWARE_DIR.parent / "links.yaml"
+LINKS_FILE = shipped("configs", "links.yaml")
 
 
 @lru_cache(maxsize=None)

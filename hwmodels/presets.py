@@ -11,11 +11,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from basis.errors import MAX_FIGURE, DseError, as_number
+from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
-HARDWARE_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+#: the shipped hardware presets (``configs/hardware``; package data in a wheel)
+HARDWARE_DIR = shipped("configs", "hardware")
 
 TOP_KEYS = {"name", "description", "class", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
@@ -25,8 +27,8 @@ DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
 
 
 def available_hardware() -> list[str]:
-    """Names of the presets shipped in configs/hardware/."""
-    return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+    """Names of the presets shipped in configs/hardware/ (DseError when the folder is missing)."""
+    return sorted(p.stem for p in shipped_folder("configs", "hardware", what="the hardware presets").glob("*.yaml"))
 
 
 def _cited(node, where: str, sources: dict, positive: bool = True) -> float:

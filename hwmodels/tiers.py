@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from basis.shipped import shipped
 from hwmodels.device import Device, Link, MemoryTier
-from hwmodels.presets import HARDWARE_DIR, _tier, load_named_table, lookup
+from hwmodels.presets import _tier, load_named_table, lookup
 
-TIERS_FILE = HARDWARE_DIR.parent / "tiers.yaml"
+TIERS_FILE = shipped("configs", "tiers.yaml")
 
 
 @lru_cache(maxsize=None)

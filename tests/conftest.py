@@ -10,9 +10,12 @@ VENDORED = Path(__file__).resolve().parent / "data"
 
 
 def reference_file(name: str) -> Path:
-    """A reference-data file: ../shared/data when present, else the copy in tests/data."""
-    p = SHARED_DATA / name
-    return p if p.is_file() else VENDORED / name
+    """A reference-data file: ../shared/data when present, else the copy dse ships (data/) or
+    the copy in tests/data."""
+    for p in (SHARED_DATA / name, ROOT / "data" / name, VENDORED / name):
+        if p.is_file():
+            return p
+    return VENDORED / name
 
 
 def run_cli(*args, timeout=60):

@@ -1,5 +1,6 @@
 """``compare``: one workload on several hardware presets, side by side."""
 import json
+import re
 
 import pytest
 from conftest import run_cli
@@ -37,12 +38,11 @@ def test_compare_table_and_csv(capsys):
     assert main(["compare", *WORKLOAD, "--hardware", "h100-sxm", "a100-80gb"]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    head = next(line for line in lines if line.startswith("metric"))
-    assert head.split() == ["metric", "h100-sxm", "a100-80gb"]
-    ttft = next(line for line in lines if line.startswith("ttft_s")).split()
-    assert ttft[1:] == [display.si(r["ttft_s"], "s") for r in rows]
-    tpot = next(line for line in lines if line.startswith("tpot_s")).split()
-    assert tpot[1:] == [display.si(r["tpot_s"], "s") for r in rows]
+    cells = lambda key: re.split(r"\s{2,}", next(line for line in lines if line.startswith(key)).strip())
+    assert cells("metric") == ["metric", "h100-sxm", "a100-80gb"]
+    assert cells("ttft_s")[1:] == [display.si(r["ttft_s"], "s") for r in rows]
+    assert cells("tpot_s")[1:] == [display.si(r["tpot_s"], "s") for r in rows]
+    assert all(c.endswith(" ms") for c in cells("tpot_s")[1:])
     assert next(line for line in lines if line.startswith("fits")).split()[1:] == ["yes", "yes"]
     assert next(line for line in lines if line.startswith("decode_bound ")).split()[1:] == \
         [r["decode_bound"] for r in rows]

@@ -154,6 +154,25 @@ def test_calibration_file_is_read_and_checked(tmp_path):
         efficiency_for("gpu", path=str(p))
 
 
+def test_calibration_from_the_environment_and_missing_file(tmp_path, monkeypatch):
+    # DSE_CALIBRATION replaces the shipped calibration for every default; a file that is not there
+    # is an error naming it, never a silent fall back to the priors
+    p = tmp_path / "cal.yaml"
+    p.write_text("classes:\n  gpu:\n    memory: {value: 0.45, note: test}\n")
+    monkeypatch.setenv(E.CALIBRATION_ENV, str(p))
+    assert E.calibration_file() == p and efficiency_for("gpu").memory == 0.45
+    slow = analyze(load_model("llama-2-7b"), "h100-sxm", Scenario.make(batch=1, gen_len=64)).summary["tpot_s"]
+    monkeypatch.setenv(E.CALIBRATION_ENV, str(tmp_path / "gone.yaml"))
+    with pytest.raises(DseError, match=r"gone\.yaml: cannot read the calibration file.*DSE_CALIBRATION"):
+        efficiency_for("gpu")
+    monkeypatch.delenv(E.CALIBRATION_ENV)
+    shipped = efficiency_for("gpu")
+    fast = analyze(load_model("llama-2-7b"), "h100-sxm", Scenario.make(batch=1, gen_len=64)).summary["tpot_s"]
+    assert slow > fast * (1 + 0.5 * (shipped.memory / 0.45 - 1))    # batch-1 decode streams weights
+    with pytest.raises(DseError, match="cannot read the calibration file"):
+        efficiency_for("gpu", path=str(tmp_path / "gone.yaml"))
+
+
 def test_shipped_calibration_notes_every_fitted_value():
     data = E.load_calibration()
     assert data["classes"]["gpu"], "configs/calibration.yaml has no fitted gpu parameters"

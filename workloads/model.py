@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from basis.errors import DseError
+from basis.shipped import shipped, shipped_folder
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
+#: the shipped model configs (``configs/models``; package data in a wheel)
+MODELS_DIR = shipped("configs", "models")
 
 
 @dataclass(frozen=True)
@@ -602,8 +604,8 @@ def _read_config(p: Path):
 
 
 def available_models() -> list[str]:
-    """Names of the model configs shipped in configs/models/."""
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+    """Names of the model configs shipped in configs/models/ (DseError when the folder is missing)."""
+    return sorted(p.stem for p in shipped_folder("configs", "models", what="the model configs").glob("*.json"))
 
 
 def load_model(name_or_path: str) -> ModelSpec:

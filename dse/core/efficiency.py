@@ -72,6 +72,7 @@ priors of the classes the measurements cover. ``--ideal`` keeps the pure bound.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -79,10 +80,20 @@ from pathlib import Path
 import numpy as np
 
 from basis.errors import DseError, as_number
+from basis.shipped import shipped
 from basis.yamlfile import load_yaml
 from hwmodels.formats import COMPUTE_BITS, COMPUTE_CLASSES
 
-CALIBRATION_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "calibration.yaml"
+#: the shipped calibration (``configs/calibration.yaml``; package data in a wheel)
+CALIBRATION_FILE = shipped("configs", "calibration.yaml")
+#: environment variable naming another calibration file for every command (``calibrate --out``'s)
+CALIBRATION_ENV = "DSE_CALIBRATION"
+
+
+def calibration_file() -> Path:
+    """The calibration the defaults use: ``$DSE_CALIBRATION`` when set, else the shipped one."""
+    return Path(os.environ[CALIBRATION_ENV]) if os.environ.get(CALIBRATION_ENV) else CALIBRATION_FILE
+
 
 #: peak columns below this index are tensor (matmul) classes; then 'vector', 'none'
 _TENSOR_COLUMNS = len(COMPUTE_CLASSES)
@@ -203,14 +214,14 @@ IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal")
 #: First-order defaults per hardware class, before calibration. ``dse.study calibrate``
 #: replaces the fitted parameters of the classes its measurements cover (and of the
 #: classes that inherit them, ``INHERITS``). Sources of the priors:
-#: - gpu memory 0.90: memory-streaming microbenchmarks reach ~90 % of peak HBM bandwidth;
-#:   batch-1 decode 55-72 % (../shared/DESIGN.md, "Facts measured").
+#: - gpu memory 0.90: memory-streaming microbenchmarks reach ~90 % of peak HBM bandwidth
+#:   (first-order; ``calibrate`` refits it on the decode rows of data/measured_calibration.csv).
 #: - gpu compute 0.70: large tensor-core GEMMs sustain 60-80 % of dense peak.
 #: - op_overhead_s 5e-6: one kernel launch per operator instance (a few microseconds).
 #: - collective 0.80: fraction of link bandwidth a ring all-reduce reaches (NCCL bus
 #:   bandwidth is typically 70-90 % of the link's).
 #: - soc memory 0.55: llama.cpp decode on Apple M2 Ultra moves ~444 GB/s of 800 GB/s and
-#:   on M2 Max ~236 GB/s of 400 GB/s (../shared/data/measured_calibration.csv context rows
+#:   on M2 Max ~236 GB/s of 400 GB/s (data/measured_calibration.csv context rows
 #:   M198 and M201: weight bytes x tokens/s).
 #: - cpu memory 0.70: STREAM-like bandwidth on server DDR5 is ~70-80 % of the channel
 #:   peak; compute 0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
@@ -231,16 +242,20 @@ INHERITS = {"accelerator": "gpu", "pim": "gpu"}
 
 
 def load_calibration(path: str | None = None) -> dict:
-    """The calibration file as a dict (``{}`` when it does not exist); DseError if malformed.
+    """The calibration file ``path`` (default ``calibration_file()``) as a dict; DseError if it is
+    missing or malformed (a missing calibration is never a silent fall back to the priors).
 
     Layout: ``classes: {<class>: {<parameter>: {value: NUMBER, note: ...}}}`` plus
     free-form sections (``fitted``, ``error``, ``cross_validation``, ``not_fitted``).
     Read again whenever the file changes."""
-    p = Path(path) if path else CALIBRATION_FILE
+    p = Path(path) if path else calibration_file()
     try:
         st = p.stat()
-    except OSError:
-        return {}
+    except OSError as e:
+        hint = (f" (set by ${CALIBRATION_ENV})" if not path and os.environ.get(CALIBRATION_ENV) else
+                "; reinstall the package (pip install --force-reinstall dse-llm) or use a complete checkout"
+                if not path else "")
+        raise DseError(f"{p}: cannot read the calibration file: {e.strerror or e}{hint}") from None
     return _load_calibration(str(p), st.st_mtime_ns, st.st_size)
 
 
@@ -301,7 +316,7 @@ def efficiency_for(device, path: str | None = None) -> Efficiency:
     try:
         return Efficiency(name=name, **class_parameters(cls, path))
     except ValueError as e:
-        raise DseError(f"{path or CALIBRATION_FILE}: class {cls}: {e}") from None
+        raise DseError(f"{path or calibration_file()}: class {cls}: {e}") from None
 
 
 def __getattr__(name: str):

@@ -22,11 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from basis.errors import DseError
-from dse.core.efficiency import CALIBRATION_FILE, CLASS_PRIORS, Efficiency, load_calibration
+from basis.files import write_text_atomic
+from basis.shipped import shipped
+from dse.core.efficiency import CLASS_PRIORS, Efficiency, load_calibration
 from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_measured
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
+#: where ``calibrate`` writes when no --out is given (use it with DSE_CALIBRATION=...)
+DEFAULT_OUT = Path("runs") / "calibrate" / "calibration.yaml"
 #: a hardware class is fitted only with at least this many predictable rows
 MIN_ROWS = 8
 
@@ -57,7 +61,7 @@ FIT = (
 )
 
 #: why the other parameters keep their priors (found while building the model on
-#: ../shared/data/measured_calibration.csv; see the closing note of issue 6)
+#: data/measured_calibration.csv; see the closing note of issue 6)
 NOT_FITTED = {
     "compute_half_ops": "a free fit puts the half at ~1e9 ops, which acts as a fixed time per GEMM of half / (peak "
                         "x compute), makes batch-1 GEMVs (~1e7-1e8 ops) compute-bound and raises the "
@@ -194,10 +198,11 @@ def _stats_by(rows: list, errors: np.ndarray, key: str) -> dict:
 
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
               params=None) -> Calibration:
-    """Fit, cross-validate and write the calibration file (default configs/calibration.yaml)."""
+    """Fit, cross-validate and write the calibration file ``out`` (default
+    ``DEFAULT_OUT``, inside the run folder; never the shipped file unless asked for)."""
 
     src = Path(measured) if measured else default_measured()
-    dest = Path(out) if out else CALIBRATION_FILE
+    dest = Path(out) if out else DEFAULT_OUT
     rows, _ = read_measured(src)
     cases, skipped = prepare_all(rows)
     params = tuple(params or FIT)
@@ -265,21 +270,16 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
 
 
 def _display_path(p: Path) -> str:
-    """``p`` relative to the repository root when that is shorter (../shared/data/...)."""
-    import os
-    root = Path(__file__).resolve().parent.parent.parent
-    try:
-        rel = os.path.relpath(p.resolve(), root)
-    except ValueError:
-        return str(p)
-    return rel if len(rel) < len(str(p.resolve())) else str(p)
+    """``p`` as ``data/NAME`` when it is a file dse ships there, else as given."""
+    shipped_copy = shipped("data", p.name)
+    return f"data/{p.name}" if shipped_copy.is_file() and shipped_copy.resolve() == p.resolve() else str(p)
 
 
 HEADER = """\
 # Efficiency parameters fitted to measured results by `python -m dse.study calibrate`.
 # dse.core.efficiency.efficiency_for() reads `classes` (the defaults of `analyze`, `validate`
 # and sweeps); the other sections record how, when and how well they were fitted.
-# Regenerate with: python -m dse.study calibrate --measured ../shared/data/measured_calibration.csv
+# Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
 """
 
 
@@ -288,9 +288,9 @@ def write_calibration(path: Path, data: dict) -> None:
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(HEADER + yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True))
     except OSError as e:
         raise DseError(f"cannot write calibration file {path}: {e.strerror}") from None
+    write_text_atomic(path, HEADER + yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True))
     load_calibration.cache_clear()
 
 

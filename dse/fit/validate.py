@@ -1,7 +1,7 @@
 """Predictions against measured results: read a measured-results CSV, predict every
 scored row with ``dse.system.analysis`` and report the error.
 
-CSV format (../shared/data/measured_calibration.csv): one measurement per row with the
+CSV format (``data/measured_calibration.csv``, shipped): one measurement per row with the
 columns ``model_slug, hardware_slug, devices, batch, prompt_len, gen_len, weights,
 activations, kv, metric, value`` (SI units; ``batch`` may be ``max``). Optional columns:
 ``id``, ``scored`` (``no`` rows are context only), ``tp``/``pp`` (default: all devices
@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from basis.errors import DseError
+from basis.shipped import shipped_file
+from basis.units import bytes_text
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.present import display
 from dse.system.evaluator import evaluate, prepare
@@ -43,9 +45,6 @@ from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.optable import kv_heads_per_device
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-SHARED_MEASURED = ROOT.parent / "shared" / "data" / "measured_calibration.csv"
-VENDORED_MEASURED = ROOT / "tests" / "data" / "measured_calibration.csv"
 
 REQUIRED = ("model_slug", "hardware_slug", "devices", "batch", "prompt_len", "gen_len", "weights",
             "activations", "kv", "metric", "value")
@@ -143,8 +142,9 @@ class Case:
 
 
 def default_measured() -> Path:
-    """../shared/data/measured_calibration.csv if present, else the copy in tests/data."""
-    return SHARED_MEASURED if SHARED_MEASURED.is_file() else VENDORED_MEASURED
+    """The measured results dse ships (``data/measured_calibration.csv``: the rows the shipped
+    calibration was fitted on, each citing its source); DseError when missing."""
+    return shipped_file("data", "measured_calibration.csv", what="the measured results")
 
 
 # --------------------------------------------------------------------------- reading
@@ -311,10 +311,11 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
             if int(ev2.reason[j]) not in MEMORY_CODES:
                 why[i] = f"does not fit in device memory and cannot overflow to the host: {ev2.reason_text(j)}"
             else:
-                host = ev2["offloaded_bytes"][j] * ev2["devices"][j] / 1e9
+                host = ev2["offloaded_bytes"][j] * ev2["devices"][j]
                 why[i] = (f"does not fit even with greedy overflow to the host: {ev2.reason_text(j)} (per device: "
-                          f"weights {ev2['weights_bytes'][j] / 1e9:.1f} GB, KV cache {ev2['kv_cache_bytes'][j] / 1e9:.1f}"
-                          f" GB, activations {ev2['activation_bytes'][j] / 1e9:.1f} GB; {host:.0f} GB to the host; "
+                          f"weights {bytes_text(ev2['weights_bytes'][j])}, KV cache "
+                          f"{bytes_text(ev2['kv_cache_bytes'][j])}, activations "
+                          f"{bytes_text(ev2['activation_bytes'][j])}; {bytes_text(host)} to the host; "
                           f"tiers below the host memory, such as disk, are not modelled)")
     cases, skipped = [], []
     for i, (r, e, p) in enumerate(zip(rows, engines, points)):
@@ -337,14 +338,15 @@ class Predictions:
         self.plan = prepare(table_of([c.columns for c in cases]))
         self.metric = [c.row.metric for c in cases]
 
-    def evaluation(self, eff: Efficiency | None, ideal: bool = False):
-        """The Evaluation of every row under ``eff`` (None: each row's class default)."""
+    def evaluation(self, eff: Efficiency | None, ideal: bool = False, calibration: Path | None = None):
+        """The Evaluation of every row under ``eff`` (None: each row's class default, from the
+        calibration file ``calibration`` when given)."""
         if ideal:
             return self.plan.run(ideal=True)
         memo: dict = {}
         effs = []
         for c in self.cases:
-            base = eff or efficiency_for(c.device)
+            base = eff or efficiency_for(c.device, str(calibration) if calibration else None)
             key = (id(base), c.engine.gqa_kv_sharing, c.engine.batching, c.kv_group)
             if key not in memo:
                 memo[key] = c.efficiency(base)
@@ -368,15 +370,16 @@ class Validation:
 
 
 def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = None,
-             cases: list[Case] | None = None, skipped=None) -> Validation:
-    """Predict every scored row of ``path`` (default: ``default_measured()``)."""
+             cases: list[Case] | None = None, skipped=None, calibration: Path | None = None) -> Validation:
+    """Predict every scored row of ``path`` (default: ``default_measured()``) under ``efficiency``,
+    else the class defaults of the calibration file ``calibration`` (default: the one in use)."""
     p = Path(path) if path else default_measured()
     rows, context = read_measured(p)
     if cases is None:
         cases, skipped = prepare_all(rows)
     out = []
     if cases:
-        ev = Predictions(cases).evaluation(efficiency, ideal)
+        ev = Predictions(cases).evaluation(efficiency, ideal, calibration)
         for i, c in enumerate(cases):
             out.append(result_row(c, float(ev[c.row.metric][i]), ev.efficiency_name(i)))
     names = sorted({r["efficiency"] for r in out}) or ["ideal" if ideal else "default"]

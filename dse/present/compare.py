@@ -42,24 +42,15 @@ def compare_rows(ev) -> list[dict]:
 
 def table_text(rows: list[dict]) -> str:
     """Metrics as rows, hardware as columns."""
-    si = display.si
-    fmt = {
-        "devices": str, "batch": str,
-        "ttft_s": lambda v: si(v, "s"), "tpot_s": lambda v: si(v, "s"),
-        "output_tokens_per_s": lambda v: f"{v:.4g} tokens/s",
-        "output_tokens_per_s_per_user": lambda v: f"{v:.4g} tokens/s",
-        "output_tokens_per_s_per_device": lambda v: f"{v:.4g} tokens/s",
-        "peak_memory_bytes": display.binary_bytes, "capacity_bytes": display.binary_bytes,
-        "fits": lambda v: "yes" if v else "NO",
-        "decode_bound": str, "decode_bound_share": lambda v: f"{100 * v:.0f} %", "prefill_bound": str,
-    }
+    fmt = {"fits": lambda v: "yes" if v else "NO", "decode_bound_share": lambda v: f"{100 * v:.0f} %"}
     label = {"peak_memory_bytes": "memory per device", "capacity_bytes": "capacity per device",
              "decode_bound_share": "decode time on that bound", "output_tokens_per_s": "tokens/s",
              "output_tokens_per_s_per_user": "tokens/s per user",
              "output_tokens_per_s_per_device": "tokens/s per device"}
     keys = [k for k in COLUMNS if k != "hardware"]
     cells = [["metric"] + [r["hardware"] for r in rows]]
-    cells += [[label.get(k, k)] + [fmt[k](r[k]) for r in rows] for k in keys]
+    cells += [[label.get(k, k)] + [fmt.get(k, lambda v, k=k: display.quantity_text(k, v))(r[k]) for r in rows]
+              for k in keys]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     lines = []
     for j, row in enumerate(cells):

@@ -1,4 +1,11 @@
-"""Turning SI values into text for people: tables, CSV and JSON (I/O edge only)."""
+"""Turning SI values into text for people: tables, CSV and JSON (I/O edge only).
+
+Every figure is written by the one unit policy of ``basis.units``: sizes in binary units
+(80 GiB), rates and other quantities with decimal prefixes (3.35 TB/s, 989 TFLOP/s), times
+in s, ms, us. ``quantity_text`` writes a named metric or parameter in its unit (``kind_of``
+says which quantity a name measures); ``figures_text`` writes a nested record (a preset, a
+model, a study) one figure a line.
+"""
 from __future__ import annotations
 
 import csv
@@ -6,32 +13,120 @@ import io
 import json
 import math
 
-_PREFIX = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")]
+from basis.units import bytes_text, rate_text, time_text
+
+#: words of a quantity kind not in ``basis.units.AXIS``
+TOKENS_PER_S = "tokens_per_s"
+#: integer-only compute classes: their peaks are OP/s, not FLOP/s
+_INT_PREFIX = "int"
 
 
 def si(value: float, unit: str = "", digits: int = 3) -> str:
-    """Format ``value`` with an SI prefix: 6.87e10 -> '68.7G'."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    a = abs(value)
-    for scale, p in _PREFIX:
-        if a >= scale:
-            return f"{value / scale:.{digits}g}{p}{unit}"
-    if a and a < 1e-3 and unit == "s":
-        return f"{value * 1e6:.{digits}g}us"
-    if a and a < 1 and unit == "s":
-        return f"{value * 1e3:.{digits}g}ms"
-    return f"{value:.{digits}g}{unit}"
+    """``value`` in ``unit`` by the unit policy: a time when ``unit`` is 's' ('12.3 ms'), else
+    a decimal SI prefix ('68.7 GB/s'; '68.7G' without a unit)."""
+    return time_text(value, digits) if unit == "s" else rate_text(value, unit, digits)
 
 
 def binary_bytes(value: float) -> str:
-    """Format bytes with binary prefixes: 524288 -> '512 KiB'."""
-    for scale, p in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {p}"
-    return f"{value:.4g} B"
+    """A size in bytes with a binary prefix ('512 KiB'); ``basis.units.bytes_text``."""
+    return bytes_text(value)
+
+
+def ops_unit(compute_class: str) -> str:
+    """The unit of a peak of ``compute_class``: 'OP/s' for integer classes, else 'FLOP/s'."""
+    return "OP/s" if str(compute_class).startswith(_INT_PREFIX) else "FLOP/s"
+
+
+def tokens_text(value) -> str:
+    """Tokens per second: '12,345 tokens/s', '45.6 tokens/s' ('-' when missing)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    v = float(value)
+    return f"{v:,.0f} tokens/s" if abs(v) >= 100 else f"{v:.3g} tokens/s"
+
+
+def kind_of(name: str) -> str | None:
+    """The quantity a metric or parameter named ``name`` measures: a key of
+    ``basis.units.AXIS`` ('bytes', 'bytes_per_s', 'ops_per_s', 'seconds', 'watts',
+    'dollars'), ``TOKENS_PER_S``, or None for counts, names and flags."""
+    if "tokens_per_s" in name:
+        return TOKENS_PER_S
+    if name.endswith("_bytes_per_s") or name.endswith("_bandwidth"):
+        return "bytes_per_s"
+    if name.endswith("_bytes") or name.endswith("_capacity"):
+        return "bytes"
+    if name.endswith("ops_per_s") or name.startswith("peak_") or name == "pim_peak":
+        return "ops_per_s"
+    if name.endswith("_s") or name.endswith("_latency"):
+        return "seconds"
+    if name.endswith("_w"):
+        return "watts"
+    if name.endswith("_usd"):
+        return "dollars"
+    return None
+
+
+def _plain_number(v) -> str:
+    """A count or a plain number: '1,024', '0.125'."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 1e15):
+        return f"{int(v):,}"
+    return f"{v:.4g}"
+
+
+def quantity_text(name: str, value, compute_class: str = "") -> str:
+    """``value`` of the metric or parameter ``name`` (SI) in its unit: 'capacity_bytes' 8.59e10
+    -> '80 GiB', 'memory_bandwidth' 3.35e12 -> '3.35 TB/s', 'peak_fp8' -> '1.98 PFLOP/s',
+    'tdp_w' 700 -> '700 W'; strings, flags and counts as they are. ``compute_class`` names the
+    class of a peak that ``name`` does not ('fp8', 'int8')."""
+    if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    kind = kind_of(name)
+    if kind == "bytes":
+        return bytes_text(value)
+    if kind == "bytes_per_s":
+        return rate_text(value, "B/s")
+    if kind == "ops_per_s":
+        return rate_text(value, ops_unit(compute_class or name.removeprefix("peak_")))
+    if kind == "seconds":
+        return time_text(value)
+    if kind == "watts":
+        return rate_text(value, "W")
+    if kind == "dollars":
+        return f"${value:,.0f}"
+    if kind == TOKENS_PER_S:
+        return tokens_text(value)
+    return _plain_number(value)
+
+
+def figures_text(record: dict, width: int = 28) -> str:
+    """A nested record (a preset, a model, a study), one figure a line with its unit;
+    a mapping or a list of mappings is indented under its name. A mapping of compute
+    classes under a ``*ops_per_s`` name is a peak per class."""
+    return "\n".join(_figure_lines(record, "", width))
+
+
+def _figure_lines(record: dict, pad: str, width: int, parent: str = "") -> list[str]:
+    lines = []
+    for k, v in record.items():
+        key = f"{pad}{k}"
+        if isinstance(v, dict) and v:
+            lines.append(key)
+            lines += _figure_lines(v, pad + "  ", width, str(k))
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, dict) for x in v):
+            for j, x in enumerate(v):
+                lines.append(f"{key}[{j}]")
+                lines += _figure_lines(x, pad + "  ", width, str(k))
+        elif isinstance(v, (list, tuple)):
+            lines.append(f"{key:{width}s} {', '.join(quantity_text(str(k), x) for x in v) or '-'}")
+        elif isinstance(v, dict):
+            lines.append(f"{key:{width}s} -")
+        elif parent.endswith("ops_per_s") and kind_of(str(k)) is None:
+            lines.append(f"{key:{width}s} {quantity_text(parent, v, str(k))}")
+        else:
+            lines.append(f"{key:{width}s} {quantity_text(str(k), v)}")
+    return lines
 
 
 def text_table(rows: list[dict], columns: list[tuple[str, str, callable]]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dse.core.efficiency import CALIBRATION_ENV, calibration_file
 from dse.fit import calibrate as C
 from dse.fit import validate as V
 
@@ -15,8 +16,8 @@ def add_parsers(sub) -> None:
     """Add the two subcommands to the CLI's subparsers."""
     v = sub.add_parser("validate", help="predict measured results (CSV) and report the error")
     v.add_argument("--measured", default=None,
-                   help="measured-results CSV (default ../shared/data/measured_calibration.csv, "
-                        "else tests/data/measured_calibration.csv)")
+                   help="measured-results CSV (default: the measured results dse ships, "
+                        "data/measured_calibration.csv, on which the shipped calibration was fitted)")
     v.add_argument("--out", default="runs/validate",
                    help="folder for validation.csv, summary.md and predicted_vs_measured.png (default runs/validate)")
     v.add_argument("--ideal", action="store_true",
@@ -24,7 +25,9 @@ def add_parsers(sub) -> None:
     c = sub.add_parser("calibrate", help="fit the efficiency parameters to measured results")
     c.add_argument("--measured", default=None, help="measured-results CSV (default as for validate)")
     c.add_argument("--out", default=None, metavar="FILE",
-                   help="calibration file to write (default configs/calibration.yaml, which the defaults load)")
+                   help=f"calibration file to write (default {C.DEFAULT_OUT}); every command uses it when "
+                        f"{CALIBRATION_ENV}=FILE is set (in a checkout, --out configs/calibration.yaml replaces "
+                        "the shipped default)")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="skip the leave-one-hardware-out and leave-one-model-out fits")
 
@@ -56,11 +59,12 @@ def cmd_calibrate(args) -> int:
 
     cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation)
     print(C.report_text(cal))
-    if args.out is None:
-        res = V.validate(cal.measured)
-        s = V.summarize(res.rows)["overall"]
-        print(f"\nvalidated through analyze with the new defaults: median APE {100 * s['median_ape']:.1f} %, "
-              f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
+    res = V.validate(cal.measured, calibration=cal.out)
+    s = V.summarize(res.rows)["overall"]
+    print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
+          f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
+    if cal.out.resolve() != calibration_file().resolve():
+        print(f"use it: {CALIBRATION_ENV}={cal.out} dse analyze ...   (or any other command)")
     return 0
 
 

@@ -26,20 +26,22 @@ import re
 from pathlib import Path
 
 from basis.errors import DseError
+from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
 from dse.explore.spec import SweepSpec
 
 #: a study name: it is also the default output folder runs/<name>, so no paths
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-STUDY_DIR = Path(__file__).resolve().parent.parent.parent / "studies"
+#: the shipped studies (``studies/``; package data in a wheel)
+STUDY_DIR = shipped("studies")
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
         "chunk_size", "ideal", "sampler", "trials", "population"}
 
 
 def available_studies() -> list[str]:
-    """Names of the study files shipped in studies/."""
-    return sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
+    """Names of the study files shipped in studies/ (DseError when the folder is missing)."""
+    return sorted(p.stem for p in shipped_folder("studies", what="the shipped studies").glob("*.yaml"))
 
 
 def study_path(name_or_path: str) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from basis.errors import DseError
+from basis.units import bytes_text
 from dse.core.efficiency import Efficiency, choose
 from dse.core.metrics import pipelined_prefill_s, serving_metrics, system_figures
 from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
@@ -107,7 +108,8 @@ class Evaluation:
         return None
 
     def point(self, i: int) -> dict:
-        """Parameters (as given) and resolved layout of point ``i``."""
+        """Parameters (as given) and resolved layout of point ``i``, and its footprint as text
+        (``reasons.SIZE_FIELDS``: '80 GiB', by ``basis.units``) for the reason templates."""
         cols = self.columns
         out = {}
         for k in PARAMS:
@@ -123,9 +125,7 @@ class Evaluation:
         out.update({k + "_given": ("?" if np.isnan(v) else int(v)) for k, v in given.items()})
         out.update(devices=int(m["devices"][i]), tp=int(m["tp_used"][i]), pp=int(m["pp_used"][i]),
                    ep=int(cols.numbers("ep")[i]))
-        gb = {"memory_gb": "memory_bytes", "weights_gb": "weights_bytes", "kv_gb": "kv_cache_bytes",
-              "activations_gb": "activation_bytes", "capacity_gb": "capacity_bytes", "offloaded_gb": "offloaded_bytes"}
-        out.update({k: f"{m[v][i] / 1e9:.2f}" for k, v in gb.items()})
+        out.update({k: bytes_text(m[v][i]) for k, v in R.SIZE_FIELDS.items()})
         out["format"] = matmul_compute_class(get_format(str(out.get("activations", "fp16"))),
                                              get_format(str(out.get("weights", "fp16"))))
         return out

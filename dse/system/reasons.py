@@ -38,20 +38,28 @@ REASONS = (
            "compute in (sparse_peak_ops_per_s)"),
     Reason(6, "interconnect", "no interconnect for several devices",
            "hardware '{hardware_name}' has no interconnect to run over {devices} devices"),
-    Reason(7, "onchip_buffer", "FlashAttention needs an on-chip buffer",
-           "hardware '{hardware_name}' has no onchip_buffer_bytes; FlashAttention traffic needs it"),
+    Reason(7, "onchip_buffer", "FlashAttention needs an on-chip buffer (flash_attention: false turns it off)",
+           "hardware '{hardware_name}' has no onchip_buffer_bytes, the on-chip buffer FlashAttention tiles attention "
+           "in; turn FlashAttention off (`--no-flash-attention`, or `flash_attention: false` in a study) or give "
+           "the buffer's size (`onchip_buffer_bytes` in the preset or the study)"),
     Reason(8, "no_host_tier", "offload needs a host link and a host memory",
            "hardware '{hardware_name}' names no host_link or host_memory, so nothing can be offloaded "
-           "({offloaded_gb} GB per device would be)"),
+           "({offloaded_size} per device would be)"),
     Reason(9, "no_chip_layout", "does not fit on any layout of chips",
-           "model '{model_name}' does not fit on any layout of '{hardware_name}' chips of {capacity_gb} GB"),
+           "model '{model_name}' does not fit on any layout of '{hardware_name}' chips of {capacity_size}"),
     Reason(10, "device_memory", "does not fit in device memory",
-           "does not fit in device memory: needs {memory_gb} GB per device (weights {weights_gb} GB, KV cache {kv_gb} GB, activations "
-           "{activations_gb} GB) and {offloaded_gb} GB of it on the host tier, but {hardware_name} has {capacity_gb} GB"),
+           "does not fit in device memory: needs {memory_size} per device (weights {weights_size}, KV cache {kv_size}, "
+           "activations {activations_size}) and {offloaded_size} of it on the host tier, but {hardware_name} has "
+           "{capacity_size}"),
     Reason(11, "host_memory", "does not fit in device and host memory",
-           "does not fit in host memory: the host part, {offloaded_gb} GB per device over {devices} devices, exceeds the host memory of "
+           "does not fit in host memory: the host part, {offloaded_size} per device over {devices} devices, exceeds the host memory of "
            "{hardware_name}"),
 )
+#: template fields holding a footprint metric of the point, written as a size ('80 GiB', by
+#: ``basis.units.bytes_text``): field -> metric
+SIZE_FIELDS = {"memory_size": "memory_bytes", "weights_size": "weights_bytes", "kv_size": "kv_cache_bytes",
+               "activations_size": "activation_bytes", "capacity_size": "capacity_bytes",
+               "offloaded_size": "offloaded_bytes"}
 CODE = {r.key: r.code for r in REASONS if r.key}
 #: codes that say "the footprint does not fit" (as opposed to "this cannot run at all")
 MEMORY_CODES = (CODE["device_memory"], CODE["host_memory"], CODE["no_chip_layout"])
