@@ -25,7 +25,7 @@ def test_analyze_json_structure():
 
 @pytest.mark.parametrize("fmt", ["table", "csv"])
 def test_analyze_table_and_csv(fmt):
-    r = run_cli("analyze", "--model", "llama-2-7b", "--hardware", "a100-80gb", "--format", fmt)
+    r = run_cli("analyze", "--model", "llama-2-7b", "--hardware", "a100-80gb", "--no-flash-attention", "--format", fmt)
     assert r.returncode == 0, r.stderr
     for word in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qk_matmul",
                  "softmax", "sv_matmul", "attn_norm", "mlp_add", "act_fn", "lm_head", "ttft_s", "tpot_s", "fits"):

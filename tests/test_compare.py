@@ -72,7 +72,7 @@ def test_compare_plot(tmp_path, capsys):
     rec = compare_plot(tmp_path / "again.png", compare_from_args(args))
     assert rec["hardware"] == ["h100-sxm", "l40s"]
     assert rec["y_labels"]["ttft_s"] == "TTFT (ms)" and rec["y_labels"]["output_tokens_per_s"].endswith("(tokens/s)")
-    assert rec["y_labels"]["peak_memory_bytes"].endswith("(GB)")
+    assert rec["y_labels"]["peak_memory_bytes"].endswith("(GiB)")
 
 
 def test_compare_unknown_hardware_is_one_line():

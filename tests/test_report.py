@@ -1,4 +1,7 @@
-"""Study reports: summary.md, plots and plots.json, checked for content."""
+"""Study reports: summary.md, report.html, plots and plots.json, checked for content."""
+import base64
+import hashlib
+import html
 import json
 import re
 import shutil
@@ -38,7 +41,7 @@ def run(tmp_path_factory):
     results = pd.read_parquet(out / "results.parquet")
     return {"out": out, "stdout": r.stdout, "results": results, "front": pd.read_csv(out / "pareto.csv"),
             "plots": json.loads((out / "plots.json").read_text()),
-            "summary": (out / "summary.md").read_text()}
+            "summary": (out / "summary.md").read_text(), "html": (out / "report.html").read_text()}
 
 
 def _analysis(row):
@@ -56,13 +59,13 @@ def _best(results, name, sense):
 
 def test_run_writes_report_files(run):
     out = run["out"]
-    for f in ("summary.md", "plots.json", "pareto_memory_bandwidth.png", "roofline.png", "breakdown.png",
+    for f in ("summary.md", "report.html", "plots.json", "pareto_memory_bandwidth.png", "roofline.png", "breakdown.png",
               "sweep_batch.png", "sweep_seq.png"):
         assert (out / f).is_file(), f
     for f in out.glob("*.png"):
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("*.tmp"))
-    assert set(run["plots"]) == {p.name for p in out.glob("*.png")}
+    assert {f for f, rec in run["plots"].items() if "skipped" not in rec} == {p.name for p in out.glob("*.png")}
 
 
 def test_pareto_plot_highlights_exactly_the_front_with_units(run):
@@ -120,7 +123,7 @@ def test_roofline_operators_are_the_analysis_of_the_best_design(run):
         r = rows[(o["stage"], o["name"])]
         assert o["arithmetic_intensity"] == pytest.approx(r["arithmetic_intensity"])
         assert o["ops_per_s"] == pytest.approx(r["ops"] / r["time_s"])
-    assert rec["x_label"] == "arithmetic intensity (ops/byte)" and rec["y_label"].endswith("(TFLOPS)")
+    assert rec["x_label"] == "arithmetic intensity (ops/byte)" and rec["y_label"].endswith("(TFLOP/s)")
     assert rec["memory_bandwidth"] == row["memory_bandwidth"] and rec["ceilings"]["fp16"] > 0
 
 
@@ -162,7 +165,7 @@ def test_sweep_curves_hold_the_other_parameters_at_the_best_design(run):
         np.testing.assert_allclose(line["y_values"], by_id.loc[line["points"], line["y"]])
     seq = run["plots"]["sweep_seq.png"]["panels"][0]
     assert seq["x"] == "prompt_len" and seq["ys"] == ["ttft_s", "tpot_s", "e2e_latency_s"]
-    assert seq["x_label"] == "prompt length (tokens)" and seq["y_labels"] == ["time (s)"]
+    assert seq["x_label"] == "prompt length (tokens)" and seq["y_labels"][1:] == ["TPOT (ms)", "end-to-end latency (s)"]
 
 
 def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
@@ -178,15 +181,20 @@ def test_background_is_a_bounded_sample(run, tmp_path, monkeypatch):
     rec = json.loads((out / "plots.json").read_text())["pareto_memory_bandwidth.png"]
     assert rec["background_points"] == 10
     assert sorted(rec["highlighted"]) == sorted(run["front"]["point"].tolist())
-    assert (out / "summary.md").read_text() == run["summary"]
+    # the same summary but for how to reproduce it: another study file (same text) and folder
+    text = (out / "summary.md").read_text()
+    head, how = text.split("## How to reproduce")
+    assert head == run["summary"].split("## How to reproduce")[0]
+    assert f"dse run {tmp_path / 's.yaml'} --out {out}\n" in how
+    assert f"SHA-256 `{hashlib.sha256(STUDY.encode()).hexdigest()}`" in how
 
 
 def test_units_and_bottleneck_text():
     from dse.present.bottleneck import bottleneck, op_group
     from dse.present.plots import human, label_of
-    assert label_of("memory_bandwidth") == "memory bandwidth (TB/s)"
-    assert label_of("peak_fp8") == "peak FP8 compute (TFLOPS)" and label_of("peak_int8").endswith("(TOPS)")
-    assert label_of("memory_capacity").endswith("(GB)") and label_of("cost_usd").endswith("(USD)")
+    assert label_of("memory_bandwidth") == "memory bandwidth (GB/s)"
+    assert label_of("peak_fp8") == "peak FP8 compute (TFLOP/s)" and label_of("peak_int8").endswith("(TOP/s)")
+    assert label_of("memory_capacity").endswith("(GiB)") and label_of("cost_usd").endswith("($)")
     assert human("tpot_s", 0.0123) == "12.3 ms" and human("ttft_s", 2.5) == "2.5 s"
     assert human("memory_bandwidth", 3.35e12) == "3.35 TB/s"
     assert op_group("q_proj") == "*_proj" and op_group("qk_matmul") == op_group("sliding_sv_matmul") == "attention"
@@ -199,3 +207,102 @@ def test_units_and_bottleneck_text():
                     row("flash_attention", "memory", 0.2, kv=10), row("softmax", "compute", 0.09)])
     assert b["bound"] == "memory" and b["group"] == "*_proj" and b["what"] == "weight reads"
     assert b["text"] == "memory-bound (91 % of the step), 71 % of the step in weight reads of *_proj"
+
+
+def _md_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the first Markdown table after ``heading`` (its header first)."""
+    lines = text.split(heading, 1)[1].splitlines()
+    rows = [ln for ln in lines[lines.index(next(ln for ln in lines if ln.startswith("|"))):]]
+    rows = rows[:next((i for i, ln in enumerate(rows) if not ln.startswith("|")), len(rows))]
+    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in rows if not ln.startswith("| ---")]
+
+
+def test_best_table_names_each_column_once(run):
+    # hardware varies here (h100-sxm, b200): it has its own column and is not repeated among the parameters
+    header, *rows = _md_rows(run["summary"], "## Best feasible design per objective")
+    assert header.count("hardware") == 1 and len(header) == len(set(header))
+    assert header == ["objective", "sense", "best", "value (SI)", "point", "hardware", "batch", "prompt_len"]
+    by_id = run["results"].set_index("point")
+    for r in rows:
+        assert len(r) == len(header)
+        row = by_id.loc[int(r[4])]
+        assert r[5] == row["hardware"] and r[6] == f"{row['batch']:,}" and r[7] == f"{row['prompt_len']:,}"
+
+
+def test_summary_sizes_and_rates_follow_the_unit_policy(run):
+    from basis.units import bytes_text
+    text, results = run["summary"], run["results"]
+    best = results.loc[results[results["feasible"]]["output_tokens_per_s"].idxmax()]
+    section = text.split("### output_tokens_per_s (maximize)")[1].split("###")[0]
+    assert f"memory_bytes {bytes_text(best['memory_bytes'])}," in section and " GB," not in section
+    header, *rows = _md_rows(text, "## Pareto front")
+    assert header[:3] == ["point", "batch", "prompt_len"]
+    assert "memory_bandwidth (GB/s)" in header and "output_tokens_per_s (tokens/s)" in header
+    col = header.index("memory_bandwidth (GB/s)")
+    by_id = results.set_index("point")
+    for r in rows:
+        assert float(r[col].replace(",", "")) == pytest.approx(by_id.loc[int(r[0]), "memory_bandwidth"] / 1e9,
+                                                               rel=5e-3)
+
+
+def _html_table(page: str, table_id: str) -> list[list[str]]:
+    """The body rows of ``<table id=table_id>`` in ``page``, cells as text."""
+    body = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', page, re.S).group(1)
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr)]
+            for tr in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_report_html_is_self_contained(run):
+    page = run["html"]
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "<link" not in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert not re.search(r"url\(", page)                           # no fonts or images from CSS
+    assert "Content-Security-Policy" in page
+    srcs = re.findall(r'<img src="([^"]+)"', page)
+    plots = [f for f, rec in run["plots"].items() if "skipped" not in rec]     # the plots drawn
+    assert len(srcs) == len(plots)
+    for s in srcs:
+        assert s.startswith("data:image/png;base64,")
+    # each image is the PNG file of that name, byte for byte
+    for name in plots:
+        fig = re.search(rf'<figure id="plot-{re.escape(name[:-4])}"><img src="data:image/png;base64,([^"]+)"', page)
+        assert base64.b64decode(fig.group(1)) == (run["out"] / name).read_bytes()
+
+
+def test_report_html_holds_what_the_summary_holds(run):
+    page, results, front = run["html"], run["results"], run["front"]
+    assert "<title>report-grid — dse report</title>" in page
+    assert html.escape("H100 vs B200 serving Llama-2-7B") in page
+    heads = re.findall(r"<h2>(.*?)</h2>", page)
+    assert heads == ["Infeasible points by reason", "Best feasible design per objective", "Pareto front", "Plots",
+                     "How to reproduce"]
+    # infeasible points by reason: the counts of results.parquet
+    reasons = _html_table(page, "infeasible-reasons")
+    assert sum(int(r[1].replace(",", "")) for r in reasons) == int((~results["feasible"]).sum())
+    # best designs: the same rows as summary.md
+    assert _html_table(page, "best-designs") == _md_rows(run["summary"], "## Best feasible design per objective")[1:]
+    assert len(re.findall(r"Bottleneck — decode: ", page)) == 2
+    # the whole Pareto front of pareto.csv (summary.md lists up to 10 of it)
+    rows = _html_table(page, "pareto-front")
+    assert sorted(int(r[0]) for r in rows) == sorted(front["point"])
+    # best first output_tokens_per_s first
+    tput = [float(r[4].replace(",", "")) for r in rows]
+    assert tput == sorted(tput, reverse=True)
+    # how to reproduce
+    assert re.search(r"<pre><code>dse run \S+study.yaml --out \S+/out</code></pre>", page)
+
+
+def test_html_escapes_every_text(tmp_path):
+    from dse.present.document import Bullets, Document, Figure, Figures, Section, Table, html_page, markdown
+    png = (tmp_path / "a.png")
+    png.write_bytes(base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGA"
+                                     "WjR9awAAAABJRU5ErkJggg=="))      # one pixel
+    evil = '<script>alert("x")</script> & "q" \'s'
+    doc = Document(evil, [Section("", [evil, Bullets([evil])]),
+                          Section(evil, [Table([evil], [[evil]], caption=evil), Figures([Figure("a.png", evil)])],
+                                  id='x" onclick="y')])
+    page = html_page(doc, tmp_path)
+    assert "<script" not in page and 'onclick="' not in page
+    # title, h1, contents, paragraph, item, h2, table caption, th, td, image alt, figure caption
+    assert page.count(html.escape(evil)) == 11
+    assert "| &lt;" not in markdown(doc) and markdown(doc).startswith("# <script>")

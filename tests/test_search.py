@@ -90,7 +90,7 @@ def test_signal_then_rerun_ends_with_exact_trials(tmp_path, monkeypatch, sig):
 def test_two_workers_share_one_journal(tmp_path):
     run_study(_spec(trials=120), tmp_path, workers=2)
     counts, study = _states(tmp_path)
-    assert counts["COMPLETE"] == 120 and set(counts) <= {"COMPLETE", "FAIL"}
+    assert counts == {"COMPLETE": 120}        # racing workers ask no trial beyond the target
     res = pd.read_parquet(tmp_path / "results.parquet")
     assert len(res) == 120 and res.trial.is_unique
 
@@ -146,7 +146,7 @@ def test_postgresql_storage_two_workers(tmp_path, postgres):
     out = tmp_path / "run"
     run_study(_spec(trials=40), out, storage=postgres, workers=2)
     counts, study = _states(out, postgres)
-    assert counts["COMPLETE"] == 40 and set(counts) <= {"COMPLETE", "FAIL"}
+    assert counts == {"COMPLETE": 40}         # the advisory lock: no trial asked beyond the target
     res = pd.read_parquet(out / "results.parquet")
     assert len(res) == 40 and res.trial.is_unique
     # rerunning against the finished study adds nothing

@@ -102,8 +102,10 @@ def _wait_for_chunks(out: Path, n: int, proc, timeout=60.0):
         time.sleep(0.05)
 
 
-def _counts(out, storage=None):
-    return search_mod.trial_counts(storage, Path(out))
+def _counts(out, storage=None, study="dse"):
+    """Trial counts of the Optuna study named ``study`` ("reliability" for STUDY_YAML's runs,
+    "dse" for a spec built in Python)."""
+    return search_mod.trial_counts(storage, Path(out), study)
 
 
 # ------------------------------------------------------------ 1, 7: workers die with their parent
@@ -121,7 +123,7 @@ def test_workers_die_with_their_parent_and_rerun_is_exact(tmp_path, sig):
     _, err = proc.communicate(timeout=30)
     left = _wait_dead(workers)
     assert not left, f"worker processes {left} outlived their parent"
-    counts = _counts(out)
+    counts = _counts(out, study="reliability")
     assert counts["running"] == 0       # a stopped worker finishes its batch: no trial left running
     if sig == signal.SIGTERM:
         assert proc.returncode == 130
@@ -130,7 +132,7 @@ def test_workers_die_with_their_parent_and_rerun_is_exact(tmp_path, sig):
         assert len(pd.read_parquet(out / "results.parquet")) == counts["complete"]
     # the rerun (in this process: the report is not the point) finishes with exactly the trials asked
     run_study(load_study(str(study))[1], out, workers=2)
-    counts = _counts(out)
+    counts = _counts(out, study="reliability")
     assert counts["complete"] == trials and counts["running"] == 0 and counts["waiting"] == 0
     res = pd.read_parquet(out / "results.parquet")
     assert len(res) == trials and res.trial.is_unique
@@ -271,7 +273,7 @@ def test_postgresql_sigkilled_worker_then_rerun(tmp_path, postgres, monkeypatch)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     run_study(load_study(str(study))[1], out, storage=postgres, workers=2)
-    counts = search_mod.trial_counts(postgres, out)
+    counts = search_mod.trial_counts(postgres, out, "reliability")
     assert counts["complete"] == trials and counts["running"] == 0
     assert len(pd.read_parquet(out / "results.parquet")) == trials
 

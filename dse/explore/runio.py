@@ -1,7 +1,10 @@
-"""Run-folder I/O shared by sweeps, searches and reports: the folder's lock, atomic
-writes, a progress line, column-wise reading of results.parquet."""
+"""Run-folder I/O shared by sweeps, searches and reports: the folder's lock, the study it
+holds (``study.json``: a changed study is refused, naming what changed), removing a run's
+own files (``--overwrite``), atomic writes, a progress line, column-wise reading of
+results.parquet."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -11,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
-from basis.files import atomic_write
+from basis.files import atomic_write, write_text_atomic
 
 
 def write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
@@ -23,6 +26,90 @@ def write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
 
 
 LOCK_FILE = ".dse-run.lock"
+#: the study a run folder holds: its fingerprint and settings (``study_settings``), written when a run starts
+STUDY_FILE = "study.json"
+#: files a run writes into its folder under fixed names (plots are listed in ``plots.json``)
+RUN_FILES = ("results.parquet", "pareto.csv", "sweep.json", STUDY_FILE, "best.json", "summary.md", "report.html",
+             "plots.json", "roofline.png", "breakdown.png", "sweep_batch.png", "sweep_seq.png", "optuna.journal",
+             "optuna.journal.lock")
+#: plots a report writes under names of this pattern (``dse.present.report``: one per objective pair)
+PLOT_PATTERNS = ("pareto_*.png",)
+#: chunk files a sweep or a search writes under ``chunks/``
+CHUNK_PATTERNS = ("part-*.parquet", "trials-*.parquet")
+
+
+def study_settings(spec) -> dict:
+    """The settings that identify a study in its run folder (what its fingerprint covers): one
+    key per parameter of the design space ('space.batch', 'space.hardware'), then 'method',
+    'seed', 'objectives', 'constraints', ... (JSON values)."""
+    top = json.loads(spec.fingerprint())
+    top.pop("space", None)
+    settings = {f"space.{k}": v for k, v in spec.space.spec.items()}
+    settings.update(top)
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """The settings in which two studies differ (keys of ``study_settings``), sorted."""
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def changed_study_error(out: Path, keys: list[str]) -> DseError:
+    """The one-line error for a run folder that holds another study, naming what changed and both remedies."""
+    what = ", ".join(keys) if keys else "its settings"
+    return DseError(f"{out}: holds a run of another version of this study ({what} changed); to run the new one "
+                    f"there, add --overwrite (deletes that run's files first), or give a new --out to keep both")
+
+
+def check_study(out: Path, spec) -> None:
+    """Record ``spec`` as the study of run folder ``out``, or DseError (``changed_study_error``)
+    when the folder holds a run of a study with other settings. An unchanged study resumes."""
+    path = Path(out) / STUDY_FILE
+    new = study_settings(spec)
+    if path.exists():
+        try:
+            stored = json.loads(path.read_text())
+            old = stored["settings"]
+            if not isinstance(old, dict):
+                raise TypeError
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            raise DseError(f"{path}: not a dse study record; add --overwrite to run afresh in {out}, or give a new "
+                           f"--out") from None
+        if stored.get("fingerprint") != spec.fingerprint():
+            raise changed_study_error(out, changed_keys(old, new))
+        return
+    write_text_atomic(path, json.dumps({"fingerprint": spec.fingerprint(), "settings": new}, indent=1))
+
+
+def remove_run_files(out: Path) -> list[Path]:
+    """Delete the files a run wrote into its folder ``out`` (``RUN_FILES``, the plots listed in
+    plots.json, its chunk files) and nothing else; the folder and other files stay. Call it
+    holding the folder's ``RunLock``. Returns the paths deleted."""
+    out = Path(out)
+    names = list(RUN_FILES)
+    try:
+        plots = json.loads((out / "plots.json").read_text())
+        names += [n for n in plots if isinstance(n, str) and "/" not in n and "\\" not in n and not n.startswith(".")]
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        pass
+    names += [p.name for pattern in PLOT_PATTERNS for p in out.glob(pattern)]
+    gone = []
+    for n in dict.fromkeys(names):
+        p = out / n
+        if p.is_file():
+            p.unlink()
+            gone.append(p)
+    chunks = out / "chunks"
+    if chunks.is_dir():
+        for pattern in CHUNK_PATTERNS:
+            for p in chunks.glob(pattern):
+                p.unlink()
+                gone.append(p)
+        try:
+            chunks.rmdir()
+        except OSError:
+            pass            # other files in it: not ours
+    return gone
 _held: dict[Path, list] = {}      # run folders this process has locked: [open lock file, depth]
 
 
@@ -128,9 +215,8 @@ class ResultsFile:
         counts: dict[str, int] = {}
         for chunk in self.file.read(columns=["reason"]).column(0).chunks:
             if pa.types.is_dictionary(chunk.type):
-                idx = chunk.indices.to_numpy(zero_copy_only=False)
-                n = np.bincount(idx[idx >= 0] if chunk.null_count == 0 else idx[chunk.is_valid().to_numpy(
-                    zero_copy_only=False)], minlength=len(chunk.dictionary))
+                idx = chunk.indices.filter(chunk.is_valid()) if chunk.null_count else chunk.indices
+                n = np.bincount(idx.to_numpy(zero_copy_only=False).astype(np.int64), minlength=len(chunk.dictionary))
                 pairs = zip(chunk.dictionary.to_pylist(), n.tolist())
             else:
                 pairs = ((d["values"], d["counts"]) for d in pc.value_counts(chunk).to_pylist())

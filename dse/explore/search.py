@@ -1,9 +1,36 @@
 """Optuna multi-objective search over a design space (``method: optuna``).
 
 Trials are asked in population-sized batches, the batch is evaluated at once by the
-vectorized evaluator, and every trial is told its objective values and its constraint
-violations (``trial.set_constraint``: fits in memory, SLOs, budgets; <= 0 is
-feasible). Presets named in the space are enqueued first as baselines.
+vectorized evaluator, and every trial is told its objective values. Presets named in
+the space are enqueued first as baselines (user attr ``baseline``: the preset's name).
+
+What a study shows (in optuna-dashboard or through Optuna's API):
+
+- Its Optuna name is the study's ``name`` (``study_name``), so one shared storage holds one
+  Optuna study per dse study. A storage holding a study created before studies were named
+  (Optuna name ``"dse"``, ``LEGACY_STUDY_NAME``) with the same space (fingerprint) resumes
+  under that old name; one with another space is left alone and a new study is created.
+- Objectives are named (``study.metric_names``: the objective keys, in the study's order).
+- Each complete trial carries as user attrs every metric of the evaluated design that is a
+  finite number (``dse.system.evaluator.METRICS``, SI units: ``ttft_s`` s, ``tpot_s`` s,
+  ``memory_bytes`` bytes per device, ``output_tokens_per_s`` tokens/s, ``devices``, ...), the
+  same values as its row in ``results.parquet``; ``feasible`` (bool); and for an
+  infeasible design ``reason`` (the key stored in ``results.parquet``, e.g.
+  ``device_memory`` or ``tpot_s > 0.1``) and ``why`` (the sentence, as ``dse analyze`` says it).
+- Constraints (fits in memory, runs at all, the study's SLOs and budgets) are the trial
+  system attr ``constraints``: a list of violations, <= 0 satisfied, the format Optuna's
+  ``constraints_func`` writes and optuna-dashboard reads; the study user attr
+  ``constraint_names`` names its entries. Every sampler reads them through
+  ``FrozenTrial.constraints`` (Optuna 5; ``constraints_func`` is deprecated there and is
+  not used), so infeasible designs are never in ``study.best_trials``. An infeasible
+  design keeps its own (finite) objective values; NaN or infinite ones become a very bad
+  finite value (``_finite``).
+- Parameters have the distributions the space declares (``distributions``): choices are
+  categorical (names as strings), integer ranges IntDistribution, float ranges
+  FloatDistribution with ``log`` for log-scaled ranges, values in SI units.
+
+The per-trial records (user attrs and constraints of a batch) are written in one storage
+write per batch (``_record``), not one per attribute: a journal file fsyncs every write.
 
 Storage: by default a journal file inside the run folder (``optuna.journal``, no
 server, opens in optuna-dashboard); ``--storage`` takes any SQLAlchemy URL (SQLite
@@ -14,9 +41,14 @@ never appear in messages (``display_url``).
 
 Exact counts. Each batch's rows are written to ``chunks/`` before its trials are told,
 and the study stops at exactly ``trials`` complete trials: a rerun after an
-interruption resumes with the trials still missing, and a trial asked beyond the
-target by a concurrent worker is marked failed, never evaluated twice. A trial left
-RUNNING by a killed process is marked failed and replaced by a new one:
+interruption resumes with the trials still missing. Counting the trials and asking the
+next batch is one critical section among the processes asking trials of the study
+(``_AskLock``: a file lock in the run folder for a journal, beside the database for
+SQLite, a PostgreSQL advisory lock), so workers never ask beyond the target. Where no
+such lock spans every asking process (another database, runs on other machines), a
+trial asked beyond the target is told PRUNED with the user attr ``discarded`` saying
+why, never evaluated and never FAIL. A trial left RUNNING by a killed process is marked
+failed (FAIL) and replaced by a new one:
 
 - journal file: at the start of a run, since the run folder is locked by its run (no
   other process can be using its journal), every RUNNING trial is a killed run's; a
@@ -68,13 +100,24 @@ from basis.errors import DseError
 from dse.explore.runio import Progress, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SAMPLERS
-from dse.explore.sweep import evaluate_columns
+from dse.explore.sweep import COUNTS, evaluate_columns
+from dse.system.evaluator import METRICS
 from hwmodels.presets import load_device
+
+try:                       # POSIX file locks (the ask lock); elsewhere the beyond-target check alone
+    import fcntl
+except ImportError:        # pragma: no cover (Windows)
+    fcntl = None
 
 HEARTBEAT_S = 10.0     # seconds between heartbeats of running trials (SQLAlchemy storages)
 GRACE_S = None         # a heartbeat older than this marks a trial stale; None: 3 * HEARTBEAT_S
 STOP_WAIT_S = 20.0     # how long a stop may take before workers are killed / exit hard
 _ENV_HEARTBEAT, _ENV_GRACE = "DSE_HEARTBEAT_S", "DSE_HEARTBEAT_GRACE_S"
+#: the Optuna name of a study with no ``name`` (a SweepSpec built in Python), and of every
+#: study created before studies were named; such a run folder or storage still resumes
+LEGACY_STUDY_NAME = "dse"
+#: trial system attr holding the constraint violations (list, <= 0 satisfied): Optuna's key
+CONSTRAINTS_ATTR = "constraints"
 
 
 def _optuna():
@@ -247,8 +290,9 @@ def _with_installed_driver(url: str) -> str:
     return url
 
 
-def _baselines(space) -> list[dict]:
-    """Parameters of each preset named in the space, for the ranges that contain its own figures."""
+def _baselines(space) -> list[tuple[str, dict]]:
+    """(preset name, parameters) of each preset named in the space, for the ranges that
+    contain its own figures."""
     hw = next(a for a in space.axes if a.name == "hardware")
     out = []
     for name in hw.values:
@@ -260,7 +304,7 @@ def _baselines(space) -> list[dict]:
             if a.is_range and a.name in own and a.low <= own[a.name] <= a.high and a.low < a.high:
                 p[a.name] = own[a.name]
         if p:
-            out.append(p)
+            out.append((name, p))
     return out
 
 
@@ -304,8 +348,39 @@ def _count(study, states) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
 
+def study_name(spec) -> str:
+    """The Optuna name a new study of ``spec`` gets: the study's ``name`` (its file's
+    ``name``, else the file's stem), or ``LEGACY_STUDY_NAME`` for a spec without one."""
+    return spec.name or LEGACY_STUDY_NAME
+
+
+def stored_study_name(storage, spec) -> str:
+    """The Optuna name of ``spec``'s study in ``storage``: ``study_name(spec)``, unless the
+    study of that name is not this space's (or does not exist) and the storage holds a
+    study of this space (same fingerprint) created before studies were named
+    (``LEGACY_STUDY_NAME``), which is then resumed."""
+    name, fingerprint = study_name(spec), spec.fingerprint()
+    if name == LEGACY_STUDY_NAME:
+        return name
+    new = _study_id(storage, name)
+    if new is not None and storage.get_study_user_attrs(new).get("fingerprint") in (None, fingerprint):
+        return name
+    old = _study_id(storage, LEGACY_STUDY_NAME)
+    if old is not None and storage.get_study_user_attrs(old).get("fingerprint") == fingerprint:
+        return LEGACY_STUDY_NAME
+    return name
+
+
+def _study_id(storage, name: str) -> int | None:
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+
+
 def _open_study(spec, out: Path, storage_url: str | None, study_name: str, seed: int):
-    """Create or load the study (schema, directions, fingerprint, baselines enqueued once)."""
+    """Create or load the study (schema, directions, objective names, fingerprint,
+    baselines enqueued once)."""
     optuna = _optuna()
     storage = open_storage(storage_url, out)
     names = list(spec.objectives)
@@ -316,11 +391,13 @@ def _open_study(spec, out: Path, storage_url: str | None, study_name: str, seed:
     if study.user_attrs.get("fingerprint") not in (None, spec.fingerprint()):
         raise DseError(f"storage already holds a study '{study_name}' with another space; use another --out "
                        f"or --storage")
+    if study.metric_names != names:
+        study.set_metric_names(names)
     if not study.user_attrs.get("baselines_enqueued"):
         study.set_user_attr("fingerprint", spec.fingerprint())
         study.set_user_attr("baselines_enqueued", True)
-        for p in _baselines(spec.space):
-            study.enqueue_trial(p, skip_if_exists=True)
+        for name, p in _baselines(spec.space):
+            study.enqueue_trial(p, user_attrs={"baseline": name}, skip_if_exists=True)
     return study
 
 
@@ -458,20 +535,23 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
                 time.sleep(min(0.2 if now - waiting_since < 2.0 else 1.0, interval / 2))
                 continue
             waiting_since = None
-            trials = []
-            for _ in range(min(batch_size, room)):
-                trials.append(study.ask(dists))
+            with _AskLock(study, storage_url, out):   # count and ask at once: no trial beyond the target
+                n_live = _count(study, live)
+                trials = [study.ask(dists) for _ in range(min(batch_size, spec.trials - n_live))]
+            if not trials:
+                continue
             heart.running([t._trial_id for t in trials])
             settled = set()
             try:
-                # a concurrent worker may have asked too: trials beyond the target are failed, not run
+                # where no lock spans every asking process, a concurrent worker may have asked
+                # too: trials beyond the target are discarded (PRUNED), never evaluated
                 numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=live))
                 allowed = set(numbers[:spec.trials]) | {t.number for t in study.get_trials(
                     deepcopy=False, states=(TrialState.COMPLETE,))}
                 keep = [t for t in trials if t.number in allowed]
                 for t in trials:
                     if t.number not in allowed:
-                        _tell_fail(study, t)
+                        _discard(study, t, spec.trials)
                         settled.add(t.number)
                 if not keep:
                     continue
@@ -479,13 +559,13 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
                 cols.update(fixed)
                 df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
                 write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
-                violations = {k: np.clip(np.nan_to_num(v, nan=1e300), -1e300, 1e300)
-                              for k, v in ev.violations.items()}
+                constraint_names = list(ev.violations)
+                if study.user_attrs.get("constraint_names") != constraint_names:
+                    study.set_user_attr("constraint_names", constraint_names)
+                _record(study, [(t, trial_attrs(df, ev, i), constraint_values(ev, i)) for i, t in enumerate(keep)])
                 n_told = 0
                 for i, t in enumerate(keep):
                     try:
-                        for key, v in violations.items():
-                            t.set_constraint(key, float(v[i]))
                         study.tell(t, [_finite(df[k].iloc[i], spec.objectives[k]) for k in names])
                         n_told += 1
                     except UpdateFinishedTrialError:
@@ -501,6 +581,155 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
         if stop.requested:
             raise _interrupted(_count(study, (TrialState.COMPLETE,)), spec.trials)
     return done_here
+
+
+def trial_attrs(df: pd.DataFrame, ev, i: int) -> dict:
+    """The user attrs of the trial in row ``i`` of ``df`` (evaluated as ``ev``): every metric
+    (``METRICS``, SI units) that is a finite number, as stored in ``results.parquet``
+    (counts as int); ``feasible``; and, when infeasible, ``reason`` (the key in
+    ``results.parquet``) and ``why`` (the sentence)."""
+    attrs = {}
+    for name in METRICS:
+        v = df[name].iloc[i]
+        if v is not None and np.isfinite(v):
+            attrs[name] = int(v) if name in COUNTS else float(v)
+    feasible = bool(df["feasible"].iloc[i])
+    attrs["feasible"] = feasible
+    if not feasible:
+        attrs["reason"] = str(df["reason"].iloc[i])
+        attrs["why"] = ev.reason_text(i)
+    return attrs
+
+
+def constraint_values(ev, i: int) -> list[float]:
+    """Constraint violations of point ``i`` in the order of ``ev.violations`` (<= 0
+    satisfied); NaN and infinities become +-1e300 (JSON and Optuna take finite floats)."""
+    return [float(np.clip(np.nan_to_num(v[i], nan=1e300), -1e300, 1e300)) for v in ev.violations.values()]
+
+
+def _record(study, items) -> None:
+    """Write the user attrs and the constraint list (system attr ``CONSTRAINTS_ATTR``) of
+    running trials, ``items`` = [(trial, user attrs, constraints)], in one storage write:
+    one journal append (one fsync) or one database transaction, where the storage allows;
+    else attribute by attribute through the storage's public API. A trial finished
+    meanwhile (failed as stale by another process) is skipped."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    optuna = _optuna()
+    storage = study._storage
+    per_trial = [(t._trial_id, {**attrs}, {CONSTRAINTS_ATTR: cons}) for t, attrs, cons in items]
+    if isinstance(storage, optuna.storages.JournalStorage) and hasattr(storage, "_backend"):
+        from optuna.storages.journal._storage import JournalOperation
+        worker = storage._replay_result.worker_id
+        logs = []
+        for tid, user, system in per_trial:
+            logs += [{"op_code": JournalOperation.SET_TRIAL_USER_ATTR, "worker_id": worker, "trial_id": tid,
+                      "user_attr": {k: v}} for k, v in user.items()]
+            logs += [{"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR, "worker_id": worker, "trial_id": tid,
+                      "system_attr": {k: v}} for k, v in system.items()]
+        with storage._thread_lock:      # the journal's replay skips records of finished trials
+            storage._backend.append_logs(logs)
+            storage._sync_with_backend()
+        return
+    backend = getattr(storage, "_backend", storage)
+    if isinstance(backend, optuna.storages.RDBStorage):
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        def write(batch):
+            with _create_scoped_session(backend.scoped_session, True) as session:
+                for tid, user, system in batch:
+                    for model, attrs in ((models.TrialUserAttributeModel, user),
+                                         (models.TrialSystemAttributeModel, system)):
+                        for k, v in attrs.items():
+                            backend._set_trial_attr_without_commit(session, model, tid, k, v)
+        try:
+            write(per_trial)
+            return
+        except UpdateFinishedTrialError:     # one trial failed as stale meanwhile: trial by trial
+            pass
+    for tid, user, system in per_trial:
+        try:
+            for k, v in user.items():
+                storage.set_trial_user_attr(tid, k, v)
+            for k, v in system.items():
+                storage.set_trial_system_attr(tid, k, v)
+        except UpdateFinishedTrialError:
+            pass
+
+
+class _AskLock:
+    """The critical section "count the study's trials, then ask a batch" among the
+    processes asking trials of one study, so that no trial is asked beyond the target:
+
+    - journal file (the run folder's, used by this run's workers only): an exclusive
+      ``flock`` on ``optuna.ask.lock`` in the run folder;
+    - SQLite file: an exclusive ``flock`` on ``<database>.ask.lock`` beside it;
+    - PostgreSQL: a session advisory lock keyed by the study's name (every machine);
+    - other databases: the run folder's file lock (this run's workers; other runs on the
+      storage fall back to the beyond-target check in ``run_worker``).
+
+    A lock dies with its process (the kernel releases a ``flock``, the server an advisory
+    lock), so a killed worker never leaves one held."""
+
+    def __init__(self, study, storage_url: str | None, out: Path):
+        self.study, self.path, self.pg = study, Path(out) / "optuna.ask.lock", None
+        self._file = self._conn = None
+        if storage_url is None:
+            return
+        try:
+            from sqlalchemy.engine import make_url
+            u = make_url(storage_url)
+        except Exception:
+            return
+        if u.get_backend_name() == "sqlite" and u.database:
+            db = u.database[5:].split("?")[0] if u.database.startswith("file:") else u.database
+            self.path = Path(db).expanduser().with_name(Path(db).name + ".ask.lock")
+        elif u.get_backend_name() == "postgresql":
+            self.pg = getattr(study._storage, "_backend", study._storage)
+
+    def __enter__(self):
+        if self.pg is not None:
+            import sqlalchemy
+            self._conn = self.pg.engine.connect()
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(hashtext(:k))"),
+                               {"k": "dse-ask:" + self.study.study_name})
+        elif fcntl is not None:
+            self._file = open(self.path, "a")
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self._conn is not None:
+            import sqlalchemy
+            try:
+                self._conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(hashtext(:k))"),
+                                   {"k": "dse-ask:" + self.study.study_name})
+            except Exception:
+                self._conn.invalidate()     # never back to the pool still holding the lock
+                raise
+            finally:
+                self._conn.close()
+                self._conn = None
+        if self._file is not None:
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._file.close()
+                self._file = None
+
+
+def _discard(study, trial, target: int) -> None:
+    """Tell ``trial``, asked beyond the ``target`` complete trials by a concurrent worker,
+    PRUNED (never evaluated; FAIL is for trials that crashed), saying so in its user attr
+    ``discarded``."""
+    from optuna.trial import TrialState
+    try:
+        study._storage.set_trial_user_attr(trial._trial_id, "discarded",
+                                           f"asked beyond the study's {target:,} trials by a concurrent worker; "
+                                           f"not evaluated")
+        study.tell(trial, state=TrialState.PRUNED)
+    except Exception:          # already finished (failed as stale by another process)
+        pass
 
 
 def _tell_fail(study, trial) -> None:
@@ -536,14 +765,15 @@ def _state_counts(trials) -> dict[str, int]:
     return counts
 
 
-def trial_counts(storage_url: str | None, out: Path, study_name: str = "dse") -> dict[str, int]:
+def trial_counts(storage_url: str | None, out: Path, study=LEGACY_STUDY_NAME) -> dict[str, int]:
     """How many trials of the study are in each state, and how many of the complete ones
     have their row in ``out/results.parquet``.
 
-    Keys: ``complete``, ``fail``, ``running``, ``waiting``, ``pruned`` (the study's trials
-    in that state, over every run folder sharing the storage) and ``rows`` (complete
-    trials with a row in this folder's results.parquet). All zero for a study that does
-    not exist yet. DseError (one line) if the storage cannot be opened."""
+    ``study``: the study's spec (its Optuna name found as ``stored_study_name`` does) or an
+    Optuna study name. Keys: ``complete``, ``fail``, ``running``, ``waiting``, ``pruned``
+    (the study's trials in that state, over every run folder sharing the storage) and
+    ``rows`` (complete trials with a row in this folder's results.parquet). All zero for a
+    study that does not exist yet. DseError (one line) if the storage cannot be opened."""
     from optuna.trial import TrialState
     out = Path(out)
     counts = {**_state_counts([]), "rows": 0}
@@ -551,9 +781,8 @@ def trial_counts(storage_url: str | None, out: Path, study_name: str = "dse") ->
         return counts
     storage = open_storage(storage_url, out)
     try:
-        try:
-            study_id = storage.get_study_id_from_name(study_name)
-        except KeyError:
+        study_id = _study_id(storage, study if isinstance(study, str) else stored_study_name(storage, study))
+        if study_id is None:
             return counts
         trials = storage.get_all_trials(study_id, deepcopy=False)
     finally:
@@ -572,9 +801,11 @@ def trial_counts(storage_url: str | None, out: Path, study_name: str = "dse") ->
 
 
 def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1, quiet: bool = True,
-               study_name: str = "dse") -> pd.DataFrame:
+               study_name: str | None = None) -> pd.DataFrame:
     """Run (or resume) an Optuna study with ``workers`` processes; merge the rows of its
-    complete trials into ``out/results.parquet`` and return them.
+    complete trials into ``out/results.parquet`` and return them. ``study_name``: the
+    Optuna study's name; None: ``stored_study_name`` (the study's own name, or the name a
+    study of the same space was created under before studies were named).
 
     ``rows.attrs["trials"]`` is ``trial_counts`` after the run plus ``asked`` (``spec.trials``).
     Raises Interrupted on SIGINT/SIGTERM (partial results written), DseError if a worker
@@ -582,6 +813,13 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     optuna = _optuna()
     from optuna.trial import TrialState
     out.mkdir(parents=True, exist_ok=True)
+    if study_name is None:
+        if storage_url is None:
+            _repair_journal(out)
+        storage = open_storage(storage_url, out)
+        study_name = stored_study_name(storage, spec)
+        if hasattr(storage, "engine"):
+            storage.engine.dispose()       # workers open their own connections
     if storage_url is None:
         _fail_stale(study_name, out)
     study = _open_study(spec, out, storage_url, study_name, spec.seed)  # schema and study exist before workers
@@ -682,11 +920,8 @@ def _fail_stale(study_name: str, out: Path) -> None:
     unfinished trial counts and none runs twice. A journal lock left by a killed writer is
     removed at once (a live writer holds it for milliseconds), not after Optuna's 30 s."""
     from optuna.trial import TrialState
-    journal = out / "optuna.journal"
-    if not journal.exists():
+    if not _repair_journal(out):
         return
-    _remove_stale_lock(out / "optuna.journal.lock")
-    _drop_partial_line(journal)
     storage = open_storage(None, out)
     try:
         study_id = storage.get_study_id_from_name(study_name)
@@ -697,6 +932,17 @@ def _fail_stale(study_name: str, out: Path) -> None:
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except Exception:
             pass
+
+
+def _repair_journal(out: Path) -> bool:
+    """Whether the run folder has a journal; if so remove a lock and cut a last line a killed
+    writer left (call only while no process of this run writes it)."""
+    journal = out / "optuna.journal"
+    if not journal.exists():
+        return False
+    _remove_stale_lock(out / "optuna.journal.lock")
+    _drop_partial_line(journal)
+    return True
 
 
 def _drop_partial_line(journal: Path) -> None:

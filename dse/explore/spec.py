@@ -41,6 +41,8 @@ class SweepSpec:
     sampler: str = "nsga2"
     trials: int | None = None
     population: int | None = None
+    #: the study's name (its file's ``name``, else the file name): names its Optuna study
+    name: str | None = None
 
     def __post_init__(self):
         where = self.where

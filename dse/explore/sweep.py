@@ -20,7 +20,7 @@ import pandas as pd
 from basis.errors import DseError
 from basis.files import atomic_write, output_folder, write_text_atomic
 from dse.explore.pareto import pareto_mask
-from dse.explore.runio import Progress, RunLock, write_atomic
+from dse.explore.runio import Progress, RunLock, changed_keys, changed_study_error, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
@@ -107,8 +107,7 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress) -> pd.DataFrame:
     if manifest.exists():
         state = _read_manifest(manifest)
         if state.get("fingerprint") != fp:
-            raise DseError(f"{out}: holds a run whose {changed_settings(state.get('fingerprint'), fp)} differ from "
-                           f"this study's; to keep both, use another --out; to start over, delete {out}")
+            raise changed_study_error(out, changed_settings(state.get("fingerprint"), fp))
     else:
         state = {"fingerprint": fp, "complete": False}
         write_text_atomic(manifest, json.dumps(state))
@@ -168,14 +167,12 @@ def _read_manifest(path: Path) -> dict:
     return state
 
 
-def changed_settings(old: str | None, new: str) -> str:
-    """The study settings (space, seed, method, ...) in which two fingerprints differ, as a phrase."""
+def changed_settings(old: str | None, new: str) -> list[str]:
+    """The study settings (space, seed, method, ...) in which two fingerprints differ."""
     try:
-        a, b = json.loads(old), json.loads(new)
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        return changed_keys(json.loads(old), json.loads(new))
     except (TypeError, ValueError, AttributeError):
-        keys = []
-    return ", ".join(keys) + " settings" if keys else "settings"
+        return []
 
 
 def _remove_chunks(chunk_dir: Path, chunks: int) -> None:

@@ -26,6 +26,7 @@ from basis.files import write_text_atomic
 from basis.shipped import shipped
 from dse.core.efficiency import CLASS_PRIORS, Efficiency, load_calibration
 from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_measured
+from dse.present import display
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
@@ -108,10 +109,11 @@ class Fit:
     nfev: int
 
 
-def fit(predictors: Predictions, base: Efficiency, params=FIT, *, starts: int = 3) -> Fit:
+def fit(predictors: Predictions, base: Efficiency, params=FIT, *, starts: int = 3, progress=None) -> Fit:
     """Least-squares fit of ``params`` (the others as in ``base``) to the rows of
     ``predictors``: robust loss on log(predicted / measured), bounded, best of ``starts``
-    starting points (the documented start, then low and high corners of the box)."""
+    starting points (the documented start, then low and high corners of the box).
+    ``progress`` (tqdm-like, optional) advances by one per start."""
     from scipy.optimize import least_squares
 
     measured = np.array([c.row.value for c in predictors.cases])
@@ -129,30 +131,54 @@ def fit(predictors: Predictions, base: Efficiency, params=FIT, *, starts: int = 
         return np.where(np.isfinite(r), r, 10.0)
 
     x0 = np.clip([_to_x(p, p.start) for p in params], lo, hi)
-    candidates = [x0, lo + 0.25 * (hi - lo), lo + 0.75 * (hi - lo)][:max(starts, 1)]
+    candidates = _starts(x0, lo, hi, starts)
     best = None
     for start in candidates:
         r = least_squares(resid, start, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE, diff_step=1e-3)
         if best is None or r.cost < best.cost:
             best = r
+        _advance(progress)
     values = {p.name: _from_x(p, v) for p, v in zip(params, best.x)}
     return Fit(values, np.exp(resid(best.x)) - 1.0, float(best.cost), int(best.nfev))
 
 
-def cross_validate(cases: list[Case], base: Efficiency, params=FIT, *, key: str = "hardware",
-                   starts: int = 3) -> tuple[np.ndarray, dict]:
-    """Errors of every row predicted by a fit without its ``key`` group (hardware or
-    model), and the parameters of each fold."""
+def _starts(x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: int) -> list:
+    """The starting points of a fit: the documented start, then the low and high corners."""
+    return [x0, lo + 0.25 * (hi - lo), lo + 0.75 * (hi - lo)][:max(starts, 1)]
+
+
+def _advance(progress, n: int = 1) -> None:
+    if progress is not None:
+        progress.update(n)
+
+
+def _folds(cases: list[Case], key: str) -> dict[str, list[int]]:
+    """Row positions of each ``key`` group (hardware or model) of ``cases`` that leaves rows to train on."""
     groups: dict[str, list[int]] = {}
     for i, c in enumerate(cases):
         groups.setdefault(getattr(c.row, key), []).append(i)
+    return {g: idx for g, idx in sorted(groups.items()) if len(idx) < len(cases)}
+
+
+def fits_to_run(by_class: dict, cross_validation: bool, starts: int) -> int:
+    """How many least-squares runs ``calibrate`` makes: per class with enough rows, one fit and
+    (cross-validating) one per hardware and per model fold, each of ``starts`` starts."""
+    n = 0
+    for cs in by_class.values():
+        if len(cs) >= MIN_ROWS:
+            n += 1 + (len(_folds(cs, "hardware")) + len(_folds(cs, "model")) if cross_validation else 0)
+    return n * len(_starts(np.zeros(1), np.zeros(1), np.ones(1), starts))
+
+
+def cross_validate(cases: list[Case], base: Efficiency, params=FIT, *, key: str = "hardware",
+                   starts: int = 3, progress=None) -> tuple[np.ndarray, dict]:
+    """Errors of every row predicted by a fit without its ``key`` group (hardware or
+    model), and the parameters of each fold."""
     errors = np.full(len(cases), np.nan)
     folds = {}
-    for g, idx in sorted(groups.items()):
+    for g, idx in _folds(cases, key).items():
         train = [cases[i] for i in range(len(cases)) if i not in idx]
-        if not train:
-            continue
-        f = fit(Predictions(train), base, params, starts=starts)
+        f = fit(Predictions(train), base, params, starts=starts, progress=progress)
         eff = replace(base, **f.params)
         held = [cases[i] for i in idx]
         errors[idx] = Predictions(held).values(eff) / np.array([c.row.value for c in held]) - 1.0
@@ -197,9 +223,11 @@ def _stats_by(rows: list, errors: np.ndarray, key: str) -> dict:
 
 
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
-              params=None) -> Calibration:
+              params=None, progress=None) -> Calibration:
     """Fit, cross-validate and write the calibration file ``out`` (default
-    ``DEFAULT_OUT``, inside the run folder; never the shipped file unless asked for)."""
+    ``DEFAULT_OUT``, inside the run folder; never the shipped file unless asked for).
+    ``progress`` (tqdm-like, optional) gets the number of least-squares runs as its total
+    (``reset``) and advances by one per run."""
 
     src = Path(measured) if measured else default_measured()
     dest = Path(out) if out else DEFAULT_OUT
@@ -209,6 +237,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     by_class: dict[str, list[Case]] = {}
     for c in cases:
         by_class.setdefault(c.device.device_class, []).append(c)
+    if progress is not None:
+        progress.reset(total=fits_to_run(by_class, cross_validation, starts))
     today = _dt.date.today().isoformat()
     digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
     results, classes_out, errors_out, cv_out = {}, {}, {}, {}
@@ -219,7 +249,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
             continue
         preds = Predictions(cs)
         base = Efficiency(name=f"fit {cls}", **CLASS_PRIORS[cls])
-        f = fit(preds, base, params, starts=starts)
+        f = fit(preds, base, params, starts=starts, progress=progress)
         rws = [c.row for c in cs]
         ins = {k: _round(v) for k, v in ape_stats(np.abs(f.errors)).items()}
         res = {"fit": f, "rows": rws}
@@ -228,7 +258,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         cv = {}
         if cross_validation:
             for key, name in (("hardware", "leave_one_hardware_out"), ("model", "leave_one_model_out")):
-                e, folds = cross_validate(cs, base, params, key=key, starts=starts)
+                e, folds = cross_validate(cs, base, params, key=key, starts=starts, progress=progress)
                 res[key] = e
                 cv[name] = {**{k: _round(v) for k, v in ape_stats(np.abs(e[np.isfinite(e)])).items()},
                             "folds": folds}
@@ -294,6 +324,11 @@ def write_calibration(path: Path, data: dict) -> None:
     load_calibration.cache_clear()
 
 
+def _value_text(name: str, v: float) -> str:
+    """A fitted parameter in its unit ('12.5 us' for a time), a fraction as a plain number."""
+    return display.quantity_text(name, v) if display.kind_of(name) else f"{v:.4g}"
+
+
 def report_text(cal: Calibration) -> str:
     out = [f"Calibrated on {cal.measured} -> {cal.out}"]
     for k in ("collective_latency_s", "request_overhead_s"):
@@ -304,7 +339,7 @@ def report_text(cal: Calibration) -> str:
         prior = Efficiency(**CLASS_PRIORS[cls])
         out.append(f"\nclass {cls}: {len(res['rows'])} rows, {f.nfev} evaluations")
         for k, v in f.params.items():
-            out.append(f"  {k:24s} {v:.4g}   (prior {prior.resolved(k):.4g})")
+            out.append(f"  {k:24s} {_value_text(k, v)}   (prior {_value_text(k, prior.resolved(k))})")
         err = cal.data["error"][cls]
         out.append("  APE                      median     p90      n")
 

@@ -38,6 +38,7 @@ from basis.shipped import shipped_file
 from basis.units import bytes_text
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.present import display
+from dse.present.plots import validation_plot
 from dse.system.evaluator import evaluate, prepare
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import get_format
@@ -369,21 +370,35 @@ class Validation:
     context: list[dict]
 
 
+#: steps of ``validate`` reported to its ``progress`` (rows prepared, rows predicted)
+VALIDATE_STEPS = 2
+
+
 def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = None,
-             cases: list[Case] | None = None, skipped=None, calibration: Path | None = None) -> Validation:
+             cases: list[Case] | None = None, skipped=None, calibration: Path | None = None,
+             progress=None) -> Validation:
     """Predict every scored row of ``path`` (default: ``default_measured()``) under ``efficiency``,
-    else the class defaults of the calibration file ``calibration`` (default: the one in use)."""
+    else the class defaults of the calibration file ``calibration`` (default: the one in use).
+    ``progress`` (a tqdm-like object, optional) is advanced by one per step (``VALIDATE_STEPS``)."""
     p = Path(path) if path else default_measured()
     rows, context = read_measured(p)
     if cases is None:
         cases, skipped = prepare_all(rows)
+    _advance(progress)
     out = []
     if cases:
         ev = Predictions(cases).evaluation(efficiency, ideal, calibration)
         for i, c in enumerate(cases):
             out.append(result_row(c, float(ev[c.row.metric][i]), ev.efficiency_name(i)))
+    _advance(progress)
     names = sorted({r["efficiency"] for r in out}) or ["ideal" if ideal else "default"]
     return Validation(p, ", ".join(names), out, list(skipped or []), context)
+
+
+def _advance(progress, n: int = 1) -> None:
+    """Advance a tqdm-like ``progress`` by ``n`` steps (nothing without one)."""
+    if progress is not None:
+        progress.update(n)
 
 
 def result_row(case: Case, predicted: float, eff_name: str = "") -> dict:
@@ -439,11 +454,13 @@ def report_text(v: Validation, stats: dict | None = None) -> str:
     stats = stats or summarize(v.rows)
     cols = [("id", "id", str), ("model", "model", str), ("hardware", "hardware", str),
             ("devices", "dev", str), ("batch", "batch", str), ("prompt_len", "prompt", str),
-            ("gen_len", "gen", str), ("metric", "metric", str), ("measured", "measured", lambda x: f"{x:.4g}"),
-            ("predicted", "predicted", lambda x: f"{x:.4g}"), ("error", "error", lambda x: f"{100 * x:+.1f}%"),
+            ("gen_len", "gen", str), ("metric", "metric", str), ("measured_text", "measured", str),
+            ("predicted_text", "predicted", str), ("error", "error", lambda x: f"{100 * x:+.1f}%"),
             ("offload", "offload", str), ("engine", "engine", str)]
+    shown = [{**r, "measured_text": display.quantity_text(r["metric"], r["measured"]),
+              "predicted_text": display.quantity_text(r["metric"], r["predicted"])} for r in v.rows]
     out = [f"Predicted vs measured: {v.path} ({len(v.rows)} rows, {v.efficiency} efficiency)", "",
-           display.text_table(v.rows, cols)]
+           display.text_table(shown, cols, left=("model", "hardware", "metric", "offload", "engine"))]
     if v.unpredictable:
         out += ["", f"Unpredictable rows ({len(v.unpredictable)})"]
         out += [f"  {r.id} (line {r.line}) {r.model} on {r.devices}x {r.hardware}: {why}" for r, why in v.unpredictable]
@@ -471,41 +488,5 @@ def write_outputs(v: Validation, out_dir, stats: dict | None = None) -> dict[str
     keys = list(v.rows[0]) + ["unpredictable"] if v.rows else ["id", "line", "unpredictable"]
     paths["csv"].write_text(display.csv_text(rows, keys))
     paths["summary"].write_text("```\n" + report_text(v, stats) + "\n```\n")
-    plot(v.rows, paths["plot"], title=f"{v.path.name}: {v.efficiency} efficiency")
+    validation_plot(paths["plot"], v.rows, title=f"{v.path.name}: {v.efficiency} efficiency")
     return paths
-
-
-def plot(rows: list[dict], path, title: str = "") -> None:
-    """Log-log predicted vs measured, one marker per metric, colour per hardware, with
-    the y = x line and a ±25 % band (matplotlib/seaborn, Agg backend)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    if rows:
-        data = {"measured": [r["measured"] for r in rows], "predicted": [r["predicted"] for r in rows],
-                "ratio": [r["predicted"] / r["measured"] for r in rows], "hardware": [r["hardware"] for r in rows],
-                "metric": [r["metric"] for r in rows], "id": [r["id"] for r in rows]}
-        sns.scatterplot(data=data, x="measured", y="predicted", hue="hardware", style="metric", ax=axes[0], s=60)
-        lo = min(min(data["measured"]), min(data["predicted"])) / 2
-        hi = max(max(data["measured"]), max(data["predicted"])) * 2
-        xs = np.geomspace(lo, hi, 50)
-        axes[0].plot(xs, xs, "k-", lw=1)
-        axes[0].fill_between(xs, xs * 0.75, xs * 1.25, color="grey", alpha=0.15, label="±25 %")
-        axes[0].set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
-                    xlabel="measured (s or tokens/s)", ylabel="predicted")
-        axes[0].legend(fontsize=7, loc="upper left")
-        order = np.argsort(data["ratio"])
-        axes[1].barh(range(len(order)), [data["ratio"][i] for i in order],
-                     color=["C3" if abs(data["ratio"][i] - 1) > 0.25 else "C0" for i in order])
-        axes[1].set_yticks(range(len(order)), [f"{data['id'][i]} {data['metric'][i]}" for i in order], fontsize=6)
-        axes[1].axvline(1, color="k", lw=1)
-        for x in (0.75, 1.25):
-            axes[1].axvline(x, color="grey", ls="--", lw=0.8)
-        axes[1].set(xscale="log", xlabel="predicted / measured")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -60,10 +60,21 @@ def table_text(rows: list[dict]) -> str:
     first = rows[0]
     head = (f"{first['model']}: batch {first['batch'] if len({r['batch'] for r in rows}) == 1 else 'max'}, "
             f"prompt {first['prompt_len']}, generate {first['gen_len']}, weights {first['weights']} / "
-            f"activations {first['activations']} / KV {first['kv']}, FlashAttention "
-            f"{'on' if first['flash_attention'] else 'off'}, {first['efficiency']} roofline")
+            f"activations {first['activations']} / KV {first['kv']}, {_flash_text(rows)}, "
+            f"{first['efficiency']} roofline")
     notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
     return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
+
+
+def _flash_text(rows: list[dict]) -> str:
+    """How attention ran on the compared hardware: 'FlashAttention on', '... off', or on with the
+    hardware that ran it unfused (the default where a device has no on-chip buffer)."""
+    off = [r["hardware"] for r in rows if not r["flash_attention"]]
+    if not off:
+        return "FlashAttention on"
+    if len(off) == len(rows):
+        return "FlashAttention off"
+    return f"FlashAttention on (off on {', '.join(off)}: no on-chip buffer to tile it in)"
 
 
 def check_plot_path(plot: str | None):

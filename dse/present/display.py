@@ -14,6 +14,7 @@ import json
 import math
 
 from basis.units import bytes_text, rate_text, time_text
+from hwmodels.formats import COMPUTE_CLASSES
 
 #: words of a quantity kind not in ``basis.units.AXIS``
 TOKENS_PER_S = "tokens_per_s"
@@ -66,6 +67,18 @@ def kind_of(name: str) -> str | None:
     return None
 
 
+def fixed_text(value, scale: float, unit: str = "") -> str:
+    """``value`` over a fixed ``scale`` (one column never mixes prefixes): (8.59e10, 2**30,
+    'GiB') -> '80 GiB', (3.35e12, 1e12, 'TB/s') -> '3.35 TB/s', (1.979e15, 1e12, 'TFLOP/s')
+    -> '1,979 TFLOP/s'; three significant figures below 100, whole numbers from 100 on;
+    '-' when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    x = float(value) / scale
+    text = f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return f"{text} {unit}" if unit else text
+
+
 def _plain_number(v) -> str:
     """A count or a plain number: '1,024', '0.125'."""
     if isinstance(v, bool):
@@ -79,16 +92,25 @@ def quantity_text(name: str, value, compute_class: str = "") -> str:
     """``value`` of the metric or parameter ``name`` (SI) in its unit: 'capacity_bytes' 8.59e10
     -> '80 GiB', 'memory_bandwidth' 3.35e12 -> '3.35 TB/s', 'peak_fp8' -> '1.98 PFLOP/s',
     'tdp_w' 700 -> '700 W'; strings, flags and counts as they are. ``compute_class`` names the
-    class of a peak that ``name`` does not ('fp8', 'int8')."""
+    class of a peak that ``name`` does not ('fp8', 'int8'). A number written as text ('1.0e12',
+    as YAML 1.1 reads it) is that number when ``name`` measures a quantity."""
+    if isinstance(value, str) and kind_of(name) is not None:
+        try:
+            value = float(value)
+        except ValueError:
+            return value
     if value is None or isinstance(value, (str, bool)) or not isinstance(value, (int, float)):
         return "-" if value is None else str(value)
+    if math.isnan(value):
+        return "-"
     kind = kind_of(name)
     if kind == "bytes":
         return bytes_text(value)
     if kind == "bytes_per_s":
         return rate_text(value, "B/s")
     if kind == "ops_per_s":
-        return rate_text(value, ops_unit(compute_class or name.removeprefix("peak_")))
+        cls = compute_class if compute_class in COMPUTE_CLASSES else name.removeprefix("peak_")
+        return rate_text(value, ops_unit(cls))
     if kind == "seconds":
         return time_text(value)
     if kind == "watts":
@@ -100,10 +122,15 @@ def quantity_text(name: str, value, compute_class: str = "") -> str:
     return _plain_number(value)
 
 
+#: keys under a quantity's name that are counts, not the quantity ({min, max, count} ranges)
+_COUNT_KEYS = ("count", "samples", "points")
+
+
 def figures_text(record: dict, width: int = 28) -> str:
     """A nested record (a preset, a model, a study), one figure a line with its unit;
-    a mapping or a list of mappings is indented under its name. A mapping of compute
-    classes under a ``*ops_per_s`` name is a peak per class."""
+    a mapping or a list of mappings is indented under its name. A plain key under a
+    quantity's name is that quantity: compute classes under a ``*ops_per_s`` name are a
+    peak per class, ``min``/``max``/``step`` under ``memory_bandwidth`` are bandwidths."""
     return "\n".join(_figure_lines(record, "", width))
 
 
@@ -122,20 +149,23 @@ def _figure_lines(record: dict, pad: str, width: int, parent: str = "") -> list[
             lines.append(f"{key:{width}s} {', '.join(quantity_text(str(k), x) for x in v) or '-'}")
         elif isinstance(v, dict):
             lines.append(f"{key:{width}s} -")
-        elif parent.endswith("ops_per_s") and kind_of(str(k)) is None:
+        elif kind_of(str(k)) is None and str(k) not in _COUNT_KEYS and kind_of(parent) is not None:
             lines.append(f"{key:{width}s} {quantity_text(parent, v, str(k))}")
         else:
             lines.append(f"{key:{width}s} {quantity_text(str(k), v)}")
     return lines
 
 
-def text_table(rows: list[dict], columns: list[tuple[str, str, callable]]) -> str:
-    """Aligned text table; ``columns`` are (key, header, formatter)."""
+def text_table(rows: list[dict], columns: list[tuple[str, str, callable]], left: tuple = ()) -> str:
+    """Aligned text table; ``columns`` are (key, header, formatter). The first column and those
+    whose key is in ``left`` (words) are left-aligned, the others (figures) right-aligned."""
     cells = [[h for _, h, _ in columns]] + [[fmt(r[k]) for k, _, fmt in columns] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    at_left = [i == 0 or k in left for i, (k, _, _) in enumerate(columns)]
     lines = []
     for j, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append("  ".join(c.ljust(w) if at_left[i] else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

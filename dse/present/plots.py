@@ -1,99 +1,155 @@
 """Plots of study results and analyses (PNG, matplotlib's Agg canvas, seaborn style).
 
-Everything here is display: values arrive in SI units and are scaled for the axes by
-:func:`unit_of` (bytes/s as TB/s, ops/s as TFLOPS or TOPS, bytes as GB, seconds as ms
-or s). matplotlib and seaborn are imported inside the functions, so importing this
-module costs nothing on the ``analyze`` path. Figures are made with the object API
+Everything here is display, by the one unit policy of ``basis.units``: values arrive in SI
+units and an axis shows sizes in binary units (GiB, MiB, KiB), rates with decimal
+prefixes (GB/s, TB/s, TFLOP/s, tokens/s) and times in s, ms or us — the prefix of an axis
+is chosen from the values it shows (:func:`axis_unit`); without values, the fixed scale
+of ``basis.units.AXIS`` (:func:`unit_of`). Values written as text use
+``dse.present.display.quantity_text`` (:func:`human`), the same text as every table.
+
+matplotlib and seaborn are imported inside the functions, so importing this module
+costs nothing on the ``analyze`` path. Figures are made with the object API
 (``matplotlib.figure.Figure``), never pyplot, so no GUI backend or global state is
 touched, and every file is written atomically (a temporary file, then a rename).
 
 Each plotting function returns a JSON-ready record of what it drew (columns, units,
-axis labels read back from the axes, and the ``point`` ids of highlighted designs);
-``dse.present.report`` collects them in ``plots.json``.
+axis labels and tick labels read back from the axes, colours and markers per group,
+and the ``point`` ids of the designs drawn); ``dse.present.report`` collects them in
+``plots.json``.
 """
 from __future__ import annotations
 
 import math
+import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from basis.files import atomic_write
+from basis.units import AXIS, bytes_text, rate_text, time_text
 from dse.explore.pareto import pareto_mask
-from dse.present.display import si
+from dse.present.bottleneck import op_group
+from dse.present.display import TOKENS_PER_S, kind_of, ops_unit, quantity_text, si
 
 #: metrics and parameters measuring throughput (plotted on the y axis of Pareto fronts)
 THROUGHPUT = ("output_tokens_per_s", "output_tokens_per_s_per_user", "output_tokens_per_s_per_device",
               "prefill_tokens_per_s")
 
-_INT_FORMATS = ("int8", "int4")
+#: a Pareto front with more designs than this is drawn as a density, not as points
+LARGE_FRONT = 2000
 
-# name -> (scale dividing the SI value, unit, words)
-_UNITS = {
-    "memory_bandwidth": (1e12, "TB/s", "memory bandwidth"),
-    "memory_capacity": (1e9, "GB", "memory capacity"),
-    "host_memory_capacity": (1e9, "GB", "host memory capacity"),
-    "host_memory_bandwidth": (1e9, "GB/s", "host memory bandwidth"),
-    "host_link_bandwidth": (1e9, "GB/s", "host link bandwidth"),
-    "link_bandwidth": (1e9, "GB/s", "scale-up link bandwidth"),
-    "link_latency": (1e-6, "us", "link latency"),
-    "onchip_buffer_bytes": (1e6, "MB", "on-chip buffer"),
-    "vector_ops_per_s": (1e12, "TFLOPS", "vector compute"),
-    "pim_peak": (1e12, "TFLOPS", "PIM compute"),
-    "pim_multiple": (1.0, "x", "PIM internal bandwidth multiple"),
-    "compute_scale": (1.0, "x", "compute scale"),
-    "tdp_w": (1.0, "W", "TDP"),
-    "price_usd": (1.0, "USD", "price"),
-    "cost_usd": (1.0, "USD", "cost"),
-    "power_w": (1.0, "W", "power"),
-    "devices": (1.0, "devices", "devices"),
-    "batch": (1.0, "sequences", "batch"),
-    "prompt_len": (1.0, "tokens", "prompt length"),
-    "gen_len": (1.0, "tokens", "generation length"),
-    "tp": (1.0, "devices", "tensor parallelism"),
-    "pp": (1.0, "stages", "pipeline stages"),
-    "ep": (1.0, "groups", "expert-parallel groups"),
-    "ttft_s": (1e-3, "ms", "TTFT"),
-    "tpot_s": (1e-3, "ms", "TPOT"),
-    "e2e_latency_s": (1.0, "s", "end-to-end latency"),
-    "output_tokens_per_s": (1.0, "tokens/s", "output throughput"),
-    "output_tokens_per_s_per_user": (1.0, "tokens/s", "output tokens/s per user"),
-    "output_tokens_per_s_per_device": (1.0, "tokens/s", "output tokens/s per device"),
-    "prefill_tokens_per_s": (1.0, "tokens/s", "prefill throughput"),
-    "weights_bytes": (1e9, "GB", "weights"),
-    "kv_cache_bytes": (1e9, "GB", "KV cache"),
-    "activation_bytes": (1e9, "GB", "activations"),
-    "memory_bytes": (1e9, "GB", "memory footprint"),
-    "peak_memory_bytes": (1e9, "GB", "memory per device"),
-    "offloaded_bytes": (1e9, "GB", "offloaded bytes"),
-    "capacity_bytes": (1e9, "GB", "memory capacity"),
+#: words of a metric or parameter on an axis, and the unit of those that are counts
+#: (quantities with a kind in ``basis.units.AXIS`` take their unit from there)
+_WORDS = {
+    "memory_bandwidth": "memory bandwidth",
+    "memory_capacity": "memory capacity",
+    "host_memory_capacity": "host memory capacity",
+    "host_memory_bandwidth": "host memory bandwidth",
+    "host_link_bandwidth": "host link bandwidth",
+    "link_bandwidth": "scale-up link bandwidth",
+    "link_latency": "link latency",
+    "onchip_buffer_bytes": "on-chip buffer",
+    "vector_ops_per_s": "vector compute",
+    "pim_peak": "PIM compute",
+    "pim_multiple": "PIM internal bandwidth multiple",
+    "compute_scale": "compute scale",
+    "tdp_w": "TDP",
+    "price_usd": "price",
+    "cost_usd": "cost",
+    "power_w": "power",
+    "ttft_s": "TTFT",
+    "tpot_s": "TPOT",
+    "e2e_latency_s": "end-to-end latency",
+    "output_tokens_per_s": "output throughput",
+    "output_tokens_per_s_per_user": "output tokens/s per user",
+    "output_tokens_per_s_per_device": "output tokens/s per device",
+    "prefill_tokens_per_s": "prefill throughput",
+    "weights_bytes": "weights",
+    "kv_cache_bytes": "KV cache",
+    "activation_bytes": "activations",
+    "memory_bytes": "memory footprint",
+    "peak_memory_bytes": "memory per device",
+    "offloaded_bytes": "offloaded bytes",
+    "capacity_bytes": "memory capacity",
+    "devices": "devices",
+    "batch": "batch",
+    "prompt_len": "prompt length",
+    "gen_len": "generation length",
+    "tp": "tensor parallelism",
+    "pp": "pipeline stages",
+    "ep": "expert-parallel groups",
 }
+_COUNTS = {"devices": "devices", "batch": "sequences", "prompt_len": "tokens", "gen_len": "tokens",
+           "tp": "devices", "pp": "stages", "ep": "groups", "pim_multiple": "x", "compute_scale": "x"}
+
+#: prefixes an axis may use, per quantity kind (the first is the largest)
+_AXIS_SCALES = {"bytes": (2.0**40, 2.0**30, 2.0**20, 2.0**10, 1.0), "bytes_per_s": (1e12, 1e9, 1e6),
+                "ops_per_s": (1e12,), "seconds": (1.0, 1e-3, 1e-6)}   # compute: always TFLOP/s (AXIS)
+
+
+def words_of(name: str) -> str:
+    """The words naming a metric or parameter on an axis: 'memory bandwidth', 'peak FP8 compute'."""
+    if name in _WORDS:
+        return _WORDS[name]
+    if name.startswith("peak_"):
+        return f"peak {name[5:].upper()} compute"
+    return name.replace("_", " ")
+
+
+def _unit_text(kind: str, scale: float, name: str) -> str:
+    """The unit of one prefix of a quantity kind, written by ``basis.units``: 'GiB', 'TB/s'."""
+    if kind == "bytes":
+        return bytes_text(scale).split(" ", 1)[1]
+    if kind == "seconds":
+        return time_text(scale).split(" ", 1)[1]
+    if kind == "bytes_per_s":
+        return rate_text(scale, "B/s").split(" ", 1)[1]
+    return rate_text(scale, ops_unit(name.removeprefix("peak_"))).split(" ", 1)[1]
 
 
 def unit_of(name: str) -> tuple[float, str, str]:
-    """(scale, unit, words) to show a metric or parameter: value / scale in unit."""
-    if name in _UNITS:
-        return _UNITS[name]
-    if name.startswith("peak_"):
-        fmt = name[5:]
-        return 1e12, "TOPS" if fmt in _INT_FORMATS else "TFLOPS", f"peak {fmt.upper()} compute"
-    return 1.0, "", name.replace("_", " ")
+    """(scale, unit, words) of a metric or parameter at the fixed scale of
+    ``basis.units.AXIS`` (what a table column uses): value / scale in unit.
+    'memory_capacity' -> (2**30, 'GiB', 'memory capacity')."""
+    kind = kind_of(name)
+    if kind == TOKENS_PER_S:
+        return 1.0, "tokens/s", words_of(name)
+    if kind in ("bytes", "bytes_per_s", "ops_per_s", "seconds"):
+        scale = AXIS[kind][0]
+        return scale, _unit_text(kind, scale, name), words_of(name)
+    if kind in AXIS:
+        return AXIS[kind][0], AXIS[kind][1], words_of(name)
+    return 1.0, _COUNTS.get(name, ""), words_of(name)
 
 
-def label_of(name: str) -> str:
-    """Axis label with the unit: 'memory bandwidth (TB/s)'."""
-    _, unit, words = unit_of(name)
-    return f"{words} ({unit})" if unit else words
+def axis_unit(name: str, values) -> tuple[float, str, str]:
+    """(scale, unit, words) for an axis showing ``values`` (SI) of ``name``: sizes, rates
+    and times take the largest prefix of their kind that the largest value reaches
+    (16 TB/s, 80 GiB, 2.5 ms), so the tick labels stay short; other quantities as
+    :func:`unit_of`."""
+    kind = kind_of(name)
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v) & (v > 0)]
+    if kind not in _AXIS_SCALES or not len(v):
+        return unit_of(name)
+    top = float(v.max())
+    scale = next((s for s in _AXIS_SCALES[kind] if top / s >= 1.0), _AXIS_SCALES[kind][-1])
+    return scale, _unit_text(kind, scale, name), words_of(name)
 
 
-def _number(x: float) -> str:
-    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e12 else f"{x:.4g}"
+def label_of(name: str, unit: str | None = None) -> str:
+    """Axis label with the unit: 'memory bandwidth (GB/s)' (``unit`` overrides
+    :func:`unit_of`'s, for an axis whose prefix follows its values)."""
+    _, u, words = unit_of(name)
+    u = u if unit is None else unit
+    return f"{words} ({u})" if u and u != words else words
 
 
 def human(name: str, value, unit: bool = True) -> str:
-    """A value of a metric or parameter in its display unit: '3.35 TB/s' ('3.35' without
-    ``unit``, in the unit of :func:`label_of`); with the unit, times of a second or more
-    are shown in seconds."""
+    """A value of a metric or parameter as text: with ``unit``, by the unit policy
+    (``display.quantity_text``: '3.35 TB/s', '80 GiB', '12.3 ms'); without, the number in
+    the unit of :func:`label_of` ('3,350' for 3.35e12 bytes/s in GB/s)."""
     if isinstance(value, (bool, np.bool_, str)) or value is None:
         return "-" if value is None else str(value)
     try:
@@ -102,27 +158,87 @@ def human(name: str, value, unit: bool = True) -> str:
         return str(value)
     if math.isnan(v):
         return "-"
-    scale, u, _ = unit_of(name)
-    if unit and u == "ms" and abs(v) >= 1.0:
-        scale, u = 1.0, "s"
-    x = v / scale
-    if name in ("batch", "prompt_len", "gen_len", "devices", "tp", "pp", "ep") and x == int(x):
-        text = f"{int(x):,}"
-    else:
-        text = _number(x)
-    return f"{text} {u}" if unit and u and u not in ("sequences", "devices", "stages", "groups") else text
+    if unit:
+        return quantity_text(name, int(v) if v.is_integer() and kind_of(name) is None else v)
+    x = v / unit_of(name)[0]
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    return f"{x:,.0f}" if 1e4 <= abs(x) < 1e12 else f"{x:.4g}"
+
+
+# --------------------------------------------------------------------------- colours
+
+#: one fixed colour per operator, in families by what the operator does (blues: attention
+#: projections, purples: attention itself, greens: the MLP, oranges: experts, reds:
+#: communication, greys: norms, golds: residual adds, browns: embedding and LM head), the
+#: same in every panel and every plot
+OP_COLOURS = {
+    "q_proj": "#08519c", "k_proj": "#3182bd", "v_proj": "#6baed6", "o_proj": "#9ecae1",
+    "q_a_proj": "#2171b5", "q_b_proj": "#4292c6", "kv_a_proj": "#084594", "kv_b_proj": "#c6dbef",
+    "qk_matmul": "#54278f", "softmax": "#9e9ac8", "sv_matmul": "#756bb1", "flash_attention": "#6a51a3",
+    "gate_proj": "#006d2c", "up_proj": "#31a354", "down_proj": "#74c476", "act_fn": "#a1d99b",
+    "shared_gate_proj": "#00441b", "shared_up_proj": "#238b45", "shared_down_proj": "#41ab5d",
+    "shared_act_fn": "#c7e9c0",
+    "expert_gate_proj": "#a63603", "expert_up_proj": "#e6550d", "expert_down_proj": "#fd8d3c",
+    "expert_act_fn": "#fdae6b", "router": "#fdd0a2",
+    "attn_all_reduce": "#a50f15", "mlp_all_reduce": "#de2d26", "moe_dispatch": "#fb6a4a",
+    "moe_combine": "#fc9272", "pp_hop": "#67000d",
+    "attn_norm": "#525252", "mlp_norm": "#737373", "final_norm": "#969696", "q_a_norm": "#bdbdbd",
+    "kv_a_norm": "#d9d9d9",
+    "attn_add": "#b8860b", "mlp_add": "#e6c35c",
+    "embedding": "#8c510a", "lm_head": "#bf812d",
+    "other": "#e0e0e0",
+}
+#: colours of operators not in ``OP_COLOURS``, one per operator group
+_GROUP_COLOURS = {"attention": "#807dba", "communication": "#ef3b2c", "expert *_proj": "#f16913",
+                  "*_proj": "#2b8cbe", "*_norm": "#aaaaaa"}
+_SPARE = ("#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#8c564b", "#9467bd", "#d62728", "#2ca02c")
+
+
+def op_colour(name: str) -> str:
+    """The fixed colour of an operator (hex): from ``OP_COLOURS`` (a sliding-window layer's
+    ``sliding_*`` operator as its full-attention one), else its group's, else one chosen
+    by the name's checksum, so an operator never changes colour between plots."""
+    base = name.removeprefix("sliding_")
+    if base in OP_COLOURS:
+        return OP_COLOURS[base]
+    group = op_group(name)
+    if group in _GROUP_COLOURS:
+        return _GROUP_COLOURS[group]
+    return _SPARE[zlib.crc32(base.encode()) % len(_SPARE)]
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def _palette(n: int) -> list[str]:
+    """``n`` distinct colours (hex): tab10, or tab20 beyond ten."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [to_hex(cmap(i % cmap.N)) for i in range(max(n, 1))]
+
+
+def _hex(c) -> str:
+    from matplotlib.colors import to_hex
+    return to_hex(c, keep_alpha=False)
+
+
+def _plain(v):
+    """A numpy scalar as a Python one (JSON-ready)."""
+    return v.item() if hasattr(v, "item") else v
 
 
 # --------------------------------------------------------------------------- plumbing
 
-def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0):
-    """A Figure with ``ncols`` axes, seaborn's style, no pyplot."""
+def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0, nrows: int = 1, share: bool = False):
+    """A Figure with ``nrows`` x ``ncols`` axes (a flat list), seaborn's style, no pyplot."""
     import seaborn as sns
     from matplotlib.figure import Figure
     sns.set_theme(style="whitegrid", context="notebook")
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
-    return fig, list(axes)
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=share, sharey=share)
+    return fig, list(axes.ravel())
 
 
 def _save(fig, path: Path) -> None:
@@ -130,18 +246,59 @@ def _save(fig, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110))
 
 
-def _log_if_wide(ax, axis: str, values) -> bool:
-    """Log scale (ticks as plain numbers) when the values span more than 30x."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+def _tick_text(t: float, _pos=None) -> str:
+    """A tick label: '500', '2,000', '20k', '1M', '0.05'."""
+    if t == 0:
+        return "0"
+    if abs(t) >= 1e5:
+        return rate_text(t, digits=3)
+    if abs(t) >= 1:
+        return f"{t:,.0f}" if float(t).is_integer() else f"{t:,.3g}"
+    return f"{t:.3g}"
+
+
+def _wide(values, ratio: float = 30.0) -> bool:
+    """Whether positive ``values`` span more than ``ratio`` (then an axis is logarithmic)."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
-    if len(v) and v.max() / v.min() > 30:
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
-        which = ax.xaxis if axis == "x" else ax.yaxis
-        which.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}"))
-        which.set_minor_formatter(NullFormatter())
+    return bool(len(v) and v.max() / v.min() > ratio)
+
+
+def _log_axis(ax, axis: str, values) -> None:
+    """A logarithmic axis with enough labels to read values off: major ticks at 1, 2 and 5
+    of each decade when the values span at most 2.5 decades (1 to 9 under one decade),
+    else at each decade with unlabelled minor ticks; labels as plain numbers."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    decades = math.log10(v.max() / v.min()) if len(v) else 3.0
+    subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1.0 else tuple(float(s) for s in range(1, 10))
+    which.set_major_locator(LogLocator(base=10, subs=subs, numticks=15))
+    which.set_minor_locator(LogLocator(base=10, subs=tuple(float(s) for s in range(2, 10)), numticks=15))
+    which.set_major_formatter(FuncFormatter(_tick_text))
+    which.set_minor_formatter(NullFormatter())
+
+
+def _log_if_wide(ax, axis: str, values) -> bool:
+    """:func:`_log_axis` when the values span more than 30x; whether it did."""
+    if _wide(values):
+        _log_axis(ax, axis, values)
         return True
     return False
+
+
+def _tick_labels(axis) -> list[str]:
+    """The labelled ticks (major and minor) an axis shows inside its limits, as drawn."""
+    lo, hi = sorted(axis.get_view_interval())
+    out = []
+    for locs, fmt in ((axis.get_majorticklocs(), axis.get_major_formatter()),
+                      (axis.get_minorticklocs(), axis.get_minor_formatter())):
+        locs = [t for t in locs if lo <= t <= hi]
+        fmt.set_locs(locs)
+        out += [s for s in (fmt(t, i) for i, t in enumerate(locs)) if s]
+    return out
 
 
 def _ids(df) -> list[int]:
@@ -150,68 +307,248 @@ def _ids(df) -> list[int]:
 
 # --------------------------------------------------------------------------- Pareto
 
-def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, title: str = "") -> dict:
-    """Feasible points (``background``, a sample) as a light cloud and the Pareto rows
-    (``front``) highlighted; the 2-objective front of (x, y) among them as a step line."""
-    fig, (ax,) = _figure()
-    sx, _, _ = unit_of(x)
-    sy, _, _ = unit_of(y)
-    bg = background[[x, y]].to_numpy(dtype=float) if len(background) else np.empty((0, 2))
+def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, title: str = "",
+                hue: str | None = None, style: str | None = None, facet: str | None = None,
+                note: str = "") -> dict:
+    """Feasible designs (``background``, a sample) and the Pareto designs (``front``, larger,
+    edged in black) of a study, ``y`` against ``x``; the 2-objective front of (x, y) among
+    the Pareto designs as a step line.
+
+    ``hue``, ``style`` and ``facet`` name categorical parameters the study varies (a
+    format, the hardware): colour, marker and one panel per value, so a reader sees which
+    choice each design made. A front of more than ``LARGE_FRONT`` designs is drawn as a
+    density (hexagonal bins counting Pareto designs) with the (x, y) front's own designs on
+    top, coloured by the next objective; the title says so. ``note`` is a line added under
+    the title (what was left out)."""
+    from matplotlib.lines import Line2D
+    large = len(front) > LARGE_FRONT
+    if large:
+        hue = style = facet = None
+    cats = {k: v for k, v in (("hue", hue), ("style", style), ("facet", facet)) if v}
+    both = [d for d in (background, front) if len(d)]
+
+    def levels(col):
+        if not col:
+            return [None]
+        import pandas as pd
+        drawn = [d[np.isfinite(d[[x, y]].to_numpy(float)).all(axis=1)] for d in both]   # values shown
+        vals = pd.unique(pd.concat([d[col] for d in drawn])) if drawn else []
+        return [_plain(v) for v in vals]
+
+    hues, styles, facets = levels(hue), levels(style), levels(facet)
+    colours = dict(zip(hues, _palette(len(hues)))) if hue else {None: "#c44e52"}
+    markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(styles)}
+    ncols = 2 if len(facets) == 4 else min(len(facets), 3)
+    nrows = math.ceil(len(facets) / ncols)
+    fig, axes = _figure(ncols=ncols, nrows=nrows, width=5.2 if ncols > 1 else 7.0,
+                        height=4.8 if ncols > 1 else 5.0, share=True)
+    for ax in axes[len(facets):]:
+        ax.set_visible(False)
+    allx = np.concatenate([d[x].to_numpy(float) for d in both]) if both else np.array([])
+    ally = np.concatenate([d[y].to_numpy(float) for d in both]) if both else np.array([])
+    sx, ux, _ = axis_unit(x, allx)
+    sy, uy, _ = axis_unit(y, ally)
+    logx, logy = _wide(allx / sx), _wide(ally / sy)
     fr = front[[x, y]].to_numpy(dtype=float) if len(front) else np.empty((0, 2))
-    cloud = ax.scatter(bg[:, 0] / sx, bg[:, 1] / sy, s=6, color="0.75", alpha=0.5, linewidths=0, rasterized=True,
-                       label=f"feasible designs ({len(bg):,} shown)")
-    many = len(fr) > 2000
     shown = np.isfinite(fr).all(axis=1)
+    record = {"kind": "pareto", "x": x, "y": y, "x_unit": ux, "y_unit": uy, "x_scale": sx, "y_scale": sy,
+              "hue": hue, "style": style, "facet": facet, "mode": "density" if large else "points",
+              "background_points": len(background), "highlighted": _ids(front),
+              "highlighted_not_drawn": [i for i, ok in zip(_ids(front), shown) if not ok],   # a value is unknown
+              "groups": [], "panels": []}
+
+    def sel(d, f, h=None, s=None, every=False):
+        """Rows of ``d`` in panel ``f`` (and, unless ``every``, of hue ``h`` and style ``s``)."""
+        m = np.ones(len(d), dtype=bool)
+        for col, v in ((facet, f),) + (() if every else ((hue, h), (style, s))):
+            if col:
+                m &= (d[col] == v).to_numpy(bool)
+        return d[m]
+
+    hx, hy = [], []
+    n_front_2d = 0
+    for ax, f in zip(axes, facets):
+        for h in hues:
+            for s in styles:
+                b, p = sel(background, f, h, s), sel(front, f, h, s)
+                if not len(b) and not len(p):
+                    continue
+                col, mk = colours[h] if hue else "0.6", markers[s]
+                cb = ax.scatter(b[x].to_numpy(float) / sx, b[y].to_numpy(float) / sy, s=14, color=col,
+                                marker=mk, alpha=0.55, linewidths=0, rasterized=True)
+                cb.set_in_layout(False)
+                grp = {"facet": f, "hue": h, "style": s, "colour": _hex(col), "marker": mk,
+                       "background_points": len(b), "points": []}
+                if len(p) and not large:
+                    ok = np.isfinite(p[[x, y]].to_numpy(float)).all(axis=1)
+                    cp = ax.scatter(p[x].to_numpy(float) / sx, p[y].to_numpy(float) / sy, s=42,
+                                    color=colours[h], marker=mk, edgecolors="k", linewidths=0.7, zorder=3)
+                    cp.set_in_layout(False)
+                    off = np.asarray(cp.get_offsets(), dtype=float)
+                    hx += off[ok, 0].tolist()
+                    hy += off[ok, 1].tolist()
+                    grp["points"] = _ids(p)
+                    grp["colour"] = _hex(cp.get_facecolor()[0])
+                record["groups"].append(grp)
+        fp = sel(front, f, every=True)
+        if large and len(fp):
+            ok = np.isfinite(fp[[x, y]].to_numpy(float)).all(axis=1)
+            hb = ax.hexbin(fp[x].to_numpy(float)[ok] / sx, fp[y].to_numpy(float)[ok] / sy, gridsize=45,
+                           cmap="Reds", mincnt=1, xscale="log" if logx else "linear",
+                           yscale="log" if logy else "linear", zorder=2, linewidths=0.2)
+            counts = hb.get_array()
+            fig.colorbar(hb, ax=ax, label="Pareto designs per cell", fraction=0.04, pad=0.01)
+            record["density_cells"] = int(len(counts))
+            record["density_designs"] = int(np.sum(counts))
+            hx += (fp[x].to_numpy(float)[ok] / sx).tolist()
+            hy += (fp[y].to_numpy(float)[ok] / sy).tolist()
+        if len(fp) and x in senses and y in senses:
+            v = fp[[x, y]].to_numpy(float)
+            ok = np.isfinite(v).all(axis=1)
+            m = np.zeros(len(fp), dtype=bool)
+            if ok.any():
+                m[ok] = pareto_mask(v[ok], [senses[x], senses[y]])
+            sub = fp[m].sort_values(x)
+            n_front_2d = len(sub)
+            ax.step(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy,
+                    where="post" if senses[x] == "min" else "pre", color="k", lw=1.0, zorder=4)
+            third = next((o for o in senses if o not in (x, y) and o in sub), None)
+            if large and third is not None and len(sub):
+                v3 = sub[third].to_numpy(float)
+                s3, u3, w3 = axis_unit(third, v3)
+                record.update(colour_by=third, colour_unit=u3, colour_values=(v3 / s3).tolist())
+                if np.nanmax(v3) > np.nanmin(v3) * (1 + 1e-9):
+                    sc = ax.scatter(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy, c=v3 / s3,
+                                    cmap="viridis", s=22, edgecolors="k", linewidths=0.4, zorder=5)
+                    fig.colorbar(sc, ax=ax, label=label_of(third, u3), location="bottom", shrink=0.7, pad=0.02)
+                else:                  # one value: a colour scale would say nothing; the title gives it
+                    ax.scatter(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy, color="#4c72b0", s=22,
+                               edgecolors="k", linewidths=0.4, zorder=5)
+                    record["colour_constant"] = human(third, float(v3[0]))
+            record["panels"].append({"facet": f, "front_2d": _ids(sub)})
+        if facet:
+            ax.set_title(f"{facet} = {f}", fontsize="medium")
+    record["front_2d"] = [i for pnl in record["panels"] for i in pnl["front_2d"]]
+    ax0 = axes[0]
+    xl = label_of(x, ux) + (f" — {senses[x]}imize" if x in senses else "")
+    yl = label_of(y, uy) + (f" — {senses[y]}imize" if y in senses else "")
+    for i, ax in enumerate(axes[:len(facets)]):
+        if i // ncols == nrows - 1 or i + ncols >= len(facets):
+            ax.set_xlabel(xl)
+        if i % ncols == 0:
+            ax.set_ylabel(yl)
+    from matplotlib.ticker import FuncFormatter
+    for log, axis, vals, which in ((logx, "x", allx / sx, ax0.xaxis), (logy, "y", ally / sy, ax0.yaxis)):
+        if log:
+            _log_axis(ax0, axis, vals)
+        else:
+            which.set_major_formatter(FuncFormatter(_tick_text))
+    # legends beside the panels, never over the data
     what = f"{len(fr):,} designs" if shown.all() else f"{int(shown.sum()):,} of {len(fr):,} designs have both values"
-    hi = ax.scatter(fr[:, 0] / sx, fr[:, 1] / sy, s=5 if many else 16, color="C3", edgecolors="k",
-                    linewidths=0 if many else 0.4, zorder=3, rasterized=many, label=f"Pareto front ({what})")
-    for c in (cloud, hi):          # thousands of points: keep them out of the layout's bounding boxes
-        c.set_in_layout(False)
-    front2d = []
-    if len(fr) and x in senses and y in senses:
-        ok = np.isfinite(fr).all(axis=1)
-        m = np.zeros(len(fr), dtype=bool)
-        if ok.any():
-            m[ok] = pareto_mask(fr[ok], [senses[x], senses[y]])
-        sub = front[m].sort_values(x)
-        front2d = _ids(sub)
-        ax.step(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy,
-                where="post" if senses[x] == "min" else "pre", color="k", lw=1.0,
-                zorder=4, label=f"front of these two objectives ({len(sub)})")
-    ax.set_xlabel(label_of(x) + (f" — {senses[x]}imize" if x in senses else ""))
-    ax.set_ylabel(label_of(y) + (f" — {senses[y]}imize" if y in senses else ""))
-    allx = np.concatenate([bg[:, 0], fr[:, 0]]) / sx
-    ally = np.concatenate([bg[:, 1], fr[:, 1]]) / sy
-    _log_if_wide(ax, "x", allx)
-    _log_if_wide(ax, "y", ally)
-    ax.set_title(title or f"{unit_of(y)[2]} vs {unit_of(x)[2]}")
-    # 'best' scans every point for a free corner: fine for hundreds, seconds for 10^5; the
-    # corner beyond the front (the ideal one) is empty by definition
-    if len(bg) + len(fr) <= 5000:
-        loc = "best"
+    key = [Line2D([], [], ls="", marker="o", color="0.6", alpha=0.5, ms=4,
+                  label=f"feasible designs ({len(background):,} shown)")]
+    if large:
+        key.append(Line2D([], [], ls="", marker="h", color="#de2d26", ms=9,
+                          label=f"Pareto front ({what}): density"))
     else:
-        loc = (("upper " if senses.get(y, "max") == "max" else "lower ")
-               + ("right" if senses.get(x) == "max" else "left"))
-    ax.legend(loc=loc, fontsize="small")
+        key.append(Line2D([], [], ls="", marker="o", color="w", markeredgecolor="k", ms=7,
+                          label=f"Pareto front ({what}): large, edged"))
+    if x in senses and y in senses and len(front):
+        key.append(Line2D([], [], color="k", lw=1.0, label=f"front of these two objectives ({n_front_2d})"
+                          if not facet else "front of these two objectives, per panel"))
+    if hue:
+        key += [Line2D([], [], ls="", label=f"colour: {hue}")]
+        key += [Line2D([], [], ls="", marker="o", color=colours[h], ms=7, label=f"  {h}") for h in hues]
+    if style:
+        key += [Line2D([], [], ls="", label=f"marker: {style}")]
+        key += [Line2D([], [], ls="", marker=markers[s], color="0.35", ms=7, label=f"  {s}") for s in styles]
+    fig.legend(handles=key, loc="outside lower center", fontsize="small", ncols=min(4, max(1, len(key) // 4)))
+    record["legend"] = [h.get_label() for h in key]
+    head = title or f"{words_of(y)} vs {words_of(x)}"
+    sub_title = []
+    if large:
+        c3 = ("" if "colour_by" not in record else
+              f", all at {words_of(record['colour_by'])} {record['colour_constant']}" if "colour_constant" in record
+              else f", coloured by {words_of(record['colour_by'])}")
+        sub_title.append(f"{len(fr):,} Pareto designs drawn as density; the {n_front_2d:,} designs on the front "
+                         f"of these two objectives on top{c3}")
+    elif cats:
+        sub_title.append(", ".join(f"{what}: {cats[k]}" for k, what in
+                                   (("hue", "colour"), ("style", "marker"), ("facet", "panels")) if k in cats))
+    if note:
+        sub_title.append(note)
+    chars = int(fig.get_figwidth() * 11)          # characters of a line of the title, at its font size
+    fig.suptitle("\n".join([head] + ["\n".join(textwrap.wrap(t, chars)) for t in sub_title if t]), fontsize="medium")
     _save(fig, path)
-    return {"kind": "pareto", "x": x, "y": y, "x_unit": unit_of(x)[1], "y_unit": unit_of(y)[1],
-            "x_scale": sx, "y_scale": sy, "x_label": ax.get_xlabel(), "y_label": ax.get_ylabel(),
-            "x_log": ax.get_xscale() == "log", "y_log": ax.get_yscale() == "log",
-            "background_points": len(bg), "highlighted": _ids(front),
-            "highlighted_not_drawn": [i for i, ok in zip(_ids(front), shown) if not ok],   # a value is unknown
-            "highlighted_x": np.asarray(hi.get_offsets(), dtype=float)[:, 0].tolist(),
-            "highlighted_y": np.asarray(hi.get_offsets(), dtype=float)[:, 1].tolist(),
-            "front_2d": front2d}
+    record.update(x_label=xl, y_label=yl, x_log=ax0.get_xscale() == "log", y_log=ax0.get_yscale() == "log",
+                  x_ticks=_tick_labels(ax0.xaxis), y_ticks=_tick_labels(ax0.yaxis),
+                  highlighted_x=hx, highlighted_y=hy, title=fig.get_suptitle(), note=note)
+    return record
 
 
 # --------------------------------------------------------------------------- roofline
 
+def _clusters(xy: np.ndarray, tol: tuple[float, float]) -> list[list[int]]:
+    """Indices of points grouped greedily by closeness in log space (``tol``: decades in x
+    and in y): points closer than that share one label."""
+    groups: list[list[int]] = []
+    anchors: list[np.ndarray] = []
+    for i in np.lexsort((xy[:, 1], xy[:, 0])):
+        for g, a in zip(groups, anchors):
+            if abs(xy[i, 0] - a[0]) <= tol[0] and abs(xy[i, 1] - a[1]) <= tol[1]:
+                g.append(int(i))
+                break
+        else:
+            groups.append([int(i)])
+            anchors.append(xy[i])
+    return groups
+
+
+#: where a label may sit beside its point, in points (x, y of its lower corner), tried in order
+_LABEL_SPOTS = ((6, 2), (6, -12), (-6, 2), (-6, -12), (6, 12), (6, -22), (-6, 12), (-6, -22), (6, 22), (6, -32),
+                (-6, 22), (-6, -32))
+
+
+def _label_offsets(fig, ax, anchors, texts, markers, fontsize: float) -> list[tuple[int, int]]:
+    """Offsets (points) of labels beside their ``anchors`` (data coordinates) such that no
+    label covers another or a marker (``markers``, data coordinates), the first of
+    ``_LABEL_SPOTS`` that is free (the first spot when none is)."""
+    fig.draw_without_rendering()             # the final layout: axes positions and limits
+    px = fig.dpi / 72.0
+    half = 4.0 * px
+    taken = [(x - half, y - half, x + half, y + half) for x, y in ax.transData.transform(np.asarray(markers))]
+    out = []
+    for (x, y), t in zip(ax.transData.transform(np.asarray(anchors)), texts):
+        lines = t.split("\n")
+        w = max(map(len, lines)) * fontsize * 0.62 * px
+        h = len(lines) * fontsize * 1.3 * px
+        choice = None
+        for dx, dy in _LABEL_SPOTS:
+            x0 = x + dx * px - (w if dx < 0 else 0.0)
+            box = (x0, y + dy * px, x0 + w, y + dy * px + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+                choice = (dx, dy, box)
+                break
+        if choice is None:
+            dx, dy = _LABEL_SPOTS[0]
+            choice = (dx, dy, (x + dx * px, y + dy * px, x + dx * px + w, y + dy * px + h))
+        taken.append(choice[2])
+        out.append(choice[:2])
+    return out
+
+
 def roofline_plot(path: Path, analysis, title: str = "") -> dict:
-    """Operators of the prefill and of a decode step by arithmetic intensity and attained
-    performance (ops / time of one instance), under the design's roofline: the memory
-    slope (ops/s = intensity x ``analysis.memory_bandwidth``) and the compute ceiling of
-    each format used (the peak its operators ran at)."""
-    fig, (ax,) = _figure(width=8.5, height=6.0)
+    """Operators of the prefill and of a decode step by arithmetic intensity (ops/byte) and
+    attained performance (ops / time of one instance, in TFLOP/s or TOP/s), under the
+    design's roofline: the memory slope (ops/s = intensity x ``analysis.memory_bandwidth``)
+    and the compute ceiling of each format used (the peak its operators ran at).
+
+    Each operator has a number (the same in both stages) and its fixed colour
+    (:func:`op_colour`); marker: circle for the prefill, square for decode. Points closer
+    than a few pixels share one label listing their numbers, and the key beside the plot
+    names each number, so no label is written over another."""
+    from matplotlib.lines import Line2D
+    fig, (ax,) = _figure(width=9.5, height=6.0)
     bw = analysis.memory_bandwidth
     rows = []
     for stage, rs in (("prefill", analysis.prefill), ("decode", analysis.decode)):
@@ -223,8 +560,9 @@ def roofline_plot(path: Path, analysis, title: str = "") -> dict:
                          "bound": r["bound"], "arithmetic_intensity": ai if math.isfinite(ai) else None,
                          "ops_per_s": perf, "plotted": bool(ok)})
     formats = sorted({r["compute_format"] for r in rows if r["plotted"] and r["compute_format"] not in ("-",)})
-    integer = any(f in _INT_FORMATS for f in formats)
-    unit = "TOPS" if integer else "TFLOPS"
+    integer = bool(formats) and all(ops_unit(f) == "OP/s" for f in formats if f != "vector")
+    scale = AXIS["ops_per_s"][0]
+    unit = _unit_text("ops_per_s", scale, "int8" if integer else "fp16")
     ceilings = {}
     for stage_rows in (analysis.prefill, analysis.decode):
         for r in stage_rows:
@@ -237,29 +575,55 @@ def roofline_plot(path: Path, analysis, title: str = "") -> dict:
     ridge = [c / bw for c in ceilings.values()]
     hi = max([ais.max() * 3 if len(ais) else 1e3] + [x * 10 for x in ridge])
     xs = np.geomspace(lo, hi, 400)
-    ax.plot(xs, xs * bw / 1e12, color="0.3", lw=1, ls="--", label=f"memory slope {bw / 1e12:.3g} TB/s")
+    ax.plot(xs, xs * bw / scale, color="0.3", lw=1, ls="--", label=f"memory slope {rate_text(bw, 'B/s')}")
+    ceil_colours = ("#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf")
     for i, (f, c) in enumerate(sorted(ceilings.items(), key=lambda kv: -kv[1])):
-        ax.plot(xs, np.minimum(xs * bw, c) / 1e12, color=f"C{i + 2}", lw=1.8,
-                label=f"{f} ceiling {c / 1e12:.4g} {unit}")
-    marks = {"prefill": ("o", "C0"), "decode": ("s", "C1")}
-    for stage, (mk, col) in marks.items():
+        ax.plot(xs, np.minimum(xs * bw, c) / scale, color=ceil_colours[i % len(ceil_colours)], lw=1.8,
+                label=f"{f} ceiling {rate_text(c, ops_unit(f))}")
+    numbers = {n: i + 1 for i, n in enumerate(dict.fromkeys(r["name"] for r in pts))}
+    marks = {"prefill": "o", "decode": "s"}
+    for stage, mk in marks.items():
         sp = [r for r in pts if r["stage"] == stage]
         if sp:
-            ax.scatter([r["arithmetic_intensity"] for r in sp], [r["ops_per_s"] / 1e12 for r in sp], marker=mk,
-                       color=col, edgecolors="k", linewidths=0.4, s=36, zorder=4, label=f"{stage} operators")
-            for r in sp:
-                ax.annotate(r["name"], (r["arithmetic_intensity"], r["ops_per_s"] / 1e12), fontsize=6,
-                            xytext=(3, 2), textcoords="offset points", color=col)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+            ax.scatter([r["arithmetic_intensity"] for r in sp], [r["ops_per_s"] / scale for r in sp], marker=mk,
+                       c=[op_colour(r["name"]) for r in sp], edgecolors="k", linewidths=0.5, s=44, zorder=4)
+    _log_axis(ax, "x", xs)
+    _log_axis(ax, "y", np.concatenate([xs * bw / scale, [r["ops_per_s"] / scale for r in pts]]))
     ax.set_xlabel("arithmetic intensity (ops/byte)")
     ax.set_ylabel(f"attained performance ({unit})")
-    ax.set_title(title or "roofline")
-    ax.legend(loc="lower right", fontsize="x-small")
+    ax.set_title(title or "roofline", fontsize="medium")
+    ax.legend(handles=ax.get_legend_handles_labels()[0]
+              + [Line2D([], [], ls="", marker=m, color="0.6", markeredgecolor="k", label=f"{s} operators")
+                 for s, m in marks.items()], loc="lower right", fontsize="x-small")
+    key = [Line2D([], [], ls="", marker="o", color=op_colour(n), markeredgecolor="k", ms=7,
+                  label=f"{i}  {n}") for n, i in numbers.items()]
+    if key:
+        fig.legend(handles=key, loc="outside right upper", fontsize="x-small", title="operators",
+                   ncols=1 if len(key) <= 24 else 2)
+    # one label per cluster of nearby points (the numbers of its operators), set where it
+    # covers no other label and no marker
+    labels = []
+    if pts:
+        perf = np.array([r["ops_per_s"] / scale for r in pts], float)
+        xy = np.column_stack([np.log10(ais), np.log10(perf)])
+        lx, ly = np.log10(ax.get_xlim()), np.log10(ax.get_ylim())
+        groups = _clusters(xy, (0.03 * (lx[1] - lx[0]), 0.03 * (ly[1] - ly[0])))
+        texts = [",".join(str(n) for n in sorted({numbers[pts[i]["name"]] for i in g})) for g in groups]
+        texts = [textwrap.fill(t, 18) for t in texts]
+        anchors = [(pts[g[0]]["arithmetic_intensity"], pts[g[0]]["ops_per_s"] / scale) for g in groups]
+        offsets = _label_offsets(fig, ax, anchors, texts, np.column_stack([ais, perf]), fontsize=7.5)
+        for g, t, a, (dx, dy) in zip(groups, texts, anchors, offsets):
+            ax.annotate(t, a, xytext=(dx, dy), textcoords="offset points", fontsize=7.5, zorder=6,
+                        ha="left" if dx >= 0 else "right", va="bottom",
+                        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+            labels.append({"numbers": sorted({numbers[pts[i]["name"]] for i in g}), "offset": [dx, dy],
+                           "operators": [f"{pts[i]['stage']}:{pts[i]['name']}" for i in g]})
     _save(fig, path)
     return {"kind": "roofline", "x": "arithmetic_intensity", "y": "ops_per_s", "x_unit": "ops/byte",
-            "y_unit": unit, "y_scale": 1e12, "x_label": ax.get_xlabel(), "y_label": ax.get_ylabel(),
-            "x_log": True, "y_log": True, "memory_bandwidth": bw, "ceilings": ceilings, "operators": rows}
+            "y_unit": unit, "y_scale": scale, "x_label": ax.get_xlabel(), "y_label": ax.get_ylabel(),
+            "x_log": True, "y_log": True, "memory_bandwidth": bw, "ceilings": ceilings, "operators": rows,
+            "numbers": numbers, "colours": {n: op_colour(n) for n in numbers}, "labels": labels,
+            "x_ticks": _tick_labels(ax.xaxis), "y_ticks": _tick_labels(ax.yaxis)}
 
 
 # --------------------------------------------------------------------------- breakdown
@@ -267,15 +631,16 @@ def roofline_plot(path: Path, analysis, title: str = "") -> dict:
 def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> dict:
     """Stacked bars of per-operator time (prefill; one decode step) of a few designs, as
     shares of each step (designs differ by orders of magnitude) with the step's time
-    written above its bar.
+    written above its bar. Every operator has its fixed colour (:func:`op_colour`), the
+    same in both panels and in the roofline; one legend lists the operators of both.
 
     ``designs``: [{'label', 'point', 'analysis'}]. Operators below ``min_share`` of
     their step in every design are summed into 'other'."""
-    import seaborn as sns
-
-    fig, axes = _figure(ncols=2, width=5.5 + 0.6 * len(designs), height=5.5)
+    from matplotlib.patches import Patch
+    fig, axes = _figure(ncols=2, width=4.6 + 0.9 * len(designs), height=5.5)
     record = {"kind": "breakdown", "x": "design", "y": "share of step time", "y_unit": "%",
               "designs": [{"label": d["label"], "point": d["point"]} for d in designs], "stages": {}}
+    drawn: dict[str, str] = {}
     for ax, stage, words in zip(axes, ("prefill", "decode"), ("prefill", "one decode step")):
         per = [{r["name"]: 0.0 for r in getattr(d["analysis"], stage)} for d in designs]
         for p, d in zip(per, designs):
@@ -286,15 +651,17 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
         keep = [n for n in names if any(p.get(n, 0.0) >= min_share * max(t, 1e-300) for p, t in zip(per, totals))]
         other = [n for n in names if n not in keep]
         series = keep + (["other"] if other else [])
-        pal = sns.color_palette("tab20", len(series))
         bottom = np.zeros(len(designs))
         xs = np.arange(len(designs))
-        values = {}
-        for i, n in enumerate(series):
+        values, colours = {}, {}
+        for n in series:
             v = np.array([sum(p.get(o, 0.0) for o in other) if n == "other" else p.get(n, 0.0) for p in per])
             values[n] = [float(a) for a in v]
             share = np.divide(v, totals, out=np.zeros_like(v), where=totals > 0) * 100
-            ax.bar(xs, share, bottom=bottom, color=pal[i], label=n, width=0.6, edgecolor="white", linewidth=0.4)
+            bars = ax.bar(xs, share, bottom=bottom, color=op_colour(n), label=n, width=0.6, edgecolor="white",
+                          linewidth=0.4)
+            colours[n] = _hex(bars.patches[0].get_facecolor()) if bars.patches else op_colour(n)
+            drawn.setdefault(n, colours[n])
             bottom += share
         for x0, t in zip(xs, totals):
             ax.annotate(si(float(t), "s"), (x0, 100), xytext=(0, 3), textcoords="offset points", ha="center",
@@ -303,11 +670,14 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
         ax.set_xticks(xs, [d["label"] for d in designs], fontsize="small")
         ax.set_ylabel(f"share of {words} time (%)")
         ax.set_xlabel("design (time of the step above its bar)")
-        ax.set_title(f"{words}: time per operator")
-        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        record["stages"][stage] = {"operators": series, "other": other, "time_s": values,
+        ax.set_title(f"{words}: time per operator", fontsize="medium")
+        record["stages"][stage] = {"operators": series, "other": other, "time_s": values, "colours": colours,
                                    "total_s": [float(t) for t in totals], "y_label": ax.get_ylabel()}
+    order = sorted(drawn, key=lambda n: (n == "other", list(OP_COLOURS).index(n) if n in OP_COLOURS else 999, n))
+    fig.legend(handles=[Patch(color=drawn[n], label=n) for n in order], loc="outside right upper",
+               fontsize="x-small", title="operator")
     record["y_label"] = axes[1].get_ylabel()
+    record["colours"] = drawn
     _save(fig, path)
     return record
 
@@ -316,60 +686,153 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
 
 def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
     """Curves against a swept parameter. Each panel is a dict with ``data`` (rows with
-    point, feasible, x and ys), ``x``, ``ys``, ``hue`` (a column giving one line per
-    value, or None), and optionally ``shared_y`` (a y label: all ys on one axes, in SI
-    units) and ``log_y``. Without ``shared_y`` each y gets its own axes. Feasible points
-    are joined by lines; infeasible ones are grey crosses."""
-    import seaborn as sns
-    n_ax = sum(1 if p.get("shared_y") else len(p["ys"]) for p in panels)
-    fig, axes = _figure(ncols=n_ax, width=5.6 if n_ax > 1 else 7.0, height=4.6)
+    point, feasible, x and ys), ``x``, ``ys`` (one axes each, its unit chosen from its
+    values: times in s, ms or us), ``hue`` (a column giving one line per value, or None)
+    and optionally ``log_y``. Lines of a hue value keep one colour, marker and dash in
+    every axes, and one legend beside the figure names them; infeasible points are grey
+    crosses."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    n_ax = sum(len(p["ys"]) for p in panels)
+    fig, axes = _figure(ncols=n_ax, width=4.6 if n_ax > 2 else 5.4 if n_ax > 1 else 7.0, height=4.4)
     it = iter(axes)
     record = {"kind": "sweep", "panels": []}
+    handles: dict[str, object] = {}
     for p in panels:
-        data, x, ys, hue, shared = p["data"], p["x"], p["ys"], p.get("hue"), p.get("shared_y")
-        groups = [(None, data)] if hue is None else list(data.groupby(hue, sort=True, observed=True))
-        pal = sns.color_palette("deep", max(len(groups) * len(ys), 1))
-        rec = {"x": x, "ys": ys, "hue": hue, "x_unit": unit_of(x)[1],
-               "y_units": {y: ("s" if shared else unit_of(y)[1]) for y in ys}, "lines": [], "y_labels": []}
-        ax = next(it) if shared else None
+        data, x, ys, hue = p["data"], p["x"], p["ys"], p.get("hue")
+        groups = [(None, data)] if hue is None else list(data.groupby(hue, sort=False, observed=True))
+        pal = _palette(len(groups))
+        rec = {"x": x, "ys": ys, "hue": hue, "x_unit": unit_of(x)[1], "y_units": {}, "y_scales": {},
+               "lines": [], "y_labels": [], "y_ticks": {}}
         for y in ys:
-            if not shared:
-                ax = next(it)
-            sy = 1.0 if shared else unit_of(y)[0]
+            ax = next(it)
+            sy, uy, words = axis_unit(y, data[y].to_numpy(float))
+            rec["y_units"][y], rec["y_scales"][y] = uy, sy
             for gi, (key, g) in enumerate(groups):
+                key = _plain(key[0] if isinstance(key, tuple) and len(key) == 1 else key)
                 g = g.sort_values(x)
                 ok, bad = g[g["feasible"]], g[~g["feasible"]]
-                color = pal[ys.index(y) if shared else gi]     # shared axes: colour = metric, dashes = hue
-                style = ("-", "--", ":", "-.")[gi % 4] if shared else "-"
-                words = unit_of(y)[2]
-                name = (f"{words}, {hue} = {key}" if shared else f"{hue} = {key}") if hue else words
-                ax.plot(ok[x].to_numpy(float), ok[y].to_numpy(float) / sy, marker="o", ms=4, color=color, ls=style,
-                        label=name)
+                colour, mk = (pal[gi], _MARKERS[gi % len(_MARKERS)]) if hue else ("#4c72b0", "o")
+                dash = ("-", "--", "-.", ":")[gi % 4] if hue else "-"
+                name = f"{hue} = {key}" if hue else words
+                ax.plot(ok[x].to_numpy(float), ok[y].to_numpy(float) / sy, marker=mk, ms=5, color=colour, ls=dash,
+                        lw=1.6, alpha=0.9)
+                handles.setdefault(name, Line2D([], [], marker=mk, ms=5, color=colour, ls=dash, label=name))
                 if len(bad):
-                    ax.scatter(bad[x].to_numpy(float), bad[y].to_numpy(float) / sy, marker="x", color="0.6", s=18,
-                               zorder=3, label="infeasible" if gi == 0 and (not shared or y == ys[0]) else None)
-                rec["lines"].append({"y": y, "hue": None if key is None else (key.item() if hasattr(key, "item")
-                                                                                 else key),
+                    ax.scatter(bad[x].to_numpy(float), bad[y].to_numpy(float) / sy, marker="x", color="0.6", s=20,
+                               zorder=3)
+                    handles.setdefault("infeasible", Line2D([], [], ls="", marker="x", color="0.6",
+                                                            label="infeasible (not fitting, or an SLO missed)"))
+                rec["lines"].append({"y": y, "hue": key, "colour": colour, "marker": mk, "dash": dash,
                                      "points": _ids(ok), "infeasible_points": _ids(bad),
                                      "x_values": [float(v) for v in ok[x]], "y_values": [float(v) for v in ok[y]]})
-            if not shared or y == ys[-1]:
-                ax.set_xlabel(label_of(x))
-                ax.set_ylabel(shared or label_of(y))
-                xv = data[x].to_numpy(float)
-                if len(np.unique(xv)) > 2 and xv.min() > 0 and xv.max() / xv.min() >= 8:
-                    from matplotlib.ticker import FuncFormatter
-                    ax.set_xscale("log", base=2)
-                    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                yv = data[list(ys) if shared else [y]].to_numpy(float) / sy
-                if p.get("log_y") or _log_if_wide(ax, "y", yv):
-                    ax.set_yscale("log")
-                ax.legend(fontsize="x-small")
-                rec["x_label"] = ax.get_xlabel()
-                rec["y_labels"].append(ax.get_ylabel())
+            ax.set_xlabel(label_of(x))
+            ax.set_ylabel(label_of(y, uy))
+            xv = data[x].to_numpy(float)
+            if len(np.unique(xv)) > 2 and xv.min() > 0 and xv.max() / xv.min() >= 8:
+                ax.set_xscale("log", base=2)
+                ticks = np.unique(xv)
+                most = 9 if n_ax == 1 else 5             # labels that fit side by side
+                if len(ticks) > most:        # every other power of 2 within the range
+                    ticks = 2.0 ** np.arange(math.floor(math.log2(xv.min())), math.ceil(math.log2(xv.max())) + 1)
+                    while len(ticks) > most:
+                        ticks = ticks[::2]
+                ax.xaxis.set_major_locator(FixedLocator(ticks))
+                ax.xaxis.set_minor_locator(NullLocator())
+                ax.xaxis.set_major_formatter(FuncFormatter(_tick_text))
+            yv = data[y].to_numpy(float) / sy
+            if p.get("log_y") and _wide(yv, 10.0) or _wide(yv):
+                _log_axis(ax, "y", yv)
+            else:
+                ax.yaxis.set_major_formatter(FuncFormatter(_tick_text))
+            rec["x_label"] = ax.get_xlabel()
+            rec["y_labels"].append(ax.get_ylabel())
+            rec["y_ticks"][y] = ax
+            rec["x_ticks_axes"] = ax
         record["panels"].append(rec)
-    import textwrap
-    fig.suptitle("\n".join(textwrap.wrap(title, 55 * n_ax if n_ax > 1 else 65)), fontsize="medium")
+    if "infeasible" in handles:
+        handles["infeasible"] = handles.pop("infeasible")          # last
+    if handles:
+        fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="small")
+    fig.suptitle("\n".join(textwrap.wrap(title, 60 * n_ax if n_ax > 1 else 70)), fontsize="medium")
     _save(fig, path)
+    for rec in record["panels"]:        # tick labels as drawn
+        rec["y_ticks"] = {y: _tick_labels(ax.yaxis) for y, ax in rec["y_ticks"].items()}
+        rec["x_ticks"] = _tick_labels(rec.pop("x_ticks_axes").xaxis)
+    record["legend"] = [h.get_label() for h in handles.values()]
+    return record
+
+
+# --------------------------------------------------------------------------- validation
+
+def validation_plot(path: Path, rows: list[dict], title: str = "") -> dict:
+    """Predicted against measured, one panel per metric in that metric's own unit (TTFT in
+    ms or s, throughputs in tokens/s), colour per hardware, with the y = x line and a
+    ±25 % band; a last panel ranks every row by predicted / measured.
+
+    ``rows``: dicts with 'metric', 'measured', 'predicted' (SI), 'hardware' and 'id'."""
+    from matplotlib.lines import Line2D
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    hardware = list(dict.fromkeys(r["hardware"] for r in rows))
+    colours = dict(zip(hardware, _palette(len(hardware))))
+    import seaborn as sns
+    from matplotlib.figure import Figure
+    sns.set_theme(style="whitegrid", context="notebook")
+    ncols = max(len(metrics), 1)
+    fig = Figure(figsize=(max(4.8 * ncols, 10.0), 9.0), layout="constrained")
+    grid = fig.add_gridspec(2, ncols, height_ratios=(1.0, 0.8))
+    axes = [fig.add_subplot(grid[0, i]) for i in range(len(metrics))] + [fig.add_subplot(grid[1, :])]
+    record = {"kind": "validation", "panels": [], "colours": colours}
+    for ax, m in zip(axes, metrics):
+        rs = [r for r in rows if r["metric"] == m]
+        meas = np.array([r["measured"] for r in rs], float)
+        pred = np.array([r["predicted"] for r in rs], float)
+        s, u, words = axis_unit(m, np.concatenate([meas, pred]))
+        for h in hardware:
+            sel = [i for i, r in enumerate(rs) if r["hardware"] == h]
+            if sel:
+                ax.scatter(meas[sel] / s, pred[sel] / s, color=colours[h], s=40, edgecolors="k", linewidths=0.4,
+                           zorder=3)
+        both = np.concatenate([meas, pred]) / s
+        lo, hi = both[both > 0].min() / 1.5, both.max() * 1.5
+        xs = np.geomspace(lo, hi, 50)
+        ax.plot(xs, xs, "k-", lw=1)
+        ax.fill_between(xs, xs * 0.75, xs * 1.25, color="grey", alpha=0.15)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        _log_axis(ax, "x", [lo, hi])
+        _log_axis(ax, "y", [lo, hi])
+        ax.set_xlabel(f"measured {label_of(m, u)}")
+        ax.set_ylabel(f"predicted ({u})" if u else "predicted")
+        ax.set_title(words, fontsize="medium")
+        record["panels"].append({"metric": m, "unit": u, "scale": s, "x_label": ax.get_xlabel(),
+                                 "y_label": ax.get_ylabel(), "ids": [r["id"] for r in rs],
+                                 "measured": (meas / s).tolist(), "predicted": (pred / s).tolist(),
+                                 "x_ticks": _tick_labels(ax.xaxis)})
+    ax = axes[-1]
+    ratio = np.array([r["predicted"] / r["measured"] for r in rows], float)
+    order = np.argsort(ratio)
+    ax.bar(range(len(order)), ratio[order], bottom=0, color=["#c44e52" if abs(ratio[i] - 1) > 0.25 else "#4c72b0"
+                                                             for i in order])
+    ax.set_xticks(range(len(order)), [f"{rows[i]['id']} {words_of(rows[i]['metric'])}" for i in order],
+                  rotation=90, fontsize=6.5 if len(order) > 40 else 7.5)
+    ax.set_xlim(-0.7, len(order) - 0.3)
+    ax.axhline(1, color="k", lw=1)
+    for v in (0.75, 1.25):
+        ax.axhline(v, color="grey", ls="--", lw=0.8)
+    if len(ratio) and (ratio.min() < 0.5 or ratio.max() > 2):
+        _log_axis(ax, "y", np.concatenate([ratio, [0.7, 1.3]]))
+    else:
+        ax.set_ylim(0.0, max(1.4, float(ratio.max()) * 1.05) if len(ratio) else 1.4)
+    ax.set_ylabel("predicted / measured")
+    ax.set_title("every row, by predicted / measured (red: off by more than 25 %; dashed: ±25 %)",
+                 fontsize="medium")
+    fig.legend(handles=[Line2D([], [], ls="", marker="o", color=colours[h], markeredgecolor="k", label=h)
+                        for h in hardware] + [Line2D([], [], color="k", label="predicted = measured")],
+               loc="outside lower center", fontsize="small", ncols=min(6, len(hardware) + 1))
+    fig.suptitle(title, fontsize="medium")
+    _save(fig, path)
+    record["ratio_ids"] = [rows[i]["id"] for i in order]
     return record
 
 
@@ -380,19 +843,16 @@ def compare_plot(path: Path, rows: list[dict]) -> dict:
     the memory footprint against capacity; hatched bars do not fit."""
     metrics = ["ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
                "output_tokens_per_s_per_device", "peak_memory_bytes"]
-    import seaborn as sns
-    from matplotlib.figure import Figure
-    sns.set_theme(style="whitegrid", context="notebook")
-    fig = Figure(figsize=(4.2 * 3, 3.6 * 2), layout="constrained")
-    axes = fig.subplots(2, 3).ravel()
+    fig, axes = _figure(ncols=3, nrows=2, width=4.2, height=3.6)
     names = [r["hardware"] for r in rows]
-    pal = sns.color_palette("deep", len(rows))
+    pal = _palette(len(rows))
     xs = np.arange(len(rows))
-    labels = {}
+    labels, units = {}, {}
     for ax, m in zip(axes, metrics):
-        s, _, _ = unit_of(m)
-        v = np.array([r[m] for r in rows], float) / s
-        bars = ax.bar(xs, v, color=pal)
+        raw = np.array([r[m] for r in rows], float)
+        s, u, _ = axis_unit(m, raw if m != "peak_memory_bytes" else
+                            np.concatenate([raw, [r["capacity_bytes"] for r in rows]]))
+        bars = ax.bar(xs, raw / s, color=pal)
         for b, r in zip(bars, rows):
             if not r["fits"]:
                 b.set_hatch("//")
@@ -402,11 +862,11 @@ def compare_plot(path: Path, rows: list[dict]) -> dict:
             ax.scatter(xs, cap, marker="_", s=600, color="k", zorder=3, label="capacity per device")
             ax.legend(fontsize="x-small", loc="best")
         ax.set_xticks(xs, names, rotation=25, ha="right", fontsize="small")
-        ax.set_ylabel(label_of(m))
-        labels[m] = ax.get_ylabel()
+        ax.set_ylabel(label_of(m, u))
+        labels[m], units[m] = ax.get_ylabel(), u
     first = rows[0]
     fig.suptitle(f"{first['model']}: batch {first['batch']}, prompt {first['prompt_len']}, "
                  f"generate {first['gen_len']}, {first['weights']}/{first['activations']}/{first['kv']}"
                  " (hatched: does not fit)", fontsize="medium")
     _save(fig, path)
-    return {"kind": "compare", "hardware": names, "metrics": metrics, "y_labels": labels}
+    return {"kind": "compare", "hardware": names, "metrics": metrics, "y_labels": labels, "y_units": units}

@@ -6,9 +6,12 @@ whole table: a run may hold 10^6+ rows) and ``best.json`` (the best feasible des
 objective with its per-operator tables, written by the run; ``dse.explore.best``), from
 which it names bottlenecks, and writes:
 
-- ``summary.md``: the study, points evaluated, feasible and infeasible counts (by
-  reason), the Pareto-front size, the best design per objective with its metrics and
-  bottleneck, and up to 10 Pareto designs spread over the front;
+- ``summary.md``: the study and its question, points evaluated, feasible and infeasible
+  counts (by reason), the Pareto-front size, the best design per objective with its metrics
+  and bottleneck, up to 10 Pareto designs spread over the front, the plots and how to
+  reproduce the run (the command, the dse version, the study file's SHA-256);
+- ``report.html``: the same document (``dse.present.document``) as one self-contained
+  page, the plots embedded and up to ``FRONT_ROWS`` Pareto designs listed;
 - ``pareto_<x>.png``: a throughput objective against a hardware figure (memory
   bandwidth, peak compute, memory capacity, cost), feasible points as a background
   sample (at most 20,000, fixed seed) and the Pareto rows highlighted; with exactly two
@@ -26,17 +29,26 @@ imported when a report is written.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import math
+import shlex
 from pathlib import Path
 
 import numpy as np
 
 from basis.errors import DseError
 from basis.files import write_text_atomic
+from basis.shipped import shipped
+from basis.units import axis_scale
 from dse.explore.best import BEST_FILE
 from dse.explore.runio import ResultsFile
 from dse.present.bottleneck import bottleneck
+from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
+from dse.present.document import (HTML, MARKDOWN, Bullets, Code, Document, Figure, Figures, Section, Table, html_page,
+                                  markdown)
+from dse.present.plots import THROUGHPUT, breakdown_plot, human, pareto_plot, roofline_plot, sweep_plot, words_of
 from dse.system.analysis import Analysis
 from dse.system.reasons import describe
 
@@ -45,6 +57,8 @@ HARDWARE_AXES = ("memory_bandwidth", "memory_capacity", "cost_usd")      # and e
 #: at most this many feasible points are drawn as the background of a scatter plot
 BACKGROUND_SAMPLE = 20_000
 SEED = 0
+#: categorical parameters shown by colour, marker and panel in Pareto plots: at most this many values each
+CATEGORY_LIMITS = {"hue": 20, "style": 10, "facet": 4}
 
 # --------------------------------------------------------------------------- the report
 
@@ -69,16 +83,34 @@ def _varied(spec, names) -> list[str]:
     return out
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = [[str(c).replace("|", "\\|") for c in r] for r in [header] + rows]
-    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
-    return "\n".join(lines)
-
-
 _SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
                     "output_tokens_per_s_per_device", "memory_bytes", "weights_bytes", "kv_cache_bytes",
                     "devices", "power_w", "cost_usd")
+
+
+#: the note of a skipped cost plot
+_NO_PRICE = "no cost plot: no preset in this study has price_usd (configs/hardware/*.yaml), so no design has a cost"
+
+
+def _categorical(col) -> bool:
+    """Whether a results column holds names or flags (a format, the hardware), not numbers."""
+    return str(col.dtype) in ("category", "object", "bool", "string", "str")
+
+
+def _categories(df, varied: list[str]) -> dict:
+    """The categorical parameters a study varies, as Pareto-plot encodings: the one with
+    the most values (at most ``CATEGORY_LIMITS['hue']``) as colour, the next as marker,
+    the next as one panel per value (quant-roofline: colour weights, marker KV format,
+    panels activations)."""
+    cats = sorted((v for v in varied if v in df and _categorical(df[v]) and df[v].nunique() >= 2),
+                  key=lambda v: -df[v].nunique())
+    out = {}
+    for role in ("hue", "style", "facet"):
+        pick = next((v for v in cats if v not in out.values() and df[v].nunique() <= CATEGORY_LIMITS[role]), None)
+        if pick is None:
+            break
+        out[role] = pick
+    return out
 
 
 def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
@@ -86,8 +118,6 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     results.parquet); return the files written. ``front``: the Pareto rows (their
     ``point`` ids are highlighted), by default read from pareto.csv."""
     import pandas as pd
-
-    from dse.present.plots import THROUGHPUT, breakdown_plot, human, label_of, pareto_plot, roofline_plot, sweep_plot
 
     out = Path(out_dir)
     res = ResultsFile(out / "results.parquet")
@@ -167,12 +197,26 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     if not pairs and len(objectives) > 2:      # no hardware figure varies: the first objective against the others
         y0 = thr[0] if thr else first
         pairs += [(o, y0) for o in objectives if o != y0 and usable(o) and y0 in df]
+    encode = _categories(df, varied)
+    if n_feas and thr and "cost_usd" in df and not usable("cost_usd"):
+        plots["pareto_cost_usd.png"] = {"kind": "pareto", "x": "cost_usd", "y": thr[0],
+                                        "skipped": _NO_PRICE if not np.isfinite(df["cost_usd"].to_numpy(float)).any()
+                                        else "no cost plot: every design with a cost has the same cost"}
     for x, y in pairs if n_feas else []:
         fname = f"pareto_{x}.png" if (not thr or y == thr[0]) else f"pareto_{y}_vs_{x}.png"   # x: the figure bought
         if fname in plots:
             fname = f"pareto_{y}_vs_{x}.png"
-        plots[fname] = pareto_plot(out / fname, background, front_df, x, y, objectives,
-                                   title=f"{name}: {label_of(y).split(' (')[0]} vs {label_of(x).split(' (')[0]}")
+        bg, note = background, ""
+        if x == "cost_usd":            # presets without price_usd have no cost: draw the designs that have one
+            priced = np.isfinite(background["cost_usd"].to_numpy(float))
+            if not priced.all():
+                bg = background[priced]
+                hw = sorted(map(str, pd.unique(bg["hardware"]))) if "hardware" in bg else []
+                note = (f"only designs with a cost drawn ({len(bg):,} of {len(background):,} feasible shown): "
+                        f"presets with price_usd: {', '.join(hw) or 'none'}")
+        rec = pareto_plot(out / fname, bg, front_df, x, y, objectives, title=f"{name}: {words_of(y)} vs {words_of(x)}",
+                          note=note, **encode)
+        plots[fname] = rec
         written.append(out / fname)
 
     # ---- b. roofline of the best design of the first objective
@@ -211,19 +255,30 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     base = full.get(p0) if p0 is not None else None
 
     def sweep_slice(x: str):
-        """(rows with every other varied parameter at the base design's value, hue, fixed
-        values): a categorical parameter with at most 8 values stays free as the hue.
-        Sampled spaces rarely share values: with fewer than 2 values of ``x`` left, the
-        rows are the best feasible design (first objective) per value of ``x``."""
+        """(rows with every other varied parameter fixed, hue, fixed values, mode): a
+        categorical parameter with at most 8 values stays free as the hue (one line per
+        value). The others are fixed at the values under which the most values of ``x``
+        have a feasible design — of those, the values closest to the base design (most
+        parameters equal) — so the swept axis is covered, not cut to the one column the
+        base design's batch fits. Sampled spaces rarely share values: with fewer than 2
+        values of ``x`` left, the rows are the best feasible design (first objective) per
+        value of ``x``."""
         others = [v for v in varied if v != x]
-        hue = next((v for v in others if str(df[v].dtype) in ("category", "object", "bool")
-                    and df[v].nunique() <= 8), None)
+        hue = next((v for v in others if _categorical(df[v]) and 2 <= df[v].nunique() <= 8), None)
+        cols = [v for v in others if v != hue]
+        fixed = {v: base[v] for v in cols}
+        if cols and n_feas:
+            cover = df[feas].groupby(cols, observed=True, sort=False)[x].nunique()
+            cand = cover[cover == cover.max()].index.to_frame(index=False)
+            same = sum((cand[v] == base[v]).to_numpy(int) for v in cols)
+            far = sum(np.abs(np.log(cand[v].to_numpy(float) / float(base[v]))) for v in cols
+                      if pd.api.types.is_numeric_dtype(cand[v]) and float(base[v]) > 0)
+            pick = cand.iloc[int(np.lexsort((far + np.zeros(len(cand)), -same))[0])]   # most equal, then nearest
+            fixed = {v: pick[v].item() if hasattr(pick[v], "item") else pick[v] for v in cols}
         mask = np.ones(len(df), dtype=bool)
-        for v in others:
-            if v != hue:
-                mask &= (df[v] == base[v]).to_numpy(bool)
+        for v in cols:
+            mask &= (df[v] == fixed[v]).to_numpy(bool)
         sub = df[mask]
-        fixed = {v: base[v] for v in others if v != hue}
         if sub[x].nunique() >= 2:
             return sub, hue, fixed, "slice"
         f = df[feas]
@@ -261,8 +316,8 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         panels, fixed_all, modes = [], {}, []
         for x in seq:
             sub, hue, fixed, mode = sweep_slice(x)
-            panels.append({"data": sub, "x": x, "ys": ["ttft_s", "tpot_s", "e2e_latency_s"], "hue": hue,
-                           "shared_y": "time (s)", "log_y": True})
+            panels.append({"data": sub, "x": x, "hue": hue, "log_y": True,
+                           "ys": ["ttft_s", "tpot_s", "e2e_latency_s"] if len(seq) == 1 else ["ttft_s", "tpot_s"]})
             fixed_all.update({k: v for k, v in fixed.items() if k not in seq})
             modes.append(mode)
         rec = sweep_plot(out / "sweep_seq.png", panels,
@@ -271,74 +326,190 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         plots["sweep_seq.png"] = rec
         written.append(out / "sweep_seq.png")
 
-    # ---- summary.md
-    lines = [f"# {name}", ""]
-    desc = str(study.get("description") or "").strip()
-    if desc:
-        lines += [desc, ""]
-    n = res.rows
-    lines += [f"- Points evaluated: {n:,} ({spec.method}{', ideal roofline' if spec.ideal else ''})",
-              f"- Feasible: {n_feas:,} ({100 * n_feas / n:.1f} %)" if n else "- Feasible: 0",
-              f"- Infeasible: {n - n_feas:,}",
-              f"- Pareto front: {len(front_pos):,} designs"
-              + (f" over {', '.join(f'{k} ({v})' for k, v in objectives.items())}" if objectives else "")]
-    if spec.constraints:
-        lines.append("- Constraints: " + ", ".join(f"{k} {'≥' if s == 'min' else '≤'} {human(k, v)}"
-                                                   for k, b in spec.constraints.items() for s, v in b.items()))
-    reasons = res.reasons() if n - n_feas else []
-    if reasons:
-        lines += ["", "## Infeasible points by reason", "",
-                  _md_table(["reason", "points", "share of all"],
-                            [[describe(r), f"{c:,}", f"{100 * c / n:.1f} %"] for r, c in reasons[:8]])]
-        if len(reasons) > 8:
-            lines.append(f"\n… and {len(reasons) - 8} more reasons.")
-    if objectives:
-        varied = [a.name for a in spec.space.axes if len(a.values) != 1 and a.name not in objectives]
-        lines += ["", "## Best feasible design per objective", "",
-                  _md_table(["objective", "sense", "best", "value (SI)", key, "hardware", *varied],
-                            [[k, v, human(k, full[best[k]][k]) if best[k] is not None else "-",
-                              f"{float(full[best[k]][k]):.6g}" if best[k] is not None else "-",
-                              str(int(df['point'].iat[best[k]])) if best[k] is not None else "-",
-                              str(full[best[k]]["hardware"]) if best[k] is not None else "-",
-                              *[human(c, full[best[k]][c]) if best[k] is not None and c in full[best[k]] else "-"
-                                for c in varied]]
-                             for k, v in objectives.items()])]
-        for k, v in objectives.items():
-            p = best[k]
-            lines += ["", f"### {k} ({v}imize)", ""]
-            if p is None:
-                lines.append("No feasible design." if k in df else f"`{k}` is not a column of the results.")
-                continue
-            row = full[p]
-            lines.append(f"Best: **{human(k, row[k])}** at {key} {int(df['point'].iat[p])}.")
-            lines.append("")
-            lines.append("Parameters: " + ", ".join(f"{c} {human(c, row[c])}" for c in spec.space.names if c in row))
-            lines.append("")
-            lines.append("Metrics: " + ", ".join(f"{m} {human(m, row[m])}" for m in _SUMMARY_METRICS
-                                                  if m in row and row[m] is not None))
-            an = analyses[p]
-            lines.append("")
-            lines.append(f"Bottleneck — decode: {bottleneck(an.decode)['text']}; "
-                         f"prefill: {bottleneck(an.prefill)['text']}.")
-    if len(front_pos):
-        shown = _spread(np.asarray(front_pos), df, first, objectives.get(first, "max"))
-        rows = res.rows_at(shown)
-        cols = [key] + [c for c in varied if c not in objectives] + list(objectives)
-        cols += [m for m in ("output_tokens_per_s", "tpot_s", "ttft_s") if m not in cols]
-        cols = [c for c in cols if c in res.names]
-        lines += ["", f"## Pareto designs ({len(rows)} of {len(front_pos):,}, spread along {first})", "",
-                  _md_table([c if c == key else label_of(c) for c in cols],
-                            [[str(r[c]) if c == key else human(c, r[c], unit=False) for c in cols]
-                             for r in rows])]
+    # ---- summary.md and report.html: one document, two renderings
     for rec in plots.values():
         rec["id"] = key          # the column naming the highlighted and analyzed designs
-    if plots:
-        lines += ["", "## Plots", ""] + [f"- [{f}]({f}): {_describe(rec)}" for f, rec in plots.items()]
-    write_text_atomic(out / "summary.md", "\n".join(lines) + "\n")
-    written.insert(0, out / "summary.md")
+    doc = _document(out, name, study, spec, res, df, key=key, objectives=objectives, best=best, full=full,
+                    analyses=analyses, front_pos=np.asarray(front_pos), n_feas=n_feas, plots=plots,
+                    varied=varied)
+    write_text_atomic(out / "summary.md", markdown(doc))
+    write_text_atomic(out / REPORT_HTML, html_page(doc, out))
+    written[:0] = [out / "summary.md", out / REPORT_HTML]
     write_text_atomic(out / "plots.json", json.dumps(_clean(plots), separators=(",", ":")))
     written.append(out / "plots.json")
     return written
+
+
+#: the page of a run, next to summary.md: self-contained (plots embedded), for a browser
+REPORT_HTML = "report.html"
+#: the distribution whose version a report names (``pip install dse-llm``)
+DISTRIBUTION = "dse-llm"
+#: at most this many Pareto designs are listed in report.html (summary.md lists 10)
+FRONT_ROWS = 1_000
+#: at most this many infeasibility reasons are listed, most frequent first
+REASON_ROWS = 8
+
+
+def _value_text(name: str, value) -> str:
+    """One value of ``name`` in its own unit (``quantity_text``); numpy scalars as Python
+    ones, NaN as '-'."""
+    v = value.item() if hasattr(value, "item") else value
+    if isinstance(v, float) and math.isnan(v):
+        return "-"
+    return quantity_text(name, v)
+
+
+def _column_unit(name: str) -> tuple[float, str] | None:
+    """(divide by, unit) of a table column of ``name``: one scale for the whole column
+    (``basis.units.AXIS``; tokens/s as they are); None for names, flags and counts."""
+    kind = kind_of(name)
+    if kind == TOKENS_PER_S:
+        return 1.0, "tokens/s"
+    if kind is None:
+        return None
+    scale, unit = axis_scale(kind)
+    if kind == "ops_per_s":
+        unit = unit.removesuffix("FLOP/s") + ops_unit(name.removeprefix("peak_"))
+    return scale, unit
+
+
+def _columns_table(cols: list[str], rows: list[dict], key: str, table_id: str = "", only: str | None = None,
+                   caption: str = "") -> Table:
+    """Rows of results (dicts) as a table of ``cols``; a quantity's unit in its header,
+    the same scale down its column."""
+    units = {c: _column_unit(c) for c in cols}
+    header = [c if units[c] is None else f"{c} ({units[c][1]})" for c in cols]
+
+    def cell(c, v):
+        if c == key or units[c] is None or v is None or isinstance(v, (str, bool)):
+            return _value_text(c, v) if c != key else str(v)
+        return fixed_text(v, units[c][0])
+    return Table(header, [[cell(c, r.get(c)) for c in cols] for r in rows], id=table_id, caption=caption, only=only)
+
+
+def _version() -> str:
+    """The installed version of dse ('unknown' when it runs from an uninstalled checkout)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _reproduce(spec, out: Path, name: str) -> Section:
+    """How to run this study again: the command (a shipped study by its name, another by
+    its file), the dse version and the SHA-256 of the study file."""
+    study_file = Path(spec.where)
+    facts = [f"dse ({DISTRIBUTION}) {_version()}"]
+    if study_file.is_file():
+        mine = shipped("studies", f"{study_file.stem}.yaml")
+        arg = study_file.stem if mine.is_file() and mine.resolve() == study_file.resolve() else str(study_file)
+        facts.append(f"study file `{study_file}`, SHA-256 `{hashlib.sha256(study_file.read_bytes()).hexdigest()}`")
+    else:
+        arg = name
+    cmd = ["dse", "run", arg, "--out", str(out)]
+    if spec.method != "grid":
+        cmd += ["--seed", str(spec.seed)]
+    if spec.method == "optuna":
+        cmd += ["--trials", str(spec.trials)]
+    return Section("How to reproduce", ["The same study, with the same settings, into the same folder:",
+                                        Code(shlex.join(cmd)), Bullets(facts)], id="reproduce")
+
+
+def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, key: str, objectives: dict,
+              best: dict, full: dict, analyses: dict, front_pos: np.ndarray, n_feas: int, plots: dict,
+              varied: list[str]) -> Document:
+    """The report of a run as a document (``summary.md`` and ``report.html`` render it):
+    the study and its question, counts, infeasible points by reason, the best design per
+    objective with its bottleneck, the Pareto front, the plots and how to reproduce it.
+    ``best``/``full``/``analyses``: per objective the position of its best design, and per
+    position its stored row and analysis (``best.json``); ``front_pos``: positions of the
+    Pareto designs in ``df`` (rows of results.parquet); ``varied``: the parameters varied."""
+    n = res.rows
+    first = next(iter(objectives), None)
+    intro = []
+    desc = str(study.get("description") or "").strip()
+    if desc:
+        intro.append(desc)
+    facts = [f"Points evaluated: {n:,} ({spec.method}{', ideal roofline' if spec.ideal else ''})",
+             f"Feasible: {n_feas:,} ({100 * n_feas / n:.1f} %)" if n else "Feasible: 0",
+             f"Infeasible: {n - n_feas:,}",
+             f"Pareto front: {len(front_pos):,} designs"
+             + (f" over {', '.join(f'{k} ({v})' for k, v in objectives.items())}" if objectives else "")]
+    if spec.constraints:
+        facts.append("Constraints: " + ", ".join(f"{k} {'≥' if s == 'min' else '≤'} {_value_text(k, v)}"
+                                                 for k, b in spec.constraints.items() for s, v in b.items()))
+    sections = [Section("", intro + [Bullets(facts)])]
+
+    reasons = res.reasons() if n - n_feas else []
+    if reasons:
+        blocks = [Table(["reason", "points", "share of all"],
+                        [[describe(r), f"{c:,}", f"{100 * c / n:.1f} %"] for r, c in reasons[:REASON_ROWS]],
+                        id="infeasible-reasons")]
+        if len(reasons) > REASON_ROWS:
+            blocks.append(f"… and {len(reasons) - REASON_ROWS} more reasons.")
+        sections.append(Section("Infeasible points by reason", blocks, id="infeasible"))
+
+    if objectives:
+        # hardware has its own column, whether it varies or not
+        params = [c for c in varied if c not in objectives and c not in ("hardware", key)]
+
+        def ident(p):
+            return str(int(df["point"].iat[p]))
+        rows = []
+        for k, v in objectives.items():
+            p = best[k]
+            if p is None:
+                rows.append([k, v] + ["-"] * (4 + len(params)))
+                continue
+            row = full[p]
+            rows.append([k, v, _value_text(k, row[k]), f"{float(row[k]):.6g}", ident(p), str(row["hardware"]),
+                         *[_value_text(c, row[c]) if c in row else "-" for c in params]])
+        sections.append(Section("Best feasible design per objective",
+                                [Table(["objective", "sense", "best", "value (SI)", key, "hardware", *params], rows,
+                                       id="best-designs")], id="best"))
+        for k, v in objectives.items():
+            p = best[k]
+            s = Section(f"{k} ({v}imize)", level=3, id=f"best-{k}")
+            sections.append(s)
+            if p is None:
+                s.blocks.append("No feasible design." if k in df else f"`{k}` is not a column of the results.")
+                continue
+            row, an = full[p], analyses[p]
+            s.blocks += [f"Best: **{_value_text(k, row[k])}** at {key} {ident(p)}.",
+                         "Parameters: " + ", ".join(f"{c} {_value_text(c, row[c])}" for c in spec.space.names
+                                                    if c in row),
+                         "Metrics: " + ", ".join(f"{m} {_value_text(m, row[m])}" for m in _SUMMARY_METRICS
+                                                 if m in row and row[m] is not None),
+                         f"Bottleneck — decode: {bottleneck(an.decode)['text']}; "
+                         f"prefill: {bottleneck(an.prefill)['text']}."]
+
+        fronts = [Figure(f, _describe(rec)) for f, rec in plots.items()
+                  if rec.get("kind") == "pareto" and "skipped" not in rec]
+        blocks = [f"{len(front_pos):,} feasible designs that no other design beats on every objective "
+                  f"({', '.join(f'{k} {v}' for k, v in objectives.items())})."]
+        blocks += [f"{f}: {rec['skipped']}." for f, rec in plots.items() if "skipped" in rec]
+        if fronts:
+            blocks.append(Figures(fronts))
+        if len(front_pos):
+            cols = [key] + params + [o for o in objectives if o not in params]
+            cols += [m for m in ("output_tokens_per_s", "tpot_s", "ttft_s") if m not in cols]
+            cols = [c for c in cols if c in res.names]
+            sense = objectives.get(first, "max")
+            shown = _spread(front_pos, df, first, sense)
+            listed = _spread(front_pos, df, first, sense, k=FRONT_ROWS)
+            for rows_shown, where, table_id in ((shown, MARKDOWN, ""), (listed, HTML, "pareto-front")):
+                caption = (f"All {len(front_pos):,} designs" if len(rows_shown) == len(front_pos) else
+                           f"{len(rows_shown):,} of {len(front_pos):,} designs, spread along {first}")
+                blocks.append(_columns_table(cols, res.rows_at(rows_shown), key, table_id=table_id, only=where,
+                                             caption=caption + f", best {first} first:"))
+        sections.append(Section("Pareto front", blocks, id="pareto"))
+
+    others = [Figure(f, _describe(rec)) for f, rec in plots.items()
+              if rec.get("kind") != "pareto" and "skipped" not in rec]
+    if others:
+        sections.append(Section("Plots", [Figures(others)], id="plots"))
+    sections.append(_reproduce(spec, out, name))
+    return Document(name, sections)
 
 
 def _describe(rec: dict) -> str:

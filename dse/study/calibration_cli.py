@@ -1,41 +1,65 @@
 """``validate`` and ``calibrate`` subcommands of ``python -m dse.study``.
 
 Both import scipy, matplotlib and seaborn only when they run, so the ``analyze`` path
-stays light.
+stays light. Both show progress with the time left on stderr (tqdm) when stderr is a
+terminal (``--progress``: always; ``--quiet``: never); stdout carries only the report.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from dse.core.efficiency import CALIBRATION_ENV, calibration_file
 from dse.fit import calibrate as C
 from dse.fit import validate as V
+from dse.present import display
 
 
-def add_parsers(sub) -> None:
-    """Add the two subcommands to the CLI's subparsers."""
-    v = sub.add_parser("validate", help="predict measured results (CSV) and report the error")
+def add_parsers(command) -> None:
+    """Add the two subcommands; ``command(name, text)`` makes a subparser (with its examples)."""
+    v = command("validate", "predict measured results (CSV) and report the error")
     v.add_argument("--measured", default=None,
                    help="measured-results CSV (default: the measured results dse ships, "
                         "data/measured_calibration.csv, on which the shipped calibration was fitted)")
     v.add_argument("--out", default="runs/validate",
-                   help="folder for validation.csv, summary.md and predicted_vs_measured.png (default runs/validate)")
+                   help="folder for validation.csv, summary.md and predicted_vs_measured.png")
     v.add_argument("--ideal", action="store_true",
                    help="predict with the pure roofline bound and check that no measurement beats it")
-    c = sub.add_parser("calibrate", help="fit the efficiency parameters to measured results")
-    c.add_argument("--measured", default=None, help="measured-results CSV (default as for validate)")
+    _progress_args(v)
+    c = command("calibrate", "fit the efficiency parameters to measured results")
+    c.add_argument("--measured", default=None, help="measured-results CSV (default: as for validate)")
     c.add_argument("--out", default=None, metavar="FILE",
-                   help=f"calibration file to write (default {C.DEFAULT_OUT}); every command uses it when "
+                   help=f"calibration file to write (default: {C.DEFAULT_OUT}); every command uses it when "
                         f"{CALIBRATION_ENV}=FILE is set (in a checkout, --out configs/calibration.yaml replaces "
                         "the shipped default)")
     c.add_argument("--no-cross-validation", action="store_true",
-                   help="skip the leave-one-hardware-out and leave-one-model-out fits")
+                   help="skip the leave-one-hardware-out and leave-one-model-out fits (default: run them)")
+    _progress_args(c)
+
+
+def _progress_args(p) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    p.add_argument("--progress", action="store_true",
+                   help="progress on stderr even when it is not a terminal (default: only on a terminal)")
+
+
+def progress_bar(args, what: str, total: int = 1):
+    """A tqdm progress bar of ``total`` steps with the time left on stderr: shown on a terminal or
+    with ``--progress``, never with ``--quiet``. The work may set its total (``reset(total=n)``)."""
+    from tqdm import tqdm  # an Optuna dependency; imported when validate or calibrate runs
+
+    shown = not args.quiet and (args.progress or sys.stderr.isatty())
+    return tqdm(desc=what, total=total, file=sys.stderr, disable=not shown, unit="step", dynamic_ncols=True,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit}s "
+                           "[{elapsed} elapsed, {remaining} left]")
 
 
 def cmd_validate(args) -> int:
-
-    res = V.validate(args.measured, ideal=args.ideal)
-    stats = V.summarize(res.rows)
+    with progress_bar(args, "validate", V.VALIDATE_STEPS + 1) as bar:
+        res = V.validate(args.measured, ideal=args.ideal, progress=bar)
+        stats = V.summarize(res.rows)
+        paths = V.write_outputs(res, Path(args.out), stats)
+        bar.update(1)
     print(V.report_text(res, stats))
     if args.ideal:
         bad = V.bound_violations(res.rows)
@@ -43,12 +67,12 @@ def cmd_validate(args) -> int:
         if bad:
             print(f"Ideal bound broken by {len(bad)} row(s) (a bug in the model or in the row):")
             for r in bad:
-                print(f"  {r['id']} (line {r['line']}) {r['metric']}: measured {r['measured']:.4g}, "
-                      f"bound {r['predicted']:.4g}")
+                print(f"  {r['id']} (line {r['line']}) {r['metric']}: measured "
+                      f"{display.quantity_text(r['metric'], r['measured'])}, bound "
+                      f"{display.quantity_text(r['metric'], r['predicted'])}")
         else:
             print(f"Ideal bound holds: every measured throughput is at or below it and every measured latency "
                   f"at or above it ({len(res.rows)} rows)")
-    paths = V.write_outputs(res, Path(args.out), stats)
     print()
     for k, p in paths.items():
         print(f"  {k + ':':9s}{p}")
@@ -56,10 +80,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-
-    cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation)
+    with progress_bar(args, "calibrate") as bar:
+        cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar)
+        bar.set_description("calibrate (validating the new calibration)")
+        res = V.validate(cal.measured, calibration=cal.out)
     print(C.report_text(cal))
-    res = V.validate(cal.measured, calibration=cal.out)
     s = V.summarize(res.rows)["overall"]
     print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
           f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")

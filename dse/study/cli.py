@@ -17,6 +17,7 @@ import numpy as np
 
 from basis.errors import DseError
 from basis.files import output_folder
+from basis.units import axis_scale
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -24,7 +25,7 @@ from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import ROW_KEYS, analyze_point
 from dse.system.evaluator import evaluate
-from dse.system.params import MAX_COUNT
+from dse.system.params import DEFAULTS, MAX_COUNT
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import FORMATS
 from hwmodels.links import available_links, load_link
@@ -36,7 +37,23 @@ from workloads.model import available_models, load_model
 PROG = "python -m dse.study"
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that states every option's default ('(default: 512)', '(default: off)') unless its
+    text already does, and keeps the example lines of an epilog as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if not action.option_strings or "default" in text or d is None or d is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {('on' if d else 'off') if isinstance(d, bool) else d})"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", _Help)
+        super().__init__(*a, **kw)
+
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
             message = "choose a command: analyze, compare, run, validate, calibrate, list, show (see --help)"
@@ -78,67 +95,130 @@ def _batch(text: str):
 
 
 def _add_workload_args(p):
+    d = DEFAULTS
     p.add_argument("--model", required=True, help="model name (see 'list models') or path to a config.json")
     p.add_argument("--devices", type=_positive_int, default=None,
-                   help="devices (default tp x pp; alone, all of them tensor parallel)")
-    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree")
-    p.add_argument("--pp", type=_positive_int, default=None, help="pipeline-parallel stages")
-    p.add_argument("--ep", type=_positive_int, default=1,
+                   help="devices (default: tp x pp x ep; given alone, all of them tensor parallel)")
+    p.add_argument("--tp", type=_positive_int, default=None,
+                   help="tensor-parallel degree (default: devices / (pp x ep), else 1)")
+    p.add_argument("--pp", type=_positive_int, default=None, help="pipeline-parallel stages (default: 1)")
+    p.add_argument("--ep", type=_positive_int, default=d["ep"],
                    help="expert-parallel groups for MoE models (devices = tp x pp x ep)")
-    p.add_argument("--batch", type=_batch, default=1, help="sequences per batch, or 'max' (largest that fits)")
-    p.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
-    p.add_argument("--gen-len", type=_positive_int, default=128, help="generated tokens (default 128)")
-    p.add_argument("--max-context", type=_count, default=0,
-                   help="context limit in tokens for prompt + generation (default 0: the model's "
+    p.add_argument("--batch", type=_batch, default=d["batch"],
+                   help="sequences per batch, or 'max' (the largest that fits)")
+    p.add_argument("--prompt-len", type=_positive_int, default=d["prompt_len"], help="prompt tokens")
+    p.add_argument("--gen-len", type=_positive_int, default=d["gen_len"], help="generated tokens")
+    p.add_argument("--max-context", type=_count, default=d["max_context"],
+                   help="context limit in tokens for prompt + generation (default: 0, the model's "
                         "max_position_embeddings; larger serves a longer one with RoPE scaling)")
-    p.add_argument("--weights", default="fp16", help="weights format (see 'list formats')")
-    p.add_argument("--activations", default="fp16", help="activations format")
-    p.add_argument("--kv", default="fp16", help="KV-cache format")
-    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=False,
-                   help="one fused attention operator (default: off, separate qk/softmax/sv)")
-    p.add_argument("--ideal", action="store_true", help="pure roofline bound: efficiency 1, no overheads")
-    p.add_argument("--offload", default="none",
-                   help="none (default) | greedy | fractions on the host tier, e.g. weights=0.5,kv=0.2")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="host-tier transfers overlap compute (default) or add to it")
-    p.add_argument("--link", default=None, help="scale-up link preset replacing the device's (see 'list links')")
+    p.add_argument("--weights", default=d["weights"], help="weights format (see 'list formats')")
+    p.add_argument("--activations", default=d["activations"], help="activations format")
+    p.add_argument("--kv", default=d["kv"], help="KV-cache format")
+    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
+                   help="fused attention, one operator tiled in the on-chip buffer, as serving engines run it "
+                        "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "
+                        "without one, unfused with a note; --flash-attention there is an error; "
+                        "--no-flash-attention: separate qk, softmax and sv operators)")
+    p.add_argument("--ideal", action="store_true",
+                   help="pure roofline bound: efficiency 1, no overheads (default: off, the calibrated "
+                        "efficiency model)")
+    p.add_argument("--offload", default=d["offload"],
+                   help="none | greedy | fractions on the host tier, e.g. weights=0.5,kv=0.2")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d["overlap"],
+                   help="host-tier transfers overlap compute (--no-overlap: add to it)")
+    p.add_argument("--link", default=None,
+                   help="scale-up link preset replacing the device's (see 'list links'; default: the preset's)")
     p.add_argument("--host-tier", default=None,
-                   help="offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe)")
-    p.add_argument("--sparse", action="store_true", help="weight matmuls at the device's 2:4 sparse peaks")
-    p.add_argument("--cpu-layers", type=_count, default=0,
+                   help="offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe; "
+                        "default: the preset's host memory)")
+    p.add_argument("--sparse", action="store_true", default=d["sparse"],
+                   help="weight matmuls at the device's 2:4 sparse peaks")
+    p.add_argument("--cpu-layers", type=_count, default=d["cpu_layers"],
                    help="run this many layers on the host CPU (llama.cpp-style split)")
-    p.add_argument("--host-cpu", default=None, help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
+    p.add_argument("--host-cpu", default=None,
+                   help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
+
+
+#: example command lines of each subcommand (shown under its --help), and of the whole tool
+EXAMPLES = {
+    "analyze": ("dse analyze --model llama-3.1-8b --hardware h100-sxm --batch 16 --prompt-len 1024 --gen-len 256 "
+                "--weights fp8 --activations fp8 --kv fp8",
+                "dse analyze --model llama-3.1-405b --hardware h100-sxm --tp 8 --pp 2 --link ib-ndr --batch 8",
+                "dse analyze --model llama-2-70b --hardware h100-sxm --offload greedy --no-overlap",
+                "dse analyze --model llama-2-7b --hardware tpu-v5e --no-flash-attention --format json"),
+    "compare": ("dse compare --model llama-3.1-70b --hardware h100-sxm h200 b200 mi300x --devices 2 --weights fp8 "
+                "--activations fp8 --kv fp8",
+                "dse compare --model llama-2-7b --hardware h100-sxm l40s --batch max --plot compare.png",
+                "dse compare --model mixtral-8x7b --hardware h100-sxm mi300x --format csv"),
+    "run": ("dse run quant-roofline",
+            "dse run gpu-sweep-1m --out runs/gpu-sweep-1m --quiet",
+            "dse run gpu-pareto-optuna --workers 2 --trials 500",
+            "dse run my-study.yaml --overwrite"),
+    "list": ("dse list models", "dse list hardware", "dse list hardware --format names",
+             "dse list models --format csv > models.csv"),
+    "show": ("dse show hardware h100-sxm", "dse show model deepseek-v3",
+             "dse show study gpu-sweep-1m --format json"),
+    "validate": ("dse validate", "dse validate --ideal", "dse validate --measured my-measurements.csv --out runs/mine"),
+    "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
+                  "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
+}
+EXAMPLES["top"] = (EXAMPLES["analyze"][0], EXAMPLES["compare"][0], EXAMPLES["run"][0], "dse list hardware")
+
+
+def examples(command: str) -> str:
+    """The 'examples:' epilog of ``command`` ('top' for the whole tool)."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[command])
+
+
+#: what ``list`` prints for each kind of thing (``--format``): a table of key figures, the bare
+#: names (one a line, for scripts), or the same rows as JSON or CSV (SI units)
+LIST_FORMATS = ("table", "names", "json", "csv")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, description="Design-space exploration of LLM-inference hardware.")
+    ap = _Parser(prog=PROG, description="Design-space exploration of LLM-inference hardware "
+                 "(also installed as the command 'dse').", epilog=examples("top"))
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    a = sub.add_parser("analyze", help="per-operator roofline of a prefill and a decode step")
+
+    def command(name: str, text: str):
+        return sub.add_parser(name, help=text, description=text, epilog=examples(name))
+
+    a = command("analyze", "per-operator roofline of a prefill and a decode step")
     _add_workload_args(a)
     a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
-    a.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    r = sub.add_parser("run", help="run a study file: sweep a design space, write results and Pareto fronts")
+    a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
+    r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
-    r.add_argument("--out", default=None, help="output folder (default runs/<study name>); rerun to resume")
-    r.add_argument("--seed", type=_seed, default=None, help="override the study's seed (0 to 2**32 - 1)")
-    r.add_argument("--trials", type=_positive_int, default=None, help="override the study's trials (optuna)")
+    r.add_argument("--out", default=None,
+                   help="output folder (default: runs/<study name>); the same study run again resumes there")
+    r.add_argument("--overwrite", action="store_true",
+                   help="delete this run's own files in --out first (results, chunks, reports, Optuna journal) "
+                        "and run afresh, e.g. after changing the study")
+    r.add_argument("--seed", type=_seed, default=None,
+                   help="override the study's seed (0 to 2**32 - 1; default: the study's)")
+    r.add_argument("--trials", type=_positive_int, default=None,
+                   help="override the study's trials (optuna; default: the study's)")
     r.add_argument("--workers", type=_positive_int, default=1, help="worker processes on this machine (optuna)")
     r.add_argument("--storage", default=None,
                    help="SQLAlchemy URL of a shared study storage (optuna; default: a journal file in --out)")
-    r.add_argument("--quiet", action="store_true", help="no progress output")
-    c = sub.add_parser("compare", help="the same workload on several hardware presets, side by side")
+    r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    c = command("compare", "the same workload on several hardware presets, side by side")
     _add_workload_args(c)
     c.add_argument("--hardware", required=True, nargs="+",
                    help="hardware presets (see 'list hardware') or preset YAML paths")
-    c.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    c.add_argument("--plot", default=None, metavar="FILE.png", help="also draw the comparison as bar charts")
-    ls = sub.add_parser("list", help="list models, hardware, formats, links or studies")
-    ls.add_argument("what", choices=("models", "hardware", "formats", "links", "tiers", "studies"))
-    sh = sub.add_parser("show", help="show one hardware preset, model or study")
+    c.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
+    c.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw the comparison as bar charts (default: no plot)")
+    ls = command("list", "list models, hardware, formats, links, tiers or studies with their key figures")
+    ls.add_argument("what", choices=tuple(LISTS))
+    ls.add_argument("--format", choices=LIST_FORMATS, default="table",
+                    help="table of key figures, bare names (one a line), or json/csv rows in SI units")
+    sh = command("show", "show one hardware preset, model or study, every figure with its unit")
     sh.add_argument("what", choices=("hardware", "model", "study"))
     sh.add_argument("name")
-    sh.add_argument("--format", choices=("table", "json"), default="table")
-    calibration_cli.add_parsers(sub)
+    sh.add_argument("--format", choices=("table", "json"), default="table",
+                    help="table (units) or json (SI units)")
+    calibration_cli.add_parsers(command)
     return ap
 
 
@@ -151,18 +231,21 @@ FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "-
 
 
 def flagged(text: str) -> str:
-    """``text`` with column names written as the command-line flags that set them."""
-    return re.sub(r"\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
+    """``text`` with column names written as the command-line flags that set them (a name in
+    backquotes, such as a study key `flash_attention: false`, stays as it is)."""
+    return re.sub(r"(?<!`)\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
 
 def point_columns(args, hardware) -> dict:
-    """The columns of the design point the workload options of ``args`` describe on ``hardware``."""
+    """The columns of the design point the workload options of ``args`` describe on ``hardware``
+    (an option left at None is left out: the evaluator's default, e.g. FlashAttention on where the
+    hardware has an on-chip buffer)."""
     cols = {"model": args.model, "hardware": hardware, "batch": args.batch, "prompt_len": args.prompt_len,
             "gen_len": args.gen_len, "weights": args.weights, "activations": args.activations, "kv": args.kv,
-            "flash_attention": args.flash_attention, "ep": args.ep, "offload": args.offload,
+            "ep": args.ep, "offload": args.offload,
             "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers,
             "max_context": args.max_context}
-    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu"):
+    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)
     return cols
@@ -183,7 +266,7 @@ def cmd_analyze(args) -> int:
         print()
         print(display.csv_text([res.summary]), end="")
     else:
-        print(_table_report(res, display))
+        print(_table_report(res, display, args.flash_attention))
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
         print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
@@ -193,14 +276,25 @@ def cmd_analyze(args) -> int:
     return 0
 
 
-def _table_report(res, display) -> str:
-    si = display.si
+def flash_note(summary: dict, asked) -> str:
+    """How attention ran, for a headline: 'FlashAttention on', 'FlashAttention off', or (the
+    default on hardware without an on-chip buffer) 'FlashAttention off (... no on-chip buffer ...)'."""
+    if summary["flash_attention"]:
+        return "FlashAttention on"
+    if asked is None:
+        return (f"FlashAttention off ({summary['hardware']} has no on-chip buffer, onchip_buffer_bytes, to tile "
+                f"it in: unfused attention)")
+    return "FlashAttention off"
+
+
+def _table_report(res, display, asked_flash=None) -> str:
+    si, size = display.si, display.binary_bytes
     cols = [("name", "operator", str), ("count", "x", lambda v: f"{v:g}"), ("place", "on", str),
             ("compute_format", "format", str),
-            ("ops", "ops", si), ("weight_bytes", "weights B", si), ("act_bytes", "act B", si),
-            ("kv_bytes", "KV B", si), ("arithmetic_intensity", "ops/B", lambda v: f"{v:.3g}"),
+            ("ops", "ops", si), ("weight_bytes", "weights", size), ("act_bytes", "activations", size),
+            ("kv_bytes", "KV cache", size), ("arithmetic_intensity", "ops/byte", lambda v: f"{v:.3g}"),
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
-            ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f}%")]
+            ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f} %")]
     s = res.summary
     par = (f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']}" + (f" x EP {s['ep']}" if s["ep"] > 1 else "")
            + ")") if s["devices"] > 1 else ""
@@ -210,36 +304,38 @@ def _table_report(res, display) -> str:
     par += f", offload {s['offload']}" if s["offload"] != "none" else ""
     head = (f"{s['model']} on {s['hardware']}{par}: batch {s['batch']}, prompt {s['prompt_len']}, "
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
-            f"FlashAttention {'on' if s['flash_attention'] else 'off'}, {s['efficiency']} roofline")
+            f"{flash_note(s, asked_flash)}, {s['efficiency']} roofline")
+    words = ("place", "compute_format", "bound")
     out = [head, "", "Prefill (per device; rows are one instance, 'x' instances per step)",
-           display.text_table(res.prefill, cols), "",
+           display.text_table(res.prefill, cols, left=words), "",
            f"Decode step attending to {s['prompt_len']} cached tokens",
-           display.text_table(res.decode, cols), "", "Summary"]
-    fmt = {
-        "ttft_s": lambda v: si(v, "s"), "tpot_s": lambda v: si(v, "s"), "e2e_latency_s": lambda v: si(v, "s"),
-        "output_tokens_per_s": lambda v: f"{v:.4g} tokens/s", "output_tokens_per_s_per_user": lambda v: f"{v:.4g} tokens/s",
-        "output_tokens_per_s_per_device": lambda v: f"{v:.4g} tokens/s", "prefill_tokens_per_s": lambda v: f"{v:.4g} tokens/s",
-        "weights_bytes": display.binary_bytes, "kv_cache_bytes": display.binary_bytes,
-        "activation_bytes": display.binary_bytes, "peak_memory_bytes": display.binary_bytes,
-        "capacity_bytes": display.binary_bytes, "offloaded_bytes": display.binary_bytes,
-    }
+           display.text_table(res.decode, cols, left=words), "", "Summary"]
     for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "batch", "weights_bytes", "kv_cache_bytes",
-              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "chips_required",
-              "fits", "why"):
+              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "power_w", "cost_usd",
+              "chips_required", "fits", "why"):
         if k in s:
-            out.append(f"  {k:32s} {fmt.get(k, str)(s[k])}")
+            out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
     return "\n".join(out)
 
 
 def cmd_run(args) -> int:
-    from dse.explore.runio import RunLock  # pandas: only when a study runs
+    from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
 
     data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
+    if args.overwrite and args.storage:
+        raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
+                       "--storage (or delete that study there) instead")
     name = str(data.get("name") or Path(args.study).stem)
     out = output_folder(args.out or Path("runs") / name)
     signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops a run as Ctrl-C does: work done is kept
     with RunLock(out):
+        if args.overwrite:
+            gone = remove_run_files(out)
+            if gone and not args.quiet:
+                print(f"dse.study: --overwrite: deleted {len(gone)} file(s) of the earlier run in {out}",
+                      file=sys.stderr)
+        check_study(out, spec)              # a changed study is refused, naming what changed
         return _run_locked(args, data, spec, name, out)
 
 
@@ -257,7 +353,7 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet)
     dt = time.perf_counter() - t0
     if spec.method == "optuna":
-        counts = trial_counts(args.storage, out)
+        counts = trial_counts(args.storage, out, spec)
         what = f"{counts['complete']:,} trials complete of {spec.trials:,} asked ({spec.sampler})" + (
             f", {counts['rows']:,} evaluated in this folder" if counts["rows"] < counts["complete"] else "")
     else:
@@ -334,22 +430,90 @@ def _first_sentence(text: str, limit: int = 110) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
+def _model_rows() -> list[dict]:
+    rows = []
+    for n in available_models():
+        m = load_model(n)
+        rows.append({"name": n, "type": m.model_type, "parameters": int(parameter_count(m)),
+                     "active_parameters": int(active_parameter_count(m)), "layers": m.num_layers,
+                     "hidden_size": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+                     "experts": m.num_experts, "experts_per_token": m.experts_per_token,
+                     "max_context": m.max_position_embeddings})
+    return rows
+
+
+def _hardware_rows() -> list[dict]:
+    rows = []
+    for n in available_hardware():
+        d = load_device(n)
+        rows.append({"name": n, "class": d.device_class, "capacity_bytes": d.memory.capacity_bytes,
+                     "bandwidth_bytes_per_s": d.memory.bandwidth_bytes_per_s,
+                     "peak_fp16": d.peak_ops_per_s.get("fp16"), "peak_fp8": d.peak_ops_per_s.get("fp8"),
+                     "onchip_buffer_bytes": d.onchip_buffer_bytes or None, "tdp_w": d.tdp_w,
+                     "price_usd": d.price_usd})
+    return rows
+
+
+def _billions(v) -> str:
+    return display.fixed_text(v, 1e9, "B")
+
+
+def _count_or_dash(v) -> str:
+    return f"{int(v):,}" if v else "-"
+
+
+#: what ``list`` shows of each kind: (rows in SI units, table columns (key, header, formatter),
+#: keys of left-aligned columns)
+LISTS = {
+    "models": (_model_rows, [
+        ("name", "model", str), ("type", "type", str), ("parameters", "parameters", _billions),
+        ("active_parameters", "active", _billions), ("layers", "layers", _count_or_dash),
+        ("hidden_size", "hidden", _count_or_dash), ("heads", "heads", _count_or_dash),
+        ("kv_heads", "KV heads", _count_or_dash), ("experts", "experts", _count_or_dash),
+        ("experts_per_token", "top-k", _count_or_dash), ("max_context", "max context", _count_or_dash)],
+        ("name", "type")),
+    "hardware": (_hardware_rows, [
+        ("name", "hardware", str), ("class", "class", str),
+        ("capacity_bytes", "memory", lambda v: display.fixed_text(v, *axis_scale("bytes"))),
+        ("bandwidth_bytes_per_s", "bandwidth", lambda v: display.fixed_text(v, 1e12, "TB/s")),
+        ("peak_fp16", "fp16 peak", lambda v: display.fixed_text(v, 1e12, "TFLOP/s")),
+        ("peak_fp8", "fp8 peak", lambda v: display.fixed_text(v, 1e12, "TFLOP/s")),
+        ("onchip_buffer_bytes", "on-chip buffer", display.binary_bytes),
+        ("tdp_w", "TDP", lambda v: display.fixed_text(v, 1, "W")),
+        ("price_usd", "price", lambda v: "-" if v is None else f"${v:,.0f}")],
+        ("name", "class")),
+    "formats": (lambda: [{"name": f.name, "bits": f.bits, "compute": f.compute, "description": f.description}
+                         for f in FORMATS.values()],
+                [("name", "format", str), ("bits", "bits", lambda v: f"{v:.3g}"), ("compute", "computes as", str),
+                 ("description", "description", str)], ("name", "compute", "description")),
+    "links": (lambda: [{"name": n, "bandwidth_bytes_per_s": load_link(n).bandwidth_bytes_per_s,
+                        "latency_s": load_link(n).latency_s} for n in available_links()],
+              [("name", "link", str),
+               ("bandwidth_bytes_per_s", "bandwidth per direction", lambda v: display.fixed_text(v, 1e9, "GB/s")),
+               ("latency_s", "latency", lambda v: display.quantity_text("latency_s", v))], ("name",)),
+    "tiers": (lambda: [{"name": n, "capacity_bytes": load_tier(n).capacity_bytes,
+                        "bandwidth_bytes_per_s": load_tier(n).bandwidth_bytes_per_s,
+                        "latency_s": load_tier(n).latency_s} for n in available_tiers()],
+              [("name", "tier", str), ("capacity_bytes", "capacity", lambda v: display.fixed_text(v, *axis_scale("bytes"))),
+               ("bandwidth_bytes_per_s", "bandwidth", lambda v: display.fixed_text(v, 1e9, "GB/s")),
+               ("latency_s", "latency", lambda v: display.quantity_text("latency_s", v))], ("name",)),
+    "studies": (lambda: [{"name": n, "description": _first_sentence(str(load_study(n)[0].get("description", "")))}
+                         for n in available_studies()],
+                [("name", "study", str), ("description", "question", str)], ("name", "description")),
+}
+
+
 def cmd_list(args) -> int:
-    if args.what == "models":
-        names = available_models()
-    elif args.what == "hardware":
-        names = available_hardware()
-    elif args.what == "tiers":
-        names = [f"{n:20s} {load_tier(n).capacity_bytes / 2**30:9.0f} GiB {load_tier(n).bandwidth_bytes_per_s / 1e9:7.2f} GB/s"
-                 for n in available_tiers()]
-    elif args.what == "studies":
-        names = [f"{n:20s} {_first_sentence(str(load_study(n)[0].get('description', '')))}"
-                 for n in available_studies()]
-    elif args.what == "links":
-        names = [f"{n:24s} {load_link(n).bandwidth_bytes_per_s / 1e9:7.1f} GB/s per direction" for n in available_links()]
+    rows_of, columns, left = LISTS[args.what]
+    rows = rows_of()
+    if args.format == "names":
+        print("\n".join(r["name"] for r in rows))
+    elif args.format == "json":
+        print(display.json_text(rows))
+    elif args.format == "csv":
+        print(display.csv_text(rows), end="")
     else:
-        names = [f"{f.name:10s} {f.bits:6.3f} bits  compute {f.compute:5s}  {f.description}" for f in FORMATS.values()]
-    print("\n".join(names))
+        print(display.text_table(rows, columns, left=left))
     return 0
 
 
@@ -380,8 +544,7 @@ def cmd_show(args) -> int:
     if args.format == "json":
         print(display.json_text(obj))
     else:
-        for k, v in obj.items():
-            print(f"{k:28s} {v}")
+        print(display.figures_text(obj))
     return 0
 
 

@@ -92,5 +92,5 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
     space = DesignSpace(data["space"], where=f"{path}: space")
     spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
                      constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
-                     where=str(path), **ints)
+                     where=str(path), name=str(data.get("name") or path.stem), **ints)
     return data, spec

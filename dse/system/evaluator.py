@@ -72,6 +72,7 @@ class Evaluation:
     labels: dict = field(default_factory=dict)
     details: list = field(default_factory=list)
     explained: dict = field(default_factory=dict)
+    flash_attention: np.ndarray | None = None   # FlashAttention as run (the default falls back where no buffer)
 
     def __len__(self) -> int:
         return len(self.feasible)
@@ -93,12 +94,14 @@ class Evaluation:
         return self.reason_keys[int(self.reason[i])]
 
     def reason_labels(self):
-        """The reason of every point as a pandas Categorical of keys ('' when feasible)."""
+        """The reason of every point as a pandas Categorical of keys (missing, stored as null,
+        when feasible)."""
         import pandas as pd
         codes = self.reason.astype(np.int64)
-        used = np.unique(codes)
+        used = np.unique(codes[codes != 0])
         cats = [self.reason_keys[c] for c in used]
-        return pd.Categorical.from_codes(np.searchsorted(used, codes), categories=cats)
+        return pd.Categorical.from_codes(np.where(codes == 0, -1, np.searchsorted(used, codes)),
+                                         dtype=pd.CategoricalDtype(pd.Index(cats, dtype="str")))
 
     def detail(self, i: int) -> str | None:
         """The words of the check that failed at point ``i``, where the check gave some."""
@@ -108,7 +111,8 @@ class Evaluation:
         return None
 
     def point(self, i: int) -> dict:
-        """Parameters (as given) and resolved layout of point ``i``, and its footprint as text
+        """Parameters (as given; ``flash_attention`` as run, ``flash_attention_given`` whether it
+        was given) and resolved layout of point ``i``, and its footprint as text
         (``reasons.SIZE_FIELDS``: '80 GiB', by ``basis.units``) for the reason templates."""
         cols = self.columns
         out = {}
@@ -120,6 +124,9 @@ class Evaluation:
             out[k] = v.item() if hasattr(v, "item") else v
         for k, (codes, names) in self.labels.items():
             out[k + "_name"] = names[int(codes[i])]
+        if self.flash_attention is not None:      # as run: the default is unfused without a buffer
+            out["flash_attention"] = bool(self.flash_attention[i])
+        out["flash_attention_given"] = cols.has("flash_attention")
         m = self.metrics
         given = {k: cols.numbers(k)[i] for k in ("devices", "tp", "pp")}
         out.update({k + "_given": ("?" if np.isnan(v) else int(v)) for k, v in given.items()})
@@ -168,10 +175,11 @@ class Plan:
 
     def __init__(self, cols: Columns, hw: HardwareArrays, groups: list[_Group], base: dict, fails: dict,
                  memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict,
-                 order: np.ndarray | None):
+                 order: np.ndarray | None, flash: np.ndarray | None = None):
         # the points are held sorted by group (``order``: caller position of each sorted one)
         self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
         self.order = order
+        self.flash = flash            # FlashAttention as run per point (held order)
         self.inverse = None
         if order is not None:
             self.inverse = np.empty_like(order)
@@ -242,7 +250,7 @@ class Plan:
         reason = np.zeros(n, dtype=np.int16)
         for code in sorted(fails, key=R.rank):
             reason = np.where((reason == 0) & fails[code], code, reason).astype(np.int16)
-        labels, details = self.labels, self.details
+        labels, details, flash = self.labels, self.details, self.flash
         if self.inverse is not None:                  # back to the caller's order
             back = self.inverse
             out = {k: v[back] for k, v in out.items()}
@@ -251,8 +259,9 @@ class Plan:
             reason, eff_code = reason[back], eff_code[back]
             labels = {k: (codes[back], names) for k, (codes, names) in labels.items()}
             details = [(self.order[idx], text) for idx, text in details]
+            flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
-                          eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained)
+                          eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
 
 
 def _explain_set(explain, n: int):
@@ -466,7 +475,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""])}
     return Plan(original, hw, groups, base, fails, memory_violation,
-                details, constraints, labels, order)
+                details, constraints, labels, order, w["flash"])
 
 
 #: the columns that decide which points share a workload (and so one kernel call)
@@ -502,6 +511,8 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), cols.flags("sparse"), cols.flags("overlap")
+    if not cols.has("flash_attention"):     # the default: fused where the hardware has a buffer to tile in
+        w["flash"] = w["flash"] & (hw.buffer > 0)
     w["batch"], w["batch_max"] = cols.batch()
     w["batch"] = np.where(w["batch_max"], 1.0, w["batch"])
     for k in ("prompt", "gen", "ep"):

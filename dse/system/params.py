@@ -7,7 +7,11 @@ default (``DEFAULTS``); ``tp``, ``pp`` and ``devices`` left out mean "not given"
 parallel layout is then derived (``dse.system.layout``). Values are SI units (bytes,
 bytes/s, ops/s, seconds, watts, dollars).
 
-``batch`` also takes ``"max"`` (the largest batch that fits). ``offload`` takes ``none``,
+``batch`` also takes ``"max"`` (the largest batch that fits). ``flash_attention`` defaults to on
+(fused attention, as the serving engines architects deploy run it); left to its default, a point
+on hardware without an on-chip buffer (no ``onchip_buffer_bytes``: TPUs, Gaudi, Groq, Cerebras,
+CPUs, Apple M2, GDDR6-AiM) runs unfused attention instead of being infeasible (``Evaluation.point``
+says which ran); given explicitly as true, such a point is infeasible (reason ``onchip_buffer``). ``offload`` takes ``none``,
 ``greedy`` or explicit fractions such as ``weights=0.5,kv=0.2``.
 """
 from __future__ import annotations
@@ -71,7 +75,7 @@ MAX_COUNT = 2**40
 #: from the others; a hardware figure is the base preset's own)
 MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
-            "ep": 1, "flash_attention": False, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
+            "ep": 1, "flash_attention": True, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
             "max_context": 0}
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
