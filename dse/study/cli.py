@@ -34,7 +34,8 @@ from hwmodels.tiers import available_tiers, load_tier
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
 
-PROG = "python -m dse.study"
+#: how the command was started, for usage lines: the console script `dse`, or the module
+PROG = "dse" if Path(sys.argv[0]).name == "dse" else "python -m dse.study"
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -367,9 +368,10 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
     write_report(out, data, spec, front)
     print(f"  summary: {out / 'summary.md'}")
+    print(f"  report:  {out / 'report.html'} (self-contained: open it in a browser)")
     best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")
     if best:
-        print("\nBest feasible design per objective (details, bottlenecks and plots in summary.md):")
+        print("\nBest feasible design per objective (details, bottlenecks and plots in report.html):")
         print(best)
     return 0
 
