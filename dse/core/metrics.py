@@ -21,6 +21,9 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     batching): the run lasts prefill + decode - overlap x min(prefill, decode). It
     shortens the run (throughput, end-to-end latency) but not TTFT or TPOT; 0 (static
     batches) by default.
+
+    A static batch also reports requests_per_s and total_tokens_per_s over the run, no
+    queueing and ``batch`` running (no KV utilization: its cache is sized to the batch).
     """
     batch = np.asarray(batch, dtype=float)
     gen = np.asarray(gen_len, dtype=float)
@@ -30,6 +33,7 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     prefill_s = np.asarray(prefill_s, dtype=float) + request_overhead_s
     e2e = prefill_s + dec - overlap * np.minimum(prefill_s, dec)
     out_tps = batch * gen / e2e
+    n = np.broadcast(out_tps, batch).shape
     return {
         "ttft_s": np.asarray(prefill_s, dtype=float),
         "tpot_s": tpot,
@@ -38,6 +42,10 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
         "output_tokens_per_s_per_user": 1.0 / tpot,
         "output_tokens_per_s_per_device": out_tps / np.asarray(devices, dtype=float),
         "prefill_tokens_per_s": batch * np.asarray(prompt_len, dtype=float) / prefill_s,
+        "requests_per_s": batch / e2e,
+        "total_tokens_per_s": batch * (gen + np.asarray(prompt_len, dtype=float)) / e2e,
+        "queue_s": np.zeros(n),
+        "running_batch": np.broadcast_to(batch, n).astype(float),
     }
 
 

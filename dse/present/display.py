@@ -18,6 +18,11 @@ from hwmodels.formats import COMPUTE_CLASSES
 
 #: words of a quantity kind not in ``basis.units.AXIS``
 TOKENS_PER_S = "tokens_per_s"
+#: words of request rates, and of fractions shown in percent
+REQUESTS_PER_S = "requests_per_s"
+SHARE = "share"
+#: metrics that are a fraction of a whole
+SHARES = ("kv_utilization",)
 #: integer-only compute classes: their peaks are OP/s, not FLOP/s
 _INT_PREFIX = "int"
 
@@ -49,9 +54,14 @@ def tokens_text(value) -> str:
 def kind_of(name: str) -> str | None:
     """The quantity a metric or parameter named ``name`` measures: a key of
     ``basis.units.AXIS`` ('bytes', 'bytes_per_s', 'ops_per_s', 'seconds', 'watts',
-    'dollars'), ``TOKENS_PER_S``, or None for counts, names and flags."""
+    'dollars'), ``TOKENS_PER_S``, ``REQUESTS_PER_S``, ``SHARE`` (a fraction shown in
+    percent), or None for counts, names and flags."""
     if "tokens_per_s" in name:
         return TOKENS_PER_S
+    if name in ("requests_per_s", "request_rate"):
+        return REQUESTS_PER_S
+    if name in SHARES:
+        return SHARE
     if name.endswith("_bytes_per_s") or name.endswith("_bandwidth"):
         return "bytes_per_s"
     if name.endswith("_bytes") or name.endswith("_capacity"):
@@ -119,6 +129,10 @@ def quantity_text(name: str, value, compute_class: str = "") -> str:
         return f"${value:,.0f}"
     if kind == TOKENS_PER_S:
         return tokens_text(value)
+    if kind == REQUESTS_PER_S:
+        return f"{value:.3g} requests/s"
+    if kind == SHARE:
+        return f"{100 * value:.1f} %"
     return _plain_number(value)
 
 

@@ -19,6 +19,8 @@ which it names bottlenecks, and writes:
 - ``roofline.png``: the operators of the best design of the first objective on its
   device's roofline;
 - ``breakdown.png``: per-operator time of the best designs (at most 4);
+- ``sweep_load.png`` when the study varies a load of continuous batching (``concurrency``
+  or ``request_rate``): throughput, TPOT and TTFT along it;
 - ``sweep_batch.png`` / ``sweep_seq.png`` when the study varies ``batch`` /
   ``prompt_len`` or ``gen_len``;
 - ``plots.json``: per plot what was drawn (columns, units, axis labels, the ``point``
@@ -51,6 +53,9 @@ from dse.present.document import (HTML, MARKDOWN, Bullets, Code, Document, Figur
 from dse.present.plots import THROUGHPUT, breakdown_plot, human, pareto_plot, roofline_plot, sweep_plot, words_of
 from dse.system.analysis import Analysis
 from dse.system.reasons import describe
+
+#: the load parameters of continuous batching a sweep plot can run along (the serving curve)
+LOAD_AXES = ("concurrency", "request_rate")
 
 #: hardware figures a throughput objective is plotted against (when present, varying and not all NaN)
 HARDWARE_AXES = ("memory_bandwidth", "memory_capacity", "cost_usd")      # and every peak_<format>
@@ -137,7 +142,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     # rows are named by 'point' (sweeps) or 'trial' (Optuna searches); df['point'] holds that id
     key = "point" if "point" in res.names else "trial" if "trial" in res.names else None
     want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes]
-    if any(v in varied for v in ("batch", "prompt_len", "gen_len")):
+    if any(v in varied for v in ("batch", "prompt_len", "gen_len", *LOAD_AXES)):
         want += list(sweep_metrics) + ["batch_used"]
     df = res.columns(want)
     if key is None:
@@ -311,6 +316,16 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         rec.update(mode=mode, fixed=plain(fixed), base_point=int(df["point"].iat[p0]))
         plots["sweep_batch.png"] = rec
         written.append(out / "sweep_batch.png")
+    load = next((v for v in LOAD_AXES if v in varied), None)
+    if base is not None and load:
+        sub, hue, fixed, mode = sweep_slice(load)
+        rec = sweep_plot(out / "sweep_load.png",
+                         [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue,
+                           "log_y": True}],
+                         title_of(f"serving curve ({load.replace('_', ' ')})", fixed, mode))
+        rec.update(mode=mode, fixed=plain(fixed), base_point=int(df["point"].iat[p0]))
+        plots["sweep_load.png"] = rec
+        written.append(out / "sweep_load.png")
     seq = [v for v in ("prompt_len", "gen_len") if v in varied]
     if base is not None and seq:
         panels, fixed_all, modes = [], {}, []

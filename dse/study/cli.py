@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import signal
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import MAX_FIGURE, DseError
 from basis.files import output_folder
 from basis.units import axis_scale
 from dse.explore.spec import SEED_LIMIT
@@ -23,9 +24,9 @@ from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
-from dse.system.analysis import ROW_KEYS, analyze_point
+from dse.system.analysis import ROW_KEYS, analyze_point, simulate_point
 from dse.system.evaluator import evaluate
-from dse.system.params import DEFAULTS, MAX_COUNT
+from dse.system.params import DEFAULTS, MAX_COUNT, SERVING_MODES
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import FORMATS
 from hwmodels.links import available_links, load_link
@@ -91,6 +92,17 @@ def _seed(text: str) -> int:
     return v
 
 
+def _rate(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of requests per second, got '{text}'") from None
+    if not (math.isfinite(v) and 0 < v <= MAX_FIGURE):
+        raise argparse.ArgumentTypeError(f"expected a finite number of requests per second > 0 up to "
+                                         f"{MAX_FIGURE:g}, got {text}")
+    return v
+
+
 def _batch(text: str):
     return "max" if text == "max" else _positive_int(text)
 
@@ -134,6 +146,22 @@ def _add_workload_args(p):
                         "default: the preset's host memory)")
     p.add_argument("--sparse", action="store_true", default=d["sparse"],
                    help="weight matmuls at the device's 2:4 sparse peaks")
+    p.add_argument("--serving", choices=SERVING_MODES, default=None,
+                   help="static: one batch of --batch sequences starts, prefills and decodes together (static-batch "
+                        "benchmarks); continuous: in-flight batching under a load, paged KV cache, chunked prefill "
+                        "(default: static, continuous when --concurrency or --request-rate is given; continuous "
+                        "without a load runs --batch requests in a closed loop)")
+    p.add_argument("--concurrency", type=_positive_int, default=None,
+                   help="continuous batching, closed loop: this many requests always in flight")
+    p.add_argument("--request-rate", type=_rate, default=None,
+                   help="continuous batching, open loop: requests/s arriving as a Poisson process")
+    p.add_argument("--kv-block", type=_positive_int, default=d["kv_block"],
+                   help="tokens per KV-cache page (vLLM's block_size)")
+    p.add_argument("--prefill-chunk", type=_count, default=d["prefill_chunk"],
+                   help="tokens one iteration processes, decode plus prompt chunks (Sarathi-Serve; vLLM's "
+                        "max_num_batched_tokens); 0: whole prompts, prefill-first")
+    p.add_argument("--max-running", type=_positive_int, default=d["max_running"],
+                   help="sequences running at once (vLLM's max_num_seqs)")
     p.add_argument("--cpu-layers", type=_count, default=d["cpu_layers"],
                    help="run this many layers on the host CPU (llama.cpp-style split)")
     p.add_argument("--host-cpu", default=None,
@@ -186,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = command("analyze", "per-operator roofline of a prefill and a decode step")
     _add_workload_args(a)
+    a.add_argument("--simulate", type=_positive_int, default=None, metavar="N",
+                   help="also run N requests through the discrete-event simulator of the same engine and print "
+                        "its metrics beside the steady-state model's (continuous batching only; N from 10)")
     a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
     a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
@@ -228,7 +259,9 @@ FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "-
          "prompt_len": "--prompt-len", "gen_len": "--gen-len", "flash_attention": "--flash-attention",
          "devices": "--devices", "tp": "--tp", "pp": "--pp", "ep": "--ep", "offload": "--offload",
          "sparse": "--sparse", "batch": "--batch", "link": "--link",
-         "max_context": "--max-context"}
+         "max_context": "--max-context", "serving": "--serving", "concurrency": "--concurrency",
+         "request_rate": "--request-rate", "kv_block": "--kv-block", "prefill_chunk": "--prefill-chunk",
+         "max_running": "--max-running"}
 
 
 def flagged(text: str) -> str:
@@ -245,8 +278,10 @@ def point_columns(args, hardware) -> dict:
             "gen_len": args.gen_len, "weights": args.weights, "activations": args.activations, "kv": args.kv,
             "ep": args.ep, "offload": args.offload,
             "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers,
-            "max_context": args.max_context}
-    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention"):
+            "max_context": args.max_context, "kv_block": args.kv_block, "prefill_chunk": args.prefill_chunk,
+            "max_running": args.max_running}
+    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "serving", "concurrency",
+              "request_rate"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)
     return cols
@@ -256,7 +291,8 @@ def cmd_analyze(args) -> int:
 
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
-    if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES:
+    saturated = ev.reason_key(0) == "saturated"
+    if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
         raise DseError(flagged(ev.reason_text(0)))
     offload = args.offload
     if args.format == "json":
@@ -268,6 +304,14 @@ def cmd_analyze(args) -> int:
         print(display.csv_text([res.summary]), end="")
     else:
         print(_table_report(res, display, args.flash_attention))
+    if args.simulate:
+        print(_simulation_text(res.summary, simulate_point(point_columns(args, args.hardware), args.simulate,
+                                                           ideal=args.ideal)))
+    if saturated:
+        print(f"dse.study: error: {ev.reason_text(0)} (it serves at most "
+              f"{display.quantity_text('requests_per_s', res.summary['requests_per_s'])}); allowed remedies: a lower "
+              f"--request-rate, more --devices, a narrower --weights/--kv format", file=sys.stderr)
+        return 3
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
         print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
@@ -275,6 +319,23 @@ def cmd_analyze(args) -> int:
               f"more --devices, a narrower --weights/--kv format, a smaller --batch", file=sys.stderr)
         return 3
     return 0
+
+
+def _simulation_text(summary: dict, sim: dict) -> str:
+    """The steady-state model's serving metrics beside the simulator's, a line each."""
+    pairs = [("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s"), ("e2e_latency_s", "e2e_mean_s"),
+             ("requests_per_s", "requests_per_s"), ("output_tokens_per_s", "output_tokens_per_s"),
+             ("queue_s", "queue_mean_s"), ("running_batch", "running_mean"), ("kv_utilization", "kv_utilization")]
+    q = display.quantity_text
+    out = ["", "Steady-state model against the discrete-event simulator (means; simulator p90 / p99 in brackets)",
+           f"  {'metric':32s} {'model':>16s} {'simulator':>16s}"]
+    for k, sk in pairs:
+        extra = ""
+        if sk.endswith("_mean_s") and sk.replace("mean", "p90") in sim:
+            extra = f"  ({q(k, sim[sk.replace('mean', 'p90')])} / {q(k, sim[sk.replace('mean', 'p99')])})"
+        out.append(f"  {k:32s} {q(k, summary[k]):>16s} {q(k, sim[sk]):>16s}{extra}")
+    out.append(f"  {'preemptions':32s} {'':>16s} {int(sim['preemptions']):>16,d}")
+    return "\n".join(out)
 
 
 def flash_note(summary: dict, asked) -> str:
@@ -303,7 +364,11 @@ def _table_report(res, display, asked_flash=None) -> str:
     par += f", {s['cpu_layers']} layers on {s['host_cpu']}" if "cpu_layers" in s else ""
     par += ", 2:4 sparse" if s.get("sparse") else ""
     par += f", offload {s['offload']}" if s["offload"] != "none" else ""
-    head = (f"{s['model']} on {s['hardware']}{par}: batch {s['batch']}, prompt {s['prompt_len']}, "
+    load = f"batch {s['batch']}"
+    if s.get("serving") == "continuous":
+        load = ("continuous batching at " + (f"{s['request_rate']:g} requests/s (Poisson)" if s.get("request_rate")
+                                             else f"concurrency {s['concurrency'] or s['batch']}"))
+    head = (f"{s['model']} on {s['hardware']}{par}: {load}, prompt {s['prompt_len']}, "
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
             f"{flash_note(s, asked_flash)}, {s['efficiency']} roofline")
     words = ("place", "compute_format", "bound")
@@ -312,7 +377,8 @@ def _table_report(res, display, asked_flash=None) -> str:
            f"Decode step attending to {s['prompt_len']} cached tokens",
            display.text_table(res.decode, cols, left=words), "", "Summary"]
     for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
-              "output_tokens_per_s_per_device", "prefill_tokens_per_s", "batch", "weights_bytes", "kv_cache_bytes",
+              "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
+              "queue_s", "running_batch", "kv_utilization", "batch", "weights_bytes", "kv_cache_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "power_w", "cost_usd",
               "chips_required", "fits", "why"):
         if k in s:

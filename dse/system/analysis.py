@@ -14,7 +14,8 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system import reasons as R
-from dse.system.evaluator import EXPLAIN_KEYS, Evaluation, evaluate
+from dse.core.simulator import simulate
+from dse.system.evaluator import EXPLAIN_KEYS, Evaluation, evaluate, prepare, serving_engine
 from hwmodels.placement import parse_policy, policy_name
 
 ROW_KEYS = EXPLAIN_KEYS
@@ -22,6 +23,8 @@ ROW_KEYS = EXPLAIN_KEYS
 #: the serving metrics a summary shows, in order
 SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
                    "output_tokens_per_s_per_device", "prefill_tokens_per_s")
+#: what a summary adds under continuous batching (``dse.core.serving``)
+SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):
         s.update(cpu_layers=int(p["cpu_layers"]), host_cpu=p.get("host_cpu_name", ""))
+    s["serving"] = p["serving_name"]
+    if s["serving"] == "continuous":
+        rate = float(p.get("request_rate") or 0.0)
+        s.update({"concurrency": int(p.get("concurrency") or 0) or None, "request_rate": rate or None,
+                  **{k: m[k] for k in SERVING_LOAD_METRICS}})
     if not ev.feasible[i]:
         s["why"] = ev.reason_text(i)
         s["reason"] = ev.reason_key(i)
@@ -70,6 +78,33 @@ def analyze_point(columns: dict, *, ideal: bool = False, efficiency=None) -> tup
         raise DseError(f"analyze takes one design point, got {len(ev)}")
     ex = ev.explained.get(0, {"prefill": [], "decode": [], "memory_bandwidth": float("nan")})
     return Analysis(ex["prefill"], ex["decode"], summary_of(ev, 0), ex["memory_bandwidth"]), ev
+
+
+def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool = False,
+                   efficiency=None) -> dict[str, float]:
+    """The serving metrics of the design point ``columns`` (continuous batching) from the
+    discrete-event simulator (``dse.core.simulator``): ``requests`` requests, Poisson arrivals
+    drawn with ``seed`` for an open loop (their gaps scaled to the rate's mean exactly), every
+    iteration priced as ``evaluate`` prices it.
+    Returns the simulator's metrics (SI units; TTFT and end-to-end with the efficiency model's
+    request overhead, as ``evaluate`` reports them)."""
+    if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or not 10 <= requests <= MAX_SIMULATED:
+        raise DseError(f"simulate: expected a number of requests from 10 to {MAX_SIMULATED:,}, got {requests!r}")
+    step, engine, prompt, gen, conc, rate, overhead = serving_engine(prepare(columns), 0, efficiency=efficiency,
+                                                                     ideal=ideal)
+    arrivals = None
+    if rate is not None:   # Poisson gaps, scaled so that their mean is exactly 1 / rate (the rate asked)
+        gaps = np.random.default_rng(seed).exponential(1.0, requests)
+        arrivals = np.cumsum(gaps / (gaps.mean() * rate))
+    res = simulate(step, engine, [prompt] * requests, [gen] * requests, concurrency=conc, arrivals=arrivals)
+    out = res.metrics()
+    for k in [k for k in out if k.startswith(("ttft_", "e2e_"))]:
+        out[k] += overhead
+    return out
+
+
+#: the most requests ``simulate_point`` runs (a reference run of minutes, not hours)
+MAX_SIMULATED = 1_000_000
 
 
 def scenario_columns(sc) -> dict:

@@ -25,11 +25,14 @@ from basis.units import bytes_text
 from dse.core.efficiency import Efficiency, choose
 from dse.core.metrics import pipelined_prefill_s, serving_metrics, system_figures
 from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
+from dse.core.serving import Load, steady_state
+from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
 from dse.system.columns import Columns, group
 from dse.system.hardware import HardwareArrays, assemble
+from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
-from dse.system.params import PARAMS
+from dse.system.params import DEFAULTS, PARAMS, SERVING_MODES
 from dse.system.workload import WorkloadTables, footprint_in_batch, resolve_model, tables
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
@@ -40,7 +43,11 @@ from workloads.model import context_error
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",
            "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "devices", "power_w",
-           "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required")
+           "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
+           "queue_s", "running_batch", "kv_utilization")
+#: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
+#: the default budget (``dse.system.params``)
+UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
 #: columns of the per-operator explanation (one row per operator of a step)
 EXPLAIN_KEYS = ("name", "count", "place", "compute_format", "ops", "weight_bytes", "act_bytes", "kv_bytes",
                 "memory_bytes", "comm_bytes", "arithmetic_intensity", "bound", "peak_ops_per_s", "time_s",
@@ -112,7 +119,7 @@ class Evaluation:
 
     def point(self, i: int) -> dict:
         """Parameters (as given; ``flash_attention`` as run, ``flash_attention_given`` whether it
-        was given) and resolved layout of point ``i``, and its footprint as text
+        was given; ``serving_name`` the scheduling as run) and resolved layout of point ``i``, and its footprint as text
         (``reasons.SIZE_FIELDS``: '80 GiB', by ``basis.units``) for the reason templates."""
         cols = self.columns
         out = {}
@@ -168,6 +175,7 @@ class _Group:
     system: SystemArrays | None
     device_class: str
     cpu: dict | None = None       # CPU layer split: share, CPU system, hop bytes and host link
+    serving: dict | None = None   # continuous batching: iteration model and per-point load arrays
 
 
 class Plan:
@@ -205,6 +213,7 @@ class Plan:
             out[k] = v.copy()
         eff_code = np.zeros(n, dtype=np.int64)
         eff_names: list[str] = []
+        saturated = np.zeros(n, dtype=bool)
         per_row = efficiency is not None and not isinstance(efficiency, Efficiency)
         if per_row and len(efficiency) != n:
             raise DseError(f"efficiency: expected one Efficiency or one per design point ({n}), got {len(efficiency)}")
@@ -225,6 +234,7 @@ class Plan:
                 eff_code[idx] = eff_names.index(eff.name)
                 sub = g if idx is g.index else _subgroup(g, idx)
                 metrics = _price(sub, eff, e, ideal)
+                saturated[idx] = metrics.pop("saturated", False)
                 for k, v in metrics.items():
                     out[k][idx] = v
                 positions = _positions(idx)
@@ -233,6 +243,8 @@ class Plan:
                     explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
                                                                                         self.hw, p)
         fails = dict(self.fails)
+        if saturated.any():
+            fails[R.CODE["saturated"]] = saturated
         violations = {"memory": self.memory_violation,
                       "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
                                         [np.zeros(n, bool)], axis=0).astype(float)}
@@ -289,7 +301,9 @@ def _subgroup(g: _Group, idx: np.ndarray) -> _Group:
     pos = idx - _positions(g.index)[0]
     cpu = None if g.cpu is None else {**g.cpu, "system": g.cpu["system"].take(pos),
                                       "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
-    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu)
+    serving = None if g.serving is None else {k: (v[pos] if isinstance(v, np.ndarray) else v)
+                                              for k, v in g.serving.items()}
+    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu, serving)
 
 
 def _constraint_items(constraints: dict):
@@ -306,6 +320,8 @@ def _cpu_efficiency(given, ideal: bool) -> Efficiency:
 
 def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     """Serving metrics of a group's points (arrays)."""
+    if g.serving is not None:
+        return _price_continuous(g, eff)
     t, sys, sc = g.tables, g.system, g.tables.scenario
     n_steps = max(sc.gen_len - 1, 1)
     steps = np.full(sys.size, n_steps, dtype=float)
@@ -329,6 +345,75 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
             decode = decode - ceff.step_overhead_s * steps + hop[1] * steps
         return serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
                                overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
+
+
+def _price_continuous(g: _Group, eff: Efficiency) -> dict:
+    """Serving metrics of a group's points under in-flight batching (``dse.core.serving``):
+    every iteration priced by the roofline (``step_time`` of the IterationModel's arrays)."""
+    sc, s = g.tables.scenario, g.serving
+    open_loop = ~np.isnan(s["request_rate"])
+    if open_loop.any() and not open_loop.all():     # each kind priced on its own (no wasted fixed points)
+        out = {}
+        for part in (np.flatnonzero(open_loop), np.flatnonzero(~open_loop)):
+            idx = _positions(g.index)[part]
+            priced = _price_continuous(_subgroup(g, idx), eff)
+            for k, v in priced.items():
+                out.setdefault(k, np.zeros(len(open_loop), dtype=np.asarray(v).dtype))[part] = v
+        return out
+    model: IterationModel = s["iteration"]
+    sys = g.system
+
+    def iteration_time(d, dctx, c, pctx, seqs):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys, eff)
+
+    n = sys.size
+    load = Load(np.full(n, float(sc.prompt_len)), np.full(n, float(sc.gen_len)), s["kv_blocks"], s["kv_block"],
+                s["budget"], s["max_running"], s["concurrency"], s["request_rate"], s["chunked"])
+    out = steady_state(load, iteration_time)
+    ttft = out["ttft_s"] + eff.request_overhead_s
+    out_tps = out["output_tokens_per_s"]
+    return {"ttft_s": ttft, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + eff.request_overhead_s,
+            "output_tokens_per_s": out_tps, "output_tokens_per_s_per_user": 1.0 / out["tpot_s"],
+            "output_tokens_per_s_per_device": out_tps / sc.devices,
+            "prefill_tokens_per_s": out["requests_per_s"] * sc.prompt_len,
+            "requests_per_s": out["requests_per_s"], "total_tokens_per_s": out["total_tokens_per_s"],
+            "queue_s": out["queue_s"], "running_batch": out["running_batch"],
+            "kv_utilization": out["kv_utilization"], "batch_used": np.round(out["running_batch"]),
+            "saturated": out["saturated"]}
+
+
+def serving_engine(plan: Plan, i: int, *, efficiency=None, ideal: bool = False) -> tuple:
+    """The engine of point ``i`` of a prepared plan as the simulator runs it: (step time of one
+    iteration in seconds, ``EngineConfig``, prompt tokens, output tokens, concurrency or None,
+    request rate or None, request overhead in seconds). Every iteration is priced as the
+    steady-state model prices it. DseError when the point is not under continuous batching."""
+    pos = i if plan.inverse is None else int(plan.inverse[i])
+    for g in plan.groups:
+        where = np.flatnonzero(_positions(g.index) == pos)
+        if len(where):
+            break
+    else:
+        raise DseError(f"design point {i} does not exist")
+    if g.tables is None or g.serving is None:
+        raise DseError("simulating needs a runnable point under continuous batching (give a concurrency or a "
+                       "request rate)")
+    j = int(where[0])
+    eff = choose(g.device_class, efficiency, ideal)
+    sys = g.system.take(np.array([j]))
+    s, sc = g.serving, g.tables.scenario
+    model: IterationModel = s["iteration"]
+
+    def step(d, dctx, c, pctx, ends) -> float:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return float(step_time(model.arrays(d, dctx, c, pctx, ends), sys, eff)[0])
+
+    engine = EngineConfig(kv_blocks=max(int(s["kv_blocks"][j]), 1), kv_block=int(s["kv_block"][j]),
+                          token_budget=int(s["budget"][j]), max_running=int(s["max_running"][j]),
+                          chunked=bool(s["chunked"][j]))
+    conc, rate = s["concurrency"][j], s["request_rate"][j]
+    return (step, engine, sc.prompt_len, sc.gen_len, None if np.isnan(conc) else int(conc),
+            None if np.isnan(rate) else float(rate), eff.request_overhead_s)
 
 
 def _split_counts(op, layer_ops: np.ndarray, share: float):
@@ -432,7 +517,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     devices = tp * pp * w["ep"]
 
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
-           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class]
+           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
+           w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0)]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
@@ -473,7 +559,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
             continue
         groups.append(_check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation))
     labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
-              "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""])}
+              "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
+              "serving": (w["continuous"].astype(np.int64), list(SERVING_MODES))}
     return Plan(original, hw, groups, base, fails, memory_violation,
                 details, constraints, labels, order, w["flash"])
 
@@ -481,7 +568,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 #: the columns that decide which points share a workload (and so one kernel call)
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
                     "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
-                    "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats")
+                    "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
+                    "request_rate", "prefill_chunk")
 
 
 def _workload_order(cols: Columns) -> np.ndarray | None:
@@ -514,12 +602,37 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     if not cols.has("flash_attention"):     # the default: fused where the hardware has a buffer to tile in
         w["flash"] = w["flash"] & (hw.buffer > 0)
     w["batch"], w["batch_max"] = cols.batch()
-    w["batch"] = np.where(w["batch_max"], 1.0, w["batch"])
+    w["serving"], modes = _resolved(cols, "serving", _serving_mode)
+    w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
+    w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
+    w["prefill_chunk"] = cols.numbers("prefill_chunk")
+    asked = np.array([m == "continuous" for m in modes])[w["serving"]]
+    loaded = (w["concurrency"] > 0) | (w["request_rate"] > 0)
+    static = np.array([m == "static" for m in modes])[w["serving"]] & cols.has("serving")
+    if np.any(static & loaded):
+        raise DseError(f"{cols.where}: serving: 'static' runs one batch; concurrency and request_rate are "
+                       f"loads of serving 'continuous' (leave serving out, or give it as continuous)")
+    if np.any((w["concurrency"] > 0) & (w["request_rate"] > 0)):
+        raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
+                       f"(a closed loop at a concurrency, or an open loop at a request rate)")
+    w["continuous"] = asked | loaded
+    # continuous batching prices one request's tables; without a load it runs closed at the batch
+    w["concurrency"] = np.where(w["continuous"] & ~loaded, np.where(w["batch_max"], 1.0, w["batch"]),
+                                w["concurrency"])
+    w["batch"] = np.where(w["batch_max"] | w["continuous"], 1.0, w["batch"])
+    w["batch_max"] = w["batch_max"] & ~w["continuous"]
     for k in ("prompt", "gen", "ep"):
         if np.any(w[k] < 1):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return w
+
+
+def _serving_mode(value) -> str:
+    """A serving mode name (``SERVING_MODES``); DseError naming what is allowed."""
+    if value not in SERVING_MODES:
+        raise DseError(f"serving: expected one of {', '.join(SERVING_MODES)}, got {value!r}")
+    return value
 
 
 def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
@@ -660,7 +773,13 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
             share = 0.0
     cap = sys.capacity
     hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx)
-    pl = _placement(policy, fp.weights_bytes, fp.activation_bytes, fp.kv_cache_bytes, cap, sc.devices, share,
+    continuous = bool(w["continuous"][i0])
+    act = fp.activation_bytes
+    if continuous:
+        if sc.pp > 1 or sc.ep > 1 or policy != "none" or cpu_layers:
+            mark("serving", np.ones(size, dtype=bool))
+        act = _chunk_activation_bytes(model, sc, w, hw, i0)
+    pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
                     t.layer_weight_bytes)
     dev_ok, host_ok = pl.device_fits(cap), pl.host_fits(hcap)
     no_host = (pl.host_bytes > 0) & ~hw.has_host[idx] & (share == 0)
@@ -697,12 +816,46 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
                "hop_decode": t.decode_table.tokens * per_token, "host_bw": hw.host_link_bandwidth[idx], "host_lat": hw.host_link_latency[idx]}
         no_link = ~(np.isfinite(cpu["host_bw"]) & (cpu["host_bw"] > 0))
         mark("cpu_split", no_link, f"hardware '{hw.names[hw.name[i0]]}' names no host_link for a CPU layer split")
+    serving = None
+    kv = fp.kv_cache_bytes
+    if continuous:
+        serving, kv = _serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act)
     base["weights_bytes"][idx] = fp.weights_bytes
-    base["kv_cache_bytes"][idx] = fp.kv_cache_bytes
-    base["activation_bytes"][idx] = fp.activation_bytes
-    base["memory_bytes"][idx] = fp.total_bytes
+    base["kv_cache_bytes"][idx] = kv
+    base["activation_bytes"][idx] = act
+    base["memory_bytes"][idx] = fp.weights_bytes + act + kv
     base["offloaded_bytes"][idx] = pl.host_bytes
-    return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu)
+    return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving)
+
+
+def _chunk_activation_bytes(model, sc, w: dict, hw: HardwareArrays, i0: int) -> float:
+    """Peak activation bytes per device of continuous batching: a prefill of one iteration's
+    prompt tokens (the chunk budget, or a whole prompt without chunking)."""
+    budget = int(w["prefill_chunk"][i0])
+    tokens = sc.prompt_len if budget == 0 else min(sc.prompt_len, budget)
+    return tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
+                  sc.ep, sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0
+                  ).footprint.activation_bytes
+
+
+def _serving_inputs(model, sc, w: dict, hw: HardwareArrays, idx, i0: int, cap, fp, act) -> tuple[dict, np.ndarray]:
+    """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
+    the iteration model and the paged KV cache, every byte of device memory left after the
+    weights and one iteration's activations, in blocks of ``kv_block`` tokens."""
+    budget = w["prefill_chunk"][idx]
+    block = w["kv_block"][idx]
+    per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
+    left = np.maximum(cap - fp.weights_bytes - act, 0.0)
+    blocks = np.floor(left / (per_token * block))
+    it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
+                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0)
+    conc = w["concurrency"][idx]
+    rate = w["request_rate"][idx]
+    serving = {"iteration": it, "kv_blocks": blocks, "kv_block": block,
+               "budget": np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
+               "chunked": budget > 0, "max_running": w["max_running"][idx],
+               "concurrency": np.where(rate > 0, np.nan, conc), "request_rate": np.where(rate > 0, rate, np.nan)}
+    return serving, blocks * block * per_token
 
 
 def evaluate(columns: Mapping, *, ideal: bool = False, explain=False, efficiency=None,
@@ -717,4 +870,4 @@ def evaluate(columns: Mapping, *, ideal: bool = False, explain=False, efficiency
     return prepare(columns, constraints=constraints).run(efficiency=efficiency, ideal=ideal, explain=explain)
 
 
-__all__ = ["evaluate", "prepare", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]
+__all__ = ["evaluate", "prepare", "serving_engine", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]

@@ -63,12 +63,19 @@ WORKLOAD_PARAMS = {
     "sparse": bool,
     "cpu_layers": int,
     "max_context": int,
+    "serving": str,
+    "concurrency": int,
+    "request_rate": float,
+    "kv_block": int,
+    "prefill_chunk": int,
+    "max_running": int,
 }
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
 #: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
 #: latency, an on-chip buffer, host memory (0: none to offload to), the context (0: the model's
 #: ``max_position_embeddings``)
-ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context")
+ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context",
+                "concurrency", "request_rate", "prefill_chunk")
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
 #: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
@@ -76,7 +83,18 @@ MAX_COUNT = 2**40
 MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
             "ep": 1, "flash_attention": True, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
-            "max_context": 0}
+            "max_context": 0, "serving": "static", "concurrency": 0, "request_rate": 0.0, "kv_block": 16,
+            "prefill_chunk": 8192, "max_running": 1024}
+#: how requests are scheduled: ``static`` (one batch of ``batch`` sequences starts, prefills and
+#: decodes together: static-batch benchmarks) or ``continuous`` (in-flight batching under a load:
+#: ``concurrency`` requests always in flight, or ``request_rate`` requests/s arriving as a Poisson
+#: process; a paged KV cache of ``kv_block``-token blocks, at most ``max_running`` sequences
+#: running, prompts cut into chunks that fill a per-iteration budget of ``prefill_chunk`` tokens
+#: (0: whole prompts, prefill-first). Giving a load means continuous. Defaults are vLLM's for its
+#: OpenAI server on a GPU of 70 GiB or more: block_size 16, max_num_batched_tokens 8192,
+#: max_num_seqs 1024, chunked prefill on (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults;
+#: smaller GPUs get 2048 and 256 there).
+SERVING_MODES = ("static", "continuous")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 
@@ -96,4 +114,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 __all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS",
-           "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING"]
+           "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING", "SERVING_MODES"]

@@ -54,6 +54,12 @@ REASONS = (
     Reason(11, "host_memory", "does not fit in device and host memory",
            "does not fit in host memory: the host part, {offloaded_size} per device over {devices} devices, exceeds the host memory of "
            "{hardware_name}"),
+    Reason(13, "serving", "continuous batching is not modelled for this layout",
+           "continuous batching is modelled for tensor parallelism on one device group, without offload or a CPU "
+           "layer split: give pp 1, ep 1, offload none, cpu_layers 0 (or serving: static)"),
+    Reason(14, "saturated", "the request rate exceeds what the design serves",
+           "the request rate {request_rate} requests/s exceeds what the design serves; its queue grows "
+           "without bound"),
 )
 #: template fields holding a footprint metric of the point, written as a size ('80 GiB', by
 #: ``basis.units.bytes_text``): field -> metric

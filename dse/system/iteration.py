@@ -1,0 +1,118 @@
+"""One iteration of an in-flight-batching engine as operator arrays: decode tokens and
+prompt chunks priced together, every weight read once (Sarathi-Serve's hybrid batch).
+
+An iteration processes ``d`` decode tokens, one per running sequence past its prompt,
+attending to ``dctx`` cached keys in all, and ``c`` prompt tokens of ``s`` sequences,
+attending to ``pctx`` keys in all (a prompt token at position j attends to the j before
+it). Every element and op count of such an iteration is, per operator,
+
+    base + d x per_decode + dctx x per_key + c x per_prompt_token + pctx x per_pair + s x per_prompt
+
+read off the workload's own operator tables (``workloads.optable``): the decode step at
+batch 1 and 2 and at one more key, and the prefill at three prompt lengths. The weight
+bytes are what the iteration reads of the weights: most once, but the embedding rows of
+its tokens and, for a mixture of experts, the experts its tokens are routed to grow with the
+tokens; they are read off decode steps of 1, 2, 4, ... 16,384 tokens (exact there, linear
+between). The
+iteration's time is the roofline's ``step_time`` of these arrays, so the serving model and
+its simulator price an iteration exactly as a static batch's step is priced.
+
+A layer with a sliding window is costed with the window as filled at the prompt's end
+(exact from a prompt at least as long as the window).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from dse.core.roofline import OpArrays
+from workloads import optable
+from workloads.model import ModelSpec
+from workloads.scenario import Scenario
+
+#: token counts at which a mixture of experts' weight traffic is read off the decode step
+WEIGHT_TOKENS = tuple(2**k for k in range(15))
+
+#: the OpArrays fields that count work or traffic (the rest describe the operators)
+_AMOUNTS = ("ops", "act_bytes", "kv_bytes", "comm_bytes", "p2p_bytes")
+
+
+@dataclass(frozen=True)
+class IterationModel:
+    """Per-operator coefficients of an iteration (arrays [O]; see the module docstring).
+
+    template: the decode step's OpArrays (operator kinds, counts, peak columns, PIM roles);
+    base, per_decode, per_key, per_prompt_token, per_pair, per_prompt: {field: [O]};
+    weight_tokens [T], weight_bytes [T, O]: weight bytes an iteration of that many tokens
+    reads (the decode step's, exact at each of these token counts, linear between them)."""
+
+    template: OpArrays
+    base: dict
+    per_decode: dict
+    per_key: dict
+    per_prompt_token: dict
+    per_pair: dict
+    per_prompt: dict
+    weight_tokens: np.ndarray
+    weight_bytes: np.ndarray
+
+    def arrays(self, d, dctx, c, pctx, s) -> OpArrays:
+        """OpArrays [P, O] of iterations with ``d`` decode tokens over ``dctx`` keys and ``c``
+        prompt tokens of ``s`` sequences over ``pctx`` keys (arrays [P] or scalars)."""
+        d, dctx, c, pctx, s = (np.atleast_1d(np.asarray(x, dtype=float))[:, None] for x in (d, dctx, c, pctx, s))
+        amounts = {f: np.maximum(self.base[f] + d * self.per_decode[f] + dctx * self.per_key[f]
+                                 + c * self.per_prompt_token[f] + pctx * self.per_pair[f] + s * self.per_prompt[f],
+                                 0.0)
+                   for f in _AMOUNTS}
+        tokens = (d + c)[:, 0]
+        weight = np.broadcast_to(self.weight_bytes[0], (len(tokens), self.weight_bytes.shape[1])).copy()
+        for o in np.flatnonzero(np.ptp(self.weight_bytes, axis=0)):   # embedding rows, experts touched
+            weight[:, o] = np.interp(tokens, self.weight_tokens, self.weight_bytes[:, o])
+        return replace(self.template, weight_bytes=np.where((d + c) > 0, weight, 0.0), **amounts)
+
+
+def _amounts(a: OpArrays) -> dict:
+    return {f: np.asarray(getattr(a, f), dtype=float) for f in _AMOUNTS}
+
+
+def _fit_points(prompt_len: int) -> tuple[int, int, int]:
+    """Three distinct prompt lengths to read the prefill's coefficients from, the longest the prompt."""
+    p = max(int(prompt_len), 3)
+    pts = sorted({p, max(p // 2, 2), max(p // 4, 1)})
+    while len(pts) < 3:
+        pts = sorted(set(pts) | {pts[0] + len(pts)})
+    return tuple(pts[-3:])
+
+
+@lru_cache(maxsize=1024)
+def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations: str, kv: str, tp: int,
+                    flash_attention: bool, buffer: float) -> IterationModel:
+    """The IterationModel of ``model`` on ``tp`` devices with these formats, read off the
+    operator tables at the prompt length ``prompt_len`` (tokens); DseError when ``tp`` does
+    not divide the model."""
+    sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
+                       tp=tp, flash_attention=flash_attention)
+    keys = prompt_len + 1
+    d1 = OpArrays.from_table(optable.decode_step(model, sc, keys, buffer))
+    d2 = OpArrays.from_table(optable.decode_step(model, replace(sc, batch=2), keys, buffer))
+    dk = OpArrays.from_table(optable.decode_step(model, sc, keys + 1, buffer))
+    one, two, more = _amounts(d1), _amounts(d2), _amounts(dk)
+    per_key = {f: more[f] - one[f] for f in _AMOUNTS}
+    per_seq = {f: two[f] - one[f] for f in _AMOUNTS}
+    per_decode = {f: per_seq[f] - keys * per_key[f] for f in _AMOUNTS}
+    base = {f: one[f] - per_seq[f] for f in _AMOUNTS}
+    # prefill(p) - base = s + p x per_prompt_token + p(p - 1)/2 x per_pair, at three lengths
+    pts = _fit_points(prompt_len)
+    pre = [_amounts(OpArrays.from_table(optable.prefill(model, replace(sc, prompt_len=p), buffer))) for p in pts]
+    lhs = np.array([[1.0, p, p * (p - 1) / 2.0] for p in pts])
+    inv = np.linalg.inv(lhs)
+    coef = {f: inv @ np.stack([pre[j][f] - base[f] for j in range(3)]) for f in _AMOUNTS}
+    grid = WEIGHT_TOKENS
+    weight = np.stack([np.asarray(OpArrays.from_table(optable.decode_step(model, replace(sc, batch=int(t)), keys,
+                                                                          buffer)).weight_bytes, float)
+                       for t in grid])
+    return IterationModel(d1, base, per_decode, per_key, {f: coef[f][1] for f in _AMOUNTS},
+                          {f: coef[f][2] for f in _AMOUNTS}, {f: coef[f][0] for f in _AMOUNTS},
+                          np.asarray(grid, dtype=float), weight)
