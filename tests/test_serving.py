@@ -170,3 +170,11 @@ def test_steady_state_agrees_with_the_simulator(cols, kind):
         what = f"{key} {v:g}: throughput {x:+.1%}, TTFT {ttft:+.1%}, TPOT {tpot:+.1%}"
         errors.append((what, abs(x) <= 0.05 and abs(ttft) <= TTFT_TOLERANCE and abs(tpot) <= TPOT_TOLERANCE))
     assert all(ok for _, ok in errors), [w for w, ok in errors if not ok]
+
+
+def test_a_cache_that_holds_no_request_and_a_budget_below_the_running_limit_are_refused():
+    from basis.errors import DseError
+    ev = evaluate({**SMALL, "concurrency": 2, "kv_block": [16, 10**8]})
+    assert ev["feasible"][0] and ev.reason_key(1) == "device_memory" and "less than one request" in ev.reason_text(1)
+    with pytest.raises(DseError, match=r"study\.yaml: space: prefill_chunk: .*\(512\) must be at least max_running"):
+        evaluate({**SMALL, "concurrency": 4, "prefill_chunk": 512}, where="study.yaml: space")

@@ -38,15 +38,20 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
         "ttft_s": np.asarray(prefill_s, dtype=float),
         "tpot_s": tpot,
         "e2e_latency_s": e2e,
-        "output_tokens_per_s": out_tps,
-        "output_tokens_per_s_per_user": 1.0 / tpot,
-        "output_tokens_per_s_per_device": out_tps / np.asarray(devices, dtype=float),
+        **rates_per_user_and_device(out_tps, tpot, devices),
         "prefill_tokens_per_s": batch * np.asarray(prompt_len, dtype=float) / prefill_s,
         "requests_per_s": batch / e2e,
         "total_tokens_per_s": batch * (gen + np.asarray(prompt_len, dtype=float)) / e2e,
         "queue_s": np.zeros(n),
         "running_batch": np.broadcast_to(batch, n).astype(float),
     }
+
+
+def rates_per_user_and_device(out_tps, tpot_s, devices) -> dict[str, np.ndarray]:
+    """Output tokens/s of the system, of one user (one token per TPOT) and per device."""
+    out_tps = np.asarray(out_tps, dtype=float)
+    return {"output_tokens_per_s": out_tps, "output_tokens_per_s_per_user": 1.0 / np.asarray(tpot_s, dtype=float),
+            "output_tokens_per_s_per_device": out_tps / np.asarray(devices, dtype=float)}
 
 
 def pipelined_prefill_s(pass_s, micro_batches, pp):

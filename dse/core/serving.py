@@ -190,7 +190,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     kv_utilization (share of KV blocks held), saturated (bool: the open loop's rate is
     past what the engine serves; its queue and TTFT grow without bound)."""
     p, g = load.prompt_len.astype(float), load.gen_len.astype(float)
-    cap = running_cap(load)
+    cap = np.maximum(running_cap(load), 1.0)         # a cache holding no request is refused by the caller
     closed = np.isfinite(load.concurrency)
     rate = np.nan_to_num(load.request_rate, nan=0.0)
     conc = np.nan_to_num(load.concurrency, nan=1.0)

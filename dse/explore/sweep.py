@@ -31,7 +31,7 @@ COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
 
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """Rows of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
-    ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints)
+    ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
     df = pd.DataFrame({id_name: np.asarray(ids, dtype=np.int64)})
     for name, v in cols.items():
         df[name] = v

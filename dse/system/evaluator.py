@@ -23,7 +23,7 @@ import numpy as np
 from basis.errors import DseError
 from basis.units import bytes_text
 from dse.core.efficiency import Efficiency, choose
-from dse.core.metrics import pipelined_prefill_s, serving_metrics, system_figures
+from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device, serving_metrics, system_figures
 from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
 from dse.core.serving import Load, steady_state
 from dse.core.simulator import EngineConfig
@@ -374,8 +374,7 @@ def _price_continuous(g: _Group, eff: Efficiency) -> dict:
     ttft = out["ttft_s"] + eff.request_overhead_s
     out_tps = out["output_tokens_per_s"]
     return {"ttft_s": ttft, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + eff.request_overhead_s,
-            "output_tokens_per_s": out_tps, "output_tokens_per_s_per_user": 1.0 / out["tpot_s"],
-            "output_tokens_per_s_per_device": out_tps / sc.devices,
+            **rates_per_user_and_device(out_tps, out["tpot_s"], sc.devices),
             "prefill_tokens_per_s": out["requests_per_s"] * sc.prompt_len,
             "requests_per_s": out["requests_per_s"], "total_tokens_per_s": out["total_tokens_per_s"],
             "queue_s": out["queue_s"], "running_batch": out["running_batch"],
@@ -616,6 +615,12 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
         raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
     w["continuous"] = asked | loaded
+    short = w["continuous"] & (w["prefill_chunk"] > 0) & (w["prefill_chunk"] < w["max_running"])
+    if short.any():
+        k = int(np.flatnonzero(short)[0])
+        raise DseError(f"{cols.where}: prefill_chunk: an iteration's token budget ({int(w['prefill_chunk'][k]):,}) must "
+                       f"be at least max_running ({int(w['max_running'][k]):,}), as vLLM requires of "
+                       f"max_num_batched_tokens; give a larger prefill_chunk or a smaller max_running")
     # continuous batching prices one request's tables; without a load it runs closed at the batch
     w["concurrency"] = np.where(w["continuous"] & ~loaded, np.where(w["batch_max"], 1.0, w["batch"]),
                                 w["concurrency"])
@@ -820,6 +825,10 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     kv = fp.kv_cache_bytes
     if continuous:
         serving, kv = _serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act)
+        need = np.ceil((sc.prompt_len + sc.gen_len) / serving["kv_block"])
+        mark("device_memory", dev_ok & (serving["kv_blocks"] < need),
+             "the paged KV cache holds less than one request: the memory left after weights and activations "
+             "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
     base["weights_bytes"][idx] = fp.weights_bytes
     base["kv_cache_bytes"][idx] = kv
     base["activation_bytes"][idx] = act
@@ -859,15 +868,16 @@ def _serving_inputs(model, sc, w: dict, hw: HardwareArrays, idx, i0: int, cap, f
 
 
 def evaluate(columns: Mapping, *, ideal: bool = False, explain=False, efficiency=None,
-             constraints: dict | None = None) -> Evaluation:
+             constraints: dict | None = None, where: str = "columns") -> Evaluation:
     """Evaluate design points given as columns (one entry per point; scalars broadcast).
 
     ``efficiency``: an Efficiency for every point, one per point, or None (each point's
     hardware class default; ``ideal`` the pure roofline bound). ``explain``: True for
     every point, or the indices of the points whose per-operator tables to keep.
     ``constraints``: {metric: {'min': x, 'max': y}} checked on top of the built-in checks.
-    Returns an ``Evaluation``."""
-    return prepare(columns, constraints=constraints).run(efficiency=efficiency, ideal=ideal, explain=explain)
+    ``where`` names the columns in error messages (a study file's space). Returns an ``Evaluation``."""
+    return prepare(columns, constraints=constraints, where=where).run(efficiency=efficiency, ideal=ideal,
+                                                                     explain=explain)
 
 
 __all__ = ["evaluate", "prepare", "serving_engine", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]
