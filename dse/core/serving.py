@@ -218,6 +218,6 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         "output_tokens_per_s": x * g,
         "total_tokens_per_s": x * (g + p),
         "running_batch": b,
-        "kv_utilization": np.minimum(blocks / load.kv_blocks, 1.0),
+        "kv_utilization": np.minimum(blocks / np.maximum(load.kv_blocks, 1.0), 1.0),
         "saturated": saturated,
     }
