@@ -2,6 +2,7 @@
 through a temporary file of a name no other process uses, nothing left behind on failure."""
 from __future__ import annotations
 
+import csv
 import os
 import uuid
 from collections.abc import Callable
@@ -62,3 +63,16 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_csv(path: str | Path, what: str) -> tuple[list[str], csv.DictReader]:
+    """(the header's column names, stripped; a DictReader over the rows) of the CSV file
+    ``path`` (UTF-8, a byte-order mark allowed); DseError on one line naming the file and
+    ``what`` it was read as when it cannot be read."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DseError(f"{p}: cannot read {what}: {getattr(e, 'strerror', None) or e}") from None
+    reader = csv.DictReader(text.splitlines())
+    return [h.strip() for h in (reader.fieldnames or [])], reader

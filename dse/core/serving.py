@@ -1,62 +1,110 @@
 """A steady-state model of an in-flight-batching engine under load, vectorized over design
 points: the running batch under a paged KV cache, chunked prefill mixed into decode
-iterations, queueing past saturation (closed loop at a concurrency, or open loop at a
-request rate).
+iterations, prefix caching, queueing past saturation (closed loop at a concurrency, or open
+loop at a request rate), request lengths fixed or drawn from a distribution, latency
+percentiles and goodput under SLOs.
 
 The engine is the one ``dse.core.simulator`` runs request by request (its reference): each
 iteration decodes one token for every running sequence past its prompt and fills the rest
 of a token budget with prompt chunks; requests are admitted first come, first served while
-their KV blocks fit.
+their KV blocks fit. Every iteration is priced by the caller's ``iteration_time`` (the
+roofline of ``dse.system.iteration``).
 
-In steady state with ``b`` sequences running, of which ``b_p`` are prefilling:
+Two regimes:
 
-- a prompt of P tokens takes ``n_p = ceil(P / (budget - decoders))`` iterations (Sarathi-
-  Serve's chunks), and ``λ`` requests finish per iteration, so ``b_p = λ n_p`` and the
-  share of iterations that carry a prompt chunk is ``f = min(b_p, 1)``;
-- a sequence decodes for G - 1 iterations, so ``λ = (b - b_p) / (G - 1)`` (Little's law);
-- an iteration carrying a chunk of ``P / n_p`` tokens lasts ``T_h``, one without ``T_d``
-  (both priced by the roofline, ``iteration_time``); the mean is ``T = f T_h + (1 - f) T_d``;
-- TPOT = T, TTFT = n_p T_h plus the wait for admission (closed loop: (N - b) / X by
-  Little's law; open loop: half an iteration to the next boundary), and the request
-  throughput X = λ / T.
+- **Waves** (a closed loop with every request of the same lengths): requests that finish
+  together come back together and are prefilled together, as many to an iteration as the
+  budget holds beside the decoders; the cycle of prompt and decode iterations gives the
+  throughput by Little's law (``_waves``).
+- **Mixing** (an open loop at a Poisson rate, or a closed loop whose requests differ in
+  length and so drift apart): an iteration prefills the prompts that arrived during the one
+  before, a Poisson number of mean X T, beside the sequences decoding; a prompt of c
+  computed tokens takes n = ceil(c / budget) iterations; a request's TTFT is the rest of the
+  iteration it arrives in (length-biased) plus its prompt's iterations; TPOT the mean
+  iteration. Solved for the mean iteration T together with the running batch (open loop:
+  b = X x residence time) or the throughput (closed loop: X = b / residence time)
+  (``_mixed``).
 
-The running batch is the concurrency (closed loop), or the b whose throughput is the
-request rate (open loop, found by bisection), capped by ``max_running`` and by the KV cache:
-``kv_blocks`` over the blocks a running sequence holds on average (its prompt and half its
-output, plus half a block of fragmentation). Past that cap requests queue (they are never
-spilled to host memory) and an open loop past the cap's throughput is saturated (TTFT
-infinite).
+The running batch is the concurrency (closed loop), or what the rate keeps busy (open loop),
+capped by ``max_running`` and by the KV cache: its blocks over the blocks a running sequence
+holds on average (its prompt, half its output and half a block of fragmentation, weighted by
+how long each length class runs). Past that cap requests queue (never spilled to host
+memory); an open loop past the cap's throughput is saturated (TTFT infinite).
+
+Prefix caching: every prompt starts with a shared prefix of ``prefix_tokens``, of which the
+full KV blocks are cached once for all requests (the last prompt token is always computed):
+a request computes and holds only what follows them.
+
+Latency percentiles: each metric is a mixture over length classes (and over the wave a
+request falls in), each component normal with the variance of the iterations it spans
+(the residual of the arrival iteration, the prompt iterations, the decode iterations taken
+as independent); quantiles of that mixture. ``goodput`` is the largest Poisson request rate
+whose TTFT and TPOT quantiles meet the SLOs (DistServe's definition at a percentile).
 
 Sources (facts): Yu et al., Orca (OSDI 2022); Kwon et al., PagedAttention (SOSP 2023);
-Agrawal et al., Sarathi-Serve (OSDI 2024); Little's law.
+Agrawal et al., Sarathi-Serve (OSDI 2024); Zhong et al., DistServe (OSDI 2024, goodput
+under TTFT/TPOT SLOs at a percentile); Little's law.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 import numpy as np
 
-#: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences), arrays [P] -> seconds [P]
-IterationTime = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+from workloads.lengths import Lengths
 
-#: bisection steps for the open loop's running batch (relative precision 2^-40)
-_BISECT = 40
+#: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences, rows) -> seconds:
+#: arrays of one shape, ``rows`` the design point (of the caller's group) each entry belongs to
+IterationTime = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+#: nodes and weights of a normal (Gauss-Hermite, probabilists', five points): the decoding
+#: sequences' spread about their mean in an open loop
+_NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(5)
+_NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
+#: the most prompts an iteration's state counts (more fold into it)
+_MOST_STATES = 256
+#: fixed-point steps of the mixing model at most, and the relative change it settles at
+_FIXED_POINT = 80
+_SETTLED = 1e-6
+#: the percentiles reported
+PERCENTILES = (50, 90, 99)
+#: bisection steps of goodput over (0, capacity]: precision capacity / 2^12
+_GOODPUT_STEPS = 12
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Disaggregated prefill and decode (DistServe, Splitwise), arrays [P]: prefill and decode
+    instances (engines of the group's devices each), KV bytes per token each device of a
+    prefill instance sends to its decode instance, and ``transfer(bytes [A, K], rows [A])``:
+    seconds of one such message on each point's link."""
+
+    prefill: np.ndarray
+    decode: np.ndarray
+    kv_token_bytes: np.ndarray
+    transfer: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+    def take(self, idx) -> "Pools":
+        """The design points ``idx`` (``transfer`` still takes rows of the whole group)."""
+        return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx])
 
 
 @dataclass(frozen=True)
 class Load:
-    """The engine and its load per design point (arrays [P]).
+    """The engine and its load per design point (arrays [P]), and the request lengths
+    (classes shared by every point).
 
-    prompt_len, gen_len: tokens per request; kv_blocks: blocks the KV cache holds;
-    kv_block: tokens per block; token_budget: tokens one iteration processes;
-    max_running: sequences running at once; concurrency: requests in flight (closed loop;
-    NaN for an open loop); request_rate: requests per second (open loop; NaN for closed);
-    chunked: prompts cut into chunks beside the decoders (else prefill-first: an iteration
-    of whole prompts, no decoding, whenever prompts wait)."""
+    kv_blocks: blocks the KV cache holds; kv_block: tokens per block; token_budget: tokens
+    one iteration processes; max_running: sequences running at once; concurrency: requests
+    in flight (closed loop; NaN for an open loop); request_rate: requests per second (open
+    loop; NaN for closed); chunked: prompts cut into chunks beside the decoders (else
+    prefill-first: an iteration of whole prompts, no decoding, whenever prompts wait);
+    prefix_tokens: the shared prompt prefix (tokens; 0: no prefix caching); pools:
+    disaggregated prefill and decode (None: both on one engine)."""
 
-    prompt_len: np.ndarray
-    gen_len: np.ndarray
+    lengths: Lengths
     kv_blocks: np.ndarray
     kv_block: np.ndarray
     token_budget: np.ndarray
@@ -64,69 +112,152 @@ class Load:
     concurrency: np.ndarray
     request_rate: np.ndarray
     chunked: np.ndarray
+    prefix_tokens: np.ndarray
+    pools: Pools | None = None
+
+    def take(self, idx) -> "Load":
+        """The design points ``idx``."""
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
+                                if f.name not in ("lengths", "pools")},
+                       pools=None if self.pools is None else self.pools.take(idx))
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """Per-point length classes, arrays [P, K]: prompt and gen tokens, cached prompt tokens,
+    computed prompt tokens (work), prompt key pairs computed, decode iterations (steps),
+    keys a decode iteration attends to on average (keys); the variance of prompt and output
+    lengths within a class (prompt_var, gen_var); weight [K]; shared_blocks [P]."""
+
+    prompt: np.ndarray
+    gen: np.ndarray
+    cached: np.ndarray
+    work: np.ndarray
+    pairs: np.ndarray
+    steps: np.ndarray
+    keys: np.ndarray
+    prompt_var: np.ndarray
+    gen_var: np.ndarray
+    weight: np.ndarray
+    shared_blocks: np.ndarray
+
+    def take(self, idx) -> "_Classes":
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "weight"})
+
+    def mean(self, x: np.ndarray) -> np.ndarray:
+        """The request-weighted mean over classes of ``x`` [P, K], [P]."""
+        return x @ self.weight
+
+
+def _classes(load: Load) -> _Classes:
+    """The length classes of every point, prefix caching applied."""
+    n = len(load.kv_block)
+    prompt = np.broadcast_to(load.lengths.prompt, (n, len(load.lengths.prompt)))
+    gen = np.broadcast_to(load.lengths.gen, prompt.shape)
+    blk = load.kv_block[:, None]
+    full = np.floor(load.prefix_tokens[:, None] / blk) * blk            # cached: whole blocks only
+    cached = np.clip(np.minimum(full, prompt - 1.0), 0.0, None)
+    work = prompt - cached
+    pairs = (prompt * (prompt - 1.0) - cached * np.maximum(cached - 1.0, 0.0)) / 2.0
+    steps = np.maximum(gen - 1.0, 0.0)
+    keys = prompt + np.maximum(gen - 2.0, 0.0) / 2.0   # the prompt and half the output fed back
+    shared = np.where(full[:, 0] > 0, full[:, 0] / load.kv_block, 0.0)
+    spread = [np.broadcast_to(v, prompt.shape) for v in (load.lengths.prompt_var, load.lengths.gen_var)]
+    return _Classes(prompt, gen, cached, work, pairs, steps, keys, *spread, load.lengths.weight, shared)
+
+
+def _blocks_per_sequence(load: Load, cls: _Classes) -> np.ndarray:
+    """KV blocks a running sequence holds on average, [P]: its own prompt part and half its
+    output, plus half a block of fragmentation; classes weighted by how long they run."""
+    held = cls.work + cls.gen / 2.0
+    run = cls.weight * (1.0 + cls.steps)
+    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
 
 
 def running_cap(load: Load) -> np.ndarray:
-    """Sequences the engine can run at once: max_running, or fewer where the KV cache
-    holds fewer (each holds its prompt, half its output and half a block on average)."""
-    p, g, blk = load.prompt_len, load.gen_len, load.kv_block
-    per_seq = (p + g / 2.0) / blk + 0.5
-    return np.minimum(load.max_running, np.floor(load.kv_blocks / per_seq))
+    """Sequences the engine can run at once, [P]: max_running, or fewer where the KV cache
+    (less the shared prefix's blocks) holds fewer."""
+    cls = _classes(load)
+    free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
+    return np.minimum(load.max_running, np.floor(free / _blocks_per_sequence(load, cls)))
 
 
-def _keys(p, g):
-    """Keys a decoding sequence holds on average over its generation: the prompt and half
-    the output fed back."""
-    return p + np.maximum(g - 2, 0) / 2.0
+def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s) -> np.ndarray:
+    """``iteration_time`` over arrays of shape [A] or [A, J] (entry (a, .) of design point
+    ``rows[a]``), in that shape (seconds)."""
+    args = [np.asarray(x, dtype=float) for x in (d, dctx, c, pctx, s)]
+    r = rows[:, None] if any(x.ndim == 2 for x in args) else rows
+    shape = np.broadcast_shapes(*(x.shape for x in args), r.shape)
+    flat = [np.broadcast_to(x, shape).ravel() for x in args]
+    return iteration_time(*flat, np.broadcast_to(r, shape).ravel()).reshape(shape)
 
 
-def _closed(b, load: Load, iteration_time: IterationTime) -> dict[str, np.ndarray]:
-    """Closed loop with ``b`` sequences running, all of the same lengths: they move in
-    waves. Requests that finish together come back together and are prefilled together,
-    as many to an iteration as its token budget has room for beside the decoders (chunked),
-    so ``W`` waves of b / W share a cycle of ``n_p`` prompt iterations and G - 1 decode
-    iterations per request (Little's law: X = b / cycle). Prefill-first keeps them one
-    cohort (see below)."""
-    p, g, budget = load.prompt_len, load.gen_len, load.token_budget
-    steps = np.maximum(g - 1, 0)
+# --------------------------------------------------------------------------- waves
+
+def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
+    """Closed loop with ``b`` sequences running, all of one length class: they move in
+    waves. Requests that finish together come back together and are prefilled together, as
+    many to an iteration as its token budget has room for beside the decoders (chunked), so
+    ``W`` waves of b / W share a cycle of prompt iterations and G - 1 decode iterations per
+    request (Little's law: X = b / cycle). Prefill-first keeps them one cohort (see below).
+    Returns x (requests/s), T (mean iteration), tpot, and the TTFT, TPOT and end-to-end
+    mixtures (mean, sd, weight) [P, 2]."""
+    c, budget = cls.work[:, 0], load.token_budget
+    pair = cls.pairs[:, 0] / c                                # keys a computed prompt token attends to
+    steps = cls.steps[:, 0]
+    ctx = cls.keys[:, 0]
+    zero = np.zeros_like(b)
     # the first arrivals split into waves by the budget, and keep that split
-    waves = np.clip(np.ceil(b * p / budget), 1, np.maximum(b, 1))
+    waves = np.clip(np.ceil(b * c / budget), 1, np.maximum(b, 1))
     size = b / waves                                         # requests per wave
-    room = np.maximum(budget - (b - size), 1.0)              # prompt tokens beside the other waves' decoders
-    ctx = _keys(p, g)
-    d_h = b - size
+    d_h = np.where(steps > 0, b - size, 0.0)                 # the other waves decode (unless none does)
+    room = np.maximum(budget - d_h, 1.0)                     # prompt tokens beside them
     # a wave's prompts fill one iteration; what does not fit goes on in h2 more, evenly
-    c1 = np.minimum(size * p, room)
-    rest = size * p - c1
+    c1 = np.minimum(size * c, room)
+    rest = size * c - c1
     h2 = np.ceil(rest / room)
     c2 = np.where(h2 > 0, rest / np.maximum(h2, 1), 0.0)
-    first = np.minimum(size, np.floor(room / p))            # prompts done in the first iteration
+    first = np.minimum(size, np.floor(room / c))            # prompts done in the first iteration
     late = (size - first) / size                             # share of the wave that waits for the rest
-    t1 = iteration_time(d_h, d_h * ctx, c1, c1 * (p - 1) / 2.0, first)
-    t2 = iteration_time(d_h, d_h * ctx, c2, c2 * (p - 1) / 2.0, (size - first) / np.maximum(h2, 1))
-    zero = np.zeros_like(b)
-    t_d = iteration_time(b, b * ctx, zero, zero, zero)
+    t1 = _priced(iteration_time, rows, d_h, d_h * ctx, c1, c1 * pair, first)
+    t2 = _priced(iteration_time, rows, d_h, d_h * ctx, c2, c2 * pair, (size - first) / np.maximum(h2, 1))
+    t_d = _priced(iteration_time, rows, b, b * ctx, zero, zero, zero)
     ttft = t1 + late * h2 * t2
     n_p = 1.0 + late * h2                                    # iterations to the first token, mean
     hybrid = waves * (1.0 + h2)
     cycle = np.maximum(steps + n_p, hybrid)                  # iterations per cycle
     t_cycle = waves * (t1 + h2 * t2) + (cycle - hybrid) * t_d
     tpot = np.where(steps > 0, (t_cycle - ttft) / np.maximum(steps, 1), t_d)
+    ttft_mix = (np.stack([t1, t1 + h2 * t2], 1), np.zeros((len(b), 2)), np.stack([1 - late, late], 1))
+    tpot_sd = np.zeros_like(b)
     # prefill-first: while prompts wait nothing decodes, so the requests stay one cohort, as a
     # static batch: its prompts in W iterations of as many as the budget holds, then G - 1
     # decode iterations of all of them (the i-th iteration's prompts wait for i of them)
-    per_wave = np.clip(np.floor(budget / p), 1, np.maximum(b, 1))
+    per_wave = np.clip(np.floor(budget / c), 1, np.maximum(b, 1))
     waves_pf = np.ceil(b / per_wave)
     size_pf = b / waves_pf
-    t_p = iteration_time(zero, zero, size_pf * p, size_pf * p * (p - 1) / 2.0, size_pf)
+    t_p = _priced(iteration_time, rows, zero, zero, size_pf * c, size_pf * c * pair, size_pf)
     ch = load.chunked
     t_cycle = np.where(ch, t_cycle, waves_pf * t_p + steps * t_d)
     cycle = np.where(ch, cycle, waves_pf + steps)
     # the i-th wave's first token comes W - i prompt iterations before the cohort decodes
+    spread = t_p * np.sqrt((waves_pf ** 2 - 1.0) / 12.0)      # sd of a uniform choice of i
     tpot = np.where(ch, tpot, t_d + t_p * (waves_pf - 1) / (2.0 * np.maximum(steps, 1)))
-    ttft = np.where(ch, ttft, t_p * (waves_pf + 1) / 2.0)
-    return {"x": b / t_cycle, "ttft": ttft, "tpot": tpot, "T": t_cycle / cycle}
+    tpot_sd = np.where(ch, tpot_sd, spread / np.maximum(steps, 1))
+    pf_ttft = t_p * (waves_pf + 1) / 2.0
+    mean = np.where(ch[:, None], ttft_mix[0], np.stack([pf_ttft, pf_ttft], 1))
+    sd = np.where(ch[:, None], 0.0, np.stack([spread, spread], 1))
+    weight = np.where(ch[:, None], ttft_mix[2], np.array([[1.0, 0.0]]))
+    ttft = np.where(ch, ttft, pf_ttft)
+    e2e = ttft + steps * tpot                                # a cohort ends together
+    two = np.ones((len(b), 2))
+    return {"x": b / t_cycle, "T": t_cycle / cycle, "ttft": ttft, "tpot": tpot,
+            "ttft_mix": (mean, sd, weight),
+            "tpot_mix": (tpot[:, None] * two, tpot_sd[:, None] * two, weight),
+            "e2e_mix": (e2e[:, None] * two, np.zeros_like(two), weight)}
 
+
+# --------------------------------------------------------------------------- mixing
 
 def _poisson(mean, kmax: int) -> np.ndarray:
     """P(k) for k = 0..kmax of a Poisson count of each ``mean`` ([P]), [P, kmax + 1]; the
@@ -139,85 +270,510 @@ def _poisson(mean, kmax: int) -> np.ndarray:
     return pmf
 
 
-def _open(rate, load: Load, iteration_time: IterationTime, cap) -> dict[str, np.ndarray]:
-    """Open loop at ``rate`` requests/s (Poisson arrivals). An iteration prefills the
-    prompts that arrived during the one before (a Poisson number, mean rate x T) beside the
-    sequences decoding; a request waits the rest of the iteration it arrives in, takes its
-    prompt's iterations, then G - 1 decode iterations. Solved for the mean iteration T and
-    the running batch b = rate x (time from admission to the end) together."""
-    p, g, budget = load.prompt_len, load.gen_len, load.token_budget
-    steps = np.maximum(g - 1, 0)
-    ctx = _keys(p, g)
-    n_p = np.where(load.chunked, np.maximum(np.ceil(p / np.maximum(budget - 1, 1)), 1.0), 1.0)
-    zero = np.zeros_like(rate)
-    t = iteration_time(np.ones_like(rate), ctx, zero, zero, zero)
-    b = np.ones_like(rate)
-    for _ in range(40):
-        arrivals = rate * t                                  # prompts started per iteration, mean
-        kmax = int(np.ceil(np.max(arrivals + 6 * np.sqrt(arrivals) + 6)))
-        pmf = _poisson(arrivals, kmax)
-        dec = np.maximum(b - arrivals * n_p, 0.0)
-        times, prompts_only = [], []
-        t_dec = iteration_time(np.maximum(b, 1e-9), np.maximum(b, 1e-9) * ctx, zero, zero, zero)
-        for k in range(kmax + 2):                            # k prompts in one iteration
-            c = np.minimum(k * p / n_p, np.maximum(budget - dec, 1.0))
-            times.append(iteration_time(dec, dec * ctx, c, c * (p - 1) / 2.0, k / n_p))
-            # prefill-first: k whole prompts in an iteration of their own, then a decode iteration
-            if not load.chunked.all():
-                prompts_only.append(iteration_time(zero, zero, k * p + zero, k * p * (p - 1) / 2.0 + zero,
-                                                   k + zero))
-        hybrid = np.stack(times, axis=1)                     # [P, kmax + 2]
-        alone = np.stack(prompts_only, axis=1) if prompts_only else hybrid
-        ch = load.chunked[:, None]
-        times = np.where(ch, hybrid, np.where(np.arange(kmax + 2) > 0, alone, 0.0) + t_dec[:, None])
-        first = np.where(ch, hybrid, alone)                  # until one's own prompt's iteration ends
-        mean_t = (pmf * times[:, :-1]).sum(axis=1)
-        mean_t2 = (pmf * times[:, :-1] ** 2).sum(axis=1)
-        own = (pmf * first[:, 1:]).sum(axis=1)              # an iteration with one's own prompt in it
-        new_b = np.minimum(rate * (n_p * own + steps * mean_t), cap)
-        done = np.allclose(mean_t, t, rtol=1e-7) and np.allclose(new_b, b, rtol=1e-7)
-        t, b = 0.5 * (t + mean_t), 0.5 * (b + new_b)
-        if done:
+def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``first`` [A, K] (an iteration's seconds by the prompts in it) at fractional ``count``
+    ([A, ...]) and at one prompt more, linear between whole counts."""
+    low = np.floor(count).astype(np.int64)
+    part = count - low
+    top = first.shape[1] - 1
+    flat = first.ravel()
+    base = (np.arange(len(first)) * first.shape[1]).reshape((-1,) + (1,) * (count.ndim - 1))
+    f0, f1, f2 = (flat[base + np.minimum(low + d, top)] for d in (0, 1, 2))
+    return (1.0 - part) * f0 + part * f1, (1.0 - part) * f1 + part * f2
+
+
+def _overflow(mean, var, room) -> np.ndarray:
+    """The share of ``mean`` tokens (variance ``var``) beyond ``room``: E[(S - room)+] / E[S]
+    of a normal S (its upper tail: the prompts that wait an iteration more)."""
+    from scipy.special import ndtr   # scipy on first use: importing dse stays light
+    sd = np.sqrt(var)
+    gap = mean - room
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = gap / sd
+        tail = np.where(sd > 0, gap * ndtr(z) + sd * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi), np.maximum(gap, 0.0))
+        return np.where(mean > 0, np.maximum(tail, 0.0) / mean, 0.0)
+
+
+@lru_cache(maxsize=256)
+def _sampled(kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k [1, S]: the prompt counts an iteration is priced at: every one up to 8, then about
+    25 % apart up to ``kmax``; spread [S, kmax + 1]: linear interpolation onto 0..kmax)."""
+    steps = 2 + int(np.log(max(kmax, 8) / 8) / np.log(1.25))
+    ks = np.unique(np.concatenate([np.arange(min(kmax, 8) + 1),
+                                   np.round(np.geomspace(8, kmax, steps)) if kmax > 8 else [], [kmax]])).astype(float)
+    full = np.arange(kmax + 1, dtype=float)
+    j = np.clip(np.searchsorted(ks, full, side="right") - 1, 0, len(ks) - 2)
+    f = (full - ks[j]) / (ks[j + 1] - ks[j])
+    spread = np.zeros((len(ks), kmax + 1))
+    spread[j, np.arange(kmax + 1)] = 1.0 - f
+    spread[j + 1, np.arange(kmax + 1)] += f
+    return ks[None, :], spread
+
+
+def _stationary(trans: np.ndarray) -> np.ndarray:
+    """The stationary distribution [A, J] of Markov chains with transition matrices ``trans``
+    [A, J, J] (row: from, column: to)."""
+    j = trans.shape[1]
+    m = np.swapaxes(trans, 1, 2) - np.eye(j)
+    m[:, -1, :] = 1.0
+    rhs = np.zeros((len(trans), j, 1))
+    rhs[:, -1, 0] = 1.0
+    pi = np.clip(np.linalg.solve(m, rhs)[..., 0], 0.0, None)
+    return pi / pi.sum(axis=1, keepdims=True)
+
+
+@dataclass
+class _Mixing:
+    """The mixing regime's steady state, per point (arrays [A]): throughput x (requests/s),
+    running batch b, mean iteration t1 (seconds) and its second moment t2, the time between
+    one sequence's tokens tpot (t1, or prefill-first: t1 over the share of decoding
+    iterations); per state j of the
+    iteration an arrival lands in ([A, J]): its probability ``landing`` (length-biased), its
+    length ``tau`` (mean) and ``tau_var`` (variance, from the prompts' sizes), and the mean and second moment of one's own prompt iteration (own, own2)
+    for a chunk of the mean size ``tok`` [A], the full iterations one waits for before it
+    (wait, wait2: mean and second moment, seconds); ``slope`` (seconds per prompt token more),
+    ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K]."""
+
+    x: np.ndarray
+    b: np.ndarray
+    t1: np.ndarray
+    t2: np.ndarray
+    tpot: np.ndarray
+    landing: np.ndarray
+    tau: np.ndarray
+    tau_var: np.ndarray
+    own: np.ndarray
+    own2: np.ndarray
+    wait: np.ndarray
+    wait2: np.ndarray
+    tok: np.ndarray
+    slope: np.ndarray
+    chunk_var: np.ndarray
+    n: np.ndarray
+    closed: bool = False
+
+
+class _Chain:
+    """The iterations of the mixing regime for a group's points: one with k prompts lasts
+    tau_k, during which Poisson(X tau_k) requests arrive for the next (a Markov chain in k)."""
+
+    def __init__(self, load: Load, cls: _Classes, iteration_time: IterationTime, rows):
+        w = cls.weight
+        self.it, self.rows = iteration_time, rows
+        self.budget, self.chunked = load.token_budget, load.chunked
+        budget = np.maximum(self.budget - 1.0, 1.0)[:, None]
+        self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
+        self.en, self.es = self.n @ w, cls.steps @ w
+        chunk = cls.work / self.n
+        self.tok = chunk @ w                                 # prompt tokens an arrival brings per iteration
+        self.chunk_var = np.maximum((chunk ** 2) @ w - self.tok ** 2, 0.0)
+        self.pair = ((cls.pairs / self.n) @ w) / np.maximum(self.tok, 1e-300)
+        self.ends = (1.0 / self.n) @ w
+        self.whole, self.whole_pairs = cls.work @ w, cls.pairs @ w
+        self.ctx = np.where(self.es > 0, ((cls.steps * cls.keys) @ w) / np.maximum(self.es, 1e-300), cls.keys @ w)
+
+    def idle(self) -> np.ndarray:
+        """Seconds of an iteration decoding one sequence, [A]."""
+        zero = np.zeros(len(self.rows))
+        return _priced(self.it, self.rows, np.ones(len(self.rows)), self.ctx, zero, zero, zero)
+
+    def state(self, at, x, b, t, longest, closed: bool = False) -> dict:
+        """The chain of points ``at`` at throughput ``x``, running batch ``b`` and mean
+        iteration ``t`` ([A']; ``longest``: the longest iteration expected): stationary
+        moments [A'] and, per state ([A', J], zero past a point's last state), landing
+        probabilities and own-iteration moments. A closed loop's requests arrive as others
+        finish, at the end of an iteration, as many as finished in it (Poisson of mean X t,
+        whatever its length): no chain, no residual. Points are taken in groups of similar
+        numbers of states, so that a few busy points do not widen every point's chain."""
+        most = x * longest
+        need = np.minimum(np.ceil(most + 6 * np.sqrt(most) + 6), _MOST_STATES)
+        size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
+        parts = [(np.flatnonzero(size == v), int(v)) for v in np.unique(size)]
+        if len(parts) == 1:
+            return self._state(at, x, b, t, parts[0][1], closed)
+        out = {}
+        for idx, kmax in parts:
+            got = self._state(at[idx], x[idx], b[idx], t[idx], kmax, closed)
+            for key, v in got.items():
+                if key not in out:
+                    out[key] = np.zeros((len(at),) + ((int(size.max()) + 1,) if v.ndim == 2 else ()))
+                if v.ndim == 2:
+                    out[key][idx, :v.shape[1]] = v
+                else:
+                    out[key][idx] = v
+        return out
+
+    def _crowding(self, r, dec, ctx) -> np.ndarray:
+        """E[d T(d)] / (E[d] T(E[d])) of a decoding iteration whose d sequences vary as in an
+        open loop (Poisson about ``dec``, at five normal nodes): how much longer the iterations a
+        sequence decodes in are than the mean one (more for a mixture of experts, whose next
+        token touches new experts), [A']."""
+        spread = np.sqrt(np.maximum(dec, 0.0))[:, None] * _NODES[None, :]
+        d = np.maximum(dec[:, None] + spread, 0.0)
+        zero = np.zeros(1)
+        times = _priced(self.it, r, d, d * ctx[:, None], zero, zero, zero)
+        weight = _NODE_WEIGHTS[None, :] * d
+        mean = _priced(self.it, r, dec, dec * ctx, zero, zero, zero)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = (weight * times).sum(axis=1) / (weight.sum(axis=1) * mean)
+        return np.where(np.isfinite(ratio) & (dec > 0), ratio, 1.0)
+
+    def _state(self, at, x, b, t, kmax: int, closed: bool) -> dict:
+        """``state`` of points ``at`` with ``kmax`` + 1 states."""
+        r = self.rows[at]
+        k = np.arange(kmax + 3)[None, :]
+        ks, spread = _sampled(kmax + 2)                      # priced at a few k, linear between
+        dec = np.where(self.es[at] > 0, np.maximum(b - x * t * self.en[at], 0.0), 0.0)   # none: a prefill pool
+        room = np.maximum(self.budget[at] - dec, 1.0)
+        chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
+        times = first = _priced(self.it, r, dec[:, None], (dec * self.ctx[at])[:, None], chunk,
+                                chunk * self.pair[at][:, None], ks * self.ends[at][:, None])
+        pf = ~self.chunked[at]
+        if pf.any():           # prefill-first: k whole prompts in an iteration of their own; none: a decoding one
+            alone = np.zeros_like(times)
+            t_dec = np.zeros(len(at))
+            zero = np.zeros(1)
+            whole = np.minimum(ks, np.maximum(np.floor(self.budget[at][pf] / self.whole[at][pf]), 1.0)[:, None])
+            alone[pf] = _priced(self.it, r[pf], zero, zero, whole * self.whole[at][pf][:, None],
+                                whole * self.whole_pairs[at][pf][:, None], whole)   # as many as the budget holds
+            bb = np.maximum(b[pf], 1e-9)
+            t_dec[pf] = _priced(self.it, r[pf], bb, bb * self.ctx[at][pf], zero, zero, zero)
+            times = np.where(pf[:, None], np.where(ks > 0, alone, t_dec[:, None]), times)
+            first = np.where(pf[:, None], alone, first)
+        times, first = times @ spread, first @ spread
+        # prompts past the budget wait for the next iteration: the share of a k-prompt iteration's
+        # tokens that does not fit (prompt sizes spread; normal partial expectation), one more iteration
+        first = first + _overflow(k * self.tok[at][:, None], k * self.chunk_var[at][:, None], room[:, None]) * t[:, None]
+        tau = times[:, :-2]
+        a, j = len(at), np.arange(kmax + 1)
+        # prompts an iteration takes: what its budget holds (the rest wait for the next); chunked,
+        # a part of one as well (a fraction), prefill-first only whole ones
+        fit = np.where(pf, np.floor(self.budget[at] / np.maximum(self.whole[at], 1e-300)),
+                       room / np.maximum(self.tok[at], 1e-300))
+        fit = np.maximum(fit, 1.0)
+        carry = np.zeros((a, kmax + 1)) if closed else np.maximum(j[None, :] - fit[:, None], 0.0)
+        if closed:
+            arrive = np.broadcast_to(_poisson(x * t, kmax)[:, None, :], (a, kmax + 1, kmax + 1))
+            trans, pi = arrive, arrive[:, 0, :]
+        else:               # state: prompts waiting; the unserved ones stay (a fraction: by chance), arrivals join
+            arrive = _poisson((x[:, None] * tau).ravel(), kmax).reshape(a, kmax + 1, kmax + 1)
+            low = np.floor(carry).astype(np.int64)
+            part = carry - low
+            trans = np.zeros_like(arrive)
+            for c, share in ((low, 1.0 - part), (low + 1, part)):
+                shift = j[None, None, :] - c[:, :, None]
+                trans += share[:, :, None] * np.where(shift >= 0, np.take_along_axis(arrive, np.clip(shift, 0, kmax),
+                                                                                      axis=2), 0.0)
+            trans[:, :, -1] += np.maximum(1.0 - trans.sum(axis=2), 0.0)
+            pi = _stationary(trans)
+        t1 = (pi * tau).sum(axis=1)
+        landing = pi if closed else pi * tau / t1[:, None]
+        # a token per iteration, or prefill-first: per decoding iteration (state 0) only
+        tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1)
+        if not closed:      # a sequence sees iterations in proportion to the sequences decoding in them
+            tpot = tpot * self._crowding(r, dec, self.ctx[at])
+        # one's own iteration: one's prompt beside those still waiting and the others that arrived
+        # with it, as many as the budget holds
+        count = np.minimum(carry[:, :, None] + j[None, None, :] + 1, np.minimum(fit, kmax + 1)[:, None, None])
+        at_count, one_more = _at_count(first, count)
+        own = (arrive * at_count).sum(axis=2)
+        own2 = (arrive * at_count ** 2).sum(axis=2)
+        more = (arrive * one_more).sum(axis=2)              # ... and one more
+        # full iterations one waits for first: those ahead of it (still waiting, and half of the
+        # arrivals with it), a budget's worth at a time
+        ahead = _poisson((x[:, None] * tau / 2.0).ravel(), kmax).reshape(a, kmax + 1, kmax + 1)
+        full = _at_count(first, np.minimum(fit, kmax + 1)[:, None])[0][:, 0]
+        waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
+        wait = (ahead * waits).sum(axis=2) * full[:, None]
+        wait2 = (ahead * waits ** 2).sum(axis=2) * full[:, None] ** 2
+        mean_own = (landing * own).sum(axis=1)
+        slope = ((landing * more).sum(axis=1) - mean_own) / np.maximum(np.where(pf, self.whole[at], self.tok[at]),
+                                                                       1e-300)
+        # prompts differ in size: an iteration of k of them varies by k chunk variances at the slope
+        tau_var = k[:, :-2] * self.chunk_var[at][:, None] * slope[:, None] ** 2
+        t2 = (pi * (tau ** 2 + tau_var)).sum(axis=1)
+        return {"t1": t1, "t2": t2, "tpot": tpot, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
+                "own_k": own, "own2_k": own2, "wait": wait, "wait2": wait2, "slope": slope,
+                "longest": tau.max(axis=1)}
+
+
+def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, *, rate=None,
+           running=None) -> _Mixing:
+    """The mixing regime at a Poisson ``rate`` (requests/s; the running batch follows) or at a
+    fixed ``running`` batch (closed loop; the throughput follows), arrays [A]. Each
+    iteration prefills the prompts that arrived during the one before beside the sequences
+    decoding: the iterations are a Markov chain in the number of prompts they carry (a long
+    iteration gathers more arrivals for the next, ``_Chain``); solved for its stationary
+    distribution with the running batch or the throughput, each point until it settles."""
+    a = len(rows)
+    chain = _Chain(load, cls, iteration_time, rows)
+    t = chain.idle()
+    given_rate = rate is not None
+    x = np.array(rate, dtype=float) if given_rate else running / ((chain.en + chain.es) * t)
+    b = np.ones(a) if given_rate else np.array(running, dtype=float)
+    longest = t.copy()
+    # the unknowns u = (mean iteration, running batch or throughput), solved by Anderson
+    # acceleration of depth 1 (a secant step on the residual g(u) - u), damped where it strays
+    u = np.stack([t, b if given_rate else x], axis=1)
+    last_g, last_f = np.zeros_like(u), np.zeros_like(u)
+    started = np.zeros(a, dtype=bool)
+    live = np.arange(a)
+    for _ in range(_FIXED_POINT):
+        if not len(live):
             break
-    residual = mean_t2 / (2.0 * mean_t)                      # the rest of the iteration one arrives in
-    return {"x": rate, "ttft": residual + n_p * own, "tpot": mean_t, "T": mean_t, "b": b}
+        tl, vl = u[live, 0], u[live, 1]
+        bl, xl = (vl, x[live]) if given_rate else (b[live], vl)
+        st = chain.state(live, xl, bl, tl, longest[live], not given_rate)
+        stay = chain.en[live] * st["own"] + chain.es[live] * st["tpot"]   # admission to the end, seconds
+        g = np.stack([st["t1"], np.minimum(xl * stay, cap[live]) if given_rate else bl / stay], axis=1)
+        f = (g - u[live]) / (np.maximum(np.abs(g), np.abs(u[live])) + 1e-12)   # relative residual
+        settled = np.all(np.abs(f) <= _SETTLED, axis=1)
+        df = f - last_f[live]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            theta = (f * df).sum(axis=1) / (df * df).sum(axis=1)
+        theta = np.where(started[live] & np.isfinite(theta), theta, 0.5)
+        step = g - theta[:, None] * (g - np.where(started[live][:, None], last_g[live], u[live]))
+        bad = ~np.all(np.isfinite(step) & (step > 0), axis=1)
+        step[bad] = 0.5 * (u[live][bad] + g[bad])
+        if given_rate:
+            step[:, 1] = np.minimum(step[:, 1], cap[live])
+        last_g[live], last_f[live], started[live] = g, f, True
+        u[live] = np.where(settled[:, None], g, step)
+        longest[live] = np.maximum(st["longest"], tl)
+        live = live[~settled]
+    t = u[:, 0]
+    if given_rate:
+        b = u[:, 1]
+    else:
+        x = u[:, 1]
+    st = chain.state(np.arange(a), x, b, t, longest, not given_rate)   # the settled state, all points
+    return _Mixing(x, b, st["t1"], st["t2"], st["tpot"], st["landing"], st["tau"], st["tau_var"], st["own_k"],
+                   st["own2_k"], st["wait"], st["wait2"], chain.tok,
+                   st["slope"], chain.chunk_var, chain.n, not given_rate)
+
+
+def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
+    """TTFT, TPOT and end-to-end mixtures (mean, sd, weight) and their means [A] of the
+    mixing regime. A request waits the rest of the iteration it lands in (state j, length
+    tau_j, uniformly), then ``queue``, then its n_k prompt iterations, each as long as one's
+    own iteration from state j, longer or shorter by its chunk's tokens beyond the mean chunk
+    at the slope; it decodes s_k iterations of the mean length. TTFT is a mixture over the
+    states (the classes' spread in its variance); TPOT and end-to-end over the classes
+    (``ttft_class``: each class's TTFT mean and sd, [A, K])."""
+    w = cls.weight
+    queue = np.broadcast_to(np.asarray(queue, dtype=float), m.t1.shape)
+    extra = (cls.work / m.n - m.tok[:, None]) * m.slope[:, None]              # [A, K] per own iteration
+    var_own = np.maximum(m.own2 - m.own ** 2, 0.0)                             # [A, J]
+    # TTFT of class k from state j: tau_j U + queue + n_k (own_j + extra_k)
+    en = m.n @ w
+    midway = 0.0 if m.closed else 1.0                   # a closed loop's arrivals wait for no iteration to end
+    # the rest of an iteration of state j, landed in uniformly (its length varying: E[T^2] / 2E[T])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rest = np.where(m.tau > 0, (m.tau ** 2 + m.tau_var) / (2.0 * m.tau), 0.0)
+        rest_var = np.where(m.tau > 0, (m.tau ** 2 + 3.0 * m.tau_var) / 3.0 - rest ** 2, 0.0)
+    mean_j = midway * rest + queue[:, None] + m.wait + en[:, None] * m.own + ((m.n * extra) @ w)[:, None]
+    # the classes' spread: Var_k(n_k own_j + n_k extra_k)
+    ne = m.n * extra
+    var_n, var_ne = m.n ** 2 @ w - en ** 2, ne ** 2 @ w - (ne @ w) ** 2
+    cov = (m.n * ne) @ w - en * (ne @ w)
+    within = (cls.prompt_var * m.slope[:, None] ** 2) @ w              # lengths spread inside a class
+    class_var = np.maximum(m.own ** 2 * var_n[:, None] + var_ne[:, None] + 2.0 * m.own * cov[:, None], 0.0) \
+        + within[:, None]
+    var_j = (midway * np.maximum(rest_var, 0.0) + en[:, None] * var_own + class_var
+             + np.maximum(m.wait2 - m.wait ** 2, 0.0))
+    ttft = (m.landing * mean_j).sum(axis=1)
+    # per class (for the end-to-end latency): averaged over the states
+    res = midway * (m.landing * rest).sum(axis=1)
+    var_res = midway * np.maximum((m.landing * (rest_var + rest ** 2)).sum(axis=1) - res ** 2, 0.0)
+    own = (m.landing * m.own).sum(axis=1)
+    var_own_all = np.maximum((m.landing * m.own2).sum(axis=1) - own ** 2, 0.0)
+    ahead = (m.landing * m.wait).sum(axis=1)
+    var_ahead = np.maximum((m.landing * m.wait2).sum(axis=1) - ahead ** 2, 0.0)
+    ttft_k = (res + queue + ahead)[:, None] + m.n * np.maximum(own[:, None] + extra, 0.0)
+    var_ttft_k = (var_res + var_ahead)[:, None] + m.n * var_own_all[:, None] + cls.prompt_var * m.slope[:, None] ** 2
+    var_t = np.maximum(m.t2 - m.t1 ** 2, 0.0)
+    wk = np.broadcast_to(w, ttft_k.shape)
+    decoding = np.where(cls.steps > 0, wk, 0.0)
+    tpot_sd = np.sqrt(var_t[:, None] / np.maximum(cls.steps, 1.0))
+    e2e = ttft_k + cls.steps * m.tpot[:, None]
+    return {"ttft": ttft, "tpot": m.tpot, "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
+            "tpot_mix": (np.broadcast_to(m.tpot[:, None], ttft_k.shape), tpot_sd, decoding),
+            "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
+            "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
+
+
+# --------------------------------------------------------------------------- percentiles
+
+def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -> np.ndarray:
+    """Quantiles ``q`` (percent, [Q]) of mixtures of normals (sd 0: a point mass), one per row
+    of ``mean``, ``sd``, ``weight`` ([A, C]; weights need not sum to 1), [A, Q]; found by
+    bisection on the mixture's CDF (relative precision 2^-36 of its span)."""
+    from scipy.special import ndtr   # scipy on first use: importing dse stays light
+    mean, sd = np.asarray(mean, float), np.asarray(sd, float)
+    w = np.asarray(weight, float) / np.maximum(np.asarray(weight, float).sum(axis=1, keepdims=True), 1e-300)
+    target = np.asarray(q, float)[None, :, None] / 100.0            # [1, Q, 1]
+    lo = np.min(np.where(w > 0, mean - 8 * sd, np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
+    hi = np.max(np.where(w > 0, mean + 8 * sd, -np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
+    m, s, ww = mean[:, None, :], sd[:, None, :], w[:, None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for _ in range(36):
+            mid = 0.5 * (lo + hi)
+            z = (mid[:, :, None] - m) / s
+            cdf = (ww * np.where(s > 0, ndtr(z), (mid[:, :, None] >= m))).sum(axis=2)
+            below = cdf < target[:, :, 0]
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return hi
+
+
+# --------------------------------------------------------------------------- steady state
+
+def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
+    """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing.
+    Returns x (requests/s), ttft and tpot means (before any queue) and their mixtures."""
+    if len(cls.weight) == 1:
+        return _waves(running, load, cls, iteration_time, rows)
+    m = _mixed(load, cls, iteration_time, rows, cap, running=running)
+    return {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+
+
+def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
+    """An open loop at a Poisson ``rate`` [A] below capacity: the mixing regime. Returns b
+    (running batch), ttft and tpot means and their mixtures."""
+    m = _mixed(load, cls, iteration_time, rows, cap, rate=rate)
+    return {"b": m.b, **_mixing_mixtures(m, cls, 0.0)}
+
+
+def _with_queue(mix, queue):
+    """A latency mixture delayed by ``queue`` [A] seconds."""
+    return (mix[0] + queue[:, None], mix[1], mix[2])
+
+
+def _assign(mix, idx, part):
+    """``mix`` (mean, sd, weight) [P, C] with rows ``idx`` replaced by ``part`` ([A, K]); the
+    component axis widened to the larger of the two (zero-weight padding)."""
+    width = max(mix[0].shape[1], part[0].shape[1])
+    out = []
+    for whole, piece in zip(mix, part):
+        full = np.zeros((whole.shape[0], width))
+        full[:, :whole.shape[1]] = whole
+        full[idx] = 0.0
+        full[idx, :piece.shape[1]] = piece
+        out.append(full)
+    return tuple(out)
 
 
 def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndarray]:
     """Serving metrics of every design point (arrays [P], SI units): ttft_s, tpot_s,
-    e2e_latency_s (means), queue_s (mean wait before admission), requests_per_s,
-    output_tokens_per_s, total_tokens_per_s, running_batch (mean sequences running),
-    kv_utilization (share of KV blocks held), saturated (bool: the open loop's rate is
-    past what the engine serves; its queue and TTFT grow without bound)."""
-    p, g = load.prompt_len.astype(float), load.gen_len.astype(float)
-    cap = np.maximum(running_cap(load), 1.0)         # a cache holding no request is refused by the caller
+    e2e_latency_s (means) and their percentiles (``ttft_p90_s``, ... for ``PERCENTILES``),
+    queue_s (mean wait before admission), requests_per_s, output_tokens_per_s,
+    total_tokens_per_s, running_batch (mean sequences running), kv_utilization (share of
+    KV blocks held), saturated (bool: the open loop's rate is past what the engine serves;
+    its queue and TTFT grow without bound)."""
+    n = len(load.kv_block)
+    rows = np.arange(n)
+    cls = _classes(load)
+    cap = np.maximum(running_cap(load), 1.0)      # a cache holding no request is refused by the caller
     closed = np.isfinite(load.concurrency)
     rate = np.nan_to_num(load.request_rate, nan=0.0)
     conc = np.nan_to_num(load.concurrency, nan=1.0)
-    b_closed = np.minimum(conc, cap)
-    c = _closed(np.where(closed, b_closed, cap), load, iteration_time)   # closed loop; open: its ceiling
-    x_max = c["x"]
-    saturated = ~closed & (rate >= x_max)
-    if (~closed & ~saturated).any():               # the open loop's fixed point, where there is one
-        o = _open(np.where(closed | saturated, 1e-9, rate), load, iteration_time, cap)
-    else:
-        o = {k: np.zeros_like(cap) for k in ("ttft", "tpot", "b")}
-    queue = np.where(closed, np.maximum(conc - b_closed, 0.0) / c["x"], 0.0)
-    x = np.where(closed, c["x"], np.where(saturated, x_max, rate))
-    ttft = np.where(closed, c["ttft"] + queue, np.where(saturated, np.inf, o["ttft"]))
-    tpot = np.where(closed, c["tpot"], np.where(saturated, c["tpot"], o["tpot"]))
-    b = np.where(closed, b_closed, np.where(saturated, cap, o["b"]))
-    queue = np.where(saturated, np.inf, queue)
-    blocks = b * ((p + g / 2.0) / load.kv_block + 0.5)
-    return {
+    b = np.where(closed, np.minimum(conc, cap), cap)      # closed loop; open: its ceiling
+    c = _closed_loop(b, load, cls, iteration_time, rows, cap)
+    capacity = c["x"]
+    saturated = ~closed & (rate >= capacity)
+    queue = np.where(closed, np.maximum(conc - b, 0.0) / capacity, 0.0)
+    x, ttft, tpot = capacity.copy(), c["ttft"] + queue, c["tpot"].copy()
+    mix = {"ttft_mix": _with_queue(c["ttft_mix"], queue), "tpot_mix": c["tpot_mix"],
+           "e2e_mix": _with_queue(c["e2e_mix"], queue)}
+    opened = np.flatnonzero(~closed & ~saturated)
+    if len(opened):
+        o = _open_loop(rate[opened], load.take(opened), cls.take(opened), iteration_time, opened, cap[opened])
+        x[opened], ttft[opened], tpot[opened], b[opened] = rate[opened], o["ttft"], o["tpot"], o["b"]
+        for k in mix:
+            mix[k] = _assign(mix[k], opened, o[k])
+    ttft[saturated] = np.inf
+    queue[saturated] = np.inf
+    g_mean, p_mean = cls.mean(cls.gen), cls.mean(cls.prompt)
+    blocks = b * _blocks_per_sequence(load, cls) + cls.shared_blocks
+    out = {
         "ttft_s": ttft,
         "tpot_s": tpot,
-        "e2e_latency_s": ttft + np.maximum(g - 1, 0) * tpot,
+        "e2e_latency_s": ttft + cls.mean(cls.steps) * tpot,
         "queue_s": queue,
         "requests_per_s": x,
-        "output_tokens_per_s": x * g,
-        "total_tokens_per_s": x * (g + p),
+        "output_tokens_per_s": x * g_mean,
+        "total_tokens_per_s": x * (g_mean + p_mean),
         "running_batch": b,
         "kv_utilization": np.minimum(blocks / np.maximum(load.kv_blocks, 1.0), 1.0),
         "saturated": saturated,
     }
+    out.update(_percentiles(mix, saturated))
+    return out
+
+
+def _percentiles(mix: dict, saturated) -> dict[str, np.ndarray]:
+    """``ttft_p50_s`` ... ``e2e_latency_p99_s`` of the mixtures (infinite TTFT and end-to-end
+    where saturated)."""
+    out = {}
+    for name, key in (("ttft", "ttft_mix"), ("tpot", "tpot_mix"), ("e2e_latency", "e2e_mix")):
+        qs = mixture_quantiles(*mix[key], PERCENTILES)
+        for j, p in enumerate(PERCENTILES):
+            out[f"{name}_p{p}_s"] = np.where(saturated, np.inf, qs[:, j]) if name != "tpot" else qs[:, j]
+    return out
+
+
+def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, percentile) -> np.ndarray:
+    """The largest Poisson request rate (requests/s, [P]) at which the ``percentile``-th
+    TTFT is at most ``slo_ttft`` and the TPOT's at most ``slo_tpot`` (seconds; 0 or NaN: no
+    such SLO), below the capacity (requests/s with the running batch at its cap); 0 where
+    even a trickle misses them. Bisection over the rate (precision capacity / 2^12)."""
+    n = len(load.kv_block)
+    cls = _classes(load)
+    cap = np.maximum(running_cap(load), 1.0)
+    capacity = _closed_loop(cap, load, cls, iteration_time, np.arange(n), cap)["x"]
+    ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
+    tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
+    q = np.asarray(percentile, float)
+
+    def meets(rate, idx):
+        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx])
+        ttft = _row_quantile(o["ttft_mix"], q[idx])
+        tpot = _row_quantile(o["tpot_mix"], q[idx])
+        return (ttft <= ttft_slo[idx]) & (tpot <= tpot_slo[idx])
+
+    return largest_rate(meets, capacity, _GOODPUT_STEPS)
+
+
+def largest_rate(meets, capacity, steps: int) -> np.ndarray:
+    """The largest rate in (0, ``capacity``) at which ``meets(rate [A'], points [A'])`` holds
+    (bool [A']; it holds below a point's answer, not above), [P] requests/s; 0 where even
+    ``capacity`` / 2^steps misses. Bisection to ``capacity`` / 2^steps."""
+    n = len(capacity)
+    rows = np.arange(n)
+    lo = np.zeros(n)
+    hi = capacity * (1.0 - 1e-9)
+    top = meets(hi, rows)
+    lo[top] = hi[top]
+    trickle = capacity * 2.0 ** -steps
+    live = rows[~top]
+    if len(live):
+        ok = meets(trickle[live], live)
+        lo[live[ok]] = trickle[live[ok]]
+        hi[live[~ok]] = 0.0
+        live = live[ok]
+    for _ in range(steps):
+        if not len(live):
+            break
+        mid = 0.5 * (lo[live] + hi[live])
+        ok = meets(mid, live)
+        lo[live] = np.where(ok, mid, lo[live])
+        hi[live] = np.where(ok, hi[live], mid)
+    return lo
+
+
+def _row_quantile(mix, q) -> np.ndarray:
+    """The ``q[a]``-th percentile of row a of mixture ``mix``, [A]."""
+    out = np.empty(len(q))
+    for p in np.unique(q):
+        at = q == p
+        out[at] = mixture_quantiles(mix[0][at], mix[1][at], mix[2][at], [p])[:, 0]
+    return out

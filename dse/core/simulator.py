@@ -25,14 +25,36 @@ others one per decode iteration. Load is a closed loop (``concurrency`` requests
 flight: a finished request is replaced at once) or an open loop (requests arriving at given
 times). Everything is deterministic for given arrivals and lengths.
 
+Prefix caching (``EngineConfig.prefix_tokens``, vLLM's automatic prefix caching): every
+prompt starts with the same prefix, whose *full* KV blocks are computed once and held for
+the whole run (taken from ``kv_blocks`` at the start, never freed or preempted). A request
+finds ``min(full prefix blocks x kv_block, prompt - 1)`` tokens cached (its last prompt
+token is always computed, as vLLM does on a full hit); its prefill starts there (the
+prompt tokens computed attend to the cached keys too), it holds its own blocks only past
+the shared ones (a prompt shorter than the prefix: past the shared blocks its prompt fills
+whole), and after a recompute preemption its cached part is still cached.
+
+Disaggregated prefill and decode (``simulate_disaggregated``; DistServe, Splitwise): a pool
+of prefill instances runs prompts only, the KV of each finished prompt moves over its
+prefill instance's link to a pool of decode instances, which decode the rest of the output.
+Every instance is this engine; all advance on one clock, the earliest event first. A request
+entering a pool (on arrival, the prefill pool; when its KV transfer ends, the decode pool)
+is dispatched to one of its instances, the least loaded (fewest requests queued and
+running there; ties: the lowest index), and waits in that instance's own queue, first come,
+first served (DistServe's controller: the instance with the shortest queue).
+
 Sources of the behaviour (facts, not code): Yu et al., "Orca", OSDI 2022 (iteration-level
 scheduling); Kwon et al., "Efficient Memory Management for LLM Serving with
 PagedAttention", SOSP 2023 (KV blocks, recompute preemption, FCFS admission); Agrawal et
 al., "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve", OSDI 2024
-(chunked prefill under a token budget, stall-free batching).
+(chunked prefill under a token budget, stall-free batching); vLLM's automatic prefix
+caching (full blocks shared by hash, the last prompt token recomputed on a full hit); Zhong
+et al., "DistServe", OSDI 2024, and Patel et al., "Splitwise", ISCA 2024 (prefill and decode
+on separate instances, the KV cache sent between them).
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +66,9 @@ from basis.errors import DseError
 #: (decode_seqs, decode_context, prefill_tokens, prefill_context, prompts_finished) -> seconds
 StepTime = Callable[[int, int, int, int, int], float]
 
+#: event kinds of the event loop: an iteration ends, a request's KV has been sent
+_ITERATION, _TRANSFER = 0, 1
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -52,19 +77,44 @@ class EngineConfig:
     kv_blocks: KV-cache blocks the device memory left after weights and activations holds;
     kv_block: tokens per block; token_budget: tokens (decode plus prompt) one iteration
     may process; max_running: sequences running at once; chunked: prompts cut to the
-    budget left (else prefill-first with whole prompts)."""
+    budget left (else prefill-first with whole prompts); prefix_tokens: the prompt prefix
+    every request shares (tokens; its full blocks cached for the whole run; 0: none)."""
 
     kv_blocks: int
     kv_block: int = 16
     token_budget: int = 8192
     max_running: int = 256
     chunked: bool = True
+    prefix_tokens: int = 0
 
     def __post_init__(self):
         for key in ("kv_blocks", "kv_block", "token_budget", "max_running"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
+        v = self.prefix_tokens
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise DseError(f"simulator: prefix_tokens must be a non-negative integer, got {v!r}")
+
+    @property
+    def shared_blocks(self) -> int:
+        """KV blocks the shared prefix holds for the whole run: its full blocks only."""
+        return int(self.prefix_tokens) // int(self.kv_block)
+
+    def cached_tokens(self, prompt: int) -> int:
+        """Tokens of a ``prompt``-token prompt found in the prefix cache (not computed): the
+        shared prefix's full blocks, at most all but the prompt's last token."""
+        return min(self.shared_blocks * int(self.kv_block), int(prompt) - 1)
+
+    def shared_of(self, prompt: int) -> int:
+        """Shared blocks a ``prompt``-token request reads: the prefix's full blocks its prompt
+        fills whole (all of them unless the prompt is shorter than the prefix)."""
+        return min(self.shared_blocks, int(prompt) // int(self.kv_block))
+
+    def own_blocks(self, prompt: int, tokens: int) -> int:
+        """KV blocks a request of a ``prompt``-token prompt holding ``tokens`` tokens of
+        context needs beside the shared prefix's."""
+        return max(-(-int(tokens) // int(self.kv_block)) - self.shared_of(prompt), 0)
 
 
 @dataclass
@@ -74,9 +124,9 @@ class _Request:
     prompt: int
     gen: int
     target: int = 0               # tokens to prefill: the prompt, or after a preemption what it held
-    done_prompt: int = 0          # of those, prefilled so far
+    done_prompt: int = 0          # of those, prefilled (or found cached) so far
     generated: int = 0            # output tokens produced
-    blocks: int = 0
+    blocks: int = 0               # KV blocks held beside the shared prefix's
     admitted: float = float("nan")
     first_token: float = float("nan")
     finish: float = float("nan")
@@ -99,7 +149,9 @@ class SimulationResult:
     arrival, admitted, first_token, finish: per request; steps: iterations run;
     busy_s: time spent in iterations; running: mean sequences running per iteration
     (time-weighted); kv_used: mean share of KV blocks in use (time-weighted);
-    preemptions: total; span: (first arrival, last finish) of the measured requests."""
+    preemptions: total; span: (first arrival, last finish) of the measured requests.
+    Disaggregated: steps, busy_s and preemptions summed over every instance; admitted the
+    admission to a prefill instance; running and kv_used per decode instance."""
 
     arrival: np.ndarray
     admitted: np.ndarray
@@ -160,9 +212,88 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
     given ``arrivals`` (seconds, non-decreasing). ``warmup``: the share of the first
     requests (by arrival order) left out of the measured ones, and as many of the last
-    (the drain), so that metrics describe the steady state. Returns a SimulationResult;
-    DseError when a request can never be admitted (its prompt needs more blocks than exist).
+    (the drain), so that metrics describe the steady state. Prefix caching as
+    ``engine.prefix_tokens`` says. Returns a SimulationResult; DseError when a request can
+    never be admitted (its prompt needs more blocks than exist beside the shared prefix's).
     """
+    prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
+    _check_fits(engine, prompts, prompts + gens, prefill=True)
+    reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
+    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare)
+    loop.run(0.0, start)
+    _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
+    return _result(reqs, loop, loop.instances, warmup, concurrency)
+
+
+def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefill_engine: EngineConfig,
+                           decode_engine: EngineConfig, prefill_instances: int, decode_instances: int,
+                           transfer_s: Callable[[int], float], prompts: Sequence[int], gens: Sequence[int], *,
+                           concurrency: int | None = None, arrivals: Sequence[float] | None = None,
+                           warmup: float = 0.2) -> SimulationResult:
+    """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
+    prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
+    ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
+    engines of ``decode_engine`` priced by ``decode_step`` (seconds per iteration, as
+    ``simulate``'s ``step_time``).
+
+    - A request arriving is dispatched to the least-loaded prefill instance (fewest requests
+      in its queue and running there, a prompt whose KV is being sent no longer counted;
+      ties: the lowest index) and waits in that instance's own queue, first come, first
+      served. Prefill instances run prompt iterations only (chunked or prefill-first per
+      their config; a prompt needs the blocks of its own tokens, no decode slot). The
+      iteration that finishes a prompt gives the request's first output token (its TTFT);
+      a request of one output token is then done.
+    - The prompt's KV then moves to the decode pool: ``transfer_s(prompt tokens)`` seconds
+      (called once per distinct prompt length; finite, >= 0) on the sending prefill
+      instance's link, one transfer at a time per link (transfers from one instance are
+      serialized, in the order their prompts finished); the prefill instance holds the
+      request's blocks until its transfer ends.
+    - When its transfer ends the request is dispatched to the least-loaded decode instance
+      (fewest requests queued, its preempted ones included, and running there; ties: the
+      lowest index) and waits in that instance's queue of arrived requests, first come,
+      first served; the instance admits it at the start of an iteration, after its running
+      sequences have taken their blocks, when blocks for its context and the token it
+      decodes are free, fewer than ``max_running`` run and the token budget lasts; it
+      decodes in that iteration, and the instance decodes its other ``gen - 1`` tokens
+      there. A request never moves to another instance. A sequence a decode instance
+      preempts waits in that instance's queue of preempted ones (served before the arrived
+      ones) and recomputes its context there as prompt tokens (prefill-first: whole, so a
+      context past the budget stalls the instance, DseError).
+    - The earliest event (an iteration's end, a transfer's end, an arrival) is always
+      handled first, a request dispatched as its event is handled (the loads as they stand
+      then); ties in the order they were scheduled, then arrivals, then idle instances start
+      an iteration in order (prefill instances, then decode instances): deterministic.
+
+    Closed loop (``concurrency``: a finished request is replaced at once by a new one
+    dispatched to the prefill pool; the first ``concurrency`` dispatched one by one at 0)
+    or open loop (``arrivals``, seconds); ``warmup`` as in ``simulate``.
+    Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
+    (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
+    busy_s and preemptions summed over every instance; running and kv_used of the decode
+    instances (mean per instance, time-weighted over their iterations). DseError for
+    non-positive instance counts, a transfer time not finite and >= 0, or a request that
+    can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
+    its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
+    and output)."""
+    prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
+    for name, v in (("prefill_instances", prefill_instances), ("decode_instances", decode_instances)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise DseError(f"simulator: {name} must be a positive integer, got {v!r}")
+    _check_fits(prefill_engine, prompts, prompts, prefill=True, pool="prefill ")
+    _check_fits(decode_engine, prompts, prompts + gens, prefill=False, pool="decode ")
+    sent = _transfer_times(transfer_s, prompts)
+    reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
+    pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
+    dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
+    loop = _EventLoop(pre, dec, future, spare, transfer=sent)
+    loop.run(0.0, start)
+    _check_done(reqs, "the prefill and decode instances cannot make progress")
+    return _result(reqs, loop, dec, warmup, concurrency)
+
+
+def _lengths(prompts, gens, concurrency, arrivals) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths (tokens) as integer arrays; DseError unless they pair up,
+    are positive, and exactly one of a concurrency and arrival times is given."""
     prompts = np.asarray(prompts, dtype=np.int64)
     gens = np.asarray(gens, dtype=np.int64)
     n = len(prompts)
@@ -172,74 +303,83 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
         raise DseError("simulator: prompt and output lengths must be positive")
     if (concurrency is None) == (arrivals is None):
         raise DseError("simulator: give either a concurrency (closed loop) or arrival times (open loop)")
-    blk = engine.kv_block
-    need = -(-(prompts + gens) // blk)
-    if np.any(need > engine.kv_blocks):
-        i = int(np.argmax(need > engine.kv_blocks))
-        raise DseError(f"simulator: request {i} needs {int(need[i])} KV blocks of {blk} tokens, "
-                       f"the cache holds {engine.kv_blocks}")
-    if not engine.chunked and np.any(prompts > engine.token_budget):
-        raise DseError(f"simulator: a prompt of {int(prompts.max())} tokens exceeds the token budget "
+    return prompts, gens
+
+
+def _check_fits(engine: EngineConfig, prompts: np.ndarray, held: np.ndarray, *, prefill: bool,
+                pool: str = "") -> None:
+    """DseError unless every request fits an instance of ``engine``: the shared prefix
+    leaves a block, ``held`` tokens of a request (per request) need no more blocks than the
+    rest of the cache, and (``prefill`` and prefill-first) its computed prompt tokens fit
+    one iteration's budget. ``pool`` names the instance in messages."""
+    blk, room = engine.kv_block, engine.kv_blocks - engine.shared_blocks
+    if room < 1:
+        raise DseError(f"simulator: the shared prefix's {engine.shared_blocks} KV blocks leave no room for a "
+                       f"request in the {pool}cache of {engine.kv_blocks}")
+    need = np.maximum(-(-held // blk) - np.minimum(engine.shared_blocks, prompts // blk), 0)   # own_blocks
+    if np.any(need > room):
+        i = int(np.argmax(need > room))
+        beside = f" beside the shared prefix's {engine.shared_blocks}" if engine.shared_blocks else ""
+        raise DseError(f"simulator: request {i} needs {int(need[i])} KV blocks of {blk} tokens{beside}, "
+                       f"the {pool}cache holds {room}")
+    computed = prompts - np.minimum(engine.shared_blocks * blk, prompts - 1)                  # cached_tokens
+    if prefill and not engine.chunked and np.any(computed > engine.token_budget):
+        what = " to compute" if engine.shared_blocks else ""
+        raise DseError(f"simulator: a prompt of {int(computed.max())} tokens{what} exceeds the {pool}token budget "
                        f"({engine.token_budget}) and prompts are not chunked")
 
-    reqs = [_Request(i, 0.0, int(prompts[i]), int(gens[i]), int(prompts[i])) for i in range(n)]
+
+def _transfer_times(transfer_s: Callable[[int], float], prompts: np.ndarray) -> dict[int, float]:
+    """Seconds to send a prompt's KV from a prefill to a decode instance, per distinct prompt
+    length (tokens); DseError unless each is a finite number >= 0."""
+    out = {}
+    for p in sorted({int(p) for p in prompts}):
+        v = transfer_s(p)
+        a = np.asarray(v)
+        if a.ndim != 0 or a.dtype.kind not in "iuf" or not (np.isfinite(a) and a >= 0):
+            raise DseError(f"simulator: transfer_s({p}) must be a finite number of seconds >= 0, got {v!r}")
+        out[p] = float(a)
+    return out
+
+
+def _load(prompts: np.ndarray, gens: np.ndarray, engine: EngineConfig, concurrency, arrivals):
+    """The requests (their prefill starting past what ``engine`` has cached), those in the
+    system at the start (the first ``concurrency`` of a closed loop), the open loop's
+    requests yet to arrive, in order, and the closed loop's requests that replace finished
+    ones."""
+    n = len(prompts)
+    reqs = [_Request(i, 0.0, int(prompts[i]), int(gens[i]), int(prompts[i]), engine.cached_tokens(int(prompts[i])))
+            for i in range(n)]
     if arrivals is not None:
         arr = np.asarray(arrivals, dtype=float)
         if len(arr) != n or np.any(np.diff(arr) < 0) or not np.all(np.isfinite(arr)):
             raise DseError("simulator: arrival times must be finite, non-decreasing, one per request")
         for r, a in zip(reqs, arr):
             r.arrival = float(a)
-        pending = deque(reqs)
-        waiting: deque[_Request] = deque()
-    else:
-        if isinstance(concurrency, bool) or int(concurrency) < 1:
-            raise DseError(f"simulator: concurrency must be a positive integer, got {concurrency!r}")
-        pending = deque(reqs[int(concurrency):])
-        waiting = deque(reqs[:int(concurrency)])
-    state = _Engine(engine, waiting)
-    t = 0.0
-    steps = 0
-    busy = 0.0
-    trace: list[tuple[float, float, int, float]] = []     # (start, duration, running, KV share) per iteration
+        return reqs, [], deque(reqs), deque()
+    if isinstance(concurrency, bool) or int(concurrency) < 1:
+        raise DseError(f"simulator: concurrency must be a positive integer, got {concurrency!r}")
+    return reqs, reqs[:int(concurrency)], deque(), deque(reqs[int(concurrency):])
 
-    while True:
-        while arrivals is not None and pending and pending[0].arrival <= t:
-            waiting.append(pending.popleft())
-        if not state.running and not waiting:
-            if pending and arrivals is not None:
-                t = pending[0].arrival
-                continue
-            break
-        decode_now, chunks = state.schedule(t)
-        if not decode_now and not chunks:
-            if arrivals is not None and pending:
-                t = max(t, pending[0].arrival)
-                continue
-            raise DseError("simulator: the engine cannot make progress (KV cache too small for any request)")
-        dctx = sum(r.context for r in decode_now)
-        pctx = sum(take * r.done_prompt + take * (take - 1) // 2 for r, take in chunks)
-        ptok = sum(take for _, take in chunks)
-        ends = sum(1 for r, take in chunks if r.done_prompt + take >= r.target)
-        dt = float(step_time(len(decode_now), dctx, ptok, pctx, ends))
-        if not (dt > 0 and np.isfinite(dt)):
-            raise DseError(f"simulator: step_time must be a positive number of seconds, got {dt!r}")
-        trace.append((t, dt, len(state.running), (engine.kv_blocks - state.free) / engine.kv_blocks))
-        t += dt
-        busy += dt
-        steps += 1
-        for r in state.advance(t, decode_now, chunks):
-            if arrivals is None and pending:            # closed loop: the next request arrives now
-                nxt = pending.popleft()
-                nxt.arrival = t
-                waiting.append(nxt)
 
+def _check_done(reqs: list[_Request], why: str) -> None:
+    """DseError(``why``) when a request did not finish (the instances stalled)."""
+    if any(np.isnan(r.finish) for r in reqs):
+        raise DseError(f"simulator: {why}")
+
+
+def _result(reqs: list[_Request], loop: _EventLoop, figures: list[_Instance], warmup: float,
+            concurrency) -> SimulationResult:
+    """The SimulationResult of a finished run; running and kv_used from the iterations of
+    the ``figures`` instances that start while the measured requests are in the system."""
+    n = len(reqs)
     arrival = np.array([r.arrival for r in reqs])
     order = np.argsort(arrival, kind="stable")
     measured = np.zeros(n, dtype=bool)
     skip = int(np.floor(warmup * n))
     measured[order[skip:n - skip] if n - 2 * skip > 0 else order] = True
     # time-weighted engine figures over the measured requests' span (no warm-up, no drain)
-    tr = np.array(trace, dtype=float).reshape(-1, 4)
+    tr = np.array([row for inst in figures for row in inst.trace], dtype=float).reshape(-1, 4)
     finish = np.array([r.finish for r in reqs])
     lo, hi = arrival[measured].min(), np.nanmax(finish[measured])
     inside = (tr[:, 0] >= lo) & (tr[:, 0] < hi)
@@ -248,22 +388,166 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     running = float((sel[:, 2] * w).sum() / w.sum()) if w.sum() > 0 else 0.0
     kv_used = float((sel[:, 3] * w).sum() / w.sum()) if w.sum() > 0 else 0.0
     return SimulationResult(arrival, np.array([r.admitted for r in reqs]), np.array([r.first_token for r in reqs]),
-                            finish, prompts, gens, steps, busy, running, kv_used, state.preemptions,
-                            measured, None if arrivals is not None else int(concurrency))
+                            finish, np.array([r.prompt for r in reqs], dtype=np.int64),
+                            np.array([r.gen for r in reqs], dtype=np.int64), loop.steps, loop.busy_s, running,
+                            kv_used, sum(inst.engine.preemptions for inst in loop.instances), measured,
+                            None if concurrency is None else int(concurrency))
+
+
+def _price(step_time: StepTime, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> float:
+    """Seconds of an iteration decoding ``decode_now`` and prefilling ``chunks`` ((sequence,
+    prompt tokens) pairs, each chunk's tokens attending to the keys before them); DseError
+    unless ``step_time`` gives a positive finite number."""
+    dctx = sum(r.context for r in decode_now)
+    pctx = sum(take * r.done_prompt + take * (take - 1) // 2 for r, take in chunks)
+    ptok = sum(take for _, take in chunks)
+    ends = sum(1 for r, take in chunks if r.done_prompt + take >= r.target)
+    dt = float(step_time(len(decode_now), dctx, ptok, pctx, ends))
+    if not (dt > 0 and np.isfinite(dt)):
+        raise DseError(f"simulator: step_time must be a positive number of seconds, got {dt!r}")
+    return dt
+
+
+@dataclass
+class _Instance:
+    """An engine instance in the event loop: its scheduler, its iteration pricing, the
+    iteration in flight ((decode_now, chunks), None when idle), its trace ((start s,
+    duration s, running, KV share) per iteration) and when its KV link is next free (s)."""
+
+    engine: _Engine
+    step_time: StepTime
+    plan: tuple | None = None
+    trace: list = field(default_factory=list)
+    link_free: float = 0.0
+
+
+class _EventLoop:
+    """Engine instances (and KV transfers between them) advanced in time order: the earliest
+    event first (ties in the order they were scheduled), then every idle instance, in order,
+    starts an iteration if it has work. New requests are dispatched to the ``entry`` pool:
+    the open loop's ``arrivals`` at their times, the closed loop's ``replacements`` as
+    requests finish. A prefill instance's finished prompts go over its link (``transfer``:
+    seconds per prompt length) and are dispatched to the ``decode`` pool (empty for one
+    colocated engine). A request entering a pool goes to its least-loaded instance (fewest
+    requests queued plus running; ties: the lowest index) and stays there."""
+
+    def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
+                 transfer: dict[int, float] | None = None):
+        self.instances = entry + decode
+        self.entry = range(len(entry))
+        self.decode = range(len(entry), len(self.instances))
+        self.arrivals, self.replacements = arrivals, replacements
+        self.transfer = transfer or {}
+        self.events: list[tuple[float, int, int, int, _Request | None]] = []
+        self.scheduled = 0
+        self.steps = 0
+        self.busy_s = 0.0
+
+    def _dispatch(self, pool: range, r: _Request) -> None:
+        """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first)."""
+        i = min(pool, key=lambda i: (self.instances[i].engine.load, i))
+        self.instances[i].engine.enqueue(r)
+
+    def run(self, t: float, start: Sequence[_Request] = ()) -> None:
+        """Run from time ``t`` (s), the requests ``start`` dispatched first, in order, until
+        no event is left."""
+        for r in start:
+            self._dispatch(self.entry, r)
+        self._start_idle(t)
+        while True:
+            t = self._next_time()
+            if t is None:
+                return
+            while self.events and self.events[0][0] <= t:
+                when, _, kind, i, r = heapq.heappop(self.events)
+                if kind == _ITERATION:
+                    self._end_iteration(i, when)
+                else:
+                    self._end_transfer(i, r)
+            while self.arrivals and self.arrivals[0].arrival <= t:
+                self._dispatch(self.entry, self.arrivals.popleft())
+            self._start_idle(t)
+
+    def _next_time(self) -> float | None:
+        """The time of the next event or arrival (s); None when there is none."""
+        times = [self.events[0][0]] if self.events else []
+        if self.arrivals:
+            times.append(self.arrivals[0].arrival)
+        return min(times) if times else None
+
+    def _push(self, t: float, kind: int, i: int, r: _Request | None) -> None:
+        heapq.heappush(self.events, (t, self.scheduled, kind, i, r))
+        self.scheduled += 1
+
+    def _start_idle(self, t: float) -> None:
+        for i, inst in enumerate(self.instances):
+            if inst.plan is None:
+                self._start(i, t)
+
+    def _start(self, i: int, t: float) -> None:
+        """Instance ``i`` schedules an iteration at ``t`` (s) if it has work."""
+        inst = self.instances[i]
+        decode_now, chunks = inst.engine.schedule(t)
+        if not decode_now and not chunks:
+            return
+        dt = _price(inst.step_time, decode_now, chunks)
+        cfg = inst.engine.config
+        inst.trace.append((t, dt, len(inst.engine.running), (cfg.kv_blocks - inst.engine.free) / cfg.kv_blocks))
+        inst.plan = (decode_now, chunks)
+        self.steps += 1
+        self.busy_s += dt
+        self._push(t + dt, _ITERATION, i, None)
+
+    def _end_iteration(self, i: int, t: float) -> None:
+        """Instance ``i``'s iteration ends at ``t`` (s): finished requests are replaced (closed
+        loop: the replacement dispatched now), finished prompts of a prefill instance queue
+        on its link."""
+        inst = self.instances[i]
+        plan, inst.plan = inst.plan, None
+        finished, sent = inst.engine.advance(t, *plan)
+        for _ in finished:
+            if self.replacements:                     # closed loop: the next request arrives now
+                nxt = self.replacements.popleft()
+                nxt.arrival = t
+                self._dispatch(self.entry, nxt)
+        for r in sent:
+            inst.link_free = max(t, inst.link_free) + self.transfer[r.prompt]
+            self._push(inst.link_free, _TRANSFER, i, r)
+
+    def _end_transfer(self, i: int, r: _Request) -> None:
+        """``r``'s KV has left prefill instance ``i``: its blocks there are freed and it is
+        dispatched to a decode instance."""
+        self.instances[i].engine.release(r)
+        self._dispatch(self.decode, r)
 
 
 class _Engine:
-    """The scheduler's state: running sequences, the waiting queue (shared with the caller)
-    and free KV blocks."""
+    """The scheduler's state: running sequences, the waiting queue of the requests
+    dispatched to this instance (first come, first served; preempted sequences wait at its
+    head) and free KV blocks (beside the shared prefix's)."""
 
-    def __init__(self, config: EngineConfig, waiting: deque):
-        self.config, self.waiting = config, waiting
+    #: tokens past its prompt a waiting sequence needs blocks for to be admitted (the first decode token's)
+    spare = 1
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
-        self.free = config.kv_blocks
+        self.free = config.kv_blocks - config.shared_blocks
         self.preemptions = 0
 
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.config.kv_block)
+    @property
+    def load(self) -> int:
+        """Requests on this instance, the dispatch's measure: queued plus running."""
+        return len(self.waiting) + len(self.running)
+
+    def enqueue(self, r: _Request) -> None:
+        """``r`` is dispatched here: it waits at the tail of the queue."""
+        self.waiting.append(r)
+
+    def _own(self, r: _Request, tokens: int) -> int:
+        """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens."""
+        return self.config.own_blocks(r.prompt, tokens)
 
     def schedule(self, t: float) -> tuple[list[_Request], list[tuple[_Request, int]]]:
         """The sequences that decode this iteration and the (sequence, prompt tokens) chunks
@@ -284,7 +568,7 @@ class _Engine:
                         key=lambda r: (r.arrival, r.index)):
             if r not in self.running:
                 continue                          # preempted to make room for an earlier one
-            need = self._blocks(r.context + 1) - r.blocks
+            need = self._own(r, r.context + 1) - r.blocks
             while need > self.free and self._preempt(r):
                 pass
             if r in self.running and need <= self.free:
@@ -295,7 +579,8 @@ class _Engine:
 
     def _preempt(self, keep: _Request) -> bool:
         """Recompute-preempt the latest-arrived running sequence (possibly ``keep`` itself):
-        its blocks are freed and it waits at the head of the queue to prefill again."""
+        its blocks are freed and it waits at the head of the queue to prefill again (past
+        its cached prefix)."""
         if not self.running:
             return False
         victim = max(self.running, key=lambda r: (r.arrival, r.index))
@@ -303,7 +588,7 @@ class _Engine:
         self.free += victim.blocks
         victim.blocks = 0
         victim.target = victim.prompt + max(victim.generated - 1, 0)
-        victim.done_prompt = 0
+        victim.done_prompt = self.config.cached_tokens(victim.prompt)
         self.preemptions += 1
         self.waiting.appendleft(victim)
         return victim is not keep
@@ -311,7 +596,7 @@ class _Engine:
     def _prefill(self, t: float, budget: int) -> list[tuple[_Request, int]]:
         """Prompt chunks under ``budget`` tokens: running sequences' unfinished prompts first,
         then waiting requests in order, admitted when the blocks of their whole prompt (and
-        one token to decode into) are free and fewer than max_running run."""
+        ``spare`` tokens to decode into) are free and fewer than max_running run."""
         cfg, chunks = self.config, []
         for r in sorted((r for r in self.running if r.prefilling), key=lambda r: (r.arrival, r.index)):
             if budget <= 0:
@@ -319,7 +604,7 @@ class _Engine:
             if r not in self.running:
                 continue                          # preempted to make room for an earlier one
             take = min(r.target - r.done_prompt, budget)
-            grow = self._blocks(r.done_prompt + take) - r.blocks
+            grow = self._own(r, r.done_prompt + take) - r.blocks
             while grow > self.free and self._preempt(r):
                 pass
             if r not in self.running or grow > self.free:
@@ -328,15 +613,16 @@ class _Engine:
             r.blocks += grow
             chunks.append((r, take))
             budget -= take
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_running:
+        while budget > 0 and len(self.running) < cfg.max_running and self.waiting:
             r = self.waiting[0]
-            take = min(r.target, budget)
-            if (not cfg.chunked and take < r.target) or self._blocks(r.target + 1) > self.free:
+            left = r.target - r.done_prompt
+            take = min(left, budget)
+            if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) > self.free:
                 break
             self.waiting.popleft()
             if np.isnan(r.admitted):
                 r.admitted = t
-            grow = self._blocks(take)
+            grow = self._own(r, r.done_prompt + take)
             self.free -= grow
             r.blocks = grow
             self.running.append(r)
@@ -344,9 +630,10 @@ class _Engine:
             budget -= take
         return chunks
 
-    def advance(self, t: float, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> list[_Request]:
-        """Apply an iteration that ended at ``t``; return the sequences it finished (their
-        blocks freed)."""
+    def advance(self, t: float, decode_now: list[_Request],
+                chunks: list[tuple[_Request, int]]) -> tuple[list[_Request], list[_Request]]:
+        """Apply an iteration that ended at ``t`` (s); return the sequences it finished (their
+        blocks freed) and those to send to a decode instance (none here)."""
         finished = []
         for r in decode_now:
             r.generated += 1
@@ -362,6 +649,92 @@ class _Engine:
         for r in finished:
             r.finish = t
             self.running.remove(r)
-            self.free += r.blocks
-            r.blocks = 0
-        return finished
+            self.release(r)
+        return finished, []
+
+    def release(self, r: _Request) -> None:
+        """Free ``r``'s blocks."""
+        self.free += r.blocks
+        r.blocks = 0
+
+
+class _PrefillEngine(_Engine):
+    """A prefill instance: prompt iterations only, of the requests dispatched to it. A
+    finished prompt leaves the running set (and the instance's load), its blocks held until
+    ``release`` (its KV sent)."""
+
+    spare = 0
+
+    def schedule(self, t: float) -> tuple[list[_Request], list[tuple[_Request, int]]]:
+        """No decoding; the prompt chunks (chunked) or whole prompts (prefill-first) the budget holds."""
+        return [], self._prefill(t, self.config.token_budget)
+
+    def advance(self, t: float, decode_now: list[_Request],
+                chunks: list[tuple[_Request, int]]) -> tuple[list[_Request], list[_Request]]:
+        """Apply a prompt iteration that ended at ``t`` (s): the finished prompts give their
+        first token; return the requests done (one output token; blocks freed) and those
+        whose KV is to be sent, in order (blocks still held)."""
+        finished, sent = [], []
+        for r, take in chunks:
+            r.done_prompt += take
+            if r.prefilling:
+                continue
+            r.generated, r.first_token = 1, t
+            self.running.remove(r)
+            if r.gen > 1:
+                sent.append(r)
+            else:
+                r.finish = t
+                self.release(r)
+                finished.append(r)
+        return finished, sent
+
+
+class _DecodeEngine(_Engine):
+    """A decode instance: admits the requests dispatched to it when their KV has arrived
+    (from its ``ready`` queue, first come, first served), decodes them, and recomputes the
+    context of those it preempts (they wait in its ``waiting`` queue, served first)."""
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        self.ready: deque[_Request] = deque()
+
+    @property
+    def load(self) -> int:
+        """Requests on this instance: preempted and arrived ones queued, plus running."""
+        return len(self.waiting) + len(self.ready) + len(self.running)
+
+    def enqueue(self, r: _Request) -> None:
+        """``r``'s KV has arrived here: it waits at the tail of the arrived queue."""
+        self.ready.append(r)
+
+    def schedule(self, t: float) -> tuple[list[_Request], list[tuple[_Request, int]]]:
+        """Chunked: the running sequences decode, arrived requests are admitted and decode,
+        then preempted ones recompute in the budget left. Prefill-first: a recompute
+        iteration if a preempted sequence can be admitted, else decode and admit."""
+        budget = self.config.token_budget
+        if not self.config.chunked:
+            chunks = self._prefill(t, budget)
+            if chunks:
+                return [], chunks
+        decode_now = self._decode()
+        decode_now += self._admit(budget - len(decode_now))
+        chunks = self._prefill(t, budget - len(decode_now)) if self.config.chunked else []
+        return decode_now, chunks
+
+    def _admit(self, budget: int) -> list[_Request]:
+        """Arrived requests, in order, while no preempted sequence waits here, ``budget``
+        tokens last, fewer than max_running run and the blocks of their context and the
+        token they decode are free; they take those blocks and decode this iteration."""
+        out = []
+        while self.ready and not self.waiting and len(out) < budget and len(self.running) < self.config.max_running:
+            r = self.ready[0]
+            need = self._own(r, r.context + 1)
+            if need > self.free:
+                break
+            self.ready.popleft()
+            self.free -= need
+            r.blocks = need
+            self.running.append(r)
+            out.append(r)
+        return out

@@ -25,7 +25,7 @@ from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
 from dse.core.efficiency import CLASS_PRIORS, Efficiency, load_calibration
-from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_measured
+from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_table
 from dse.present import display
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
@@ -231,8 +231,11 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
 
     src = Path(measured) if measured else default_measured()
     dest = Path(out) if out else DEFAULT_OUT
-    rows, _ = read_measured(src)
+    table = read_table(src)
+    rows = table.rows
     cases, skipped = prepare_all(rows)
+    cases, late = _runnable(cases)
+    skipped = sorted(table.unpredictable + skipped + late, key=lambda t: t[0].line)
     params = tuple(params or FIT)
     by_class: dict[str, list[Case]] = {}
     for c in cases:
@@ -283,7 +286,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     data = {
         "fitted": {
             "by": "python -m dse.study calibrate", "measured": _display_path(src), "sha256": digest, "date": today,
-            "rows": {"scored": len(rows), "predicted": len(cases), "unpredictable": len(skipped)},
+            "rows": {"scored": len(rows) + len(table.unpredictable), "predicted": len(cases),
+                     "unpredictable": len(skipped)},
             "method": f"scipy.optimize.least_squares, loss {LOSS} (f_scale {F_SCALE}) on log(predicted / measured), "
                       f"bounded parameters, best of {starts} starts",
             "parameters": {p.name: {"what": p.what, "bounds": [p.lo, p.hi]} for p in params},
@@ -293,10 +297,19 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         "cross_validation": cv_out,
         "not_fitted": not_fitted,
         "priors_kept": too_few,
-        "unpredictable": {r.id: why for r, why in skipped},
+        "unpredictable": {r.id: str(why) for r, why in skipped},
     }
     write_calibration(dest, data)
     return Calibration(src, dest, results, skipped, data)
+
+
+def _runnable(cases: list[Case]) -> tuple[list[Case], list]:
+    """(the cases the efficiency in use predicts, the others with the reason): an open loop the
+    design does not serve (saturated) has no prediction to fit."""
+    if not cases:
+        return cases, []
+    why = Predictions(cases).predict().why
+    return [c for i, c in enumerate(cases) if i not in why], [(cases[i].row, why[i]) for i in sorted(why)]
 
 
 def _display_path(p: Path) -> str:

@@ -1,31 +1,60 @@
 """Predictions against measured results: read a measured-results CSV, predict every
-scored row with ``dse.system.analysis`` and report the error.
+scored row through the one evaluator and report the error.
 
-CSV format (``data/measured_calibration.csv``, shipped): one measurement per row with the
-columns ``model_slug, hardware_slug, devices, batch, prompt_len, gen_len, weights,
-activations, kv, metric, value`` (SI units; ``batch`` may be ``max``). Optional columns:
-``id``, ``scored`` (``no`` rows are context only), ``tp``/``pp`` (default: all devices
-tensor parallel), ``framework`` (selects an engine profile, below), and per-row
-overrides ``flash_attention`` (yes/no), ``gqa_kv_sharing`` (yes/no), ``batching``
-(static/inflight).
+Two CSV schemas, one measurement per row (SI units):
+
+- **calibration** (``data/measured_calibration.csv``, shipped): the columns ``model_slug,
+  hardware_slug, devices, batch, prompt_len, gen_len, weights, activations, kv, metric, value``
+  (``batch`` may be ``max``). Optional: ``id``, ``scored`` (``no`` rows are context only),
+  ``tp``/``pp`` (default: all devices tensor parallel), ``framework`` (selects an engine profile,
+  below), per-row overrides ``flash_attention`` (yes/no), ``gqa_kv_sharing`` (yes/no),
+  ``batching`` (static/inflight: the engine profile's batching when the row is priced as one
+  static batch), and the serving columns below. A value that cannot be read (a typo, an unknown
+  model) rejects the file with every bad line named; a value left empty (not stated) makes its
+  row unpredictable.
+- **gathered** (``data/gathered/*.csv``: a file whose software is in an ``engine`` column, not
+  ``framework``): ``model_slug, hardware_slug, devices, engine, prompt_len, gen_len, weights,
+  activations, kv, metric, value`` plus optional ``engine_version, serving, concurrency,
+  request_rate, num_prompts, dataset, batch, tp, pp``. Metric names are the benchmark clients'
+  (``ttft_mean_s``, ``itl_mean_s``, ``ttft_median_s``, ...; ``MEAN_METRICS``,
+  ``MEDIAN_METRICS``). Every row the model cannot express is listed as unpredictable with its
+  reason; none rejects the file. Lengths that are means of a distribution (non-integers) are
+  rounded to the nearest token. Formats left empty take the serving engine's defaults: 16-bit
+  weights compute in their own format, and K/V are stored in the model's 16-bit dtype
+  (``--kv-cache-dtype auto`` of vLLM and SGLang): the activations' format when 16-bit, else bf16
+  (the 8-bit checkpoints shipped here, DeepSeek-V3/R1's block FP8, declare ``torch_dtype``
+  bfloat16).
+
+Serving columns (both schemas): ``serving`` (static|continuous), ``concurrency`` (a closed loop:
+N requests always in flight), ``request_rate`` (requests/s of an open loop; ``inf``: every
+request sent at once), ``num_prompts`` (requests the run sent), and optional engine settings
+``kv_block``, ``prefill_chunk``, ``max_running``. A load implies continuous; a continuous row
+with no load is a closed loop at its batch; a static row's ``concurrency`` is its batch (a
+static benchmark at concurrency N runs batches of N). Without these columns every row is a
+static batch, exactly as before they existed.
 
 How a row is predicted:
-- ``batch=max``: the largest batch whose footprint fits in the devices' memory (never
-  grown into host memory).
-- A row whose model does not fit on its devices is predicted with greedy overflow to the
-  host tier (``analyze --offload greedy``); a row that does not fit even so, or that the
-  model cannot express, is listed as unpredictable with the reason.
-- Engine profile (``ENGINES``, matched on the ``framework`` column): whether the serving
-  engine fuses attention (FlashAttention-style traffic), whether its decode attention
-  reads K/V once per GQA group or once per query head, and whether it batches
-  statically or in flight. These describe the measured software, not the hardware, and
-  are never fitted.
-- ``--ideal`` predicts with the pure roofline bound; every measured throughput should
-  then be at or below its prediction and every measured latency at or above it.
+- Static: ``batch=max`` is the largest batch whose footprint fits in the devices' memory (never
+  grown into host memory); a row whose model does not fit on its devices is predicted with
+  greedy overflow to the host tier (``analyze --offload greedy``).
+- Continuous: through the evaluator's in-flight batching model with the row's load (offload is
+  not modelled there). ``request_rate inf`` with ``num_prompts`` N (all N sent at once) and a
+  finite open loop of N prompts that the steady state finds saturated (the requests arrive
+  faster than they are served, so the run is governed by the N requests queued) are predicted
+  as a closed loop at concurrency N, for throughput and TPOT only: their TTFT and end-to-end
+  latency are the wait in a draining queue, which no steady state gives.
+- A row that does not fit even so, or that the model cannot express, is unpredictable, with
+  the reason.
+- Engine profile (``ENGINES``, matched on the ``framework`` column, or ``engine`` and
+  ``engine_version``): whether the serving engine fuses attention (FlashAttention-style
+  traffic), whether its decode attention reads K/V once per GQA group or once per query head,
+  and whether it batches statically or in flight. These describe the measured software, not
+  the hardware, and are never fitted.
+- ``--ideal`` predicts with the pure roofline bound; every measured throughput should then be
+  at or below its prediction and every measured latency at or above it.
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -34,25 +63,64 @@ from pathlib import Path
 import numpy as np
 
 from basis.errors import DseError
+from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.present import display
 from dse.present.plots import validation_plot
+from dse.system.evaluator import METRICS as EVALUATOR_METRICS
 from dse.system.evaluator import evaluate, prepare
+from dse.system.params import DEFAULTS, WORKLOAD_PARAMS
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import get_format
 from hwmodels.presets import load_device
 from workloads.model import load_model
 from workloads.optable import kv_heads_per_device
 
-
+#: the columns of the calibration schema
 REQUIRED = ("model_slug", "hardware_slug", "devices", "batch", "prompt_len", "gen_len", "weights",
             "activations", "kv", "metric", "value")
+#: the columns of the gathered schema (recognised by ``engine`` in place of ``framework``)
+GATHERED_REQUIRED = ("model_slug", "hardware_slug", "devices", "engine", "prompt_len", "gen_len", "weights",
+                     "activations", "kv", "metric", "value")
+CALIBRATION, GATHERED = "calibration", "gathered"
+#: the evaluator's metrics a measured row may name directly
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
-           "output_tokens_per_s_per_device", "prefill_tokens_per_s")
-#: metrics where smaller is better (the ideal bound is a lower bound)
+           "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s")
+#: metrics where smaller is better (the ideal bound is a lower bound); percentiles too (``is_latency``)
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s")
+#: benchmark clients' means (vLLM and SGLang ``bench_serving``) -> the evaluator's mean metrics.
+#: ``itl_mean_s`` -> ``tpot_s``: the clients' mean ITL is the mean of every inter-token gap of every
+#: request pooled, sum(e2e - ttft) / sum(output - 1), and their mean TPOT the mean over requests of
+#: (e2e - ttft) / (output - 1). The two are equal when every request has the same output length
+#: (fixed lengths, ignore-eos: the rows here that give ITL) and each streamed chunk carries one token,
+#: and the evaluator's ``tpot_s`` is that same mean decode time per token of requests of one length.
+#: An engine that streams several tokens per chunk (vLLM multi-step scheduling,
+#: ``--num-scheduler-steps``; speculative decoding) has fewer, longer gaps: its ITL is not its TPOT
+#: (sglang's benchmark_vllm_060 table: vLLM with 10 scheduler steps, median ITL 129 ms, TPOT 14 ms).
+MEAN_METRICS = {"ttft_mean_s": "ttft_s", "tpot_mean_s": "tpot_s", "e2e_mean_s": "e2e_latency_s",
+                "itl_mean_s": "tpot_s"}
+#: benchmark clients' medians -> the evaluator's 50th percentiles (used only where it has them;
+#: a median is never predicted by a mean)
+MEDIAN_METRICS = {"ttft_median_s": "ttft_p50_s", "tpot_median_s": "tpot_p50_s", "e2e_median_s": "e2e_latency_p50_s"}
+_PERCENTILE = re.compile(r"(ttft|tpot|e2e_latency)_p\d+_s")
+#: metric families the report gives errors for (the metric name's prefix); the rest are throughputs
+FAMILIES = (("TTFT", "ttft_"), ("TPOT", "tpot_"), ("E2E", "e2e_latency_"))
+#: families a closed loop at N predicts for N requests sent at once (a draining queue's TTFT is not a steady state's)
+BURST_FAMILIES = ("throughput", "TPOT")
+#: published mean lengths (prompt, output tokens) of benchmark datasets, for rows that name a dataset
+#: but not their lengths; used only when the evaluator has a ``lengths`` column. The means are of the
+#: paper's own sample (OPT tokenizer); benchmark clients sample and tokenize differently (SGLang's
+#: bench_serving ShareGPT runs with Llama-3's tokenizer average ~224 / ~190 tokens in
+#: data/gathered/serving_gpu.csv G035-G038, G061).
+DATASET_MEANS = {
+    "sharegpt": (161.31, 337.99, "ShareGPT mean lengths of Kwon et al., PagedAttention (SOSP 2023), Fig. 11"),
+    "alpaca": (19.31, 58.45, "Alpaca mean lengths of Kwon et al., PagedAttention (SOSP 2023), Fig. 11"),
+}
+#: engine settings a row may give for continuous batching (the evaluator's columns)
+ENGINE_SETTINGS = ("kv_block", "prefill_chunk", "max_running")
+_SIXTEEN_BIT = ("bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -86,13 +154,21 @@ ENGINES = (
                   "(TensorRT-LLM docs/source/performance/perf-overview.md)"),
     Engine("FlexGen", r"FlexGen", flash_attention=False,
            source="FlexGen (github.com/FMInference/FlexiGen) computes attention with PyTorch matmuls and softmax"),
+    Engine("vLLM / SGLang / TGI", r"(?i)\b(vllm|sglang|tgi)\b", batching="inflight",
+           source="serving engines with in-flight (continuous) batching over a paged KV cache and fused "
+                  "attention kernels (FlashAttention, FlashInfer, CK on ROCm); GQA-aware decode as the default"),
 )
 DEFAULT_ENGINE = Engine("default", "", source="fused attention, GQA-aware decode, static batches")
 
 
 @dataclass(frozen=True)
 class MeasuredRow:
-    """One scored measurement (``line`` is its line number in the file; the header is line 1)."""
+    """One scored measurement (``line`` is its line number in the file; the header is line 1).
+
+    ``metric`` is the evaluator's metric it is compared with, ``metric_given`` the name in the
+    file when that differs. Serving: ``concurrency`` requests in a closed loop, or
+    ``request_rate`` requests/s (``inf``: all at once) of ``num_prompts`` requests (0: not
+    stated); ``settings`` are engine settings for continuous batching (evaluator columns)."""
 
     line: int
     id: str
@@ -111,11 +187,73 @@ class MeasuredRow:
     value: float
     framework: str = ""
     overrides: dict = field(default_factory=dict)
+    serving: str = "static"
+    concurrency: int = 0
+    request_rate: float = 0.0
+    num_prompts: int = 0
+    metric_given: str = ""
+    settings: dict = field(default_factory=dict)
+    lengths_from: str = ""
+
+    @property
+    def load(self) -> str:
+        """The load as text ('' for a static batch): 'concurrency 16', '4 req/s x 1200', 'all 5000 at once'."""
+        return load_text(self.serving, self.concurrency, self.request_rate, self.num_prompts)
+
+    def load_columns(self) -> dict:
+        """The evaluator's load columns of a continuous row (requests sent all at once: a closed
+        loop at their number)."""
+        if self.request_rate == math.inf:
+            return {"concurrency": self.num_prompts, "request_rate": 0.0}
+        return {"concurrency": self.concurrency, "request_rate": float(self.request_rate)}
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """A row that could not be read into a MeasuredRow: what identifies it in a report."""
+
+    line: int
+    id: str
+    model: str
+    hardware: str
+    devices: str
+    metric: str
+    value: float
+    serving: str = ""
+    load: str = ""
+
+
+def load_text(serving: str, concurrency: int, request_rate: float, num_prompts: int) -> str:
+    """A load as text ('' for a static batch)."""
+    if serving != "continuous":
+        return ""
+    if request_rate == math.inf:
+        return f"all {num_prompts} at once"
+    if request_rate:
+        return f"{request_rate:g} req/s" + (f" x {num_prompts}" if num_prompts else "")
+    return f"concurrency {concurrency}" if concurrency else "no load stated"
+
+
+class Reason(str):
+    """Why a row is unpredictable: its text (the reasons joined by '; '), and ``kinds``, the kind
+    of each reason (``reason_key``) for tallies."""
+
+    kinds: tuple = ()
+
+
+def reason(clauses: list[str], kinds: list[str] | None = None) -> Reason:
+    """A Reason of ``clauses``; their kinds are ``kinds`` or each clause's ``reason_key``."""
+    why = Reason("; ".join(clauses))
+    why.kinds = tuple(dict.fromkeys(kinds or [reason_key(c) for c in clauses]))
+    return why
 
 
 @dataclass
 class Case:
-    """A measured row made ready to predict: resolved batch, offload policy and engine."""
+    """A measured row made ready to predict: resolved batch, offload policy and engine.
+
+    ``burst_columns``: the row as a closed loop at its ``num_prompts`` (a finite open loop,
+    predicted so where the steady state finds it saturated), else None."""
 
     row: MeasuredRow
     model: object
@@ -123,6 +261,7 @@ class Case:
     columns: dict         # the design point (scalars), batch resolved and offload chosen
     engine: Engine
     kv_group: float       # query heads per K/V head on one device
+    burst_columns: dict | None = None
 
     @property
     def batch(self) -> int:
@@ -142,10 +281,35 @@ class Case:
                        else 0.0)
 
 
+@dataclass
+class Measured:
+    """A measured-results file as read: its schema, scored rows, context rows (``scored=no``) and
+    rows that cannot be predicted as written (with the reason)."""
+
+    path: Path
+    schema: str
+    rows: list[MeasuredRow]
+    context: list[dict]
+    unpredictable: list[tuple[MeasuredRow | RowRef, str]]
+
+
 def default_measured() -> Path:
     """The measured results dse ships (``data/measured_calibration.csv``: the rows the shipped
     calibration was fitted on, each citing its source); DseError when missing."""
     return shipped_file("data", "measured_calibration.csv", what="the measured results")
+
+
+def family_of(metric: str) -> str:
+    """The family of an evaluator metric: 'TTFT', 'TPOT' (with one user's token rate, 1 / TPOT),
+    'E2E' or 'throughput'."""
+    if metric == "output_tokens_per_s_per_user":
+        return "TPOT"
+    return next((name for name, prefix in FAMILIES if metric.startswith(prefix)), "throughput")
+
+
+def is_latency(metric: str) -> bool:
+    """True for a latency metric (smaller is better; the ideal bound is a lower bound)."""
+    return metric.startswith(tuple(prefix for _, prefix in FAMILIES))
 
 
 # --------------------------------------------------------------------------- reading
@@ -160,6 +324,28 @@ def _int(text: str, what: str) -> int:
     return int(v)
 
 
+def _tokens(text: str, what: str) -> int:
+    """A length of the gathered schema in tokens: a mean (non-integer) is rounded to the nearest token."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} '{text}' is not a number") from None
+    if not math.isfinite(v) or v < 0.5:
+        raise ValueError(f"{what} must be a positive number of tokens, got '{text}'")
+    return int(round(v))
+
+
+def _rate(text: str, what: str) -> float:
+    """A request rate in requests/s: positive, or ``inf`` (every request sent at once)."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} '{text}' is not a number") from None
+    if not v > 0:
+        raise ValueError(f"{what} must be a positive number or inf, got '{text}'")
+    return v
+
+
 def _yes_no(text: str, what: str) -> bool:
     t = text.strip().lower()
     if t in ("yes", "true", "1", "y"):
@@ -169,72 +355,181 @@ def _yes_no(text: str, what: str) -> bool:
     raise ValueError(f"{what} must be yes or no, got '{text}'")
 
 
-def read_measured(path) -> tuple[list[MeasuredRow], list[dict]]:
-    """(scored rows, context rows) of a measured-results CSV.
+def schema_of(header: list[str]) -> str:
+    """GATHERED for a file naming its software in ``engine`` (and no ``framework``), else CALIBRATION."""
+    return GATHERED if "engine" in header and "framework" not in header else CALIBRATION
 
-    DseError naming the file and every bad row (line number) when columns are missing
-    or values cannot be used: unknown model, hardware, format or metric, non-numeric or
-    non-positive numbers."""
 
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DseError(f"{p}: cannot read measured results: {getattr(e, 'strerror', None) or e}") from None
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in REQUIRED if c not in header]
-    if missing:
-        raise DseError(f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED)}")
-    known_models: dict[str, str | None] = {}
-    known_hw: dict[str, str | None] = {}
+def metric_of(name: str) -> tuple[str | None, str]:
+    """(the evaluator metric a measured metric name is compared with, '') or (None, the reason
+    it cannot be: an unknown name, or a percentile the evaluator does not give)."""
+    if name in MEAN_METRICS:
+        return MEAN_METRICS[name], ""
+    target = MEDIAN_METRICS.get(name, name)
+    if name in METRICS or (_PERCENTILE.fullmatch(target) and target in EVALUATOR_METRICS):
+        return target, ""
+    if _PERCENTILE.fullmatch(target):
+        return None, (f"percentile not modelled: '{name}' needs the evaluator's {target}, which it does not "
+                      f"give (a median is not predicted by a mean)")
+    return None, f"unknown metric '{name}'"
 
-    def check(cache, name, loader):
-        if name not in cache:
+
+def target_metric(name: str) -> str:
+    """The evaluator metric a measured metric name stands for, whether or not the evaluator gives it."""
+    return MEAN_METRICS.get(name) or MEDIAN_METRICS.get(name) or name
+
+
+class _Reader:
+    """Reads the rows of one measured-results file: each row's problems go to ``errors`` (a value
+    that cannot be read) or ``gaps`` (a condition not stated or not expressible)."""
+
+    def __init__(self, schema: str):
+        self.schema = schema
+        self.known: dict[tuple[str, str], str | None] = {}
+
+    def check(self, kind: str, name: str, loader) -> str | None:
+        """None when preset or config ``name`` loads, else the first clause of its error."""
+        if (kind, name) not in self.known:
             try:
                 loader(name)
-                cache[name] = None
+                self.known[kind, name] = None
             except DseError as e:
-                cache[name] = str(e).split(";")[0]
-        if cache[name]:
-            raise ValueError(cache[name])
+                self.known[kind, name] = str(e).split(";")[0]
+        return self.known[kind, name]
 
-    rows, context, bad = [], [], []
-    for i, raw in enumerate(reader, start=2):
-        r = {(k or "").strip(): (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()}
-        if r.get("scored", "yes").lower() in ("no", "false", "0"):
-            context.append({"line": i, **r})
-            continue
-        errs = []
+    def read(self, r: dict, line: int) -> tuple[MeasuredRow | None, list[str], list[str]]:
+        """(the row, errors, gaps); the row is None when there is either."""
+        errors, gaps = [], []
 
         def take(fn, *a):
             try:
                 return fn(*a)
             except ValueError as e:
-                errs.append(str(e))
+                errors.append(str(e))
                 return None
-        take(check, known_models, r["model_slug"], load_model)
-        take(check, known_hw, r["hardware_slug"], load_device)
-        devices = take(_int, r["devices"], "devices")
+        self._names(r, errors, gaps)
+        devices = take(_int, r["devices"], "devices") if r["devices"] else None
+        if not r["devices"]:
+            gaps.append("devices not stated")
         tp = take(_int, r["tp"], "tp") if r.get("tp") else None
         pp = take(_int, r["pp"], "pp") if r.get("pp") else None
-        batch = "max" if r["batch"].lower() == "max" else take(_int, r["batch"], "batch")
-        prompt = take(_int, r["prompt_len"], "prompt_len")
-        gen = take(_int, r["gen_len"], "gen_len")
-        for key in ("weights", "activations", "kv"):
+        prompt, gen, lengths_from = self._lengths(r, take, gaps)
+        formats = self._formats(r, errors, gaps)
+        metric, value = self._measurement(r, errors, gaps)
+        load = self._load(r, take, gaps)
+        overrides = self._overrides(r, take, errors, load)
+        settings = {k: take(_setting, r[k], k) for k in ENGINE_SETTINGS if r.get(k)}
+        if devices is not None and not errors:
+            tp = tp or (devices // (pp or 1))
+            pp = pp or 1
+            if tp * pp != devices:
+                errors.append(f"tp {tp} x pp {pp} does not equal devices {devices}")
+        if errors or gaps:
+            return None, errors, gaps
+        framework = r.get("framework") or " ".join(filter(None, (r.get("engine"), r.get("engine_version"))))
+        return MeasuredRow(line, r.get("id") or f"line{line}", r["model_slug"], r["hardware_slug"], devices, tp, pp,
+                           load["batch"], prompt, gen, *formats, metric, value, framework, overrides,
+                           load["serving"], load["concurrency"], load["request_rate"], load["num_prompts"],
+                           r["metric"] if r["metric"] != metric else "", settings, lengths_from), [], []
+
+    def _names(self, r: dict, errors: list, gaps: list) -> None:
+        """The model and hardware: not stated or without a config (gaps in the gathered schema)."""
+        for key, text_key, kind, loader in (("model_slug", "model", "model", load_model),
+                                            ("hardware_slug", "hardware", "hardware", load_device)):
+            if not r[key]:
+                said = r.get(text_key)
+                gaps.append(f"no {kind} preset for '{said}'" if said else f"{kind} not stated")
+                continue
+            problem = self.check(kind, r[key], loader)
+            if problem:
+                (gaps if self.schema == GATHERED else errors).append(problem)
+
+    def _lengths(self, r: dict, take, gaps: list) -> tuple[int | None, int | None, str]:
+        """(prompt tokens, output tokens, where they come from when not the row)."""
+        read = _tokens if self.schema == GATHERED else _int
+        prompt = take(read, r["prompt_len"], "prompt_len") if r["prompt_len"] else None
+        gen = take(read, r["gen_len"], "gen_len") if r["gen_len"] else None
+        if r["prompt_len"] and r["gen_len"]:
+            return prompt, gen, ""
+        means = DATASET_MEANS.get(r.get("dataset", "").lower())
+        if not r["prompt_len"] and not r["gen_len"] and means and "lengths" in WORKLOAD_PARAMS:
+            return int(round(means[0])), int(round(means[1])), means[2]
+        missing = [k for k in ("prompt_len", "gen_len") if not r[k]]
+        gaps.append("lengths not stated" if len(missing) == 2 else f"lengths not stated ({missing[0]})")
+        return None, None, ""
+
+    def _formats(self, r: dict, errors: list, gaps: list) -> tuple:
+        """(weights, activations, kv) format names; the gathered schema's defaults for empty ones."""
+        names = {k: r[k].replace("_", "-") if self.schema == GATHERED else r[k]
+                 for k in ("weights", "activations", "kv")}
+        if self.schema == GATHERED:
+            names = _engine_default_formats(names)
+        for key, name in names.items():
+            if not name:
+                gaps.append(f"{key} format not stated")
+                break               # the later formats' defaults follow from this one
             try:
-                get_format(r[key], f"{key} format")
+                get_format(name, f"{key} format")
             except DseError as e:
-                errs.append(str(e).split(";")[0])
-        if r["metric"] not in METRICS:
-            errs.append(f"unknown metric '{r['metric']}'")
+                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0])
+        return names["weights"], names["activations"], names["kv"]
+
+    def _measurement(self, r: dict, errors: list, gaps: list) -> tuple[str | None, float | None]:
+        """(the evaluator metric, the measured value)."""
+        metric, why = metric_of(r["metric"]) if r["metric"] else (None, "metric not stated")
+        if why:
+            unknown = why.startswith("unknown") and self.schema == CALIBRATION
+            (errors if unknown else gaps).append(why)
+        value = None
+        if not r["value"]:
+            gaps.append("value not stated")
+            return metric, value
         try:
             value = float(r["value"])
             if not math.isfinite(value) or value <= 0:
-                errs.append(f"value must be a positive number, got '{r['value']}'")
+                errors.append(f"value must be a positive number, got '{r['value']}'")
         except ValueError:
-            errs.append(f"value '{r['value']}' is not a number")
-            value = None
+            errors.append(f"value '{r['value']}' is not a number")
+        return metric, value
+
+    def _load(self, r: dict, take, gaps: list) -> dict:
+        """The serving mode, load and batch of a row (see the module's "Serving columns")."""
+        serving = r.get("serving", "").lower()
+        if serving not in ("", "static", "continuous"):
+            take(_bad_choice, "serving", r["serving"], "static or continuous")
+        conc = (take(_int, r["concurrency"], "concurrency") if r.get("concurrency") else 0) or 0
+        rate = (take(_rate, r["request_rate"], "request_rate") if r.get("request_rate") else 0.0) or 0.0
+        prompts = (take(_int, r["num_prompts"], "num_prompts") if r.get("num_prompts") else 0) or 0
+        text = r.get("batch", "")
+        batch = "max" if text.lower() == "max" else take(_int, text, "batch") if text else None
+        if rate == math.inf and conc:      # all at once, at most N in flight: a closed loop at N
+            rate = 0.0
+        if serving == "static":
+            if rate:
+                gaps.append("serving static with a request rate")
+            elif conc and batch not in (None, conc):
+                gaps.append(f"serving static with batch {batch} and concurrency {conc}")
+            batch, conc = batch or conc or None, 0
+        mode = serving or ("continuous" if conc or rate else "static")
+        if conc and rate:
+            gaps.append(f"an open loop at {rate:g} req/s capped at concurrency {conc} is not modelled")
+        if mode == "continuous" and not conc and not rate:
+            if isinstance(batch, int):
+                conc = batch
+            else:
+                gaps.append("continuous serving with no load stated (concurrency, request_rate or batch)")
+        if rate == math.inf and not prompts:
+            gaps.append("request_rate inf (all requests at once) without num_prompts")
+        if rate == math.inf and family_of(target_metric(r["metric"])) not in BURST_FAMILIES:
+            gaps.append(f"all {prompts or 'the'} requests sent at once: their TTFT and end-to-end latency are the "
+                        f"wait in a draining queue, which the steady state does not give")
+        if mode == "static" and batch is None:
+            gaps.append("batch not stated")
+        return {"serving": mode, "concurrency": conc if mode == "continuous" else 0, "request_rate": rate,
+                "num_prompts": prompts, "batch": batch if mode == "static" else 1}
+
+    def _overrides(self, r: dict, take, errors: list, load: dict) -> dict:
+        """Per-row engine overrides; a gathered row batches as its serving column says."""
         overrides = {}
         for key in ("flash_attention", "gqa_kv_sharing"):
             if r.get(key):
@@ -245,23 +540,93 @@ def read_measured(path) -> tuple[list[MeasuredRow], list[dict]]:
             if r["batching"] in ("static", "inflight"):
                 overrides["batching"] = r["batching"]
             else:
-                errs.append(f"batching must be static or inflight, got '{r['batching']}'")
-        if devices is not None and not errs:
-            tp = tp or (devices // (pp or 1))
-            pp = pp or 1
-            if tp * pp != devices:
-                errs.append(f"tp {tp} x pp {pp} does not equal devices {devices}")
-        if errs:
-            bad.append(f"line {i}: " + ", ".join(errs))
+                errors.append(f"batching must be static or inflight, got '{r['batching']}'")
+        elif self.schema == GATHERED and r.get("serving"):
+            overrides["batching"] = "static" if load["serving"] == "static" else "inflight"
+        return overrides
+
+
+def _setting(text: str, what: str) -> int:
+    """An engine setting: a positive integer (``prefill_chunk`` may be 0: whole prompts, prefill-first)."""
+    if what == "prefill_chunk" and text.strip() in ("0", "0.0"):
+        return 0
+    return _int(text, what)
+
+
+def _bad_choice(key: str, value: str, allowed: str):
+    raise ValueError(f"{key} must be {allowed}, got '{value}'")
+
+
+def _engine_default_formats(names: dict) -> dict:
+    """Formats a serving engine uses where a gathered row leaves them empty: 16-bit weights
+    compute in their own format; K/V in the model's 16-bit dtype (``--kv-cache-dtype auto``)."""
+    out = dict(names)
+    if not out["activations"] and out["weights"].lower() in _SIXTEEN_BIT:
+        out["activations"] = out["weights"].lower()
+    if not out["kv"] and out["activations"]:
+        out["kv"] = out["activations"].lower() if out["activations"].lower() in _SIXTEEN_BIT else "bf16"
+    return out
+
+
+def _number(text: str) -> float:
+    """``text`` as a number, 0 when empty or not a number (for identifying a row only)."""
+    try:
+        return float(text or 0)
+    except ValueError:
+        return 0.0
+
+
+def _reference(r: dict, line: int) -> RowRef:
+    """What identifies a row that could not be read: its names, metric, value and load as written."""
+    value = _number(r.get("value")) or float("nan")
+    conc, rate = _number(r.get("concurrency")), _number(r.get("request_rate"))
+    serving = r.get("serving", "").lower() or ("continuous" if conc or rate else "")
+    conc = conc or (_number(r.get("batch")) if serving == "continuous" else 0)
+    return RowRef(line, r.get("id") or f"line{line}", r.get("model_slug") or r.get("model", ""),
+                  r.get("hardware_slug") or r.get("hardware", ""), r.get("devices", ""), r.get("metric", ""), value,
+                  serving, load_text(serving, int(conc), rate, int(_number(r.get("num_prompts")))))
+
+
+def read_table(path) -> Measured:
+    """The rows of a measured-results CSV, its schema read from its header.
+
+    DseError when the file cannot be read or lacks a required column, and (calibration schema)
+    naming every row whose values cannot be read: unknown model, hardware, format or metric,
+    non-numeric or non-positive numbers. Rows that leave a condition unstated (either schema),
+    or that the model cannot express (gathered schema), are listed in ``unpredictable``."""
+    p = Path(path)
+    header, reader = read_csv(p, "measured results")
+    schema = schema_of(header)
+    required = GATHERED_REQUIRED if schema == GATHERED else REQUIRED
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise DseError(f"{p}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
+    rows, context, unpredictable, bad = [], [], [], []
+    rd = _Reader(schema)
+    for i, raw in enumerate(reader, start=2):
+        r = {(k or "").strip(): (v or "").strip() if isinstance(v, str) else "" for k, v in raw.items()}
+        if r.get("scored", "yes").lower() in ("no", "false", "0"):
+            context.append({"line": i, **r})
             continue
-        rows.append(MeasuredRow(i, r.get("id") or f"line{i}", r["model_slug"], r["hardware_slug"], devices, tp, pp,
-                                batch, prompt, gen, r["weights"], r["activations"], r["kv"], r["metric"], value,
-                                r.get("framework", ""), overrides))
+        row, errors, gaps = rd.read(r, i)
+        if errors and schema == CALIBRATION:
+            bad.append(f"line {i}: " + ", ".join(errors))
+        elif errors or gaps:
+            unpredictable.append((_reference(r, i), reason(errors + gaps)))
+        else:
+            rows.append(row)
     if bad:
         raise DseError(f"{p}: {len(bad)} bad row(s): " + "; ".join(bad))
-    if not rows:
+    if not rows and not unpredictable:
         raise DseError(f"{p}: no scored rows to validate")
-    return rows, context
+    return Measured(p, schema, rows, context, unpredictable)
+
+
+def read_measured(path) -> tuple[list[MeasuredRow], list[dict]]:
+    """(scored rows, context rows) of a measured-results CSV (``read_table``; rows that cannot
+    be predicted as written are left out)."""
+    m = read_table(path)
+    return m.rows, m.context
 
 
 def engine_of(row: MeasuredRow) -> Engine:
@@ -276,48 +641,96 @@ def engine_of(row: MeasuredRow) -> Engine:
 def row_columns(row: MeasuredRow, engine: Engine) -> dict:
     """The design point of a measured row (scalars). The row's context is what it measured: an
     engine that served prompt + generation past the config's ``max_position_embeddings``
-    (GPT-J at 2048 + 128 in TensorRT-LLM's tables) ran it with a longer context."""
-    return {"model": row.model, "hardware": row.hardware, "batch": row.batch, "prompt_len": row.prompt_len,
+    (GPT-J at 2048 + 128 in TensorRT-LLM's tables) ran it with a longer context. A continuous
+    row adds its serving mode, load and engine settings."""
+    cols = {"model": row.model, "hardware": row.hardware, "batch": row.batch, "prompt_len": row.prompt_len,
             "gen_len": row.gen_len, "weights": row.weights, "activations": row.activations, "kv": row.kv,
             "flash_attention": engine.flash_attention, "tp": row.tp, "pp": row.pp, "offload": "none",
             "max_context": row.prompt_len + row.gen_len}
+    if row.serving == "continuous":
+        cols.update(serving="continuous", batch=1, **row.load_columns(), **row.settings)
+    return cols
+
+
+def burst_columns(row: MeasuredRow, columns: dict) -> dict | None:
+    """A finite open loop's design point as a closed loop at its number of prompts, else None."""
+    if row.serving != "continuous" or not row.num_prompts or not 0 < row.request_rate < math.inf:
+        return None
+    return {**columns, "concurrency": row.num_prompts, "request_rate": 0.0}
 
 
 def table_of(points: list[dict]) -> dict:
-    """Columns of a list of design points (dicts of scalars with the same keys)."""
-    return {k: np.array([p[k] for p in points], dtype=object if isinstance(points[0][k], str) or k == "batch"
-                        else None) for k in points[0]}
+    """Columns of a list of design points (dicts of scalars); a key some points lack takes its
+    default there (``dse.system.params.DEFAULTS``)."""
+    keys = list(dict.fromkeys(k for p in points for k in p))
+    return {k: np.array([p.get(k, DEFAULTS.get(k)) for p in points],
+                        dtype=object if isinstance(points[0].get(k, DEFAULTS.get(k)), str) or k == "batch" else None)
+            for k in keys}
+
+
+def _evaluate_each(points: list[dict], **kw) -> tuple[object, list[int], dict[int, str]]:
+    """(the Evaluation of the points that evaluate, their positions, {position: the evaluator's
+    error}): all points at once, and point by point only when that raises."""
+    try:
+        return evaluate(table_of(points), **kw), list(range(len(points))), {}
+    except DseError:
+        pass
+    failed = {}
+    for i, p in enumerate(points):
+        try:
+            evaluate(table_of([p]), **kw)
+        except DseError as e:
+            failed[i] = reason([f"the evaluator refuses it: {e}"])
+    good = [i for i in range(len(points)) if i not in failed]
+    return (evaluate(table_of([points[i] for i in good]), **kw) if good else None), good, failed
+
+
+def _greedy_reasons(points: list[dict], greedy: list[int]) -> dict[int, str]:
+    """{position: why} of the rows of ``greedy`` that do not fit even with greedy overflow to the host."""
+    ev2 = evaluate(table_of([points[i] for i in greedy]), ideal=True)
+    why = {}
+    for j, i in enumerate(greedy):
+        if ev2.feasible[j]:
+            continue
+        if int(ev2.reason[j]) not in MEMORY_CODES:
+            why[i] = f"does not fit in device memory and cannot overflow to the host: {ev2.reason_text(j)}"
+        else:
+            host = ev2["offloaded_bytes"][j] * ev2["devices"][j]
+            why[i] = (f"does not fit even with greedy overflow to the host: {ev2.reason_text(j)} (per device: "
+                      f"weights {bytes_text(ev2['weights_bytes'][j])}, KV cache "
+                      f"{bytes_text(ev2['kv_cache_bytes'][j])}, activations "
+                      f"{bytes_text(ev2['activation_bytes'][j])}; {bytes_text(host)} to the host; "
+                      f"tiers below the host memory, such as disk, are not modelled)")
+    return why
 
 
 def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[MeasuredRow, str]]]:
-    """(cases, unpredictable rows with the reason): every row's batch resolved (``max``:
+    """(cases, unpredictable rows with the reason): every static row's batch resolved (``max``:
     the largest that fits in the devices' memory, never grown into host memory) and, for a
-    row that does not fit, greedy overflow to the host tier; one evaluation of all rows."""
+    static row that does not fit, greedy overflow to the host tier; a continuous row as given
+    (a finite open loop that saturates even on the ideal bound is kept when its number of
+    prompts is known: ``Predictions`` runs it as a closed loop). One evaluation of all rows."""
 
     engines = [engine_of(r) for r in rows]
     points = [row_columns(r, e) for r, e in zip(rows, engines)]
-    ev = evaluate(table_of(points), ideal=True)
+    why: dict[int, str] = {}
     greedy = []
-    for i, p in enumerate(points):
-        p["batch"] = int(ev["batch_used"][i])
-        if not ev.feasible[i] and int(ev.reason[i]) in MEMORY_CODES:
-            p["offload"] = "greedy"
-            greedy.append(i)
-    why = {i: ev.reason_text(i) for i in range(len(rows)) if not ev.feasible[i] and i not in greedy}
-    if greedy:
-        ev2 = evaluate(table_of([points[i] for i in greedy]), ideal=True)
-        for j, i in enumerate(greedy):
-            if ev2.feasible[j]:
+    if points:
+        ev, good, failed = _evaluate_each(points, ideal=True)
+        why.update(failed)
+        for j, i in enumerate(good):
+            if rows[i].serving == "continuous":
+                if not ev.feasible[j] and not (ev.reason_key(j) == "saturated" and burst_columns(rows[i], points[i])):
+                    why[i] = reason([f"{ev.reason_key(j)}: {ev.reason_text(j)}"], [ev.reason_key(j)])
                 continue
-            if int(ev2.reason[j]) not in MEMORY_CODES:
-                why[i] = f"does not fit in device memory and cannot overflow to the host: {ev2.reason_text(j)}"
-            else:
-                host = ev2["offloaded_bytes"][j] * ev2["devices"][j]
-                why[i] = (f"does not fit even with greedy overflow to the host: {ev2.reason_text(j)} (per device: "
-                          f"weights {bytes_text(ev2['weights_bytes'][j])}, KV cache "
-                          f"{bytes_text(ev2['kv_cache_bytes'][j])}, activations "
-                          f"{bytes_text(ev2['activation_bytes'][j])}; {bytes_text(host)} to the host; "
-                          f"tiers below the host memory, such as disk, are not modelled)")
+            points[i]["batch"] = int(ev["batch_used"][j])
+            if not ev.feasible[j] and int(ev.reason[j]) in MEMORY_CODES:
+                points[i]["offload"] = "greedy"
+                greedy.append(i)
+            elif not ev.feasible[j]:
+                why[i] = ev.reason_text(j)
+    if greedy:
+        why.update(_greedy_reasons(points, greedy))
     cases, skipped = [], []
     for i, (r, e, p) in enumerate(zip(rows, engines, points)):
         if i in why:
@@ -325,8 +738,23 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
             continue
         model = load_model(r.model)
         group = 1.0 if model.is_mla else (model.num_heads / r.tp) / kv_heads_per_device(model, r.tp)
-        cases.append(Case(r, model, load_device(r.hardware), p, e, group))
+        cases.append(Case(r, model, load_device(r.hardware), p, e, group, burst_columns(r, p)))
     return cases, skipped
+
+
+@dataclass
+class Predicted:
+    """Predictions of a plan's rows under one efficiency (arrays in case order).
+
+    values: the predicted metric of each row (NaN where ``why`` says why there is none);
+    burst: predicted as a closed loop at its number of prompts (a saturated finite open loop);
+    running: the running batch of a continuous row (NaN for a static batch); efficiency: names."""
+
+    values: np.ndarray
+    why: dict
+    burst: np.ndarray
+    running: np.ndarray
+    efficiency: list
 
 
 class Predictions:
@@ -338,12 +766,12 @@ class Predictions:
         self.cases = cases
         self.plan = prepare(table_of([c.columns for c in cases]))
         self.metric = [c.row.metric for c in cases]
+        self.spare = [i for i, c in enumerate(cases) if c.burst_columns]
+        self.spare_plan = prepare(table_of([cases[i].burst_columns for i in self.spare])) if self.spare else None
 
-    def evaluation(self, eff: Efficiency | None, ideal: bool = False, calibration: Path | None = None):
-        """The Evaluation of every row under ``eff`` (None: each row's class default, from the
-        calibration file ``calibration`` when given)."""
-        if ideal:
-            return self.plan.run(ideal=True)
+    def efficiencies(self, eff: Efficiency | None, calibration: Path | None = None) -> list[Efficiency]:
+        """Each row's efficiency: ``eff`` (None: its class default, from the calibration file
+        ``calibration`` when given) with its engine's behaviour."""
         memo: dict = {}
         effs = []
         for c in self.cases:
@@ -352,11 +780,61 @@ class Predictions:
             if key not in memo:
                 memo[key] = c.efficiency(base)
             effs.append(memo[key])
-        return self.plan.run(efficiency=effs)
+        return effs
+
+    def evaluation(self, eff: Efficiency | None, ideal: bool = False, calibration: Path | None = None):
+        """The Evaluation of every row under ``eff`` (None: each row's class default, from the
+        calibration file ``calibration`` when given)."""
+        if ideal:
+            return self.plan.run(ideal=True)
+        return self.plan.run(efficiency=self.efficiencies(eff, calibration))
+
+    def predict(self, eff: Efficiency | None = None, ideal: bool = False,
+                calibration: Path | None = None) -> Predicted:
+        """Every row's prediction under ``eff`` (as ``evaluation``); a row the design does not run
+        under it (a saturated open loop) gets NaN and a reason, or, for a finite open loop of
+        known size, its closed loop at that size (throughput and TPOT only)."""
+        effs = None if ideal else self.efficiencies(eff, calibration)
+        ev = self.plan.run(ideal=True) if ideal else self.plan.run(efficiency=effs)
+        n = len(self.cases)
+        values = np.array([ev[m][i] for i, m in enumerate(self.metric)], dtype=float)
+        running = np.array([ev["running_batch"][i] if c.row.serving == "continuous" else np.nan
+                            for i, c in enumerate(self.cases)], dtype=float)
+        burst, why = np.zeros(n, dtype=bool), {}
+        spare_ev = None
+        for i in np.flatnonzero(~np.asarray(ev.feasible, dtype=bool)):
+            i = int(i)
+            values[i] = np.nan
+            key, text = ev.reason_key(i), f"{ev.reason_key(i)}: {ev.reason_text(i)}"
+            why[i] = reason([text], [key])
+            if key != "saturated" or i not in self.spare:
+                continue
+            n_prompts = self.cases[i].row.num_prompts
+            if family_of(self.metric[i]) not in BURST_FAMILIES:
+                why[i] = reason([text, f"the run sent {n_prompts} prompts, a finite burst whose TTFT and end-to-end "
+                                       f"latency are the wait in a draining queue, which the steady state does not "
+                                       f"give"], ["saturated finite run: TTFT / E2E not modelled"])
+                continue
+            if spare_ev is None:
+                spare_ev = self._run_spare(effs, ideal)
+            j = self.spare.index(i)
+            if spare_ev.feasible[j]:
+                values[i], burst[i], running[i] = spare_ev[self.metric[i]][j], True, spare_ev["running_batch"][j]
+                del why[i]
+            else:
+                why[i] = reason([text, f"as a closed loop at its {n_prompts} prompts: {spare_ev.reason_text(j)}"],
+                                [key, spare_ev.reason_key(j)])
+        return Predicted(values, why, burst, running, [ev.efficiency_name(i) for i in range(n)])
+
+    def _run_spare(self, effs, ideal: bool):
+        """The Evaluation of the finite open loops as closed loops at their number of prompts."""
+        if ideal:
+            return self.spare_plan.run(ideal=True)
+        return self.spare_plan.run(efficiency=[effs[i] for i in self.spare])
 
     def values(self, eff: Efficiency | None = None, ideal: bool = False) -> np.ndarray:
-        ev = self.evaluation(eff, ideal)
-        return np.array([ev[m][i] for i, m in enumerate(self.metric)], dtype=float)
+        """Each row's predicted metric (``predict``; NaN where the design does not run it)."""
+        return self.predict(eff, ideal).values
 
 
 @dataclass
@@ -366,8 +844,9 @@ class Validation:
     path: Path
     efficiency: str
     rows: list[dict]
-    unpredictable: list[tuple[MeasuredRow, str]]
+    unpredictable: list[tuple[MeasuredRow | RowRef, str]]
     context: list[dict]
+    schema: str = CALIBRATION
 
 
 #: steps of ``validate`` reported to its ``progress`` (rows prepared, rows predicted)
@@ -379,20 +858,26 @@ def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = 
              progress=None) -> Validation:
     """Predict every scored row of ``path`` (default: ``default_measured()``) under ``efficiency``,
     else the class defaults of the calibration file ``calibration`` (default: the one in use).
-    ``progress`` (a tqdm-like object, optional) is advanced by one per step (``VALIDATE_STEPS``)."""
+    ``progress`` (a tqdm-like object, optional) is advanced by one per step (``VALIDATE_STEPS``).
+    Returns a Validation: one result dict per predicted row, the others with their reason."""
     p = Path(path) if path else default_measured()
-    rows, context = read_measured(p)
+    measured = read_table(p)
     if cases is None:
-        cases, skipped = prepare_all(rows)
+        cases, skipped = prepare_all(measured.rows)
     _advance(progress)
-    out = []
+    out, late = [], []
     if cases:
-        ev = Predictions(cases).evaluation(efficiency, ideal, calibration)
+        pr = Predictions(cases).predict(efficiency, ideal, calibration)
         for i, c in enumerate(cases):
-            out.append(result_row(c, float(ev[c.row.metric][i]), ev.efficiency_name(i)))
+            if i in pr.why:
+                late.append((c.row, pr.why[i]))
+                continue
+            out.append(result_row(c, float(pr.values[i]), pr.efficiency[i], running=float(pr.running[i]),
+                                  burst=bool(pr.burst[i])))
     _advance(progress)
     names = sorted({r["efficiency"] for r in out}) or ["ideal" if ideal else "default"]
-    return Validation(p, ", ".join(names), out, list(skipped or []), context)
+    unpredictable = sorted(measured.unpredictable + list(skipped or []) + late, key=lambda t: t[0].line)
+    return Validation(p, ", ".join(names), out, unpredictable, measured.context, measured.schema)
 
 
 def _advance(progress, n: int = 1) -> None:
@@ -401,23 +886,32 @@ def _advance(progress, n: int = 1) -> None:
         progress.update(n)
 
 
-def result_row(case: Case, predicted: float, eff_name: str = "") -> dict:
+def result_row(case: Case, predicted: float, eff_name: str = "", *, running: float = float("nan"),
+               burst: bool = False) -> dict:
+    """One predicted row: its conditions, measured and predicted value (SI), error = predicted /
+    measured - 1, APE, and whether the prediction is optimistic. ``batch``: the static batch, or
+    the predicted running batch of a continuous row; ``load``: the load as text."""
     r = case.row
     err = predicted / r.value - 1.0
-    latency = r.metric in LATENCY_METRICS
+    continuous = r.serving == "continuous"
+    load = r.load + (f" (saturated: as a closed loop at {r.num_prompts})" if burst else "")
     return {
         "id": r.id, "line": r.line, "model": r.model, "hardware": r.hardware, "devices": r.devices,
-        "batch": case.batch, "batch_given": str(r.batch), "prompt_len": r.prompt_len,
+        "batch": int(round(running)) if continuous and math.isfinite(running) else case.batch,
+        "batch_given": str(r.batch), "prompt_len": r.prompt_len,
         "gen_len": r.gen_len, "formats": f"{r.weights}/{r.activations}/{r.kv}", "metric": r.metric,
         "measured": r.value, "predicted": predicted, "error": err, "ape": abs(err),
-        "optimistic": (err < 0) if latency else (err > 0), "offload": case.offload,
+        "optimistic": (err < 0) if is_latency(r.metric) else (err > 0), "offload": case.offload,
         "engine": case.engine.name, "efficiency": eff_name,
+        "serving": r.serving, "load": load, "family": family_of(r.metric), "measured_as": r.metric_given or r.metric,
+        "framework": r.framework, "lengths_from": r.lengths_from,
     }
 
 
 # --------------------------------------------------------------------------- statistics
 
 def ape_stats(apes) -> dict:
+    """{n, median_ape, p90_ape, max_ape} of absolute percentage errors (fractions; NaN when none)."""
     a = np.asarray(list(apes), dtype=float)
     if a.size == 0:
         return {"n": 0, "median_ape": float("nan"), "p90_ape": float("nan"), "max_ape": float("nan")}
@@ -426,21 +920,50 @@ def ape_stats(apes) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Median and 90th-percentile absolute percentage error: overall, per metric, per
-    hardware and per model."""
+    """Median and 90th-percentile absolute percentage error: overall, per metric family
+    (throughput, TTFT, TPOT, E2E), per metric, per hardware and per model, and per serving mode
+    when static and continuous rows are both present."""
     out = {"overall": ape_stats(r["ape"] for r in rows)}
-    for key in ("metric", "hardware", "model"):
+    keys = ["family", "metric", "hardware", "model"]
+    if len({r.get("serving", "static") for r in rows}) > 1:
+        keys.insert(1, "serving")
+    for key in keys:
         groups: dict[str, list] = {}
         for r in rows:
-            groups.setdefault(r[key], []).append(r["ape"])
+            groups.setdefault(_group_of(r, key), []).append(r["ape"])
         out[key] = {k: ape_stats(v) for k, v in sorted(groups.items())}
     return out
+
+
+def _group_of(row: dict, key: str) -> str:
+    """A result row's group under ``key`` (rows made before families and serving modes were
+    recorded take their metric's family and 'static')."""
+    if key == "family":
+        return row.get("family") or family_of(row["metric"])
+    return row.get(key, "static") if key == "serving" else row[key]
+
+
+def reason_key(clause: str) -> str:
+    """The kind of one reason, for tallies: its text before the first ':', '(' or quoted name,
+    numbers written N."""
+    k = re.split(r"[:('\"]", clause)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", k).strip(" ,;")
+
+
+def tally(unpredictable: list) -> dict[str, int]:
+    """{reason kind: rows} of unpredictable rows, most frequent first; a row with several reasons
+    (``Reason.kinds``) counts under each, any other reason under the kind of its text."""
+    counts: dict[str, int] = {}
+    for _, why in unpredictable:
+        for k in getattr(why, "kinds", ()) or (reason_key(why),):
+            counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def bound_violations(rows: list[dict]) -> list[dict]:
     """Rows of an ideal run whose measurement beats the bound (throughput above it,
     latency below it), beyond a 1e-9 relative tolerance."""
-    return [r for r in rows if (r["measured"] > r["predicted"] * (1 + 1e-9) if r["metric"] not in LATENCY_METRICS
+    return [r for r in rows if (r["measured"] > r["predicted"] * (1 + 1e-9) if not is_latency(r["metric"])
                                 else r["measured"] < r["predicted"] * (1 - 1e-9))]
 
 
@@ -450,23 +973,49 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.1f}%"
 
 
+def _has_serving(v: Validation) -> bool:
+    """True when any row, predicted or not, is under continuous batching."""
+    return any(r.get("serving") == "continuous" for r in v.rows) or any(
+        getattr(r, "serving", "") == "continuous" for r, _ in v.unpredictable)
+
+
+def _unpredictable_lines(v: Validation) -> list[str]:
+    """The unpredictable rows, one line each, and their reasons tallied."""
+    out = ["", f"Unpredictable rows ({len(v.unpredictable)})"]
+    for r, why in v.unpredictable:
+        load = getattr(r, "load", "")
+        where = f", {r.serving} {load}" if load else ""
+        metric = f", {r.metric}" if _has_serving(v) else ""
+        out.append(f"  {r.id} (line {r.line}) {r.model} on {r.devices}x {r.hardware}{where}{metric}: {why}")
+    if _has_serving(v):
+        out += ["", "Unpredictable rows by reason (a row with several reasons counts under each)"]
+        out += [f"  {n:4d}  {k}" for k, n in tally(v.unpredictable).items()]
+    return out
+
+
 def report_text(v: Validation, stats: dict | None = None) -> str:
+    """The report: every predicted row (with serving mode and load when any row is continuous),
+    the unpredictable rows with their reasons, and the APE table (overall, per family, ...)."""
     stats = stats or summarize(v.rows)
     cols = [("id", "id", str), ("model", "model", str), ("hardware", "hardware", str),
             ("devices", "dev", str), ("batch", "batch", str), ("prompt_len", "prompt", str),
             ("gen_len", "gen", str), ("metric", "metric", str), ("measured_text", "measured", str),
             ("predicted_text", "predicted", str), ("error", "error", lambda x: f"{100 * x:+.1f}%"),
             ("offload", "offload", str), ("engine", "engine", str)]
+    left = ("model", "hardware", "metric", "offload", "engine")
+    if _has_serving(v):
+        cols[4:5] = [("serving", "serving", str), ("load", "load", str), ("batch", "batch", str)]
+        cols[-2:-1] = [("measured_as", "measured as", str), ("offload", "offload", str)]
+        left = ("model", "hardware", "serving", "load", "metric", "measured_as", "offload", "engine")
     shown = [{**r, "measured_text": display.quantity_text(r["metric"], r["measured"]),
               "predicted_text": display.quantity_text(r["metric"], r["predicted"])} for r in v.rows]
     out = [f"Predicted vs measured: {v.path} ({len(v.rows)} rows, {v.efficiency} efficiency)", "",
-           display.text_table(shown, cols, left=("model", "hardware", "metric", "offload", "engine"))]
+           display.text_table(shown, cols, left=left)]
     if v.unpredictable:
-        out += ["", f"Unpredictable rows ({len(v.unpredictable)})"]
-        out += [f"  {r.id} (line {r.line}) {r.model} on {r.devices}x {r.hardware}: {why}" for r, why in v.unpredictable]
+        out += _unpredictable_lines(v)
     out += ["", "Absolute percentage error (APE)"]
     rows = [{"group": "all rows", **stats["overall"]}]
-    for key in ("metric", "hardware", "model"):
+    for key in [k for k in stats if k != "overall"]:
         rows += [{"group": f"{key} {k}", **s} for k, s in stats[key].items()]
     out.append(display.text_table(rows, [("group", "group", str), ("n", "n", str),
                                          ("median_ape", "median", _pct), ("p90_ape", "p90", _pct),
@@ -475,18 +1024,18 @@ def report_text(v: Validation, stats: dict | None = None) -> str:
 
 
 def write_outputs(v: Validation, out_dir, stats: dict | None = None) -> dict[str, Path]:
-    """validation.csv, summary.md and predicted_vs_measured.png in ``out_dir``."""
-    d = Path(out_dir)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DseError(f"cannot create output folder {d}: {e.strerror}") from None
+    """validation.csv, summary.md and predicted_vs_measured.png in ``out_dir``, each written
+    atomically; returns their paths."""
+    d = output_folder(out_dir)
     stats = stats or summarize(v.rows)
     paths = {"csv": d / "validation.csv", "summary": d / "summary.md", "plot": d / "predicted_vs_measured.png"}
     rows = v.rows + [{"id": r.id, "line": r.line, "model": r.model, "hardware": r.hardware, "devices": r.devices,
-                      "metric": r.metric, "measured": r.value, "unpredictable": why} for r, why in v.unpredictable]
-    keys = list(v.rows[0]) + ["unpredictable"] if v.rows else ["id", "line", "unpredictable"]
-    paths["csv"].write_text(display.csv_text(rows, keys))
-    paths["summary"].write_text("```\n" + report_text(v, stats) + "\n```\n")
+                      "metric": r.metric, "measured": r.value, "serving": getattr(r, "serving", ""),
+                      "load": getattr(r, "load", ""), "unpredictable": why} for r, why in v.unpredictable]
+    keys = list(v.rows[0]) + ["unpredictable"] if v.rows else ["id", "line", "model", "hardware", "devices",
+                                                               "metric", "measured", "serving", "load",
+                                                               "unpredictable"]
+    write_text_atomic(paths["csv"], display.csv_text(rows, keys))
+    write_text_atomic(paths["summary"], "```\n" + report_text(v, stats) + "\n```\n")
     validation_plot(paths["plot"], v.rows, title=f"{v.path.name}: {v.efficiency} efficiency")
     return paths

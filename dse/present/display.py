@@ -22,7 +22,7 @@ TOKENS_PER_S = "tokens_per_s"
 REQUESTS_PER_S = "requests_per_s"
 SHARE = "share"
 #: metrics that are a fraction of a whole
-SHARES = ("kv_utilization",)
+SHARES = ("kv_utilization", "prefix_hit")
 #: integer-only compute classes: their peaks are OP/s, not FLOP/s
 _INT_PREFIX = "int"
 
@@ -58,8 +58,10 @@ def kind_of(name: str) -> str | None:
     percent), or None for counts, names and flags."""
     if "tokens_per_s" in name:
         return TOKENS_PER_S
-    if name in ("requests_per_s", "request_rate"):
+    if name in ("requests_per_s", "request_rate", "goodput"):
         return REQUESTS_PER_S
+    if name in ("slo_ttft", "slo_tpot"):
+        return "seconds"
     if name in SHARES:
         return SHARE
     if name.endswith("_bytes_per_s") or name.endswith("_bandwidth"):

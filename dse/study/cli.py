@@ -24,7 +24,7 @@ from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
-from dse.system.analysis import ROW_KEYS, analyze_point, simulate_point
+from dse.system.analysis import ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
 from dse.system.evaluator import evaluate
 from dse.system.params import DEFAULTS, MAX_COUNT, SERVING_MODES
 from dse.system.reasons import MEMORY_CODES
@@ -103,6 +103,25 @@ def _rate(text: str) -> float:
     return v
 
 
+def _number_in(what: str, low: float, high: float, low_allowed: bool):
+    """An argparse type: a finite number from ``low`` (allowed or not) to below ``high``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and (v >= low if low_allowed else v > low) and v < high):
+            raise argparse.ArgumentTypeError(f"expected {what}: a number {'>=' if low_allowed else '>'} {low:g} and "
+                                             f"below {high:g}, got '{text}'")
+        return v
+    return parse
+
+
+_seconds = _number_in("seconds", 0.0, MAX_FIGURE, False)
+_share = _number_in("a share", 0.0, 1.0, True)
+_percentile = _number_in("a percentile", 0.0, 100.0, False)
+
+
 def _batch(text: str):
     return "max" if text == "max" else _positive_int(text)
 
@@ -162,6 +181,25 @@ def _add_workload_args(p):
                         "max_num_batched_tokens); 0: whole prompts, prefill-first")
     p.add_argument("--max-running", type=_positive_int, default=d["max_running"],
                    help="sequences running at once (vLLM's max_num_seqs)")
+    p.add_argument("--lengths", default=None,
+                   help="continuous batching: request lengths, 'fixed' (--prompt-len and --gen-len), 'lognormal' "
+                        "(those means, sigma 1), 'lognormal:sigma=S' or 'lognormal:prompt_sigma=S,gen_sigma=S', or "
+                        "a CSV file of prompt_len,gen_len rows (a trace; its means replace --prompt-len and "
+                        "--gen-len)")
+    p.add_argument("--prefix-hit", type=_share, default=None,
+                   help="continuous batching: share of the mean prompt that is a prefix every request shares, "
+                        "cached once (automatic prefix caching: whole KV blocks, not recomputed)")
+    p.add_argument("--disaggregate", default=None, metavar="P:D",
+                   help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
+                        "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
+                        "largest dividing P and D)")
+    p.add_argument("--slo-ttft", type=_seconds, default=None,
+                   help="SLO on time to first token, seconds, at --slo-percentile: goodput is the largest "
+                        "request rate meeting the SLOs")
+    p.add_argument("--slo-tpot", type=_seconds, default=None,
+                   help="SLO on time per output token, seconds, at --slo-percentile")
+    p.add_argument("--slo-percentile", type=_percentile, default=None,
+                   help=f"the percentile the SLOs hold at (default {d['slo_percentile']:g})")
     p.add_argument("--cpu-layers", type=_count, default=d["cpu_layers"],
                    help="run this many layers on the host CPU (llama.cpp-style split)")
     p.add_argument("--host-cpu", default=None,
@@ -261,7 +299,9 @@ FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "-
          "sparse": "--sparse", "batch": "--batch", "link": "--link",
          "max_context": "--max-context", "serving": "--serving", "concurrency": "--concurrency",
          "request_rate": "--request-rate", "kv_block": "--kv-block", "prefill_chunk": "--prefill-chunk",
-         "max_running": "--max-running"}
+         "max_running": "--max-running", "lengths": "--lengths", "prefix_hit": "--prefix-hit",
+         "disaggregate": "--disaggregate", "slo_ttft": "--slo-ttft", "slo_tpot": "--slo-tpot",
+         "slo_percentile": "--slo-percentile"}
 
 
 def flagged(text: str) -> str:
@@ -281,7 +321,7 @@ def point_columns(args, hardware) -> dict:
             "max_context": args.max_context, "kv_block": args.kv_block, "prefill_chunk": args.prefill_chunk,
             "max_running": args.max_running}
     for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "serving", "concurrency",
-              "request_rate"):
+              "request_rate", "lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)
     return cols
@@ -368,6 +408,12 @@ def _table_report(res, display, asked_flash=None) -> str:
     if s.get("serving") == "continuous":
         load = ("continuous batching at " + (f"{s['request_rate']:g} requests/s (Poisson)" if s.get("request_rate")
                                              else f"concurrency {s['concurrency'] or s['batch']}"))
+        load += f", lengths {s['lengths']}" if s["lengths"] != "fixed" else ""
+        load += f", prefix hit {100 * s['prefix_hit']:g} %" if s["prefix_hit"] else ""
+        load += f", disaggregated {s['disaggregate']} (prefill:decode devices)" if s["disaggregate"] != "none" else ""
+        slos = [f"{k.removeprefix('slo_').upper()} {display.quantity_text(k, s[k])}" for k in ("slo_ttft", "slo_tpot")
+                if s[k]]
+        load += f", SLO {' and '.join(slos)} at p{s['slo_percentile']:g}" if slos else ""
     head = (f"{s['model']} on {s['hardware']}{par}: {load}, prompt {s['prompt_len']}, "
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
             f"{flash_note(s, asked_flash)}, {s['efficiency']} roofline")
@@ -378,7 +424,8 @@ def _table_report(res, display, asked_flash=None) -> str:
            display.text_table(res.decode, cols, left=words), "", "Summary"]
     for k in ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
-              "queue_s", "running_batch", "kv_utilization", "batch", "weights_bytes", "kv_cache_bytes",
+              "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
+              "weights_bytes", "kv_cache_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "power_w", "cost_usd",
               "chips_required", "fits", "why"):
         if k in s:

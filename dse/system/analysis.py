@@ -14,8 +14,10 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system import reasons as R
-from dse.core.simulator import simulate
-from dse.system.evaluator import EXPLAIN_KEYS, Evaluation, evaluate, prepare, serving_engine
+from dse.core.serving import PERCENTILES
+from dse.core.simulator import simulate, simulate_disaggregated
+from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, evaluate, prepare, serving_engine
+from dse.system.params import DEFAULTS
 from hwmodels.placement import parse_policy, policy_name
 
 ROW_KEYS = EXPLAIN_KEYS
@@ -24,7 +26,10 @@ ROW_KEYS = EXPLAIN_KEYS
 SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
                    "output_tokens_per_s_per_device", "prefill_tokens_per_s")
 #: what a summary adds under continuous batching (``dse.core.serving``)
-SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization")
+SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization",
+                        *(f"{m}_p{q}_s" for m in PERCENTILE_METRICS for q in PERCENTILES))
+#: the serving settings a summary names under continuous batching
+SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         rate = float(p.get("request_rate") or 0.0)
         s.update({"concurrency": int(p.get("concurrency") or 0) or None, "request_rate": rate or None,
                   **{k: m[k] for k in SERVING_LOAD_METRICS}})
+        s["lengths"] = p["lengths_name"]
+        s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
+        if s["slo_ttft"] or s["slo_tpot"]:
+            s["goodput"] = m["goodput"]
     if not ev.feasible[i]:
         s["why"] = ev.reason_text(i)
         s["reason"] = ev.reason_key(i)
@@ -83,23 +92,30 @@ def analyze_point(columns: dict, *, ideal: bool = False, efficiency=None) -> tup
 def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool = False,
                    efficiency=None) -> dict[str, float]:
     """The serving metrics of the design point ``columns`` (continuous batching) from the
-    discrete-event simulator (``dse.core.simulator``): ``requests`` requests, Poisson arrivals
-    drawn with ``seed`` for an open loop (their gaps scaled to the rate's mean exactly), every
-    iteration priced as ``evaluate`` prices it.
+    discrete-event simulator (``dse.core.simulator``): ``requests`` requests, their lengths
+    drawn from the point's length distribution and, for an open loop, Poisson arrivals (their
+    gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
+    ``evaluate`` prices it.
     Returns the simulator's metrics (SI units; TTFT and end-to-end with the efficiency model's
     request overhead, as ``evaluate`` reports them)."""
     if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or not 10 <= requests <= MAX_SIMULATED:
         raise DseError(f"simulate: expected a number of requests from 10 to {MAX_SIMULATED:,}, got {requests!r}")
-    step, engine, prompt, gen, conc, rate, overhead = serving_engine(prepare(columns), 0, efficiency=efficiency,
-                                                                     ideal=ideal)
+    point = serving_engine(prepare(columns), 0, efficiency=efficiency, ideal=ideal)
+    rng = np.random.default_rng(seed)
     arrivals = None
-    if rate is not None:   # Poisson gaps, scaled so that their mean is exactly 1 / rate (the rate asked)
-        gaps = np.random.default_rng(seed).exponential(1.0, requests)
-        arrivals = np.cumsum(gaps / (gaps.mean() * rate))
-    res = simulate(step, engine, [prompt] * requests, [gen] * requests, concurrency=conc, arrivals=arrivals)
+    if point.request_rate is not None:   # Poisson gaps, scaled so that their mean is exactly 1 / rate
+        gaps = rng.exponential(1.0, requests)
+        arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
+    prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
+    if point.pools is None:
+        res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals)
+    else:
+        res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
+                                     point.transfer_s, prompts, gens, concurrency=point.concurrency,
+                                     arrivals=arrivals)
     out = res.metrics()
     for k in [k for k in out if k.startswith(("ttft_", "e2e_"))]:
-        out[k] += overhead
+        out[k] += point.request_overhead_s
     return out
 
 

@@ -25,18 +25,20 @@ from basis.units import bytes_text
 from dse.core.efficiency import Efficiency, choose
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device, serving_metrics, system_figures
 from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
-from dse.core.serving import Load, steady_state
+from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
+from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
 from dse.system.columns import Columns, group
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
-from dse.system.params import DEFAULTS, PARAMS, SERVING_MODES
+from dse.system.params import MAX_COUNT, DEFAULTS, PARAMS, SERVING_MODES
 from dse.system.workload import WorkloadTables, footprint_in_batch, resolve_model, tables
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
 from hwmodels.presets import DEVICE_CLASSES
+from workloads.lengths import FIXED, LengthSpec, parse_lengths
 from workloads.model import context_error
 
 #: what every design point gets (SI units); the first ones are serving metrics
@@ -44,7 +46,11 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",
            "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "devices", "power_w",
            "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
-           "queue_s", "running_batch", "kv_utilization")
+           "queue_s", "running_batch", "kv_utilization",
+           *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e_latency") for q in PERCENTILES), "goodput",
+           "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w")
+#: the latency metrics that have percentiles (``ttft_p90_s``, ...)
+PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
 #: the default budget (``dse.system.params``)
 UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
@@ -131,6 +137,9 @@ class Evaluation:
             out[k] = v.item() if hasattr(v, "item") else v
         for k, (codes, names) in self.labels.items():
             out[k + "_name"] = names[int(codes[i])]
+        trace = parse_lengths(out.get("lengths_name", FIXED))
+        if trace.kind == "trace":                 # its means stand for prompt_len and gen_len
+            out["prompt_len"], out["gen_len"] = trace.trace_means()
         if self.flash_attention is not None:      # as run: the default is unfused without a buffer
             out["flash_attention"] = bool(self.flash_attention[i])
         out["flash_attention_given"] = cols.has("flash_attention")
@@ -214,6 +223,7 @@ class Plan:
         eff_code = np.zeros(n, dtype=np.int64)
         eff_names: list[str] = []
         saturated = np.zeros(n, dtype=bool)
+        slo_missed = np.zeros(n, dtype=bool)
         per_row = efficiency is not None and not isinstance(efficiency, Efficiency)
         if per_row and len(efficiency) != n:
             raise DseError(f"efficiency: expected one Efficiency or one per design point ({n}), got {len(efficiency)}")
@@ -235,6 +245,7 @@ class Plan:
                 sub = g if idx is g.index else _subgroup(g, idx)
                 metrics = _price(sub, eff, e, ideal)
                 saturated[idx] = metrics.pop("saturated", False)
+                slo_missed[idx] = metrics.pop("slo_missed", False)
                 for k, v in metrics.items():
                     out[k][idx] = v
                 positions = _positions(idx)
@@ -242,9 +253,12 @@ class Plan:
                     p = int(positions[j])
                     explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
                                                                                         self.hw, p)
+        _service_figures(out)
         fails = dict(self.fails)
         if saturated.any():
             fails[R.CODE["saturated"]] = saturated
+        if slo_missed.any():
+            fails[R.CODE["slo"]] = slo_missed
         violations = {"memory": self.memory_violation,
                       "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
                                         [np.zeros(n, bool)], axis=0).astype(float)}
@@ -274,6 +288,16 @@ class Plan:
             flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
+
+
+def _service_figures(out: dict) -> None:
+    """Per-device goodput and what a service of ``replicas`` engines takes (devices, cost,
+    power), from each engine's figures."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["goodput_per_device"] = out["goodput"] / out["devices"]
+        for k, per in (("service_devices", "devices"), ("service_cost_usd", "cost_usd"),
+                       ("service_power_w", "power_w")):
+            out[k] = out["replicas"] * out[per]
 
 
 def _explain_set(explain, n: int):
@@ -343,50 +367,105 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
                 decode = decode + (decode_total_time(dev_d0, slope, n, sys, eff)
                                    + decode_total_time(cpu_d0, slope, n, c["system"], ceff))
             decode = decode - ceff.step_overhead_s * steps + hop[1] * steps
-        return serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
-                               overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
+        out = serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
+                              overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
+    # a static batch's sequences start, and end, together: every percentile is the mean
+    out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
+    return out
 
 
 def _price_continuous(g: _Group, eff: Efficiency) -> dict:
     """Serving metrics of a group's points under in-flight batching (``dse.core.serving``):
     every iteration priced by the roofline (``step_time`` of the IterationModel's arrays)."""
-    sc, s = g.tables.scenario, g.serving
-    open_loop = ~np.isnan(s["request_rate"])
-    if open_loop.any() and not open_loop.all():     # each kind priced on its own (no wasted fixed points)
-        out = {}
-        for part in (np.flatnonzero(open_loop), np.flatnonzero(~open_loop)):
-            idx = _positions(g.index)[part]
-            priced = _price_continuous(_subgroup(g, idx), eff)
-            for k, v in priced.items():
-                out.setdefault(k, np.zeros(len(open_loop), dtype=np.asarray(v).dtype))[part] = v
-        return out
-    model: IterationModel = s["iteration"]
-    sys = g.system
-
-    def iteration_time(d, dctx, c, pctx, seqs):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys, eff)
-
-    n = sys.size
-    load = Load(np.full(n, float(sc.prompt_len)), np.full(n, float(sc.gen_len)), s["kv_blocks"], s["kv_block"],
-                s["budget"], s["max_running"], s["concurrency"], s["request_rate"], s["chunked"])
-    out = steady_state(load, iteration_time)
-    ttft = out["ttft_s"] + eff.request_overhead_s
+    s = g.serving
+    iteration_time = _iteration_pricer(s["iteration"], g.system, eff)
+    load = _load(s, g.system, eff)
+    pooled = load.pools is not None
+    out = (disaggregated_state if pooled else steady_state)(load, iteration_time)
+    late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
+    slo = (s["slo_ttft"] > 0) | (s["slo_tpot"] > 0)
+    good = np.full(len(slo), np.nan)
+    if slo.any():
+        at = np.flatnonzero(slo)
+        good[at] = (disaggregated_goodput if pooled else goodput)(
+                           load.take(at), _iteration_pricer(s["iteration"], g.system.take(at), eff),
+                           np.where(s["slo_ttft"][at] > 0, np.maximum(s["slo_ttft"][at] - late, 1e-300), 0.0),
+                           s["slo_tpot"][at], s["slo_percentile"][at])
     out_tps = out["output_tokens_per_s"]
-    return {"ttft_s": ttft, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + eff.request_overhead_s,
-            **rates_per_user_and_device(out_tps, out["tpot_s"], sc.devices),
-            "prefill_tokens_per_s": out["requests_per_s"] * sc.prompt_len,
+    return {"ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
+            **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
+               for m in PERCENTILE_METRICS for q in PERCENTILES},
+            **rates_per_user_and_device(out_tps, out["tpot_s"], s["devices"]),
+            "prefill_tokens_per_s": out["requests_per_s"] * load.lengths.mean_prompt,
             "requests_per_s": out["requests_per_s"], "total_tokens_per_s": out["total_tokens_per_s"],
             "queue_s": out["queue_s"], "running_batch": out["running_batch"],
             "kv_utilization": out["kv_utilization"], "batch_used": np.round(out["running_batch"]),
-            "saturated": out["saturated"]}
+            "goodput": good, "replicas": _replicas(s["target_rate"], good), "saturated": out["saturated"],
+            "slo_missed": (s["target_rate"] > 0) & (good <= 0)}
 
 
-def serving_engine(plan: Plan, i: int, *, efficiency=None, ideal: bool = False) -> tuple:
-    """The engine of point ``i`` of a prepared plan as the simulator runs it: (step time of one
-    iteration in seconds, ``EngineConfig``, prompt tokens, output tokens, concurrency or None,
-    request rate or None, request overhead in seconds). Every iteration is priced as the
-    steady-state model prices it. DseError when the point is not under continuous batching."""
+def _replicas(target_rate, good) -> np.ndarray:
+    """Engines a service of ``target_rate`` requests/s needs at ``good`` requests/s each
+    (NaN without a target; infinite where no rate meets the SLOs)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(target_rate > 0, np.where(good > 0, np.ceil(target_rate / good), np.inf), np.nan)
+
+
+def _iteration_pricer(model: IterationModel, sys: SystemArrays, eff: Efficiency):
+    """The iteration time of a group's points (``dse.core.serving.IterationTime``): the roofline's
+    step time of the IterationModel's arrays, each entry on its design point's system."""
+    def iteration_time(d, dctx, c, pctx, seqs, rows):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
+    return iteration_time
+
+
+def _kv_link(sys: SystemArrays, eff: Efficiency):
+    """Seconds to send messages of ``nbytes`` [A, K] from each point ``rows`` [A] to another
+    device over its scale-up link (``transfer_time``): a prefill instance's KV cache to a decode one."""
+    def transfer(nbytes, rows):
+        return transfer_time(nbytes, sys.link_bandwidth[rows][:, None], sys.link_latency[rows][:, None], eff)
+    return transfer
+
+
+def _load(s: dict, sys: SystemArrays, eff: Efficiency) -> Load:
+    """The serving Load of a group's continuous-batching inputs (disaggregated: its pools, the
+    KV cache sent over each point's scale-up link as one message per request)."""
+    pools = None
+    if "pools" in s:
+        prefill, decode, kv_token_bytes = s["pools"]
+        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), _kv_link(sys, eff))
+    return Load(s["lengths"], s["kv_blocks"], s["kv_block"], s["budget"], s["max_running"], s["concurrency"],
+                s["request_rate"], s["chunked"], s["prefix_tokens"], pools)
+
+
+@dataclass(frozen=True)
+class ServedPoint:
+    """A continuous-batching design point as the simulator runs it: ``step`` (seconds of one
+    iteration: decode tokens, their keys, prompt tokens, their keys, prompts finished),
+    ``engine`` (EngineConfig), ``lengths`` (the LengthSpec to draw requests from) with mean
+    ``prompt_len`` and ``gen_len`` and at most ``max_tokens`` in all, ``concurrency`` or
+    ``request_rate`` (the other None) and ``request_overhead_s`` (seconds); disaggregated:
+    ``pools`` (prefill instances, decode instances) and ``transfer_s`` (seconds to send the
+    KV cache of a prompt of that many tokens, its cached prefix excepted), else None."""
+
+    step: object
+    engine: EngineConfig
+    lengths: LengthSpec
+    prompt_len: int
+    gen_len: int
+    max_tokens: float
+    concurrency: int | None
+    request_rate: float | None
+    request_overhead_s: float
+    pools: tuple[int, int] | None = None
+    transfer_s: object = None
+
+
+def serving_engine(plan: Plan, i: int, *, efficiency=None, ideal: bool = False) -> ServedPoint:
+    """Point ``i`` of a prepared plan as the simulator runs it (``ServedPoint``), every
+    iteration priced as the steady-state model prices it. DseError when the point is not
+    under continuous batching."""
     pos = i if plan.inverse is None else int(plan.inverse[i])
     for g in plan.groups:
         where = np.flatnonzero(_positions(g.index) == pos)
@@ -399,20 +478,31 @@ def serving_engine(plan: Plan, i: int, *, efficiency=None, ideal: bool = False) 
                        "request rate)")
     j = int(where[0])
     eff = choose(g.device_class, efficiency, ideal)
-    sys = g.system.take(np.array([j]))
     s, sc = g.serving, g.tables.scenario
-    model: IterationModel = s["iteration"]
+    price = _iteration_pricer(s["iteration"], g.system.take(np.array([j])), eff)
+    one = np.zeros(1, dtype=np.int64)
 
     def step(d, dctx, c, pctx, ends) -> float:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return float(step_time(model.arrays(d, dctx, c, pctx, ends), sys, eff)[0])
+        return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
 
     engine = EngineConfig(kv_blocks=max(int(s["kv_blocks"][j]), 1), kv_block=int(s["kv_block"][j]),
                           token_budget=int(s["budget"][j]), max_running=int(s["max_running"][j]),
-                          chunked=bool(s["chunked"][j]))
+                          chunked=bool(s["chunked"][j]),
+                          prefix_tokens=int(s["prefix_tokens"][j]))
     conc, rate = s["concurrency"][j], s["request_rate"][j]
-    return (step, engine, sc.prompt_len, sc.gen_len, None if np.isnan(conc) else int(conc),
-            None if np.isnan(rate) else float(rate), eff.request_overhead_s)
+    pools = transfer_s = None
+    if "pools" in s:
+        prefill, decode, kv_token_bytes = s["pools"]
+        pools = (int(prefill[j]), int(decode[j]))
+        per_token = float(np.broadcast_to(kv_token_bytes, prefill.shape)[j])
+        link = _kv_link(g.system.take(np.array([j])), eff)
+
+        def transfer_s(prompt: int) -> float:
+            sent = prompt - engine.cached_tokens(prompt)
+            return float(link(np.array([[per_token * sent]]), one)[0, 0])
+    return ServedPoint(step, engine, s["spec"], sc.prompt_len, sc.gen_len, s["max_tokens"],
+                       None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
+                       eff.request_overhead_s, pools, transfer_s)
 
 
 def _split_counts(op, layer_ops: np.ndarray, share: float):
@@ -503,7 +593,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
             if detail:
                 details.append((index, detail))
 
-    tp, pp, valid = parallel_layout(w["devices"], w["tp"], w["pp"], w["ep"])
+    lay_devices, lay_tp, pooled = _pool_layout(w, fail)
+    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w["pp"], w["ep"])
     fail("layout", np.flatnonzero(~valid))
     sized = hw.spatial & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
     chips = np.full(n, np.nan)
@@ -513,11 +604,11 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     if w["batch_max"].any():
         _max_batch(w, hw, tp, pp, batch, fail)
     cpu_layers = w["cpu_layers"]
-    devices = tp * pp * w["ep"]
+    devices = np.where(w["disaggregated"], pooled, tp * pp * w["ep"])
 
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
-           w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0)]
+           w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"]]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
@@ -559,7 +650,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         groups.append(_check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation))
     labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
-              "serving": (w["continuous"].astype(np.int64), list(SERVING_MODES))}
+              "serving": (w["continuous"].astype(np.int64), list(SERVING_MODES)),
+              "lengths": (w["lengths"], [spec.name for spec in w["length_specs"]])}
     return Plan(original, hw, groups, base, fails, memory_violation,
                 details, constraints, labels, order, w["flash"])
 
@@ -568,7 +660,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
                     "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
-                    "request_rate", "prefill_chunk")
+                    "request_rate", "prefill_chunk", "lengths")
 
 
 def _workload_order(cols: Columns) -> np.ndarray | None:
@@ -605,16 +697,32 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
+    w["lengths"], w["length_specs"] = _resolved(cols, "lengths", parse_lengths)
+    _trace_lengths(w)
+    for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
+        w[k] = cols.numbers(k)
+    if np.any((w["target_rate"] > 0) & ~(w["slo_ttft"] > 0) & ~(w["slo_tpot"] > 0)):
+        raise DseError(f"{cols.where}: target_rate: the engines a service needs follow from its goodput under SLOs; "
+                       f"give slo_ttft and/or slo_tpot too")
+    codes, pools = _resolved(cols, "disaggregate", _pools)
+    w["prefill_devices"] = np.array([p[0] if p else np.nan for p in pools], dtype=float)[codes]
+    w["decode_devices"] = np.array([p[1] if p else np.nan for p in pools], dtype=float)[codes]
+    w["disaggregated"] = ~np.isnan(w["prefill_devices"])
     asked = np.array([m == "continuous" for m in modes])[w["serving"]]
     loaded = (w["concurrency"] > 0) | (w["request_rate"] > 0)
+    served = {"concurrency": loaded, "lengths": np.array([spec.kind != FIXED for spec in w["length_specs"]])[w["lengths"]],
+              "prefix_hit": w["prefix_hit"] > 0, "slo_ttft": w["slo_ttft"] > 0, "slo_tpot": w["slo_tpot"] > 0,
+              "disaggregate": w["disaggregated"]}
     static = np.array([m == "static" for m in modes])[w["serving"]] & cols.has("serving")
-    if np.any(static & loaded):
-        raise DseError(f"{cols.where}: serving: 'static' runs one batch; concurrency and request_rate are "
-                       f"loads of serving 'continuous' (leave serving out, or give it as continuous)")
+    for key, on in served.items():
+        if np.any(static & on):
+            what = "concurrency and request_rate are loads" if key == "concurrency" else f"{key} is a parameter"
+            raise DseError(f"{cols.where}: serving: 'static' runs one batch; {what} of serving 'continuous' "
+                           f"(leave serving out, or give it as continuous)")
     if np.any((w["concurrency"] > 0) & (w["request_rate"] > 0)):
         raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
-    w["continuous"] = asked | loaded
+    w["continuous"] = asked | np.any(list(served.values()), axis=0)
     short = w["continuous"] & (w["prefill_chunk"] > 0) & (w["prefill_chunk"] < w["max_running"])
     if short.any():
         k = int(np.flatnonzero(short)[0])
@@ -631,6 +739,47 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return w
+
+
+def _pools(value) -> tuple[int, int] | None:
+    """(prefill devices, decode devices) of a ``disaggregate`` value ``P:D``, or None for
+    ``none``; DseError naming what is allowed."""
+    text = str(value).strip()
+    if text == "none":
+        return None
+    head, sep, tail = text.partition(":")
+    try:
+        pair = (int(head), int(tail)) if sep else None
+    except ValueError:
+        pair = None
+    if pair is None or min(pair) < 1 or max(pair) > MAX_COUNT:
+        raise DseError(f"disaggregate: expected 'none' or 'P:D' (prefill devices : decode devices, positive "
+                       f"integers, e.g. '2:6'), got {value!r}")
+    return pair
+
+
+def _pool_layout(w: dict, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(devices, tp) to lay out each point with, and its devices in all: a disaggregated
+    point lays out one instance of ``tp`` devices (given, or the largest dividing both pools)
+    and has the pools' devices; the points whose layout cannot be fail ``layout``."""
+    dis = w["disaggregated"]
+    pre, dec = np.nan_to_num(w["prefill_devices"], nan=1.0), np.nan_to_num(w["decode_devices"], nan=1.0)
+    total = pre + dec
+    inst = np.where(np.isnan(w["tp"]), np.gcd(pre.astype(np.int64), dec.astype(np.int64)), w["tp"])
+    wrong = dis & ~np.isnan(w["devices"]) & (w["devices"] != total)
+    fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
+    split = dis & ((np.mod(pre, inst) != 0) | (np.mod(dec, inst) != 0))
+    fail("layout", np.flatnonzero(split), "with disaggregate P:D, tp (devices per engine) must divide P and D")
+    return (np.where(dis, np.nan, w["devices"]), np.where(dis, inst, w["tp"]), np.where(dis, total, np.nan))
+
+
+def _trace_lengths(w: dict) -> None:
+    """Points whose lengths are a trace take its mean prompt and output lengths."""
+    for code, spec in enumerate(w["length_specs"]):
+        if spec.kind == "trace":
+            at = w["lengths"] == code
+            w["prompt"], w["gen"] = w["prompt"].copy(), w["gen"].copy()
+            w["prompt"][at], w["gen"][at] = spec.trace_means()
 
 
 def _serving_mode(value) -> str:
@@ -783,7 +932,12 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     if continuous:
         if sc.pp > 1 or sc.ep > 1 or policy != "none" or cpu_layers:
             mark("serving", np.ones(size, dtype=bool))
-        act = _chunk_activation_bytes(model, sc, w, hw, i0)
+        if w["disaggregated"][i0]:          # the KV cache moves between the pools over the link
+            mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
+        spec: LengthSpec = w["length_specs"][w["lengths"][i0]]
+        limit = int(w["max_context"][i0]) or model.max_position_embeddings or np.inf
+        lengths = spec.classes(sc.prompt_len, sc.gen_len, limit)
+        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())))
     pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
                     t.layer_weight_bytes)
     dev_ok, host_ok = pl.device_fits(cap), pl.host_fits(hcap)
@@ -825,6 +979,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     kv = fp.kv_cache_bytes
     if continuous:
         serving, kv = _serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act)
+        serving.update(lengths=lengths, spec=spec, max_tokens=limit)
         need = np.ceil((sc.prompt_len + sc.gen_len) / serving["kv_block"])
         mark("device_memory", dev_ok & (serving["kv_blocks"] < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
@@ -837,11 +992,11 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving)
 
 
-def _chunk_activation_bytes(model, sc, w: dict, hw: HardwareArrays, i0: int) -> float:
+def _chunk_activation_bytes(model, sc, w: dict, hw: HardwareArrays, i0: int, longest: int) -> float:
     """Peak activation bytes per device of continuous batching: a prefill of one iteration's
-    prompt tokens (the chunk budget, or a whole prompt without chunking)."""
+    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking)."""
     budget = int(w["prefill_chunk"][i0])
-    tokens = sc.prompt_len if budget == 0 else min(sc.prompt_len, budget)
+    tokens = longest if budget == 0 else min(longest, budget)
     return tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
                   sc.ep, sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0
                   ).footprint.activation_bytes
@@ -860,10 +1015,17 @@ def _serving_inputs(model, sc, w: dict, hw: HardwareArrays, idx, i0: int, cap, f
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0)
     conc = w["concurrency"][idx]
     rate = w["request_rate"][idx]
-    serving = {"iteration": it, "kv_blocks": blocks, "kv_block": block,
+    prefix = np.round(w["prefix_hit"][idx] * sc.prompt_len)
+    serving = {"iteration": it, "kv_blocks": blocks, "kv_block": block, "prefix_tokens": prefix,
+               "slo_ttft": w["slo_ttft"][idx], "slo_tpot": w["slo_tpot"][idx], "slo_percentile": w["slo_percentile"][idx],
+               "target_rate": w["target_rate"][idx],
                "budget": np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
                "chunked": budget > 0, "max_running": w["max_running"][idx],
-               "concurrency": np.where(rate > 0, np.nan, conc), "request_rate": np.where(rate > 0, rate, np.nan)}
+               "concurrency": np.where(rate > 0, np.nan, conc), "request_rate": np.where(rate > 0, rate, np.nan),
+               "devices": np.where(w["disaggregated"][idx], w["prefill_devices"][idx] + w["decode_devices"][idx],
+                                   float(sc.devices))}
+    if w["disaggregated"][i0]:
+        serving["pools"] = (w["prefill_devices"][idx] / sc.tp, w["decode_devices"][idx] / sc.tp, per_token)
     return serving, blocks * block * per_token
 
 
@@ -880,4 +1042,4 @@ def evaluate(columns: Mapping, *, ideal: bool = False, explain=False, efficiency
                                                                      explain=explain)
 
 
-__all__ = ["evaluate", "prepare", "serving_engine", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]
+__all__ = ["evaluate", "prepare", "serving_engine", "ServedPoint", "Plan", "Evaluation", "METRICS", "EXPLAIN_KEYS", "CHECKS"]

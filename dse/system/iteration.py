@@ -23,7 +23,7 @@ A layer with a sliding window is costed with the window as filled at the prompt'
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -61,16 +61,33 @@ class IterationModel:
     def arrays(self, d, dctx, c, pctx, s) -> OpArrays:
         """OpArrays [P, O] of iterations with ``d`` decode tokens over ``dctx`` keys and ``c``
         prompt tokens of ``s`` sequences over ``pctx`` keys (arrays [P] or scalars)."""
-        d, dctx, c, pctx, s = (np.atleast_1d(np.asarray(x, dtype=float))[:, None] for x in (d, dctx, c, pctx, s))
-        amounts = {f: np.maximum(self.base[f] + d * self.per_decode[f] + dctx * self.per_key[f]
-                                 + c * self.per_prompt_token[f] + pctx * self.per_pair[f] + s * self.per_prompt[f],
-                                 0.0)
-                   for f in _AMOUNTS}
-        tokens = (d + c)[:, 0]
-        weight = np.broadcast_to(self.weight_bytes[0], (len(tokens), self.weight_bytes.shape[1])).copy()
-        for o in np.flatnonzero(np.ptp(self.weight_bytes, axis=0)):   # embedding rows, experts touched
-            weight[:, o] = np.interp(tokens, self.weight_tokens, self.weight_bytes[:, o])
-        return replace(self.template, weight_bytes=np.where((d + c) > 0, weight, 0.0), **amounts)
+        d, dctx, c, pctx, s = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (d, dctx, c, pctx, s))
+        n = max(len(d), len(dctx), len(c), len(pctx), len(s))
+        terms = np.empty((n, 6))
+        terms[:, 0] = 1.0
+        for j, x in enumerate((d, dctx, c, pctx, s), start=1):
+            terms[:, j] = x
+        amounts = np.maximum(terms @ self._coefficients, 0.0)              # [P, F x O], one product
+        o = len(self.weight_bytes[0])
+        fields = {f: amounts[:, i * o:(i + 1) * o] for i, f in enumerate(_AMOUNTS)}
+        tokens = d + c if len(d) == n and len(c) == n else np.broadcast_to(d + c, (n,))
+        weight = np.broadcast_to(self.weight_bytes[0], (n, o)).copy()
+        for k in self._growing:             # embedding rows, experts touched
+            weight[:, k] = np.interp(tokens, self.weight_tokens, self.weight_bytes[:, k])
+        weight[tokens <= 0] = 0.0
+        return replace(self.template, weight_bytes=weight, **fields)
+
+    @cached_property
+    def _coefficients(self) -> np.ndarray:
+        """[6, F x O]: the base, per-decode, per-key, per-prompt-token, per-pair and per-prompt
+        rows of every amount field side by side."""
+        rows = (self.base, self.per_decode, self.per_key, self.per_prompt_token, self.per_pair, self.per_prompt)
+        return np.stack([np.concatenate([np.asarray(r[f], float) for f in _AMOUNTS]) for r in rows])
+
+    @cached_property
+    def _growing(self) -> np.ndarray:
+        """Operators whose weight bytes grow with the iteration's tokens."""
+        return np.flatnonzero(np.ptp(self.weight_bytes, axis=0))
 
 
 def _amounts(a: OpArrays) -> dict:

@@ -69,13 +69,22 @@ WORKLOAD_PARAMS = {
     "kv_block": int,
     "prefill_chunk": int,
     "max_running": int,
+    "lengths": str,
+    "prefix_hit": float,
+    "slo_ttft": float,
+    "slo_tpot": float,
+    "slo_percentile": float,
+    "disaggregate": str,
+    "target_rate": float,
 }
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
 #: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
 #: latency, an on-chip buffer, host memory (0: none to offload to), the context (0: the model's
 #: ``max_position_embeddings``)
 ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context",
-                "concurrency", "request_rate", "prefill_chunk")
+                "concurrency", "request_rate", "prefill_chunk", "prefix_hit", "slo_ttft", "slo_tpot", "target_rate")
+#: numeric parameters with an upper bound they must stay below (a share, a percentile)
+BELOW = {"prefix_hit": 1.0, "slo_percentile": 100.0}
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
 #: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
@@ -84,13 +93,23 @@ MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items()
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
             "ep": 1, "flash_attention": True, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
             "max_context": 0, "serving": "static", "concurrency": 0, "request_rate": 0.0, "kv_block": 16,
-            "prefill_chunk": 8192, "max_running": 1024}
+            "prefill_chunk": 8192, "max_running": 1024, "lengths": "fixed", "prefix_hit": 0.0, "slo_ttft": 0.0,
+            "slo_tpot": 0.0, "slo_percentile": 90.0, "disaggregate": "none",
+            "target_rate": 0.0}
 #: how requests are scheduled: ``static`` (one batch of ``batch`` sequences starts, prefills and
 #: decodes together: static-batch benchmarks) or ``continuous`` (in-flight batching under a load:
 #: ``concurrency`` requests always in flight, or ``request_rate`` requests/s arriving as a Poisson
 #: process; a paged KV cache of ``kv_block``-token blocks, at most ``max_running`` sequences
 #: running, prompts cut into chunks that fill a per-iteration budget of ``prefill_chunk`` tokens
-#: (0: whole prompts, prefill-first). Giving a load means continuous. Defaults are vLLM's for its
+#: (0: whole prompts, prefill-first). Request lengths are ``lengths`` (``fixed``, ``lognormal[:sigma=S]``
+#: or a CSV trace: ``workloads.lengths``); ``prefix_hit`` is the share of the mean prompt that is a
+#: prefix shared by every request and cached (its whole KV blocks held once, not recomputed);
+#: ``slo_ttft`` and ``slo_tpot`` (seconds, 0: none) are SLOs at the ``slo_percentile``-th percentile,
+#: for ``goodput``; ``disaggregate`` (``P:D``) puts prompts on P devices and decoding on D others, the
+#: KV cache moved over the link between them (instances of ``tp`` devices each; ``tp`` left out: the
+#: largest that divides both). ``target_rate`` (requests/s, 0: none) is what a whole service must
+#: carry: it takes ceil(target_rate / goodput) engines like this one (``replicas``; needs an SLO).
+#: Giving a load, a length distribution, a prefix, an SLO or pools means continuous. Defaults are vLLM's for its
 #: OpenAI server on a GPU of 70 GiB or more: block_size 16, max_num_batched_tokens 8192,
 #: max_num_seqs 1024, chunked prefill on (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults;
 #: smaller GPUs get 2048 and 256 there).
@@ -110,8 +129,11 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
             bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
             return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
         bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
+        if name in BELOW:
+            bad |= a >= BELOW[name]
+            return bad, f"a number {'>= 0' if zero else '> 0'} and below {BELOW[name]:g}"
     return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
 
 
 __all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS",
-           "ZERO_ALLOWED", "BATCH_MAX", "MAY_BE_MISSING", "SERVING_MODES"]
+           "ZERO_ALLOWED", "BELOW", "BATCH_MAX", "MAY_BE_MISSING", "SERVING_MODES"]

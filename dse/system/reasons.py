@@ -60,6 +60,9 @@ REASONS = (
     Reason(14, "saturated", "the request rate exceeds what the design serves",
            "the request rate {request_rate} requests/s exceeds what the design serves; its queue grows "
            "without bound"),
+    Reason(15, "slo", "no request rate meets the SLOs",
+           "no request rate meets the SLOs (slo_ttft {slo_ttft} s, slo_tpot {slo_tpot} s at percentile "
+           "{slo_percentile}): even a trickle of requests misses them"),
 )
 #: template fields holding a footprint metric of the point, written as a size ('80 GiB', by
 #: ``basis.units.bytes_text``): field -> metric
