@@ -367,14 +367,16 @@ def _simulation_text(summary: dict, sim: dict) -> str:
              ("requests_per_s", "requests_per_s"), ("output_tokens_per_s", "output_tokens_per_s"),
              ("queue_s", "queue_mean_s"), ("running_batch", "running_mean"), ("kv_utilization", "kv_utilization")]
     q = display.quantity_text
-    out = ["", "Steady-state model against the discrete-event simulator (means; simulator p90 / p99 in brackets)",
-           f"  {'metric':32s} {'model':>16s} {'simulator':>16s}"]
+    out = ["", "Steady-state model against the discrete-event simulator (means; p90 / p99 in brackets)",
+           f"  {'metric':32s} {'model':>36s} {'simulator':>36s}"]
     for k, sk in pairs:
-        extra = ""
+        mine, theirs = q(k, summary[k]), q(k, sim[sk])
         if sk.endswith("_mean_s") and sk.replace("mean", "p90") in sim:
-            extra = f"  ({q(k, sim[sk.replace('mean', 'p90')])} / {q(k, sim[sk.replace('mean', 'p99')])})"
-        out.append(f"  {k:32s} {q(k, summary[k]):>16s} {q(k, sim[sk]):>16s}{extra}")
-    out.append(f"  {'preemptions':32s} {'':>16s} {int(sim['preemptions']):>16,d}")
+            head = k.removesuffix("_s")
+            mine += f" ({q(k, summary[f'{head}_p90_s'])} / {q(k, summary[f'{head}_p99_s'])})"
+            theirs += f" ({q(k, sim[sk.replace('mean', 'p90')])} / {q(k, sim[sk.replace('mean', 'p99')])})"
+        out.append(f"  {k:32s} {mine:>36s} {theirs:>36s}")
+    out.append(f"  {'preemptions':32s} {'':>36s} {int(sim['preemptions']):>36,d}")
     return "\n".join(out)
 
 
