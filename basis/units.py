@@ -72,6 +72,8 @@ AXIS = {
     "seconds": (1e-3, "ms"),
     "watts": (1.0, "W"),
     "dollars": (1.0, "$"),
+    "requests_per_s": (1.0, "requests/s"),
+    "share": (0.01, "%"),
 }
 
 

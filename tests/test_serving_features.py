@@ -228,3 +228,19 @@ def test_separate_pools_pay_under_a_tight_tpot_and_not_under_a_loose_one():
     loose = evaluate({**cols, "slo_tpot": 0.2})["goodput_per_device"]
     assert tight[1:].max() > 1.5 * tight[0]
     assert loose[0] >= loose[1:].max()
+
+
+def test_a_study_over_goodput_reports_and_an_unquoted_ratio_is_explained(tmp_path):
+    """A study whose objective is a request rate writes its report (requests/s columns), and
+    YAML's base-60 reading of an unquoted 3:3 is named in one line."""
+    study = tmp_path / "s.yaml"
+    study.write_text("name: s\nspace:\n  hardware: h100-sxm\n  model: llama-3.1-8b\n  concurrency: 8\n"
+                     "  slo_tpot: 0.05\n  target_rate: 5\nobjectives:\n  goodput: max\n  kv_utilization: min\n"
+                     "method: grid\n")
+    r = _dse("run", str(study), "--out", str(tmp_path / "out"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "goodput (requests/s)" in (tmp_path / "out" / "report.html").read_text()
+    study.write_text("name: s\nspace:\n  hardware: h100-sxm\n  model: llama-3.1-8b\n  concurrency: 8\n"
+                     "  disaggregate: [none, 3:3]\nobjectives:\n  goodput_per_device: max\nmethod: grid\n")
+    r = _dse("run", str(study), "--out", str(tmp_path / "out2"), "--quiet")
+    assert r.returncode == 2 and "quote it, '3:3'" in r.stderr and "Traceback" not in r.stderr

@@ -62,7 +62,10 @@ def _cast(name: str, v, where: str):
         if isinstance(v, (list, tuple)) and name == "native_formats":
             return ",".join(map(str, v))
         if not isinstance(v, str):
-            raise DseError(f"{where}: expected a name, got {v!r}")
+            hint = ""
+            if name == "disaggregate" and isinstance(v, int):     # YAML 1.1 reads 3:3 as base 60
+                hint = " (YAML reads an unquoted P:D such as 3:3 as a base-60 number: quote it, '3:3')"
+            raise DseError(f"{where}: expected {'P:D text' if name == 'disaggregate' else 'a name'}, got {v!r}{hint}")
         return v
     if name == "batch" and v == BATCH_MAX:
         return v
