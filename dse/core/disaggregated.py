@@ -30,7 +30,7 @@ import numpy as np
 
 from dse.core.serving import (IterationTime, Load, _assign, _blocks_per_sequence, _classes, _Classes, _closed_loop,
                               _mixed, _mixing_mixtures, _percentiles, _priced, _row_quantile, _with_queue,
-                              largest_rate)
+                              largest_rate, running_cap)
 
 #: bisection steps over the throughput of a closed loop and of goodput (precision capacity / 2^n)
 _BISECT = 24
@@ -47,8 +47,7 @@ def _prompt_only(cls: _Classes) -> _Classes:
 def _cap(load: Load, cls: _Classes, held_per_seq) -> np.ndarray:
     """Sequences one engine runs at once, [A]: max_running or what its KV cache (less the
     shared prefix) holds at ``held_per_seq`` blocks each; at least 1."""
-    free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
-    return np.maximum(np.minimum(load.max_running, np.floor(free / held_per_seq)), 1.0)
+    return np.maximum(running_cap(load, cls, held_per_seq), 1.0)
 
 
 class _Stages:
@@ -64,9 +63,8 @@ class _Stages:
         w = cls.weight
         self.es = cls.steps @ w
         self.ctx = np.where(self.es > 0, ((cls.steps * cls.keys) @ w) / np.maximum(self.es, 1e-300), cls.keys @ w)
-        run = cls.weight * np.maximum(cls.steps, 1e-9)
-        held = ((cls.work + cls.gen / 2.0) * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
-        self.cap_d = _cap(load, cls, held)
+        self.held_d = _blocks_per_sequence(load, cls, cls.weight * np.maximum(cls.steps, 1e-9))   # decoding
+        self.cap_d = _cap(load, cls, self.held_d)
         t_full = self._decode_iteration(self.cap_d, np.arange(len(rows)))
         self.x_decode = np.where(self.es > 0, pools.decode * self.cap_d / (np.maximum(self.es, 1e-300) * t_full), np.inf)
         self.xfer = pools.transfer(pools.kv_token_bytes[:, None] * cls.work, rows)      # [A, K] seconds
@@ -197,7 +195,6 @@ def disaggregated_state(load: Load, iteration_time: IterationTime) -> dict[str, 
     mix = {"ttft_mix": _with_queue(r["ttft_mix"], queue), "tpot_mix": r["tpot_mix"],
            "e2e_mix": _with_queue(r["e2e_mix"], queue)}
     g_mean, p_mean = cls.mean(cls.gen), cls.mean(cls.prompt)
-    per_seq = ((cls.work + cls.gen / 2.0) @ cls.weight) / load.kv_block + 0.5
     out = {
         "ttft_s": ttft,
         "tpot_s": r["tpot"],
@@ -207,7 +204,7 @@ def disaggregated_state(load: Load, iteration_time: IterationTime) -> dict[str, 
         "output_tokens_per_s": np.where(saturated, st.capacity, x) * g_mean,
         "total_tokens_per_s": np.where(saturated, st.capacity, x) * (g_mean + p_mean),
         "running_batch": np.where(saturated, st.cap_d, r["b"]),
-        "kv_utilization": np.minimum((r["b"] * per_seq + cls.shared_blocks) / np.maximum(load.kv_blocks, 1.0), 1.0),
+        "kv_utilization": np.minimum((r["b"] * st.held_d + cls.shared_blocks) / np.maximum(load.kv_blocks, 1.0), 1.0),
         "saturated": saturated,
     }
     out.update(_percentiles(mix, saturated))

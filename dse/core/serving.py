@@ -166,20 +166,23 @@ def _classes(load: Load) -> _Classes:
     return _Classes(prompt, gen, cached, work, pairs, steps, keys, *spread, load.lengths.weight, shared)
 
 
-def _blocks_per_sequence(load: Load, cls: _Classes) -> np.ndarray:
+def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     """KV blocks a running sequence holds on average, [P]: its own prompt part and half its
-    output, plus half a block of fragmentation; classes weighted by how long they run."""
+    output, plus half a block of fragmentation; classes weighted by ``run`` [P, K] (default:
+    how long they run, 1 + their decode iterations)."""
     held = cls.work + cls.gen / 2.0
-    run = cls.weight * (1.0 + cls.steps)
+    run = cls.weight * (1.0 + cls.steps) if run is None else run
     return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
 
 
-def running_cap(load: Load) -> np.ndarray:
+def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarray:
     """Sequences the engine can run at once, [P]: max_running, or fewer where the KV cache
-    (less the shared prefix's blocks) holds fewer."""
-    cls = _classes(load)
+    (less the shared prefix's blocks) holds fewer at ``held`` blocks a sequence (default
+    ``_blocks_per_sequence``)."""
+    cls = _classes(load) if cls is None else cls
+    held = _blocks_per_sequence(load, cls) if held is None else held
     free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
-    return np.minimum(load.max_running, np.floor(free / _blocks_per_sequence(load, cls)))
+    return np.minimum(load.max_running, np.floor(free / held))
 
 
 def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s) -> np.ndarray:
