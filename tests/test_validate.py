@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, reference_file, run_cli
 
-from basis.errors import DseError
 from dse.core.efficiency import Efficiency, efficiency_for
+from dse.core.engines import engine_efficiency, get_engine
 from dse.fit import calibrate as C
 from dse.fit import validate as V
 from dse.system.analysis import analyze
@@ -46,7 +46,7 @@ def test_validate_numbers_equal_analyze(tmp_path):
         offload = kw.pop("offload", "none")
         sc = Scenario.make(batch=1 if batch_max else kw.pop("b"), flash_attention=True, **kw)
         s = analyze(load_model(model), dev, sc, batch_max=batch_max, offload=offload,
-                    efficiency=efficiency or efficiency_for(dev)).summary
+                    efficiency=efficiency or engine_efficiency(efficiency_for(dev), get_engine("default"))).summary
         return s[metric], s["batch"]
 
     cases = {
@@ -57,13 +57,14 @@ def test_validate_numbers_equal_analyze(tmp_path):
                      weights="fp8", activations="fp8", kv="fp8"),
         "A4": expect("llama-2-70b", h100, "tpot_s", batch=4, b=4, prompt_len=256, gen_len=32, offload="greedy"),
         "A5": expect("llama-2-70b", a100, "output_tokens_per_s_per_device", batch=64, b=64, prompt_len=2048,
-                     gen_len=128, tp=4, efficiency=replace(efficiency_for(a100), attention_kv_reads=8.0)),
+                     gen_len=128, tp=4, efficiency=engine_efficiency(efficiency_for(a100), get_engine("trt-llm-legacy"),
+                                                                     8.0)),
     }
     for k, (value, batch) in cases.items():
         assert rows[k]["predicted"] == pytest.approx(value, rel=1e-12), k
         assert rows[k]["batch"] == batch
     assert rows["A4"]["offload"] == "greedy" and rows["A3"]["batch"] > 100
-    assert rows["A5"]["engine"] == "TensorRT-LLM before 0.8"
+    assert rows["A5"]["engine"] == "trt-llm-legacy" and rows["A1"]["engine"] == "vllm"
     assert rows["A1"]["error"] == pytest.approx(rows["A1"]["predicted"] / 900 - 1)
     stats = V.summarize(res.rows)
     assert stats["overall"]["n"] == 5 and set(stats["metric"]) == {r["metric"] for r in res.rows}
@@ -89,10 +90,10 @@ def test_bad_csv_lists_every_bad_row(tmp_path):
         "B4,llama-2-7b,a100-80gb,one,8,512,128,fp16,fp16,fp16,output_tokens_per_s,fast,",
         "B5,llama-2-7b,a100-80gb,1,8,512,128,fp12,fp16,fp16,tokens,900,",
     ]
-    with pytest.raises(DseError) as e:
-        V.read_measured(_csv(tmp_path, lines))
-    msg = str(e.value)
-    assert "m.csv" in msg and "4 bad row(s)" in msg and "\n" not in msg
+    table = V.read_table(_csv(tmp_path, lines))        # the good row goes on; each bad one is named
+    assert [r.id for r in table.rows] == ["A1"] and len(table.bad) == 4
+    msg = "; ".join(table.bad)
+    assert "m.csv" in msg and "\n" not in msg
     for needle in ("line 3: unknown model 'llama-9'", "line 4: unknown hardware 'tpu-v99'",
                    "line 5: devices 'one' is not a number", "value 'fast' is not a number",
                    "line 6: unknown weights format 'fp12'", "unknown metric 'tokens'"):
@@ -109,8 +110,8 @@ def test_bad_csv_on_the_command_line(tmp_path):
     bad = _csv(tmp_path, [HAND_MADE[0].replace(",900,", ",n/a,"), HAND_MADE[1].replace(",4,1,", ",4,-1,")])
     r = run_cli("calibrate", "--measured", bad, "--out", tmp_path / "cal.yaml")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "m.csv: 2 bad row(s): line 2: value 'n/a' is not a number; line 3: batch must be a positive integer" \
-        in r.stderr
+    assert "m.csv: 2 bad row(s) and none to validate: line 2: value 'n/a' is not a number; line 3: batch must be a " \
+           "positive integer" in r.stderr
     r = run_cli("validate", "--measured", tmp_path / "nope.csv")
     assert r.returncode == 2 and "nope.csv: cannot read measured results" in r.stderr
 
@@ -129,7 +130,7 @@ def test_unpredictable_rows_are_listed_with_the_reason(tmp_path):
 
 def test_engine_profiles():
     row = V.MeasuredRow(2, "x", "llama-2-70b", "h100-sxm", 4, 4, 1, 8, 128, 128, "fp8", "fp8", "fp8", "ttft_s", 1.0)
-    assert V.engine_of(row).name == "default" and V.engine_of(row).gqa_kv_sharing
+    assert V.engine_of(row).name == "vllm" and V.engine_of(row).gqa_kv_sharing     # the default engine
     old = replace(row, framework="TensorRT-LLM v0.5 (static batch)")
     assert not V.engine_of(old).gqa_kv_sharing and V.engine_of(old).flash_attention
     assert V.engine_of(replace(row, framework="TensorRT-LLM trtllm-bench (PyTorch backend)")).batching == "inflight"

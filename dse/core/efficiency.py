@@ -24,6 +24,9 @@ Its parameters (fields of :class:`Efficiency`) are:
                                   attention_kv_reads is 1, as in every default scenario)
 ``vector_compute``                fraction of the vector (element-wise) peak
 ``compute_narrow``                ``compute`` for formats of 8 bits or fewer (FP8, INT8, FP6, FP4, INT4)
+``compute_fp8``                   ``compute`` of FP8 GEMMs (None: ``compute_narrow``)
+``compute_fp4``                   ``compute`` of FP4 / FP6 GEMMs, NVFP4 and MX block formats (None: ``compute_narrow``)
+``compute_int8``                  ``compute`` of INT8 / INT4 GEMMs (None: ``compute_narrow``)
 ``op_overhead_s``                 fixed time per operator instance (kernel launch)
 ``step_overhead_s``               fixed time per step (scheduling, sampling, host work)
 ``request_overhead_s``            fixed time per request, added to TTFT (session set-up, first
@@ -45,8 +48,11 @@ point, so one call serves every point of a sweep):
     attention               = attention_compute, attention_memory / attention_kv_reads ** kv_reread_exponent
     element-wise            = vector_compute, memory
 
-with ``top`` = ``compute_narrow`` for matmuls in 8-bit or narrower compute classes, else
-``compute``, and ``rows`` = ops x e / (2 x bytes moved), e the bytes of one element of the
+with ``top`` the format's own fraction (``compute_fp8``, ``compute_fp4``, ``compute_int8``, each
+falling back to ``compute_narrow`` and then ``compute``) for matmuls in 8-bit or narrower compute
+classes, else ``compute``. Weight-only formats (INT4 weights, 16-bit activations) compute in the
+activations' class; their dequantization is part of that GEMM's achieved fraction (not modelled
+apart). and ``rows`` = ops x e / (2 x bytes moved), e the bytes of one element of the
 operator's compute format: for an (M x K) by (K x N) product, rows = M K N / (M K + K N + M N),
 which is M for a skinny GEMM (M << K, N) and grows with each dimension.
 
@@ -65,10 +71,15 @@ Prefill/decode overlap and the per-request overhead act on the serving metrics
 (``dse.core.metrics.serving_metrics``); the collective latency acts in the kernel's
 collective and point-to-point terms.
 
-Defaults per hardware class (``efficiency_for``): ``CLASS_PRIORS`` are documented
-first-order figures; the parameters ``dse.fit.calibrate`` fits are read from
-``configs/calibration.yaml`` (with the file, date and error of the fit) and replace the
-priors of the classes the measurements cover. ``--ideal`` keeps the pure bound.
+Defaults per hardware family (``efficiency_for``; a preset's ``family``: gpu, tpu, gaudi, neuron,
+tenstorrent, apple, cpu, pim, groq, cerebras, sambanova): ``FAMILY_PRIORS`` are documented
+first-order figures of what the hardware reaches; the parameters ``dse.fit.calibrate`` fits are
+read from ``configs/calibration.yaml`` (``families``, with the file, date and error of the fit) and
+replace the priors of the families the measurements cover. A family is never given another
+family's fit: the Efficiency's name says whose values a prediction uses ("calibrated gpu",
+"prior tpu"). The software side (launch, all-reduce and scheduler costs, attention kernel,
+batching) is the engine's (``dse.core.engines.engine_efficiency``). ``--ideal`` keeps the pure
+bound.
 """
 from __future__ import annotations
 
@@ -82,7 +93,7 @@ import numpy as np
 from basis.errors import DseError, as_number
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
-from hwmodels.formats import COMPUTE_BITS, COMPUTE_CLASSES
+from hwmodels.formats import COMPUTE_CLASSES
 
 #: the shipped calibration (``configs/calibration.yaml``; package data in a wheel)
 CALIBRATION_FILE = shipped("configs", "calibration.yaml")
@@ -99,15 +110,18 @@ def calibration_file() -> Path:
 _TENSOR_COLUMNS = len(COMPUTE_CLASSES)
 _VECTOR_COLUMN = len(COMPUTE_CLASSES)
 #: bits per peak column (vector and 'none' count as wide)
-_BITS = np.array([COMPUTE_BITS[c] for c in COMPUTE_CLASSES] + [32, 32])
 #: bytes of one element of each peak column's format (vector and 'none': fp32)
 _ELEMENT_BYTES = np.array([{"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp6": 0.75, "fp4": 0.5,
                             "int8": 1, "int4": 0.5}[c] for c in COMPUTE_CLASSES] + [4, 4], dtype=float)
+#: the fraction field of each narrow compute class (wider classes use ``compute``)
+_NARROW_FIELD_OF = {"fp8": "compute_fp8", "fp6": "compute_fp4", "fp4": "compute_fp4", "int8": "compute_int8",
+                    "int4": "compute_int8"}
+_NARROW_FIELDS = ("compute_fp8", "compute_fp4", "compute_int8")
 #: floor of every fraction, relative to its maximum
 _FLOOR = 1e-3
 
 #: parameters that are fractions of a peak, in (0, 1]
-FRACTIONS = ("compute", "compute_narrow", "memory", "collective", "attention_compute", "attention_memory",
+FRACTIONS = ("compute", "compute_narrow", "compute_fp8", "compute_fp4", "compute_int8", "memory", "collective", "attention_compute", "attention_memory",
              "vector_compute")
 #: parameters that are non-negative sizes or times
 NON_NEGATIVE = ("op_overhead_s", "step_overhead_s", "request_overhead_s", "compute_half_ops", "compute_half_rows",
@@ -127,6 +141,9 @@ class Efficiency:
     name: str = "default"
     compute_half_ops: float = 0.0
     compute_narrow: float | None = None        # None: same as ``compute``
+    compute_fp8: float | None = None           # None: same as ``compute_narrow``
+    compute_fp4: float | None = None           # None: same as ``compute_narrow``
+    compute_int8: float | None = None          # None: same as ``compute_narrow``
     compute_half_rows: float = 0.0
     memory_half_bytes: float = 0.0
     attention_compute: float | None = None     # None: same as ``compute``
@@ -161,8 +178,16 @@ class Efficiency:
         attention_compute, vector_compute) or ``memory`` (attention_memory)."""
         v = getattr(self, name)
         if v is None:
+            if name in _NARROW_FIELDS:
+                return self.resolved("compute_narrow")
             return self.memory if name == "attention_memory" else self.compute
         return v
+
+    def narrow_tops(self) -> np.ndarray:
+        """[peak columns] the top compute fraction of each compute column: its format's own
+        field for 8-bit and narrower classes, else ``compute``."""
+        return np.array([self.resolved(_NARROW_FIELD_OF.get(c, "compute")) for c in COMPUTE_CLASSES]
+                        + [self.compute, self.compute])
 
     # ---- per-operator fractions (the kernel's contract: [O] arrays in (0, 1])
     def compute_fraction(self, op):
@@ -170,7 +195,7 @@ class Efficiency:
         ops = np.asarray(op.ops, dtype=float)
         mem = np.asarray(op.memory_bytes, dtype=float)
         matmul, attention, vector = _kinds(op)
-        top = np.where(_BITS[np.asarray(op.peak_column)] <= 8, self.resolved("compute_narrow"), self.compute)
+        top = self.narrow_tops()[np.asarray(op.peak_column)]
         with np.errstate(divide="ignore", invalid="ignore"):
             rows = np.where(mem > 0, ops * _ELEMENT_BYTES[np.asarray(op.peak_column)] / (2 * mem), np.inf)
         gemm = top * _saturating(ops, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
@@ -211,42 +236,68 @@ PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name != "name")
 
 IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal")
 
-#: First-order defaults per hardware class, before calibration. ``dse.study calibrate``
-#: replaces the fitted parameters of the classes its measurements cover (and of the
-#: classes that inherit them, ``INHERITS``). Sources of the priors:
+#: First-order defaults per hardware family, before calibration: what the hardware reaches (the
+#: software's costs are the engine's, ``dse.core.engines``). ``dse.study calibrate`` replaces the
+#: fitted parameters of the families its measurements cover. Sources:
 #: - gpu memory 0.90: memory-streaming microbenchmarks reach ~90 % of peak HBM bandwidth
-#:   (first-order; ``calibrate`` refits it on the decode rows of data/measured_calibration.csv).
-#: - gpu compute 0.70: large tensor-core GEMMs sustain 60-80 % of dense peak.
-#: - op_overhead_s 5e-6: one kernel launch per operator instance (a few microseconds).
-#: - collective 0.80: fraction of link bandwidth a ring all-reduce reaches (NCCL bus
-#:   bandwidth is typically 70-90 % of the link's).
-#: - soc memory 0.55: llama.cpp decode on Apple M2 Ultra moves ~444 GB/s of 800 GB/s and
-#:   on M2 Max ~236 GB/s of 400 GB/s (data/measured_calibration.csv context rows
-#:   M198 and M201: weight bytes x tokens/s).
-#: - cpu memory 0.70: STREAM-like bandwidth on server DDR5 is ~70-80 % of the channel
-#:   peak; compute 0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
-#: - spatial: SRAM-resident, statically scheduled dataflow (deterministic, no launches):
-#:   0.90 / 0.90, 1 us per operator (first-order, not fitted).
-CLASS_PRIORS: dict[str, dict] = {
-    "gpu": dict(compute=0.70, memory=0.90, op_overhead_s=5e-6, collective=0.80),
-    "accelerator": dict(compute=0.70, memory=0.90, op_overhead_s=5e-6, collective=0.80),
-    "pim": dict(compute=0.70, memory=0.90, op_overhead_s=5e-6, collective=0.80),
-    "cpu": dict(compute=0.50, memory=0.70, op_overhead_s=2e-6, collective=0.80),
-    "soc": dict(compute=0.60, memory=0.55, op_overhead_s=1e-5, collective=0.80),
-    "spatial": dict(compute=0.90, memory=0.90, op_overhead_s=1e-6, collective=0.80),
+#:   (first-order; ``calibrate`` refits it on the decode rows of the measured data).
+#: - gpu compute 0.70: large tensor-core GEMMs sustain 60-80 % of dense peak; the maximum achievable
+#:   matmul FLOPS (MAMF, BF16, best shape) is 80.1 % of peak on H100 SXM, 85.9 % on A100 SXM, 77.6 % on
+#:   B200 and 60.1 % on MI300X (S. Bekman, Machine Learning Engineering, compute/accelerator/README.md,
+#:   'Maximum Achievable Matmul FLOPS comparison table').
+#: - collective 0.80: fraction of link bandwidth a ring all-reduce reaches (NCCL bus bandwidth is
+#:   typically 70-90 % of the link's).
+#: - gaudi compute 0.969 (BF16) and 0.955 (FP8): measured MAMF 418.7 of 432 TFLOPS BF16 and 826.5 of
+#:   865 TFLOPS FP8 on Gaudi 2 (ml-engineering MAMF table, as cited in configs/hardware/gaudi2.yaml);
+#:   memory 0.90 first-order (no cited Gaudi bandwidth measurement).
+#: - apple memory 0.55: llama.cpp decode on Apple M2 Ultra moves ~444 GB/s of 800 GB/s and on M2 Max
+#:   ~236 GB/s of 400 GB/s (data/measured_calibration.csv context rows M198 and M201: weight bytes x
+#:   tokens/s); compute 0.60 first-order.
+#: - cpu memory 0.70: STREAM-like bandwidth on server DDR5 is ~70-80 % of the channel peak; compute
+#:   0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
+#: - groq, cerebras, sambanova: SRAM-resident, statically scheduled dataflow: 0.90 / 0.90
+#:   (first-order, not fitted).
+#: - tpu, neuron, tenstorrent, pim: no cited measurement of achieved fractions: 0.70 / 0.90, the same
+#:   first-order figures as the GPU prior, stated here and named "prior <family>" in every prediction
+#:   (never a fit of another family).
+#: - the device classes (accelerator, soc, spatial) are the fallback of a device built without a
+#:   family, with the figures of the family they describe.
+FAMILY_PRIORS: dict[str, dict] = {
+    "gpu": dict(compute=0.70, memory=0.90, collective=0.80),
+    "tpu": dict(compute=0.70, memory=0.90, collective=0.80),
+    "gaudi": dict(compute=0.969, compute_fp8=0.955, memory=0.90, collective=0.80),
+    "neuron": dict(compute=0.70, memory=0.90, collective=0.80),
+    "tenstorrent": dict(compute=0.70, memory=0.90, collective=0.80),
+    "pim": dict(compute=0.70, memory=0.90, collective=0.80),
+    "apple": dict(compute=0.60, memory=0.55, collective=0.80),
+    "cpu": dict(compute=0.50, memory=0.70, collective=0.80),
+    "groq": dict(compute=0.90, memory=0.90, collective=0.80),
+    "cerebras": dict(compute=0.90, memory=0.90, collective=0.80),
+    "sambanova": dict(compute=0.90, memory=0.90, collective=0.80),
+    "accelerator": dict(compute=0.70, memory=0.90, collective=0.80),
+    "soc": dict(compute=0.60, memory=0.55, collective=0.80),
+    "spatial": dict(compute=0.90, memory=0.90, collective=0.80),
 }
-#: classes without measurements of their own that take the calibrated values of another:
-#: accelerators (TPU, Gaudi) and PIM hosts are HBM devices served by kernel-launching
-#: software stacks like GPUs.
-INHERITS = {"accelerator": "gpu", "pim": "gpu"}
+#: Achieved fraction of narrow formats relative to the family's 16-bit ``compute`` where a format's
+#: own fraction is not fitted (measured MAMF ratios, ml-engineering, compute/accelerator and its
+#: H200 -> B200 upgrade guide): gpu FP8 73.4 % (H200 SXM: 1453.4 of 1979 TFLOPS) against BF16
+#: 80.3 % (H100/H200 SXM: 794.5 of 989), 0.914; gpu FP4 (NVFP4) 6624 of 9000 TFLOPS on B200, 73.6 %,
+#: against its BF16 77.6 % (1745 of 2250), 0.949.
+FORMAT_RATIOS: dict[str, dict] = {
+    "gpu": {"compute_fp8": 0.914, "compute_fp4": 0.949},
+}
+#: the old name of the family table (calibration files written before families used ``classes``)
+CLASS_PRIORS = FAMILY_PRIORS
 
 
 def load_calibration(path: str | None = None) -> dict:
     """The calibration file ``path`` (default ``calibration_file()``) as a dict; DseError if it is
     missing or malformed (a missing calibration is never a silent fall back to the priors).
 
-    Layout: ``classes: {<class>: {<parameter>: {value: NUMBER, note: ...}}}`` plus
-    free-form sections (``fitted``, ``error``, ``cross_validation``, ``not_fitted``).
+    Layout: ``families: {<family>: {<parameter>: {value: NUMBER, note: ...}}}`` (``classes`` in
+    files written before families), the engine side ``launch``, ``allreduce`` and ``engines`` (see
+    ``dse.core.engines``), plus free-form sections (``fitted``, ``error``, ``cross_validation``,
+    ``bands``, ``not_fitted``).
     Read again whenever the file changes."""
     p = Path(path) if path else calibration_file()
     try:
@@ -262,61 +313,81 @@ def load_calibration(path: str | None = None) -> dict:
 load_calibration.cache_clear = lambda: _load_calibration.cache_clear()   # noqa: E731
 
 
+#: sections of a calibration file that hold fitted parameters, and the names each allows
+#: (``engines``: any engine; ``dse.core.engines`` checks them against its profiles)
+ENGINE_SIDE = {"launch": ("op_overhead_s",), "allreduce": ("collective_latency_s",),
+               "engines": ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale")}
+
+
 @lru_cache(maxsize=8)
 def _load_calibration(path: str, mtime_ns: int, size: int) -> dict:
     p = Path(path)
     data = load_yaml(p, "calibration file") or {}
-    if not isinstance(data, dict) or not isinstance(data.get("classes", {}), dict):
-        raise DseError(f"{p}: expected a mapping with 'classes: {{<class>: {{<parameter>: {{value: ...}}}}}}'")
-    for cls, params in data.get("classes", {}).items():
-        if cls not in CLASS_PRIORS:
-            raise DseError(f"{p}: classes.{cls}: unknown hardware class; known: {', '.join(CLASS_PRIORS)}")
-        if not isinstance(params, dict):
-            raise DseError(f"{p}: classes.{cls}: expected a mapping of parameters")
-        for k, v in params.items():
-            if k not in PARAM_NAMES:
-                raise DseError(f"{p}: classes.{cls}.{k}: unknown parameter; allowed: {', '.join(PARAM_NAMES)}")
-            val = v.get("value") if isinstance(v, dict) else v
-            if isinstance(val, str):
-                raise DseError(f"{p}: classes.{cls}.{k}: expected {{value: NUMBER, note: ...}}, got {v!r}")
-            as_number(val, f"{p}: classes.{cls}.{k}")
+    if not isinstance(data, dict):
+        raise DseError(f"{p}: expected a mapping with 'families: {{<family>: {{<parameter>: {{value: ...}}}}}}'")
+    if "classes" in data and "families" not in data:       # written before hardware families
+        data = {**data, "families": data["classes"]}
+    sections = {"families": PARAM_NAMES, **ENGINE_SIDE}
+    for section, allowed in sections.items():
+        groups = data.get(section) or {}
+        if not isinstance(groups, dict):
+            raise DseError(f"{p}: {section}: expected a mapping of groups to parameters")
+        for group, params in groups.items():
+            if section == "families" and group not in FAMILY_PRIORS:
+                raise DseError(f"{p}: families.{group}: unknown hardware family; known: {', '.join(FAMILY_PRIORS)}")
+            if not isinstance(params, dict):
+                raise DseError(f"{p}: {section}.{group}: expected a mapping of parameters")
+            for k, v in params.items():
+                if k not in allowed:
+                    raise DseError(f"{p}: {section}.{group}.{k}: unknown parameter; allowed: {', '.join(allowed)}")
+                val = v.get("value") if isinstance(v, dict) else v
+                if isinstance(val, str):
+                    raise DseError(f"{p}: {section}.{group}.{k}: expected {{value: NUMBER, note: ...}}, got {v!r}")
+                as_number(val, f"{p}: {section}.{group}.{k}")
     return data
 
 
-def _source_class(device_class: str, path: str | None = None) -> str | None:
-    """The class whose calibrated values ``device_class`` uses (itself, the class it
-    inherits from, or None when only priors apply)."""
-    fitted = load_calibration(str(path) if path else None).get("classes", {})
-    if fitted.get(device_class):
-        return device_class
-    parent = INHERITS.get(device_class)
-    return parent if parent and fitted.get(parent) else None
+def _value(node) -> float:
+    return float(node["value"] if isinstance(node, dict) else node)
 
 
-def class_parameters(device_class: str, path: str | None = None) -> dict:
-    """Parameters of a hardware class: its prior, overridden by the calibration file."""
-    if device_class not in CLASS_PRIORS:
-        raise DseError(f"no efficiency defaults for hardware class '{device_class}'; "
-                       f"known: {', '.join(CLASS_PRIORS)}")
-    out = dict(CLASS_PRIORS[device_class])
-    src = _source_class(device_class, path)
-    if src:
-        for k, v in load_calibration(str(path) if path else None)["classes"][src].items():
-            out[k] = float(v["value"] if isinstance(v, dict) else v)
-    return out
+def family_of(device) -> str:
+    """The efficiency family of a device (its preset's ``family``, else its class) or of a name."""
+    if isinstance(device, str):
+        return device
+    return getattr(device, "family", "") or device.device_class
+
+
+def family_parameters(family: str, path: str | None = None) -> tuple[dict, bool]:
+    """(the hardware-side parameters of ``family``: its prior, the narrow formats' measured ratios,
+    then the calibration's fitted values; True when the calibration fits the family)."""
+    if family not in FAMILY_PRIORS:
+        raise DseError(f"no efficiency defaults for hardware family '{family}'; known: {', '.join(FAMILY_PRIORS)}")
+    out = dict(FAMILY_PRIORS[family])
+    fitted = (load_calibration(str(path) if path else None).get("families") or {}).get(family) or {}
+    out.update({k: _value(v) for k, v in fitted.items()})
+    for k, ratio in FORMAT_RATIOS.get(family, {}).items():
+        if k not in fitted and k not in FAMILY_PRIORS[family]:
+            out[k] = min(out["compute"] * ratio, 1.0)
+    return out, bool(fitted)
+
+
+def class_parameters(family: str, path: str | None = None) -> dict:
+    """Parameters of a hardware family (or class): its prior, overridden by the calibration file."""
+    return family_parameters(family, path)[0]
 
 
 def efficiency_for(device, path: str | None = None) -> Efficiency:
-    """The default Efficiency of a device (or a hardware class name): its class's prior,
-    replaced by the calibrated values of ``configs/calibration.yaml`` (or ``path``)
-    where the file has them for the class or the class it inherits from."""
-    cls = device if isinstance(device, str) else device.device_class
-    src = _source_class(cls, path) if cls in CLASS_PRIORS else None
-    name = f"prior {cls}" if not src else (f"calibrated {cls}" if src == cls else f"calibrated {src} (for {cls})")
+    """The hardware-side Efficiency of a device (or a family name): its family's prior, replaced by
+    the calibrated values of ``configs/calibration.yaml`` (or ``path``) where the file fits that
+    family; never another family's. Its name says which ('calibrated gpu', 'prior tpu'). The
+    engine's costs come on top (``dse.core.engines.engine_efficiency``)."""
+    fam = family_of(device)
+    params, fitted = family_parameters(fam, path)
     try:
-        return Efficiency(name=name, **class_parameters(cls, path))
+        return Efficiency(name=f"{'calibrated' if fitted else 'prior'} {fam}", **params)
     except ValueError as e:
-        raise DseError(f"{path or calibration_file()}: class {cls}: {e}") from None
+        raise DseError(f"{path or calibration_file()}: family {fam}: {e}") from None
 
 
 def __getattr__(name: str):

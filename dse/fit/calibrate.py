@@ -24,8 +24,10 @@ import numpy as np
 from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
-from dse.core.efficiency import CLASS_PRIORS, Efficiency, load_calibration
-from dse.fit.validate import Case, Predictions, ape_stats, default_measured, prepare_all, read_table
+from dse.core.efficiency import FAMILY_PRIORS, Efficiency, family_of, load_calibration
+from dse.core.engines import default_engine, engine_efficiency
+from dse.core.bands import COVERAGE, band_for, bands_from, covered, family_of_metric
+from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
 from dse.present import display
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
@@ -58,6 +60,7 @@ FIT = (
     Param("op_overhead_s", 1e-8, 1e-4, True, 5e-6, "fixed time per operator instance"),
     Param("step_overhead_s", 1e-7, 5e-2, True, 1e-3, "fixed time per step"),
     Param("request_overhead_s", 1e-6, 5e-2, True, 1e-3, "fixed time per request (in TTFT)"),
+    Param("compute_fp8", 0.2, 1.0, False, 0.6, "fraction of peak of large FP8 GEMMs"),
     Param("collective_latency_s", 1e-8, 1e-3, True, 1e-5, "software latency per collective (one launch per all-reduce or hop)"),
 )
 
@@ -91,6 +94,29 @@ NOT_FITTED = {
 
 # --------------------------------------------------------------------------- fitting
 
+#: the parameters of a hardware family (``families`` section) and of the engine side (``launch``,
+#: ``allreduce``, ``engines`` sections, ``dse.core.engines``)
+FAMILY_PARAMS = ("compute", "compute_half_rows", "memory", "kv_reread_exponent", "compute_fp8")
+SECTION_OF = {"op_overhead_s": "launch", "collective_latency_s": "allreduce", "step_overhead_s": "engines",
+              "request_overhead_s": "engines"}
+#: an engine-side group (a launch class, an all-reduce algorithm, an engine) is fitted only with at
+#: least this many rows that exercise it
+MIN_GROUP_ROWS = 3
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One fitted value: a parameter of one group (a family, launch class, all-reduce or engine)."""
+
+    param: Param
+    section: str
+    group: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.group}.{self.param.name}"
+
+
 def _to_x(p: Param, v: float) -> float:
     return float(np.log10(v)) if p.log else float(v)
 
@@ -99,47 +125,153 @@ def _from_x(p: Param, x: float) -> float:
     return float(10 ** x) if p.log else float(x)
 
 
+def slots_for(cases: list[Case], params=FIT) -> list[Slot]:
+    """The values the rows of ``cases`` can fit: each family parameter of a family with at least
+    ``MIN_ROWS`` rows (K/V re-reads only where an engine reads K/V per query head, an FP8 fraction
+    only with FP8 rows), each launch class and engine with at least ``MIN_ROWS`` rows, each
+    all-reduce algorithm with ``MIN_GROUP_ROWS`` rows over more than one device, and an engine's
+    per-request cost with ``MIN_GROUP_ROWS`` TTFT rows."""
+    out = []
+    by = {p.name: p for p in params}
+
+    def count(pred) -> int:
+        return sum(1 for c in cases if pred(c))
+    families = sorted({family_of(c.device) for c in cases})
+    for fam in families:
+        mine = [c for c in cases if family_of(c.device) == fam]
+        if len(mine) < MIN_ROWS:
+            continue
+        for name in FAMILY_PARAMS:
+            if name not in by:
+                continue
+            if name == "kv_reread_exponent" and sum(not c.engine.gqa_kv_sharing for c in mine) < MIN_GROUP_ROWS:
+                continue
+            if name == "compute_fp8" and sum(c.row.activations == "fp8" for c in mine) < MIN_ROWS:
+                continue
+            out.append(Slot(by[name], "families", fam))
+    if "op_overhead_s" in by:
+        for launch in sorted({c.engine.launch for c in cases}):
+            if count(lambda c: c.engine.launch == launch) >= MIN_ROWS:
+                out.append(Slot(by["op_overhead_s"], "launch", launch))
+    if "collective_latency_s" in by:
+        for algo in sorted({c.engine.allreduce for c in cases} - {"none"}):
+            if count(lambda c: c.engine.allreduce == algo and c.row.tp > 1) >= MIN_GROUP_ROWS:
+                out.append(Slot(by["collective_latency_s"], "allreduce", algo))
+    for eng in sorted({c.engine.name for c in cases}):
+        mine = [c for c in cases if c.engine.name == eng]
+        if "step_overhead_s" in by and len(mine) >= MIN_ROWS:
+            out.append(Slot(by["step_overhead_s"], "engines", eng))
+        if "request_overhead_s" in by and sum(c.row.metric.startswith("ttft") for c in mine) >= MIN_GROUP_ROWS:
+            out.append(Slot(by["request_overhead_s"], "engines", eng))
+    return out
+
+
+class Parameterisation:
+    """Maps a vector of fitted values (``slots``) to every row's Efficiency: its family's prior with
+    the family's fitted values, under its engine with the fitted launch, all-reduce and engine
+    costs (``engine_efficiency``; an engine without its own scheduler fit takes the default
+    engine's, as predictions do). ``base`` (optional) is one family Efficiency for every row."""
+
+    def __init__(self, cases: list[Case], slots: list[Slot], base: Efficiency | None = None):
+        self.cases, self.slots, self.base = cases, list(slots), base
+
+    def values(self, x) -> dict[str, float]:
+        return {s.key: _from_x(s.param, v) for s, v in zip(self.slots, x)}
+
+    def efficiencies(self, x) -> list[Efficiency]:
+        v = self.values(x)
+        memo, out = {}, []
+        default = default_engine()
+        for c in self.cases:
+            fam = family_of(c.device)
+            key = (fam, c.engine, c.kv_group)
+            if key not in memo:
+                memo[key] = self._efficiency(v, fam, c.engine, c.kv_group, default)
+            out.append(memo[key])
+        return out
+
+    def _efficiency(self, v: dict, fam: str, engine, kv_group: float, default: str) -> Efficiency:
+        if self.base is not None:
+            base = replace(self.base, **{k.split(".")[-1]: val for k, val in v.items()
+                                         if k.startswith("families.")})
+        else:
+            params = dict(FAMILY_PRIORS[fam])
+            params.update({k.split(".")[-1]: val for k, val in v.items() if k.startswith(f"families.{fam}.")})
+            base = Efficiency(name=f"fit {fam}", **params)
+        eng = {}
+        for name, group in (("op_overhead_s", engine.launch), ("collective_latency_s", engine.allreduce)):
+            k = f"{SECTION_OF[name]}.{group}.{name}"
+            if k in v:
+                eng[name] = v[k]
+        own = any(k.startswith(f"engines.{engine.name}.") for k in v)
+        source = engine.name if own else default
+        for name in ("step_overhead_s", "request_overhead_s"):
+            k = f"engines.{source}.{name}"
+            if k in v:
+                eng[name] = v[k]
+        return engine_efficiency(base, engine, kv_group, parameters=eng)
+
+
 @dataclass
 class Fit:
-    """Result of one fit: parameter values, errors per row (predicted / measured - 1)."""
+    """Result of one fit: fitted values (by parameter name for a single family, else by slot key),
+    errors per row (predicted / measured - 1)."""
 
     params: dict
     errors: np.ndarray
     cost: float
     nfev: int
+    slots: list = None
 
 
-def fit(predictors: Predictions, base: Efficiency, params=FIT, *, starts: int = 3, progress=None) -> Fit:
-    """Least-squares fit of ``params`` (the others as in ``base``) to the rows of
-    ``predictors``: robust loss on log(predicted / measured), bounded, best of ``starts``
-    starting points (the documented start, then low and high corners of the box).
-    ``progress`` (tqdm-like, optional) advances by one per start."""
+def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts: int = 3, progress=None,
+        slots: list[Slot] | None = None, warm: dict | None = None) -> Fit:
+    """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured),
+    bounded, best of ``starts`` starting points (the documented start, then low and high corners of
+    the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
+    result is keyed by parameter name; else ``slots`` (default ``slots_for``) are fitted per family,
+    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` advances by one per
+    start."""
     from scipy.optimize import least_squares
 
-    measured = np.array([c.row.value for c in predictors.cases])
-    lo = np.array([_to_x(p, p.lo) for p in params])
-    hi = np.array([_to_x(p, p.hi) for p in params])
-
-    def eff_of(x):
-        return replace(base, **{p.name: _from_x(p, v) for p, v in zip(params, x)})
+    cases = predictors.cases
+    if base is not None:
+        slots = [Slot(p, "families", "all") for p in params]
+        model = _Single(cases, slots, base)
+    else:
+        slots = slots if slots is not None else slots_for(cases, params)
+        model = Parameterisation(cases, slots)
+    measured = np.array([c.row.value for c in cases])
+    lo = np.array([_to_x(s.param, s.param.lo) for s in slots])
+    hi = np.array([_to_x(s.param, s.param.hi) for s in slots])
 
     def resid(x):
-        e = eff_of(x)
-        pred = predictors.values(e)
+        pred = predictors.values(model.efficiencies(x))
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.log(pred / measured)
         return np.where(np.isfinite(r), r, 10.0)
 
-    x0 = np.clip([_to_x(p, p.start) for p in params], lo, hi)
-    candidates = _starts(x0, lo, hi, starts)
+    if not slots:
+        return Fit({}, np.exp(resid(np.zeros(0))) - 1.0, 0.0, 1, [])
+    x0 = np.clip([_to_x(s.param, (warm or {}).get(s.key, s.param.start)) for s in slots], lo, hi)
     best = None
-    for start in candidates:
+    for start in _starts(x0, lo, hi, 1 if warm else starts):
         r = least_squares(resid, start, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE, diff_step=1e-3)
         if best is None or r.cost < best.cost:
             best = r
         _advance(progress)
-    values = {p.name: _from_x(p, v) for p, v in zip(params, best.x)}
-    return Fit(values, np.exp(resid(best.x)) - 1.0, float(best.cost), int(best.nfev))
+    values = model.values(best.x)
+    if base is not None:
+        values = {k.split(".")[-1]: val for k, val in values.items()}
+    return Fit(values, np.exp(resid(best.x)) - 1.0, float(best.cost), int(best.nfev), slots)
+
+
+class _Single(Parameterisation):
+    """One Efficiency for every row, its fields fitted (``fit`` with a ``base``)."""
+
+    def _efficiency(self, v, fam, engine, kv_group, default):
+        base = replace(self.base, **{k.split(".")[-1]: val for k, val in v.items()})
+        return engine_efficiency(base, engine, kv_group, parameters={})
 
 
 def _starts(x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: int) -> list:
@@ -152,38 +284,62 @@ def _advance(progress, n: int = 1) -> None:
         progress.update(n)
 
 
-def _folds(cases: list[Case], key: str) -> dict[str, list[int]]:
-    """Row positions of each ``key`` group (hardware or model) of ``cases`` that leaves rows to train on."""
+#: the groupings cross-validation leaves out, one group at a time (sources: in SOURCE_FOLDS folds)
+CV_KEYS = ("source", "vendor", "engine")
+SOURCE_FOLDS = 8
+
+
+def group_of(case: Case, key: str) -> str:
+    """A row's group for cross-validation: its source, its hardware vendor or its engine."""
+    if key == "engine":
+        return case.engine.name
+    if key == "vendor":
+        return case.row.vendor or getattr(case.device, "vendor", "") or case.device.name
+    return case.row.source or case.row.id
+
+
+def folds_of(cases: list[Case], key: str) -> dict[str, list[int]]:
+    """Row positions of each left-out group: every vendor or engine on its own; sources in
+    ``SOURCE_FOLDS`` folds of whole sources (largest first, each to the smallest fold)."""
     groups: dict[str, list[int]] = {}
     for i, c in enumerate(cases):
-        groups.setdefault(getattr(c.row, key), []).append(i)
+        groups.setdefault(group_of(c, key), []).append(i)
+    if key == "source" and len(groups) > SOURCE_FOLDS:
+        folds: list[list] = [[] for _ in range(SOURCE_FOLDS)]
+        names: list[list] = [[] for _ in range(SOURCE_FOLDS)]
+        for g, idx in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            k = min(range(SOURCE_FOLDS), key=lambda j: (len(folds[j]), j))
+            folds[k] += idx
+            names[k].append(g)
+        groups = {f"sources {k + 1} ({len(names[k])})": sorted(f) for k, f in enumerate(folds) if f}
     return {g: idx for g, idx in sorted(groups.items()) if len(idx) < len(cases)}
 
 
-def fits_to_run(by_class: dict, cross_validation: bool, starts: int) -> int:
-    """How many least-squares runs ``calibrate`` makes: per class with enough rows, one fit and
-    (cross-validating) one per hardware and per model fold, each of ``starts`` starts."""
-    n = 0
-    for cs in by_class.values():
-        if len(cs) >= MIN_ROWS:
-            n += 1 + (len(_folds(cs, "hardware")) + len(_folds(cs, "model")) if cross_validation else 0)
-    return n * len(_starts(np.zeros(1), np.zeros(1), np.ones(1), starts))
+def fits_to_run(cases: list[Case], cross_validation: bool, starts: int) -> int:
+    """How many least-squares runs ``calibrate`` makes: one fit and (cross-validating) one per
+    left-out group of each of ``CV_KEYS`` (the full fit with ``starts`` starts, each fold one warm start)."""
+    folds = sum(len(folds_of(cases, k)) for k in CV_KEYS) if cross_validation else 0
+    return len(_starts(np.zeros(1), np.zeros(1), np.ones(1), starts)) + folds
 
 
-def cross_validate(cases: list[Case], base: Efficiency, params=FIT, *, key: str = "hardware",
-                   starts: int = 3, progress=None) -> tuple[np.ndarray, dict]:
-    """Errors of every row predicted by a fit without its ``key`` group (hardware or
-    model), and the parameters of each fold."""
+def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts: int = 3,
+                   progress=None, warm: dict | None = None) -> tuple[np.ndarray, dict]:
+    """Errors of every row predicted by a fit without its ``key`` group (``folds_of``), and the
+    size and error of each fold. ``warm``: the full fit's values, each fold's one start (a fold
+    that drops a group's rows drops that group's values). A group's own parameters are then not fitted (its family keeps its
+    prior, its engine takes the default engine's costs), as for hardware or engines never measured."""
     errors = np.full(len(cases), np.nan)
     folds = {}
-    for g, idx in _folds(cases, key).items():
-        train = [cases[i] for i in range(len(cases)) if i not in idx]
-        f = fit(Predictions(train), base, params, starts=starts, progress=progress)
-        eff = replace(base, **f.params)
+    for g, idx in folds_of(cases, key).items():
+        held_set = set(idx)
+        train = [cases[i] for i in range(len(cases)) if i not in held_set]
+        f = fit(Predictions(train), None, params, starts=starts, progress=progress, warm=warm)
         held = [cases[i] for i in idx]
-        errors[idx] = Predictions(held).values(eff) / np.array([c.row.value for c in held]) - 1.0
-        folds[g] = {"rows": len(idx), **{k: _round(v) for k, v in f.params.items()},
-                    **{k: _round(v) for k, v in ape_stats(np.abs(errors[idx])).items()}}
+        model = Parameterisation(held, f.slots)
+        x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
+        pred = Predictions(held).values(model.efficiencies(np.array(x)))
+        errors[idx] = pred / np.array([c.row.value for c in held]) - 1.0
+        folds[g] = {"rows": len(idx), **{k: _round(v) for k, v in ape_stats(np.abs(errors[idx])).items()}}
     return errors, folds
 
 
@@ -222,85 +378,117 @@ def _stats_by(rows: list, errors: np.ndarray, key: str) -> dict:
     return {k: {kk: _round(vv) for kk, vv in ape_stats(v).items()} for k, v in sorted(groups.items())}
 
 
+def _measured_files(measured) -> list[Path]:
+    """The measured-results files to fit: ``measured`` (a path or a list of them), default every
+    file dse ships (``measured_files``)."""
+    if not measured:
+        return measured_files()
+    return [Path(m) for m in (measured if isinstance(measured, (list, tuple)) else [measured])]
+
+
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
               params=None, progress=None) -> Calibration:
-    """Fit, cross-validate and write the calibration file ``out`` (default
-    ``DEFAULT_OUT``, inside the run folder; never the shipped file unless asked for).
-    ``progress`` (tqdm-like, optional) gets the number of least-squares runs as its total
-    (``reset``) and advances by one per run."""
-
-    src = Path(measured) if measured else default_measured()
+    """Fit, cross-validate and write the calibration file ``out`` (default ``DEFAULT_OUT``, inside
+    the run folder; never the shipped file unless asked for) from ``measured`` (a CSV or a list;
+    default: every measured file dse ships). One joint fit: per hardware family its achieved
+    fractions, per launch class, all-reduce algorithm and engine its costs (``slots_for``).
+    Cross-validation leaves out sources (in folds), vendors and engines; the leave-sources-out
+    residuals give the error bands (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
+    the number of least-squares runs as its total (``reset``) and advances by one per run."""
+    files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
-    table = read_table(src)
-    rows = table.rows
-    cases, skipped = prepare_all(rows)
-    cases, late = _runnable(cases)
-    skipped = sorted(table.unpredictable + skipped + late, key=lambda t: t[0].line)
+    rows, cases, skipped, scored = [], [], [], 0
+    for src in files:
+        table = read_table(src)
+        cs, sk = prepare_all(table.rows)
+        cs, late = _runnable(cs)
+        rows += table.rows
+        cases += cs
+        skipped += sorted(table.unpredictable + sk + late, key=lambda t: t[0].line)
+        scored += len(table.rows) + len(table.unpredictable)
     params = tuple(params or FIT)
-    by_class: dict[str, list[Case]] = {}
-    for c in cases:
-        by_class.setdefault(c.device.device_class, []).append(c)
+    if len(cases) < MIN_ROWS:
+        raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
+    slots = slots_for(cases, params)
     if progress is not None:
-        progress.reset(total=fits_to_run(by_class, cross_validation, starts))
+        progress.reset(total=fits_to_run(cases, cross_validation, starts))
     today = _dt.date.today().isoformat()
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
-    results, classes_out, errors_out, cv_out = {}, {}, {}, {}
-    too_few = {}
-    for cls, cs in sorted(by_class.items()):
-        if len(cs) < MIN_ROWS:
-            too_few[cls] = f"{len(cs)} predictable rows (fewer than {MIN_ROWS}): priors kept"
-            continue
-        preds = Predictions(cs)
-        base = Efficiency(name=f"fit {cls}", **CLASS_PRIORS[cls])
-        f = fit(preds, base, params, starts=starts, progress=progress)
-        rws = [c.row for c in cs]
-        ins = {k: _round(v) for k, v in ape_stats(np.abs(f.errors)).items()}
-        res = {"fit": f, "rows": rws}
-        err = {"in_sample": ins, "per_metric": _stats_by(rws, f.errors, "metric"),
-               "per_hardware": _stats_by(rws, f.errors, "hardware"), "per_model": _stats_by(rws, f.errors, "model")}
-        cv = {}
-        if cross_validation:
-            for key, name in (("hardware", "leave_one_hardware_out"), ("model", "leave_one_model_out")):
-                e, folds = cross_validate(cs, base, params, key=key, starts=starts, progress=progress)
-                res[key] = e
-                cv[name] = {**{k: _round(v) for k, v in ape_stats(np.abs(e[np.isfinite(e)])).items()},
-                            "folds": folds}
-        note_err = (f"in-sample median APE {100 * ins['median_ape']:.1f} %, p90 {100 * ins['p90_ape']:.1f} % "
-                    f"over {ins['n']} rows")
-        if cv:
-            note_err += "; cross-validated " + ", ".join(
-                f"{n.replace('_', '-')} {100 * v['median_ape']:.1f} % / {100 * v['p90_ape']:.1f} %"
-                for n, v in cv.items())
-        bounds = {p.name: (p.lo, p.hi) for p in params}
-        classes_out[cls] = {k: {"value": _round(v, 6),
-                                "note": f"fitted by 'python -m dse.study calibrate' from {src.name} on {today}"
-                                        f"{_at_bound(v, *bounds[k])}; {note_err}"}
-                            for k, v in f.params.items()}
-        errors_out[cls] = err
-        if cv:
-            cv_out[cls] = cv
-        results[cls] = res
-    if not classes_out:
-        raise DseError(f"{src}: no hardware class has {MIN_ROWS} or more predictable rows to fit")
-    not_fitted = dict(NOT_FITTED)
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+    f = fit(Predictions(cases), None, params, starts=starts, progress=progress, slots=slots)
+    rws = [c.row for c in cases]
+    ins = {k: _round(v) for k, v in ape_stats(np.abs(f.errors)).items()}
+    labelled = [replace(r, framework=c.engine.name) for r, c in zip(rws, cases)]
+    err = {"in_sample": ins, "per_metric": _stats_by(rws, f.errors, "metric"),
+           "per_engine": _stats_by(labelled, f.errors, "framework"),
+           "per_hardware": _stats_by(rws, f.errors, "hardware"), "per_model": _stats_by(rws, f.errors, "model")}
+    cv, res = {}, {"fit": f, "rows": rws, "cases": cases}
+    for key in (CV_KEYS if cross_validation else ()):
+        e, folds = cross_validate(cases, params, key=key, starts=starts, progress=progress, warm=f.params)
+        res[key] = e
+        cv[f"leave_{key}s_out"] = {**_slice_stats(cases, e), "folds": folds}
+    note_err = (f"in-sample median APE {100 * ins['median_ape']:.1f} %, p90 {100 * ins['p90_ape']:.1f} % "
+                f"over {ins['n']} rows")
+    if cv:
+        note_err += "; cross-validated " + ", ".join(
+            f"{n.replace('_', '-')} {100 * v['all']['median_ape']:.1f} % / {100 * v['all']['p90_ape']:.1f} %"
+            for n, v in cv.items())
+    sections: dict[str, dict] = {"families": {}, "launch": {}, "allreduce": {}, "engines": {}}
+    for slot in f.slots:
+        v = f.params[slot.key]
+        sections[slot.section].setdefault(slot.group, {})[slot.param.name] = {
+            "value": _round(v, 6),
+            "note": f"fitted by 'python -m dse.study calibrate' on {today}"
+                    f"{_at_bound(v, slot.param.lo, slot.param.hi)}; {note_err}"}
+    residual = res.get("source", f.errors)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = -np.log1p(residual)            # log(measured / predicted)
+    bands = bands_from(logs, [c.engine.name for c in cases], [group_of(c, "vendor") for c in cases],
+                       [family_of_metric(c.row.metric) for c in cases])
+    low_high = [band_for(bands, c.engine.name, group_of(c, "vendor"), family_of_metric(c.row.metric))
+                for c in cases]
+    predicted_cv = np.array([c.row.value for c in cases]) * (1 + residual)
+    inside = covered([c.row.value for c in cases], predicted_cv, [b[0] for b in low_high], [b[1] for b in low_high])
+    fams = sorted({family_of(c.device) for c in cases})
     data = {
         "fitted": {
-            "by": "python -m dse.study calibrate", "measured": _display_path(src), "sha256": digest, "date": today,
-            "rows": {"scored": len(rows) + len(table.unpredictable), "predicted": len(cases),
-                     "unpredictable": len(skipped)},
+            "by": "python -m dse.study calibrate", "measured": [_display_path(p) for p in files], "sha256": digest,
+            "date": today,
+            "rows": {"scored": scored, "predicted": len(cases), "unpredictable": len(skipped)},
             "method": f"scipy.optimize.least_squares, loss {LOSS} (f_scale {F_SCALE}) on log(predicted / measured), "
-                      f"bounded parameters, best of {starts} starts",
+                      f"bounded parameters, best of {starts} starts; one joint fit of every family, launch class, "
+                      f"all-reduce algorithm and engine with enough rows (dse.fit.calibrate.slots_for)",
             "parameters": {p.name: {"what": p.what, "bounds": [p.lo, p.hi]} for p in params},
         },
-        "classes": classes_out,
-        "error": errors_out,
-        "cross_validation": cv_out,
-        "not_fitted": not_fitted,
-        "priors_kept": too_few,
+        **sections,
+        "error": err,
+        "cross_validation": cv,
+        "bands": bands,
+        "band_coverage": {"method": "share of rows whose measurement lies within the band of their slice around "
+                                    "their leave-sources-out prediction" if cross_validation else
+                                    "in-sample (no cross-validation run)",
+                          "target": COVERAGE, "covered": _round(float(np.mean(inside))) if len(inside) else None,
+                          "rows": int(len(inside))},
+        "not_fitted": dict(NOT_FITTED),
+        "priors_kept": {fam: "fewer than {MIN_ROWS} predictable rows: prior kept".format(MIN_ROWS=MIN_ROWS)
+                        for fam in FAMILY_PRIORS if fam not in sections["families"] and fam in fams},
         "unpredictable": {r.id: str(why) for r, why in skipped},
     }
     write_calibration(dest, data)
-    return Calibration(src, dest, results, skipped, data)
+    return Calibration(files[0] if len(files) == 1 else files, dest, res, skipped, data)
+
+
+def _slice_stats(cases: list[Case], errors: np.ndarray) -> dict:
+    """APE statistics of cross-validated errors: all rows, and per engine, vendor and metric family."""
+    ok = np.isfinite(errors)
+    out = {"all": {k: _round(v) for k, v in ape_stats(np.abs(errors[ok])).items()}}
+    for key, of in (("engine", lambda c: c.engine.name), ("vendor", lambda c: group_of(c, "vendor")),
+                    ("metric_family", lambda c: family_of_metric(c.row.metric))):
+        groups: dict[str, list] = {}
+        for c, e in zip(cases, errors):
+            if np.isfinite(e):
+                groups.setdefault(of(c), []).append(abs(e))
+        out[f"per_{key}"] = {g: {k: _round(v) for k, v in ape_stats(v).items()} for g, v in sorted(groups.items())}
+    return out
 
 
 def _runnable(cases: list[Case]) -> tuple[list[Case], list]:
@@ -343,28 +531,31 @@ def _value_text(name: str, v: float) -> str:
 
 
 def report_text(cal: Calibration) -> str:
-    out = [f"Calibrated on {cal.measured} -> {cal.out}"]
-    for k in ("collective_latency_s", "request_overhead_s"):
-        if k in cal.data["not_fitted"]:
-            out.append(f"  note: {k} not fitted: {cal.data['not_fitted'][k]}")
-    for cls, res in cal.classes.items():
-        f = res["fit"]
-        prior = Efficiency(**CLASS_PRIORS[cls])
-        out.append(f"\nclass {cls}: {len(res['rows'])} rows, {f.nfev} evaluations")
-        for k, v in f.params.items():
-            out.append(f"  {k:24s} {_value_text(k, v)}   (prior {_value_text(k, prior.resolved(k))})")
-        err = cal.data["error"][cls]
-        out.append("  APE                      median     p90      n")
+    """What ``calibrate`` fitted (each value beside its prior or start), its in-sample error and
+    the cross-validated error per engine, vendor and metric family, and the bands' coverage."""
+    out = [f"Calibrated on {', '.join(map(str, cal.data['fitted']['measured']))} -> {cal.out}"]
+    f = cal.classes["fit"]
+    out.append(f"{len(cal.classes['rows'])} rows, {f.nfev} evaluations")
+    for slot in f.slots:
+        v = f.params[slot.key]
+        out.append(f"  {slot.section + ' ' + slot.group:28s} {slot.param.name:22s} {_value_text(slot.param.name, v)}")
 
-        def line(name, s):
-            return f"  {name:24s} {100 * s['median_ape']:5.1f} %  {100 * s['p90_ape']:5.1f} %  {s['n']:4d}"
-        out.append(line("in-sample", err["in_sample"]))
-        for k, s in cal.data.get("cross_validation", {}).get(cls, {}).items():
-            out.append(line(k.replace("_", "-"), s))
-        for group in ("per_metric", "per_hardware"):
-            for k, s in err[group].items():
-                out.append(line(f"  {k}", s))
+    def line(name, s):
+        return f"  {name:36s} {100 * s['median_ape']:5.1f} %  {100 * s['p90_ape']:5.1f} %  {s['n']:4d}"
+    out.append("\nAPE                                    median     p90      n")
+    out.append(line("in-sample", cal.data["error"]["in_sample"]))
+    for name, cv in cal.data.get("cross_validation", {}).items():
+        out.append(line(name.replace("_", "-"), cv["all"]))
+        for group in ("per_engine", "per_vendor", "per_metric_family"):
+            for k, s in cv[group].items():
+                out.append(line(f"  {group[4:]} {k}", s))
+    cov = cal.data.get("band_coverage", {})
+    if cov.get("covered") is not None:
+        out.append(f"\nerror bands: {100 * cov['covered']:.0f} % of {cov['rows']} rows within their band "
+                   f"(target {100 * cov['target']:.0f} %; {cov['method']})")
     if cal.unpredictable:
-        out.append("\nunpredictable rows (not fitted):")
-        out += [f"  {r.id} (line {r.line}): {why}" for r, why in cal.unpredictable]
+        out.append(f"\nunpredictable rows (not fitted): {len(cal.unpredictable)}")
+        out += [f"  {r.id} (line {r.line}): {why}" for r, why in cal.unpredictable[:40]]
+        if len(cal.unpredictable) > 40:
+            out.append(f"  ... and {len(cal.unpredictable) - 40} more (listed in the calibration file)")
     return "\n".join(out)

@@ -27,7 +27,9 @@ def add_parsers(command) -> None:
                    help="predict with the pure roofline bound and check that no measurement beats it")
     _progress_args(v)
     c = command("calibrate", "fit the efficiency parameters to measured results")
-    c.add_argument("--measured", default=None, help="measured-results CSV (default: as for validate)")
+    c.add_argument("--measured", default=None, nargs="+", metavar="CSV",
+                   help="measured-results CSV file(s) (default: every measured file dse ships: "
+                        "data/measured_calibration.csv and data/gathered/*.csv)")
     c.add_argument("--out", default=None, metavar="FILE",
                    help=f"calibration file to write (default: {C.DEFAULT_OUT}); every command uses it when "
                         f"{CALIBRATION_ENV}=FILE is set (in a checkout, --out configs/calibration.yaml replaces "
@@ -60,6 +62,8 @@ def cmd_validate(args) -> int:
         stats = V.summarize(res.rows)
         paths = V.write_outputs(res, Path(args.out), stats)
         bar.update(1)
+    for line in res.bad:
+        print(f"dse.study: validate: bad row skipped: {line}", file=sys.stderr)
     print(V.report_text(res, stats))
     if args.ideal:
         bad = V.bound_violations(res.rows)
@@ -83,9 +87,10 @@ def cmd_calibrate(args) -> int:
     with progress_bar(args, "calibrate") as bar:
         cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar)
         bar.set_description("calibrate (validating the new calibration)")
-        res = V.validate(cal.measured, calibration=cal.out)
+        files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
+        rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]
     print(C.report_text(cal))
-    s = V.summarize(res.rows)["overall"]
+    s = V.summarize(rows)["overall"]
     print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
           f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
     if cal.out.resolve() != calibration_file().resolve():

@@ -19,6 +19,8 @@ import numpy as np
 from basis.errors import MAX_FIGURE, DseError
 from basis.files import output_folder
 from basis.units import axis_scale
+from dse.core.bands import COVERAGE
+from dse.core.engines import default_engine, engines
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -151,6 +153,11 @@ def _add_workload_args(p):
                         "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "
                         "without one, unfused with a note; --flash-attention there is an error; "
                         "--no-flash-attention: separate qk, softmax and sv operators)")
+    p.add_argument("--engine", default=None,
+                   help="serving-engine profile (see 'list engines'): launch, all-reduce and scheduler costs, "
+                        "attention kernel and batching of vllm, sglang, trt-llm, trt-llm-legacy, tgi, lmdeploy, "
+                        "mlc-llm, llama.cpp, gaudi, jetstream, neuron, ... (default: vllm, a modern engine: CUDA "
+                        "graphs, custom one-shot all-reduce, fused attention, continuous batching)")
     p.add_argument("--ideal", action="store_true",
                    help="pure roofline bound: efficiency 1, no overheads (default: off, the calibrated "
                         "efficiency model)")
@@ -320,7 +327,7 @@ def point_columns(args, hardware) -> dict:
             "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers,
             "max_context": args.max_context, "kv_block": args.kv_block, "prefill_chunk": args.prefill_chunk,
             "max_running": args.max_running}
-    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "serving", "concurrency",
+    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "engine", "serving", "concurrency",
               "request_rate", "lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)
@@ -432,6 +439,11 @@ def _table_report(res, display, asked_flash=None) -> str:
               "chips_required", "fits", "why"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
+    if s.get("bands"):
+        out += ["", f"Error bands: a measurement is expected within predicted x low .. x high ({100 * COVERAGE:.0f} % "
+                    f"of cross-validated rows of engine {s['engine']}, this vendor and metric family)"]
+        for fam, (low, high) in s["bands"].items():
+            out.append(f"  {fam:10s} x{low:.2f} .. x{high:.2f}")
     return "\n".join(out)
 
 
@@ -614,6 +626,15 @@ LISTS = {
               [("name", "tier", str), ("capacity_bytes", "capacity", lambda v: display.fixed_text(v, *axis_scale("bytes"))),
                ("bandwidth_bytes_per_s", "bandwidth", lambda v: display.fixed_text(v, 1e9, "GB/s")),
                ("latency_s", "latency", lambda v: display.quantity_text("latency_s", v))], ("name",)),
+    "engines": (lambda: [{"name": e.name, "label": e.label, "batching": e.batching,
+                          "launch": "graphs" if e.graphs else "eager", "attention": e.attention,
+                          "kv_reads": "per GQA group" if e.gqa_kv_sharing else "per query head",
+                          "allreduce": e.allreduce, "default": "yes" if e.name == default_engine() else ""}
+                         for e in engines().values()],
+                [("name", "engine", str), ("batching", "batching", str), ("launch", "kernels", str),
+                 ("attention", "attention", str), ("kv_reads", "K/V reads", str), ("allreduce", "all-reduce", str),
+                 ("default", "default", str), ("label", "what", str)],
+                ("name", "batching", "launch", "attention", "kv_reads", "allreduce", "default", "label")),
     "studies": (lambda: [{"name": n, "description": _first_sentence(str(load_study(n)[0].get("description", "")))}
                          for n in available_studies()],
                 [("name", "study", str), ("description", "question", str)], ("name", "description")),

@@ -15,6 +15,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.system import reasons as R
 from dse.core.serving import PERCENTILES
+from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, evaluate, prepare, serving_engine
 from dse.system.params import DEFAULTS
@@ -53,7 +54,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "tp": int(m["tp_used"]), "pp": int(m["pp_used"]), "ep": int(p.get("ep", 1)), "batch": int(m["batch_used"]),
         "prompt_len": int(p["prompt_len"]), "gen_len": int(p["gen_len"]), "weights": p["weights"],
         "activations": p["activations"], "kv": p["kv"], "flash_attention": bool(p["flash_attention"]),
-        "sparse": bool(p["sparse"]), "efficiency": ev.efficiency_name(i),
+        "sparse": bool(p["sparse"]), "engine": p.get("engine_name", ""), "efficiency": ev.efficiency_name(i),
         **{k: m[k] for k in SUMMARY_METRICS},
         "weights_bytes": m["weights_bytes"], "kv_cache_bytes": m["kv_cache_bytes"],
         "activation_bytes": m["activation_bytes"], "peak_memory_bytes": m["memory_bytes"],
@@ -61,6 +62,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "offloaded_bytes": m["offloaded_bytes"], "power_w": m["power_w"], "cost_usd": m["cost_usd"],
         "fits": fits, "feasible": bool(ev.feasible[i]),
     }
+    s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
+                  if np.isfinite(m[f"band_{fam}_low"])}
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):

@@ -22,7 +22,10 @@ import numpy as np
 
 from basis.errors import DseError
 from basis.units import bytes_text
-from dse.core.efficiency import Efficiency, choose
+from dse.core.bands import FAMILIES as BAND_FAMILIES
+from dse.core.bands import band_for, shipped_bands
+from dse.core.efficiency import Efficiency, choose, efficiency_for
+from dse.core.engines import Engine, engine_efficiency, get_engine
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device, serving_metrics, system_figures
 from dse.core.roofline import _COL, PEAK_COLUMNS, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
@@ -40,6 +43,7 @@ from hwmodels.placement import fits_within, parse_policy, place
 from hwmodels.presets import DEVICE_CLASSES
 from workloads.lengths import FIXED, LengthSpec, parse_lengths
 from workloads.model import context_error
+from workloads.optable import kv_heads_per_device
 
 #: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -48,7 +52,8 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
            "queue_s", "running_batch", "kv_utilization",
            *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e_latency") for q in PERCENTILES), "goodput",
-           "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w")
+           "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w",
+           *(f"band_{f}_{end}" for f in BAND_FAMILIES for end in ("low", "high")))
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
 PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
@@ -185,6 +190,16 @@ class _Group:
     device_class: str
     cpu: dict | None = None       # CPU layer split: share, CPU system, hop bytes and host link
     serving: dict | None = None   # continuous batching: iteration model and per-point load arrays
+    family: str = ""              # the efficiency family (``dse.core.efficiency.family_of``)
+    engine: Engine | None = None  # the serving-engine profile the points run
+    kv_group: float = 1.0         # query heads per K/V head on one device (per-head K/V reads)
+
+    def efficiency(self, given: Efficiency | None, ideal: bool) -> Efficiency:
+        """The Efficiency of these points: IDEAL, the one given, or their family's default under
+        their engine (``dse.core.engines.engine_efficiency``)."""
+        if ideal or given is not None:
+            return choose(self.family, given, ideal)
+        return engine_efficiency(efficiency_for(self.family), self.engine, self.kv_group)
 
 
 class Plan:
@@ -238,7 +253,7 @@ class Plan:
                 continue
             parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
             for idx, e in parts:
-                eff = choose(g.device_class, e, ideal)
+                eff = g.efficiency(e, ideal)
                 if eff.name not in eff_names:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
@@ -254,6 +269,8 @@ class Plan:
                     explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
                                                                                         self.hw, p)
         _service_figures(out)
+        if efficiency is None and not ideal:
+            self._bands(out)
         fails = dict(self.fails)
         if saturated.any():
             fails[R.CODE["saturated"]] = saturated
@@ -288,6 +305,23 @@ class Plan:
             flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
+
+
+    def _bands(self, out: dict) -> None:
+        """The error band of every point's default prediction (``dse.core.bands``: factors on the
+        predicted value, from the calibration's cross-validated residuals of its engine, vendor
+        and metric family), held order."""
+        bands = shipped_bands()
+        if not bands:
+            return
+        engine, names = self.labels["engine"]
+        vendor = np.array(self.hw.vendors)[self.hw.name]
+        for e in np.unique(engine):
+            for v in np.unique(vendor[engine == e]):
+                at = (engine == e) & (vendor == v)
+                for fam in BAND_FAMILIES:
+                    low, high, _ = band_for(bands, names[e], v, fam)
+                    out[f"band_{fam}_low"][at], out[f"band_{fam}_high"][at] = low, high
 
 
 def _service_figures(out: dict) -> None:
@@ -327,7 +361,7 @@ def _subgroup(g: _Group, idx: np.ndarray) -> _Group:
                                       "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
     serving = None if g.serving is None else {k: (v[pos] if isinstance(v, np.ndarray) else v)
                                               for k, v in g.serving.items()}
-    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu, serving)
+    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu, serving, g.family, g.engine, g.kv_group)
 
 
 def _constraint_items(constraints: dict):
@@ -477,7 +511,7 @@ def serving_engine(plan: Plan, i: int, *, efficiency=None, ideal: bool = False) 
         raise DseError("simulating needs a runnable point under continuous batching (give a concurrency or a "
                        "request rate)")
     j = int(where[0])
-    eff = choose(g.device_class, efficiency, ideal)
+    eff = g.efficiency(efficiency, ideal)
     s, sc = g.serving, g.tables.scenario
     price = _iteration_pricer(s["iteration"], g.system.take(np.array([j])), eff)
     one = np.zeros(1, dtype=np.int64)
@@ -608,7 +642,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
-           w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"]]
+           hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"]]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
@@ -637,7 +671,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         names = {k: str(w[k + "_names"][w[k][i0]]) for k in ("weights", "activations", "kv")}
         if w["flash"][i0] and not hw.buffer[i0] > 0:
             fail("onchip_buffer", _positions(idx))
-            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
+            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]], family=hw.families[hw.family[i0]],
+                                 engine=w["engines"][w["engine"][i0]]))
             continue
         try:
             t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), names["weights"],
@@ -645,13 +680,15 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                        bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
         except DseError as e:
             fail("model_split", _positions(idx), str(e))
-            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]]))
+            groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]], family=hw.families[hw.family[i0]],
+                                 engine=w["engines"][w["engine"][i0]]))
             continue
         groups.append(_check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation))
     labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
               "serving": (w["continuous"].astype(np.int64), list(SERVING_MODES)),
-              "lengths": (w["lengths"], [spec.name for spec in w["length_specs"]])}
+              "lengths": (w["lengths"], [spec.name for spec in w["length_specs"]]),
+              "engine": (w["engine"], [e.name for e in w["engines"]])}
     return Plan(original, hw, groups, base, fails, memory_violation,
                 details, constraints, labels, order, w["flash"])
 
@@ -660,7 +697,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
                     "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
-                    "request_rate", "prefill_chunk", "lengths")
+                    "request_rate", "prefill_chunk", "lengths", "engine")
 
 
 def _workload_order(cols: Columns) -> np.ndarray | None:
@@ -690,8 +727,10 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), cols.flags("sparse"), cols.flags("overlap")
-    if not cols.has("flash_attention"):     # the default: fused where the hardware has a buffer to tile in
-        w["flash"] = w["flash"] & (hw.buffer > 0)
+    w["engine"], w["engines"] = _resolved(cols, "engine", get_engine)
+    if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
+        fuses = np.array([e.flash_attention for e in w["engines"]])[w["engine"]]
+        w["flash"] = w["flash"] & (hw.buffer > 0) & fuses
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = _resolved(cols, "serving", _serving_mode)
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
@@ -989,7 +1028,9 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     base["activation_bytes"][idx] = act
     base["memory_bytes"][idx] = fp.weights_bytes + act + kv
     base["offloaded_bytes"][idx] = pl.host_bytes
-    return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving)
+    kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
+    return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving, hw.families[hw.family[i0]],
+                  w["engines"][w["engine"][i0]], float(kv_group))
 
 
 def _chunk_activation_bytes(model, sc, w: dict, hw: HardwareArrays, i0: int, longest: int) -> float:

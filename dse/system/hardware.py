@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.efficiency import family_of
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, factorize, group
 from hwmodels.device import Device
@@ -36,7 +37,8 @@ class HardwareArrays:
         that runs work asking for each class (-1: none can), per pattern of native classes.
     ratio_native: [D, C] 2:4 sparse / dense peak of each base device's classes (1 where the
         preset publishes none); ``sparse_ratio`` widens it for some points.
-    device_class: [P] index into DEVICE_CLASSES. name: [P] index into ``names``.
+    device_class: [P] index into DEVICE_CLASSES. family: [P] index into ``families``, the efficiency
+        family of each point's device (``dse.core.efficiency.family_of``). name: [P] index into ``names``.
     has_host: [P] a host link and a host memory exist (offload can go somewhere).
     host_capacity, host_link_latency: [P] bytes and seconds (NaN / 0 without a host tier).
     host_cpu: [P] index into ``cpus`` (the CPU preset computing CPU layers; -1: none).
@@ -47,8 +49,11 @@ class HardwareArrays:
     used_by_pattern: np.ndarray
     ratio_native: np.ndarray
     device_class: np.ndarray
+    family: np.ndarray
+    families: list
     name: np.ndarray
     names: list
+    vendors: list
     buffer: np.ndarray
     has_host: np.ndarray
     host_capacity: np.ndarray
@@ -200,11 +205,13 @@ def assemble(cols: Columns) -> HardwareArrays:
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw)
     dev_class = np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64)[inv]
+    family_names = list(dict.fromkeys(family_of(d) for d in devices))
+    family = np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64)[inv]
     cpu_idx, cpus = _host_cpus(cols, devices, inv)
     return HardwareArrays(
         system=system, pattern=pattern, used_by_pattern=used_by_pattern, ratio_native=ratio_native,
-        device_class=dev_class,
-        name=inv, names=[d.name for d in devices],
+        device_class=dev_class, family=family, families=family_names,
+        name=inv, names=[d.name for d in devices], vendors=[getattr(d, "vendor", "") or "" for d in devices],
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
         tdp_w=field("tdp_w", lambda d: d.tdp_w), price_usd=field("price_usd", lambda d: d.price_usd),

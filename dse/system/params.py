@@ -76,6 +76,7 @@ WORKLOAD_PARAMS = {
     "slo_percentile": float,
     "disaggregate": str,
     "target_rate": float,
+    "engine": str,
 }
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
 #: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
@@ -95,7 +96,12 @@ DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "a
             "max_context": 0, "serving": "static", "concurrency": 0, "request_rate": 0.0, "kv_block": 16,
             "prefill_chunk": 8192, "max_running": 1024, "lengths": "fixed", "prefix_hit": 0.0, "slo_ttft": 0.0,
             "slo_tpot": 0.0, "slo_percentile": 90.0, "disaggregate": "none",
-            "target_rate": 0.0}
+            "target_rate": 0.0, "engine": "default"}
+#: ``engine`` names the serving-engine profile the point runs (``configs/engines.yaml``: vllm, sglang,
+#: trt-llm, trt-llm-legacy, tgi, lmdeploy, mlc-llm, llama.cpp, gaudi, jetstream, neuron, ...); its
+#: launch, all-reduce and scheduler costs, attention kernel and batching enter the efficiency
+#: (``dse.core.engines``). ``default`` is the file's ``default_engine`` (vLLM: CUDA graphs, custom
+#: one-shot all-reduce, fused attention, continuous batching).
 #: how requests are scheduled: ``static`` (one batch of ``batch`` sequences starts, prefills and
 #: decodes together: static-batch benchmarks) or ``continuous`` (in-flight batching under a load:
 #: ``concurrency`` requests always in flight, or ``request_rate`` requests/s arriving as a Poisson

@@ -1,0 +1,80 @@
+"""Error bands: how far a prediction may be from a measurement, from cross-validated residuals.
+
+``dse.fit.calibrate`` predicts every measured row with a fit that has not seen the row's source
+(leave-sources-out cross-validation) and keeps, per slice of rows, the 10th and 90th percentiles of
+log(measured / predicted): the ``bands`` section of the calibration file. A slice is an engine, a
+hardware vendor and a metric family (throughput, TTFT, TPOT, E2E); a prediction takes the band of
+the narrowest slice with at least ``MIN_ROWS`` rows, widening in the order of ``LEVELS`` (engine and
+vendor, then engine, then vendor, then the family alone, then every row). A band is a pair of
+factors (low, high): the measurement is expected within predicted x low ... predicted x high for
+80 % of rows like it (``COVERAGE``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dse.core.efficiency import load_calibration
+
+#: the share of held-out rows a band is meant to cover, and its quantiles
+COVERAGE = 0.8
+QUANTILES = (0.10, 0.90)
+#: a slice gives its own band only with at least this many rows
+MIN_ROWS = 5
+#: slices from the narrowest to the widest: which of (engine, vendor) they keep
+LEVELS = (("engine", "vendor"), ("engine",), ("vendor",), (), None)
+#: metric families with a band, and the family of each evaluator metric prefix
+FAMILIES = ("throughput", "ttft", "tpot", "e2e")
+
+
+def family_of_metric(metric: str) -> str:
+    """The band family of an evaluator metric: ttft, tpot, e2e or throughput."""
+    for fam, prefix in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e_latency")):
+        if metric.startswith(prefix):
+            return fam
+    return "tpot" if metric == "output_tokens_per_s_per_user" else "throughput"
+
+
+def slice_key(level: tuple | None, engine: str, vendor: str, family: str) -> str:
+    """The name of a slice: 'engine=vllm vendor=amd family=ttft' ('all' for every row)."""
+    if level is None:
+        return "all"
+    parts = [f"{k}={v}" for k, v in (("engine", engine), ("vendor", vendor)) if k in level]
+    return " ".join(parts + [f"family={family}"])
+
+
+def bands_from(residuals, engines, vendors, families) -> dict:
+    """{slice: {n, low, high}} of log residuals log(measured / predicted) (arrays over rows, NaN
+    rows skipped): the factors exp(10th percentile) and exp(90th) of every slice at every level."""
+    r = np.asarray(residuals, dtype=float)
+    ok = np.isfinite(r)
+    out: dict[str, dict] = {}
+    groups: dict[str, list] = {}
+    for i in np.flatnonzero(ok):
+        for level in LEVELS:
+            groups.setdefault(slice_key(level, engines[i], vendors[i], families[i]), []).append(r[i])
+    for key, vals in sorted(groups.items()):
+        lo, hi = np.quantile(vals, QUANTILES)
+        out[key] = {"n": len(vals), "low": float(f"{np.exp(lo):.4g}"), "high": float(f"{np.exp(hi):.4g}")}
+    return out
+
+
+def band_for(bands: dict, engine: str, vendor: str, family: str) -> tuple[float, float, str]:
+    """(low, high, slice) of the narrowest slice with ``MIN_ROWS`` rows ((nan, nan, '') when the
+    calibration has no bands)."""
+    for level in LEVELS:
+        key = slice_key(level, engine, vendor, family)
+        b = bands.get(key)
+        if b and b.get("n", 0) >= MIN_ROWS:
+            return float(b["low"]), float(b["high"]), key
+    return float("nan"), float("nan"), ""
+
+
+def shipped_bands(path: str | None = None) -> dict:
+    """The ``bands`` section of the calibration in use (or ``path``); {} when it has none."""
+    return load_calibration(path).get("bands") or {}
+
+
+def covered(measured, predicted, low, high) -> np.ndarray:
+    """True where a measurement lies within its prediction's band (arrays)."""
+    m, p = np.asarray(measured, float), np.asarray(predicted, float)
+    return (m >= p * np.asarray(low, float)) & (m <= p * np.asarray(high, float))

@@ -1,0 +1,195 @@
+"""Serving-engine profiles: what the software that runs a model does that costs time.
+
+A profile (``configs/engines.yaml``, every attribute with its source) says how an engine batches
+(static or in flight), whether its decode kernels are replayed from a captured graph or compiled
+program (``graphs``: the launch class), whether attention is one fused kernel, whether decode
+attention reads each K/V head once per GQA group, and its all-reduce algorithm. The times these
+cost are fitted parameters of the calibration (``configs/calibration.yaml``):
+
+- ``launch.<graphs|eager>.op_overhead_s``: fixed time per operator instance;
+- ``allreduce.<one-shot|ring>.collective_latency_s``: software latency of one all-reduce;
+- ``engines.<name>``: the engine's own scheduler cost per step (``step_overhead_s``), per
+  request (``request_overhead_s``) and, where its rows show it, the share of the hardware's
+  achievable bandwidth and compute its kernels reach (``memory_scale``, ``compute_scale``).
+
+``engine_efficiency`` turns a hardware family's Efficiency (``dse.core.efficiency``) into the
+Efficiency of that hardware under one engine; it is the only place the two are combined. An
+engine without fitted values of its own takes its launch and all-reduce classes' and the default
+engine's scheduler costs, and its Efficiency's name says so.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from basis.errors import DseError
+from basis.shipped import shipped
+from basis.yamlfile import load_yaml
+from dse.core.efficiency import Efficiency, load_calibration
+
+#: the shipped engine profiles (package data in a wheel)
+ENGINES_FILE = shipped("configs", "engines.yaml")
+BATCHING = ("static", "inflight")
+ATTENTION = ("fused", "unfused")
+ALLREDUCE = ("one-shot", "ring", "none")
+LAUNCH = ("graphs", "eager")
+#: parameters an engine fits for itself (``engines`` section of the calibration)
+ENGINE_PARAMS = ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale")
+#: the engine's costs that a family Efficiency may also carry (a calibration written before engine
+#: profiles fitted them per family): where no engine-side value is fitted, the family's stays
+COSTS = ("op_overhead_s", "collective_latency_s", "step_overhead_s", "request_overhead_s")
+#: the engine's shares of the hardware's achievable fractions when none is fitted
+NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0}
+_KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "sources"}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine profile (see the module docstring); ``sources`` cite each attribute."""
+
+    name: str
+    label: str
+    match: str
+    batching: str = "inflight"
+    graphs: bool = True
+    attention: str = "fused"
+    gqa_kv_sharing: bool = True
+    allreduce: str = "one-shot"
+    sources: tuple = ()
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.attention == "fused"
+
+    @property
+    def launch(self) -> str:
+        return "graphs" if self.graphs else "eager"
+
+
+@lru_cache(maxsize=4)
+def _profiles(path: str) -> tuple[dict, str]:
+    data = load_yaml(path, what="engine profiles")
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
+        raise DseError(f"{path}: expected a mapping with 'engines' (name -> profile) and 'default_engine'")
+    out = {}
+    for name, node in data["engines"].items():
+        where = f"{path}: engines.{name}"
+        if not isinstance(node, dict):
+            raise DseError(f"{where}: expected a mapping")
+        extra = set(node) - _KEYS
+        if extra:
+            raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: {', '.join(sorted(_KEYS))}")
+        for key, allowed in (("batching", BATCHING), ("attention", ATTENTION), ("allreduce", ALLREDUCE)):
+            if node.get(key) not in allowed:
+                raise DseError(f"{where}.{key}: expected one of {', '.join(allowed)}, got {node.get(key)!r}")
+        for key in ("graphs", "gqa_kv_sharing"):
+            if not isinstance(node.get(key), bool):
+                raise DseError(f"{where}.{key}: expected true or false, got {node.get(key)!r}")
+        try:
+            re.compile(str(node.get("match", "")))
+        except re.error as e:
+            raise DseError(f"{where}.match: not a regular expression: {e}") from None
+        sources = node.get("sources") or {}
+        missing = [k for k in ("batching", "graphs", "attention", "allreduce") if not sources.get(k)]
+        if missing:
+            raise DseError(f"{where}.sources: every attribute needs a source; missing: {', '.join(missing)}")
+        out[str(name)] = Engine(str(name), str(node.get("label", name)), str(node.get("match", "")),
+                                node["batching"], node["graphs"], node["attention"], node["gqa_kv_sharing"],
+                                node["allreduce"], tuple(sorted(sources.items())))
+    default = data.get("default_engine")
+    if default not in out:
+        raise DseError(f"{path}: default_engine: expected one of {', '.join(out)}, got {default!r}")
+    return out, default
+
+
+def engines() -> dict[str, Engine]:
+    """The engine profiles by name, in matching order."""
+    return _profiles(str(ENGINES_FILE))[0]
+
+
+def default_engine() -> str:
+    """The name of the engine a design point runs when it names none (a modern serving engine)."""
+    return _profiles(str(ENGINES_FILE))[1]
+
+
+def get_engine(name: str, what: str = "engine") -> Engine:
+    """The profile called ``name`` (``default``: the default engine); DseError naming the known ones."""
+    key = str(name).strip().lower()
+    found = engines().get(default_engine() if key == "default" else key)
+    if found is None:
+        raise DseError(f"{what}: unknown engine {name!r}; known: default ({default_engine()}), {', '.join(engines())}")
+    return found
+
+
+def engine_matching(text: str) -> Engine | None:
+    """The first profile whose ``match`` finds ``text`` (a measured row's framework), else None."""
+    if not text:
+        return None
+    return next((e for e in engines().values() if e.match and re.search(e.match, text)), None)
+
+
+def engine_parameters(engine: Engine, path: str | None = None) -> tuple[dict, list[str]]:
+    """(the engine-side parameters of ``engine``, where each came from when not its own fit):
+    the calibration's launch, all-reduce and engine sections (``path``: default the one in use);
+    scheduler costs of an engine with no fit of its own are the default engine's."""
+    cal = load_calibration(path)
+    out, borrowed = {}, []
+
+    def value(node):
+        return float(node["value"] if isinstance(node, dict) else node)
+    launch = (cal.get("launch") or {}).get(engine.launch) or {}
+    if "op_overhead_s" in launch:
+        out["op_overhead_s"] = value(launch["op_overhead_s"])
+    if engine.allreduce != "none":
+        algo = (cal.get("allreduce") or {}).get(engine.allreduce) or {}
+        if "collective_latency_s" in algo:
+            out["collective_latency_s"] = value(algo["collective_latency_s"])
+    fitted = cal.get("engines") or {}
+    own = fitted.get(engine.name)
+    if not own and fitted:
+        own = fitted.get(default_engine()) or {}
+        own = {k: v for k, v in own.items() if k in ("step_overhead_s", "request_overhead_s")}
+        if own:
+            borrowed.append(f"scheduler costs of {default_engine()}")
+    for k, v in (own or {}).items():
+        if k in ENGINE_PARAMS:
+            out[k] = value(v)
+    return out, borrowed
+
+
+def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *,
+                      parameters: dict | None = None, path: str | None = None) -> Efficiency:
+    """The Efficiency of hardware whose family efficiency is ``base`` under ``engine``: its launch,
+    all-reduce and scheduler costs (``parameters``, default ``engine_parameters``), its share of
+    the achievable bandwidth and compute, and its attention kernel (``kv_group``: query heads per
+    K/V head on one device; decode attention without GQA sharing reads K/V once per query head).
+    Static engines hide nothing of prefill under decode. The ideal bound stays the ideal bound."""
+    if base.name == "ideal":
+        return base
+    borrowed = []
+    if parameters is None:
+        parameters, borrowed = engine_parameters(engine, path)
+    p = {**{k: getattr(base, k) for k in COSTS}, **NEUTRAL, **parameters}
+    name = f"{base.name} + {engine.name}" + (f" ({', '.join(borrowed)})" if borrowed else "")
+    try:
+        return replace(base, name=name, op_overhead_s=p["op_overhead_s"],
+                       collective_latency_s=p["collective_latency_s"], step_overhead_s=p["step_overhead_s"],
+                       request_overhead_s=p["request_overhead_s"],
+                       memory=min(base.memory * p["memory_scale"], 1.0),
+                       attention_memory=None if base.attention_memory is None else
+                       min(base.attention_memory * p["memory_scale"], 1.0),
+                       compute=min(base.compute * p["compute_scale"], 1.0),
+                       **{k: None if getattr(base, k) is None else min(getattr(base, k) * p["compute_scale"], 1.0)
+                          for k in ("compute_narrow", "compute_fp8", "compute_fp4", "compute_int8")},
+                       attention_kv_reads=1.0 if engine.gqa_kv_sharing else max(kv_group, 1.0),
+                       prefill_decode_overlap=base.prefill_decode_overlap if engine.batching == "inflight" else 0.0)
+    except ValueError as e:
+        raise DseError(f"engine {engine.name}: {e}") from None
+
+
+def describe(engine: Engine) -> str:
+    """One line: the profile's name, label and what it does."""
+    return (f"{engine.name}: {engine.label} — {engine.batching} batching, "
+            f"{'graph-replayed' if engine.graphs else 'eager'} kernels, {engine.attention} attention, "
+            f"{'GQA-shared' if engine.gqa_kv_sharing else 'per-head'} K/V reads, all-reduce {engine.allreduce}")
