@@ -126,14 +126,15 @@ def test_default_is_derated_from_the_ideal():
     assert default["ttft_s"] > ideal["ttft_s"] and default["tpot_s"] > ideal["tpot_s"]
 
 
-def test_class_defaults_and_inheritance():
+def test_family_defaults_never_borrow_another_familys_fit():
     assert efficiency_for(load_device("h100-sxm")) == efficiency_for("gpu")
-    assert efficiency_for("accelerator").compute == efficiency_for("gpu").compute    # inherits the gpu fit
-    assert efficiency_for("accelerator").name == "calibrated gpu (for accelerator)"
+    assert efficiency_for("gpu").name == "calibrated gpu"
+    acc = efficiency_for("accelerator")               # its own prior, not the gpu fit
+    assert acc.name == "prior accelerator" and (acc.compute, acc.memory) == (0.70, 0.90)
     assert efficiency_for("cpu").name == "prior cpu" and efficiency_for("cpu").memory == 0.70
     assert efficiency_for("soc").memory == 0.55
     assert E.DEFAULT == efficiency_for("gpu")
-    with pytest.raises(DseError, match="hardware class 'fpga'"):
+    with pytest.raises(DseError, match="hardware family 'fpga'"):
         efficiency_for("fpga")
 
 
@@ -144,10 +145,10 @@ def test_calibration_file_is_read_and_checked(tmp_path):
     assert e.compute == 0.42 and e.memory == 0.77 and e.resolved("attention_compute") == 0.42
     assert efficiency_for("cpu", path=str(p)).name == "prior cpu"
     p.write_text("classes:\n  gpu:\n    speed: {value: 2}\n")
-    with pytest.raises(DseError, match=r"cal\.yaml: classes\.gpu\.speed: unknown parameter"):
+    with pytest.raises(DseError, match=r"cal\.yaml: (classes|families)\.gpu\.speed: unknown parameter"):
         efficiency_for("gpu", path=str(p))
     p.write_text("classes:\n  gpu:\n    compute: {value: 1.5}\n")
-    with pytest.raises(DseError, match=r"class gpu: efficiency 'compute' must be in \(0, 1\]"):
+    with pytest.raises(DseError, match=r"family gpu: efficiency 'compute' must be in \(0, 1\]"):
         efficiency_for("gpu", path=str(p))
     p.write_text("classes: [1, 2")
     with pytest.raises(DseError, match="not valid YAML"):
