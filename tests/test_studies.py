@@ -334,7 +334,9 @@ def test_pim_gain_grows_with_context(pim):
     gpu, acc = pim
     s = (gpu.tpot_s / acc.tpot_s).loc[("fp16", 1, 64)]
     assert (np.diff(s.to_numpy()) > 0).all()
-    assert (gpu.tpot_s / acc.tpot_s).loc[("fp16", 1, 1, 256)] < 1.1    # batch 1, short: weights dominate
+    # batch 1, short: weights dominate, and the gain is mostly the families' own bandwidth fractions (the
+    # PIM host on the pim prior, 0.90 of its bus; the GPU on the fitted gpu 0.854): no GPU fit is borrowed
+    assert (gpu.tpot_s / acc.tpot_s).loc[("fp16", 1, 1, 256)] < 1.15
 
 
 # --------------------------------------------------------------------------- 8. LPU chip count
@@ -382,7 +384,9 @@ def blackwell():
 def test_blackwell_fp6_rate_per_vendor(blackwell):
     t = blackwell[blackwell.batch == 64].pivot_table(index="hardware", columns="weights", values="ttft_s")
     assert t.loc["b200", "fp6"] / t.loc["b200", "fp8"] > 0.97            # Blackwell: FP6 at the FP8 rate
-    assert t.loc["mi355x", "fp6"] / t.loc["mi355x", "fp4"] < 1.03        # CDNA4: FP6 at the FP4 rate
+    # CDNA4: FP6 at the FP4 peak; its achieved fraction is the FP8-class one (0.914 of 16-bit against FP4's
+    # 0.949, dse.core.efficiency.FORMAT_RATIOS), so it runs up to 4 % behind FP4
+    assert t.loc["mi355x", "fp6"] / t.loc["mi355x", "fp4"] < 1.06
     assert t.loc["mi355x", "fp6"] / t.loc["mi355x", "fp8"] < 0.6
     assert 0.45 < t.loc["b200", "fp4"] / t.loc["b200", "fp8"] < 0.55
 

@@ -24,8 +24,8 @@ Its parameters (fields of :class:`Efficiency`) are:
                                   attention_kv_reads is 1, as in every default scenario)
 ``vector_compute``                fraction of the vector (element-wise) peak
 ``compute_narrow``                ``compute`` for formats of 8 bits or fewer (FP8, INT8, FP6, FP4, INT4)
-``compute_fp8``                   ``compute`` of FP8 GEMMs (None: ``compute_narrow``)
-``compute_fp4``                   ``compute`` of FP4 / FP6 GEMMs, NVFP4 and MX block formats (None: ``compute_narrow``)
+``compute_fp8``                   ``compute`` of FP8 and FP6 GEMMs (FP6 runs at the FP8 rate; None: ``compute_narrow``)
+``compute_fp4``                   ``compute`` of FP4 GEMMs, NVFP4 and MXFP4 (None: ``compute_narrow``)
 ``compute_int8``                  ``compute`` of INT8 / INT4 GEMMs (None: ``compute_narrow``)
 ``op_overhead_s``                 fixed time per operator instance (kernel launch)
 ``step_overhead_s``               fixed time per step (scheduling, sampling, host work)
@@ -114,7 +114,7 @@ _VECTOR_COLUMN = len(COMPUTE_CLASSES)
 _ELEMENT_BYTES = np.array([{"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp6": 0.75, "fp4": 0.5,
                             "int8": 1, "int4": 0.5}[c] for c in COMPUTE_CLASSES] + [4, 4], dtype=float)
 #: the fraction field of each narrow compute class (wider classes use ``compute``)
-_NARROW_FIELD_OF = {"fp8": "compute_fp8", "fp6": "compute_fp4", "fp4": "compute_fp4", "int8": "compute_int8",
+_NARROW_FIELD_OF = {"fp8": "compute_fp8", "fp6": "compute_fp8", "fp4": "compute_fp4", "int8": "compute_int8",
                     "int4": "compute_int8"}
 _NARROW_FIELDS = ("compute_fp8", "compute_fp4", "compute_int8")
 #: floor of every fraction, relative to its maximum
