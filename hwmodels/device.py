@@ -32,6 +32,12 @@ class Link:
     latency_s: float = 0.0
 
 
+#: Efficiency families: the devices whose achievable fractions (compute, memory, collective) are
+#: fitted and defaulted together (``dse.core.efficiency``). A preset names its family; a Device
+#: built in code may leave ``family`` empty, and then its device class stands in (see Device).
+FAMILIES = ("gpu", "tpu", "gaudi", "neuron", "tenstorrent", "apple", "cpu", "pim", "groq", "cerebras",
+            "sambanova")
+
 #: Operator groups a PIM may run (see workloads.optable for the operator names).
 PIM_OPERATOR_GROUPS = ("attention", "gemv", "experts")
 
@@ -71,6 +77,14 @@ class Device:
     sparse_peak_ops_per_s: 2:4 structured-sparse peaks, used only when asked for.
     pim: compute inside the device memory (class 'pim').
     host_cpu: name of the CPU preset of the host (computes layers kept on the CPU).
+    vendor: who makes it ("nvidia", "amd", "google", "research" for paper designs, ...); "" if unknown.
+    family: the efficiency family (one of FAMILIES) whose achievable fractions the device shares.
+        Presets always set it (``hwmodels.presets`` fills in the class when a YAML omits it). A
+        Device built in code may leave it "": ``efficiency_family`` then is the device class
+        itself. The class is not mapped to a family by guess: "gpu", "cpu" and "pim" are family
+        names too, while "accelerator", "soc" and "spatial" cover several families (TPU, Gaudi,
+        Neuron, Tenstorrent; Apple; Groq, Cerebras, SambaNova), so such a device gets the class's
+        own first-order defaults unless ``family`` is given. Any other value is a DseError.
     """
 
     name: str
@@ -89,6 +103,21 @@ class Device:
     sparse_peak_ops_per_s: dict[str, float] = field(default_factory=dict)
     pim: PimUnit | None = None
     host_cpu: str | None = None
+    vendor: str = ""
+    family: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.vendor, str):
+            raise DseError(f"device '{self.name}': vendor must be a string, got {self.vendor!r}")
+        if not isinstance(self.family, str) or (self.family and self.family not in FAMILIES
+                                                and self.family != self.device_class):
+            raise DseError(f"device '{self.name}': family {self.family!r} is not one of {', '.join(FAMILIES)} "
+                           f"(or the device class '{self.device_class}')")
+
+    @property
+    def efficiency_family(self) -> str:
+        """The efficiency family: ``family``, or the device class when none is given."""
+        return self.family or self.device_class
 
     @property
     def memory(self) -> MemoryTier:
@@ -119,4 +148,4 @@ class Device:
         return self.peak_ops_per_s[c]
 
 
-__all__ = ["Device", "MemoryTier", "Link", "PimUnit", "COMPUTE_CLASSES"]
+__all__ = ["Device", "MemoryTier", "Link", "PimUnit", "COMPUTE_CLASSES", "FAMILIES"]

@@ -4,6 +4,12 @@ A numeric field is written ``{value: NUMBER, source: KEY-or-text}``; ``source``
 names an entry of the file's ``sources`` map or is itself a citation. A number
 without a source, a missing required field, a zero or negative value or an
 unknown key is an error naming the file and the key.
+
+``vendor`` (who makes the device; "research" for paper designs) and ``family`` (the efficiency
+family whose achievable fractions the device shares, one of ``hwmodels.device.FAMILIES``) are plain
+strings, not cited numbers. A preset without ``family`` gets its ``class`` as the family (the
+efficiency model keeps first-order defaults per class for that case); a ``family`` outside
+FAMILIES is an error naming the file, the key and the allowed values.
 """
 from __future__ import annotations
 
@@ -13,13 +19,13 @@ from pathlib import Path
 from basis.errors import MAX_FIGURE, DseError, as_number
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
-from hwmodels.device import PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
+from hwmodels.device import FAMILIES, PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: the shipped hardware presets (``configs/hardware``; package data in a wheel)
 HARDWARE_DIR = shipped("configs", "hardware")
 
-TOP_KEYS = {"name", "description", "class", "sources", "peak_ops_per_s", "vector_ops_per_s",
+TOP_KEYS = {"name", "description", "class", "vendor", "family", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
             "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu"}
 PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes"}
@@ -80,6 +86,7 @@ def device_from_dict(d: dict, path: str) -> Device:
         raise DseError(f"{path}: 'sources' must map short keys to citations")
     if d["class"] not in DEVICE_CLASSES:
         raise DseError(f"{path}: class '{d['class']}' is not one of {', '.join(DEVICE_CLASSES)}")
+    vendor, family = _vendor_family(d, path)
     peaks = _peaks(d["peak_ops_per_s"], f"{path}: peak_ops_per_s", sources)
     sparse = _peaks(d["sparse_peak_ops_per_s"], f"{path}: sparse_peak_ops_per_s", sources) \
         if "sparse_peak_ops_per_s" in d else {}
@@ -102,7 +109,20 @@ def device_from_dict(d: dict, path: str) -> Device:
         interconnect=_link(d.get("interconnect"), f"{path}: interconnect", sources),
         host_link=_link(d.get("host_link"), f"{path}: host_link", sources), host_memory=host_memory,
         tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()},
-        sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu)
+        sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu, vendor=vendor, family=family)
+
+
+def _vendor_family(d: dict, path: str) -> tuple[str, str]:
+    """(vendor, family) of a parsed preset: family defaults to the class; an unknown one is an error."""
+    vendor = d.get("vendor", "")
+    if not isinstance(vendor, str) or ("vendor" in d and not vendor.strip()):
+        raise DseError(f"{path}: vendor: expected a non-empty name such as nvidia, amd or research, got {vendor!r}")
+    if "family" not in d:
+        return vendor, d["class"]
+    family = d["family"]
+    if family not in FAMILIES:
+        raise DseError(f"{path}: family: {family!r} is not a known efficiency family; allowed: {', '.join(FAMILIES)}")
+    return vendor, family
 
 
 def _peaks(node, where: str, sources: dict) -> dict[str, float]:

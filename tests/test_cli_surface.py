@@ -179,7 +179,7 @@ def test_flash_attention_is_on_by_default():
 
 def test_hardware_without_a_buffer_runs_unfused_unless_asked():
     lacking = sorted(p.stem for p in HW.glob("*.yaml") if "onchip_buffer_bytes" not in yaml.safe_load(p.read_text()))
-    assert {"tpu-v5e", "gaudi2", "xeon-spr"} <= set(lacking)
+    assert "gaudi2" in lacking                # no cited TPC local-memory size (configs/hardware/gaudi2.yaml)
     cols = {"model": "llama-2-7b", "hardware": np.array(lacking, dtype=object), "weights": "int8",
             "activations": "int8", "kv": "int8"}
     default, off = evaluate(cols), evaluate({**cols, "flash_attention": False})
@@ -187,17 +187,17 @@ def test_hardware_without_a_buffer_runs_unfused_unless_asked():
     assert (default.feasible == off.feasible).all()
     for k in ("ttft_s", "tpot_s", "memory_bytes"):
         np.testing.assert_array_equal(default[k], off[k])
-    asked = evaluate({"model": "llama-2-7b", "hardware": "tpu-v5e", "flash_attention": True})
+    asked = evaluate({"model": "llama-2-7b", "hardware": "gaudi2", "flash_attention": True})
     assert not asked.feasible[0] and asked.reason_key(0) == "onchip_buffer"
 
 
 def test_analyze_says_when_the_default_falls_back(capsys):
-    rc, out, _ = cli(capsys, "analyze", "--model", "llama-2-7b", "--hardware", "tpu-v5e")
-    assert rc == 0 and "FlashAttention off (tpu-v5e has no on-chip buffer" in out.splitlines()[0]
+    rc, out, _ = cli(capsys, "analyze", "--model", "llama-2-7b", "--hardware", "gaudi2")
+    assert rc == 0 and "FlashAttention off (gaudi2 has no on-chip buffer" in out.splitlines()[0]
     assert "qk_matmul" in out
     rc, out, _ = cli(capsys, "analyze", "--model", "llama-2-7b", "--hardware", "h100-sxm")
     assert "FlashAttention on" in out.splitlines()[0] and "qk_matmul" not in out
-    rc, _, err = cli(capsys, "analyze", "--model", "llama-2-7b", "--hardware", "tpu-v5e", "--flash-attention")
+    rc, _, err = cli(capsys, "analyze", "--model", "llama-2-7b", "--hardware", "gaudi2", "--flash-attention")
     assert rc == 2 and "no onchip_buffer_bytes" in err and len(err.strip().splitlines()) == 1
 
 

@@ -31,6 +31,7 @@ def test_link_presets():
 
 def test_link_override_changes_all_reduce():
     m, d = load_model("llama-2-70b"), load_device("h100-sxm")
+    d = replace(d, interconnect=replace(d.interconnect, latency_s=0.0))   # bandwidth alone (pcie4-x16 has none)
     sc = Scenario.make(batch=4, prompt_len=128, tp=4)
     slow = replace(d, interconnect=load_link("pcie4-x16"))
     t_fast = next(r for r in analyze(m, d, sc, ideal=True).prefill if r["name"] == "attn_all_reduce")["time_s"]

@@ -470,9 +470,9 @@ def test_slo_least_devices_follow_memory(slo):
     r = one(slo, hardware="a100-40gb", devices=1, weights="fp16", activations="fp16", flash_attention=True,
             batch=1)
     assert not r.feasible and r.reason in ("device_memory", "host_memory")
-    # the TPU preset gives no on-chip buffer: FlashAttention points say so
+    # the TPU preset's VMEM is the buffer FlashAttention tiles in: no point is refused for want of one
     tpu = slo[(slo.hardware == "tpu-v5e") & slo.flash_attention]
-    assert (~tpu.feasible).all() and (tpu.reason == "onchip_buffer").all()
+    assert len(tpu) and not (tpu.reason == "onchip_buffer").any()
 
 
 def test_slo_tensor_parallel_cuts_decode_time(slo):

@@ -353,9 +353,7 @@ def _value(node) -> float:
 
 def family_of(device) -> str:
     """The efficiency family of a device (its preset's ``family``, else its class) or of a name."""
-    if isinstance(device, str):
-        return device
-    return getattr(device, "family", "") or device.device_class
+    return device if isinstance(device, str) else device.efficiency_family
 
 
 def family_parameters(family: str, path: str | None = None) -> tuple[dict, bool]:

@@ -9,9 +9,9 @@ bytes/s, ops/s, seconds, watts, dollars).
 
 ``batch`` also takes ``"max"`` (the largest batch that fits). ``flash_attention`` defaults to on
 (fused attention, as the serving engines architects deploy run it); left to its default, a point
-on hardware without an on-chip buffer (no ``onchip_buffer_bytes``: TPUs, Gaudi, Groq, Cerebras,
-CPUs, Apple M2, GDDR6-AiM) runs unfused attention instead of being infeasible (``Evaluation.point``
-says which ran); given explicitly as true, such a point is infeasible (reason ``onchip_buffer``). ``offload`` takes ``none``,
+runs its engine's attention kernel (unfused for llama.cpp and FlexGen), and a point on hardware
+without an on-chip buffer (no ``onchip_buffer_bytes``: Gaudi 2 and 3, GDDR6-AiM, whose presets cite
+none) runs unfused attention instead of being infeasible (``Evaluation.point`` says which ran); given explicitly as true, such a point is infeasible (reason ``onchip_buffer``). ``offload`` takes ``none``,
 ``greedy`` or explicit fractions such as ``weights=0.5,kv=0.2``.
 """
 from __future__ import annotations
