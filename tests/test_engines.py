@@ -136,3 +136,26 @@ def test_a_bad_row_is_reported_and_the_rest_go_on(tmp_path):
     assert r.returncode == 0 and "bad row skipped" in r.stderr and "line 3" in r.stderr
     header = (out / "validation.csv").read_text().splitlines()[0].split(",")
     assert {"id", "measured", "predicted", "ape", "unpredictable"} <= set(header)
+
+
+def test_the_fit_prices_rows_as_the_written_calibration_will(tmp_path):
+    """The efficiencies the fit evaluates at some values equal those the calibration file holding
+    those values gives every later prediction (family prior, format ratios, engine costs)."""
+    from dse.fit import calibrate as C
+    rows, _ = V.read_measured(V.default_measured())
+    cases, _ = V.prepare_all(rows)
+    slots = C.slots_for(cases)
+    model = C.Parameterisation(cases, slots)
+    x = np.array([C._to_x(s.param, 0.5 * (s.param.lo + s.param.hi)) for s in slots])
+    sections: dict = {}
+    for key, v in model.values(x).items():
+        section, rest = key.split(".", 1)
+        group, name = rest.rsplit(".", 1)
+        sections.setdefault(section, {}).setdefault(group, {})[name] = {"value": v}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    written = [engine_efficiency(efficiency_for(c.device, str(path)), c.engine, c.kv_group, path=str(path))
+               for c in cases]
+    for fitted, later in zip(model.efficiencies(x), written):
+        assert {k: v for k, v in vars(fitted).items() if k != "name"} == \
+               {k: v for k, v in vars(later).items() if k != "name"}

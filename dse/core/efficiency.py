@@ -356,13 +356,15 @@ def family_of(device) -> str:
     return device if isinstance(device, str) else device.efficiency_family
 
 
-def family_parameters(family: str, path: str | None = None) -> tuple[dict, bool]:
+def family_parameters(family: str, path: str | None = None, fitted: dict | None = None) -> tuple[dict, bool]:
     """(the hardware-side parameters of ``family``: its prior, the narrow formats' measured ratios,
-    then the calibration's fitted values; True when the calibration fits the family)."""
+    then the fitted values ``fitted`` (default: the calibration's, from ``path`` or the one in use);
+    True when there are fitted values)."""
     if family not in FAMILY_PRIORS:
         raise DseError(f"no efficiency defaults for hardware family '{family}'; known: {', '.join(FAMILY_PRIORS)}")
     out = dict(FAMILY_PRIORS[family])
-    fitted = (load_calibration(str(path) if path else None).get("families") or {}).get(family) or {}
+    if fitted is None:
+        fitted = (load_calibration(str(path) if path else None).get("families") or {}).get(family) or {}
     out.update({k: _value(v) for k, v in fitted.items()})
     for k, ratio in FORMAT_RATIOS.get(family, {}).items():
         if k not in fitted and k not in FAMILY_PRIORS[family]:

@@ -129,11 +129,12 @@ def engine_matching(text: str) -> Engine | None:
     return next((e for e in engines().values() if e.match and re.search(e.match, text)), None)
 
 
-def engine_parameters(engine: Engine, path: str | None = None) -> tuple[dict, list[str]]:
+def engine_parameters(engine: Engine, path: str | None = None, sections: dict | None = None) -> tuple[dict, list[str]]:
     """(the engine-side parameters of ``engine``, where each came from when not its own fit):
-    the calibration's launch, all-reduce and engine sections (``path``: default the one in use);
-    scheduler costs of an engine with no fit of its own are the default engine's."""
-    cal = load_calibration(path)
+    the calibration's launch, all-reduce and engine sections (``sections``, else read from the
+    calibration ``path``: default the one in use); scheduler costs of an engine with no fit of its
+    own are the default engine's."""
+    cal = sections if sections is not None else load_calibration(path)
     out, borrowed = {}, []
 
     def value(node):

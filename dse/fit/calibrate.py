@@ -24,8 +24,8 @@ import numpy as np
 from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
-from dse.core.efficiency import FAMILY_PRIORS, Efficiency, family_of, load_calibration
-from dse.core.engines import default_engine, engine_efficiency
+from dse.core.efficiency import FAMILY_PRIORS, Efficiency, family_of, family_parameters, load_calibration
+from dse.core.engines import engine_efficiency, engine_parameters
 from dse.core.bands import COVERAGE, band_for, bands_from, covered, family_of_metric
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
 from dse.present import display
@@ -97,8 +97,6 @@ NOT_FITTED = {
 #: the parameters of a hardware family (``families`` section) and of the engine side (``launch``,
 #: ``allreduce``, ``engines`` sections, ``dse.core.engines``)
 FAMILY_PARAMS = ("compute", "compute_half_rows", "memory", "kv_reread_exponent", "compute_fp8")
-SECTION_OF = {"op_overhead_s": "launch", "collective_latency_s": "allreduce", "step_overhead_s": "engines",
-              "request_overhead_s": "engines"}
 #: an engine-side group (a launch class, an all-reduce algorithm, an engine) is fitted only with at
 #: least this many rows that exercise it
 MIN_GROUP_ROWS = 3
@@ -181,35 +179,27 @@ class Parameterisation:
     def efficiencies(self, x) -> list[Efficiency]:
         v = self.values(x)
         memo, out = {}, []
-        default = default_engine()
         for c in self.cases:
             fam = family_of(c.device)
             key = (fam, c.engine, c.kv_group)
             if key not in memo:
-                memo[key] = self._efficiency(v, fam, c.engine, c.kv_group, default)
+                memo[key] = self._efficiency(v, fam, c.engine, c.kv_group)
             out.append(memo[key])
         return out
 
-    def _efficiency(self, v: dict, fam: str, engine, kv_group: float, default: str) -> Efficiency:
+    def _efficiency(self, v: dict, fam: str, engine, kv_group: float) -> Efficiency:
         if self.base is not None:
             base = replace(self.base, **{k.split(".")[-1]: val for k, val in v.items()
                                          if k.startswith("families.")})
-        else:
-            params = dict(FAMILY_PRIORS[fam])
-            params.update({k.split(".")[-1]: val for k, val in v.items() if k.startswith(f"families.{fam}.")})
+        sections: dict = {}
+        for key, val in v.items():                 # 'section.group.name' -> the calibration file's layout
+            section, rest = key.split(".", 1)
+            group, name = rest.rsplit(".", 1)
+            sections.setdefault(section, {}).setdefault(group, {})[name] = val
+        if self.base is None:
+            params, _ = family_parameters(fam, fitted=(sections.get("families") or {}).get(fam, {}))
             base = Efficiency(name=f"fit {fam}", **params)
-        eng = {}
-        for name, group in (("op_overhead_s", engine.launch), ("collective_latency_s", engine.allreduce)):
-            k = f"{SECTION_OF[name]}.{group}.{name}"
-            if k in v:
-                eng[name] = v[k]
-        own = any(k.startswith(f"engines.{engine.name}.") for k in v)
-        source = engine.name if own else default
-        for name in ("step_overhead_s", "request_overhead_s"):
-            k = f"engines.{source}.{name}"
-            if k in v:
-                eng[name] = v[k]
-        return engine_efficiency(base, engine, kv_group, parameters=eng)
+        return engine_efficiency(base, engine, kv_group, parameters=engine_parameters(engine, sections=sections)[0])
 
 
 @dataclass
@@ -269,7 +259,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
 class _Single(Parameterisation):
     """One Efficiency for every row, its fields fitted (``fit`` with a ``base``)."""
 
-    def _efficiency(self, v, fam, engine, kv_group, default):
+    def _efficiency(self, v, fam, engine, kv_group):
         base = replace(self.base, **{k.split(".")[-1]: val for k, val in v.items()})
         return engine_efficiency(base, engine, kv_group, parameters={})
 

@@ -280,9 +280,7 @@ def measured_files() -> list[Path]:
 def family_of(metric: str) -> str:
     """The family of an evaluator metric: 'TTFT', 'TPOT' (with one user's token rate, 1 / TPOT),
     'E2E' or 'throughput'."""
-    if metric == "output_tokens_per_s_per_user":
-        return "TPOT"
-    return next((name for name, prefix in FAMILIES if metric.startswith(prefix)), "throughput")
+    return {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}.get(family_of_metric(metric), "throughput")
 
 
 def is_latency(metric: str) -> bool:
