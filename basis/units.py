@@ -1,6 +1,6 @@
 """The one unit policy for everything a person reads (tables, summaries, errors, plots, reports).
 
-Values inside are SI (bytes, bytes/s, ops/s, seconds, watts, dollars). Shown to people:
+Values inside are SI (bytes, bytes/s, ops/s, seconds, watts, joules, dollars; die areas in mm^2 as published). Shown to people:
 
 - **sizes in bytes** (memory capacity, footprint, weights, KV cache): binary prefixes, KiB,
   MiB, GiB, TiB, as memory is built and as vendors label it (an H100's "80 GB" is 80 GiB);
@@ -72,6 +72,9 @@ AXIS = {
     "seconds": (1e-3, "ms"),
     "watts": (1.0, "W"),
     "dollars": (1.0, "$"),
+    "joules": (1.0, "J"),
+    "tokens_per_joule": (1.0, "tokens/J"),
+    "area_mm2": (1.0, "mm^2"),
     "requests_per_s": (1.0, "requests/s"),
     "share": (0.01, "%"),
 }

@@ -78,6 +78,9 @@ class Device:
     pim: compute inside the device memory (class 'pim').
     host_cpu: name of the CPU preset of the host (computes layers kept on the CPU).
     vendor: who makes it ("nvidia", "amd", "google", "research" for paper designs, ...); "" if unknown.
+    energy_profile: the measured energy profile (``configs/technology.yaml`` energy.devices) the
+        device's energy per op and per bit come from; "" where none was measured for its chip.
+    static_power_w: cited static (idle) power, W; None: the energy profile's measured constant power.
     family: the efficiency family (one of FAMILIES) whose achievable fractions the device shares.
         Presets always set it (``hwmodels.presets`` fills in the class when a YAML omits it). A
         Device built in code may leave it "": ``efficiency_family`` then is the device class
@@ -105,6 +108,8 @@ class Device:
     host_cpu: str | None = None
     vendor: str = ""
     family: str = ""
+    energy_profile: str = ""
+    static_power_w: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.vendor, str):

@@ -366,6 +366,21 @@ def energy_per_step_j(ops_by_format: Mapping[str, object], bytes_by_level: Mappi
     return out if out.ndim else float(out)
 
 
+def profile_coefficients(profile: EnergyProfile | str, tech: Technology | None = None) -> tuple[dict, dict, float, float | None]:
+    """What the roofline's energy kernel needs of a profile: (J per op of each compute class of
+    ``COMPUTE_CLASSES`` plus ``vector`` (FP32 vector work), each via ``op_energy``; the same with 0
+    for a class charged at a wider class's figure (no measured J/op of its own: what it costs at
+    least); J per bit of a device-memory byte that reaches the cores, crossing every measured level
+    (``LEVELS``: HBM, L2 and L1, SC'25's figures being incremental); the measured constant power in
+    W or None)."""
+    p = _profile(profile, tech)
+    ops, floor = {}, {}
+    for c, own in [(c, c) for c in COMPUTE_CLASSES] + [("vector", "fp32")]:
+        ops[c], measured = op_energy(p, own)
+        floor[c] = ops[c] if measured == own else 0.0
+    return ops, floor, sum(bit_energy_j(p, lv) for lv in LEVELS), p.constant_power_w
+
+
 def static_power_w(template, tech: Technology | None = None) -> float:
     """Static (constant) power of ``template`` in W: its own cited ``static_power_w`` if it has one,
     else the measured constant power of its energy profile (SC'25). DseError when neither is known.

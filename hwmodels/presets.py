@@ -5,6 +5,11 @@ names an entry of the file's ``sources`` map or is itself a citation. A number
 without a source, a missing required field, a zero or negative value or an
 unknown key is an error naming the file and the key.
 
+``energy_profile`` names the measured energy profile of ``configs/technology.yaml`` that the
+chip's energy per op and per bit come from (a plain name; presets of chips never measured have
+none, and their energy stays unknown); ``static_power_w`` is a cited idle power overriding the
+profile's.
+
 ``vendor`` (who makes the device; "research" for paper designs) and ``family`` (the efficiency
 family whose achievable fractions the device shares, one of ``hwmodels.device.FAMILIES``) are plain
 strings, not cited numbers. A preset without ``family`` gets its ``class`` as the family (the
@@ -19,6 +24,7 @@ from pathlib import Path
 from basis.errors import DseError, cited_number
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
+from hwmodels.energy import load_technology
 from hwmodels.device import FAMILIES, PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
 
@@ -27,7 +33,7 @@ HARDWARE_DIR = shipped("configs", "hardware")
 
 TOP_KEYS = {"name", "description", "class", "vendor", "family", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
-            "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu"}
+            "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu", "energy_profile", "static_power_w"}
 PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes"}
 DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
 
@@ -94,7 +100,17 @@ def device_from_dict(d: dict, path: str) -> Device:
         interconnect=_link(d.get("interconnect"), f"{path}: interconnect", sources),
         host_link=_link(d.get("host_link"), f"{path}: host_link", sources), host_memory=host_memory,
         tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()},
-        sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu, vendor=vendor, family=family)
+        sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu, vendor=vendor, family=family,
+        energy_profile=_energy_profile(d, path), static_power_w=opt("static_power_w"))
+
+
+def _energy_profile(d: dict, path: str) -> str:
+    """The preset's measured energy profile name ("" when it has none); DseError naming the known ones."""
+    name = d.get("energy_profile", "")
+    known = load_technology().devices
+    if name and (not isinstance(name, str) or name not in known):
+        raise DseError(f"{path}: energy_profile: {name!r} is not a measured profile; allowed: {', '.join(known)}")
+    return name
 
 
 def _vendor_family(d: dict, path: str) -> tuple[str, str]:

@@ -30,13 +30,14 @@ template). This module imports neither ``dse`` nor ``workloads``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
 
 from basis.errors import DseError
+from hwmodels.device import Device, Link, MemoryTier
 from hwmodels.energy import Technology, bit_energy_j, load_technology, op_energy, static_power_w
 from hwmodels.formats import COMPUTE_CLASSES
 
@@ -562,3 +563,76 @@ def template_figures(preset: str) -> dict | None:
     return {"die_area_m2": die_area_m2(t), "die_area_mm2": die_area_m2(t) * 1e6, "board_power_w": board_power_w(t),
             "exceeds_reticle": bool(exceeds_reticle(t)), "die_cost_usd": die_cost_usd(t),
             "missing_costs": list(parts.missing)}
+
+
+# ------------------------------------------------------------------- templates as study columns
+
+#: study columns that vary a template (column -> AcceleratorTemplate field); ``template`` names the
+#: base (a key of ``TEMPLATES``). Counts are rounded to whole units; a count above what the base die
+#: has grows the die with it.
+TEMPLATE_COLUMNS = {"cores": "cores", "clock_hz": "clock_hz", "l2_bytes": "global_sram_bytes",
+                    "memory_stacks": "memory_stacks", "memory_type": "memory_type", "process_node": "node",
+                    "power_limit_w": "power_limit_w"}
+
+
+def base_template(name: str) -> AcceleratorTemplate:
+    """The template of preset ``name``; DseError naming the presets that have one."""
+    if name not in TEMPLATES:
+        raise DseError(f"template: unknown template '{name}'; allowed: {', '.join(TEMPLATES)}")
+    return TEMPLATES[name]()
+
+
+def varied(t: AcceleratorTemplate, **changes) -> AcceleratorTemplate:
+    """``t`` with the ``TEMPLATE_COLUMNS`` fields in ``changes`` replaced (None: kept): a die built
+    for the cores and L2 asked for, with the base's share of spares (A100: 108 of 128 SMs, 40 of
+    48 MB), and at least as many memory interfaces as stacks; the tensor clock scales with the
+    core clock; a new memory type runs at that memory's own pin rate and stack capacity."""
+    kw = {f: v for f, v in changes.items() if v is not None}
+    if not kw:
+        return t
+    for f in ("cores", "memory_stacks"):
+        if f in kw:
+            kw[f] = int(round(kw[f]))
+    if "cores" in kw:                       # a die built for them, with the base's share of spares
+        kw["cores_on_die"] = max(kw["cores"], int(round(kw["cores"] * t.cores_on_die / t.cores)))
+    if "global_sram_bytes" in kw:
+        kw["global_sram_bytes_on_die"] = kw["global_sram_bytes"] * t.global_sram_bytes_on_die / t.global_sram_bytes
+    if "memory_stacks" in kw:
+        kw["memory_phys_on_die"] = max(kw["memory_stacks"], t.memory_phys_on_die)
+    if "clock_hz" in kw and t.matrix_clock_hz is not None:
+        kw["matrix_clock_hz"] = t.matrix_clock_hz * kw["clock_hz"] / t.clock_hz
+    if kw.get("memory_type", t.memory_type) != t.memory_type:
+        kw.update(memory_pin_rate_bps=None, memory_capacity_per_stack_bytes=None)
+    if kw.get("node", t.node) != t.node:
+        kw["energy_profile"] = None                     # the new node's own measured profile
+    return replace(t, name=f"{t.name}*", **kw)
+
+
+def template_device(device: Device, t: AcceleratorTemplate, tech: Technology | None = None) -> Device:
+    """``device`` (the preset the template describes) with what template ``t`` determines: peaks
+    (2:4 sparse peaks scaled with them), vector rate, device memory, scale-up link bandwidth, TDP
+    (its power limit), energy profile and static power. A design that differs from the chip has no
+    price (its cost is ``cost``); DseError when the template cannot be built (its message names why)."""
+    tc = _tech(tech)
+    peaks = peak_ops_per_s(t)
+    sparse = {c: v * peaks[c] / device.peak_ops_per_s[c] for c, v in device.sparse_peak_ops_per_s.items()
+              if c in peaks and device.peak_ops_per_s.get(c)}
+    own = device.memory
+    memory = MemoryTier(t.memory_type, memory_capacity_bytes(t, tc), memory_bandwidth_bytes_per_s(t, tc), own.latency_s)
+    link = device.interconnect
+    if link is not None and t.link_count:
+        link = Link(link.name, link_bandwidth_bytes_per_s(t), link.latency_s)
+    return replace(device, name=t.name, description=f"{device.description} as template {t.name}",
+                   peak_ops_per_s=peaks, sparse_peak_ops_per_s=sparse, vector_ops_per_s=vector_ops_per_s(t),
+                   memory_tiers=(memory, *device.memory_tiers[1:]), interconnect=link, tdp_w=t.power_limit_w,
+                   price_usd=None, energy_profile=energy_profile_name(t, tc), static_power_w=t.static_power_w)
+
+
+def physical_figures(t: AcceleratorTemplate, tech: Technology | None = None) -> dict[str, float]:
+    """Die area per die (m^2), whether it exceeds the reticle (1/0), and the build cost (USD) of
+    the parts with a published price (die and memory; packaging has none, so this is a lower
+    bound, and NaN where the memory has no price either)."""
+    tc = _tech(tech)
+    parts = cost(t, tc)
+    return {"die_area_m2": die_area(t, tc).per_die_m2, "exceeds_reticle": float(exceeds_reticle(t, tc)),
+            "build_cost_usd": parts.die_usd + parts.memory_usd if parts.memory_usd is not None else float("nan")}

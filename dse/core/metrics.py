@@ -1,4 +1,5 @@
-"""Serving metrics of a prefill plus a generation, from step times (seconds)."""
+"""Serving metrics of a prefill plus a generation, from step times (seconds); energy, power and
+the cost of serving from a run's energy and the system's price."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,6 +62,48 @@ def pipelined_prefill_s(pass_s, micro_batches, pp):
 
 
 def system_figures(devices, tdp_w, price_usd) -> dict[str, np.ndarray]:
-    """Power (W) and list price ($) of a system of ``devices`` devices (NaN where unknown)."""
+    """Power limit (the devices' TDPs, W) and price ($) of a system of ``devices`` devices (NaN
+    where unknown)."""
     d = np.asarray(devices, dtype=float)
-    return {"power_w": d * np.asarray(tdp_w, dtype=float), "cost_usd": d * np.asarray(price_usd, dtype=float)}
+    return {"system_tdp_w": d * np.asarray(tdp_w, dtype=float), "cost_usd": d * np.asarray(price_usd, dtype=float)}
+
+
+def energy_figures(dynamic_j, seconds, tokens, devices, static_w) -> dict[str, np.ndarray]:
+    """Energy of a run (or of one second of a steady state) and what follows from it, arrays:
+    ``energy_j`` = dynamic energy (J) + ``static_w`` (W per device) x ``devices`` x ``seconds``,
+    ``energy_per_token_j`` over ``tokens`` output tokens, ``power_w`` the average power of the
+    system (W) and ``tokens_per_joule``. NaN wherever an input is unknown."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        energy = np.asarray(dynamic_j, dtype=float) + np.asarray(static_w, dtype=float) * devices * seconds
+        return {"energy_j": energy, "energy_per_token_j": energy / tokens, "power_w": energy / seconds,
+                "tokens_per_joule": tokens / energy}
+
+
+def power_demand_w(phases, devices, static_w) -> np.ndarray:
+    """Power one device draws in the most demanding phase of the run, W, [P]: the largest of
+    dynamic J / (devices x seconds) over ``phases`` ((dynamic J, seconds) pairs), plus the static
+    power (taken as 0 where unknown, so the figure is then a lower bound)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dyn = np.max([np.where(np.asarray(s, dtype=float) > 0, np.asarray(e, dtype=float) / (devices * s), 0.0)
+                      for e, s in phases], axis=0)
+    return dyn + np.nan_to_num(np.asarray(static_w, dtype=float), nan=0.0)
+
+
+SECONDS_PER_YEAR = 365.25 * 86400.0
+JOULES_PER_KWH = 3.6e6
+
+
+def cost_per_million_tokens_usd(cost_usd, power_w, idle_w, tokens_per_s, electricity_usd_per_kwh,
+                                amortization_years, utilization) -> np.ndarray:
+    """$ per million output tokens of a system, [P]: its price (``cost_usd``) spread over
+    ``amortization_years``, plus electricity at ``electricity_usd_per_kwh``: ``power_w`` while it
+    serves (a share ``utilization`` of the time, at ``tokens_per_s``) and ``idle_w`` (its static
+    power) the rest of the time; divided by the tokens served in that life. NaN where the price,
+    the power or the rate is unknown."""
+    life = np.asarray(amortization_years, dtype=float) * SECONDS_PER_YEAR
+    busy = np.asarray(utilization, dtype=float) * life
+    idle = np.nan_to_num(np.asarray(idle_w, dtype=float), nan=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        energy_j = np.asarray(power_w, dtype=float) * busy + idle * (life - busy)
+        usd = np.asarray(cost_usd, dtype=float) + energy_j / JOULES_PER_KWH * np.asarray(electricity_usd_per_kwh, dtype=float)
+        return 1e6 * usd / (np.asarray(tokens_per_s, dtype=float) * busy)

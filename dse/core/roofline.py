@@ -68,6 +68,13 @@ class SystemArrays:
     pim_multiple: [P] PIM internal bandwidth / external bandwidth.
     pim_roles: [P, len(PIM_ROLES)] bool, roles the PIM may run.
     pim_concurrent: [P] bool, the host computes while the PIM runs.
+    energy_op_j: [P, len(PEAK_COLUMNS)] J per op of work asking for each column, at the class it
+             runs in (None: energy not modelled; NaN where the device has no measured profile).
+    energy_bit_j: [P] J per bit of device-memory traffic, every on-chip level it crosses included.
+    energy_op_floor_j: as energy_op_j, 0 for work whose class has no measured J/op of its own
+             (charged in energy_op_j at a wider class's): what that work costs at least.
+    static_w: [P] static (idle) power of one device, W (NaN where unknown).
+    tdp_w: [P] power limit (TDP) of one device, W (NaN where unknown).
     """
 
     peak: np.ndarray
@@ -84,6 +91,11 @@ class SystemArrays:
     pim_multiple: np.ndarray | None = None
     pim_roles: np.ndarray | None = None
     pim_concurrent: np.ndarray | None = None
+    energy_op_j: np.ndarray | None = None
+    energy_bit_j: np.ndarray | None = None
+    energy_op_floor_j: np.ndarray | None = None
+    static_w: np.ndarray | None = None
+    tdp_w: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]
@@ -483,6 +495,40 @@ def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
         return _separable_step(op, sys, eff) + eff.step_overhead_s
     cost = op_costs(op, sys, eff)
     return _step_sum(cost.time_s, op.count, cost.on_pim, sys) + eff.step_overhead_s
+
+
+def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy of one step on one device, J, [P] (``hwmodels.energy``'s linear model,
+    SC'25 Eq. 1 without its cap): every op at the J/op of the class it runs in (vector work at
+    the vector units'), every byte of device-memory traffic at the J/bit of all the levels it
+    crosses, and each byte a collective or point-to-point transfer moves read from one device's
+    memory and written to another's (a ring all-reduce moves 2 (tp - 1) / tp of its message per
+    device). The link's own energy per bit, host-tier (offload) and PIM-internal access energy
+    have no published figure (``configs/technology.yaml`` not_found): offloaded bytes are charged
+    as device-memory traffic, link SerDes energy is left out, and a design with PIM units gets
+    NaN. NaN also where the device has no measured energy profile (``sys.energy_op_j`` NaN)."""
+    n = sys.size
+    if sys.energy_op_j is None:
+        return np.full(n, np.nan)
+    tp = np.asarray(sys.tp, dtype=float)[:, None]
+    moved = 2.0 * (tp - 1.0) / tp * op.comm_bytes + op.p2p_bytes
+    bits = 8.0 * (op.memory_bytes + 2.0 * moved)
+    e = np.asarray(op.ops, dtype=float) * sys.energy_op_j[:, op.peak_column] + bits * sys.energy_bit_j[:, None]
+    if op.vector_ops is not None:
+        e = e + np.asarray(op.vector_ops, dtype=float) * sys.energy_op_j[:, _COL["vector"], None]
+    total = (e * op.count).sum(axis=-1)
+    if sys.pim_peak is not None:
+        total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
+    return total
+
+
+def decode_total_energy_j(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy of ``steps`` consecutive decode steps on one device, J, [P]: step j costs
+    op0 + j x slope, and energy is linear in the work, so the sum is steps x E(op0) +
+    E(slope) x steps (steps - 1) / 2."""
+    n = np.asarray(steps, dtype=float)
+    grow = step_energy_j(replace(slope, peak_column=op0.peak_column), sys)
+    return n * step_energy_j(op0, sys) + grow * n * (n - 1.0) / 2.0
 
 
 def _arith_sum(x0, xs, lo, hi):

@@ -20,7 +20,8 @@ from dse.system.reasons import MEMORY_CODES
 
 #: columns of the side-by-side table (and of the CSV), in order
 COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
-           "output_tokens_per_s_per_device", "peak_memory_bytes", "capacity_bytes", "fits", "decode_bound",
+           "output_tokens_per_s_per_device", "energy_per_token_j", "tokens_per_joule", "power_w", "cost_usd",
+           "cost_per_million_tokens_usd", "peak_memory_bytes", "capacity_bytes", "fits", "decode_bound",
            "decode_bound_share", "prefill_bound")
 
 
@@ -46,7 +47,9 @@ def table_text(rows: list[dict]) -> str:
     label = {"peak_memory_bytes": "memory per device", "capacity_bytes": "capacity per device",
              "decode_bound_share": "decode time on that bound", "output_tokens_per_s": "tokens/s",
              "output_tokens_per_s_per_user": "tokens/s per user",
-             "output_tokens_per_s_per_device": "tokens/s per device"}
+             "output_tokens_per_s_per_device": "tokens/s per device", "energy_per_token_j": "energy per token",
+             "tokens_per_joule": "tokens per joule", "power_w": "average power",
+             "cost_per_million_tokens_usd": "$ per million tokens"}
     keys = [k for k in COLUMNS if k != "hardware"]
     cells = [["metric"] + [r["hardware"] for r in rows]]
     cells += [[label.get(k, k)] + [fmt.get(k, lambda v, k=k: display.quantity_text(k, v))(r[k]) for r in rows]

@@ -54,7 +54,7 @@ def tokens_text(value) -> str:
 def kind_of(name: str) -> str | None:
     """The quantity a metric or parameter named ``name`` measures: a key of
     ``basis.units.AXIS`` ('bytes', 'bytes_per_s', 'ops_per_s', 'seconds', 'watts',
-    'dollars'), ``TOKENS_PER_S``, ``REQUESTS_PER_S``, ``SHARE`` (a fraction shown in
+    'dollars', 'joules', 'tokens_per_joule', 'area_mm2'), ``TOKENS_PER_S``, ``REQUESTS_PER_S``, ``SHARE`` (a fraction shown in
     percent), or None for counts, names and flags."""
     if "tokens_per_s" in name:
         return TOKENS_PER_S
@@ -76,6 +76,12 @@ def kind_of(name: str) -> str | None:
         return "watts"
     if name.endswith("_usd"):
         return "dollars"
+    if name.endswith("_j"):
+        return "joules"
+    if name == "tokens_per_joule":
+        return "tokens_per_joule"
+    if name.endswith("_mm2"):
+        return "area_mm2"
     return None
 
 
@@ -128,7 +134,13 @@ def quantity_text(name: str, value, compute_class: str = "") -> str:
     if kind == "watts":
         return rate_text(value, "W")
     if kind == "dollars":
-        return f"${value:,.0f}"
+        return f"${value:,.0f}" if abs(value) >= 100 else f"${value:.3g}"
+    if kind == "joules":
+        return f"{value:.3g} J"
+    if kind == "tokens_per_joule":
+        return f"{value:.3g} tokens/J"
+    if kind == "area_mm2":
+        return f"{value:,.0f} mm^2"
     if kind == TOKENS_PER_S:
         return tokens_text(value)
     if kind == REQUESTS_PER_S:

@@ -26,7 +26,7 @@ from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
-from dse.system.analysis import ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
+from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
 from dse.system.evaluator import evaluate
 from dse.system.params import DEFAULTS, MAX_COUNT, SERVING_MODES
 from dse.system.reasons import MEMORY_CODES
@@ -122,6 +122,25 @@ def _number_in(what: str, low: float, high: float, low_allowed: bool):
 
 _seconds = _number_in("seconds", 0.0, MAX_FIGURE, False)
 _acceptance = _number_in("an acceptance rate", 0.0, 1.0 + 1e-12, True)
+
+
+def _number_of(what: str, zero_ok: bool = False):
+    """An argparse type: a finite number > 0 (>= 0 with ``zero_ok``) up to MAX_FIGURE, naming ``what``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and (v >= 0 if zero_ok else v > 0) and v <= MAX_FIGURE):
+            raise argparse.ArgumentTypeError(f"expected {what}: a finite number {'>= 0' if zero_ok else '> 0'} "
+                                             f"up to {MAX_FIGURE:g}, got '{text}'")
+        return v
+    return parse
+
+
+_watts = _number_of("a power in W", zero_ok=True)
+_dollars = _number_of("an amount in $")
+_years = _number_of("a number of years")
 
 
 def _fraction(text: str) -> float:
@@ -253,6 +272,17 @@ def _add_workload_args(p):
                    help="run this many layers on the host CPU (llama.cpp-style split)")
     p.add_argument("--host-cpu", default=None,
                    help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
+    p.add_argument("--static-power-w", type=_watts, default=None,
+                   help="static (idle) power of one device in W (default: the preset's cited figure or its measured "
+                        "energy profile's; energy per token is unknown without one)")
+    p.add_argument("--price-usd", type=_dollars, default=None,
+                   help="price of one device in $ (default: the preset's cited price, if any)")
+    p.add_argument("--electricity-usd-per-kwh", type=_dollars, default=None,
+                   help="electricity price for $ per million tokens (default: configs/economics.yaml, cited)")
+    p.add_argument("--amortization-years", type=_years, default=None,
+                   help="years a system's price is spread over (default: configs/economics.yaml, cited)")
+    p.add_argument("--utilization", type=_fraction, default=None,
+                   help="share of the time the system serves at the modelled rate, in (0, 1] (default: 1)")
 
 
 #: example command lines of each subcommand (shown under its --help), and of the whole tool
@@ -353,7 +383,10 @@ FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "-
          "slo_percentile": "--slo-percentile", "sparsity": "--sparsity", "weight_density": "--weight-density",
          "activation_sparsity": "--activation-sparsity", "layers_used": "--layers-used", "kv_budget": "--kv-budget",
          "prune": "--prune", "spec_draft": "--spec-draft", "spec_tokens": "--spec-tokens",
-         "spec_acceptance": "--spec-acceptance", "weights_edge": "--weights-edge"}
+         "spec_acceptance": "--spec-acceptance", "weights_edge": "--weights-edge",
+         "static_power_w": "--static-power-w", "price_usd": "--price-usd",
+         "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "amortization_years": "--amortization-years",
+         "utilization": "--utilization"}
 
 
 def flagged(text: str) -> str:
@@ -378,7 +411,8 @@ def point_columns(args, hardware) -> dict:
     for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "engine", "serving", "concurrency",
               "request_rate", "lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
               "sparsity", "weight_density", "activation_sparsity", "layers_used", "kv_budget", "prune", "spec_draft",
-              "spec_tokens", "spec_acceptance", "weights_edge"):
+              "spec_tokens", "spec_acceptance", "weights_edge", "static_power_w", "price_usd",
+              "electricity_usd_per_kwh", "amortization_years", "utilization"):
         if getattr(args, k) is not None:
             cols[k] = getattr(args, k)
     return cols
@@ -485,8 +519,8 @@ def _table_report(res, display, asked_flash=None) -> str:
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
               "weights_bytes", "kv_cache_bytes",
-              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", "power_w", "cost_usd",
-              "quality_loss", "quality_source", "chips_required", "fits", "why"):
+              "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", *ENERGY_COST_METRICS,
+              "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
     if s.get("bands"):
@@ -720,7 +754,8 @@ def cmd_show(args) -> int:
             "host_memory": None if d.host_memory is None else vars(d.host_memory),
             "host_cpu": d.host_cpu, "sparse_peak_ops_per_s": d.sparse_peak_ops_per_s or None,
             "pim": None if d.pim is None else vars(d.pim),
-            "tdp_w": d.tdp_w, "price_usd": d.price_usd, "sources": d.sources,
+            "tdp_w": d.tdp_w, "price_usd": d.price_usd, "energy_profile": d.energy_profile or None,
+            "static_power_w": d.static_power_w, "sources": d.sources,
         }
         made = template_figures(d.name)          # the chip's template, where one is built (hwmodels.template)
         if made:

@@ -30,6 +30,10 @@ SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "
 #: what a summary adds under continuous batching (``dse.core.serving``)
 SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization",
                         *(f"{m}_p{q}_s" for m in PERCENTILE_METRICS for q in PERCENTILES))
+#: energy, power and cost beside speed (NaN where the hardware has no measured energy profile,
+#: static power or price)
+ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
+                       "cost_per_million_tokens_usd")
 #: the serving settings a summary names under continuous batching
 SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
 
@@ -62,7 +66,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "weights_bytes": m["weights_bytes"], "kv_cache_bytes": m["kv_cache_bytes"],
         "activation_bytes": m["activation_bytes"], "peak_memory_bytes": m["memory_bytes"],
         "capacity_bytes": m["capacity_bytes"], "offload": policy_name(parse_policy(p["offload"])),
-        "offloaded_bytes": m["offloaded_bytes"], "power_w": m["power_w"], "cost_usd": m["cost_usd"],
+        "offloaded_bytes": m["offloaded_bytes"], **{k: m[k] for k in ENERGY_COST_METRICS},
         "fits": fits, "feasible": bool(ev.feasible[i]),
     }
     s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
@@ -80,10 +84,28 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]
+    note = unknown_energy_note(m)
+    if note:
+        s["energy_note"] = note
     if not ev.feasible[i]:
         s["why"] = ev.reason_text(i)
         s["reason"] = ev.reason_key(i)
     return s
+
+
+def unknown_energy_note(m: dict) -> str:
+    """Why a point's energy or cost figures are missing ("" when none is): no measured energy
+    profile (or a run whose energy is not modelled), an unpublished static power, no price."""
+    if np.isnan(m["power_demand_w"]):
+        return ("energy, power and cost per token unknown: the device has no measured energy profile "
+                "(configs/technology.yaml), or the run's energy is not modelled (layers on the CPU, PIM units, "
+                "a speculative or disaggregated engine under a load)")
+    if np.isnan(m["energy_per_token_j"]):
+        return ("energy per token unknown: the device's static power is not published; give it "
+                "(static_power_w / --static-power-w)")
+    if np.isnan(m["cost_per_million_tokens_usd"]):
+        return "cost per token unknown: the device has no cited price; give one (price_usd / --price-usd)"
+    return ""
 
 
 def analyze_point(columns: dict, *, ideal: bool = False, efficiency=None) -> tuple[Analysis, Evaluation]:

@@ -26,8 +26,11 @@ from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_for, shipped_bands
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency, get_engine
-from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device, serving_metrics, system_figures
-from dse.core.roofline import _COL, PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_time, op_costs, step_time, transfer_time
+from dse.core.economics import COST_COLUMNS, economics_defaults
+from dse.core.metrics import (cost_per_million_tokens_usd, energy_figures, pipelined_prefill_s, power_demand_w,
+                              rates_per_user_and_device, serving_metrics, system_figures)
+from dse.core.roofline import (_COL, PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_energy_j, decode_total_time,
+                               op_costs, step_energy_j, step_time, transfer_time)
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
@@ -52,10 +55,11 @@ from workloads.optable import kv_heads_per_device
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",
            "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "devices", "power_w",
-           "cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
+           "cost_usd", "system_tdp_w", "power_demand_w", "energy_per_token_j", "tokens_per_joule",
+           "cost_per_million_tokens_usd", "die_area_mm2", "build_cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
            "queue_s", "running_batch", "kv_utilization",
            *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e_latency") for q in PERCENTILES), "goodput",
-           "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w",
+           "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w", "service_tdp_w",
            *(f"band_{f}_{end}" for f in BAND_FAMILIES for end in ("low", "high")), "tokens_per_target_step",
            "quality_loss")
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
@@ -212,11 +216,12 @@ class Plan:
 
     def __init__(self, cols: Columns, hw: HardwareArrays, groups: list[_Group], base: dict, fails: dict,
                  memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict,
-                 order: np.ndarray | None, flash: np.ndarray | None = None):
+                 order: np.ndarray | None, flash: np.ndarray | None = None, economics: dict | None = None):
         # the points are held sorted by group (``order``: caller position of each sorted one)
         self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
         self.order = order
         self.flash = flash            # FlashAttention as run per point (held order)
+        self.economics = economics or {}   # the cost-of-serving columns per point (held order)
         self.inverse = None
         if order is not None:
             self.inverse = np.empty_like(order)
@@ -244,6 +249,7 @@ class Plan:
         eff_names: list[str] = []
         saturated = np.zeros(n, dtype=bool)
         slo_missed = np.zeros(n, dtype=bool)
+        over_tdp = np.zeros(n, dtype=bool)
         per_row = efficiency is not None and not isinstance(efficiency, Efficiency)
         if per_row and len(efficiency) != n:
             raise DseError(f"efficiency: expected one Efficiency or one per design point ({n}), got {len(efficiency)}")
@@ -266,6 +272,7 @@ class Plan:
                 metrics = _price(sub, eff, e, ideal)
                 saturated[idx] = metrics.pop("saturated", False)
                 slo_missed[idx] = metrics.pop("slo_missed", False)
+                over_tdp[idx] = metrics.pop("over_tdp", False)
                 for k, v in metrics.items():
                     out[k][idx] = v
                 positions = _positions(idx)
@@ -273,6 +280,7 @@ class Plan:
                     p = int(positions[j])
                     explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
                                                                                         self.hw, p)
+        self._cost_of_serving(out)
         _service_figures(out)
         if efficiency is None and not ideal:
             self._bands(out)
@@ -281,6 +289,8 @@ class Plan:
             fails[R.CODE["saturated"]] = saturated
         if slo_missed.any():
             fails[R.CODE["slo"]] = slo_missed
+        if over_tdp.any() and not ideal:     # the ideal roofline is a bound on speed, not a claim on power
+            fails[R.CODE["power"]] = over_tdp
         violations = {"memory": self.memory_violation,
                       "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
                                         [np.zeros(n, bool)], axis=0).astype(float)}
@@ -312,6 +322,14 @@ class Plan:
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
 
 
+    def _cost_of_serving(self, out: dict) -> None:
+        """``cost_per_million_tokens_usd`` of every point (held order): the system's price over its
+        amortization, and its electricity (``power_w`` serving, static power idle), over the
+        output tokens it serves (``dse.core.metrics.cost_per_million_tokens_usd``)."""
+        idle = self.hw.system.static_w * out["devices"] if self.hw.system.static_w is not None else np.nan
+        out["cost_per_million_tokens_usd"] = cost_per_million_tokens_usd(
+            out["cost_usd"], out["power_w"], idle, out["output_tokens_per_s"], **self.economics)
+
     def _bands(self, out: dict) -> None:
         """The error band of every point's default prediction (``dse.core.bands``: factors on the
         predicted value, from the calibration's cross-validated residuals of its engine, vendor
@@ -331,11 +349,11 @@ class Plan:
 
 def _service_figures(out: dict) -> None:
     """Per-device goodput and what a service of ``replicas`` engines takes (devices, cost,
-    power), from each engine's figures."""
+    average power, power provisioned as TDPs), from each engine's figures."""
     with np.errstate(invalid="ignore", divide="ignore"):
         out["goodput_per_device"] = out["goodput"] / out["devices"]
         for k, per in (("service_devices", "devices"), ("service_cost_usd", "cost_usd"),
-                       ("service_power_w", "power_w")):
+                       ("service_power_w", "power_w"), ("service_tdp_w", "system_tdp_w")):
             out[k] = out["replicas"] * out[per]
 
 
@@ -414,7 +432,65 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     # a static batch's sequences start, and end, together: every percentile is the mean
     out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
     out["tokens_per_target_step"] = per_step
+    e_pre, e_dec = _run_energy(g, sys)
+    f_pre, f_dec = _run_energy(g, _measured_only(sys))
+    out.update(_energy(e_pre + e_dec, out["e2e_latency_s"], float(sc.batch) * sc.gen_len, sc.devices, sys,
+                       [(f_pre, prefill), (f_dec, decode)]))
     return out
+
+
+def _measured_only(sys: SystemArrays) -> SystemArrays:
+    """``sys`` with the work of compute classes that have no measured J/op of their own charged
+    nothing (``SystemArrays.energy_op_floor_j``): the power a design needs at least."""
+    return sys if sys.energy_op_floor_j is None else replace(sys, energy_op_j=sys.energy_op_floor_j)
+
+
+def _run_energy(g: _Group, sys: SystemArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic energy (J, [P]) of a static batch's prefill and of its whole decode on all its
+    devices: the tables are one tp rank's share of the whole model for one micro-batch, so each
+    step counts tp x (micro-batches for the prefill) times. Under speculative decoding the rounds
+    as ``_speculative`` prices them (the draft on its own tp ranks); layers on the CPU: NaN (no CPU
+    has a measured energy profile)."""
+    t, sc, spec = g.tables, g.tables.scenario, g.spec
+    n_steps = max(sc.gen_len - 1, 1)
+    if g.cpu is not None:
+        nan = np.full(sys.size, np.nan)
+        return nan, nan
+    e_pre = sc.tp * sc.micro_batches * step_energy_j(t.prefill, sys)
+    if spec is None:
+        return e_pre, sc.tp * sum(decode_total_energy_j(d0, slope, n, sys) for d0, slope, n in t.decode_steps(n_steps))
+    dsys = replace(sys, tp=np.full(sys.size, spec["tp"]))
+    e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
+    parts = [(t, sys, 1, sc.tp)]
+    if spec["tables"] is not None:
+        e_pre = e_pre + spec["tp"] * step_energy_j(spec["tables"].prefill, dsys)
+        parts.append((spec["tables"], dsys, spec["drafted"], spec["tp"]))
+    e_dec = 0.0
+    for tab, on, times, ranks in parts:
+        for d0, slope, n in tab.decode_steps(n_steps):
+            e_dec = e_dec + times * ranks * decode_total_energy_j(d0, slope.times(e), np.full(sys.size, n / e), on)
+    if spec["heads"] is not None:
+        e_dec = e_dec + spec["tp"] * step_energy_j(spec["heads"], dsys) * (n_steps / e)
+    return e_pre, e_dec
+
+
+def _energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
+    """Energy per token, average power, tokens per joule and the power demand of a run (or one
+    second of a steady state) of a group's points, with ``over_tdp`` where a device would need
+    more than its TDP in some phase (``phases``: the dynamic energy and seconds of each, the energy
+    counted with ``_measured_only``, so the demand is one the design cannot avoid; work in a class
+    without a measured J/op of its own, such as FP8 on Hopper, is charged at a wider class's J/op
+    in the energy reported, an upper bound, but nothing in this check): such a design is infeasible (reason ``power``), not throttled,
+    since no published voltage-frequency curve says how much slower it would run. The check
+    applies to predictions (calibrated or given efficiencies), not to the ideal roofline, which
+    bounds speed and may ask for more power than the chip has."""
+    static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
+    out = energy_figures(dynamic_j, seconds, tokens, devices, static)
+    del out["energy_j"]
+    demand = power_demand_w(phases, devices, static)
+    out["power_demand_w"] = np.where(np.isnan(dynamic_j), np.nan, demand)
+    tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
+    return {**out, "over_tdp": out["power_demand_w"] > tdp}
 
 
 def _speculative(g: _Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -470,7 +546,8 @@ def _price_continuous(g: _Group, eff: Efficiency) -> dict:
                            np.where(s["slo_ttft"][at] > 0, np.maximum(s["slo_ttft"][at] - late, 1e-300), 0.0),
                            s["slo_tpot"][at] * e, s["slo_percentile"][at])
     out_tps = out["output_tokens_per_s"]
-    return {"ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
+    energy = _serving_energy(g, s, out, load, spec is not None or pooled)
+    return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
                for m in PERCENTILE_METRICS for q in PERCENTILES},
             **rates_per_user_and_device(out_tps, out["tpot_s"], s["devices"]),
@@ -481,6 +558,30 @@ def _price_continuous(g: _Group, eff: Efficiency) -> dict:
             "goodput": good, "replicas": _replicas(s["target_rate"], good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e),
             "slo_missed": (s["target_rate"] > 0) & (good <= 0)}
+
+
+def _serving_energy(g: _Group, s: dict, out: dict, load: Load, unmodelled: bool) -> dict:
+    """Energy figures of one second of a steady state (``_energy``): the dynamic energy of the
+    mean iteration (``running_batch`` decoding sequences over the mean prompt plus half the mean
+    output, and the prompt tokens of the requests that arrive during it, over half their prompt)
+    times the iterations a second (one a TPOT), on each of the tp ranks; every amount of an
+    iteration is affine in these counts, so the mean iteration carries the mean energy. Speculative
+    and disaggregated engines are left out (NaN): their iterations are not one model's."""
+    n = len(out["tpot_s"])
+    if unmodelled:
+        nan = np.full(n, np.nan)
+        return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
+                "over_tdp": np.zeros(n, dtype=bool)}
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, tpot = out["running_batch"], out["tpot_s"]
+    arrivals = out["requests_per_s"] * tpot                      # prompts finished an iteration
+    chunk = arrivals * prompt
+    with np.errstate(invalid="ignore"):
+        ops = s["iteration"].arrays(b, b * (prompt + gen / 2.0), chunk, chunk * prompt / 2.0, arrivals)
+        dynamic = g.tables.scenario.tp * step_energy_j(ops, g.system) / tpot
+        floor = g.tables.scenario.tp * step_energy_j(ops, _measured_only(g.system)) / tpot
+    one = np.ones(n)
+    return _energy(dynamic, one, out["output_tokens_per_s"], s["devices"], g.system, [(floor, one)])
 
 
 def _replicas(target_rate, good) -> np.ndarray:
@@ -730,6 +831,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
+    base.update(die_area_mm2=hw.die_area_m2 * 1e6, build_cost_usd=devices * hw.build_cost_usd)
     groups = []
     for g in range(len(starts) - 1):
         idx = slice(int(starts[g]), int(starts[g + 1]))
@@ -760,7 +862,18 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
               "engine": (w["engine"], [e.name for e in w["engines"]]),
               "quality_source": (w["quality_source"], w["quality_sources"])}
     return Plan(original, hw, groups, base, fails, memory_violation,
-                details, constraints, labels, order, w["flash"])
+                details, constraints, labels, order, w["flash"], _economics(cols))
+
+
+def _economics(cols: Columns) -> dict:
+    """The cost-of-serving columns of every point (``COST_COLUMNS``), the cited defaults of
+    ``configs/economics.yaml`` where a point leaves one out."""
+    defaults = economics_defaults()
+    out = {}
+    for k in COST_COLUMNS:
+        own = cols.numbers(k) if cols.has(k) else np.full(cols.n, np.nan)
+        out[k] = np.where(np.isnan(own), defaults[k], own)
+    return out
 
 
 #: the columns that decide which points share a workload (and so one kernel call)

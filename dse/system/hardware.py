@@ -19,10 +19,13 @@ from basis.errors import DseError
 from dse.core.efficiency import family_of
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, factorize, group
+from dse.system.params import PARAMS
 from hwmodels.device import Device
+from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import load_link
 from hwmodels.presets import DEVICE_CLASSES, load_device
+from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
 from hwmodels.tiers import with_host_tier
 
 _C = len(COMPUTE_CLASSES)
@@ -42,6 +45,8 @@ class HardwareArrays:
     has_host: [P] a host link and a host memory exist (offload can go somewhere).
     host_capacity, host_link_latency: [P] bytes and seconds (NaN / 0 without a host tier).
     host_cpu: [P] index into ``cpus`` (the CPU preset computing CPU layers; -1: none).
+    die_area_m2, build_cost_usd: [P] the template's die area per die and build cost of its priced
+        parts (``hwmodels.template.physical_figures``; NaN for presets without a template).
     """
 
     system: SystemArrays
@@ -61,6 +66,8 @@ class HardwareArrays:
     host_link_latency: np.ndarray
     tdp_w: np.ndarray
     price_usd: np.ndarray
+    die_area_m2: np.ndarray
+    build_cost_usd: np.ndarray
     host_cpu: np.ndarray
     cpus: list
 
@@ -94,25 +101,59 @@ def resolve_device(value) -> Device:
     return load_device(value)
 
 
-def _bases(cols: Columns) -> tuple[np.ndarray, list[Device]]:
-    """(base device of each point, the distinct base devices) with link and host-tier presets applied."""
+def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
+    """(base device of each point, the distinct base devices, their physical figures) with link
+    and host-tier presets applied and, where a point gives template columns
+    (``hwmodels.template.TEMPLATE_COLUMNS``), its preset's template varied by them. The physical
+    figures (die area, build cost; ``hwmodels.template.physical_figures``) are those of the
+    template, NaN for presets without one."""
     keys = []
     parts = {}
-    for k in ("hardware", "link", "host_tier"):
+    for k in ("hardware", "link", "host_tier", *TEMPLATE_COLUMNS):
         if cols.raw(k) is not None:
-            parts[k] = cols.labels(k)
+            parts[k] = cols.labels(k) if PARAMS[k] is str else _factorize_numbers(cols.numbers(k))
             keys.append(parts[k][0])
     inv, order, starts = group(keys, cols.n)
-    devices = []
+    devices, physical = [], []
     for g in range(len(starts) - 1):
         i = order[starts[g]]
-        d = resolve_device(parts["hardware"][1][parts["hardware"][0][i]])
+        name = parts["hardware"][1][parts["hardware"][0][i]]
+        d = resolve_device(name)
+        changes = {field: _value(parts[k], i) for k, field in TEMPLATE_COLUMNS.items() if k in parts}
+        changes = {f: v for f, v in changes.items() if v is not None}
+        figures = {"die_area_m2": np.nan, "build_cost_usd": np.nan}
+        if isinstance(name, str) and name in TEMPLATES:
+            t = varied(base_template(name), **changes)
+            figures = physical_figures(t)
+            if changes:
+                d = template_device(d, t)
+        elif changes:
+            raise DseError(f"{cols.where}: {', '.join(k for k in TEMPLATE_COLUMNS if k in parts)}: the template "
+                           f"columns vary a preset's microarchitecture, and '{d.name}' has none; presets with a "
+                           f"template: {', '.join(TEMPLATES)}")
         if "link" in parts:
             d = replace(d, interconnect=load_link(str(parts["link"][1][parts["link"][0][i]])))
         if "host_tier" in parts:
             d = with_host_tier(d, str(parts["host_tier"][1][parts["host_tier"][0][i]]))
         devices.append(d)
-    return inv, devices
+        physical.append(figures)
+    return inv, devices, physical
+
+
+def _factorize_numbers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code per point, distinct values) of a numeric column, NaN ("not given") one value."""
+    given = ~np.isnan(x)
+    values, codes = np.unique(np.where(given, x, -1.0), return_inverse=True)
+    return codes.astype(np.int64), np.where(values == -1.0, np.nan, values)
+
+
+def _value(part, i):
+    """Point ``i``'s entry of a factorized column (None where it is not given)."""
+    codes, values = part
+    v = values[codes[i]]
+    if isinstance(v, str):
+        return v or None
+    return None if np.isnan(v) else float(v)
 
 
 def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
@@ -123,7 +164,7 @@ def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
 def assemble(cols: Columns) -> HardwareArrays:
     """The HardwareArrays of every point of ``cols`` (see the module docstring)."""
     n = cols.n
-    inv, devices = _bases(cols)
+    inv, devices, physical = _bases(cols)
 
     def field(key, get, default=np.nan):
         own = _per_device(devices, inv, get, default)
@@ -202,8 +243,10 @@ def assemble(cols: Columns) -> HardwareArrays:
                       pim_roles=roles,
                       pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv])
 
+    energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
+    tdp = field("tdp_w", lambda d: d.tdp_w)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
-                          None, None, None, **pim_kw)
+                          None, None, None, **pim_kw, **energy, tdp_w=tdp)
     dev_class = np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64)[inv]
     family_names = list(dict.fromkeys(family_of(d) for d in devices))
     family = np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64)[inv]
@@ -214,8 +257,57 @@ def assemble(cols: Columns) -> HardwareArrays:
         name=inv, names=[d.name for d in devices], vendors=[getattr(d, "vendor", "") or "" for d in devices],
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
-        tdp_w=field("tdp_w", lambda d: d.tdp_w), price_usd=field("price_usd", lambda d: d.price_usd),
+        die_area_m2=_per_device(physical, inv, lambda f: f["die_area_m2"]),
+        build_cost_usd=_per_device(physical, inv, lambda f: f["build_cost_usd"]),
+        tdp_w=tdp, price_usd=field("price_usd", lambda d: d.price_usd),
         host_cpu=cpu_idx, cpus=cpus)
+
+
+def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> dict:
+    """SystemArrays' energy fields of every point: J per op of the class each column's work runs in
+    (and the same counting only classes measured themselves: ``energy_op_floor_j``), J per bit of device-memory traffic and static W, from each base device's measured energy
+    profile (``hwmodels.energy.profile_coefficients``; NaN where it has none). The static power is
+    the ``static_power_w`` column, else the preset's cited one, else the profile's measured constant."""
+    n_cols = len(PEAK_COLUMNS)
+    op_dev = np.full((len(devices), _C + 1), np.nan)          # [D, classes + vector]
+    floor_dev = np.full((len(devices), _C + 1), np.nan)
+    bit_dev = np.full(len(devices), np.nan)
+    static_dev = np.full(len(devices), np.nan)
+    for k, d in enumerate(devices):
+        if d.energy_profile:
+            ops, floor, bit, const = profile_coefficients(d.energy_profile)
+            bit = bit + _off_hbm_access_j(d.memory.name, d.energy_profile)
+            op_dev[k] = [ops[c] for c in COMPUTE_CLASSES] + [ops["vector"]]
+            floor_dev[k] = [floor[c] for c in COMPUTE_CLASSES] + [floor["vector"]]
+            bit_dev[k] = bit
+            static_dev[k] = d.static_power_w if d.static_power_w is not None else (np.nan if const is None else const)
+        elif d.static_power_w is not None:
+            static_dev[k] = d.static_power_w
+    used = used_by_pattern[pattern]                               # [P, C] class running each class's work
+
+    def per_column(table):
+        per_point = table[inv]
+        out = np.zeros((len(inv), n_cols))
+        out[:, :_C] = np.where(used >= 0, np.take_along_axis(per_point[:, :_C], np.maximum(used, 0), axis=1), np.nan)
+        out[:, _C] = per_point[:, _C]
+        return out
+    static = static_dev[inv]
+    if cols.has("static_power_w"):
+        given = cols.numbers("static_power_w")
+        static = np.where(np.isnan(given), static, given)
+    return {"energy_op_j": per_column(op_dev), "energy_op_floor_j": per_column(floor_dev), "energy_bit_j": bit_dev[inv],
+            "static_w": static}
+
+
+def _off_hbm_access_j(memory: str, profile: str) -> float:
+    """What a device-memory bit costs beyond the profile's HBM figure, J: 0 for HBM (every
+    generation at the measured one), else the memory's own access energy less the HBM's (GDDR5 in
+    ``configs/technology.yaml``; NaN for a memory without a published access energy)."""
+    tech = load_technology()
+    if memory.startswith("hbm") or memory not in tech.memory:
+        return 0.0
+    own = tech.memory_tech(memory).access_energy_j_per_bit
+    return np.nan if own is None else own - bit_energy_j(profile, "hbm")
 
 
 def _host_cpus(cols: Columns, devices: list[Device], inv: np.ndarray) -> tuple[np.ndarray, list[Device]]:

@@ -43,6 +43,24 @@ HARDWARE_PARAMS = {
     "native_formats": str,
     "tdp_w": float,
     "price_usd": float,
+    "static_power_w": float,
+    # the accelerator template (``hwmodels.template.TEMPLATE_COLUMNS``): vary the microarchitecture
+    # of a preset that has one (a100-80gb, h100-sxm)
+    "cores": int,
+    "clock_hz": float,
+    "l2_bytes": float,
+    "memory_stacks": int,
+    "memory_type": str,
+    "process_node": str,
+    "power_limit_w": float,
+}
+#: the cost of serving (``dse.core.economics``): electricity price ($/kWh), the years a system's
+#: price is spread over, and the share of the time it serves; left out, the cited defaults of
+#: ``configs/economics.yaml``
+COST_PARAMS = {
+    "electricity_usd_per_kwh": float,
+    "amortization_years": float,
+    "utilization": float,
 }
 #: workload parameters (``devices`` alone sets tp = devices / (pp x ep))
 WORKLOAD_PARAMS = {
@@ -88,22 +106,23 @@ WORKLOAD_PARAMS = {
     "spec_acceptance": float,
     "weights_edge": str,
 }
-PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS}
+PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS, **COST_PARAMS}
 #: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
 #: latency, an on-chip buffer, host memory (0: none to offload to), the context (0: the model's
 #: ``max_position_embeddings``)
 ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context",
                 "concurrency", "request_rate", "prefill_chunk", "prefix_hit", "slo_ttft", "slo_tpot", "target_rate",
-                "kv_budget", "spec_tokens", "spec_acceptance")
+                "kv_budget", "spec_tokens", "spec_acceptance", "static_power_w")
 #: numeric parameters with an upper bound they must stay below (a share, a percentile)
 BELOW = {"prefix_hit": 1.0, "slo_percentile": 100.0}
 #: numeric parameters that are fractions: at most 1
-AT_MOST_ONE = ("weight_density", "activation_sparsity", "layers_used", "spec_acceptance")
+AT_MOST_ONE = ("weight_density", "activation_sparsity", "layers_used", "spec_acceptance", "utilization")
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
 #: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
 #: from the others; a hardware figure is the base preset's own)
-MAY_BE_MISSING = ("devices", "tp", "pp", *(k for k, v in HARDWARE_PARAMS.items() if v is float))
+MAY_BE_MISSING = ("devices", "tp", "pp", "cores", "memory_stacks", *(k for k, v in HARDWARE_PARAMS.items() if v is float),
+                  *COST_PARAMS)
 DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
             "ep": 1, "flash_attention": True, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
             "max_context": 0, "serving": "static", "concurrency": 0, "request_rate": 0.0, "kv_block": 16,
@@ -165,5 +184,5 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
     return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
 
 
-__all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "DEFAULTS",
+__all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS",
            "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX", "MAY_BE_MISSING", "SERVING_MODES"]

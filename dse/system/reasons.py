@@ -60,6 +60,9 @@ REASONS = (
     Reason(15, "slo", "no request rate meets the SLOs",
            "no request rate meets the SLOs (slo_ttft {slo_ttft} s, slo_tpot {slo_tpot} s at percentile "
            "{slo_percentile}): even a trickle of requests misses them"),
+    Reason(16, "power", "needs more power than its TDP",
+           "a device of '{hardware_name}' would draw more than its TDP (tdp_w) in some phase of the run "
+           "(power_demand_w); the design cannot hold these rates within its power limit"),
 )
 #: template fields holding a footprint metric of the point, written as a size ('80 GiB', by
 #: ``basis.units.bytes_text``): field -> metric
