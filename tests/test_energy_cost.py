@@ -148,6 +148,9 @@ def test_template_columns_change_the_design_as_its_microarchitecture_does():
 def test_template_columns_on_a_preset_without_a_template_are_an_error():
     with pytest.raises(DseError, match="cores.*presets with a template: a100-80gb, h100-sxm"):
         evaluate({"hardware": "b200", "model": "llama-3.1-8b", "cores": 100})
+    # a memory whose PHY area is unpublished cannot make a die: one line naming the design and the key
+    with pytest.raises(DseError, match="template of 'h100-sxm' with memory_type gddr6.*gddr6.phy_area_m2"):
+        evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "memory_type": "gddr6"})
 
 
 # ------------------------------------------------------------------ measured energy per token

@@ -123,10 +123,15 @@ def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
         changes = {f: v for f, v in changes.items() if v is not None}
         figures = {"die_area_m2": np.nan, "build_cost_usd": np.nan}
         if isinstance(name, str) and name in TEMPLATES:
-            t = varied(base_template(name), **changes)
-            figures = physical_figures(t)
-            if changes:
-                d = template_device(d, t)
+            try:
+                t = varied(base_template(name), **changes)
+                figures = physical_figures(t)
+                if changes:
+                    d = template_device(d, t)
+            except DseError as e:
+                given = ", ".join(f"{k} {v}" for k, v in changes.items())
+                raise DseError(f"{cols.where}: the template of '{name}' with {given or 'no change'} cannot be "
+                               f"built: {e}") from None
         elif changes:
             raise DseError(f"{cols.where}: {', '.join(k for k in TEMPLATE_COLUMNS if k in parts)}: the template "
                            f"columns vary a preset's microarchitecture, and '{d.name}' has none; presets with a "
