@@ -129,7 +129,8 @@ def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
                 if changes:
                     d = template_device(d, t)
             except DseError as e:
-                given = ", ".join(f"{k} {v}" for k, v in changes.items())
+                given = ", ".join(f"{k} {_value(parts[k], i):g}" if PARAMS[k] is not str else f"{k} {_value(parts[k], i)}"
+                                  for k in TEMPLATE_COLUMNS if k in parts and _value(parts[k], i) is not None)
                 raise DseError(f"{cols.where}: the template of '{name}' with {given or 'no change'} cannot be "
                                f"built: {e}") from None
         elif changes:
