@@ -88,10 +88,13 @@ def test_ideal_is_the_pure_bound():
 
 
 def _scaled(device, bw=1.0, compute=1.0):
+    """``device`` with ``bw`` x its bandwidth and ``compute`` x its peaks, its power limit lifted: the
+    same joules per op and per bit at a faster rate need more power, and a design over its TDP is
+    infeasible (reason ``power``), which is not what the monotonicity of speed is about."""
     tiers = (replace(device.memory, bandwidth_bytes_per_s=device.memory.bandwidth_bytes_per_s * bw),
              *device.memory_tiers[1:])
     return replace(device, memory_tiers=tiers, vector_ops_per_s=device.vector_ops_per_s * compute,
-                   peak_ops_per_s={k: v * compute for k, v in device.peak_ops_per_s.items()})
+                   peak_ops_per_s={k: v * compute for k, v in device.peak_ops_per_s.items()}, tdp_w=None)
 
 
 THROUGHPUTS = ("output_tokens_per_s", "output_tokens_per_s_per_user", "prefill_tokens_per_s")
