@@ -241,7 +241,7 @@ INTEGERS = ("devices", "batch", "prompt_len", "batch_used", "tp_used", "pp_used"
 
 
 def check_types(path: Path) -> None:
-    schema = pq.read_schema(path)
+    schema = pq.read_table(path).schema          # a file, or a sweep's dataset (a folder of parts)
     for name in INTEGERS:
         if name in schema.names:
             assert pa.types.is_integer(schema.field(name).type), (name, schema.field(name).type)

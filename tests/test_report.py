@@ -306,3 +306,13 @@ def test_html_escapes_every_text(tmp_path):
     # title, h1, contents, paragraph, item, h2, table caption, th, td, image alt, figure caption
     assert page.count(html.escape(evil)) == 11
     assert "| &lt;" not in markdown(doc) and markdown(doc).startswith("# <script>")
+
+
+def test_plot_records_are_written_as_strict_json():
+    from dse.present.report import _clean
+    record = {"x": [1.0, float("nan"), 2], "y": [1, 2.5], "z": (float("inf"),), "w": [np.float64(1.5), np.int64(2)],
+              "ids": [True, None, "a", 3], "n": np.float64("nan"), "big": [0.5] * 50_000 + [float("-inf")]}
+    clean = _clean(record)
+    assert clean == {"x": [1.0, None, 2], "y": [1, 2.5], "z": [None], "w": [1.5, 2], "ids": [True, None, "a", 3],
+                     "n": None, "big": [0.5] * 50_000 + [None]}
+    json.dumps(clean, allow_nan=False)              # no NaN or Infinity left for a strict JSON reader

@@ -88,11 +88,16 @@ def test_signal_then_rerun_ends_with_exact_trials(tmp_path, monkeypatch, sig):
 
 
 def test_two_workers_share_one_journal(tmp_path):
-    run_study(_spec(trials=120), tmp_path, workers=2)
+    front = run_study(_spec(trials=120), tmp_path, workers=2)
     counts, study = _states(tmp_path)
     assert counts == {"COMPLETE": 120}        # racing workers ask no trial beyond the target
     res = pd.read_parquet(tmp_path / "results.parquet")
     assert len(res) == 120 and res.trial.is_unique
+    # the workers wrote the journal a whole population at a time, in turns
+    assert (tmp_path / "optuna.journal").read_text().count('"dse:population"') == 120 // 20
+    # the evaluation time of both workers is counted
+    info = front.attrs["trials"]
+    assert 0 < info["evaluation_s"] and 0 < info["evaluation_share"] < 1
 
 
 def test_bad_optuna_settings():

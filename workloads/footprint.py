@@ -98,7 +98,8 @@ def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None 
     sliding[list(m.sliding_layers)] = True
     full = int((~sliding[:per_stage * sc.pp]).reshape(sc.pp, per_stage).sum(axis=1).max())
     budget = sc.techniques.kv_budget or tokens          # a KV token budget caps every layer's cache
-    cached = full * min(tokens, budget) + (per_stage - full) * min(tokens, m.sliding_window or tokens, budget)
+    cached = (full * np.minimum(tokens, budget)
+              + (per_stage - full) * np.minimum(np.minimum(tokens, m.sliding_window or tokens), budget))
     return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
 
 
@@ -107,7 +108,7 @@ class Footprint:
     """Bytes one device holds."""
 
     weights_bytes: float
-    kv_cache_bytes: float
+    kv_cache_bytes: float        # and activation_bytes: one per workload for a Scenario of many
     activation_bytes: float
 
     @property
@@ -115,12 +116,16 @@ class Footprint:
         return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
 
 
-def peak_activation_bytes(table: OpTable) -> float:
+def peak_activation_bytes(table: OpTable):
     """Largest live activation set of a step: over operators, its inputs and outputs
-    plus the residual stream kept alive beside them (bytes, one instance)."""
+    plus the residual stream kept alive beside them (bytes, one instance); one per workload
+    for a table of many (``Scenario.many``)."""
     m_act = table.activations.bytes
-    live = (table.column("act_in") + table.column("act_out")) * m_act
-    return float(live.max()) if len(live) else 0.0
+    live = table.total("act_in", "act_out") * m_act
+    if not live.shape[-1]:
+        return 0.0
+    peak = live.max(axis=-1)
+    return float(peak) if peak.ndim == 0 else peak
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
@@ -128,7 +133,8 @@ def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: 
     x (prompt + generated) tokens, and the peak live activations of the prefill or decode step
     (the tables are of one micro-batch)."""
     residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
-    act = max(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
+    act = np.maximum(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
+    act = float(act) if np.ndim(act) == 0 else act
     kv = sc.group_batch * kv_cache_bytes_per_sequence(m, sc)
     return Footprint(weight_bytes(m, sc), kv, act)
 

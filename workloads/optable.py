@@ -50,7 +50,6 @@ Conventions (documented so a reader can check them):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -107,8 +106,17 @@ class OpTable:
         return [op.name for op in self.operators]
 
     def column(self, attr: str) -> np.ndarray:
-        """Per-operator array of an Operator attribute (one instance)."""
-        return np.array([getattr(op, attr) for op in self.operators], dtype=float)
+        """Per-operator array of an Operator attribute (one instance): [O], or [W, O] for a
+        table of many workloads (``Scenario.many``)."""
+        return self.total(attr)
+
+    def total(self, *attrs: str) -> np.ndarray:
+        """Per-operator array of the sum of Operator attributes (one instance): [O], or [W, O] for
+        a table of many workloads."""
+        values = [sum(getattr(op, a) for a in attrs) for op in self.operators]
+        if not any(np.ndim(v) for v in values):
+            return np.array(values, dtype=float)
+        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values)), axis=-1)
 
     @property
     def counts(self) -> np.ndarray:
@@ -125,11 +133,11 @@ class OpTable:
 
     @property
     def act_bytes(self) -> np.ndarray:
-        return (self.column("act_in") + self.column("act_out")) * self.activations.bytes
+        return self.total("act_in", "act_out") * self.activations.bytes
 
     @property
     def kv_bytes(self) -> np.ndarray:
-        return (self.column("kv_in") + self.column("kv_out")) * self.kv.bytes
+        return self.total("kv_in", "kv_out") * self.kv.bytes
 
     @property
     def comm_bytes(self) -> np.ndarray:
@@ -217,6 +225,11 @@ def expected_experts_touched(num_experts: int, top_k: int, tokens: float) -> flo
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+def _amount(v):
+    """An operator's amount as a float, or a float array (one entry per workload)."""
+    return float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=float)
+
+
 def _split(value: int, tp: int, what: str, model: ModelSpec) -> int:
     if value % tp:
         raise DseError(f"tensor parallelism {tp} does not divide {what} ({value}) of model "
@@ -241,32 +254,35 @@ def kv_elems_per_token_per_layer(m: ModelSpec, tp: int = 1) -> int:
     return 2 * kv_heads_per_device(m, tp) * m.head_dim
 
 
-def _causal_pairs(seq: int, window: int = 0) -> float:
-    """(query, key) pairs of causal attention over ``seq`` tokens, each query attending to at
-    most ``window`` keys (0: no window): sum over i = 1..seq of min(i, window)."""
-    if not window or window >= seq:
-        return seq * (seq + 1) / 2
-    return window * (window + 1) / 2 + (seq - window) * window
+def _causal_pairs(seq, window: int = 0):
+    """(query, key) pairs of causal attention over ``seq`` tokens (a number or an array), each
+    query attending to at most ``window`` keys (0: no window): sum over i = 1..seq of min(i, window)."""
+    full = seq * (seq + 1) / 2
+    if not window:
+        return full
+    return np.where(window >= seq, full, window * (window + 1) / 2 + (seq - window) * window)
 
 
-def _flash_keys_read(seq: int, row_blocks: int, window: int = 0) -> float:
+def _flash_keys_read(seq, row_blocks, window: int = 0):
     """Keys FlashAttention's prefill reads over all its blocks of query rows: block r of
     height b = seq / row_blocks reads the keys up to its last row, r b of them, or with a
     window only those inside the window of its rows, at most b + window - 1."""
-    if not window or window >= seq:
-        return seq * (row_blocks + 1) / 2
+    whole = seq * (row_blocks + 1) / 2
+    if not window:
+        return whole
     b = seq / row_blocks
-    full = min(row_blocks, math.floor(1 + (window - 1) / b))     # blocks whose rows all see every earlier key
-    return b * full * (full + 1) / 2 + (row_blocks - full) * (b + window - 1)
+    full = np.minimum(row_blocks, np.floor(1 + (window - 1) / b))   # blocks whose rows all see every earlier key
+    return np.where(window >= seq, whole, b * full * (full + 1) / 2 + (row_blocks - full) * (b + window - 1))
 
 
-def _flash_row_blocks(seq: int, head_dim: int, buffer_bytes: float, elem_bytes: float) -> int:
-    """Number of query-row blocks FlashAttention tiles a sequence into."""
+def _flash_row_blocks(seq, head_dim: int, buffer_bytes: float, elem_bytes: float):
+    """Number of query-row blocks FlashAttention tiles a sequence (of ``seq`` tokens, a number or
+    an array) into."""
     if buffer_bytes <= 0:
         raise DseError("FlashAttention needs the device's on-chip buffer size (onchip_buffer_bytes)")
     m_elems = buffer_bytes / elem_bytes
     br = max(1, min(int(m_elems // (4 * head_dim)), head_dim))
-    return math.ceil(seq / br)
+    return np.ceil(seq / br)
 
 
 # --------------------------------------------------------------------------- builders
@@ -298,7 +314,7 @@ class _Builder:
 
     def add(self, name, kind, count, **kw):
         if count > 0:
-            self.ops.append(Operator(name, kind, int(count), **{k: float(v) for k, v in kw.items()
+            self.ops.append(Operator(name, kind, int(count), **{k: _amount(v) for k, v in kw.items()
                                                                  if k != "uses_kv"},
                                      uses_kv=bool(kw.get("uses_kv", False))))
 
@@ -331,7 +347,7 @@ class _Builder:
         B, S = self.B, self.S
         L = self.L                                          # keys a query attends to
         if self.stage == "decode":
-            L = min(L, window or L, self.tech.kv_budget or L)
+            L = np.minimum(np.minimum(L, window or L), self.tech.kv_budget or L)
         prefix = "sliding_" if window else ""
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
@@ -516,7 +532,7 @@ class _Builder:
         sc = self.sc
         if matmul_compute_class(sc.activations, sc.weights) == sc.weights.compute:
             return ops
-        return [replace(op, dequant=DEQUANT_OPS * op.weight) if op.kind == "matmul" and op.weight > 0 else op
+        return [replace(op, dequant=DEQUANT_OPS * op.weight) if op.kind == "matmul" and np.any(op.weight > 0) else op
                 for op in ops]
 
     def _contextual(self, ops: list[Operator]) -> list[Operator]:
@@ -539,7 +555,7 @@ class _Builder:
         f, h = self.tech.layers_used, self.m.hidden_size
         out = []
         for op in ops:
-            if op.name not in NON_LAYER_OPS and not op.kv_out:       # K and V still written in every layer
+            if op.name not in NON_LAYER_OPS and not np.any(op.kv_out):   # K and V still written in every layer
                 op = replace(op, **{k: getattr(op, k) * f for k in AMOUNT_FIELDS})
             out.append(op)
         tail = next(i for i, op in enumerate(out) if op.name in ("pp_hop", "final_norm", "lm_head"))
@@ -559,7 +575,7 @@ def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0) -> 
 def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:
     """Operator table of one decode step of ``scenario.batch`` sequences, each attending
     to ``kv_len`` keys, per device."""
-    if kv_len <= 0:
+    if np.any(np.asarray(kv_len) <= 0):
         raise DseError(f"decode context length must be positive, got {kv_len}")
     ops = _Builder(model, scenario, "decode", kv_len, buffer_bytes).build()
     return OpTable("decode", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
@@ -600,7 +616,9 @@ def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     KV token budget once the budget is full: a new piece starts at the first step attending to
     more keys than each such limit above ``kv_len``."""
     limits = sorted({w for w in (model.sliding_window if model.num_sliding_layers else 0,
-                                 scenario.techniques.kv_budget) if w and w > kv_len})
+                                 scenario.techniques.kv_budget) if w and np.any(w > kv_len)})
+    if limits and np.ndim(kv_len):
+        raise DseError("a decode whose sliding window or KV budget fills is priced one workload at a time")
     pieces = [(0, *decode_linear(model, scenario, kv_len, buffer_bytes))]
     for w in limits:
         pieces.append((w - kv_len + 1, *decode_linear(model, scenario, w + 1, buffer_bytes)))

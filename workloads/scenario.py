@@ -1,11 +1,22 @@
 """Scenario: how a model is run (batch, lengths, formats, attention kernel, split)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, get_format
 from workloads.techniques import NONE, Techniques
+
+
+#: the fields of a Scenario that may vary per workload (integer arrays of one shape)
+WORKLOAD_DIMS = ("batch", "prompt_len", "gen_len")
+
+
+def _whole(x):
+    """A 0-d integer as a Python int, an array as is."""
+    return int(x) if np.ndim(x) == 0 else x
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,10 @@ class Scenario:
         1/ep of the routed experts; devices = tp x pp x ep.
     techniques: sparsity, contextual sparsity, early exit, a KV budget, query tokens per decode
         step (``workloads.techniques``).
+
+    ``batch``, ``prompt_len`` and ``gen_len`` may be integer arrays of one shape (``WORKLOAD_DIMS``):
+    one entry per workload, every other field shared. The operator tables and footprints built
+    from such a scenario have one row per workload (``many``), by the same formulas.
     """
 
     batch: int = 1
@@ -42,23 +57,39 @@ class Scenario:
         return self.tp * self.pp * self.ep
 
     @property
-    def group_batch(self) -> int:
+    def many(self) -> bool:
+        """True when batch, prompt_len and gen_len are arrays (one entry per workload)."""
+        return isinstance(self.batch, np.ndarray)
+
+    @property
+    def group_batch(self):
         """Sequences one expert-parallel group serves: ceil(batch / ep)."""
         return -(-self.batch // self.ep)
 
     @property
-    def micro_batches(self) -> int:
+    def micro_batches(self):
         """Micro-batches in flight through a group's pipeline: min(group batch, pp)."""
-        return min(self.group_batch, self.pp)
+        return _whole(np.minimum(self.group_batch, self.pp))
 
     @property
-    def micro_batch(self) -> int:
+    def micro_batch(self):
         """Sequences per micro-batch: ceil(group batch / micro_batches)."""
         return -(-self.group_batch // self.micro_batches)
 
+    def take(self, rows) -> "Scenario":
+        """The workloads ``rows`` (a slice or index array) of a scenario of many."""
+        return replace(self, **{k: getattr(self, k)[rows] for k in WORKLOAD_DIMS})
+
     def __post_init__(self):
+        arrays = [k for k in WORKLOAD_DIMS if isinstance(getattr(self, k), np.ndarray)]
+        if arrays and len(arrays) != len(WORKLOAD_DIMS):
+            raise DseError(f"{', '.join(WORKLOAD_DIMS)}: give all as arrays (one entry per workload) or none")
         for key in ("batch", "prompt_len", "gen_len", "tp", "pp", "ep"):
             v = getattr(self, key)
+            if key in arrays:
+                if v.dtype.kind not in "iu" or v.shape != self.batch.shape or not np.all(v > 0):
+                    raise DseError(f"{key.replace('_', '-')} must be positive integers, one per workload")
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise DseError(f"{key.replace('_', '-')} must be a positive integer, got {v!r}")
 

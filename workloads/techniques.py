@@ -108,7 +108,7 @@ class Techniques:
         """Share of the neurons (or heads) ``tokens`` tokens use under contextual sparsity:
         1 - (1 - f)^tokens (1 when dense)."""
         f = self.activation_density
-        return 1.0 if f >= 1.0 else 1.0 - (1.0 - f) ** max(tokens, 1.0)
+        return 1.0 if f >= 1.0 else 1.0 - (1.0 - f) ** np.maximum(tokens, 1.0)
 
 
 NONE = Techniques()

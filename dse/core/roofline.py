@@ -510,16 +510,24 @@ def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
     n = sys.size
     if sys.energy_op_j is None:
         return np.full(n, np.nan)
-    tp = np.asarray(sys.tp, dtype=float)[:, None]
-    moved = 2.0 * (tp - 1.0) / tp * op.comm_bytes + op.p2p_bytes
-    bits = 8.0 * (op.memory_bytes + 2.0 * moved)
-    e = np.asarray(op.ops, dtype=float) * sys.energy_op_j[:, op.peak_column] + bits * sys.energy_bit_j[:, None]
+    tp = np.asarray(sys.tp, dtype=float)
+    count = op.count
+    classes = np.unique(op.peak_column)
+    in_class = (op.peak_column[:, None] == classes[None, :]).astype(float)          # [O, K]
+    work = (np.asarray(op.ops, dtype=float) * count) @ in_class                     # ops per class, [K] or [P, K]
+    moved = 2.0 * (tp - 1.0) / tp * _total(op.comm_bytes, count) + _total(op.p2p_bytes, count)
+    bits = 8.0 * (_total(op.memory_bytes, count) + 2.0 * moved)
+    total = (sys.energy_op_j[:, classes] * work).sum(axis=-1) + bits * sys.energy_bit_j
     if op.vector_ops is not None:
-        e = e + np.asarray(op.vector_ops, dtype=float) * sys.energy_op_j[:, _COL["vector"], None]
-    total = (e * op.count).sum(axis=-1)
+        total = total + _total(op.vector_ops, count) * sys.energy_op_j[:, _COL["vector"]]
     if sys.pim_peak is not None:
         total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
     return total
+
+
+def _total(amount, count):
+    """Σ_o count_o x amount_o: a number, or [P] for amounts per point [P, O]."""
+    return np.asarray(amount, dtype=float) @ count
 
 
 def decode_total_energy_j(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays) -> np.ndarray:
@@ -544,13 +552,21 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     affine in the context length). Per operator the sum of max(compute, memory)
     over j is split at the single crossing of two linear functions and summed in
     closed form, so the cost does not grow with the number of steps. Operators whose
-    cost does not change with the context take the separable O(P log O) path.
+    cost does not change with the context cost steps x one step's (the separable O(P log O)
+    path where it applies); without PIM, which places each operator for the whole generation.
     """
-    if _separable(op0, sys) and np.ndim(slope.ops) == 1:
+    if sys.pim_peak is None:                 # (a PIM places each operator for the whole generation)
         grows = (slope.ops != 0) | (slope.memory_bytes != 0)
+        if slope.vector_ops is not None:
+            grows = grows | (slope.vector_ops != 0)
+        grows = grows.reshape(-1, np.shape(grows)[-1]).any(axis=0)
         fixed = _subset(op0, ~grows)
         n = np.asarray(steps, dtype=float)
-        total = _separable_step(fixed, sys, eff) * n + eff.step_overhead_s * n
+        if _separable(fixed, sys):
+            per_step = _separable_step(fixed, sys, eff)
+        else:
+            per_step = _step_sum(op_costs(fixed, sys, eff).time_s, fixed.count, None, sys)
+        total = (per_step + eff.step_overhead_s) * n
         if grows.any():
             total = total + _decode_general(_subset(op0, grows), _subset(slope, grows), steps, sys, eff)
         return total

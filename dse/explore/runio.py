@@ -1,7 +1,7 @@
 """Run-folder I/O shared by sweeps, searches and reports: the folder's lock, the study it
 holds (``study.json``: a changed study is refused, naming what changed), removing a run's
 own files (``--overwrite``), atomic writes, a progress line, column-wise reading of
-results.parquet."""
+results.parquet (a file, or a sweep's dataset folder of one file per chunk)."""
 from __future__ import annotations
 
 import json
@@ -31,11 +31,14 @@ STUDY_FILE = "study.json"
 #: files a run writes into its folder under fixed names (plots are listed in ``plots.json``)
 RUN_FILES = ("results.parquet", "pareto.csv", "sweep.json", STUDY_FILE, "best.json", "summary.md", "report.html",
              "plots.json", "roofline.png", "breakdown.png", "sweep_batch.png", "sweep_seq.png", "optuna.journal",
-             "optuna.journal.lock")
+             "optuna.journal.lock", "aggregates.csv", "sample.parquet")
+#: folders of part files a sweep writes (``dse.explore.chunkfiles``): results.parquet as a dataset, its staging
+RUN_FOLDERS = ("results.parquet", ".results.parquet.staging")
 #: plots a report writes under names of this pattern (``dse.present.report``: one per objective pair)
 PLOT_PATTERNS = ("pareto_*.png",)
 #: chunk files a sweep or a search writes under ``chunks/``
-CHUNK_PATTERNS = ("part-*.parquet", "trials-*.parquet")
+CHUNK_PATTERNS = ("part-*.parquet", "trials-*.parquet", "state-*.parquet", "front-*.parquet",
+                  ".part-*.parquet.*.tmp", ".state-*.parquet.*.tmp", ".front-*.parquet.*.tmp")  # .tmp: a killed run's
 
 
 def study_settings(spec) -> dict:
@@ -99,16 +102,16 @@ def remove_run_files(out: Path) -> list[Path]:
         if p.is_file():
             p.unlink()
             gone.append(p)
-    chunks = out / "chunks"
-    if chunks.is_dir():
-        for pattern in CHUNK_PATTERNS:
-            for p in chunks.glob(pattern):
-                p.unlink()
-                gone.append(p)
-        try:
-            chunks.rmdir()
-        except OSError:
-            pass            # other files in it: not ours
+    for folder, patterns in [(out / "chunks", CHUNK_PATTERNS)] + [(out / f, ("part-*.parquet",)) for f in RUN_FOLDERS]:
+        if folder.is_dir():
+            for pattern in patterns:
+                for p in folder.glob(pattern):
+                    p.unlink()
+                    gone.append(p)
+            try:
+                folder.rmdir()
+            except OSError:
+                pass            # other files in it: not ours
     return gone
 _held: dict[Path, list] = {}      # run folders this process has locked: [open lock file, depth]
 
@@ -185,26 +188,46 @@ class Progress:
               f"{dt:.1f} s{eta}{note}", end=end, file=sys.stderr, flush=True)
 
 
+def result_files(path: Path) -> list[Path]:
+    """The Parquet files of results ``path``: the file itself, or a dataset folder's files in
+    the order ``pd.read_parquet`` reads them (by name: chunk order)."""
+    import pyarrow.parquet as pq
+    path = Path(path)
+    return [Path(f) for f in pq.ParquetDataset(path).files] if path.is_dir() else [path]
+
+
 class ResultsFile:
-    """Lazy, column-wise access to a results.parquet file."""
+    """Lazy, column-wise access to results.parquet: one Parquet file (a search's), or a
+    sweep's dataset folder of one file per chunk, read as one table."""
 
     def __init__(self, path: Path):
         import pyarrow as pa
         import pyarrow.parquet as pq
-        self.path = path
-        schema = pq.read_schema(path)
+        self.path = Path(path)
+        self.paths = result_files(self.path)
+        schema = pq.read_schema(self.paths[0])
         strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-        self.file = pq.ParquetFile(path, read_dictionary=strings)   # names as categoricals: small, fast
+        self.strings = strings
+        self.files = [pq.ParquetFile(p, read_dictionary=strings) for p in self.paths]  # names as categoricals
+        self.file = self.files[0]
         self.schema = schema
         self.names = list(schema.names)
-        self.rows = self.file.metadata.num_rows
-        sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.metadata.num_row_groups)]
+        #: the row groups of all files in order: (file, group in it)
+        self.groups = [(i, g) for i, f in enumerate(self.files) for g in range(f.metadata.num_row_groups)]
+        sizes = [self.files[i].metadata.row_group(g).num_rows for i, g in self.groups]
+        self.rows = int(sum(sizes))
         self.starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+
+    def _read(self, cols: list[str]):
+        """An Arrow table of ``cols`` over every file."""
+        import pyarrow as pa
+        tables = [f.read(columns=cols) for f in self.files]
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
     def columns(self, cols: list[str]):
         """A DataFrame of ``cols`` (names stored as categoricals), one row per point."""
         cols = [c for c in dict.fromkeys(cols) if c in self.names]
-        return self.file.read(columns=cols).to_pandas(split_blocks=True, self_destruct=True)
+        return self._read(cols).to_pandas(split_blocks=True, self_destruct=True)
 
     def reasons(self) -> list[tuple[str, int]]:
         """(reason key, points) of the infeasible points, most frequent first."""
@@ -213,7 +236,7 @@ class ResultsFile:
         if "reason" not in self.names:
             return []
         counts: dict[str, int] = {}
-        for chunk in self.file.read(columns=["reason"]).column(0).chunks:
+        for chunk in self._read(["reason"]).column(0).chunks:
             if pa.types.is_dictionary(chunk.type):
                 idx = chunk.indices.filter(chunk.is_valid()) if chunk.null_count else chunk.indices
                 n = np.bincount(idx.to_numpy(zero_copy_only=False).astype(np.int64), minlength=len(chunk.dictionary))
@@ -232,9 +255,33 @@ class ResultsFile:
         groups = np.searchsorted(self.starts, positions, side="right") - 1
         for g in sorted(set(groups.tolist())):
             want = [p for p, gg in zip(positions, groups) if gg == g]
-            table = self.file.read_row_group(int(g)).take([p - int(self.starts[g]) for p in want])
+            i, group = self.groups[int(g)]
+            table = self.files[i].read_row_group(group).take([p - int(self.starts[g]) for p in want])
             for p, rec in zip(want, table.to_pylist()):
                 out[p] = rec
         return [out[p] for p in positions]
 
 
+class FrameResults:
+    """The reading interface of ``ResultsFile`` over rows held in memory (the Pareto front of
+    a sweep that keeps no results.parquet)."""
+
+    def __init__(self, df: pd.DataFrame):
+        self.df = df.reset_index(drop=True)
+        self.names = list(self.df.columns)
+        self.rows = len(self.df)
+
+    def columns(self, cols: list[str]) -> pd.DataFrame:
+        """A DataFrame of ``cols`` (those present), one row per row held."""
+        return self.df[[c for c in dict.fromkeys(cols) if c in self.names]].copy()
+
+    def reasons(self) -> list[tuple[str, int]]:
+        """(reason key, rows) of the infeasible rows held, most frequent first."""
+        if "reason" not in self.names or "feasible" not in self.names:
+            return []
+        counts = self.df.loc[~self.df["feasible"].astype(bool), "reason"].astype("str").value_counts()
+        return sorted(((str(k), int(v)) for k, v in counts.items() if v and k), key=lambda kv: (-kv[1], kv[0]))
+
+    def rows_at(self, positions) -> list[dict]:
+        """Full rows (every column held) at row ``positions``."""
+        return self.df.iloc[[int(p) for p in positions]].to_dict("records")

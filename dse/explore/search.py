@@ -31,6 +31,21 @@ What a study shows (in optuna-dashboard or through Optuna's API):
 
 The per-trial records (user attrs and constraints of a batch) are written in one storage
 write per batch (``_record``), not one per attribute: a journal file fsyncs every write.
+With the default journal file a whole population (its asks, records and tells) reaches
+the file in one write and one fsync (``dse.explore.optuna_journal``): the population runs
+against the journal held in memory, under the ask lock, and is written whole at its end, so
+a killed run resumes from the last population written whole (a torn write is cut at the
+next start) and the file holds the same records Optuna writes op by op (plus one study
+system attr per population, ``dse:population``). Worker processes on one journal take
+turns, a population each (the sampler ran one at a time already); SQLAlchemy storages
+(SQLite, PostgreSQL) are written as before, op by op, each worker evaluating its batch
+while the others ask theirs. ``DSE_JOURNAL_BATCH=0`` writes the journal op by op too.
+
+Time. ``rows.attrs["trials"]`` (and the last stderr line of a run that is not quiet) says
+how the run's wall time went: ``wall_s`` (this ``run_search``), ``evaluation_s`` (inside
+dse's vectorized evaluation, summed over workers), ``evaluation_share`` (evaluation_s over
+wall_s times the worker processes) and ``journal_write_s`` (writing and fsyncing the
+journal file; None for other storages).
 
 Storage: by default a journal file inside the run folder (``optuna.journal``, no
 server, opens in optuna-dashboard); ``--storage`` takes any SQLAlchemy URL (SQLite
@@ -83,6 +98,7 @@ shared storage) holds every trial's parameters and objective values.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -97,6 +113,7 @@ import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
+from dse.explore import optuna_journal as journal_mod
 from dse.explore.runio import Progress, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SAMPLERS
@@ -259,8 +276,7 @@ def open_storage(url: str | None, out: Path):
     (an RDBStorage with heartbeats, see ``heartbeat_settings``)."""
     optuna = _optuna()
     if url is None:
-        from optuna.storages.journal import JournalFileBackend
-        return optuna.storages.JournalStorage(JournalFileBackend(str(out / "optuna.journal")))
+        return journal_mod.open_journal(out / "optuna.journal")
     _check_url(url)
     interval, grace = heartbeat_settings()
     try:
@@ -496,25 +512,57 @@ def _reap_stale(study, seen: set) -> int:
 
 # ------------------------------------------------------------ a worker
 
+class WorkerClock:
+    """Seconds a worker spent inside dse's evaluation and writing the journal file, and its
+    study (in this process); with ``shared`` (a multiprocessing Array of ``3 * workers``
+    doubles) every update is also written to the worker's ``slot`` there, for its parent."""
+
+    FIELDS = ("evaluation_s", "journal_write_s", "journal_writes")
+
+    def __init__(self, shared=None, slot: int = 0):
+        self.values = dict.fromkeys(self.FIELDS, 0.0)
+        self.shared, self.slot = shared, slot
+        self.study = None
+
+    def add(self, name: str, seconds: float) -> None:
+        self.set(name, self.values[name] + seconds)
+
+    def set(self, name: str, value: float) -> None:
+        self.values[name] = value
+        if self.shared is not None:
+            self.shared[len(self.FIELDS) * self.slot + self.FIELDS.index(name)] = value
+
+    @classmethod
+    def totals(cls, shared, workers: int) -> dict:
+        n = len(cls.FIELDS)
+        return {f: sum(shared[n * i + k] for i in range(workers)) for k, f in enumerate(cls.FIELDS)}
+
+
 def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, quiet: bool = True,
-               say: bool = True) -> int:
+               say: bool = True, clock: WorkerClock | None = None) -> int:
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
-    this worker completed. ``say``: this worker tells stderr why it waits, if it waits."""
-    from optuna.exceptions import UpdateFinishedTrialError
+    this worker completed. ``say``: this worker tells stderr why it waits, if it waits.
+    ``clock``: receives the seconds spent evaluating and writing the journal, and the study."""
     from optuna.trial import TrialState
-    study = _open_study(spec, out, storage_url, study_name, seed)
-    names = list(spec.objectives)
+    clock = clock if clock is not None else WorkerClock()
+    if storage_url is None:       # the run's workers write the journal in turns: see ``_population``
+        with _AskLock(None, storage_url, out):
+            study = _open_study(spec, out, storage_url, study_name, seed)
+    else:
+        study = _open_study(spec, out, storage_url, study_name, seed)
+    clock.study = study
+    journal = journal_mod.population_backend(study._storage)
     dists, fixed = distributions(spec.space)
     chunk_dir = out / "chunks"
     chunk_dir.mkdir(parents=True, exist_ok=True)
     batch_size = spec.population or 50
     done_here = 0
-    live = (TrialState.COMPLETE, TrialState.RUNNING)
     progress = Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
     progress.resume(_count(study, (TrialState.COMPLETE,)))
     seen: set = set()
     waiting_since = None
     told_wait = False
+    conflicts = 0
     with _Stop() as stop, _Heartbeat(study) as heart:
         while not stop.requested:
             n_complete = _count(study, (TrialState.COMPLETE,))
@@ -535,52 +583,120 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
                 time.sleep(min(0.2 if now - waiting_since < 2.0 else 1.0, interval / 2))
                 continue
             waiting_since = None
-            with _AskLock(study, storage_url, out):   # count and ask at once: no trial beyond the target
-                n_live = _count(study, live)
-                trials = [study.ask(dists) for _ in range(min(batch_size, spec.trials - n_live))]
-            if not trials:
+            n_told = _population(spec, study, storage_url, out, journal, batch_size, dists, fixed, chunk_dir,
+                                 heart, clock)
+            if journal is not None:
+                clock.set("journal_write_s", journal.write_s)
+                clock.set("journal_writes", journal.writes)
+            if n_told is None:         # not written: something else wrote the journal meanwhile
+                conflicts += 1
+                if conflicts > 5:
+                    raise DseError(f"{out / 'optuna.journal'}: written by another program during each of the "
+                                   f"last {conflicts} populations; stop it (or use another --out) and run again")
                 continue
-            heart.running([t._trial_id for t in trials])
-            settled = set()
-            try:
-                # where no lock spans every asking process, a concurrent worker may have asked
-                # too: trials beyond the target are discarded (PRUNED), never evaluated
-                numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=live))
-                allowed = set(numbers[:spec.trials]) | {t.number for t in study.get_trials(
-                    deepcopy=False, states=(TrialState.COMPLETE,))}
-                keep = [t for t in trials if t.number in allowed]
-                for t in trials:
-                    if t.number not in allowed:
-                        _discard(study, t, spec.trials)
-                        settled.add(t.number)
-                if not keep:
-                    continue
-                cols = {name: _column([t.params[name] for t in keep]) for name in dists}
-                cols.update(fixed)
-                df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
-                write_atomic(df, chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet")
-                constraint_names = list(ev.violations)
-                if study.user_attrs.get("constraint_names") != constraint_names:
-                    study.set_user_attr("constraint_names", constraint_names)
-                _record(study, [(t, trial_attrs(df, ev, i), constraint_values(ev, i)) for i, t in enumerate(keep)])
-                n_told = 0
-                for i, t in enumerate(keep):
-                    try:
-                        study.tell(t, [_finite(df[k].iloc[i], spec.objectives[k]) for k in names])
-                        n_told += 1
-                    except UpdateFinishedTrialError:
-                        pass        # failed meanwhile as stale by another process: it is replaced
-                    settled.add(t.number)
+            conflicts = 0
+            if n_told:
                 done_here += n_told
-                progress.update(n_told)
-            finally:
-                for t in trials:     # an error mid-batch: leave no trial of it running
-                    if t.number not in settled:
-                        _tell_fail(study, t)
-                heart.running([])
+                wall = time.perf_counter() - progress.t0
+                progress.update(n_told, f", evaluation {clock.values['evaluation_s'] / wall:.0%} of the time"
+                                if wall > 0 else "")
         if stop.requested:
             raise _interrupted(_count(study, (TrialState.COMPLETE,)), spec.trials)
     return done_here
+
+
+def _population(spec, study, storage_url, out: Path, journal, batch_size: int, dists: dict, fixed: dict,
+                chunk_dir: Path, heart, clock: WorkerClock) -> int | None:
+    """Ask a batch of trials, evaluate it at once, write its rows, record and tell it;
+    return how many trials were told complete (None: the batch was not written, see below).
+
+    Counting the trials and asking is one critical section (``_AskLock``). With the run
+    folder's journal (``journal``, a ``PopulationJournal``) the whole batch is: it runs
+    against the journal held in memory and is written in one write at its end, so no other
+    process of the run writes the journal meanwhile; if something else did, the batch is
+    dropped whole (its chunk file too) and None returned, to be asked again."""
+    from optuna.trial import TrialState
+    live = (TrialState.COMPLETE, TrialState.RUNNING)
+    chunk = None
+    with contextlib.ExitStack() as held:
+        held.enter_context(_AskLock(study, storage_url, out))  # count and ask at once: no trial beyond the target
+        if journal is not None:
+            journal.begin(study._storage)
+        written = False
+        try:
+            n_live = _count(study, live)
+            trials = [study.ask(dists) for _ in range(min(batch_size, spec.trials - n_live))]
+            if journal is None:
+                held.close()       # the batch is evaluated and told while other workers ask theirs
+            if not trials:
+                written = True
+                return 0
+            heart.running([t._trial_id for t in trials])
+            try:
+                n_told, chunk = _evaluate_and_tell(spec, study, trials, dists, fixed, chunk_dir, clock)
+            finally:
+                heart.running([])
+            written = True
+        finally:
+            if journal is not None and journal.holding:
+                # also after an error: the trials told FAIL are written, as each op would have been
+                written = journal.commit(study._storage, study._study_id) and written
+    if not written:
+        if chunk is not None:
+            chunk.unlink(missing_ok=True)
+        return None
+    return n_told
+
+
+def _evaluate_and_tell(spec, study, trials: list, dists: dict, fixed: dict, chunk_dir: Path,
+                       clock: WorkerClock) -> tuple[int, Path | None]:
+    """Evaluate the asked ``trials`` in one vectorized call, write their rows (a chunk file)
+    and tell them; (trials told complete, the chunk file). Trials asked beyond the target by
+    a concurrent worker are discarded (PRUNED), never evaluated; after an error no trial of
+    the batch is left running (told FAIL)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+    live = (TrialState.COMPLETE, TrialState.RUNNING)
+    names = list(spec.objectives)
+    settled = set()
+    try:
+        # where no lock spans every asking process, a concurrent worker may have asked
+        # too: trials beyond the target are discarded (PRUNED), never evaluated
+        numbers = sorted(t.number for t in study.get_trials(deepcopy=False, states=live))
+        allowed = set(numbers[:spec.trials]) | {t.number for t in study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,))}
+        keep = [t for t in trials if t.number in allowed]
+        for t in trials:
+            if t.number not in allowed:
+                _discard(study, t, spec.trials)
+                settled.add(t.number)
+        if not keep:
+            return 0, None
+        cols = {name: _column([t.params[name] for t in keep]) for name in dists}
+        cols.update(fixed)
+        t0 = time.perf_counter()
+        df, ev = evaluate_columns(spec, cols, [t.number for t in keep], "trial")
+        clock.add("evaluation_s", time.perf_counter() - t0)
+        chunk = chunk_dir / f"trials-{keep[0].number:08d}-{uuid.uuid4().hex[:8]}.parquet"
+        write_atomic(df, chunk)
+        constraint_names = list(ev.violations)
+        if study.user_attrs.get("constraint_names") != constraint_names:
+            study.set_user_attr("constraint_names", constraint_names)
+        _record(study, list(zip(keep, batch_trial_attrs(df, ev), batch_constraint_values(ev))))
+        objectives = [[_finite(v, spec.objectives[k]) for v in df[k].tolist()] for k in names]
+        n_told = 0
+        for i, t in enumerate(keep):
+            try:
+                study.tell(t, [col[i] for col in objectives])
+                n_told += 1
+            except UpdateFinishedTrialError:
+                pass        # failed meanwhile as stale by another process: it is replaced
+            settled.add(t.number)
+        return n_told, chunk
+    finally:
+        for t in trials:     # an error mid-batch: leave no trial of it running
+            if t.number not in settled:
+                _tell_fail(study, t)
 
 
 def trial_attrs(df: pd.DataFrame, ev, i: int) -> dict:
@@ -588,16 +704,28 @@ def trial_attrs(df: pd.DataFrame, ev, i: int) -> dict:
     (``METRICS``, SI units) that is a finite number, as stored in ``results.parquet``
     (counts as int); ``feasible``; and, when infeasible, ``reason`` (the key in
     ``results.parquet``) and ``why`` (the sentence)."""
-    attrs = {}
+    return batch_trial_attrs(df.iloc[i:i + 1].reset_index(drop=True), ev, offset=i)[0]
+
+
+def batch_trial_attrs(df: pd.DataFrame, ev, offset: int = 0) -> list[dict]:
+    """``trial_attrs`` of every row of ``df`` (row ``j`` is point ``offset + j`` of ``ev``),
+    column by column."""
+    n = len(df)
+    attrs = [{} for _ in range(n)]
     for name in METRICS:
-        v = df[name].iloc[i]
-        if v is not None and np.isfinite(v):
-            attrs[name] = int(v) if name in COUNTS else float(v)
-    feasible = bool(df["feasible"].iloc[i])
-    attrs["feasible"] = feasible
-    if not feasible:
-        attrs["reason"] = str(df["reason"].iloc[i])
-        attrs["why"] = ev.reason_text(i)
+        v = df[name].to_numpy()
+        finite = np.isfinite(v.astype(float, copy=False)) if v.dtype != object else \
+            np.array([x is not None and np.isfinite(x) for x in v], dtype=bool)
+        cast = int if name in COUNTS else float
+        for j, x in zip(np.flatnonzero(finite).tolist(), v[finite].tolist()):
+            attrs[j][name] = cast(x)
+    feasible = df["feasible"].to_numpy(dtype=bool).tolist()
+    reasons = df["reason"].tolist()
+    for j in range(n):
+        attrs[j]["feasible"] = feasible[j]
+        if not feasible[j]:
+            attrs[j]["reason"] = str(reasons[j])
+            attrs[j]["why"] = ev.reason_text(offset + j)
     return attrs
 
 
@@ -605,6 +733,14 @@ def constraint_values(ev, i: int) -> list[float]:
     """Constraint violations of point ``i`` in the order of ``ev.violations`` (<= 0
     satisfied); NaN and infinities become +-1e300 (JSON and Optuna take finite floats)."""
     return [float(np.clip(np.nan_to_num(v[i], nan=1e300), -1e300, 1e300)) for v in ev.violations.values()]
+
+
+def batch_constraint_values(ev) -> list[list[float]]:
+    """``constraint_values`` of every point of ``ev``, computed per constraint."""
+    cols = [np.clip(np.nan_to_num(np.asarray(v, dtype=float), nan=1e300), -1e300, 1e300).tolist()
+            for v in ev.violations.values()]
+    n = len(cols[0]) if cols else len(ev.feasible)
+    return [[c[i] for c in cols] for i in range(n)]
 
 
 def _record(study, items) -> None:
@@ -807,11 +943,12 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     Optuna study's name; None: ``stored_study_name`` (the study's own name, or the name a
     study of the same space was created under before studies were named).
 
-    ``rows.attrs["trials"]`` is ``trial_counts`` after the run plus ``asked`` (``spec.trials``).
-    Raises Interrupted on SIGINT/SIGTERM (partial results written), DseError if a worker
-    failed or the study ended short of its target."""
+    ``rows.attrs["trials"]`` is ``trial_counts`` after the run plus ``asked`` (``spec.trials``)
+    and the run's time: ``wall_s``, ``evaluation_s``, ``evaluation_share``, ``journal_write_s``
+    (see the module's docstring). Raises Interrupted on SIGINT/SIGTERM (partial results
+    written), DseError if a worker failed or the study ended short of its target."""
     optuna = _optuna()
-    from optuna.trial import TrialState
+    t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if study_name is None:
         if storage_url is None:
@@ -826,24 +963,35 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     _reap_stale(study, set())
     stopped, failed = False, []
     if workers <= 1:
+        clock = WorkerClock()
         try:
-            run_worker(spec, out, storage_url, study_name, spec.seed, quiet)
+            run_worker(spec, out, storage_url, study_name, spec.seed, quiet, clock=clock)
         except Interrupted:
             stopped = True
+        spent = dict(clock.values)
+        study = clock.study if clock.study is not None else \
+            optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
     else:
-        stopped, failed = _run_workers(spec, out, storage_url, study_name, workers)
+        stopped, failed, spent = _run_workers(spec, out, storage_url, study_name, workers)
         if storage_url is None and (stopped or failed):
             _fail_stale(study_name, out)         # all of this run's workers are gone
-    study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
     all_trials = study.get_trials(deepcopy=False)
-    complete = {t.number for t in all_trials if t.state == TrialState.COMPLETE}
-    parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))] \
-        if (out / "chunks").is_dir() else []
-    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": pd.Series([], dtype="int64")})
-    rows = rows[rows["trial"].isin(complete)].drop_duplicates("trial").sort_values("trial").reset_index(drop=True)
+    rows = _merge_rows(out, all_trials)
     write_atomic(rows, out / "results.parquet")
     counts = {**_state_counts(all_trials), "rows": len(rows)}
-    rows.attrs["trials"] = {**counts, "asked": spec.trials}
+    wall = time.perf_counter() - t_start
+    timing = {"wall_s": round(wall, 6), "evaluation_s": round(spent["evaluation_s"], 6),
+              "evaluation_share": round(spent["evaluation_s"] / (wall * max(workers, 1)), 6) if wall > 0 else 0.0,
+              "journal_write_s": round(spent["journal_write_s"], 6) if storage_url is None else None}
+    rows.attrs["trials"] = {**counts, "asked": spec.trials, **timing}
+    if not quiet:
+        over = f" of {workers} workers" if workers > 1 else ""
+        journal = f", {timing['journal_write_s']:.2f} s writing the journal ({int(spent['journal_writes']):,} " \
+                  f"writes)" if storage_url is None else ""
+        print(f"dse.study: {wall:.1f} s in this run: {timing['evaluation_s']:.2f} s in dse's evaluation "
+              f"({timing['evaluation_share']:.0%} of the time{over}){journal}; the rest in Optuna's sampler and "
+              f"storage and the run's files", file=sys.stderr)
     if stopped:
         raise _interrupted(counts["complete"], spec.trials)
     if failed:
@@ -861,17 +1009,42 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     return rows
 
 
+def _merge_rows(out: Path, trials) -> pd.DataFrame:
+    """The rows (from ``out/chunks``) of the complete ``trials``, one per trial, by number.
+
+    A row is its trial's only if it holds the trial's parameters: a population that never
+    reached the journal (killed before its write, or dropped and asked again) may have left
+    a chunk whose trial numbers were given to other trials since."""
+    from optuna.trial import TrialState
+    complete = {t.number: t.params for t in trials if t.state == TrialState.COMPLETE}
+    parts = [pd.read_parquet(p) for p in sorted((out / "chunks").glob("trials-*.parquet"))] \
+        if (out / "chunks").is_dir() else []
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"trial": pd.Series([], dtype="int64")})
+    rows = rows[rows["trial"].isin(complete)]
+    if len(rows):
+        numbers = rows["trial"].tolist()
+        ok = np.ones(len(rows), dtype=bool)
+        for name in sorted({k for p in complete.values() for k in p} & set(rows.columns)):
+            ok &= np.array([name not in complete[n] or complete[n][name] == v
+                            for n, v in zip(numbers, rows[name].tolist())], dtype=bool)
+        rows = rows[ok]
+    return rows.drop_duplicates("trial").sort_values("trial").reset_index(drop=True)
+
+
 def _run_workers(spec, out: Path, storage_url, study_name: str, workers: int):
     """Run ``workers`` spawned worker processes to the end or until a stop; return
-    (whether SIGINT/SIGTERM stopped them, the exit codes of workers that failed). On a
-    stop or a failure the others are sent SIGTERM (they finish their batch) and killed
-    after ``STOP_WAIT_S``. Workers are started by this thread: PR_SET_PDEATHSIG fires
-    when it exits, so call this from the thread that lives as long as the run."""
+    (whether SIGINT/SIGTERM stopped them, the exit codes of workers that failed, their
+    ``WorkerClock`` totals). On a stop or a failure the others are sent SIGTERM (they
+    finish their batch) and killed after ``STOP_WAIT_S``. Workers are started by this
+    thread: PR_SET_PDEATHSIG fires when it exits, so call this from the thread that lives
+    as long as the run."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
     ctx = mp.get_context("spawn")
+    shared = ctx.Array("d", len(WorkerClock.FIELDS) * workers, lock=False)   # a slot each: no lock to die holding
     procs = [ctx.Process(target=_worker_main, name=f"dse-worker-{i}",
-                         args=(spec, str(out), storage_url, study_name, spec.seed + i, os.getpid(), i == 0))
+                         args=(spec, str(out), storage_url, study_name, spec.seed + i, os.getpid(), i == 0,
+                               shared, i))
              for i in range(workers)]
     failed, stopping_since = [], None
     with _Stop() as stop:
@@ -910,7 +1083,7 @@ def _run_workers(spec, out: Path, storage_url, study_name: str, workers: int):
             for p in procs:
                 if p.pid is not None:
                     p.join(timeout=STOP_WAIT_S)
-    return stop.requested, [c for _, c in failed]
+    return stop.requested, [c for _, c in failed], WorkerClock.totals(shared, workers)
 
 
 def _fail_stale(study_name: str, out: Path) -> None:
@@ -935,40 +1108,15 @@ def _fail_stale(study_name: str, out: Path) -> None:
 
 
 def _repair_journal(out: Path) -> bool:
-    """Whether the run folder has a journal; if so remove a lock and cut a last line a killed
-    writer left (call only while no process of this run writes it)."""
+    """Whether the run folder has a journal; if so remove a lock and cut what a killed writer
+    left at its end: an unfinished last record, a population written in part
+    (``journal.repair``). Call only while no process of this run writes it."""
     journal = out / "optuna.journal"
     if not journal.exists():
         return False
     _remove_stale_lock(out / "optuna.journal.lock")
-    _drop_partial_line(journal)
+    journal_mod.repair(journal)
     return True
-
-
-def _drop_partial_line(journal: Path) -> None:
-    """Cut a last line a killed writer left unfinished (Optuna would skip it, then fail on
-    it once a new line follows)."""
-    try:
-        with open(journal, "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return
-            pos = size
-            while pos > 0:
-                step = min(65536, pos)
-                f.seek(pos - step)
-                block = f.read(step)
-                k = block.rfind(b"\n")
-                if k >= 0:
-                    f.truncate(pos - step + k + 1)
-                    return
-                pos -= step
-            f.truncate(0)
-    except OSError:
-        pass
 
 
 def _remove_stale_lock(lock: Path, settle_s: float = 0.3) -> None:
@@ -1031,11 +1179,12 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="dse-parent-watchdog", daemon=True).start()
 
 
-def _worker_main(spec, out, storage_url, study_name, seed, parent_pid=None, say=False):
+def _worker_main(spec, out, storage_url, study_name, seed, parent_pid=None, say=False, shared=None, slot=0):
     if parent_pid is not None:
         _die_with_parent(parent_pid)
     try:
-        run_worker(spec, Path(out), storage_url, study_name, seed, quiet=True, say=say)
+        run_worker(spec, Path(out), storage_url, study_name, seed, quiet=True, say=say,
+                   clock=WorkerClock(shared, slot))
     except Interrupted:
         os._exit(130)
     except DseError as e:

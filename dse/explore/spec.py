@@ -18,6 +18,14 @@ SEED_LIMIT = 2**32
 #: the most points one chunk may hold, and the most samples or trials a study may ask for
 MAX_CHUNK = 10_000_000
 MAX_TRIALS = 10_000_000
+#: what a sweep with an output folder keeps of its rows (``outputs.rows``): every row in
+#: results.parquet, a uniform random sample of them in sample.parquet, or none (the Pareto
+#: front and the per-parameter aggregates are kept in every case)
+ROWS = ("all", "sample", "none")
+#: a sweep of more points than this keeps a sample of its rows unless the study says ``rows: all``
+ROWS_ALL_LIMIT = 10_000_000
+#: rows in the sample of ``rows: sample`` unless the study says ``outputs.sample``
+SAMPLE_ROWS = 100_000
 
 
 @dataclass
@@ -43,19 +51,30 @@ class SweepSpec:
     population: int | None = None
     #: the study's name (its file's ``name``, else the file name): names its Optuna study
     name: str | None = None
+    #: ``outputs.rows`` (one of ROWS; None: ``all`` up to ROWS_ALL_LIMIT points, else ``sample``)
+    rows: str | None = None
+    #: ``outputs.sample``: rows in the sample of ``rows: sample``
+    sample: int = SAMPLE_ROWS
 
     def __post_init__(self):
         where = self.where
         if self.method not in METHODS:
             raise DseError(f"{where}: method: '{self.method}' is not one of {', '.join(METHODS)}")
         for key, low, high in (("seed", 0, SEED_LIMIT - 1), ("chunk_size", 1, MAX_CHUNK), ("max_points", 1, None),
-                               ("samples", 1, None), ("trials", 1, MAX_TRIALS), ("population", 2, MAX_CHUNK)):
+                               ("samples", 1, None), ("trials", 1, MAX_TRIALS), ("population", 2, MAX_CHUNK),
+                               ("sample", 1, MAX_CHUNK)):
             v = getattr(self, key)
             if v is None and key in ("samples", "trials", "population"):
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low or (high and v > high):
-                raise DseError(f"{where}: {key}: expected an integer from {low:,}"
+                name = "outputs.sample" if key == "sample" else key
+                raise DseError(f"{where}: {name}: expected an integer from {low:,}"
                                f"{f' to {high:,}' if high else ' up'}, got {v!r}")
+        if self.rows is not None and self.rows not in ROWS:
+            raise DseError(f"{where}: outputs.rows: expected one of {', '.join(ROWS)}, got {self.rows!r}")
+        if self.method == "optuna" and self.rows not in (None, "all"):
+            raise DseError(f"{where}: outputs.rows: applies to sweeps (grid, random, sobol); an optuna study "
+                           f"keeps every trial")
         if self.method in ("random", "sobol") and (not isinstance(self.samples, int) or self.samples < 1):
             raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
         if self.method == "optuna":
@@ -101,11 +120,26 @@ class SweepSpec:
     def chunks(self) -> int:
         return -(-self.points // self.chunk_size)
 
+    @property
+    def rows_kept(self) -> str:
+        """What a sweep into a folder keeps of its rows: 'all', 'sample' or 'none' (``rows``,
+        else 'all' for up to ROWS_ALL_LIMIT points and 'sample' above)."""
+        if self.rows is not None:
+            return self.rows
+        return "all" if self.method == "optuna" or self.points <= ROWS_ALL_LIMIT else "sample"
+
     def fingerprint(self) -> str:
-        return json.dumps({"space": self.space.fingerprint(), "method": self.method, "samples": self.samples,
-                           "seed": self.seed, "chunk_size": self.chunk_size, "ideal": self.ideal,
-                           "constraints": self.constraints, "sampler": self.sampler,
-                           "objectives": self.objectives, "population": self.population}, sort_keys=True)
+        """The settings that identify the study's results (JSON): not how many processes run it.
+        ``outputs`` appears only when rows are not all kept, so runs that keep them all (every
+        run before outputs existed) keep their fingerprint."""
+        settings = {"space": self.space.fingerprint(), "method": self.method, "samples": self.samples,
+                    "seed": self.seed, "chunk_size": self.chunk_size, "ideal": self.ideal,
+                    "constraints": self.constraints, "sampler": self.sampler,
+                    "objectives": self.objectives, "population": self.population}
+        if self.rows_kept != "all":
+            settings["outputs"] = {"rows": self.rows_kept, **({"sample": self.sample} if self.rows_kept == "sample"
+                                                              else {})}
+        return json.dumps(settings, sort_keys=True)
 
     def chunk_columns(self, k: int) -> dict[str, np.ndarray]:
         """Parameter columns of chunk ``k`` (deterministic: the same chunk always has the same points)."""

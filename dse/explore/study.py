@@ -9,7 +9,7 @@ import pandas as pd
 from basis.errors import DseError
 from basis.files import output_folder
 from dse.explore.best import explain_best
-from dse.explore.runio import ResultsFile, RunLock, write_atomic
+from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
@@ -17,20 +17,30 @@ from dse.explore.sweep import front_of, run_sweep
 
 
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
-              quiet: bool = True) -> pd.DataFrame:
+              quiet: bool = True, scheduler: str | None = None) -> pd.DataFrame:
     """Run a sweep or an Optuna search into ``out`` (resuming), write ``pareto.csv`` and
     ``best.json`` (the best design per objective, explained), and return the Pareto front.
+    ``workers``: processes of this machine (an Optuna search's trials, a sweep's chunks);
+    ``scheduler``: a Dask scheduler's address that runs a sweep's chunks instead.
     The folder is locked for the run: a second run on it is refused (DseError)."""
-    if spec.method != "optuna" and (storage is not None or workers != 1):
-        raise DseError("--storage and --workers apply to optuna studies (method: optuna)")
+    if spec.method != "optuna" and storage is not None:
+        raise DseError("--storage applies to optuna studies (method: optuna)")
+    if spec.method == "optuna" and scheduler is not None:
+        raise DseError("--scheduler applies to sweeps (method: grid, random or sobol); an optuna study shares its "
+                       "trials through --storage")
+    if scheduler is not None and workers != 1:
+        raise DseError("give --workers (processes of this machine) or --scheduler (a Dask cluster), not both")
     out = output_folder(out)
     with RunLock(out):
         if spec.method != "optuna":
-            front = run_sweep(spec, out, quiet=quiet)[1]
+            front = run_sweep(spec, out, quiet=quiet, workers=workers, scheduler=scheduler)[1]
         else:
             rows = run_search(spec, out, storage, workers, quiet)
             front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
             cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]
             write_atomic(front[cols], out / "pareto.csv", "csv")
-        explain_best(out, spec, ResultsFile(out / "results.parquet"))
+        if spec.method == "optuna" or spec.rows_kept == "all":
+            explain_best(out, spec, ResultsFile(out / "results.parquet"))
+        else:            # no rows kept but the front's: the best feasible design per objective is on it
+            explain_best(out, spec, FrameResults(front if "feasible" in front else pd.DataFrame({"feasible": []})))
     return front

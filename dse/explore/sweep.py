@@ -1,36 +1,60 @@
 """Sweeps over a design space: grid, random or Sobol, evaluated in chunks.
 
-Each chunk of points is evaluated by the vectorized kernel and, with an output
-folder, written atomically to ``chunks/part-NNNNNN.parquet`` as it finishes, so an
-interrupted sweep run again skips the chunks already on disk. When all chunks are
-there they are merged into ``results.parquet`` (one row per point: parameters,
-metrics, ``feasible`` and ``reason``) and the feasible non-dominated points go to
-``pareto.csv``. Memory stays bounded by the chunk size: the Pareto front is kept
-incrementally and the merge streams chunk by chunk. The folder is locked for the run (``RunLock``): a second
-run on it is refused, and a run deletes only the chunk files it wrote.
+Without an output folder every row comes back in memory (``run_sweep(spec)``: notebooks,
+small spaces). With one, the sweep streams: each chunk is evaluated (in this process, on
+``workers`` processes of this machine or on a Dask cluster, ``dse.explore.executors``) into
+a ``ChunkSummary`` (``dse.explore.online``): its counts, per-parameter aggregates, Pareto
+front, sample candidates and, when the sweep keeps every row, its rows as Parquet bytes.
+This process merges the summaries in whatever order the chunks finish and writes each
+chunk's files atomically (``dse.explore.chunkfiles``), so a killed run loses no finished
+chunk and the same command resumes it exactly, evaluating only the chunks not finished.
+Memory stays bounded by a few chunks, whatever the number of points.
+
+What the folder holds at the end (``spec.rows_kept``, the study's ``outputs.rows``):
+
+- ``results.parquet`` (rows ``all``): one row per point (parameters, metrics, ``feasible``,
+  ``reason``), a Parquet dataset of one file per chunk, each row encoded once;
+- ``sample.parquet`` (rows ``sample``): a uniform random sample of ``outputs.sample`` rows,
+  fixed by the seed, in point order;
+- ``pareto.csv``: the feasible non-dominated points;
+- ``aggregates.csv``: per value of each swept parameter (per bin of a continuous range),
+  the points, feasible points and best feasible value of each objective;
+- ``sweep.json``: the manifest (the study's fingerprint, whether the sweep is complete, what
+  it keeps, and its totals: points, feasible points, infeasible points by reason).
+
+The folder is locked for the run (``RunLock``): a second run on it is refused, and a run
+deletes only the chunk files it wrote.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
-from basis.files import atomic_write, output_folder, write_text_atomic
-from dse.explore.pareto import pareto_mask
-from dse.explore.runio import Progress, RunLock, changed_keys, changed_study_error, write_atomic
+from basis.files import output_folder, write_text_atomic
+from dse.explore import chunkfiles
+from dse.explore.executors import run_tasks
+from dse.explore.online import ChunkSummary, OnlineSummary, front_of, summarize_chunk
+from dse.explore.runio import Progress, ResultsFile, RunLock, changed_keys, changed_study_error, write_atomic
 from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
 
 #: metrics that are whole numbers of devices or sequences (stored as integers)
 COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
+#: the layout of a sweep folder this module writes (sweep.json ``layout``): 2, chunk states and a dataset
+LAYOUT = 2
+
+__all__ = ["COUNTS", "changed_settings", "chunk_task", "evaluate_chunk", "evaluate_columns", "front_of", "run_sweep"]
 
 
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
-    """Rows of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
+    """(rows, evaluation) of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
     ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
     df = pd.DataFrame({id_name: np.asarray(ids, dtype=np.int64)})
     for name, v in cols.items():
@@ -52,38 +76,32 @@ def evaluate_chunk(spec: SweepSpec, k: int) -> pd.DataFrame:
     return evaluate_columns(spec, cols, np.arange(start, start + n))[0]
 
 
-def front_of(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
-    """The feasible non-dominated rows of ``df``.
-
-    With three or more objectives, rows first compete within groups that tie on all
-    objectives but one (e.g. designs differing only in batch): a row worse than another
-    of its group in the remaining objective is dominated, so the exact front is unchanged
-    while the N-objective sort sees far fewer rows."""
-    feas = df[df["feasible"]]
-    if not objectives or feas.empty:
-        return feas.iloc[:0]
-    names = list(objectives)
-    if len(names) >= 3:
-        for j, name in enumerate(names):
-            others = names[:j] + names[j + 1:]
-            best = feas.groupby(others, sort=False, observed=True)[name].transform(
-                "max" if objectives[name] == "max" else "min")
-            feas = feas[(feas[name] == best) | feas[name].isna()]
-    vals = feas[names].to_numpy(dtype=float)
-    front = feas[pareto_mask(vals, list(objectives.values()))]
-    params = [c for c in front.columns if c in PARAMS]
-    return front.drop_duplicates(subset=params) if params else front   # a design sampled twice is listed once
+def chunk_task(spec: SweepSpec, k: int, plan: tuple[float | None, bool]) -> ChunkSummary:
+    """Evaluate chunk ``k`` and return its summary, with its rows when the sweep keeps every
+    row: as Parquet bytes, or as the DataFrame for the caller to encode. ``plan``: (the
+    sweep's sample threshold, None for no sample; whether to encode the rows here). Runs
+    wherever the chunk runs: this process, a worker process, a Dask worker."""
+    threshold, encode = plan
+    df = evaluate_chunk(spec, k)
+    part = summarize_chunk(spec, df, threshold)
+    if spec.rows_kept == "all":
+        part.rows = chunkfiles.encode_rows(df) if encode else df
+    return part
 
 
-def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True, workers: int = 1,
+              scheduler: str | None = None) -> tuple[pd.DataFrame | None, pd.DataFrame]:
     """Run a sweep; return (results or None when written to ``out``, Pareto front).
 
-    Without ``out`` every point is returned in memory (for notebooks). With ``out``
-    chunks are written as they finish, a rerun resumes, and the results land in
-    ``out/results.parquet`` and ``out/pareto.csv``."""
+    Without ``out`` every point is returned in memory (for notebooks), evaluated in this
+    process. With ``out`` the sweep streams into that folder (see the module's text) and
+    resumes there; its chunks run on ``workers`` processes of this machine, or on the Dask
+    cluster whose scheduler is at ``scheduler``, with the same results."""
     objectives = spec.objectives
     progress = Progress(spec.points, quiet)
     if out is None:
+        if workers != 1 or scheduler is not None:
+            raise DseError("workers and scheduler run a sweep into an output folder: give out as well")
         parts = []
         for k in range(spec.chunks):
             df = evaluate_chunk(spec, k)
@@ -94,15 +112,12 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True
 
     out = output_folder(out)
     with RunLock(out):
-        return None, _run_into(spec, out, progress)
+        return None, _run_into(spec, out, progress, workers, scheduler)
 
 
-def _run_into(spec: SweepSpec, out: Path, progress: Progress) -> pd.DataFrame:
+def _run_into(spec: SweepSpec, out: Path, progress: Progress, workers: int, scheduler: str | None) -> pd.DataFrame:
     """The sweep written into the locked folder ``out``; its Pareto front."""
-    objectives = spec.objectives
-    chunk_dir = out / "chunks"
-    manifest = out / "sweep.json"
-    final = out / "results.parquet"
+    chunk_dir, manifest, results = out / "chunks", out / "sweep.json", out / "results.parquet"
     fp = spec.fingerprint()
     if manifest.exists():
         state = _read_manifest(manifest)
@@ -111,49 +126,92 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress) -> pd.DataFrame:
     else:
         state = {"fingerprint": fp, "complete": False}
         write_text_atomic(manifest, json.dumps(state))
-    front = None
-    if not state.get("complete"):
-        chunk_dir.mkdir(exist_ok=True)
-        cands = []
-        for k in range(spec.chunks):
-            path = chunk_dir / f"part-{k:06d}.parquet"
-            df = _read_chunk(path)
-            if df is not None:
-                progress.resume(progress.done + len(df))        # an earlier run's: not in the estimate
-                progress.update(0, " (resumed)")
-            else:
-                df = evaluate_chunk(spec, k)
-                write_atomic(df, path)
-                progress.update(len(df))
-            cands.append(front_of(df, objectives))
-            if sum(map(len, cands)) > 4 * spec.chunk_size:     # keep memory bounded
-                cands = [front_of(pd.concat(cands, ignore_index=True), objectives)]
-        front = front_of(pd.concat(cands, ignore_index=True), objectives) if cands else None
-        _merge(chunk_dir, spec.chunks, final)
-        state["complete"] = True
-        write_text_atomic(manifest, json.dumps(state))
-        _remove_chunks(chunk_dir, spec.chunks)
-    else:
-        try:
-            front = front_of(pd.read_parquet(final), objectives)
-        except (OSError, ValueError) as e:
-            raise DseError(f"{final}: cannot be read ({str(e).splitlines()[0]}); delete {out} to run the study "
-                           f"again") from None
-    front = (front if front is not None else pd.DataFrame()).reset_index(drop=True)
-    cols = [c for c in front.columns if c in PARAMS or c in objectives or c == "point"]
+    if state.get("complete"):
+        chunkfiles.clean(chunk_dir, spec.chunks)        # left by a run killed as it finished
+        return _stored_front(spec, out)
+    chunkfiles.recover(out, chunk_dir, results)
+    summary = _sweep_chunks(spec, chunk_dir, progress, workers, scheduler)
+    if spec.rows_kept == "all":
+        chunkfiles.publish(out, chunk_dir, spec.chunks, results)
+    if spec.rows_kept == "sample":
+        write_atomic(summary.sample_rows(), out / "sample.parquet")
+    write_atomic(summary.aggregates(), out / "aggregates.csv", "csv")
+    front = (summary.front if summary.front is not None else pd.DataFrame()).reset_index(drop=True)
+    cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "point"]
     write_atomic(front[cols] if len(front.columns) else front, out / "pareto.csv", "csv")
+    state.update(complete=True, layout=LAYOUT, rows=spec.rows_kept, **summary.totals())
+    write_text_atomic(manifest, json.dumps(state))
+    chunkfiles.clean(chunk_dir, spec.chunks)
     return front
 
 
-def _read_chunk(path: Path) -> pd.DataFrame | None:
-    """A chunk an earlier run wrote, or None when there is none (or it cannot be read: then
-    it is computed again)."""
-    if not path.exists():
-        return None
+def _sweep_chunks(spec: SweepSpec, chunk_dir: Path, progress: Progress, workers: int,
+                  scheduler: str | None) -> OnlineSummary:
+    """Every chunk of the sweep merged into its online summary: the finished ones from their
+    state files, the others evaluated (each one's files written as it finishes)."""
+    keep_all = spec.rows_kept == "all"
+    summary = OnlineSummary(spec, spec.sample if spec.rows_kept == "sample" else 0)
+    done = set()
+    for k in chunkfiles.finished(chunk_dir, spec.chunks, with_parts=keep_all):
+        part = chunkfiles.read_state(chunk_dir, k, spec.chunks)
+        if part is None:
+            continue                          # unreadable: evaluated again
+        summary.add(part)
+        done.add(k)
+        progress.resume(progress.done + part.points)        # an earlier run's: not in the estimate
+    if done:
+        progress.update(0, " (resumed)")
+    todo = [k for k in range(spec.chunks) if k not in done]
+    if todo:
+        chunk_dir.mkdir(exist_ok=True)
+    # rows evaluated in another process are encoded there; this one's on the writer thread
+    results = run_tasks(chunk_task, spec, todo, lambda here: (summary.threshold, not here), workers=workers,
+                        scheduler=scheduler)
+    with ThreadPoolExecutor(1) as writer, contextlib.closing(results):
+        writing = None
+        for part in results:
+            if writing is not None:
+                writing.result()          # one chunk's files in writing at a time (memory), errors raised here
+            writing = writer.submit(_write_chunk, chunk_dir, spec.chunks, spec.chunk_size, part)
+            summary.add(part)
+            progress.update(part.points)
+        if writing is not None:
+            writing.result()
+    return summary
+
+
+def _write_chunk(chunk_dir: Path, chunks: int, chunk_size: int, part: ChunkSummary) -> None:
+    """Write a finished chunk's files: its rows (encoded here if they came as a DataFrame),
+    then its state. Runs on a writer thread, so that in a single process the next chunk is
+    evaluated while this one is encoded (Parquet encoding releases the GIL)."""
+    k = part.first // chunk_size
+    if part.rows is not None:
+        data = part.rows if isinstance(part.rows, bytes) else chunkfiles.encode_rows(part.rows)
+        chunkfiles.write_part(chunk_dir, k, chunks, data)
+        part.rows = None
+    chunkfiles.write_state(chunk_dir, k, chunks, part)
+
+
+def _stored_front(spec: SweepSpec, out: Path) -> pd.DataFrame:
+    """The Pareto front of a complete sweep in ``out``, as pareto.csv holds it (parameters,
+    objectives, point) with ``feasible``; recomputed from results.parquet when pareto.csv is
+    gone. DseError when neither can be read."""
+    path = out / "pareto.csv"
     try:
-        return pd.read_parquet(path)
-    except (OSError, ValueError):
-        return None
+        if path.exists():
+            try:
+                front = pd.read_csv(path)
+            except pd.errors.EmptyDataError:            # a sweep without objectives or feasible points
+                return pd.DataFrame()
+            return front.assign(feasible=True) if len(front.columns) else front
+        res = ResultsFile(out / "results.parquet")
+        front = front_of(res.columns(["point", "feasible", *PARAMS, *spec.objectives]), spec.objectives)
+    except (OSError, ValueError) as e:
+        raise DseError(f"{path}: cannot be read ({str(e).splitlines()[0]}); add --overwrite to run the study "
+                       f"again") from None
+    front = front.reset_index(drop=True)
+    write_atomic(front[[c for c in front.columns if c in PARAMS or c in spec.objectives or c == "point"]], path, "csv")
+    return front
 
 
 def _read_manifest(path: Path) -> dict:
@@ -173,32 +231,3 @@ def changed_settings(old: str | None, new: str) -> list[str]:
         return changed_keys(json.loads(old), json.loads(new))
     except (TypeError, ValueError, AttributeError):
         return []
-
-
-def _remove_chunks(chunk_dir: Path, chunks: int) -> None:
-    """Delete the chunk files this sweep wrote (and the folder if nothing else is in it)."""
-    for k in range(chunks):
-        (chunk_dir / f"part-{k:06d}.parquet").unlink(missing_ok=True)
-    try:
-        chunk_dir.rmdir()
-    except OSError:
-        pass
-
-
-def _merge(chunk_dir: Path, chunks: int, final: Path) -> None:
-    """Stream the chunk files into one Parquet file, atomically."""
-    import pyarrow.parquet as pq
-
-    def write(tmp: Path) -> None:
-        writer = None
-        try:
-            for k in range(chunks):
-                table = pq.read_table(chunk_dir / f"part-{k:06d}.parquet")
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
-                writer.write_table(table.cast(writer.schema))
-        finally:
-            if writer is not None:
-                writer.close()
-
-    atomic_write(final, write)

@@ -1,4 +1,4 @@
-"""Plots of study results and analyses (PNG, matplotlib's Agg canvas, seaborn style).
+"""Plots of study results and analyses (PNG, matplotlib's Agg canvas, seaborn's look).
 
 Everything here is display, by the one unit policy of ``basis.units``: values arrive in SI
 units and an axis shows sizes in binary units (GiB, MiB, KiB), rates with decimal
@@ -7,10 +7,23 @@ is chosen from the values it shows (:func:`axis_unit`); without values, the fixe
 of ``basis.units.AXIS`` (:func:`unit_of`). Values written as text use
 ``dse.present.display.quantity_text`` (:func:`human`), the same text as every table.
 
-matplotlib and seaborn are imported inside the functions, so importing this module
-costs nothing on the ``analyze`` path. Figures are made with the object API
-(``matplotlib.figure.Figure``), never pyplot, so no GUI backend or global state is
-touched, and every file is written atomically (a temporary file, then a rename).
+matplotlib is imported inside the functions, when a plot is drawn, so importing this
+module costs nothing on the ``analyze`` path; seaborn is not used (its import pulls scipy
+and takes seconds): its "whitegrid" look is written out as matplotlib settings
+(``STYLE``), applied while a figure is built and saved and restored after. Figures are
+made with the object API (``matplotlib.figure.Figure``), never pyplot, so no GUI backend
+or global state is touched, and every file is written atomically (a temporary file,
+then a rename).
+
+Drawing time stays flat in the number of designs and layout costs nothing at draw time:
+
+- a Pareto front of more than ``LARGE_FRONT`` designs, and a background of more than
+  ``LARGE_CLOUD`` feasible designs, are drawn as densities (a 2-D histogram as one
+  rasterized mesh, cells shaded by how many designs fall in them), not one marker each;
+- the figures of a study report have fixed margins computed in inches from what they
+  hold (titles, tick labels, legends, colour bars: :func:`_arrange`), instead of
+  matplotlib's constrained layout, which measures every artist again on each draw (the
+  validation and compare plots, drawn once per command, keep it).
 
 Each plotting function returns a JSON-ready record of what it drew (columns, units,
 axis labels and tick labels read back from the axes, colours and markers per group,
@@ -19,6 +32,7 @@ and the ``point`` ids of the designs drawn); ``dse.present.report`` collects the
 """
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 import zlib
@@ -244,19 +258,163 @@ def _plain(v):
 
 # --------------------------------------------------------------------------- plumbing
 
-def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0, nrows: int = 1, share: bool = False):
-    """A Figure with ``nrows`` x ``ncols`` axes (a flat list), seaborn's style, no pyplot."""
-    import seaborn as sns
+#: the look of every plot: seaborn's "whitegrid" style in its "notebook" context, written out
+#: as matplotlib settings (importing seaborn pulls in scipy and costs seconds)
+STYLE = {
+    "axes.axisbelow": True, "axes.edgecolor": ".8", "axes.grid": True, "axes.labelcolor": ".15",
+    "axes.labelsize": 12.0, "axes.linewidth": 1.25, "axes.titlesize": 12.0,
+    "axes.prop_cycle": "cycler('color', ['#4c72b0', '#dd8452', '#55a868', '#c44e52', '#8172b3', '#937860', "
+                       "'#da8bc3', '#8c8c8c', '#ccb974', '#64b5cd'])",
+    "font.size": 12.0, "grid.color": ".8", "grid.linewidth": 1.0, "legend.fontsize": 11.0,
+    "legend.title_fontsize": 12.0, "lines.solid_capstyle": "round", "patch.edgecolor": "w",
+    "patch.force_edgecolor": True, "text.color": ".15",
+    "xtick.bottom": False, "xtick.color": ".15", "xtick.labelsize": 11.0, "xtick.major.size": 6.0,
+    "xtick.major.width": 1.25, "xtick.minor.size": 4.0, "xtick.minor.width": 1.0,
+    "ytick.left": False, "ytick.color": ".15", "ytick.labelsize": 11.0, "ytick.major.size": 6.0,
+    "ytick.major.width": 1.25, "ytick.minor.size": 4.0, "ytick.minor.width": 1.0,
+    "figure.constrained_layout.use": False, "figure.autolayout": False,
+}
+#: inches between the parts of a figure laid out with fixed margins, and at its edges
+PAD = 0.1
+#: resolution of the PNG files
+DPI = 110
+#: zlib level of the PNG files: 3 writes them a third faster than the default 6, within 3 % of its size
+PNG_COMPRESSION = 3
+
+
+def _styled(draw):
+    """``draw`` (a plotting function) run under ``STYLE`` (``matplotlib.rc_context``): the
+    settings hold while its figure is built and saved, and are restored after, so nothing
+    global changes."""
+    @functools.wraps(draw)
+    def styled(*args, **kwargs):
+        import matplotlib
+        with matplotlib.rc_context(STYLE):
+            return draw(*args, **kwargs)
+    return styled
+
+
+def _figure(ncols: int = 1, width: float = 7.0, height: float = 5.0, nrows: int = 1, share: bool = False,
+            layout: str | None = None):
+    """(a Figure on the Agg canvas, its ``nrows`` x ``ncols`` axes as a flat list); no pyplot.
+    ``layout``: None for fixed margins (:func:`_arrange` places the axes; nothing is laid out
+    again while drawing), or "constrained" for matplotlib's layout engine."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    sns.set_theme(style="whitegrid", context="notebook")
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    fig = Figure(figsize=(width * ncols, height * nrows), layout=layout)
+    FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=share, sharey=share)
     return fig, list(axes.ravel())
 
 
 def _save(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` (a PNG unless its suffix names another format), atomically."""
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110))
+    fmt = path.suffix.lstrip(".") or "png"
+    extra = {"pil_kwargs": {"compress_level": PNG_COMPRESSION}} if fmt == "png" else {}
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, **extra))
+
+
+def _text_width(fig, text: str, size) -> float:
+    """Width in inches of the widest line of ``text`` at font ``size`` (points, or a name
+    such as 'small'), as the Agg canvas sets it."""
+    from matplotlib.font_manager import FontProperties
+    font = FontProperties(size=size)
+    renderer = fig.canvas.get_renderer()
+    lines = str(text).split("\n") if text else []
+    return max((renderer.get_text_width_height_descent(t, font, ismath=False)[0] for t in lines),
+               default=0.0) / fig.dpi
+
+
+def _text_height(text: str, size) -> float:
+    """Height in inches of ``text`` (its lines stacked) at font ``size`` (points, or a name
+    such as 'small'): 1.2 line heights a line."""
+    from matplotlib.font_manager import FontProperties
+    lines = str(text).count("\n") + 1 if text else 0
+    return lines * FontProperties(size=size).get_size_in_points() * 1.2 / 72
+
+
+def _box_size(fig, artist) -> tuple[float, float]:
+    """(width, height) in inches of a legend (or any artist) as drawn."""
+    box = artist.get_window_extent(fig.canvas.get_renderer())
+    return box.width / fig.dpi, box.height / fig.dpi
+
+
+def _y_room(fig, ax) -> float:
+    """Inches left of ``ax`` that its y tick labels and y label take, with their pads."""
+    from matplotlib import rcParams
+    size = rcParams["ytick.labelsize"]
+    ticks = max((_text_width(fig, t, size) for t in _tick_labels(ax.yaxis)), default=0.0)
+    return ticks + _text_height(ax.get_ylabel(), ax.yaxis.label.get_fontsize()) + 16 / 72
+
+
+def _x_room(fig, ax) -> float:
+    """Inches below ``ax`` that its x tick labels (of one line or more) and x label take,
+    with their pads."""
+    from matplotlib import rcParams
+    ticks = max((_text_height(t, rcParams["xtick.labelsize"]) for t in _tick_labels(ax.xaxis)), default=0.0)
+    return ticks + _text_height(ax.get_xlabel(), ax.xaxis.label.get_fontsize()) + 16 / 72
+
+
+def _x_overhang(fig, ax) -> float:
+    """Inches the x tick labels of ``ax`` may reach past its sides: half the widest label."""
+    from matplotlib import rcParams
+    size = rcParams["xtick.labelsize"]
+    return max((_text_width(fig, t, size) for t in _tick_labels(ax.xaxis)), default=0.0) / 2
+
+
+def _arrange(fig, ncols: int, nrows: int, left: float, right: float, top: float, bottom: float,
+             wgap: float = 0.0, hgap: float = 0.0, least: float = 1.6) -> None:
+    """Place the grid of axes of ``fig`` with fixed margins and gaps between axes, in inches;
+    the figure grows where the axes would be narrower or lower than ``least`` inches, or
+    than their longest axis label (which would stick out of the figure)."""
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    least_w = max([least] + [_text_width(fig, ax.get_xlabel(), ax.xaxis.label.get_fontsize()) for ax in shown])
+    least_h = max([least] + [_text_width(fig, ax.get_ylabel(), ax.yaxis.label.get_fontsize()) for ax in shown])
+    w, h = fig.get_size_inches()
+    w = max(w, left + right + (ncols - 1) * wgap + ncols * least_w)
+    h = max(h, top + bottom + (nrows - 1) * hgap + nrows * least_h)
+    fig.set_size_inches(w, h)
+    aw = (w - left - right - (ncols - 1) * wgap) / ncols
+    ah = (h - top - bottom - (nrows - 1) * hgap) / nrows
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h,
+                        wspace=wgap / aw, hspace=hgap / ah)
+
+
+def _settle_ticks(axes) -> None:
+    """Fix the ticks of placed axes (limits and size final) to those their locators put
+    inside the view: matplotlib makes a costly tick object for every location a locator
+    returns, shown or not."""
+    from matplotlib.ticker import FixedLocator
+    for ax in axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if isinstance(axis.get_major_locator(), FixedLocator):
+                continue
+            lo, hi = sorted(axis.get_view_interval())
+            tol = 1e-9 * (hi - lo)
+            axis.set_major_locator(FixedLocator([t for t in axis.get_majorticklocs() if lo - tol <= t <= hi + tol]))
+
+
+def _row_layout(fig, axes, legend=None, suptitle=None, titled: bool = False, centre: bool = False) -> None:
+    """Fixed margins of a row of axes, each with its own y label, in inches from what the
+    figure holds: ``suptitle`` (or None) on top, axes titles under it when ``titled``, and
+    ``legend`` (a figure legend, or None) on the right, its top level with the axes' top
+    (its middle with theirs when ``centre``)."""
+    top = PAD + (_text_height(suptitle.get_text(), suptitle.get_fontsize()) + PAD if suptitle else 0.0)
+    top += _text_height("x", "medium") + 6 / 72 if titled else 0.0
+    legend_w = _box_size(fig, legend)[0] if legend else 0.0
+    wgap = max((_y_room(fig, ax) for ax in axes[1:]), default=0.0) + 0.25
+    right = PAD + max(0.2, _x_overhang(fig, axes[-1])) + legend_w
+    _arrange(fig, len(axes), 1, left=PAD + _y_room(fig, axes[0]), right=right,
+             top=max(top, 0.2), bottom=PAD + max(_x_room(fig, ax) for ax in axes), wgap=wgap)
+    _settle_ticks(axes)
+    w, h = fig.get_size_inches()
+    if suptitle:
+        suptitle.set_y(1 - PAD / h)
+    if legend:
+        box = axes[-1].get_position()
+        legend.set_bbox_to_anchor((1 - (PAD + legend_w) / w, (box.y0 + box.y1) / 2 if centre else box.y1),
+                                  transform=fig.transFigure)
 
 
 def _tick_text(t: float, _pos=None) -> str:
@@ -278,10 +436,11 @@ def _wide(values, ratio: float = 30.0) -> bool:
 
 
 def _log_axis(ax, axis: str, values) -> None:
-    """A logarithmic axis with enough labels to read values off: major ticks at 1, 2 and 5
-    of each decade when the values span at most 2.5 decades (1 to 9 under one decade),
-    else at each decade with unlabelled minor ticks; labels as plain numbers."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    """A logarithmic axis with enough labels to read values off: ticks at 1, 2 and 5 of each
+    decade when the values span at most 2.5 decades (1 to 9 under one decade), else at each
+    decade; labels as plain numbers. No minor ticks: the style draws no tick marks and no
+    minor grid, so they would show nothing and cost a tick object each."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
     which = ax.xaxis if axis == "x" else ax.yaxis
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     v = np.asarray(values, dtype=float)
@@ -289,7 +448,7 @@ def _log_axis(ax, axis: str, values) -> None:
     decades = math.log10(v.max() / v.min()) if len(v) else 3.0
     subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1.0 else tuple(float(s) for s in range(1, 10))
     which.set_major_locator(LogLocator(base=10, subs=subs, numticks=15))
-    which.set_minor_locator(LogLocator(base=10, subs=tuple(float(s) for s in range(2, 10)), numticks=15))
+    which.set_minor_locator(NullLocator())
     which.set_major_formatter(FuncFormatter(_tick_text))
     which.set_minor_formatter(NullFormatter())
 
@@ -315,28 +474,110 @@ def _tick_labels(axis) -> list[str]:
 
 
 def _ids(df) -> list[int]:
-    return [int(p) for p in df["point"]] if "point" in df else [int(i) for i in df.index]
+    """The ``point`` ids of the rows of ``df`` (its index where it has no such column)."""
+    return np.asarray(df.get("point", df.index), dtype=np.int64).tolist()
+
+
+# --------------------------------------------------------------------------- density
+
+#: a cloud of feasible designs (the background of a Pareto plot) with more points than this
+#: is drawn as a density (cells shaded by how many designs they hold), not one marker each
+LARGE_CLOUD = 5000
+#: cells of a density across the x and the y axis
+DENSITY_CELLS = (100, 64)
+
+
+def _edges(values, log: bool, n: int) -> np.ndarray:
+    """Cell edges along an axis showing ``values`` (finite ones; positive ones on a log
+    axis). At most ``n`` distinct values (a grid study's levels): one cell per value,
+    edges halfway between neighbours (geometrically on a log axis) but no wider than two
+    regular cells, so a lone level is not smeared over the range (empty cells between).
+    More: ``n`` cells of equal width (equal ratio on a log axis) over their range."""
+    v = np.asarray(values, dtype=float)
+    v = np.unique(v[np.isfinite(v) & (v > 0)] if log else v[np.isfinite(v)])
+    t = np.log(v) if log else v
+    if len(t) < 2:                         # one value (or none): one cell around it
+        c = t[0] if len(t) else 0.0
+        half = 0.2 if log else max(0.5 * abs(c), 0.5)
+        edges = np.array([c - half, c + half])
+    elif len(t) <= n:
+        cap = 2 * (t[-1] - t[0]) / n
+        gap = np.diff(t) / 2
+        inner = [[(a + b) / 2] if g <= cap else [a + cap, b - cap] for a, b, g in zip(t[:-1], t[1:], gap)]
+        edges = np.array([t[0] - min(cap, gap[0])] + [e for pair in inner for e in pair] + [t[-1] + min(cap, gap[-1])])
+    else:
+        edges = np.linspace(t[0], t[-1], n + 1)
+    edges = np.exp(edges) if log else edges
+    if len(v):                             # the extreme values inside, whatever exp(log(v)) rounds to
+        edges[0], edges[-1] = min(edges[0], v[0]), max(edges[-1], v[-1])
+    return edges
+
+
+def _density(x, y, xe: np.ndarray, ye: np.ndarray) -> np.ndarray:
+    """Counts of the points (x, y) per cell of the edges ``xe`` x ``ye`` (shape: x cells, y
+    cells); points outside them (or not finite) are not counted."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    return np.histogram2d(x[ok], y[ok], bins=(xe, ye))[0]
+
+
+def _count_norm(counts: np.ndarray):
+    """The colour scale of cell counts: logarithmic when they span more than 10x, else linear from 1."""
+    from matplotlib.colors import LogNorm, Normalize
+    top = max(float(counts.max()) if counts.size else 1.0, 2.0)
+    return LogNorm(1.0, top) if top > 10 else Normalize(1.0, top)
+
+
+def _fade(colour):
+    """A colour map of one colour, from faint (one design in a cell) to strong (many)."""
+    from matplotlib.colors import ListedColormap, to_rgba
+    rgba = np.tile(to_rgba(colour), (256, 1))
+    rgba[:, 3] = np.linspace(0.3, 0.9, 256)
+    return ListedColormap(rgba)
+
+
+def _reds():
+    """matplotlib's 'Reds' without its near-white end, so a cell of one design still shows."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+    return ListedColormap(colormaps["Reds"](np.linspace(0.3, 1.0, 256)))
+
+
+def _shade(ax, counts: np.ndarray, xe, ye, cmap, zorder: float):
+    """The cells of ``counts`` that hold designs, coloured by count on ``cmap``: one
+    rasterized mesh whose drawing time does not depend on how many designs it counts; the
+    mesh (a colour bar can be made of it)."""
+    mesh = ax.pcolormesh(xe, ye, np.ma.masked_equal(counts.T, 0), cmap=cmap, norm=_count_norm(counts),
+                         shading="flat", edgecolors="none", linewidth=0, rasterized=True, zorder=zorder)
+    mesh.sticky_edges.x[:] = []            # the axes keep their margins: markers on the edge stay whole
+    mesh.sticky_edges.y[:] = []
+    return mesh
 
 
 # --------------------------------------------------------------------------- Pareto
 
+@_styled
 def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, title: str = "",
                 hue: str | None = None, style: str | None = None, facet: str | None = None,
                 note: str = "") -> dict:
     """Feasible designs (``background``, a sample) and the Pareto designs (``front``, larger,
     edged in black) of a study, ``y`` against ``x``; the 2-objective front of (x, y) among
-    the Pareto designs as a step line.
+    the Pareto designs as a step line. Returns the record of what was drawn.
 
     ``hue``, ``style`` and ``facet`` name categorical parameters the study varies (a
     format, the hardware): colour, marker and one panel per value, so a reader sees which
     choice each design made. A front of more than ``LARGE_FRONT`` designs is drawn as a
-    density (hexagonal bins counting Pareto designs) with the (x, y) front's own designs on
-    top, coloured by the next objective; the title says so. ``note`` is a line added under
-    the title (what was left out)."""
+    density (cells counting Pareto designs) with the (x, y) front's own designs on top,
+    coloured by the next objective; the title says so. A background of more than
+    ``LARGE_CLOUD`` designs is drawn as a density too (cells in its colour, stronger where
+    more designs fall), so the time to draw does not grow with the number of designs.
+    ``note`` is a line added under the title (what was left out)."""
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
     large = len(front) > LARGE_FRONT
     if large:
         hue = style = facet = None
+    dense = len(background) > LARGE_CLOUD
     cats = {k: v for k, v in (("hue", hue), ("style", style), ("facet", facet)) if v}
     both = [d for d in (background, front) if len(d)]
 
@@ -362,10 +603,12 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
     sx, ux, _ = axis_unit(x, allx)
     sy, uy, _ = axis_unit(y, ally)
     logx, logy = _wide(allx / sx), _wide(ally / sy)
+    xe, ye = _edges(allx / sx, logx, DENSITY_CELLS[0]), _edges(ally / sy, logy, DENSITY_CELLS[1])
     fr = front[[x, y]].to_numpy(dtype=float) if len(front) else np.empty((0, 2))
     shown = np.isfinite(fr).all(axis=1)
     record = {"kind": "pareto", "x": x, "y": y, "x_unit": ux, "y_unit": uy, "x_scale": sx, "y_scale": sy,
               "hue": hue, "style": style, "facet": facet, "mode": "density" if large else "points",
+              "background_mode": "density" if dense else "points", "density_grid": [len(xe) - 1, len(ye) - 1],
               "background_points": len(background), "highlighted": _ids(front),
               "highlighted_not_drawn": [i for i, ok in zip(_ids(front), shown) if not ok],   # a value is unknown
               "groups": [], "panels": []}
@@ -380,6 +623,7 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
 
     hx, hy = [], []
     n_front_2d = 0
+    counts_bar = colour_bar = None
     for ax, f in zip(axes, facets):
         for h in hues:
             for s in styles:
@@ -387,16 +631,17 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
                 if not len(b) and not len(p):
                     continue
                 col, mk = colours[h] if hue else "0.6", markers[s]
-                cb = ax.scatter(b[x].to_numpy(float) / sx, b[y].to_numpy(float) / sy, s=14, color=col,
-                                marker=mk, alpha=0.55, linewidths=0, rasterized=True)
-                cb.set_in_layout(False)
+                bx, by = b[x].to_numpy(float) / sx, b[y].to_numpy(float) / sy
+                if dense:
+                    _shade(ax, _density(bx, by, xe, ye), xe, ye, _fade(col), zorder=1)
+                else:
+                    ax.scatter(bx, by, s=14, color=col, marker=mk, alpha=0.55, linewidths=0, rasterized=True)
                 grp = {"facet": f, "hue": h, "style": s, "colour": _hex(col), "marker": mk,
                        "background_points": len(b), "points": []}
                 if len(p) and not large:
                     ok = np.isfinite(p[[x, y]].to_numpy(float)).all(axis=1)
                     cp = ax.scatter(p[x].to_numpy(float) / sx, p[y].to_numpy(float) / sy, s=42,
                                     color=colours[h], marker=mk, edgecolors="k", linewidths=0.7, zorder=3)
-                    cp.set_in_layout(False)
                     off = np.asarray(cp.get_offsets(), dtype=float)
                     hx += off[ok, 0].tolist()
                     hy += off[ok, 1].tolist()
@@ -406,15 +651,13 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
         fp = sel(front, f, every=True)
         if large and len(fp):
             ok = np.isfinite(fp[[x, y]].to_numpy(float)).all(axis=1)
-            hb = ax.hexbin(fp[x].to_numpy(float)[ok] / sx, fp[y].to_numpy(float)[ok] / sy, gridsize=45,
-                           cmap="Reds", mincnt=1, xscale="log" if logx else "linear",
-                           yscale="log" if logy else "linear", zorder=2, linewidths=0.2)
-            counts = hb.get_array()
-            fig.colorbar(hb, ax=ax, label="Pareto designs per cell", fraction=0.04, pad=0.01)
-            record["density_cells"] = int(len(counts))
-            record["density_designs"] = int(np.sum(counts))
-            hx += (fp[x].to_numpy(float)[ok] / sx).tolist()
-            hy += (fp[y].to_numpy(float)[ok] / sy).tolist()
+            px, py = fp[x].to_numpy(float)[ok] / sx, fp[y].to_numpy(float)[ok] / sy
+            counts = _density(px, py, xe, ye)
+            counts_bar = _shade(ax, counts, xe, ye, _reds(), zorder=2)
+            record["density_cells"] = int(np.count_nonzero(counts))
+            record["density_designs"] = int(counts.sum())
+            hx += px.tolist()
+            hy += py.tolist()
         if len(fp) and x in senses and y in senses:
             v = fp[[x, y]].to_numpy(float)
             ok = np.isfinite(v).all(axis=1)
@@ -431,9 +674,9 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
                 s3, u3, w3 = axis_unit(third, v3)
                 record.update(colour_by=third, colour_unit=u3, colour_values=(v3 / s3).tolist())
                 if np.nanmax(v3) > np.nanmin(v3) * (1 + 1e-9):
-                    sc = ax.scatter(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy, c=v3 / s3,
-                                    cmap="viridis", s=22, edgecolors="k", linewidths=0.4, zorder=5)
-                    fig.colorbar(sc, ax=ax, label=label_of(third, u3), location="bottom", shrink=0.7, pad=0.02)
+                    colour_bar = ax.scatter(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy, c=v3 / s3,
+                                            cmap="viridis", s=22, edgecolors="k", linewidths=0.4, zorder=5)
+                    colour_bar.set_label(label_of(third, u3))
                 else:                  # one value: a colour scale would say nothing; the title gives it
                     ax.scatter(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy, color="#4c72b0", s=22,
                                edgecolors="k", linewidths=0.4, zorder=5)
@@ -450,7 +693,6 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
             ax.set_xlabel(xl)
         if i % ncols == 0:
             ax.set_ylabel(yl)
-    from matplotlib.ticker import FuncFormatter
     for log, axis, vals, which in ((logx, "x", allx / sx, ax0.xaxis), (logy, "y", ally / sy, ax0.yaxis)):
         if log:
             _log_axis(ax0, axis, vals)
@@ -458,10 +700,10 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
             which.set_major_formatter(FuncFormatter(_tick_text))
     # legends beside the panels, never over the data
     what = f"{len(fr):,} designs" if shown.all() else f"{int(shown.sum()):,} of {len(fr):,} designs have both values"
-    key = [Line2D([], [], ls="", marker="o", color="0.6", alpha=0.5, ms=4,
-                  label=f"feasible designs ({len(background):,} shown)")]
+    key = [Line2D([], [], ls="", marker="s" if dense else "o", color="0.6", alpha=0.5, ms=5 if dense else 4,
+                  label=f"feasible designs ({len(background):,} shown)" + (": density" if dense else ""))]
     if large:
-        key.append(Line2D([], [], ls="", marker="h", color="#de2d26", ms=9,
+        key.append(Line2D([], [], ls="", marker="s", color="#de2d26", ms=8,
                           label=f"Pareto front ({what}): density"))
     else:
         key.append(Line2D([], [], ls="", marker="o", color="w", markeredgecolor="k", ms=7,
@@ -475,7 +717,7 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
     if style:
         key += [Line2D([], [], ls="", label=f"marker: {style}")]
         key += [Line2D([], [], ls="", marker=markers[s], color="0.35", ms=7, label=f"  {s}") for s in styles]
-    fig.legend(handles=key, loc="outside lower center", fontsize="small", ncols=min(4, max(1, len(key) // 4)))
+    legend = fig.legend(handles=key, loc="lower center", fontsize="small", ncols=min(4, max(1, len(key) // 4)))
     record["legend"] = [h.get_label() for h in key]
     head = title or f"{words_of(y)} vs {words_of(x)}"
     sub_title = []
@@ -490,13 +732,59 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
                                    (("hue", "colour"), ("style", "marker"), ("facet", "panels")) if k in cats))
     if note:
         sub_title.append(note)
-    chars = int(fig.get_figwidth() * 11)          # characters of a line of the title, at its font size
-    fig.suptitle("\n".join([head] + ["\n".join(textwrap.wrap(t, chars)) for t in sub_title if t]), fontsize="medium")
+    chars = int(fig.get_figwidth() * 10)          # characters of a line of the title, at its font size
+    suptitle = fig.suptitle("\n".join("\n".join(textwrap.wrap(t, chars)) for t in [head] + sub_title if t),
+                            fontsize="medium", va="top")
+    _pareto_layout(fig, axes, ncols, nrows, facets, suptitle, legend, counts_bar, colour_bar)
     _save(fig, path)
     record.update(x_label=xl, y_label=yl, x_log=ax0.get_xscale() == "log", y_log=ax0.get_yscale() == "log",
                   x_ticks=_tick_labels(ax0.xaxis), y_ticks=_tick_labels(ax0.yaxis),
                   highlighted_x=hx, highlighted_y=hy, title=fig.get_suptitle(), note=note)
     return record
+
+
+#: inches of a colour bar across
+_BAR = 0.14
+
+
+def _pareto_layout(fig, axes, ncols: int, nrows: int, facets: list, suptitle, legend, counts_bar, colour_bar) -> None:
+    """Fixed margins of a Pareto plot, in inches from what it holds: the title on top, the
+    panels, a colour bar of cell counts on the right (``counts_bar``: the density mesh, or
+    None), a colour bar of the next objective (``colour_bar``) and the legend below."""
+    from matplotlib import rcParams
+    from matplotlib.ticker import FuncFormatter
+    tick = rcParams["ytick.labelsize"]
+    title_h = _text_height("x", "medium") + 6 / 72 if facets != [None] else 0.0
+    top = PAD + _text_height(suptitle.get_text(), "medium") + PAD + title_h
+    right = PAD + max(0.15, _x_overhang(fig, axes[0]))
+    if counts_bar is not None:
+        widest = _tick_text(10 ** math.ceil(math.log10(max(float(counts_bar.get_array().max()), 1.0))))
+        right += 0.1 + _BAR + _text_width(fig, widest, tick) + _text_height("x", "large") + 16 / 72
+    below = _x_room(fig, axes[(nrows - 1) * ncols])
+    bar_h = 0.0
+    if colour_bar is not None:
+        bar_h = 0.12 + _BAR + _text_height("1", tick) + _text_height("x", "large") + 16 / 72
+    legend_w, legend_h = _box_size(fig, legend)
+    fig.set_size_inches(max(fig.get_figwidth(), legend_w + 2 * PAD), fig.get_figheight())
+    bottom = PAD + legend_h + PAD + bar_h + below
+    _arrange(fig, ncols, nrows, left=PAD + _y_room(fig, axes[0]), right=right, top=top, bottom=bottom,
+             wgap=0.25, hgap=title_h + PAD)
+    _settle_ticks(axes[:len(facets)])
+    w, h = fig.get_size_inches()
+    suptitle.set_y(1 - PAD / h)
+    legend.set_bbox_to_anchor((0.5, PAD / h), transform=fig.transFigure)
+    pos = axes[0].get_position()
+    if counts_bar is not None:
+        cax = fig.add_axes((pos.x1 + 0.1 / w, pos.y0, _BAR / w, pos.height))
+        bar = fig.colorbar(counts_bar, cax=cax, label="Pareto designs per cell")
+        bar.minorticks_off()
+        bar.ax.yaxis.set_major_formatter(FuncFormatter(_tick_text))
+    if colour_bar is not None:
+        width = 0.7 * pos.width
+        cax = fig.add_axes((pos.x0 + (pos.width - width) / 2, pos.y0 - (below + 0.12 + _BAR) / h, width, _BAR / h))
+        bar = fig.colorbar(colour_bar, cax=cax, orientation="horizontal", label=colour_bar.get_label())
+        bar.minorticks_off()
+        bar.ax.xaxis.set_major_formatter(FuncFormatter(_tick_text))
 
 
 # --------------------------------------------------------------------------- roofline
@@ -525,8 +813,8 @@ _LABEL_SPOTS = ((6, 2), (6, -12), (-6, 2), (-6, -12), (6, 12), (6, -22), (-6, 12
 def _label_offsets(fig, ax, anchors, texts, markers, fontsize: float) -> list[tuple[int, int]]:
     """Offsets (points) of labels beside their ``anchors`` (data coordinates) such that no
     label covers another or a marker (``markers``, data coordinates), the first of
-    ``_LABEL_SPOTS`` that is free (the first spot when none is)."""
-    fig.draw_without_rendering()             # the final layout: axes positions and limits
+    ``_LABEL_SPOTS`` that is free (the first spot when none is). The axes must be placed
+    (fixed margins) and their limits set."""
     px = fig.dpi / 72.0
     half = 4.0 * px
     taken = [(x - half, y - half, x + half, y + half) for x, y in ax.transData.transform(np.asarray(markers))]
@@ -550,6 +838,7 @@ def _label_offsets(fig, ax, anchors, texts, markers, fontsize: float) -> list[tu
     return out
 
 
+@_styled
 def roofline_plot(path: Path, analysis, title: str = "") -> dict:
     """Operators of the prefill and of a decode step by arithmetic intensity (ops/byte) and
     attained performance (ops / time of one instance, in TFLOP/s or TOP/s), under the
@@ -610,9 +899,9 @@ def roofline_plot(path: Path, analysis, title: str = "") -> dict:
                  for s, m in marks.items()], loc="lower right", fontsize="x-small")
     key = [Line2D([], [], ls="", marker="o", color=op_colour(n), markeredgecolor="k", ms=7,
                   label=f"{i}  {n}") for n, i in numbers.items()]
-    if key:
-        fig.legend(handles=key, loc="outside right upper", fontsize="x-small", title="operators",
-                   ncols=1 if len(key) <= 24 else 2)
+    legend = fig.legend(handles=key, loc="upper left", fontsize="x-small", title="operators",
+                        ncols=1 if len(key) <= 24 else 2) if key else None
+    _row_layout(fig, [ax], legend, titled=True)
     # one label per cluster of nearby points (the numbers of its operators), set where it
     # covers no other label and no marker
     labels = []
@@ -641,6 +930,7 @@ def roofline_plot(path: Path, analysis, title: str = "") -> dict:
 
 # --------------------------------------------------------------------------- breakdown
 
+@_styled
 def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> dict:
     """Stacked bars of per-operator time (prefill; one decode step) of a few designs, as
     shares of each step (designs differ by orders of magnitude) with the step's time
@@ -687,8 +977,9 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
         record["stages"][stage] = {"operators": series, "other": other, "time_s": values, "colours": colours,
                                    "total_s": [float(t) for t in totals], "y_label": ax.get_ylabel()}
     order = sorted(drawn, key=lambda n: (n == "other", list(OP_COLOURS).index(n) if n in OP_COLOURS else 999, n))
-    fig.legend(handles=[Patch(color=drawn[n], label=n) for n in order], loc="outside right upper",
-               fontsize="x-small", title="operator")
+    legend = fig.legend(handles=[Patch(color=drawn[n], label=n) for n in order], loc="upper left",
+                        fontsize="x-small", title="operator")
+    _row_layout(fig, axes, legend, titled=True)
     record["y_label"] = axes[1].get_ylabel()
     record["colours"] = drawn
     _save(fig, path)
@@ -697,6 +988,7 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
 
 # --------------------------------------------------------------------------- sweep curves
 
+@_styled
 def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
     """Curves against a swept parameter. Each panel is a dict with ``data`` (rows with
     point, feasible, x and ys), ``x``, ``ys`` (one axes each, its unit chosen from its
@@ -765,9 +1057,10 @@ def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
         record["panels"].append(rec)
     if "infeasible" in handles:
         handles["infeasible"] = handles.pop("infeasible")          # last
-    if handles:
-        fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="small")
-    fig.suptitle("\n".join(textwrap.wrap(title, 60 * n_ax if n_ax > 1 else 70)), fontsize="medium")
+    legend = fig.legend(handles=list(handles.values()), loc="center left", fontsize="small") if handles else None
+    suptitle = fig.suptitle("\n".join(textwrap.wrap(title, 60 * n_ax if n_ax > 1 else 70)), fontsize="medium",
+                            va="top")
+    _row_layout(fig, axes, legend, suptitle, centre=True)
     _save(fig, path)
     for rec in record["panels"]:        # tick labels as drawn
         rec["y_ticks"] = {y: _tick_labels(ax.yaxis) for y, ax in rec["y_ticks"].items()}
@@ -778,6 +1071,7 @@ def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
 
 # --------------------------------------------------------------------------- validation
 
+@_styled
 def validation_plot(path: Path, rows: list[dict], title: str = "") -> dict:
     """Predicted against measured, one panel per metric in that metric's own unit (TTFT in
     ms or s, throughputs in tokens/s), colour per hardware, with the y = x line and a
@@ -788,11 +1082,11 @@ def validation_plot(path: Path, rows: list[dict], title: str = "") -> dict:
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     hardware = list(dict.fromkeys(r["hardware"] for r in rows))
     colours = dict(zip(hardware, _palette(len(hardware))))
-    import seaborn as sns
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    sns.set_theme(style="whitegrid", context="notebook")
     ncols = max(len(metrics), 1)
-    fig = Figure(figsize=(max(4.8 * ncols, 10.0), 9.0), layout="constrained")
+    fig = Figure(figsize=(max(4.8 * ncols, 10.0), 9.0), layout="constrained")    # drawn once per validation
+    FigureCanvasAgg(fig)
     grid = fig.add_gridspec(2, ncols, height_ratios=(1.0, 0.8))
     axes = [fig.add_subplot(grid[0, i]) for i in range(len(metrics))] + [fig.add_subplot(grid[1, :])]
     record = {"kind": "validation", "panels": [], "colours": colours}
@@ -851,12 +1145,13 @@ def validation_plot(path: Path, rows: list[dict], title: str = "") -> dict:
 
 # --------------------------------------------------------------------------- compare
 
+@_styled
 def compare_plot(path: Path, rows: list[dict]) -> dict:
     """Bars per hardware of TTFT, TPOT, throughput (system, per user, per device) and
     the memory footprint against capacity; hatched bars do not fit."""
     metrics = ["ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
                "output_tokens_per_s_per_device", "peak_memory_bytes"]
-    fig, axes = _figure(ncols=3, nrows=2, width=4.2, height=3.6)
+    fig, axes = _figure(ncols=3, nrows=2, width=4.2, height=3.6, layout="constrained")   # rotated names
     names = [r["hardware"] for r in rows]
     pal = _palette(len(rows))
     xs = np.arange(len(rows))

@@ -15,7 +15,8 @@ which it names bottlenecks, and writes:
 - ``pareto_<x>.png``: a throughput objective against a hardware figure (memory
   bandwidth, peak compute, memory capacity, cost), feasible points as a background
   sample (at most 20,000, fixed seed) and the Pareto rows highlighted; with exactly two
-  objectives, also (or instead) those two;
+  objectives, also (or instead) those two. Large clouds and fronts are drawn as
+  densities (``dse.present.plots.LARGE_CLOUD``, ``LARGE_FRONT``);
 - ``roofline.png``: the operators of the best design of the first objective on its
   device's roofline;
 - ``breakdown.png``: per-operator time of the best designs (at most 4);
@@ -26,8 +27,8 @@ which it names bottlenecks, and writes:
 - ``plots.json``: per plot what was drawn (columns, units, axis labels, the ``point``
   ids highlighted), so the content of the pictures can be checked.
 
-Only numpy is imported at module level; pandas, pyarrow, matplotlib and seaborn are
-imported when a report is written.
+No plotting library is imported with this module: matplotlib is imported when the first
+plot is drawn (seaborn and scipy never are).
 """
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     sweep_metrics = ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s")
     # rows are named by 'point' (sweeps) or 'trial' (Optuna searches); df['point'] holds that id
     key = "point" if "point" in res.names else "trial" if "trial" in res.names else None
-    want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes]
+    want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes, *TABLE_METRICS]
     if any(v in varied for v in ("batch", "prompt_len", "gen_len", *LOAD_AXES)):
         want += list(sweep_metrics) + ["batch_used"]
     df = res.columns(want)
@@ -273,7 +274,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         cols = [v for v in others if v != hue]
         fixed = {v: base[v] for v in cols}
         if cols and n_feas:
-            cover = df[feas].groupby(cols, observed=True, sort=False)[x].nunique()
+            cover = df.loc[feas, [*cols, x]].groupby(cols, observed=True, sort=False)[x].nunique()
             cand = cover[cover == cover.max()].index.to_frame(index=False)
             same = sum((cand[v] == base[v]).to_numpy(int) for v in cols)
             far = sum(np.abs(np.log(cand[v].to_numpy(float) / float(base[v]))) for v in cols
@@ -359,6 +360,8 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
 REPORT_HTML = "report.html"
 #: the distribution whose version a report names (``pip install dse-llm``)
 DISTRIBUTION = "dse-llm"
+#: metrics every table of Pareto designs shows (read with the other columns of the report)
+TABLE_METRICS = ("output_tokens_per_s", "tpot_s", "ttft_s")
 #: at most this many Pareto designs are listed in report.html (summary.md lists 10)
 FRONT_ROWS = 1_000
 #: at most this many infeasibility reasons are listed, most frequent first
@@ -386,6 +389,12 @@ def _column_unit(name: str) -> tuple[float, str] | None:
     if kind == "ops_per_s":
         unit = unit.removesuffix("FLOP/s") + ops_unit(name.removeprefix("peak_"))
     return scale, unit
+
+
+def _rows(df, positions, cols: list[str]) -> list[dict]:
+    """The rows of ``df`` at ``positions`` as dicts of ``cols`` with Python values (names as
+    text, NaN where a value is missing): the columns a table shows, read with the rest."""
+    return df.iloc[np.asarray(positions, dtype=np.int64)][cols].to_dict("records")
 
 
 def _columns_table(cols: list[str], rows: list[dict], key: str, table_id: str = "", only: str | None = None,
@@ -512,7 +521,7 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
             blocks.append(Figures(fronts))
         if len(front_pos):
             cols = [key] + params + [o for o in objectives if o not in params]
-            cols += [m for m in ("output_tokens_per_s", "tpot_s", "ttft_s") if m not in cols]
+            cols += [m for m in TABLE_METRICS if m not in cols]
             cols = [c for c in cols if c in res.names]
             sense = objectives.get(first, "max")
             shown = _spread(front_pos, df, first, sense)
@@ -520,7 +529,7 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
             for rows_shown, where, table_id in ((shown, MARKDOWN, ""), (listed, HTML, "pareto-front")):
                 caption = (f"All {len(front_pos):,} designs" if len(rows_shown) == len(front_pos) else
                            f"{len(rows_shown):,} of {len(front_pos):,} designs, spread along {first}")
-                blocks.append(_columns_table(cols, res.rows_at(rows_shown), key, table_id=table_id, only=where,
+                blocks.append(_columns_table(cols, _rows(df, rows_shown, cols), key, table_id=table_id, only=where,
                                              caption=caption + f", best {first} first:"))
         sections.append(Section("Pareto front", blocks, id="pareto"))
 
@@ -551,11 +560,11 @@ def _clean(o):
     if isinstance(o, dict):
         return {str(k): _clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
-        kinds = {type(v) for v in o}
+        kinds = set(map(type, o))
         if kinds <= {int, str, bool, type(None)}:
             return list(o)
-        if kinds <= {float, int}:
-            return [v if math.isfinite(v) else None for v in o]
+        if kinds <= {float, int}:        # a sum is finite only when every term is: one pass in C
+            return list(o) if math.isfinite(sum(o)) else [v if math.isfinite(v) else None for v in o]
         return [_clean(v) for v in o]
     if isinstance(o, (np.integer,)):
         return int(o)

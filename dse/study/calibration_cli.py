@@ -1,6 +1,6 @@
 """``validate`` and ``calibrate`` subcommands of ``python -m dse.study``.
 
-Both import scipy, matplotlib and seaborn only when they run, so the ``analyze`` path
+Both import scipy and matplotlib only when they run, so the ``analyze`` path
 stays light. Both show progress with the time left on stderr (tqdm) when stderr is a
 terminal (``--progress``: always; ``--quiet``: never); stdout carries only the report.
 """

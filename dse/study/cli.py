@@ -299,7 +299,7 @@ EXAMPLES = {
     "run": ("dse run quant-roofline",
             "dse run gpu-sweep-1m --out runs/gpu-sweep-1m --quiet",
             "dse run gpu-pareto-optuna --workers 2 --trials 500",
-            "dse run my-study.yaml --overwrite"),
+            "dse run my-study.yaml --overwrite --workers 2 --rows none"),
     "list": ("dse list models", "dse list hardware", "dse list hardware --format names",
              "dse list models --format csv > models.csv"),
     "show": ("dse show hardware h100-sxm", "dse show model deepseek-v3",
@@ -347,9 +347,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the study's seed (0 to 2**32 - 1; default: the study's)")
     r.add_argument("--trials", type=_positive_int, default=None,
                    help="override the study's trials (optuna; default: the study's)")
-    r.add_argument("--workers", type=_positive_int, default=1, help="worker processes on this machine (optuna)")
+    r.add_argument("--workers", type=_positive_int, default=1,
+                   help="worker processes on this machine: an optuna study's trials, or a sweep's chunks (the same "
+                        "results as one)")
     r.add_argument("--storage", default=None,
                    help="SQLAlchemy URL of a shared study storage (optuna; default: a journal file in --out)")
+    r.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run a sweep's chunks on a Dask distributed cluster, e.g. tcp://host:8786 (dse installed on "
+                        "every worker; pip install 'dse-llm[distributed]'); the results land in --out here "
+                        "(default: this machine)")
+    r.add_argument("--rows", choices=("all", "sample", "none"), default=None,
+                   help="what a sweep keeps of its rows besides pareto.csv and aggregates.csv: all (results.parquet), "
+                        "a uniform sample (sample.parquet, outputs.sample rows) or none (default: the study's "
+                        "outputs.rows, else all up to 10,000,000 points and sample above)")
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     c = command("compare", "the same workload on several hardware presets, side by side")
     _add_workload_args(c)
@@ -534,7 +544,7 @@ def _table_report(res, display, asked_flash=None) -> str:
 def cmd_run(args) -> int:
     from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
 
-    data, spec = load_study(args.study, seed=args.seed, trials=args.trials)
+    data, spec = load_study(args.study, seed=args.seed, trials=args.trials, rows=args.rows)
     if args.overwrite and args.storage:
         raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
                        "--storage (or delete that study there) instead")
@@ -559,10 +569,14 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     """``run`` in its locked output folder: the study, then its report."""
     import time
 
+    from dse.explore.executors import keep_freed_memory
     from dse.explore.search import display_url, trial_counts  # optuna: only when a study runs
     from dse.explore.study import run_study
+    if spec.method != "optuna":
+        keep_freed_memory()                 # this process's job is the sweep: fewer page faults
     t0 = time.perf_counter()
-    front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet)
+    front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
+                      scheduler=args.scheduler)
     dt = time.perf_counter() - t0
     if spec.method == "optuna":
         counts = trial_counts(args.storage, out, spec)
@@ -574,6 +588,8 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     if spec.method == "optuna":
         where = display_url(args.storage) or f"{out / 'optuna.journal'} (optuna-dashboard {out / 'optuna.journal'})"
         print(f"  storage: {where}")
+    if spec.method != "optuna" and spec.rows_kept != "all":
+        return _streamed(spec, out)
     print(f"  results: {out / 'results.parquet'}")
     print(f"  pareto:  {out / 'pareto.csv'}")
     from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
@@ -584,6 +600,18 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     if best:
         print("\nBest feasible design per objective (details, bottlenecks and plots in report.html):")
         print(best)
+    return 0
+
+
+def _streamed(spec, out: Path) -> int:
+    """The end of ``run`` for a sweep that kept a sample of its rows or none: its files (the
+    report reads results.parquet, so none is written)."""
+    if spec.rows_kept == "sample":
+        print(f"  sample:  {out / 'sample.parquet'} (a uniform sample of {min(spec.sample, spec.points):,} rows)")
+    print(f"  pareto:  {out / 'pareto.csv'}")
+    print(f"  aggregates: {out / 'aggregates.csv'} (per value of each swept parameter)")
+    print(f"  best:    {out / 'best.json'}")
+    print(f"  no report: outputs.rows is {spec.rows_kept}, and the report reads results.parquet (--rows all keeps it)")
     return 0
 
 

@@ -17,6 +17,10 @@
     max_points: 10000000
     chunk_size: 250000
     ideal: false
+    outputs:          # sweeps: what the output folder keeps besides pareto.csv and aggregates.csv
+      rows: all       # all: results.parquet | sample: sample.parquet, a uniform sample | none
+                      # (default: all up to 10,000,000 points, sample above)
+      sample: 100000  # rows in the sample
 
 Everything is validated before any work starts; an error names the file and the key.
 """
@@ -36,7 +40,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: the shipped studies (``studies/``; package data in a wheel)
 STUDY_DIR = shipped("studies")
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
-        "chunk_size", "ideal", "sampler", "trials", "population"}
+        "chunk_size", "ideal", "sampler", "trials", "population", "outputs"}
+#: the keys of ``outputs``
+OUTPUT_KEYS = ("rows", "sample")
 
 
 def available_studies() -> list[str]:
@@ -57,8 +63,10 @@ def study_path(name_or_path: str) -> Path:
     return f
 
 
-def load_study(name_or_path: str, seed: int | None = None, trials: int | None = None) -> tuple[dict, SweepSpec]:
-    """(raw mapping, validated SweepSpec) of a study file; ``seed`` and ``trials`` override the file's."""
+def load_study(name_or_path: str, seed: int | None = None, trials: int | None = None,
+               rows: str | None = None) -> tuple[dict, SweepSpec]:
+    """(raw mapping, validated SweepSpec) of a study file; ``seed``, ``trials`` and ``rows``
+    (``outputs.rows``) override the file's."""
     path = study_path(name_or_path)
     data = load_yaml(path, "study file")
     if not isinstance(data, dict):
@@ -89,8 +97,26 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
         ints["trials"] = trials
     if "sampler" in data:
         ints["sampler"] = str(data["sampler"])
+    ints.update(_outputs(path, data.get("outputs", {}), rows))
     space = DesignSpace(data["space"], where=f"{path}: space")
     spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
                      constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
                      where=str(path), name=str(data.get("name") or path.stem), **ints)
     return data, spec
+
+
+def _outputs(path: Path, outputs, rows: str | None) -> dict:
+    """The SweepSpec fields of a study's ``outputs`` mapping (``rows``, ``sample``), ``rows``
+    overriding the file's; DseError naming the key (values are checked by SweepSpec)."""
+    if not isinstance(outputs, dict):
+        raise DseError(f"{path}: outputs: expected a mapping with keys {', '.join(OUTPUT_KEYS)}, got {outputs!r}")
+    unknown = set(outputs) - set(OUTPUT_KEYS)
+    if unknown:
+        raise DseError(f"{path}: outputs: unknown key(s) {', '.join(sorted(map(str, unknown)))}; allowed: "
+                       f"{', '.join(OUTPUT_KEYS)}")
+    out = {k: outputs[k] for k in OUTPUT_KEYS if k in outputs}
+    if "rows" in out and not isinstance(out["rows"], str):
+        raise DseError(f"{path}: outputs.rows: expected all, sample or none, got {out['rows']!r}")
+    if rows is not None:
+        out["rows"] = rows
+    return out

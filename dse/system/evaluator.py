@@ -9,9 +9,13 @@ and every feasibility check. ``run`` prices the prepared points with the rooflin
 (``dse.core.roofline``) under an efficiency model and turns step times into serving
 metrics (``dse.core.metrics``). Calibration runs one plan under many efficiencies.
 
-Points are grouped by workload; each group is priced by one vectorized kernel call, so
-the only Python loop is over distinct workloads, never over points. One design point is
-a one-row table through the same code as a million.
+Points are grouped by workload; each group is priced by one vectorized kernel call. Points
+whose workloads are shared by few others (every point its own batch and lengths) are grouped
+with all the points that differ from them only in batch, prompt and generated lengths: their
+operator tables are built at once, one row per workload (``dse.system.workload.WorkloadBatch``),
+and priced as [points, operators] arrays, so the Python loop is over kinds of workload (model,
+formats, layout, hardware class), never over points. One design point is a one-row table
+through the same code as a million.
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
 from dse.system.params import MAX_COUNT, DEFAULTS, PARAMS, SERVING_MODES
 from dse.system.techniques import TECHNIQUE_COLUMNS, draft_model, pruned_models, quality_columns, technique_columns
-from dse.system.workload import WorkloadTables, footprint_in_batch, resolve_model, tables
+from dse.system.workload import (TABLE_ROWS, WorkloadBatch, WorkloadTables, footprint_in_batch, resolve_model, tables,
+                                 workload_batch)
 from workloads.techniques import tokens_per_target_step
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
@@ -269,7 +274,8 @@ class Plan:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
                 sub = g if idx is g.index else _subgroup(g, idx)
-                metrics = _price(sub, eff, e, ideal)
+                metrics = _price_many(sub, eff, e, ideal) if isinstance(sub.tables, WorkloadBatch) else \
+                    _price(sub, eff, e, ideal)
                 saturated[idx] = metrics.pop("saturated", False)
                 slo_missed[idx] = metrics.pop("slo_missed", False)
                 over_tdp[idx] = metrics.pop("over_tdp", False)
@@ -278,7 +284,8 @@ class Plan:
                 positions = _positions(idx)
                 for j in np.flatnonzero(np.isin(positions, want)) if want is not None else ():
                     p = int(positions[j])
-                    explained[p if self.order is None else int(self.order[p])] = _explain(sub, j, eff, e, ideal,
+                    one, k = (_one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
+                    explained[p if self.order is None else int(self.order[p])] = _explain(one, k, eff, e, ideal,
                                                                                         self.hw, p)
         self._cost_of_serving(out)
         _service_figures(out)
@@ -379,12 +386,20 @@ def _by_efficiency(index, effs: Sequence):
 
 
 def _subgroup(g: _Group, idx: np.ndarray) -> _Group:
+    """The points ``idx`` (positions) of group ``g``."""
     pos = idx - _positions(g.index)[0]
     cpu = None if g.cpu is None else {**g.cpu, "system": g.cpu["system"].take(pos),
                                       "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
     serving = None if g.serving is None else {k: (v[pos] if isinstance(v, np.ndarray) else v)
                                               for k, v in g.serving.items()}
-    return _Group(idx, g.tables, g.system.take(pos), g.device_class, cpu, serving, g.family, g.engine, g.kv_group)
+    t = g.tables.take(pos) if isinstance(g.tables, WorkloadBatch) else g.tables
+    return _Group(idx, t, g.system.take(pos), g.device_class, cpu, serving, g.family, g.engine, g.kv_group)
+
+
+def _one_workload(g: _Group, j: int) -> _Group:
+    """The j-th point of a group of many workloads (``WorkloadBatch``), as a group of its own."""
+    at = np.array([j])
+    return replace(g, index=_positions(g.index)[at], tables=g.tables.one(j), system=g.system.take(at))
 
 
 def _constraint_items(constraints: dict):
@@ -399,12 +414,24 @@ def _cpu_efficiency(given, ideal: bool) -> Efficiency:
     return choose("cpu", given, ideal)
 
 
+def _price_many(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
+    """``_price`` of a group of many workloads (``WorkloadBatch``), its tables built and priced
+    ``TABLE_ROWS`` points at a time."""
+    parts = []
+    for lo in range(0, g.system.size, TABLE_ROWS):
+        rows = slice(lo, lo + TABLE_ROWS)
+        part = replace(g, tables=g.tables.tables(rows), system=g.system.take(rows))
+        parts.append(_price(part, eff, given, ideal))
+    return parts[0] if len(parts) == 1 else {k: np.concatenate([np.broadcast_to(p[k], (len(p["ttft_s"]),))
+                                                               for p in parts]) for k in parts[0]}
+
+
 def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     """Serving metrics of a group's points (arrays)."""
     if g.serving is not None:
         return _price_continuous(g, eff)
     t, sys, sc = g.tables, g.system, g.tables.scenario
-    n_steps = max(sc.gen_len - 1, 1)
+    n_steps = np.maximum(sc.gen_len - 1, 1)
     steps = np.full(sys.size, n_steps, dtype=float)
     pieces = [(d0, slope, np.full(sys.size, n, dtype=float)) for d0, slope, n in t.decode_steps(n_steps)]
     per_step = np.ones(sys.size)
@@ -434,7 +461,8 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     out["tokens_per_target_step"] = per_step
     e_pre, e_dec = _run_energy(g, sys)
     f_pre, f_dec = _run_energy(g, _measured_only(sys))
-    out.update(_energy(e_pre + e_dec, out["e2e_latency_s"], float(sc.batch) * sc.gen_len, sc.devices, sys,
+    out.update(_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
+                       sc.devices, sys,
                        [(f_pre, prefill), (f_dec, decode)]))
     return out
 
@@ -452,7 +480,7 @@ def _run_energy(g: _Group, sys: SystemArrays) -> tuple[np.ndarray, np.ndarray]:
     as ``_speculative`` prices them (the draft on its own tp ranks); layers on the CPU: NaN (no CPU
     has a measured energy profile)."""
     t, sc, spec = g.tables, g.tables.scenario, g.spec
-    n_steps = max(sc.gen_len - 1, 1)
+    n_steps = np.maximum(sc.gen_len - 1, 1)
     if g.cpu is not None:
         nan = np.full(sys.size, np.nan)
         return nan, nan
@@ -810,6 +838,9 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
            hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
            w["tech"], w["draft"], w["spec_acceptance"]]
+    many = _many_workloads(key, w, cpu_layers, n)
+    if many.any():                      # one group for the workloads differing only in batch and lengths
+        key[1:4] = [np.where(many, -1.0, k) for k in (batch, w["prompt"], w["gen"])]
     inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
@@ -820,7 +851,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         hw = assemble(cols)
         w = _workload_columns(cols, hw)
         tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
-        cpu_layers = w["cpu_layers"]
+        cpu_layers, many = w["cpu_layers"], many[order]
         for c, parts in fails.items():
             parts[:] = [inverse[p] for p in parts]
         details[:] = [(inverse[idx], text) for idx, text in details]
@@ -844,11 +875,14 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                                  engine=w["engines"][w["engine"][i0]]))
             continue
         tech = w["techniques"][w["tech"][i0]]
+        layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w["ep"][i0]),
+                  bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0, tech)
         try:
-            t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), names["weights"],
-                       names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w["ep"][i0]),
-                       bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0, tech)
-            spec = _speculation(t, model, w, i0, float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
+            if many[i0]:
+                t, spec = workload_batch(model, batch[idx], w["prompt"][idx], w["gen"][idx], *layout), None
+            else:
+                t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), *layout)
+                spec = _speculation(t, model, w, i0, float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
         except DseError as e:
             fail("model_split", _positions(idx), str(e))
             groups.append(_Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]], family=hw.families[hw.family[i0]],
@@ -874,6 +908,27 @@ def _economics(cols: Columns) -> dict:
         own = cols.numbers(k) if cols.has(k) else np.full(cols.n, np.nan)
         out[k] = np.where(np.isnan(own), defaults[k], own)
     return out
+
+
+#: a workload shared by fewer design points than this is priced with the others that differ from it
+#: only in batch and lengths (``_many_workloads``): at [points, operators], not one call per workload
+MANY_BELOW = 32
+
+
+def _many_workloads(key: list, w: dict, cpu_layers: np.ndarray, n: int) -> np.ndarray:
+    """[n] bool: the points priced as one group with every point that differs from them only in
+    batch, prompt and generated lengths (``dse.system.workload.WorkloadBatch``): static batches
+    without speculative decoding or a CPU layer split, whose decode has one affine piece (no
+    sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (a
+    workload shared by many points is cheaper priced once for them all)."""
+    sliding = np.array([m.num_sliding_layers > 0 for m in w["models"]])[w["model"]]
+    budget = np.array([t.kv_budget > 0 for t in w["techniques"]])[w["tech"]]
+    draft = np.array([d is not None for d in w["drafts"]])[w["draft"]]
+    ok = ~w["continuous"] & ~draft & (cpu_layers == 0) & ~sliding & ~budget
+    if not ok.any():
+        return ok
+    inv, _, starts = group(key, n)
+    return ok & (np.diff(starts)[inv] < MANY_BELOW)
 
 
 #: the columns that decide which points share a workload (and so one kernel call)
@@ -1138,9 +1193,12 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
         if np.any(bad):
             fail(code, positions[np.broadcast_to(bad, (size,))], detail)
 
-    too_long = context_error(model, sc.prompt_len, sc.gen_len, int(w["max_context"][i0]))
-    if too_long:
-        mark("context", np.ones(size, dtype=bool), too_long)
+    if sc.many:
+        _mark_context(mark, model, sc, int(w["max_context"][i0]))
+    else:
+        too_long = context_error(model, sc.prompt_len, sc.gen_len, int(w["max_context"][i0]))
+        if too_long:
+            mark("context", np.ones(size, dtype=bool), too_long)
     share = cpu_layers / model.num_layers
     cpu = None
     if cpu_layers:
@@ -1225,6 +1283,26 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
     return _Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving, hw.families[hw.family[i0]],
                   w["engines"][w["engine"][i0]], float(kv_group), spec)
+
+
+#: distinct prompt and generated lengths of a group of many workloads that exceed the context
+#: beyond which the reason's text is the template's, not the check's own words
+CONTEXT_DETAILS = 64
+
+
+def _mark_context(mark, model, sc, max_context: int) -> None:
+    """Mark the workloads of a scenario of many (``Scenario.many``) longer than the context, each
+    with the check's words (``context_error``) while there are few distinct lengths among them."""
+    limit = max_context or model.max_position_embeddings
+    if not limit:
+        return
+    long = sc.prompt_len + sc.gen_len > limit
+    pairs = np.unique(np.stack([sc.prompt_len[long], sc.gen_len[long]]), axis=1).T
+    if len(pairs) > CONTEXT_DETAILS:
+        mark("context", long)
+        return
+    for p, g in pairs:
+        mark("context", long & (sc.prompt_len == p) & (sc.gen_len == g), context_error(model, int(p), int(g), max_context))
 
 
 def _speculation(t: WorkloadTables, model, w: dict, i0: int, buffer: float) -> dict | None:

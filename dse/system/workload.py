@@ -43,7 +43,7 @@ class WorkloadTables:
 
     scenario: Scenario
     prefill: OpArrays
-    decode: OpArrays          # one decode step attending to prompt_len cached tokens
+    decode: OpArrays          # one decode step attending to prompt_len cached tokens (None: see WorkloadBatch)
     decode_first: OpArrays    # the first decode step (prompt_len + 1 keys) ...
     decode_slope: OpArrays    # ... and the increase per extra key
     prefill_table: optable.OpTable
@@ -53,10 +53,13 @@ class WorkloadTables:
     layer_weight_bytes: float  # weights of all the layers on one device
     decode_pieces: tuple = ()  # (first step, OpArrays, slope) of each affine piece of the decode (optable)
 
-    def decode_steps(self, steps: int) -> list:
+    def decode_steps(self, steps) -> list:
         """(first step's OpArrays, slope, number of steps) of each piece of ``steps`` decode steps
-        (one piece, or two when a sliding window fills during the generation)."""
+        (one piece, or two when a sliding window fills during the generation; ``steps`` one per
+        workload for tables of many, which have one piece)."""
         pieces = self.decode_pieces or ((0, self.decode_first, self.decode_slope),)
+        if len(pieces) == 1:
+            return [(pieces[0][1], pieces[0][2], steps)]
         ends = [j for j, _, _ in pieces[1:]] + [steps]
         return [(d0, slope, min(end, steps) - j) for (j, d0, slope), end in zip(pieces, ends) if min(end, steps) > j]
 
@@ -69,17 +72,99 @@ def tables(model: ModelSpec, batch: int, prompt_len: int, gen_len: int, weights:
     sc = Scenario.make(batch=batch, prompt_len=prompt_len, gen_len=gen_len, weights=weights,
                        activations=activations, kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention,
                        techniques=techniques)
+    return _built(model, sc, buffer)
+
+
+def _built(model: ModelSpec, sc: Scenario, buffer: float) -> WorkloadTables:
+    """The WorkloadTables of the workload(s) of ``sc`` on devices with ``buffer`` bytes on chip."""
     micro = replace(sc, batch=sc.micro_batch)
     pre = optable.prefill(model, micro, buffer)
     dec = optable.decode_step(model, micro, sc.prompt_len, buffer)
-    pieces = tuple((j, OpArrays.from_table(d0), OpArrays.from_table(slope))
-                   for j, d0, slope in optable.decode_pieces(model, micro, sc.prompt_len + 1, buffer))
+    pieces = _pieces(model, sc, micro, buffer)
     fp = footprint(model, sc, pre, dec)
     layer = np.array([op.name not in NON_LAYER_OPS for op in pre.operators])
-    layer_bytes = (layer_parameter_count(model, tp) * sc.weights.bytes
-                   * techniques.layer_weight_factor(sc.weights.bits, model.num_layers))
     return WorkloadTables(sc, OpArrays.from_table(pre), OpArrays.from_table(dec), pieces[0][1], pieces[0][2],
-                          pre, dec, fp, layer, layer_bytes, pieces)
+                          pre, dec, fp, layer, _layer_weight_bytes(model, sc), pieces)
+
+
+def _pieces(model: ModelSpec, sc: Scenario, micro: Scenario, buffer: float) -> tuple:
+    """(first step, OpArrays, slope) of each affine piece of the decode (``optable.decode_pieces``)."""
+    return tuple((j, OpArrays.from_table(d0), OpArrays.from_table(slope))
+                 for j, d0, slope in optable.decode_pieces(model, micro, sc.prompt_len + 1, buffer))
+
+
+def _layer_weight_bytes(model: ModelSpec, sc: Scenario) -> float:
+    """Bytes of the weights of all the layers on one device (the CPU share of a layer split)."""
+    return (layer_parameter_count(model, sc.tp) * sc.weights.bytes
+            * sc.techniques.layer_weight_factor(sc.weights.bits, model.num_layers))
+
+
+#: workloads whose operator tables ``WorkloadBatch`` builds at once (bounds the memory: a table of
+#: many holds ~3 KB per workload)
+TABLE_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class WorkloadBatch:
+    """Workloads that differ only in batch, prompt and generated lengths, one per design point:
+    their scenario (``Scenario.many``) and footprint (arrays, one entry per workload), and their
+    operator tables built on demand, ``TABLE_ROWS`` workloads at a time (``tables``)."""
+
+    model: ModelSpec
+    scenario: Scenario
+    buffer: float
+    footprint: Footprint
+    layer_weight_bytes: float
+
+    @property
+    def size(self) -> int:
+        return len(self.scenario.batch)
+
+    def tables(self, rows: slice) -> WorkloadTables:
+        """The WorkloadTables of the workloads ``rows`` that price them (operator arrays [W, O]): the
+        prefill and the decode's pieces, the footprint already known; no single decode step
+        (``decode`` and ``decode_table`` None: ``one`` has them for a workload explained)."""
+        sc = self.scenario.take(rows)
+        micro = replace(sc, batch=sc.micro_batch)
+        pre = optable.prefill(self.model, micro, self.buffer)
+        pieces = _pieces(self.model, sc, micro, self.buffer)
+        return WorkloadTables(sc, OpArrays.from_table(pre), None, pieces[0][1], pieces[0][2], pre, None,
+                              self.take(rows).footprint, None, self.layer_weight_bytes, pieces)
+
+    def take(self, rows) -> "WorkloadBatch":
+        """The workloads ``rows`` (a slice or index array)."""
+        fp = self.footprint
+        return replace(self, scenario=self.scenario.take(rows),
+                       footprint=replace(fp, kv_cache_bytes=fp.kv_cache_bytes[rows],
+                                         activation_bytes=fp.activation_bytes[rows]))
+
+    def one(self, row: int) -> WorkloadTables:
+        """The WorkloadTables of workload ``row`` alone (``tables``, cached)."""
+        sc = self.scenario
+        return tables(self.model, int(sc.batch[row]), int(sc.prompt_len[row]), int(sc.gen_len[row]), sc.weights.name,
+                      sc.activations.name, sc.kv.name, sc.tp, sc.pp, sc.ep, sc.flash_attention, self.buffer,
+                      sc.techniques)
+
+
+def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, activations: str, kv: str, tp: int,
+                   pp: int, ep: int, flash_attention: bool, buffer: float,
+                   techniques: Techniques = NONE) -> WorkloadBatch:
+    """The WorkloadBatch of W workloads (batch, prompt_len, gen_len: integer arrays [W]) sharing
+    everything else; their footprints come from the prefill and decode tables, built ``TABLE_ROWS``
+    at a time. DseError when the layout does not divide the model, or a decode's sliding window or
+    KV budget would fill (priced one workload at a time, ``tables``)."""
+    sc = Scenario.make(batch=np.asarray(batch, dtype=np.int64), prompt_len=np.asarray(prompt_len, dtype=np.int64),
+                       gen_len=np.asarray(gen_len, dtype=np.int64), weights=weights, activations=activations, kv=kv,
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+    parts = []
+    for lo in range(0, len(sc.batch), TABLE_ROWS):
+        part = sc.take(slice(lo, lo + TABLE_ROWS))
+        micro = replace(part, batch=part.micro_batch)
+        parts.append(footprint(model, part, optable.prefill(model, micro, buffer),
+                               optable.decode_step(model, micro, part.prompt_len, buffer)))
+    fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts]),
+                   np.concatenate([f.activation_bytes for f in parts]))
+    return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc))
 
 
 @dataclass(frozen=True)
@@ -135,5 +220,5 @@ def footprint_in_batch(model: ModelSpec, prompt_len: int, gen_len: int, weights:
                             kv_cache_bytes_per_sequence(model, sc), slope, intercept, ep, pp)
 
 
-__all__ = ["WorkloadTables", "tables", "FootprintInBatch", "footprint_in_batch", "resolve_model", "NON_LAYER_OPS",
+__all__ = ["WorkloadTables", "tables", "WorkloadBatch", "workload_batch", "TABLE_ROWS", "FootprintInBatch", "footprint_in_batch", "resolve_model", "NON_LAYER_OPS",
            "peak_activation_bytes"]

@@ -1,0 +1,103 @@
+"""Hand-run benchmark: evaluations per second on one core when every design point is its own workload.
+
+Llama-2-70B in FP8 (weights, activations, KV) on an H100 SXM template whose HBM bandwidth varies
+per point, the batch from 1 to 256, prompts of 128-4,096 tokens and 64-1,024 generated tokens
+drawn per point, so (almost) no two points share a workload. Per point: prefill, the exact decode
+total, footprint, feasibility, serving metrics and energy (``from dse import evaluate``).
+
+    python benchmarks/bench_workloads.py [points] [--llm-analysis PYTHON]
+
+With ``--llm-analysis`` the same points (the first 2,000) are also priced by llm-analysis
+(``pip install llm-analysis`` in the interpreter PYTHON's own environment; it is not a dependency
+of dse), one ``LLMAnalysis(...).inference(...)`` per point (its bandwidth, as an HBM efficiency,
+is a constructor argument), side by side on this machine. BLAS runs on one thread for both.
+"""
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dse import evaluate  # noqa: E402
+
+#: the llm-analysis side: the same points, one analysis each (run in its own interpreter)
+LLM_ANALYSIS = r"""
+import json, logging, sys, time
+from llm_analysis.analysis import LLMAnalysis, logger
+from llm_analysis.config import (ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name,
+                                 get_model_config_by_name)
+logger.setLevel(logging.ERROR)
+pts = json.load(sys.stdin)
+model = get_model_config_by_name("upstage_Llama-2-70b-instruct-v2")
+gpu = get_gpu_config_by_name("h100-sxm-80gb")
+dtype = get_dtype_config_by_name("w8a8e16")
+t = time.perf_counter()
+for b, p, g, bw in zip(pts["batch"], pts["prompt_len"], pts["gen_len"], pts["bandwidth"]):
+    # its achieved bandwidth may not exceed the GPU's: the point's bandwidth maps onto (0.3, 1] of it
+    a = LLMAnalysis(model, gpu, dtype, ParallelismConfig(), hbm_memory_efficiency=0.3 + 0.7 * (bw - 1e12) / 1.5e13)
+    try:
+        a.inference(batch_size_per_gpu=b, seq_len=p, num_tokens_to_generate=g, kv_cache_dtype_bytes=1)
+    except AssertionError:      # a design it finds does not fit: its answer for that point
+        pass
+print(json.dumps({"seconds": time.perf_counter() - t, "points": len(pts["batch"])}))
+"""
+
+
+def points(n: int, seed: int = 0) -> dict:
+    """The benchmark's design points as columns (every point its own workload)."""
+    rng = np.random.default_rng(seed)
+    return dict(batch=rng.integers(1, 257, n), prompt_len=rng.integers(128, 4097, n),
+                gen_len=rng.integers(64, 1025, n), memory_bandwidth=rng.uniform(1e12, 1.6e13, n))
+
+
+def dse_rate(n: int, chunk: int = 100_000, repeats: int = 3) -> tuple[float, int]:
+    """(best evaluations per second over ``repeats`` runs, distinct workloads among the points)."""
+    cols = points(n)
+    fixed = dict(hardware="h100-sxm", model="llama-2-70b", weights="fp8", activations="fp8", kv="fp8",
+                 flash_attention=True)
+    evaluate({**fixed, **{k: v[:1000] for k, v in cols.items()}})          # imports and presets loaded
+    best = np.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(0, n, chunk):
+            evaluate({**fixed, **{k: v[i:i + chunk] for k, v in cols.items()}})
+        best = min(best, time.perf_counter() - t)
+    distinct = len({(b, p, g) for b, p, g in zip(cols["batch"], cols["prompt_len"], cols["gen_len"])})
+    return n / best, distinct
+
+
+def llm_analysis_rate(python: str, n: int = 2000) -> float:
+    """Evaluations per second of llm-analysis on the first ``n`` of the same points."""
+    cols = {k: v[:n].tolist() for k, v in points(n).items()}
+    cols["bandwidth"] = cols.pop("memory_bandwidth")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([python, "-c", LLM_ANALYSIS], input=json.dumps(cols), capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"llm-analysis run failed: {r.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["points"] / out["seconds"]
+
+
+def main(argv: list[str]) -> None:
+    python = None
+    if "--llm-analysis" in argv:
+        k = argv.index("--llm-analysis")
+        python = argv[k + 1]
+        argv = argv[:k] + argv[k + 2:]
+    n = int(argv[0]) if argv else 200_000
+    rate, distinct = dse_rate(n)
+    print(f"dse: {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core")
+    if python:
+        other = llm_analysis_rate(python)
+        print(f"llm-analysis: {other:,.0f} evaluations/s on one core; dse is {rate / other:,.1f}x faster")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
