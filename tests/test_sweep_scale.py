@@ -312,14 +312,16 @@ def test_bad_outputs_are_one_line(tmp_path, capsys, outputs, message):
 
 def test_scheduler_errors_are_one_line(tmp_path, capsys, monkeypatch):
     study = _study(tmp_path)
+    rc, err = _cli(capsys, "run", study, "--out", tmp_path / "b", "--scheduler", "tcp://127.0.0.1:9", "--workers", "2")
+    assert rc == 2 and "not both" in err
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "distributed", None)          # not installed
+        rc, err = _cli(capsys, "run", study, "--out", tmp_path / "c", "--scheduler", "tcp://127.0.0.1:9")
+    assert rc == 2 and "pip install 'dse-llm[distributed]'" in err and len(err.strip().splitlines()) == 1, err
+    pytest.importorskip("distributed")
     monkeypatch.setattr(executors, "CONNECT_S", 1)
     rc, err = _cli(capsys, "run", study, "--out", tmp_path / "a", "--scheduler", "tcp://127.0.0.1:9")
     assert rc == 2 and "cannot connect to a Dask scheduler" in err and len(err.strip().splitlines()) == 1, err
-    rc, err = _cli(capsys, "run", study, "--out", tmp_path / "b", "--scheduler", "tcp://127.0.0.1:9", "--workers", "2")
-    assert rc == 2 and "not both" in err
-    monkeypatch.setitem(sys.modules, "distributed", None)          # not installed
-    rc, err = _cli(capsys, "run", study, "--out", tmp_path / "c", "--scheduler", "tcp://127.0.0.1:9")
-    assert rc == 2 and "pip install 'dse-llm[distributed]'" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_streaming_run_prints_its_files_and_no_report(tmp_path, capsys):

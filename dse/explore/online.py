@@ -143,7 +143,8 @@ def cell_stats(cells: Cells, df: pd.DataFrame, feasible: np.ndarray, objectives:
 @dataclass
 class ChunkSummary:
     """What one chunk adds to a sweep's online summaries (and, when the sweep keeps every
-    row, the chunk's rows as a Parquet file)."""
+    row, the chunk's rows: Parquet bytes, or the DataFrame for the process writing them to
+    encode)."""
 
     first: int                  # the chunk's first point id
     points: int
@@ -153,6 +154,7 @@ class ChunkSummary:
     front: pd.DataFrame         # the chunk's Pareto front (``front_columns``)
     sample: pd.DataFrame | None = None     # its rows that may enter the sample, with SAMPLE_KEY
     rows: bytes | pd.DataFrame | None = field(default=None, repr=False)   # Parquet bytes, or the rows to encode
+
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``reason`` as plain text, so rows of chunks with different reasons concatenate
