@@ -324,6 +324,15 @@ def test_scheduler_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert rc == 2 and "cannot connect to a Dask scheduler" in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_malformed_scheduler_address_is_one_line_and_leaves_no_client_behind(tmp_path):
+    """Refused before a Dask client exists: nothing is printed at exit after the one line."""
+    pytest.importorskip("distributed")
+    r = subprocess.run([sys.executable, "-m", "dse.study", "run", str(_study(tmp_path)), "--out", str(tmp_path / "o"),
+                        "--scheduler", "bogus", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "tcp://HOST:8786" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_streaming_run_prints_its_files_and_no_report(tmp_path, capsys):
     rc = main(["run", str(_study(tmp_path)), "--out", str(tmp_path / "o"), "--rows", "sample", "--quiet"])
     text = capsys.readouterr().out

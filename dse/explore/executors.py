@@ -186,6 +186,12 @@ def _on_dask(task: Callable, spec, ks: list[int], arg_of: Callable, scheduler: s
     distributed = _distributed()
     if not ks:
         return
+    try:                                 # a malformed address fails here, before a Client exists to clean up
+        scheme, where = distributed.comm.addressing.parse_address(scheduler)
+        distributed.comm.addressing.parse_host_port(where)
+    except (ValueError, TypeError) as e:
+        raise DseError(f"--scheduler {scheduler}: expected a Dask scheduler address such as tcp://HOST:8786 "
+                       f"({_first_line(e)})") from None
     try:
         client = distributed.Client(scheduler, timeout=CONNECT_S, set_as_default=False)
     except Exception as e:  # noqa: BLE001 - any failure to reach it (address, network, version) is the user's
