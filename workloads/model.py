@@ -148,13 +148,19 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim
 
 
+def context_limit(m: ModelSpec, max_context: int = 0) -> int:
+    """Tokens a sequence may hold: ``max_context`` when given (> 0), else the model's
+    ``max_position_embeddings`` (0: the config gives none, nothing is checked)."""
+    return max_context or m.max_position_embeddings or 0
+
+
 def context_error(m: ModelSpec, prompt_len: int, gen_len: int, max_context: int = 0) -> str:
     """'' when a prompt of ``prompt_len`` tokens and ``gen_len`` generated ones fit in the
     context, else why not. The context is ``max_context`` tokens when given (> 0: a longer
     one served with RoPE scaling, as engines allow with ``--max-model-len``), else the
     model's ``max_position_embeddings`` (not checked when the config gives none)."""
     used = prompt_len + gen_len
-    limit = max_context or m.max_position_embeddings
+    limit = context_limit(m, max_context)
     if not limit or used <= limit:
         return ""
     if max_context:

@@ -21,6 +21,7 @@ from basis.files import output_folder
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
+from dse.explore.executors import keep_freed_memory
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -569,7 +570,6 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     """``run`` in its locked output folder: the study, then its report."""
     import time
 
-    from dse.explore.executors import keep_freed_memory
     from dse.explore.search import display_url, trial_counts  # optuna: only when a study runs
     from dse.explore.study import run_study
     if spec.method != "optuna":

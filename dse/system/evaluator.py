@@ -52,7 +52,7 @@ from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
 from hwmodels.presets import DEVICE_CLASSES
 from workloads.lengths import FIXED, LengthSpec, parse_lengths
-from workloads.model import context_error
+from workloads.model import context_error, context_limit
 from workloads import optable
 from workloads.optable import kv_heads_per_device
 
@@ -1227,7 +1227,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
         if w["disaggregated"][i0]:          # the KV cache moves between the pools over the link
             mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
         length_spec: LengthSpec = w["length_specs"][w["lengths"][i0]]
-        limit = int(w["max_context"][i0]) or model.max_position_embeddings or np.inf
+        limit = context_limit(model, int(w["max_context"][i0])) or np.inf
         lengths = length_spec.classes(sc.prompt_len, sc.gen_len, limit)
         act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())))
     pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
@@ -1293,7 +1293,7 @@ CONTEXT_DETAILS = 64
 def _mark_context(mark, model, sc, max_context: int) -> None:
     """Mark the workloads of a scenario of many (``Scenario.many``) longer than the context, each
     with the check's words (``context_error``) while there are few distinct lengths among them."""
-    limit = max_context or model.max_position_embeddings
+    limit = context_limit(model, max_context)
     if not limit:
         return
     long = sc.prompt_len + sc.gen_len > limit

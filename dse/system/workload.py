@@ -77,20 +77,30 @@ def tables(model: ModelSpec, batch: int, prompt_len: int, gen_len: int, weights:
 
 def _built(model: ModelSpec, sc: Scenario, buffer: float) -> WorkloadTables:
     """The WorkloadTables of the workload(s) of ``sc`` on devices with ``buffer`` bytes on chip."""
-    micro = replace(sc, batch=sc.micro_batch)
-    pre = optable.prefill(model, micro, buffer)
-    dec = optable.decode_step(model, micro, sc.prompt_len, buffer)
-    pieces = _pieces(model, sc, micro, buffer)
+    pre, dec = _steps(model, sc, buffer)
+    pieces = _pieces(model, _micro(sc), buffer)
     fp = footprint(model, sc, pre, dec)
     layer = np.array([op.name not in NON_LAYER_OPS for op in pre.operators])
     return WorkloadTables(sc, OpArrays.from_table(pre), OpArrays.from_table(dec), pieces[0][1], pieces[0][2],
                           pre, dec, fp, layer, _layer_weight_bytes(model, sc), pieces)
 
 
-def _pieces(model: ModelSpec, sc: Scenario, micro: Scenario, buffer: float) -> tuple:
-    """(first step, OpArrays, slope) of each affine piece of the decode (``optable.decode_pieces``)."""
+def _micro(sc: Scenario) -> Scenario:
+    """The scenario of one micro-batch of ``sc`` (what the operator tables price)."""
+    return replace(sc, batch=sc.micro_batch)
+
+
+def _steps(model: ModelSpec, sc: Scenario, buffer: float) -> tuple[optable.OpTable, optable.OpTable]:
+    """(prefill, decode step attending to prompt_len keys) tables of one micro-batch of ``sc``."""
+    micro = _micro(sc)
+    return optable.prefill(model, micro, buffer), optable.decode_step(model, micro, sc.prompt_len, buffer)
+
+
+def _pieces(model: ModelSpec, micro: Scenario, buffer: float) -> tuple:
+    """(first step, OpArrays, slope) of each affine piece of the decode of the micro-batch ``micro``
+    from its first generated token on (``optable.decode_pieces``)."""
     return tuple((j, OpArrays.from_table(d0), OpArrays.from_table(slope))
-                 for j, d0, slope in optable.decode_pieces(model, micro, sc.prompt_len + 1, buffer))
+                 for j, d0, slope in optable.decode_pieces(model, micro, micro.prompt_len + 1, buffer))
 
 
 def _layer_weight_bytes(model: ModelSpec, sc: Scenario) -> float:
@@ -125,9 +135,9 @@ class WorkloadBatch:
         prefill and the decode's pieces, the footprint already known; no single decode step
         (``decode`` and ``decode_table`` None: ``one`` has them for a workload explained)."""
         sc = self.scenario.take(rows)
-        micro = replace(sc, batch=sc.micro_batch)
+        micro = _micro(sc)
         pre = optable.prefill(self.model, micro, self.buffer)
-        pieces = _pieces(self.model, sc, micro, self.buffer)
+        pieces = _pieces(self.model, micro, self.buffer)
         return WorkloadTables(sc, OpArrays.from_table(pre), None, pieces[0][1], pieces[0][2], pre, None,
                               self.take(rows).footprint, None, self.layer_weight_bytes, pieces)
 
@@ -159,9 +169,7 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
     parts = []
     for lo in range(0, len(sc.batch), TABLE_ROWS):
         part = sc.take(slice(lo, lo + TABLE_ROWS))
-        micro = replace(part, batch=part.micro_batch)
-        parts.append(footprint(model, part, optable.prefill(model, micro, buffer),
-                               optable.decode_step(model, micro, part.prompt_len, buffer)))
+        parts.append(footprint(model, part, *_steps(model, part, buffer)))
     fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts]),
                    np.concatenate([f.activation_bytes for f in parts]))
     return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc))
