@@ -333,11 +333,11 @@ def test_a_malformed_scheduler_address_is_one_line_and_leaves_no_client_behind(t
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_streaming_run_prints_its_files_and_no_report(tmp_path, capsys):
+def test_streaming_run_prints_its_files_and_its_report(tmp_path, capsys):
     rc = main(["run", str(_study(tmp_path)), "--out", str(tmp_path / "o"), "--rows", "sample", "--quiet"])
     text = capsys.readouterr().out
-    assert rc == 0 and "sample.parquet" in text and "aggregates.csv" in text and "no report" in text
-    assert (tmp_path / "o" / "best.json").exists() and not (tmp_path / "o" / "report.html").exists()
+    assert rc == 0 and "sample.parquet" in text and "aggregates.csv" in text and "report.html" in text
+    assert (tmp_path / "o" / "best.json").exists() and (tmp_path / "o" / "report.html").exists()    # from the sample
     # the same folder with every row kept is another study: refused, naming outputs
     rc, err = _cli(capsys, "run", _study(tmp_path), "--out", tmp_path / "o", "--rows", "all")
     assert rc == 2 and "outputs" in err and "--overwrite" in err

@@ -56,15 +56,13 @@ __all__ = ["COUNTS", "changed_settings", "chunk_task", "evaluate_chunk", "evalua
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """(rows, evaluation) of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
     ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
-    df = pd.DataFrame({id_name: np.asarray(ids, dtype=np.int64)})
-    for name, v in cols.items():
-        df[name] = v
+    data = {id_name: np.asarray(ids, dtype=np.int64), **cols}      # one frame built at once
     for name in METRICS:
         v = ev.metrics[name]
-        df[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
-    df["feasible"] = ev.feasible
-    df["reason"] = ev.reason_labels()
-    return df, ev
+        data[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
+    data["feasible"] = ev.feasible
+    data["reason"] = ev.reason_labels()
+    return pd.DataFrame(data), ev
 
 
 def evaluate_chunk(spec: SweepSpec, k: int) -> pd.DataFrame:

@@ -33,8 +33,10 @@ and the ``point`` ids of the designs drawn); ``dse.present.report`` collects the
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import textwrap
+import threading
 import zlib
 from pathlib import Path
 
@@ -280,6 +282,25 @@ PAD = 0.1
 DPI = 110
 #: zlib level of the PNG files: 3 writes them a third faster than the default 6, within 3 % of its size
 PNG_COMPRESSION = 3
+
+
+#: the matplotlib modules the plots draw with (imported when the first plot is drawn, or by ``preload``)
+MATPLOTLIB_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.lines",
+                      "matplotlib.ticker", "matplotlib.colors", "matplotlib.patches", "matplotlib.font_manager")
+
+
+def preload() -> threading.Thread:
+    """Import the matplotlib modules plots are drawn with on a background thread (started;
+    returned): half a second of imports a run that will draw its report can overlap with
+    the work before it (a sweep's numpy work leaves the interpreter free most of the time).
+    Drawing without waiting for it is safe: Python's import lock makes a plot that needs a
+    module still being imported wait for it."""
+    def load():
+        for name in MATPLOTLIB_MODULES:
+            importlib.import_module(name)
+    thread = threading.Thread(target=load, name="dse-preload-matplotlib", daemon=True)
+    thread.start()
+    return thread
 
 
 def _styled(draw):
@@ -571,7 +592,10 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
     coloured by the next objective; the title says so. A background of more than
     ``LARGE_CLOUD`` designs is drawn as a density too (cells in its colour, stronger where
     more designs fall), so the time to draw does not grow with the number of designs.
-    ``note`` is a line added under the title (what was left out)."""
+    ``note`` is a line added under the title (what was left out). The record's
+    ``highlighted_x`` / ``highlighted_y`` are the coordinates, in axis units, of the Pareto
+    designs drawn as markers: all of them, or in density mode the (x, y) front's on top
+    (``density_cells`` and ``density_designs`` tell what the density counts)."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
     large = len(front) > LARGE_FRONT
@@ -656,8 +680,6 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
             counts_bar = _shade(ax, counts, xe, ye, _reds(), zorder=2)
             record["density_cells"] = int(np.count_nonzero(counts))
             record["density_designs"] = int(counts.sum())
-            hx += px.tolist()
-            hy += py.tolist()
         if len(fp) and x in senses and y in senses:
             v = fp[[x, y]].to_numpy(float)
             ok = np.isfinite(v).all(axis=1)
@@ -666,6 +688,9 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
                 m[ok] = pareto_mask(v[ok], [senses[x], senses[y]])
             sub = fp[m].sort_values(x)
             n_front_2d = len(sub)
+            if large:                         # the designs drawn as markers: this front's, on the density
+                hx += (sub[x].to_numpy(float) / sx).tolist()
+                hy += (sub[y].to_numpy(float) / sy).tolist()
             ax.step(sub[x].to_numpy(float) / sx, sub[y].to_numpy(float) / sy,
                     where="post" if senses[x] == "min" else "pre", color="k", lw=1.0, zorder=4)
             third = next((o for o in senses if o not in (x, y) and o in sub), None)
@@ -701,7 +726,8 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
     # legends beside the panels, never over the data
     what = f"{len(fr):,} designs" if shown.all() else f"{int(shown.sum()):,} of {len(fr):,} designs have both values"
     key = [Line2D([], [], ls="", marker="s" if dense else "o", color="0.6", alpha=0.5, ms=5 if dense else 4,
-                  label=f"feasible designs ({len(background):,} shown)" + (": density" if dense else ""))]
+                  label=f"feasible designs ({len(background):,} shown)" + (": density" if dense else ""))
+           ] if len(background) else []           # none given (no rows kept): the note says so
     if large:
         key.append(Line2D([], [], ls="", marker="s", color="#de2d26", ms=8,
                           label=f"Pareto front ({what}): density"))

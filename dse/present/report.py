@@ -1,10 +1,20 @@
 """The report of a study run: ``summary.md``, plots and ``plots.json``.
 
-:func:`write_report` reads what the run stored and recomputes no physics:
-``results.parquet`` only as far as it needs (the columns it plots or ranks, never the
-whole table: a run may hold 10^6+ rows) and ``best.json`` (the best feasible design per
+:func:`write_report` reads what the run stored and recomputes no physics: its rows
+only as far as it needs (the columns it plots or ranks, never the whole table: a run may
+hold 10^6+ rows), ``pareto.csv`` and ``best.json`` (the best feasible design per
 objective with its per-operator tables, written by the run; ``dse.explore.best``), from
-which it names bottlenecks, and writes:
+which it names bottlenecks. The rows are what the run kept (a sweep's ``outputs.rows``):
+
+- ``all``: ``results.parquet``, every row; the counts are counted in it;
+- ``sample``: ``sample.parquet``, a uniform sample of the rows: the cloud of feasible
+  designs and the sweep curves are drawn from it and say so; the counts are the sweep's
+  totals (``sweep.json``), the Pareto designs its exact front (``pareto.csv``: parameters
+  and objectives, so a plot against another metric, cost say, is left out);
+- ``none``: no rows: the Pareto plots draw the front alone, the sweep curves are left out
+  and ``summary.md`` says which and why; counts and front as for ``sample``.
+
+It writes:
 
 - ``summary.md``: the study and its question, points evaluated, feasible and infeasible
   counts (by reason), the Pareto-front size, the best design per objective with its metrics
@@ -46,7 +56,7 @@ from basis.files import write_text_atomic
 from basis.shipped import shipped
 from basis.units import axis_scale
 from dse.explore.best import BEST_FILE
-from dse.explore.runio import ResultsFile
+from dse.explore.runio import FrameResults, ResultsFile
 from dse.present.bottleneck import bottleneck
 from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
 from dse.present.document import (HTML, MARKDOWN, Bullets, Code, Document, Figure, Figures, Section, Table, html_page,
@@ -119,29 +129,186 @@ def _categories(df, varied: list[str]) -> dict:
     return out
 
 
-def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
-    """Write summary.md, the plots and plots.json into ``out_dir`` (which holds the run's
-    results.parquet); return the files written. ``front``: the Pareto rows (their
-    ``point`` ids are highlighted), by default read from pareto.csv."""
-    import pandas as pd
+#: the file a report reads its rows from, by what the run kept of them (``outputs.rows``; none: no file)
+ROW_FILES = {"all": "results.parquet", "sample": "sample.parquet"}
+#: a sweep's manifest, holding its totals (points, feasible, infeasible by reason)
+SWEEP_FILE = "sweep.json"
+#: the note of a sweep plot left out of the report of a run that kept no rows
+_NO_ROWS = "a sweep curve is drawn from rows, and this run kept none (outputs.rows: none)"
 
-    out = Path(out_dir)
-    res = ResultsFile(out / "results.parquet")
+
+def _read_best(out: Path) -> dict:
+    """What best.json of the run in ``out`` holds (``dse.explore.best.explain_best``); DseError when absent."""
     best_file = out / BEST_FILE
     if not best_file.exists():
         raise DseError(f"{out}: no {BEST_FILE} (the explained best designs); run the study again to write it")
-    stored = json.loads(best_file.read_text())
-    if front is None and (out / "pareto.csv").exists():
-        front = pd.read_csv(out / "pareto.csv")
+    return json.loads(best_file.read_text())
+
+
+def _read_front(out: Path):
+    """The Pareto rows of pareto.csv in ``out`` (an empty frame when there is none or it holds no column)."""
+    import pandas as pd
+    try:
+        return pd.read_csv(out / "pareto.csv")
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
+
+
+def _row_source(out: Path, spec, front) -> tuple[str, ResultsFile | FrameResults]:
+    """(what the run kept of its rows: 'all', 'sample' or 'none'; a reader of them):
+    results.parquet, sample.parquet, or for none no rows with the columns of the Pareto
+    rows ``front`` (so that a column the front holds reads as an empty column)."""
+    kept = "all" if spec.method == "optuna" else spec.rows_kept
+    if kept == "none":
+        return kept, FrameResults(front.iloc[:0].assign(feasible=np.zeros(0, dtype=bool)))
+    path = out / ROW_FILES[kept]
+    if not path.exists():
+        raise DseError(f"{path}: missing (the rows of a run with outputs.rows {kept}); run the study again")
+    return kept, ResultsFile(path)
+
+
+def _totals(out: Path, kept: str, res, n_feas: int) -> dict:
+    """The run's counts, {'points', 'feasible', 'reasons': [(reason key, points)], most
+    frequent first}: counted in its rows ``res`` (``n_feas`` of them feasible) when it kept
+    every row, else the sweep's totals in sweep.json (a sample's counts are not the run's)."""
+    if kept == "all":
+        return {"points": res.rows, "feasible": n_feas, "reasons": res.reasons() if res.rows - n_feas else []}
+    path = out / SWEEP_FILE
+    try:
+        state = json.loads(path.read_text())
+        reasons = sorted(((str(r), int(c)) for r, c in state["reasons"].items() if c), key=lambda rc: (-rc[1], rc[0]))
+        return {"points": int(state["points"]), "feasible": int(state["feasible"]), "reasons": reasons}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise DseError(f"{path}: holds no totals of a complete sweep; run the study again to finish it") from None
+
+
+def _front_rows(df, front, key: str, every_row: bool):
+    """The Pareto designs as rows: when ``df`` holds every row of the run, its rows of the
+    ``front``'s ids (with every column the report reads); else the ``front`` itself, marked
+    feasible (a streamed sweep's pareto.csv: point, parameters and objectives, no other metric)."""
+    import pandas as pd
+    if not every_row:
+        return front.assign(feasible=True).reset_index(drop=True) if len(front.columns) else df.iloc[:0]
+    ids = np.asarray(front[key], dtype=np.int64) if len(front) and key in front else np.array([], dtype=np.int64)
+    pts = df["point"].to_numpy(np.int64)
+    if len(pts) and pts[0] == 0 and pts[-1] == len(pts) - 1 and (np.diff(pts) == 1).all():
+        pos = ids[(ids >= 0) & (ids < len(pts))]
+    else:
+        pos = pd.Index(pts).get_indexer(ids)
+        pos = pos[pos >= 0]
+    return df.iloc[pos]
+
+
+def _stored_designs(stored: dict, objectives: dict) -> tuple[dict, dict, dict]:
+    """From what best.json holds: (per objective the id (``point`` or ``trial``) of its best
+    feasible design, None if none; per id the design's stored row, with the summary metrics
+    it lacks (a streamed sweep's row holds parameters and objectives) from the design's
+    stored summary; per id its Analysis)."""
+    ids = {p: int(d.get("id_value", p)) for p, d in stored["designs"].items()}
+    at = stored["objectives"]
+    best = {k: ids[str(at[k])] if at.get(k) is not None else None for k in objectives}
+    full = {ids[p]: {**{m: d["summary"][m] for m in _SUMMARY_METRICS if m in d["summary"]}, **d["row"]}
+            for p, d in stored["designs"].items()}
+    analyses = {ids[p]: Analysis(d["prefill"], d["decode"], d["summary"], d["memory_bandwidth"] or float("nan"))
+                for p, d in stored["designs"].items()}
+    return best, full, analyses
+
+
+def _varies(c: str, df, feas: np.ndarray, front_df) -> bool:
+    """Whether column ``c`` takes more than one finite value over the feasible rows of ``df``
+    (mask ``feas``) and the Pareto rows ``front_df``."""
+    v = np.concatenate([df[c].to_numpy(dtype=float)[feas] if c in df else [],
+                        front_df[c].to_numpy(dtype=float) if c in front_df else []])
+    v = v[np.isfinite(v)]
+    return len(v) > 0 and v.min() != v.max()
+
+
+def _rows_note(kept: str, rows: int, points: int) -> str:
+    """The rows a report draws from, in words: '' (every row), 'a uniform sample of N of M
+    points' or 'no rows'."""
+    if kept == "sample":
+        return f"a uniform sample of {rows:,} of {points:,} points"
+    return "no rows" if kept == "none" else ""
+
+
+def _cloud_note(kept: str, cloud: str) -> str:
+    """The line a Pareto plot adds under its title on what its cloud of feasible designs is
+    drawn from ('' when from every row); ``cloud``: the rows read, in words (``_rows_note``)."""
+    if kept == "sample":
+        return f"feasible designs drawn from {cloud}"
+    if kept == "none":
+        return "no cloud of feasible designs: the run kept no rows (outputs.rows: none), only its Pareto front"
+    return ""
+
+
+def _with_rows(rec: dict, kept: str, cloud: str) -> dict:
+    """A plot's record with the rows it was drawn from: ``rows`` (what the run kept) and,
+    unless every row, ``rows_note`` (``_rows_note``). Returns ``rec``."""
+    rec["rows"] = kept
+    if cloud:
+        rec["rows_note"] = cloud
+    return rec
+
+
+def _not_on_front(c: str) -> str:
+    """The note of a Pareto plot of ``c`` left out because the Pareto rows lack ``c``."""
+    return (f"no plot of {c}: the Pareto designs of a sweep that kept a sample or none of its rows are read from "
+            f"pareto.csv, which holds their parameters and objectives, not {c}")
+
+
+def _sweep_files(varied: list[str]) -> list[str]:
+    """The sweep plots the varied parameters call for: sweep_batch.png (``batch``),
+    sweep_load.png (a load of continuous batching), sweep_seq.png (a sequence length)."""
+    return ((["sweep_batch.png"] if "batch" in varied else [])
+            + (["sweep_load.png"] if any(v in varied for v in LOAD_AXES) else [])
+            + (["sweep_seq.png"] if any(v in varied for v in ("prompt_len", "gen_len")) else []))
+
+
+def _rows_section(kept: str, cloud: str, plots: dict) -> Section:
+    """What a streamed sweep kept of its rows (``kept``: 'sample' or 'none'; ``cloud``: in
+    words), so what its report draws from them and what it leaves out (``plots``' skipped)."""
+    front = ("the Pareto designs are the exact front (pareto.csv), which keeps their parameters and objectives: "
+             "the Pareto table shows no other metric")
+    if kept == "sample":
+        text = (f"This sweep kept {cloud} (sample.parquet, fixed by the seed), not every row. The counts above and "
+                f"the infeasible points by reason are the sweep's totals (sweep.json). The cloud of feasible designs "
+                f"in the Pareto plots and the sweep curves are drawn from the sample; {front}.")
+    else:
+        text = (f"This sweep kept none of its rows. The counts above and the infeasible points by reason are the "
+                f"sweep's totals (sweep.json); {front}. The Pareto plots draw the front alone, with no cloud of other "
+                f"feasible designs. Per value of each swept parameter, aggregates.csv holds the points, feasible "
+                f"points and best value of each objective.")
+    left = [f"{f}: {rec['skipped']}" for f, rec in plots.items() if "skipped" in rec and rec.get("kind") != "pareto"]
+    return Section("Rows kept", [text] + (["Left out, as they are drawn from rows:", Bullets(left)] if left else []),
+                   id="rows")
+
+
+def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
+    """Write summary.md, report.html, the plots and plots.json into the run folder
+    ``out_dir``; return the files written. ``front``: the Pareto rows (their ``point`` ids
+    are highlighted), by default read from pareto.csv.
+
+    The rows come from what the run kept (``spec.rows_kept``, ``_row_source``):
+    results.parquet (every row), sample.parquet (a uniform sample: the cloud of feasible
+    designs and the sweep curves are drawn from it, the counts are the sweep's totals in
+    sweep.json) or none (the Pareto plots draw the front alone, the plots that need rows
+    are left out and the summary says so)."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    stored = _read_best(out)
+    front = _read_front(out) if front is None else front
+    kept, res = _row_source(out, spec, front)
     objectives = dict(spec.objectives or {})
     name = str(study.get("name") or out.name)
-    varied = _varied(spec, res.names)
+    names = list(dict.fromkeys([*res.names, *map(str, front.columns)]))     # columns of the rows or the front
+    varied = _varied(spec, names)
 
     # ---- the columns worth reading
-    hw_axes = [c for c in res.names if c in HARDWARE_AXES or c.startswith("peak_")]
+    hw_axes = [c for c in names if c in HARDWARE_AXES or c.startswith("peak_")]
     sweep_metrics = ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s")
     # rows are named by 'point' (sweeps) or 'trial' (Optuna searches); df['point'] holds that id
-    key = "point" if "point" in res.names else "trial" if "trial" in res.names else None
+    key = "point" if "point" in names else "trial" if "trial" in names else None
     want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes, *TABLE_METRICS]
     if any(v in varied for v in ("batch", "prompt_len", "gen_len", *LOAD_AXES)):
         want += list(sweep_metrics) + ["batch_used"]
@@ -152,24 +319,13 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         df["point"] = df[key].to_numpy(np.int64)
     key = key or "point"
     feas = df["feasible"].to_numpy(bool)
-    n_feas = int(feas.sum())
+    totals = _totals(out, kept, res, int(feas.sum()))
+    n_feas = totals["feasible"]
+    front_df = _front_rows(df, front, key, every_row=kept == "all")
+    cloud = _rows_note(kept, res.rows, totals["points"])
 
-    # ---- Pareto rows as positions in the results
-    ids = (np.asarray(front[key], dtype=np.int64) if front is not None and len(front) and key in front
-           else np.array([], dtype=np.int64))
-    pts = df["point"].to_numpy(np.int64)
-    if len(pts) and pts[0] == 0 and pts[-1] == len(pts) - 1 and (np.diff(pts) == 1).all():
-        front_pos = ids[(ids >= 0) & (ids < len(pts))]
-    else:
-        front_pos = pd.Index(pts).get_indexer(ids)
-        front_pos = front_pos[front_pos >= 0]
-    front_df = df.iloc[front_pos]
-
-    # ---- best designs and their analyses
-    best = {k: stored["objectives"].get(k) for k in objectives}
-    full = {int(p): d["row"] for p, d in stored["designs"].items()}
-    analyses = {int(p): Analysis(d["prefill"], d["decode"], d["summary"], d["memory_bandwidth"] or float("nan"))
-                for p, d in stored["designs"].items()}
+    # ---- best designs and their analyses, by id
+    best, full, analyses = _stored_designs(stored, objectives)
     first = next(iter(objectives), None)
 
     written: list[Path] = []
@@ -182,11 +338,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     background = df.iloc[feas_pos]
 
     def usable(c):
-        if c not in df:
-            return False
-        v = df[c].to_numpy(dtype=float)[feas] if n_feas else df[c].to_numpy(dtype=float)
-        v = v[np.isfinite(v)]
-        return len(v) > 0 and v.min() != v.max()
+        return _varies(c, df, feas, front_df)
 
     # ---- a. Pareto fronts
     pairs = []
@@ -198,20 +350,25 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     if len(objectives) == 2:
         a, b = list(objectives)
         pair = (b, a) if a in THROUGHPUT or b not in THROUGHPUT else (a, b)
-        if pair not in pairs and all(c in df for c in pair):
+        if pair not in pairs and all(c in names for c in pair):
             pairs.append(pair)
     if not pairs and len(objectives) > 2:      # no hardware figure varies: the first objective against the others
         y0 = thr[0] if thr else first
-        pairs += [(o, y0) for o in objectives if o != y0 and usable(o) and y0 in df]
-    encode = _categories(df, varied)
+        pairs += [(o, y0) for o in objectives if o != y0 and usable(o) and y0 in names]
+    encode = _categories(df if len(df) else front_df, varied)
     if n_feas and thr and "cost_usd" in df and not usable("cost_usd"):
+        costs = np.concatenate([df["cost_usd"].to_numpy(float), front_df["cost_usd"].to_numpy(float)
+                                if "cost_usd" in front_df else []])
         plots["pareto_cost_usd.png"] = {"kind": "pareto", "x": "cost_usd", "y": thr[0],
-                                        "skipped": _NO_PRICE if not np.isfinite(df["cost_usd"].to_numpy(float)).any()
+                                        "skipped": _NO_PRICE if not np.isfinite(costs).any()
                                         else "no cost plot: every design with a cost has the same cost"}
     for x, y in pairs if n_feas else []:
         fname = f"pareto_{x}.png" if (not thr or y == thr[0]) else f"pareto_{y}_vs_{x}.png"   # x: the figure bought
         if fname in plots:
             fname = f"pareto_{y}_vs_{x}.png"
+        if x not in front_df or y not in front_df:      # a streamed sweep's pareto.csv: parameters and objectives
+            plots[fname] = {"kind": "pareto", "x": x, "y": y, "skipped": _not_on_front(x if x not in front_df else y)}
+            continue
         bg, note = background, ""
         if x == "cost_usd":            # presets without price_usd have no cost: draw the designs that have one
             priced = np.isfinite(background["cost_usd"].to_numpy(float))
@@ -221,17 +378,16 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
                 note = (f"only designs with a cost drawn ({len(bg):,} of {len(background):,} feasible shown): "
                         f"presets with price_usd: {', '.join(hw) or 'none'}")
         rec = pareto_plot(out / fname, bg, front_df, x, y, objectives, title=f"{name}: {words_of(y)} vs {words_of(x)}",
-                          note=note, **encode)
-        plots[fname] = rec
+                          note="; ".join(t for t in (_cloud_note(kept, cloud), note) if t), **encode)
+        plots[fname] = _with_rows(rec, kept, cloud)
         written.append(out / fname)
 
     # ---- b. roofline of the best design of the first objective
     p0 = best.get(first) if first else None
     if p0 is not None:
         rec = roofline_plot(out / "roofline.png", analyses[p0],
-                            title=f"{name}: best {first} ({key} {int(df['point'].iat[p0])}) on "
-                                  f"{full[p0]['hardware']}")
-        rec.update(point=int(df["point"].iat[p0]), id=key, objective=first)
+                            title=f"{name}: best {first} ({key} {p0}) on {full[p0]['hardware']}")
+        rec.update(point=p0, id=key, objective=first)
         plots["roofline.png"] = rec
         written.append(out / "roofline.png")
 
@@ -245,7 +401,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
             continue
         if len(designs) == 4:
             continue
-        d = {"label": f"best {k}\n({key} {int(df['point'].iat[p])})", "point": int(df["point"].iat[p]),
+        d = {"label": f"best {k}\n({key} {p})", "point": p,
              "analysis": analyses[p], "objective": k}
         seen[p] = d
         designs.append(d)
@@ -257,8 +413,12 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         plots["breakdown.png"] = rec
         written.append(out / "breakdown.png")
 
-    # ---- d. sweep curves around the best design of the first objective
+    # ---- d. sweep curves around the best design of the first objective (drawn from rows: none kept, none drawn)
     base = full.get(p0) if p0 is not None else None
+    sweeps = _sweep_files(varied) if base is not None else []
+    if kept == "none":
+        plots.update({f: {"kind": "sweep", "skipped": _NO_ROWS} for f in sweeps})
+        sweeps = []
 
     def sweep_slice(x: str):
         """(rows with every other varied parameter fixed, hue, fixed values, mode): a
@@ -273,7 +433,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         hue = next((v for v in others if _categorical(df[v]) and 2 <= df[v].nunique() <= 8), None)
         cols = [v for v in others if v != hue]
         fixed = {v: base[v] for v in cols}
-        if cols and n_feas:
+        if cols and feas.any():
             cover = df.loc[feas, [*cols, x]].groupby(cols, observed=True, sort=False)[x].nunique()
             cand = cover[cover == cover.max()].index.to_frame(index=False)
             same = sum((cand[v] == base[v]).to_numpy(int) for v in cols)
@@ -300,35 +460,37 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         return df.loc[idx.dropna().astype(int)], None, {}, "envelope"
 
     def title_of(what, fixed, mode):
+        sample = f" (from {cloud})" if cloud else ""
         if mode == "envelope":
-            return f"{name}: {what}, the best design ({first}) per value of the x axis"
-        return f"{name}: {what}" + (", " + ", ".join(f"{k} {human(k, v)}" for k, v in fixed.items()) if fixed else "")
+            return f"{name}: {what}, the best design ({first}) per value of the x axis{sample}"
+        return (f"{name}: {what}" + (", " + ", ".join(f"{k} {human(k, v)}" for k, v in fixed.items()) if fixed else "")
+                + sample)
 
     def plain(d):
         return {k: (v.item() if hasattr(v, "item") else v) for k, v in d.items()}
 
-    if base is not None and "batch" in varied:
+    if "sweep_batch.png" in sweeps:
         sub, hue, fixed, mode = sweep_slice("batch")
         # batch: max is drawn at the batch it resolved to
         bx = "batch" if pd.api.types.is_numeric_dtype(df["batch"]) else "batch_used"
+        title = title_of("batch sweep", fixed, mode)
         rec = sweep_plot(out / "sweep_batch.png",
-                         [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}],
-                         title_of("batch sweep", fixed, mode))
-        rec.update(mode=mode, fixed=plain(fixed), base_point=int(df["point"].iat[p0]))
-        plots["sweep_batch.png"] = rec
+                         [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}], title)
+        rec.update(mode=mode, fixed=plain(fixed), base_point=p0, title=title)
+        plots["sweep_batch.png"] = _with_rows(rec, kept, cloud)
         written.append(out / "sweep_batch.png")
     load = next((v for v in LOAD_AXES if v in varied), None)
-    if base is not None and load:
+    if "sweep_load.png" in sweeps:
         sub, hue, fixed, mode = sweep_slice(load)
+        title = title_of(f"serving curve ({load.replace('_', ' ')})", fixed, mode)
         rec = sweep_plot(out / "sweep_load.png",
                          [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue,
-                           "log_y": True}],
-                         title_of(f"serving curve ({load.replace('_', ' ')})", fixed, mode))
-        rec.update(mode=mode, fixed=plain(fixed), base_point=int(df["point"].iat[p0]))
-        plots["sweep_load.png"] = rec
+                           "log_y": True}], title)
+        rec.update(mode=mode, fixed=plain(fixed), base_point=p0, title=title)
+        plots["sweep_load.png"] = _with_rows(rec, kept, cloud)
         written.append(out / "sweep_load.png")
     seq = [v for v in ("prompt_len", "gen_len") if v in varied]
-    if base is not None and seq:
+    if "sweep_seq.png" in sweeps:
         panels, fixed_all, modes = [], {}, []
         for x in seq:
             sub, hue, fixed, mode = sweep_slice(x)
@@ -336,18 +498,18 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
                            "ys": ["ttft_s", "tpot_s", "e2e_latency_s"] if len(seq) == 1 else ["ttft_s", "tpot_s"]})
             fixed_all.update({k: v for k, v in fixed.items() if k not in seq})
             modes.append(mode)
-        rec = sweep_plot(out / "sweep_seq.png", panels,
-                         title_of("time vs sequence length", fixed_all, modes[0]))
-        rec.update(mode=modes, fixed=plain(fixed_all), base_point=int(df["point"].iat[p0]))
-        plots["sweep_seq.png"] = rec
+        title = title_of("time vs sequence length", fixed_all, modes[0])
+        rec = sweep_plot(out / "sweep_seq.png", panels, title)
+        rec.update(mode=modes, fixed=plain(fixed_all), base_point=p0, title=title)
+        plots["sweep_seq.png"] = _with_rows(rec, kept, cloud)
         written.append(out / "sweep_seq.png")
 
     # ---- summary.md and report.html: one document, two renderings
     for rec in plots.values():
         rec["id"] = key          # the column naming the highlighted and analyzed designs
-    doc = _document(out, name, study, spec, res, df, key=key, objectives=objectives, best=best, full=full,
-                    analyses=analyses, front_pos=np.asarray(front_pos), n_feas=n_feas, plots=plots,
-                    varied=varied)
+    doc = _document(out, name, study, spec, df, key=key, objectives=objectives, best=best, full=full,
+                    analyses=analyses, front_df=front_df, totals=totals, plots=plots, varied=varied,
+                    kept=kept, cloud=cloud)
     write_text_atomic(out / "summary.md", markdown(doc))
     write_text_atomic(out / REPORT_HTML, html_page(doc, out))
     written[:0] = [out / "summary.md", out / REPORT_HTML]
@@ -435,20 +597,24 @@ def _reproduce(spec, out: Path, name: str) -> Section:
         cmd += ["--seed", str(spec.seed)]
     if spec.method == "optuna":
         cmd += ["--trials", str(spec.trials)]
+    elif spec.rows is not None:         # the study's outputs.rows, or --rows: the same rows kept
+        cmd += ["--rows", spec.rows]
     return Section("How to reproduce", ["The same study, with the same settings, into the same folder:",
                                         Code(shlex.join(cmd)), Bullets(facts)], id="reproduce")
 
 
-def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, key: str, objectives: dict,
-              best: dict, full: dict, analyses: dict, front_pos: np.ndarray, n_feas: int, plots: dict,
-              varied: list[str]) -> Document:
+def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectives: dict, best: dict, full: dict,
+              analyses: dict, front_df, totals: dict, plots: dict, varied: list[str], kept: str,
+              cloud: str) -> Document:
     """The report of a run as a document (``summary.md`` and ``report.html`` render it):
-    the study and its question, counts, infeasible points by reason, the best design per
-    objective with its bottleneck, the Pareto front, the plots and how to reproduce it.
-    ``best``/``full``/``analyses``: per objective the position of its best design, and per
-    position its stored row and analysis (``best.json``); ``front_pos``: positions of the
-    Pareto designs in ``df`` (rows of results.parquet); ``varied``: the parameters varied."""
-    n = res.rows
+    the study and its question, counts, the rows kept (a streamed sweep's), infeasible
+    points by reason, the best design per objective with its bottleneck, the Pareto front,
+    the plots and how to reproduce it. ``df``: the rows read (every row, a sample or none);
+    ``best``/``full``/``analyses``: per objective the id of its best design, and per id its
+    stored row and analysis (``best.json``); ``front_df``: the Pareto designs; ``totals``:
+    the run's counts (``_totals``); ``varied``: the parameters varied; ``kept``/``cloud``:
+    what the run kept of its rows and the rows read, in words (``_rows_note``)."""
+    n, n_feas = totals["points"], totals["feasible"]
     first = next(iter(objectives), None)
     intro = []
     desc = str(study.get("description") or "").strip()
@@ -457,14 +623,18 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
     facts = [f"Points evaluated: {n:,} ({spec.method}{', ideal roofline' if spec.ideal else ''})",
              f"Feasible: {n_feas:,} ({100 * n_feas / n:.1f} %)" if n else "Feasible: 0",
              f"Infeasible: {n - n_feas:,}",
-             f"Pareto front: {len(front_pos):,} designs"
+             f"Pareto front: {len(front_df):,} designs"
              + (f" over {', '.join(f'{k} ({v})' for k, v in objectives.items())}" if objectives else "")]
+    if kept != "all":
+        facts.append(f"Rows kept: {cloud} (outputs.rows: {kept}); the counts are the sweep's totals (sweep.json)")
     if spec.constraints:
         facts.append("Constraints: " + ", ".join(f"{k} {'≥' if s == 'min' else '≤'} {_value_text(k, v)}"
                                                  for k, b in spec.constraints.items() for s, v in b.items()))
     sections = [Section("", intro + [Bullets(facts)])]
+    if kept != "all":
+        sections.append(_rows_section(kept, cloud, plots))
 
-    reasons = res.reasons() if n - n_feas else []
+    reasons = totals["reasons"]
     if reasons:
         blocks = [Table(["reason", "points", "share of all"],
                         [[describe(r), f"{c:,}", f"{100 * c / n:.1f} %"] for r, c in reasons[:REASON_ROWS]],
@@ -478,7 +648,7 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
         params = [c for c in varied if c not in objectives and c not in ("hardware", key)]
 
         def ident(p):
-            return str(int(df["point"].iat[p]))
+            return str(p)
         rows = []
         for k, v in objectives.items():
             p = best[k]
@@ -496,7 +666,8 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
             s = Section(f"{k} ({v}imize)", level=3, id=f"best-{k}")
             sections.append(s)
             if p is None:
-                s.blocks.append("No feasible design." if k in df else f"`{k}` is not a column of the results.")
+                s.blocks.append("No feasible design." if k in df or not n_feas
+                                else f"`{k}` is not a column of the results.")
                 continue
             row, an = full[p], analyses[p]
             s.blocks += [f"Best: **{_value_text(k, row[k])}** at {key} {ident(p)}.",
@@ -509,28 +680,31 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
 
         fronts = [Figure(f, _describe(rec)) for f, rec in plots.items()
                   if rec.get("kind") == "pareto" and "skipped" not in rec]
-        blocks = [f"{len(front_pos):,} feasible designs that no other design beats on every objective "
+        blocks = [f"{len(front_df):,} feasible designs that no other design beats on every objective "
                   f"({', '.join(f'{k} {v}' for k, v in objectives.items())})."]
         ok = df["feasible"].to_numpy(bool) if "feasible" in df else np.ones(len(df), dtype=bool)
         empty = [k for k in objectives if k in df and df[k].isna().to_numpy()[ok].any()]
-        blocks += [f"{int(df[k].isna().to_numpy()[ok].sum()):,} feasible designs have no `{k}`"
+        blocks += [f"{int(df[k].isna().to_numpy()[ok].sum()):,} feasible designs"
+                   + ("" if kept == "all" else " of the sample") + f" have no `{k}`"
                    + (" (no published quality figure for their model and setting in configs/quality.yaml)"
                       if k == "quality_loss" else "") + " and stay off the front." for k in empty]
-        blocks += [f"{f}: {rec['skipped']}." for f, rec in plots.items() if "skipped" in rec]
+        blocks += [f"{f}: {rec['skipped']}." for f, rec in plots.items()
+                   if "skipped" in rec and rec.get("kind") == "pareto"]
         if fronts:
             blocks.append(Figures(fronts))
-        if len(front_pos):
+        if len(front_df):
             cols = [key] + params + [o for o in objectives if o not in params]
             cols += [m for m in TABLE_METRICS if m not in cols]
-            cols = [c for c in cols if c in res.names]
+            cols = [c for c in cols if c in front_df]
             sense = objectives.get(first, "max")
-            shown = _spread(front_pos, df, first, sense)
-            listed = _spread(front_pos, df, first, sense, k=FRONT_ROWS)
+            every = np.arange(len(front_df))
+            shown = _spread(every, front_df, first, sense)
+            listed = _spread(every, front_df, first, sense, k=FRONT_ROWS)
             for rows_shown, where, table_id in ((shown, MARKDOWN, ""), (listed, HTML, "pareto-front")):
-                caption = (f"All {len(front_pos):,} designs" if len(rows_shown) == len(front_pos) else
-                           f"{len(rows_shown):,} of {len(front_pos):,} designs, spread along {first}")
-                blocks.append(_columns_table(cols, _rows(df, rows_shown, cols), key, table_id=table_id, only=where,
-                                             caption=caption + f", best {first} first:"))
+                caption = (f"All {len(front_df):,} designs" if len(rows_shown) == len(front_df) else
+                           f"{len(rows_shown):,} of {len(front_df):,} designs, spread along {first}")
+                blocks.append(_columns_table(cols, _rows(front_df, rows_shown, cols), key, table_id=table_id,
+                                             only=where, caption=caption + f", best {first} first:"))
         sections.append(Section("Pareto front", blocks, id="pareto"))
 
     others = [Figure(f, _describe(rec)) for f, rec in plots.items()
@@ -543,15 +717,17 @@ def _document(out: Path, name: str, study: dict, spec, res: ResultsFile, df, *, 
 
 def _describe(rec: dict) -> str:
     k = rec.get("kind")
+    rows = _cloud_note(rec.get("rows", "all"), rec.get("rows_note", ""))
     if k == "pareto":
-        return f"{rec['y_label']} against {rec['x_label']}, {len(rec['highlighted']):,} Pareto designs highlighted"
+        return (f"{rec['y_label']} against {rec['x_label']}, {len(rec['highlighted']):,} Pareto designs highlighted"
+                + (f"; {rows}" if rows else ""))
     if k == "roofline":
         return f"operators of {rec['id']} {rec['point']} by arithmetic intensity and attained performance"
     if k == "breakdown":
         return "per-operator time of the best designs (prefill, one decode step)"
     if k == "sweep":
         return "; ".join(f"{', '.join(p['ys'])} against {p['x']}" + (f" by {p['hue']}" if p["hue"] else "")
-                         for p in rec["panels"])
+                         for p in rec["panels"]) + (f" (drawn from {rec['rows_note']})" if "rows_note" in rec else "")
     return k or ""
 
 

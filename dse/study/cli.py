@@ -23,7 +23,7 @@ from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
 from dse.explore.executors import keep_freed_memory
 from dse.explore.spec import SEED_LIMIT
-from dse.present import display
+from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
@@ -574,6 +574,7 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     from dse.explore.study import run_study
     if spec.method != "optuna":
         keep_freed_memory()                 # this process's job is the sweep: fewer page faults
+    plots.preload()                         # the report's plotting imports, while the study runs
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
                       scheduler=args.scheduler)
@@ -589,11 +590,12 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
         where = display_url(args.storage) or f"{out / 'optuna.journal'} (optuna-dashboard {out / 'optuna.journal'})"
         print(f"  storage: {where}")
     if spec.method != "optuna" and spec.rows_kept != "all":
-        return _streamed(spec, out)
-    print(f"  results: {out / 'results.parquet'}")
-    print(f"  pareto:  {out / 'pareto.csv'}")
+        _streamed(spec, out)
+    else:
+        print(f"  results: {out / 'results.parquet'}")
+        print(f"  pareto:  {out / 'pareto.csv'}")
     from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
-    write_report(out, data, spec, front)
+    write_report(out, data, spec, front)         # reads results.parquet, sample.parquet or the front alone
     print(f"  summary: {out / 'summary.md'}")
     print(f"  report:  {out / 'report.html'} (self-contained: open it in a browser)")
     best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")
@@ -603,16 +605,15 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     return 0
 
 
-def _streamed(spec, out: Path) -> int:
-    """The end of ``run`` for a sweep that kept a sample of its rows or none: its files (the
-    report reads results.parquet, so none is written)."""
+def _streamed(spec, out: Path) -> None:
+    """Print the files of a sweep that kept a sample of its rows or none (its report follows:
+    drawn from the sample, or from the Pareto front alone)."""
     if spec.rows_kept == "sample":
         print(f"  sample:  {out / 'sample.parquet'} (a uniform sample of {min(spec.sample, spec.points):,} rows)")
     print(f"  pareto:  {out / 'pareto.csv'}")
     print(f"  aggregates: {out / 'aggregates.csv'} (per value of each swept parameter)")
     print(f"  best:    {out / 'best.json'}")
-    print(f"  no report: outputs.rows is {spec.rows_kept}, and the report reads results.parquet (--rows all keeps it)")
-    return 0
+    print(f"  totals:  {out / 'sweep.json'} (points, feasible, infeasible by reason; the report's counts)")
 
 
 def _markdown_section(text: str, heading: str) -> str:

@@ -81,14 +81,13 @@ class Columns:
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
-        if a.ndim == 0:
-            a = np.full(self.n, float(a))
-        bad, allowed = out_of_range(name, a)
+        bad, allowed = out_of_range(name, a.reshape(-1))      # a fixed value is checked once
         if name in MAY_BE_MISSING:
-            bad &= ~np.isnan(a)
+            bad &= ~np.isnan(a.reshape(-1))
         if bad.any():
-            raise DseError(f"{self.where}: {name}: expected {allowed}, got {a[np.flatnonzero(bad)[0]].item()!r}")
-        return a
+            raise DseError(f"{self.where}: {name}: expected {allowed}, "
+                           f"got {a.reshape(-1)[np.flatnonzero(bad)[0]].item()!r}")
+        return np.full(self.n, float(a)) if a.ndim == 0 else a
 
     def flags(self, name: str) -> np.ndarray:
         """A boolean column as a bool array of length n; DseError for anything else."""
@@ -168,9 +167,7 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     for k in keys:
         if np.ndim(k) == 0:
             continue
-        k = np.asarray(k)
-        if k.dtype.kind == "f" or k.min(initial=0) < 0:
-            k = _dense_codes(k)
+        k = _small_codes(np.asarray(k))
         m = int(k.max()) + 1 if len(k) else 1
         if m > 1:
             codes = codes * m + k
@@ -183,8 +180,26 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return inv, order, starts
 
 
+def _small_codes(a: np.ndarray) -> np.ndarray:
+    """``a`` as non-negative integer codes, equal where its values are equal: itself when its
+    values are already small non-negative integers (whole floats included: a batch), else
+    ``_dense_codes``."""
+    if a.dtype.kind in "iub" or (a.dtype.kind == "f" and len(a)):
+        with np.errstate(invalid="ignore"):
+            whole = a.astype(np.int64) if a.dtype.kind == "f" else a
+            lo, hi = (int(whole.min()), int(whole.max())) if len(a) else (0, 0)
+            if lo >= 0 and hi <= max(4 * len(a), 1 << 16) and (a.dtype.kind != "f" or (whole == a).all()):
+                return whole.astype(np.int64, copy=False)
+    return _dense_codes(a)
+
+
 def _dense_codes(a: np.ndarray) -> np.ndarray:
-    """Codes 0..k-1 of the distinct values of ``a`` (hashing for large arrays, sorting for small)."""
+    """Codes 0..k-1 of the distinct values of ``a``, in increasing order of value for small
+    non-negative integers (a count of each value), else by hashing for large arrays and
+    sorting for small."""
+    if a.dtype.kind in "iu" and len(a) and 0 <= a.min() and a.max() <= max(4 * len(a), 1 << 16):
+        present = np.bincount(a) > 0
+        return (np.cumsum(present) - 1)[a]
     if len(a) > 4096:
         import pandas as pd  # large tables come from sweeps, which have pandas loaded already
         return np.asarray(pd.factorize(a)[0], dtype=np.int64)

@@ -345,13 +345,16 @@ class Plan:
         if not bands:
             return
         engine, names = self.labels["engine"]
-        vendor = np.array(self.hw.vendors)[self.hw.name]
-        for e in np.unique(engine):
-            for v in np.unique(vendor[engine == e]):
-                at = (engine == e) & (vendor == v)
-                for fam in BAND_FAMILIES:
-                    low, high, _ = band_for(bands, names[e], v, fam)
-                    out[f"band_{fam}_low"][at], out[f"band_{fam}_high"][at] = low, high
+        vendors = self.hw.vendors                       # of each base device (``hw.name`` codes)
+        pair = np.asarray(engine, dtype=np.int64) * len(vendors) + self.hw.name
+        used = np.flatnonzero(np.bincount(pair))        # the (engine, device) pairs present
+        for fam in BAND_FAMILIES:
+            ends = np.full((2, used[-1] + 1), np.nan)
+            for k in used:
+                e, d = divmod(int(k), len(vendors))
+                ends[:, k] = band_for(bands, names[e], vendors[d], fam)[:2]
+            for j, end in enumerate(("low", "high")):
+                out[f"band_{fam}_{end}"] = np.full(len(pair), ends[j, used[0]]) if len(used) == 1 else ends[j, pair]
 
 
 def _service_figures(out: dict) -> None:

@@ -289,14 +289,19 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
             static_dev[k] = d.static_power_w if d.static_power_w is not None else (np.nan if const is None else const)
         elif d.static_power_w is not None:
             static_dev[k] = d.static_power_w
-    used = used_by_pattern[pattern]                               # [P, C] class running each class's work
+    n_patterns = len(used_by_pattern)
 
     def per_column(table):
-        per_point = table[inv]
-        out = np.zeros((len(inv), n_cols))
-        out[:, :_C] = np.where(used >= 0, np.take_along_axis(per_point[:, :_C], np.maximum(used, 0), axis=1), np.nan)
-        out[:, _C] = per_point[:, _C]
-        return out
+        # one row per (base device, native pattern): the class running each class's work is the
+        # pattern's (``used_by_pattern``); then one row gathered per point
+        rows = np.zeros((len(devices), n_patterns, n_cols))
+        for u, used in enumerate(used_by_pattern):
+            rows[:, u, :_C] = np.where(used >= 0, table[:, np.maximum(used, 0)], np.nan)
+            rows[:, u, _C] = table[:, _C]
+        rows = rows.reshape(-1, n_cols)
+        if len(rows) == 1:
+            return np.repeat(rows, len(inv), axis=0)
+        return rows[inv * n_patterns + pattern]
     static = static_dev[inv]
     if cols.has("static_power_w"):
         given = cols.numbers("static_power_w")
