@@ -56,13 +56,13 @@ __all__ = ["COUNTS", "changed_settings", "chunk_task", "evaluate_chunk", "evalua
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """(rows, evaluation) of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
     ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
-    data = {id_name: np.asarray(ids, dtype=np.int64), **cols}      # one frame built at once
+    data = {id_name: np.asarray(ids, dtype=np.int64), **cols}   # one frame over these arrays, none copied
     for name in METRICS:
         v = ev.metrics[name]
         data[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
     data["feasible"] = ev.feasible
     data["reason"] = ev.reason_labels()
-    return pd.DataFrame(data), ev
+    return pd.DataFrame(data, copy=False), ev
 
 
 def evaluate_chunk(spec: SweepSpec, k: int) -> pd.DataFrame:
