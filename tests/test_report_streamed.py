@@ -190,6 +190,19 @@ def test_the_front_is_the_exact_front(runs, rows):
     assert run["plots"]["roofline.png"]["point"] == ref["plots"]["roofline.png"]["point"]
 
 
+@pytest.mark.parametrize("rows", ["sample", "none"])
+def test_the_front_keeps_the_key_metrics_of_its_designs(runs, rows):
+    # pareto.csv of a streamed sweep holds each Pareto design's key metrics, equal to its row in
+    # results.parquet of the run that kept every row, and the report's Pareto table shows them
+    front, ref = runs[rows]["front"], runs["all"]["results"].set_index("point")
+    for m in ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s", "memory_bytes", "cost_usd"):
+        np.testing.assert_allclose(front[m], ref.loc[front["point"], m], rtol=1e-12, err_msg=m)
+    head = re.search(r'<table id="pareto-front">.*?<thead>(.*?)</thead>', runs[rows]["html"], re.DOTALL).group(1)
+    assert all(m in head for m in ("output_tokens_per_s", "tpot_s", "ttft_s")), head
+    assert "pareto_cost_usd.png" not in runs[rows]["plots"] or "the Pareto designs of a sweep" not in \
+        runs[rows]["plots"]["pareto_cost_usd.png"].get("skipped", "")
+
+
 # ------------------------------------------------------------------ no rows: no cloud, no curves, said so
 
 def test_rows_none_draws_the_front_alone_and_names_what_it_left_out(runs):

@@ -2,7 +2,7 @@
 front, per-parameter aggregates and a uniform random sample of rows.
 
 - Pareto front: the feasible non-dominated rows (``front_of``), merged chunk by chunk,
-  kept in memory as their point, parameters and objectives (``front_columns``).
+  kept in memory as their point, parameters, objectives and key metrics (``front_columns``).
 - Aggregates: for each swept parameter and each of its values (a continuous range of a
   random or Sobol sweep: each of ``BINS`` bins), the points, the feasible points and the
   best feasible value of every objective.
@@ -32,6 +32,9 @@ from dse.explore.space import PARAMS
 BINS = 32
 #: the column of a sample row holding its key
 SAMPLE_KEY = "sample_key"
+#: metrics kept of every Pareto design besides the objectives (pareto.csv): what a report's
+#: Pareto table, its cost plot and a reader want of a design when the rows are not kept
+FRONT_METRICS = ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s", "memory_bytes", "power_w", "cost_usd")
 
 
 def front_of(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
@@ -162,11 +165,17 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
     return df.astype({"reason": "str"}) if "reason" in df else df
 
 
+def pareto_columns(columns, objectives, id_name: str = "point") -> list[str]:
+    """The columns of pareto.csv among ``columns`` (in their order): the id (``point`` of a
+    sweep, ``trial`` of a search), the parameters, the objectives and ``FRONT_METRICS``."""
+    keep = {id_name, *PARAMS, *objectives, *FRONT_METRICS}
+    return [c for c in columns if c in keep]
+
+
 def front_columns(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
-    """The columns of ``df`` a sweep keeps of its Pareto rows: ``point``, the parameters, the
-    objectives and ``feasible`` (pareto.csv's and more; a large front stays small in memory)."""
-    keep = {"point", "feasible", *PARAMS, *objectives}
-    return df[[c for c in df.columns if c in keep]]
+    """The columns of ``df`` a sweep keeps of its Pareto rows: pareto.csv's
+    (``pareto_columns``) and ``feasible`` (a large front stays small in memory)."""
+    return df[pareto_columns(df.columns, objectives) + (["feasible"] if "feasible" in df else [])]
 
 
 def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSummary:

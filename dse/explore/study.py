@@ -9,9 +9,9 @@ import pandas as pd
 from basis.errors import DseError
 from basis.files import output_folder
 from dse.explore.best import explain_best
+from dse.explore.online import pareto_columns
 from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
-from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.explore.sweep import front_of, run_sweep
 
@@ -37,8 +37,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
         else:
             rows = run_search(spec, out, storage, workers, quiet)
             front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
-            cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "trial"]
-            write_atomic(front[cols], out / "pareto.csv", "csv")
+            write_atomic(front[pareto_columns(front.columns, spec.objectives, "trial")], out / "pareto.csv", "csv")
         if spec.method == "optuna" or spec.rows_kept == "all":
             explain_best(out, spec, ResultsFile(out / "results.parquet"))
         else:            # no rows kept but the front's: the best feasible design per objective is on it

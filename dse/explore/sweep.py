@@ -39,9 +39,8 @@ from basis.errors import DseError
 from basis.files import output_folder, write_text_atomic
 from dse.explore import chunkfiles
 from dse.explore.executors import run_tasks
-from dse.explore.online import ChunkSummary, OnlineSummary, front_of, summarize_chunk
+from dse.explore.online import ChunkSummary, OnlineSummary, front_of, pareto_columns, summarize_chunk
 from dse.explore.runio import Progress, ResultsFile, RunLock, changed_keys, changed_study_error, write_atomic
-from dse.explore.space import PARAMS
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
 
@@ -135,8 +134,8 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress, workers: int, sche
         write_atomic(summary.sample_rows(), out / "sample.parquet")
     write_atomic(summary.aggregates(), out / "aggregates.csv", "csv")
     front = (summary.front if summary.front is not None else pd.DataFrame()).reset_index(drop=True)
-    cols = [c for c in front.columns if c in PARAMS or c in spec.objectives or c == "point"]
-    write_atomic(front[cols] if len(front.columns) else front, out / "pareto.csv", "csv")
+    write_atomic(front[pareto_columns(front.columns, spec.objectives)] if len(front.columns) else front,
+                 out / "pareto.csv", "csv")
     state.update(complete=True, layout=LAYOUT, rows=spec.rows_kept, **summary.totals())
     write_text_atomic(manifest, json.dumps(state))
     chunkfiles.clean(chunk_dir, spec.chunks)
@@ -203,12 +202,12 @@ def _stored_front(spec: SweepSpec, out: Path) -> pd.DataFrame:
                 return pd.DataFrame()
             return front.assign(feasible=True) if len(front.columns) else front
         res = ResultsFile(out / "results.parquet")
-        front = front_of(res.columns(["point", "feasible", *PARAMS, *spec.objectives]), spec.objectives)
+        front = front_of(res.columns(pareto_columns(res.names, spec.objectives) + ["feasible"]), spec.objectives)
     except (OSError, ValueError) as e:
         raise DseError(f"{path}: cannot be read ({str(e).splitlines()[0]}); add --overwrite to run the study "
                        f"again") from None
     front = front.reset_index(drop=True)
-    write_atomic(front[[c for c in front.columns if c in PARAMS or c in spec.objectives or c == "point"]], path, "csv")
+    write_atomic(front[pareto_columns(front.columns, spec.objectives)], path, "csv")
     return front
 
 

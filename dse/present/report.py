@@ -9,8 +9,8 @@ which it names bottlenecks. The rows are what the run kept (a sweep's ``outputs.
 - ``all``: ``results.parquet``, every row; the counts are counted in it;
 - ``sample``: ``sample.parquet``, a uniform sample of the rows: the cloud of feasible
   designs and the sweep curves are drawn from it and say so; the counts are the sweep's
-  totals (``sweep.json``), the Pareto designs its exact front (``pareto.csv``: parameters
-  and objectives, so a plot against another metric, cost say, is left out);
+  totals (``sweep.json``), the Pareto designs its exact front (``pareto.csv``: parameters,
+  objectives and key metrics, ``FRONT_METRICS``; a plot against another metric is left out);
 - ``none``: no rows: the Pareto plots draw the front alone, the sweep curves are left out
   and ``summary.md`` says which and why; counts and front as for ``sample``.
 
@@ -56,6 +56,7 @@ from basis.files import write_text_atomic
 from basis.shipped import shipped
 from basis.units import axis_scale
 from dse.explore.best import BEST_FILE
+from dse.explore.online import FRONT_METRICS
 from dse.explore.runio import FrameResults, ResultsFile
 from dse.present.bottleneck import bottleneck
 from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
@@ -185,7 +186,8 @@ def _totals(out: Path, kept: str, res, n_feas: int) -> dict:
 def _front_rows(df, front, key: str, every_row: bool):
     """The Pareto designs as rows: when ``df`` holds every row of the run, its rows of the
     ``front``'s ids (with every column the report reads); else the ``front`` itself, marked
-    feasible (a streamed sweep's pareto.csv: point, parameters and objectives, no other metric)."""
+    feasible (a streamed sweep's pareto.csv: point, parameters, objectives and the key metrics
+    ``dse.explore.online.FRONT_METRICS``, no other metric)."""
     import pandas as pd
     if not every_row:
         return front.assign(feasible=True).reset_index(drop=True) if len(front.columns) else df.iloc[:0]
@@ -202,7 +204,7 @@ def _front_rows(df, front, key: str, every_row: bool):
 def _stored_designs(stored: dict, objectives: dict) -> tuple[dict, dict, dict]:
     """From what best.json holds: (per objective the id (``point`` or ``trial``) of its best
     feasible design, None if none; per id the design's stored row, with the summary metrics
-    it lacks (a streamed sweep's row holds parameters and objectives) from the design's
+    it lacks (a streamed sweep's row holds parameters, objectives and key metrics) from the design's
     stored summary; per id its Analysis)."""
     ids = {p: int(d.get("id_value", p)) for p, d in stored["designs"].items()}
     at = stored["objectives"]
@@ -253,7 +255,8 @@ def _with_rows(rec: dict, kept: str, cloud: str) -> dict:
 def _not_on_front(c: str) -> str:
     """The note of a Pareto plot of ``c`` left out because the Pareto rows lack ``c``."""
     return (f"no plot of {c}: the Pareto designs of a sweep that kept a sample or none of its rows are read from "
-            f"pareto.csv, which holds their parameters and objectives, not {c}")
+            f"pareto.csv, which holds their parameters, objectives and key metrics ({', '.join(FRONT_METRICS)}), "
+            f"not {c}")
 
 
 def _sweep_files(varied: list[str]) -> list[str]:
@@ -267,8 +270,8 @@ def _sweep_files(varied: list[str]) -> list[str]:
 def _rows_section(kept: str, cloud: str, plots: dict) -> Section:
     """What a streamed sweep kept of its rows (``kept``: 'sample' or 'none'; ``cloud``: in
     words), so what its report draws from them and what it leaves out (``plots``' skipped)."""
-    front = ("the Pareto designs are the exact front (pareto.csv), which keeps their parameters and objectives: "
-             "the Pareto table shows no other metric")
+    front = (f"the Pareto designs are the exact front (pareto.csv), which keeps their parameters, objectives and "
+             f"key metrics ({', '.join(FRONT_METRICS)}): the Pareto table shows no other metric")
     if kept == "sample":
         text = (f"This sweep kept {cloud} (sample.parquet, fixed by the seed), not every row. The counts above and "
                 f"the infeasible points by reason are the sweep's totals (sweep.json). The cloud of feasible designs "
@@ -366,7 +369,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         fname = f"pareto_{x}.png" if (not thr or y == thr[0]) else f"pareto_{y}_vs_{x}.png"   # x: the figure bought
         if fname in plots:
             fname = f"pareto_{y}_vs_{x}.png"
-        if x not in front_df or y not in front_df:      # a streamed sweep's pareto.csv: parameters and objectives
+        if x not in front_df or y not in front_df:      # a streamed sweep's pareto.csv lacks it (FRONT_METRICS)
             plots[fname] = {"kind": "pareto", "x": x, "y": y, "skipped": _not_on_front(x if x not in front_df else y)}
             continue
         bg, note = background, ""
