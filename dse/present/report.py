@@ -164,7 +164,8 @@ def _row_source(out: Path, spec, front) -> tuple[str, ResultsFile | FrameResults
         return kept, FrameResults(front.iloc[:0].assign(feasible=np.zeros(0, dtype=bool)))
     path = out / ROW_FILES[kept]
     if not path.exists():
-        raise DseError(f"{path}: missing (the rows of a run with outputs.rows {kept}); run the study again")
+        raise DseError(f"{path}: missing (the rows of a run with outputs.rows {kept}); add --overwrite to run the "
+                       f"study again")
     return kept, ResultsFile(path)
 
 
