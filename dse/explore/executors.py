@@ -68,7 +68,7 @@ def _context():
         return multiprocessing.get_context("spawn")
 
 
-def _exit_with(parent: int) -> None:
+def exit_with(parent: int) -> None:
     """End this process as soon as process ``parent`` ends: a thread waits on a pidfd
     (Linux), else checks every second. (A forkserver's children cannot rely on the parent
     death signal: their parent is the server, which lives while they do.)"""
@@ -113,7 +113,7 @@ def _start_worker(task: Callable, spec, parent: int) -> None:
     """Initializer of a worker process: keep the task and spec; leave Ctrl-C to the parent
     and end with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with(parent)
+    exit_with(parent)
     keep_freed_memory()
     _worker.update(task=task, spec=spec)
 
@@ -149,10 +149,10 @@ def _on_processes(task: Callable, spec, ks: list[int], arg_of: Callable, workers
                                    f"the same command again to resume") from None
                 yield result
     finally:
-        _stop(pool)
+        stop_pool(pool)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+def stop_pool(pool: ProcessPoolExecutor) -> None:
     """Shut ``pool`` down now: queued chunks cancelled, running ones stopped."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)

@@ -42,6 +42,7 @@ plot is drawn (seaborn and scipy never are).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -62,6 +63,7 @@ from dse.present.bottleneck import bottleneck
 from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
 from dse.present.document import (HTML, MARKDOWN, Bullets, Code, Document, Figure, Figures, Section, Table, html_page,
                                   markdown)
+from dse.present.drawing import Drawer, Drawn
 from dse.present.plots import THROUGHPUT, breakdown_plot, human, pareto_plot, roofline_plot, sweep_plot, words_of
 from dse.system.analysis import Analysis
 from dse.system.reasons import describe
@@ -244,6 +246,12 @@ def _cloud_note(kept: str, cloud: str) -> str:
     return ""
 
 
+def _updated(rec: dict, **items) -> dict:
+    """``rec`` with ``items`` set in it. Returns ``rec``."""
+    rec.update(items)
+    return rec
+
+
 def _with_rows(rec: dict, kept: str, cloud: str) -> dict:
     """A plot's record with the rows it was drawn from: ``rows`` (what the run kept) and,
     unless every row, ``rows_note`` (``_rows_note``). Returns ``rec``."""
@@ -287,10 +295,11 @@ def _rows_section(kept: str, cloud: str, plots: dict) -> Section:
                    id="rows")
 
 
-def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
+def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None = None) -> list[Path]:
     """Write summary.md, report.html, the plots and plots.json into the run folder
     ``out_dir``; return the files written. ``front``: the Pareto rows (their ``point`` ids
-    are highlighted), by default read from pareto.csv.
+    are highlighted), by default read from pareto.csv. ``drawer``: where the plots are drawn
+    (``dse.present.drawing``; by default in this process).
 
     The rows come from what the run kept (``spec.rows_kept``, ``_row_source``):
     results.parquet (every row), sample.parquet (a uniform sample: the cloud of feasible
@@ -300,6 +309,8 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     import pandas as pd
 
     out = Path(out_dir)
+    drawer = drawer or Drawer()
+    draw = drawer.draw
     stored = _read_best(out)
     front = _read_front(out) if front is None else front
     kept, res = _row_source(out, spec, front)
@@ -327,6 +338,7 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
     n_feas = totals["feasible"]
     front_df = _front_rows(df, front, key, every_row=kept == "all")
     cloud = _rows_note(kept, res.rows, totals["points"])
+    rows = functools.partial(_with_rows, kept=kept, cloud=cloud)      # a plot's record: the rows drawn from
 
     # ---- best designs and their analyses, by id
     best, full, analyses = _stored_designs(stored, objectives)
@@ -381,18 +393,18 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
                 hw = sorted(map(str, pd.unique(bg["hardware"]))) if "hardware" in bg else []
                 note = (f"only designs with a cost drawn ({len(bg):,} of {len(background):,} feasible shown): "
                         f"presets with price_usd: {', '.join(hw) or 'none'}")
-        rec = pareto_plot(out / fname, bg, front_df, x, y, objectives, title=f"{name}: {words_of(y)} vs {words_of(x)}",
-                          note="; ".join(t for t in (_cloud_note(kept, cloud), note) if t), **encode)
-        plots[fname] = _with_rows(rec, kept, cloud)
+        plots[fname] = draw(pareto_plot, out / fname, bg, front_df, x, y, objectives,
+                            title=f"{name}: {words_of(y)} vs {words_of(x)}",
+                            note="; ".join(t for t in (_cloud_note(kept, cloud), note) if t), **encode
+                            ).then(rows)
         written.append(out / fname)
 
     # ---- b. roofline of the best design of the first objective
     p0 = best.get(first) if first else None
     if p0 is not None:
-        rec = roofline_plot(out / "roofline.png", analyses[p0],
-                            title=f"{name}: best {first} ({key} {p0}) on {full[p0]['hardware']}")
-        rec.update(point=p0, id=key, objective=first)
-        plots["roofline.png"] = rec
+        plots["roofline.png"] = draw(roofline_plot, out / "roofline.png", analyses[p0],
+                                     title=f"{name}: best {first} ({key} {p0}) on {full[p0]['hardware']}"
+                                     ).then(functools.partial(_updated, point=p0, id=key, objective=first))
         written.append(out / "roofline.png")
 
     # ---- c. per-operator breakdown of the best designs
@@ -410,11 +422,12 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         seen[p] = d
         designs.append(d)
     if designs:
-        rec = breakdown_plot(out / "breakdown.png", designs)
-        for r, d in zip(rec["designs"], designs):
-            r["label"] = d["label"]
-            r["objective"] = d["objective"]
-        plots["breakdown.png"] = rec
+        def labelled(rec, designs=tuple(designs)):
+            for r, d in zip(rec["designs"], designs):
+                r["label"] = d["label"]
+                r["objective"] = d["objective"]
+            return rec
+        plots["breakdown.png"] = draw(breakdown_plot, out / "breakdown.png", designs).then(labelled)
         written.append(out / "breakdown.png")
 
     # ---- d. sweep curves around the best design of the first objective (drawn from rows: none kept, none drawn)
@@ -478,20 +491,20 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
         # batch: max is drawn at the batch it resolved to
         bx = "batch" if pd.api.types.is_numeric_dtype(df["batch"]) else "batch_used"
         title = title_of("batch sweep", fixed, mode)
-        rec = sweep_plot(out / "sweep_batch.png",
-                         [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}], title)
-        rec.update(mode=mode, fixed=plain(fixed), base_point=p0, title=title)
-        plots["sweep_batch.png"] = _with_rows(rec, kept, cloud)
+        plots["sweep_batch.png"] = draw(
+            sweep_plot, out / "sweep_batch.png",
+            [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}], title
+        ).then(functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
         written.append(out / "sweep_batch.png")
     load = next((v for v in LOAD_AXES if v in varied), None)
     if "sweep_load.png" in sweeps:
         sub, hue, fixed, mode = sweep_slice(load)
         title = title_of(f"serving curve ({load.replace('_', ' ')})", fixed, mode)
-        rec = sweep_plot(out / "sweep_load.png",
-                         [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue,
-                           "log_y": True}], title)
-        rec.update(mode=mode, fixed=plain(fixed), base_point=p0, title=title)
-        plots["sweep_load.png"] = _with_rows(rec, kept, cloud)
+        plots["sweep_load.png"] = draw(
+            sweep_plot, out / "sweep_load.png",
+            [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue, "log_y": True}],
+            title
+        ).then(functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
         written.append(out / "sweep_load.png")
     seq = [v for v in ("prompt_len", "gen_len") if v in varied]
     if "sweep_seq.png" in sweeps:
@@ -503,12 +516,13 @@ def write_report(out_dir, study: dict, spec, front=None) -> list[Path]:
             fixed_all.update({k: v for k, v in fixed.items() if k not in seq})
             modes.append(mode)
         title = title_of("time vs sequence length", fixed_all, modes[0])
-        rec = sweep_plot(out / "sweep_seq.png", panels, title)
-        rec.update(mode=modes, fixed=plain(fixed_all), base_point=p0, title=title)
-        plots["sweep_seq.png"] = _with_rows(rec, kept, cloud)
+        plots["sweep_seq.png"] = draw(sweep_plot, out / "sweep_seq.png", panels, title).then(functools.partial(
+            _updated, mode=modes, fixed=plain(fixed_all), base_point=p0, title=title)).then(rows)
         written.append(out / "sweep_seq.png")
 
     # ---- summary.md and report.html: one document, two renderings
+    drawer.finish()
+    plots = {f: rec.result() if isinstance(rec, Drawn) else rec for f, rec in plots.items()}
     for rec in plots.values():
         rec["id"] = key          # the column naming the highlighted and analyzed designs
     doc = _document(out, name, study, spec, df, key=key, objectives=objectives, best=best, full=full,

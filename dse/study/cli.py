@@ -25,6 +25,7 @@ from dse.explore.executors import keep_freed_memory
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
+from dse.present.drawing import Drawer
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
@@ -568,13 +569,20 @@ def _interrupt(signum, frame):
 
 def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     """``run`` in its locked output folder: the study, then its report."""
+    if spec.method != "optuna":
+        keep_freed_memory()                 # this process's job is the sweep: fewer page faults
+    plots.preload()                         # the report's plotting imports, while the study runs
+    # and a second process to draw its plots: started now where no worker processes run the study
+    with Drawer(helper=args.workers == 1 and args.scheduler is None) as drawer:
+        return _study_and_report(args, data, spec, name, out, drawer)
+
+
+def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Drawer) -> int:
+    """The study, then its report (its plots drawn by ``drawer``); the exit code."""
     import time
 
     from dse.explore.search import display_url, trial_counts  # optuna: only when a study runs
     from dse.explore.study import run_study
-    if spec.method != "optuna":
-        keep_freed_memory()                 # this process's job is the sweep: fewer page faults
-    plots.preload()                         # the report's plotting imports, while the study runs
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
                       scheduler=args.scheduler)
@@ -595,7 +603,8 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
         print(f"  results: {out / 'results.parquet'}")
         print(f"  pareto:  {out / 'pareto.csv'}")
     from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
-    write_report(out, data, spec, front)         # reads results.parquet, sample.parquet or the front alone
+    drawer.start()                               # (if not yet: the study's workers are done)
+    write_report(out, data, spec, front, drawer)  # reads results.parquet, sample.parquet or the front alone
     print(f"  summary: {out / 'summary.md'}")
     print(f"  report:  {out / 'report.html'} (self-contained: open it in a browser)")
     best = _markdown_section((out / "summary.md").read_text(), "## Best feasible design per objective")

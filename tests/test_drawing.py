@@ -1,0 +1,131 @@
+"""A report's plots drawn two at a time (``dse.present.drawing``): the helper process draws
+the same bytes as this process, a helper that dies costs nothing but time, and the helper
+ends with its parent however that ends."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import run_cli
+
+from dse.present import drawing
+from dse.present.drawing import Drawer
+from dse.present.report import write_report
+from dse.study.studyfile import load_study
+
+STUDY = """\
+name: drawing-grid
+space:
+  hardware: [h100-sxm, b200]
+  model: llama-2-7b
+  batch: [1, 8, 64]
+  prompt_len: [128, 1024]
+  gen_len: 64
+  memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 4}
+objectives:
+  output_tokens_per_s: max
+  memory_bandwidth: min
+method: grid
+"""
+
+two_cores = pytest.mark.skipif(drawing.usable_cores() < 2, reason="the helper is started only with two cores or more")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("drawing")
+    (d / "study.yaml").write_text(STUDY)
+    out = d / "out"
+    r = run_cli("run", d / "study.yaml", "--out", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    return out, load_study(str(d / "study.yaml"))
+
+
+def _report(out, study, spec, drawer) -> dict:
+    """Write the report of ``out`` with ``drawer``; {file: bytes} of what it wrote."""
+    return {p.name: p.read_bytes() for p in write_report(out, study, spec, drawer=drawer)}
+
+
+class _Recording(Drawer):
+    """A Drawer that keeps the plots it was asked for."""
+
+    def __init__(self, helper: bool):
+        super().__init__(helper)
+        self.asked = []
+
+    def draw(self, plot, *args, **kwargs):
+        drawn = super().draw(plot, *args, **kwargs)
+        self.asked.append(drawn)
+        return drawn
+
+
+@two_cores
+def test_plots_drawn_by_the_helper_are_the_bytes_drawn_here(run):
+    out, (study, spec) = run
+    here = _report(out, study, spec, Drawer())
+    with _Recording(helper=True) as drawer:
+        assert drawer.ready(timeout=120) not in (None, os.getpid())
+        both = _report(out, study, spec, drawer)
+    assert sum(d.by_helper for d in drawer.asked) >= 1            # the helper drew some of them
+    assert sum(not d.by_helper for d in drawer.asked) >= 1        # and this process the others
+    assert set(both) == set(here) and len([f for f in here if f.endswith(".png")]) >= 4
+    for name in here:
+        assert both[name] == here[name], name
+    assert json.loads(both["plots.json"]) == json.loads(here["plots.json"])
+
+
+@two_cores
+def test_a_helper_that_dies_has_its_plots_drawn_here(run):
+    out, (study, spec) = run
+    here = _report(out, study, spec, Drawer())
+    with _Recording(helper=True) as drawer:
+        pid = drawer.ready(timeout=120)
+        os.kill(pid, signal.SIGKILL)
+        again = _report(out, study, spec, drawer)
+    assert again == here
+    assert not any(d.by_helper for d in drawer.asked)
+
+
+def test_no_helper_on_one_core(monkeypatch):
+    monkeypatch.setattr(drawing, "usable_cores", lambda: 1)
+    with Drawer(helper=True) as drawer:
+        assert not drawer.helper and drawer.ready() is None
+
+
+@two_cores
+def test_the_helper_ends_with_its_parent(tmp_path):
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from dse.present.drawing import Drawer
+        if __name__ == "__main__":
+            drawer = Drawer(helper=True)
+            print(drawer.ready(timeout=120), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)      # no clean-up of any kind
+        """)
+    (tmp_path / "parent.py").write_text(script)
+    r = subprocess.run([sys.executable, str(tmp_path / "parent.py")], capture_output=True, text=True, timeout=180)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    helper = int(r.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not _running(helper):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the helper (pid {helper}) outlived its killed parent by 30 s")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (an ended one its new parent has not reaped yet does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
