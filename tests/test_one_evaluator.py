@@ -213,3 +213,33 @@ def test_batch_max_is_a_study_column(tmp_path):
                          "prompt_len": 1024, "gen_len": 256})
         assert not more.feasible[0] and more.reason_key(0) == "device_memory"
     assert (tmp_path / "sweep_batch.png").exists()
+
+
+def test_results_follow_the_callers_order_whatever_order_the_points_come_in():
+    """Points of interleaved workloads are priced grouped by workload and handed back in the
+    caller's order (``Reordered``): each point's metrics equal those of its workload's points
+    priced on their own, and the reversed table gives the reversed results."""
+    rng = np.random.default_rng(3)
+    n = 600
+    cols = {"hardware": "h100-sxm", "model": "llama-2-7b", "batch": rng.choice([1, 8, 64, 256], n),
+            "prompt_len": rng.choice([128, 2048], n), "gen_len": 64,
+            "memory_bandwidth": rng.uniform(1e12, 8e12, n), "memory_capacity": rng.uniform(1e10, 8e10, n)}
+    ev = evaluate(cols)
+    rev = evaluate({k: v[::-1] if np.ndim(v) else v for k, v in cols.items()})
+    names = [m for m in METRICS if m in ev]
+    assert len(names) > 50
+    keys = np.stack([cols["batch"], cols["prompt_len"]], axis=1)
+    groups = np.unique(keys, axis=0)
+    assert len(groups) == 8
+    for b, p in groups:
+        at = np.flatnonzero((keys[:, 0] == b) & (keys[:, 1] == p))
+        alone = evaluate({**cols, "batch": int(b), "prompt_len": int(p),
+                          "memory_bandwidth": cols["memory_bandwidth"][at],
+                          "memory_capacity": cols["memory_capacity"][at]})
+        np.testing.assert_array_equal(ev["feasible"][at], alone["feasible"])
+        np.testing.assert_array_equal(ev["reason"][at], alone["reason"])
+        for m in names:
+            np.testing.assert_array_equal(ev[m][at], alone[m], err_msg=m)
+    for m in names:
+        np.testing.assert_array_equal(rev[m], ev[m][::-1], err_msg=m)
+    assert dict(ev.metrics).keys() == set(ev.metrics)

@@ -3,12 +3,14 @@ early (``Drawer(helper=True)``, when the run begins) where the machine has a sec
 so that two plots are drawn at a time. Drawing a figure is matplotlib's Python work (text
 and tick layout, a fifth of a second a figure), which threads cannot share out.
 
-Once the helper is ready (its imports done), each plot asked (a plotting function of
-``dse.present.plots`` and its arguments) is queued for it, and this process goes on with
-the report; ``finish()`` then draws here, from the last one back, the plots the helper has
-not started, while the helper takes them from the first on. Before the helper is ready, or
-without one, a plot is drawn here when asked. The files are the same bytes either way (the
-same functions, settings and fonts); ``Drawn.result()`` is a plot's record.
+A plot asked (a plotting function of ``dse.present.plots`` and its arguments) goes to the
+helper when it is ready (its imports done) and has no plot in hand, and this process goes on
+with the report; otherwise it waits. ``finish()`` then shares out the plots waiting: the next
+from the front to the helper whenever it is free, the last one here, until none is left. The
+helper holds one plot at a time, so no plot is ever taken back from it. Without a helper
+(or before it is ready, with no plot for it yet) a plot is drawn here when asked. The files
+are the same bytes either way (the same functions, settings and fonts); ``Drawn.result()``
+is a plot's record.
 
 The helper ignores Ctrl-C (its parent stops it), ends with its parent however that ends
 (``dse.explore.executors.exit_with``), and writes only the plot files it is asked for, as
@@ -43,11 +45,12 @@ def usable_cores() -> int:
 
 
 class Drawn:
-    """A plot asked of a ``Drawer``: drawn here already, or by the helper (a future)."""
+    """A plot asked of a ``Drawer``: drawn here already, waiting, or with the helper (a future)."""
 
-    def __init__(self, draw: Callable, args: tuple, kwargs: dict, *, value=None, future: Future | None = None):
-        self._call = functools.partial(draw, *args, **kwargs)
-        self._value, self._future = value, future
+    def __init__(self, draw: Callable, args: tuple, kwargs: dict):
+        self.call = functools.partial(draw, *args, **kwargs)     # the plot, to draw here or hand over
+        self.future: Future | None = None                         # with the helper: its answer
+        self._value, self._drawn = None, False
         self._finish: list[Callable] = []
         self.by_helper = False      # whether the helper drew it (known once read)
 
@@ -56,21 +59,22 @@ class Drawn:
         self._finish.append(finish)
         return self
 
-    def steal(self) -> None:
-        """Draw the plot here if the helper has not started it."""
-        if self._future is not None and self._future.cancel():
-            self._future = None
-            self._value = self._call()
+    def draw_here(self) -> None:
+        """Draw the plot in this process."""
+        self._value, self._drawn = self.call(), True
 
     def result(self) -> dict:
-        """The plot's record (waiting for the helper if it draws it); drawn here if the helper died."""
-        if self._future is not None:
+        """The plot's record (waiting for the helper if it draws it); drawn here if the helper
+        died, or if no one drew it yet."""
+        if self.future is not None:
             try:
-                self._value = self._future.result()
+                self._value, self._drawn = self.future.result(), True
                 self.by_helper = True
             except (BrokenProcessPool, CancelledError):      # the helper died, or was stopped
-                self._value = self._call()
-            self._future = None
+                pass
+            self.future = None
+        if not self._drawn:
+            self.draw_here()
         rec = self._value
         for finish in self._finish:
             rec = finish(rec)
@@ -87,7 +91,8 @@ class Drawer:
     def __init__(self, helper: bool = False):
         self._pool: ProcessPoolExecutor | None = None
         self._ready: Future | None = None
-        self._queued: list[Drawn] = []
+        self._busy: Future | None = None
+        self._waiting: list[Drawn] = []
         if helper:
             self.start()
 
@@ -118,25 +123,41 @@ class Drawer:
         return (self._pool is not None and self._ready.done() and not self._ready.cancelled()
                 and self._ready.exception() is None)
 
+    def _helper_free(self) -> bool:
+        return self._helper_ready() and (self._busy is None or self._busy.done())
+
+    def _hand_over(self, drawn: Drawn) -> bool:
+        """Give ``drawn`` to the helper; False if it has died (it is stopped then)."""
+        try:
+            drawn.future = self._busy = self._pool.submit(_draw, drawn.call.func, drawn.call.args,
+                                                           drawn.call.keywords)
+        except (BrokenProcessPool, RuntimeError):     # the helper died, or was stopped
+            self.close()
+            return False
+        return True
+
     def draw(self, plot: Callable, *args, **kwargs) -> Drawn:
         """``plot(*args, **kwargs)`` (a function of ``dse.present.plots``, which writes its
-        file and returns its record): queued for the helper if it is ready, else drawn here now."""
+        file and returns its record): handed to the helper if it is free, left for ``finish``
+        if the helper is busy, else drawn here now."""
+        drawn = Drawn(plot, args, kwargs)
+        if self._helper_free() and self._hand_over(drawn):
+            return drawn
         if self._helper_ready():
-            try:
-                future = self._pool.submit(_draw, plot, args, kwargs)
-            except (BrokenProcessPool, RuntimeError):     # the helper died, or was stopped
-                self.close()
-            else:
-                drawn = Drawn(plot, args, kwargs, future=future)
-                self._queued.append(drawn)
-                return drawn
-        return Drawn(plot, args, kwargs, value=plot(*args, **kwargs))
+            self._waiting.append(drawn)
+        else:
+            drawn.draw_here()
+        return drawn
 
     def finish(self) -> None:
-        """Draw here, from the last back, the queued plots the helper has not started."""
-        for drawn in reversed(self._queued):
-            drawn.steal()
-        self._queued = []
+        """Draw every plot left waiting: the first to the helper whenever it is free, else
+        the last here."""
+        while self._waiting:
+            if self._helper_free():
+                if self._hand_over(self._waiting[0]):
+                    self._waiting.pop(0)
+                continue
+            self._waiting.pop().draw_here()
 
     def close(self) -> None:
         """Stop the helper (a plot it still draws is drawn here when read)."""

@@ -82,6 +82,31 @@ CHECKS = ("memory", "support")
 
 # --------------------------------------------------------------------------- the result
 
+class Reordered(Mapping):
+    """Metric arrays computed in the evaluator's held order (points grouped by workload),
+    each put back in the caller's order when first read (``back``: the held position of
+    each caller position): a caller that reads a few metrics of many points does not pay
+    for reordering the others. Reading every one (``dict(...)``, ``items()``) reorders all."""
+
+    def __init__(self, held: dict, back: np.ndarray):
+        self._held, self._back, self._done = held, back, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        v = self._done.get(name)
+        if v is None:
+            v = self._done[name] = self._held[name][self._back]
+        return v
+
+    def __iter__(self):
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, name) -> bool:
+        return name in self._held
+
+
 @dataclass
 class Evaluation:
     """What ``evaluate`` returns: one entry per design point of every array.
@@ -92,7 +117,7 @@ class Evaluation:
     per-operator tables of the points asked for (``explain``)."""
 
     columns: Columns
-    metrics: dict
+    metrics: Mapping[str, np.ndarray]        # a dict, or ``Reordered`` (each reordered when read)
     feasible: np.ndarray
     reason: np.ndarray
     violations: dict
@@ -318,7 +343,7 @@ class Plan:
         labels, details, flash = self.labels, self.details, self.flash
         if self.inverse is not None:                  # back to the caller's order
             back = self.inverse
-            out = {k: v[back] for k, v in out.items()}
+            out = Reordered(out, back)
             violations = {k: v[back] for k, v in violations.items()}
             fails = {k: v[back] for k, v in fails.items()}
             reason, eff_code = reason[back], eff_code[back]

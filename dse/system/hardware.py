@@ -298,10 +298,11 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
         for u, used in enumerate(used_by_pattern):
             rows[:, u, :_C] = np.where(used >= 0, table[:, np.maximum(used, 0)], np.nan)
             rows[:, u, _C] = table[:, _C]
-        rows = rows.reshape(-1, n_cols)
-        if len(rows) == 1:
-            return np.repeat(rows, len(inv), axis=0)
-        return rows[inv * n_patterns + pattern]
+        rows = rows.reshape(-1, n_cols).T
+        # [P, columns], column-major as ``peak``: a column's J/op is one contiguous row to read
+        if rows.shape[1] == 1:
+            return np.repeat(rows, len(inv), axis=1).T
+        return rows[:, inv * n_patterns + pattern].T
     static = static_dev[inv]
     if cols.has("static_power_w"):
         given = cols.numbers("static_power_w")
