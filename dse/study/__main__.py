@@ -1,5 +1,3 @@
-import sys
+from dse.study.cli import entry
 
-from dse.study.cli import main
-
-sys.exit(main())
+entry()
