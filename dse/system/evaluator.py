@@ -272,9 +272,8 @@ class Plan:
     def run(self, *, efficiency=None, ideal: bool = False, explain=False) -> Evaluation:
         """Price every point (see ``evaluate``)."""
         n = self.size
-        out = {k: np.full(n, np.nan) for k in METRICS}
-        for k, v in self.base.items():
-            out[k] = v.copy()
+        out = {k: v.copy() for k, v in self.base.items()}
+        unwritten = {}         # a metric's points no group has written yet (NaN at the end)
         eff_code = np.zeros(n, dtype=np.int64)
         eff_names: list[str] = []
         saturated = np.zeros(n, dtype=bool)
@@ -305,13 +304,21 @@ class Plan:
                 slo_missed[idx] = metrics.pop("slo_missed", False)
                 over_tdp[idx] = metrics.pop("over_tdp", False)
                 for k, v in metrics.items():
+                    if k not in out:           # first written here: no pass to fill it with NaN first
+                        out[k], unwritten[k] = np.empty(n), np.ones(n, dtype=bool)
                     out[k][idx] = v
+                    if k in unwritten:
+                        unwritten[k][idx] = False
                 positions = _positions(idx)
                 for j in np.flatnonzero(np.isin(positions, want)) if want is not None else ():
                     p = int(positions[j])
                     one, k = (_one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
                     explained[p if self.order is None else int(self.order[p])] = _explain(one, k, eff, e, ideal,
                                                                                         self.hw, p)
+        for k, left in unwritten.items():
+            if left.any():
+                out[k][left] = np.nan
+        out = {k: out[k] if k in out else np.full(n, np.nan) for k in METRICS}
         self._cost_of_serving(out)
         _service_figures(out)
         if efficiency is None and not ideal:
