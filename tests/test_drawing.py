@@ -11,26 +11,12 @@ import time
 
 import pytest
 from conftest import run_cli
+from test_report import STUDY   # a small grid with every kind of plot
 
 from dse.present import drawing
 from dse.present.drawing import Drawer
 from dse.present.report import write_report
 from dse.study.studyfile import load_study
-
-STUDY = """\
-name: drawing-grid
-space:
-  hardware: [h100-sxm, b200]
-  model: llama-2-7b
-  batch: [1, 8, 64]
-  prompt_len: [128, 1024]
-  gen_len: 64
-  memory_bandwidth: {min: 1.0e12, max: 8.0e12, count: 4}
-objectives:
-  output_tokens_per_s: max
-  memory_bandwidth: min
-method: grid
-"""
 
 two_cores = pytest.mark.skipif(drawing.usable_cores() < 2, reason="the helper is started only with two cores or more")
 
