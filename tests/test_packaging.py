@@ -34,7 +34,7 @@ def test_package_list_matches_the_folders():
     assert set(cfg["packages"]) == code | data
     assert cfg["package-dir"] == {v: k for k, v in DATA_FOLDERS.items()}
     assert _pyproject()["project"]["name"] == "dse-llm"
-    assert _pyproject()["project"]["scripts"]["dse"] == "dse.study.cli:entry"
+    assert _pyproject()["project"]["scripts"]["dse"] == "dse.study.cli:main"
 
 
 def _setuptools_major() -> int:

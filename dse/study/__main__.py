@@ -1,3 +1,5 @@
-from dse.study.cli import entry
+import sys
 
-entry()
+from dse.study.cli import main
+
+sys.exit(main())

@@ -6,17 +6,13 @@ nothing heavier than numpy and PyYAML is imported on the analyze path.
 from __future__ import annotations
 
 import argparse
-import atexit
 import difflib
 import math
-import os
 import re
 import signal
 import sys
-import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 
@@ -851,28 +847,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-def entry(argv: list[str] | None = None) -> NoReturn:
-    """The command line (``dse``, ``python -m dse.study``): ``main``, then the process ends
-    without the interpreter's object-by-object teardown of its heap, a third of a second after
-    a large run (a gigabyte of arrays and caches, Arrow's pools) that changes nothing: stdout
-    and stderr are flushed and the exit handlers run (logging, multiprocessing's children,
-    temporary files), then ``os._exit``. If a thread that is not a daemon still runs, the
-    exit is Python's own, which waits for it. (``main`` itself returns, for callers in Python.)"""
-    rc = main(argv)
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    if any(t.is_alive() for t in others):
-        sys.exit(rc)
-    _flush()
-    atexit._run_exitfuncs()
-    _flush()
-    os._exit(rc)
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):      # a closed pipe or stream: nothing more can be said there
-            pass
