@@ -517,7 +517,10 @@ def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
     work = (np.asarray(op.ops, dtype=float) * count) @ in_class                     # ops per class, [K] or [P, K]
     moved = 2.0 * (tp - 1.0) / tp * _total(op.comm_bytes, count) + _total(op.p2p_bytes, count)
     bits = 8.0 * (_total(op.memory_bytes, count) + 2.0 * moved)
-    total = (sys.energy_op_j[:, classes] * work).sum(axis=-1) + bits * sys.energy_bit_j
+    total = sys.energy_op_j[:, classes[0]] * work[..., 0]
+    for j in range(1, len(classes)):      # class by class, in order: one contiguous column each
+        total = total + sys.energy_op_j[:, classes[j]] * work[..., j]
+    total = total + bits * sys.energy_bit_j
     if op.vector_ops is not None:
         total = total + _total(op.vector_ops, count) * sys.energy_op_j[:, _COL["vector"]]
     if sys.pim_peak is not None:

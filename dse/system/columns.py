@@ -163,21 +163,37 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group points by the combination of ``keys`` (integer code arrays or scalars):
     (group of each point, point order sorted by group, start of each group in that order).
     A stable sort of small integers is a radix sort in numpy: O(n)."""
-    codes = np.zeros(n, dtype=np.int64)
+    codes = None
     for k in keys:
-        if np.ndim(k) == 0:
+        if np.ndim(k) == 0 or _constant(k):
             continue
         k = _small_codes(np.asarray(k))
+        if codes is None:
+            codes = np.zeros(n, dtype=np.int64)
         m = int(k.max()) + 1 if len(k) else 1
         if m > 1:
             codes = codes * m + k
             if codes.max(initial=0) > 2**52:          # keep the mixed radix small: renumber
                 codes = _dense_codes(codes)
+    if codes is None:                                   # every key the same for every point: one group
+        return np.zeros(n, dtype=np.int64), np.arange(n), np.array([0, n])
     inv = _dense_codes(codes)
     order = np.argsort(inv.astype(np.uint16) if inv.max(initial=0) < 2**16 else inv, kind="stable")
     counts = np.bincount(inv)
     starts = np.concatenate(([0], np.cumsum(counts)))
     return inv, order, starts
+
+
+def _constant(a) -> bool:
+    """True when the numeric array ``a`` holds one value (or only NaN) at every point: a key that
+    splits no group. Two reductions, no copy."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iufb" or len(a) == 0:
+        return False
+    lo, hi = a.min(), a.max()
+    if lo == hi:
+        return True
+    return a.dtype.kind == "f" and bool(np.isnan(lo)) and bool(np.isnan(a).all())
 
 
 def _small_codes(a: np.ndarray) -> np.ndarray:

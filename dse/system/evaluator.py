@@ -318,7 +318,9 @@ class Plan:
         for k, left in unwritten.items():
             if left.any():
                 out[k][left] = np.nan
-        out = {k: out[k] if k in out else np.full(n, np.nan) for k in METRICS}
+        nan = np.full(n, np.nan)
+        nan.flags.writeable = False            # one read-only array for every metric no group wrote
+        out = {k: out[k] if k in out else nan for k in METRICS}
         self._cost_of_serving(out)
         _service_figures(out)
         if efficiency is None and not ideal:
@@ -873,10 +875,11 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
            w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
            hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
            w["tech"], w["draft"], w["spec_acceptance"]]
-    many = _many_workloads(key, w, cpu_layers, n)
+    inv, order, starts = group(key, n)
+    many = _many_workloads(np.diff(starts)[inv], w, cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
         key[1:4] = [np.where(many, -1.0, k) for k in (batch, w["prompt"], w["gen"])]
-    inv, order, starts = group(key, n)
+        inv, order, starts = group(key, n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
     else:                               # hold the points in group order: every group a slice (views)
@@ -950,20 +953,17 @@ def _economics(cols: Columns) -> dict:
 MANY_BELOW = 32
 
 
-def _many_workloads(key: list, w: dict, cpu_layers: np.ndarray, n: int) -> np.ndarray:
+def _many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.ndarray:
     """[n] bool: the points priced as one group with every point that differs from them only in
     batch, prompt and generated lengths (``dse.system.workload.WorkloadBatch``): static batches
     without speculative decoding or a CPU layer split, whose decode has one affine piece (no
-    sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (a
-    workload shared by many points is cheaper priced once for them all)."""
+    sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (``shared``: [n], how many points
+    share each point's workload; a workload shared by many points is cheaper priced once for them all)."""
     sliding = np.array([m.num_sliding_layers > 0 for m in w["models"]])[w["model"]]
     budget = np.array([t.kv_budget > 0 for t in w["techniques"]])[w["tech"]]
     draft = np.array([d is not None for d in w["drafts"]])[w["draft"]]
     ok = ~w["continuous"] & ~draft & (cpu_layers == 0) & ~sliding & ~budget
-    if not ok.any():
-        return ok
-    inv, _, starts = group(key, n)
-    return ok & (np.diff(starts)[inv] < MANY_BELOW)
+    return ok & (shared < MANY_BELOW)
 
 
 #: the columns that decide which points share a workload (and so one kernel call)
