@@ -5,7 +5,7 @@ import pytest
 
 from dse import evaluate
 from dse.system.analysis import analyze_point
-from dse.system.evaluator import METRICS
+from dse.system.evaluator import METRICS, prepare
 from hwmodels.presets import available_hardware, load_device
 
 PRESETS = available_hardware()
@@ -243,3 +243,22 @@ def test_results_follow_the_callers_order_whatever_order_the_points_come_in():
     for m in names:
         np.testing.assert_array_equal(rev[m], ev[m][::-1], err_msg=m)
     assert dict(ev.metrics).keys() == set(ev.metrics)
+
+
+@pytest.mark.parametrize("batch", [8, np.array([1, 8, 64] * 40)], ids=["one workload", "three workloads"])
+def test_a_callers_writes_into_results_change_no_other_metric_and_no_later_run(batch):
+    """The metric arrays a run hands back are the caller's own: writing into one changes no other
+    metric of that run, and running the same prepared plan again gives the first run's figures."""
+    cols = {"hardware": "h100-sxm", "model": "llama-2-7b", "batch": batch, "memory_bandwidth": np.linspace(1e12, 8e12, 120)}
+    plan = prepare(cols)
+    first = plan.run()
+    before = {k: np.array(v, copy=True) for k, v in first.metrics.items()}
+    writable = [k for k, v in first.metrics.items() if v.flags.writeable]
+    assert len(writable) > 40
+    for k in writable:
+        first.metrics[k][...] = -1.0
+        others = [m for m in writable if m != k and not np.array_equal(first.metrics[m], before[m], equal_nan=True)]
+        assert not [m for m in others if writable.index(m) > writable.index(k)], (k, others)
+    again = plan.run()
+    for k, v in before.items():
+        np.testing.assert_array_equal(again.metrics[k], v, err_msg=k)

@@ -114,7 +114,9 @@ class Evaluation:
     ``result["tpot_s"]`` (any of METRICS), ``result["feasible"]``, ``result["reason"]`` (an
     integer code, 0 when feasible; ``reason_keys[code]`` names it) and ``violations`` (one
     array per check and per constraint, <= 0 when satisfied). ``explained`` holds the
-    per-operator tables of the points asked for (``explain``)."""
+    per-operator tables of the points asked for (``explain``). A metric that holds one value
+    for every point (NaN where nothing models it, an error band of one engine and device)
+    is a read-only array; every other is the caller's own to write into."""
 
     columns: Columns
     metrics: Mapping[str, np.ndarray]        # a dict, or ``Reordered`` (each reordered when read)
@@ -251,7 +253,7 @@ class Plan:
         self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
         self.order = order
         self.flash = flash            # FlashAttention as run per point (held order)
-        self.economics = economics or {}   # the cost-of-serving columns per point (held order)
+        self.economics = economics or {}   # the cost-of-serving columns (arrays in held order, or numbers)
         self.inverse = None
         if order is not None:
             self.inverse = np.empty_like(order)
@@ -303,7 +305,13 @@ class Plan:
                 saturated[idx] = metrics.pop("saturated", False)
                 slo_missed[idx] = metrics.pop("slo_missed", False)
                 over_tdp[idx] = metrics.pop("over_tdp", False)
+                whole = isinstance(idx, slice) and idx.start == 0 and idx.stop == n
+                kept = set()
                 for k, v in metrics.items():
+                    if whole and k not in out and _own_array(v, n) and id(v) not in kept:
+                        out[k] = v             # one group has every point: its own array, no copy
+                        kept.add(id(v))
+                        continue
                     if k not in out:           # first written here: no pass to fill it with NaN first
                         out[k], unwritten[k] = np.empty(n), np.ones(n, dtype=bool)
                     out[k][idx] = v
@@ -387,8 +395,9 @@ class Plan:
             for k in used:
                 e, d = divmod(int(k), len(vendors))
                 ends[:, k] = band_for(bands, names[e], vendors[d], fam)[:2]
-            for j, end in enumerate(("low", "high")):
-                out[f"band_{fam}_{end}"] = np.full(len(pair), ends[j, used[0]]) if len(used) == 1 else ends[j, pair]
+            for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
+                out[f"band_{fam}_{end}"] = np.broadcast_to(ends[j, used[0]], pair.shape) if len(used) == 1 \
+                    else ends[j, pair]
 
 
 def _service_figures(out: dict) -> None:
@@ -399,6 +408,12 @@ def _service_figures(out: dict) -> None:
         for k, per in (("service_devices", "devices"), ("service_cost_usd", "cost_usd"),
                        ("service_power_w", "power_w"), ("service_tdp_w", "system_tdp_w")):
             out[k] = out["replicas"] * out[per]
+
+
+def _own_array(v, n: int) -> bool:
+    """True when ``v`` is a float array of ``n`` entries that owns its memory (not a view of an
+    input or of another array): a group's result that may be kept as the metric itself."""
+    return isinstance(v, np.ndarray) and v.base is None and v.shape == (n,) and v.dtype == np.float64
 
 
 def _explain_set(explain, n: int):
@@ -942,9 +957,8 @@ def _economics(cols: Columns) -> dict:
     ``configs/economics.yaml`` where a point leaves one out."""
     defaults = economics_defaults()
     out = {}
-    for k in COST_COLUMNS:
-        own = cols.numbers(k) if cols.has(k) else np.full(cols.n, np.nan)
-        out[k] = np.where(np.isnan(own), defaults[k], own)
+    for k in COST_COLUMNS:                 # a column left out is its default for every point: a number
+        out[k] = np.where(np.isnan(own := cols.numbers(k)), defaults[k], own) if cols.has(k) else float(defaults[k])
     return out
 
 
@@ -1079,6 +1093,8 @@ def _pool_layout(w: dict, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     point lays out one instance of ``tp`` devices (given, or the largest dividing both pools)
     and has the pools' devices; the points whose layout cannot be fail ``layout``."""
     dis = w["disaggregated"]
+    if not dis.any():                  # no pools: the layout is the one given
+        return w["devices"], w["tp"], np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w["prefill_devices"], nan=1.0), np.nan_to_num(w["decode_devices"], nan=1.0)
     total = pre + dec
     inst = np.where(np.isnan(w["tp"]), np.gcd(pre.astype(np.int64), dec.astype(np.int64)), w["tp"])

@@ -299,9 +299,10 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
             rows[:, u, :_C] = np.where(used >= 0, table[:, np.maximum(used, 0)], np.nan)
             rows[:, u, _C] = table[:, _C]
         rows = rows.reshape(-1, n_cols).T
-        # [P, columns], column-major as ``peak``: a column's J/op is one contiguous row to read
+        # [P, columns], column-major as ``peak``: a column's J/op is one contiguous row to read;
+        # one row for every point (one device, one pattern): that row seen at every point, read-only
         if rows.shape[1] == 1:
-            return np.repeat(rows, len(inv), axis=1).T
+            return np.broadcast_to(rows[:, 0], (len(inv), n_cols))
         return rows[:, inv * n_patterns + pattern].T
     static = static_dev[inv]
     if cols.has("static_power_w"):
