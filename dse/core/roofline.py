@@ -30,6 +30,7 @@ Optional terms, skipped when a design space does not use them (``None``):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -125,9 +126,10 @@ class SystemArrays:
         return SystemArrays(**{f: pick(v) for f, v in self.__dict__.items()})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpArrays:
-    """A step's operators as arrays, priced in bytes (shape [O] or [P, O]).
+    """A step's operators as arrays, priced in bytes (shape [O] or [P, O]). Compared and hashed
+    by identity: the kernel keeps what it derives from one workload's arrays (``KEPT``).
 
     sparse_ok: [O] bool, weight matmuls that 2:4 sparse peaks apply to.
     role: [O] int, index into PIM_ROLES (-1: the host runs it).
@@ -287,11 +289,47 @@ def pim_mask(op: OpArrays, sys: SystemArrays, eff: Efficiency | None = None) -> 
     return op_costs(op, sys, IDEAL if eff is None else eff).on_pim
 
 
+#: workloads whose operator terms the kernel keeps (per Efficiency): what depends on one
+#: workload's operators alone (efficiency fractions, the intensity-sorted sums of
+#: ``_ridge_tables``, the split of a decode into operators that grow with the context and
+#: those that do not) is derived once, not again for every chunk, call or trial that prices it
+KEPT = 4096
+
+
+def forget_kept() -> None:
+    """Drop every kept workload term (``KEPT``): the memory they hold; results do not change."""
+    for kept in (_kept_fractions, _separable_terms, _kept_decode_split, _kept_energy_work):
+        kept.cache_clear()
+
+
+def _one_workload(op: OpArrays) -> bool:
+    """True when ``op`` holds one workload's operators (1-D arrays), whose terms are kept."""
+    return all(np.ndim(a) == 1 for a in (op.ops, op.weight_bytes, op.act_bytes, op.kv_bytes))
+
+
+def _compute_fraction(op: OpArrays, eff: Efficiency) -> np.ndarray:
+    """``eff.compute_fraction(op)``, kept for one workload's operators (read-only then)."""
+    return _kept_fractions(op, eff)[0] if _one_workload(op) else eff.compute_fraction(op)
+
+
+def _memory_fraction(op: OpArrays, eff: Efficiency) -> np.ndarray:
+    """``eff.memory_fraction(op)``, kept for one workload's operators (read-only then)."""
+    return _kept_fractions(op, eff)[1] if _one_workload(op) else eff.memory_fraction(op)
+
+
+@lru_cache(maxsize=KEPT)
+def _kept_fractions(op: OpArrays, eff: Efficiency) -> tuple:
+    out = (eff.compute_fraction(op), eff.memory_fraction(op))
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None, shape: OpArrays | None = None):
     """(device-memory seconds, host-tier seconds) per instance, [P, O] (host: scalar 0
     when nothing is offloaded). On PIM, weight and KV bytes stream at the internal bandwidth.
     Efficiency fractions follow the operators of ``shape`` (default ``op``)."""
-    frac = eff.memory_fraction(op if shape is None else shape)
+    frac = _memory_fraction(op if shape is None else shape, eff)
     bw = sys.bandwidth[:, None] * frac
     w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
     host_s = 0.0
@@ -316,7 +354,7 @@ def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=
     if on_pim is not None:
         peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(ops != 0, ops / (peak * eff.compute_fraction(op)), 0.0)
+        t = np.where(ops != 0, ops / (peak * _compute_fraction(op, eff)), 0.0)
         if vector is not None:
             rate = sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
             t = t + np.where(vector != 0, vector / rate, 0.0)
@@ -433,8 +471,29 @@ def _separable(op: OpArrays, sys: SystemArrays) -> bool:
             and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
 
 
-def _roofline_sum(ops, mem, count, column, sys: SystemArrays) -> np.ndarray:
-    """Σ_o count_o max(ops_o / peak[P, column_o], mem_o / bandwidth[P]), seconds, [P].
+def _ridge_tables(ops, mem, count, column) -> tuple:
+    """What ``_roofline_sum`` needs of one workload's operators, per peak column they use:
+    (column, bytes in all, intensities ops/bytes sorted, bytes summed up to each rank, ops
+    summed from each rank on). Depends on the workload alone, not on any point."""
+    out = []
+    for k in np.unique(column):
+        sel = (column == k) & (count > 0) & ((ops > 0) | (mem > 0))
+        if not sel.any():
+            continue
+        o, b = ops[sel] * count[sel], mem[sel] * count[sel]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ai = np.where(b > 0, o / b, np.inf)
+        order = np.argsort(ai, kind="stable")
+        ai, o, b_sorted = ai[order], o[order], b[order]
+        mem_prefix = np.concatenate(([0.0], np.cumsum(b_sorted)))      # memory-bound: the lowest intensities
+        ops_suffix = np.concatenate((np.cumsum(o[::-1])[::-1], [0.0]))
+        out.append((int(k), b.sum(), ai, mem_prefix, ops_suffix))
+    return tuple(out)
+
+
+def _roofline_sum(tables: tuple, sys: SystemArrays) -> np.ndarray:
+    """Σ_o count_o max(ops_o / peak[P, column_o], mem_o / bandwidth[P]), seconds, [P], of the
+    operators ``_ridge_tables`` describes.
 
     The same sum as the per-operator kernel, in O(P log O): within one peak column an
     operator is compute-bound exactly when its intensity ops/mem exceeds the point's
@@ -442,27 +501,27 @@ def _roofline_sum(ops, mem, count, column, sys: SystemArrays) -> np.ndarray:
     prefix sum of bytes plus a suffix sum of ops at the ridge's rank."""
     bw = sys.bandwidth
     total = np.zeros(sys.size)
-    for k in np.unique(column):
-        sel = (column == k) & (count > 0) & ((ops > 0) | (mem > 0))
-        if not sel.any():
-            continue
-        o, b = ops[sel] * count[sel], mem[sel] * count[sel]
+    for k, b_total, ai, mem_prefix, ops_suffix in tables:
         peak = sys.peak[:, k]
         if np.all(np.isinf(peak)):
-            total += b.sum() / bw
+            total += b_total / bw
             continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ai = np.where(b > 0, o / b, np.inf)
-        order = np.argsort(ai, kind="stable")
-        ai, o, b = ai[order], o[order], b[order]
-        mem_prefix = np.concatenate(([0.0], np.cumsum(b)))          # memory-bound: the lowest intensities
-        ops_suffix = np.concatenate((np.cumsum(o[::-1])[::-1], [0.0]))
         with np.errstate(divide="ignore", invalid="ignore"):
             ridge = peak / bw
             idx = np.searchsorted(ai, ridge, side="right")
             comp = np.where(ops_suffix[idx] > 0, ops_suffix[idx] / peak, 0.0)
         total += mem_prefix[idx] / bw + comp
     return total
+
+
+@lru_cache(maxsize=KEPT)
+def _separable_terms(op: OpArrays, eff: Efficiency) -> tuple:
+    """(``_ridge_tables`` of ``op`` at ``eff``'s fractions, op overhead seconds) of one workload's
+    operators (1-D arrays), kept."""
+    ops = op.ops / _compute_fraction(op, eff)
+    mem = op.memory_bytes / _memory_fraction(op, eff)
+    overhead = (op.count * _work(op)).sum() * eff.op_overhead_s
+    return _ridge_tables(ops, mem, op.count, op.peak_column), overhead
 
 
 def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
@@ -483,10 +542,8 @@ def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | 
 
 def _separable_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Σ count x per-instance time of a step without the step overhead, [P] (separable case)."""
-    ops = op.ops / eff.compute_fraction(op)
-    mem = op.memory_bytes / eff.memory_fraction(op)
-    overhead = (op.count * _work(op)).sum() * eff.op_overhead_s
-    return _roofline_sum(ops, mem, op.count, op.peak_column, sys) + _link_sum(op, sys, eff) + overhead
+    tables, overhead = _separable_terms(op, eff)
+    return _roofline_sum(tables, sys) + _link_sum(op, sys, eff) + overhead
 
 
 def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
@@ -507,25 +564,45 @@ def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
     have no published figure (``configs/technology.yaml`` not_found): offloaded bytes are charged
     as device-memory traffic, link SerDes energy is left out, and a design with PIM units gets
     NaN. NaN also where the device has no measured energy profile (``sys.energy_op_j`` NaN)."""
-    n = sys.size
+    return _step_energy(op, op, sys)
+
+
+def _step_energy(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.ndarray:
+    """``step_energy_j`` of ``op`` with each operator's work in the class ``classes_of`` gives it."""
     if sys.energy_op_j is None:
-        return np.full(n, np.nan)
+        return np.full(sys.size, np.nan)
+    keep = _one_workload(op) and _one_workload(classes_of)
+    classes, work, mem, comm, p2p, vector = (_kept_energy_work if keep else _energy_work)(op, classes_of)
     tp = np.asarray(sys.tp, dtype=float)
-    count = op.count
-    classes = np.unique(op.peak_column)
-    in_class = (op.peak_column[:, None] == classes[None, :]).astype(float)          # [O, K]
-    work = (np.asarray(op.ops, dtype=float) * count) @ in_class                     # ops per class, [K] or [P, K]
-    moved = 2.0 * (tp - 1.0) / tp * _total(op.comm_bytes, count) + _total(op.p2p_bytes, count)
-    bits = 8.0 * (_total(op.memory_bytes, count) + 2.0 * moved)
+    moved = 2.0 * (tp - 1.0) / tp * comm + p2p
+    bits = 8.0 * (mem + 2.0 * moved)
     total = sys.energy_op_j[:, classes[0]] * work[..., 0]
     for j in range(1, len(classes)):      # class by class, in order: one contiguous column each
         total = total + sys.energy_op_j[:, classes[j]] * work[..., j]
     total = total + bits * sys.energy_bit_j
-    if op.vector_ops is not None:
-        total = total + _total(op.vector_ops, count) * sys.energy_op_j[:, _COL["vector"]]
+    if vector is not None:
+        total = total + vector * sys.energy_op_j[:, _COL["vector"]]
     if sys.pim_peak is not None:
         total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
     return total
+
+
+def _energy_work(op: OpArrays, classes_of: OpArrays) -> tuple:
+    """What a step's energy counts of ``op`` (its work in the classes ``classes_of`` gives each
+    operator): (the classes, ops in each [K] or [P, K], device-memory bytes, all-reduce message
+    bytes, point-to-point bytes, vector ops or None), every count of every operator in."""
+    count = op.count
+    column = classes_of.peak_column
+    classes = np.unique(column)
+    in_class = (column[:, None] == classes[None, :]).astype(float)          # [O, K]
+    work = (np.asarray(op.ops, dtype=float) * count) @ in_class             # ops per class, [K] or [P, K]
+    vector = None if op.vector_ops is None else _total(op.vector_ops, count)
+    return (classes, work, _total(op.memory_bytes, count), _total(op.comm_bytes, count), _total(op.p2p_bytes, count),
+            vector)
+
+
+#: ``_energy_work`` of one workload's operators (1-D arrays), kept (``KEPT``)
+_kept_energy_work = lru_cache(maxsize=KEPT)(_energy_work)
 
 
 def _total(amount, count):
@@ -538,7 +615,7 @@ def decode_total_energy_j(op0: OpArrays, slope: OpArrays, steps, sys: SystemArra
     op0 + j x slope, and energy is linear in the work, so the sum is steps x E(op0) +
     E(slope) x steps (steps - 1) / 2."""
     n = np.asarray(steps, dtype=float)
-    grow = step_energy_j(replace(slope, peak_column=op0.peak_column), sys)
+    grow = _step_energy(slope, op0, sys)
     return n * step_energy_j(op0, sys) + grow * n * (n - 1.0) / 2.0
 
 
@@ -559,21 +636,34 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     path where it applies); without PIM, which places each operator for the whole generation.
     """
     if sys.pim_peak is None:                 # (a PIM places each operator for the whole generation)
-        grows = (slope.ops != 0) | (slope.memory_bytes != 0)
-        if slope.vector_ops is not None:
-            grows = grows | (slope.vector_ops != 0)
-        grows = grows.reshape(-1, np.shape(grows)[-1]).any(axis=0)
-        fixed = _subset(op0, ~grows)
+        split = _kept_decode_split if np.ndim(op0.ops) == 1 and np.ndim(slope.ops) == 1 else _decode_split
+        fixed, grow0, grow_slope = split(op0, slope)
         n = np.asarray(steps, dtype=float)
         if _separable(fixed, sys):
             per_step = _separable_step(fixed, sys, eff)
         else:
             per_step = _step_sum(op_costs(fixed, sys, eff).time_s, fixed.count, None, sys)
         total = (per_step + eff.step_overhead_s) * n
-        if grows.any():
-            total = total + _decode_general(_subset(op0, grows), _subset(slope, grows), steps, sys, eff)
+        if grow0 is not None:
+            total = total + _decode_general(grow0, grow_slope, steps, sys, eff)
         return total
     return _decode_general(op0, slope, steps, sys, eff) + eff.step_overhead_s * np.asarray(steps, dtype=float)
+
+
+def _decode_split(op0: OpArrays, slope: OpArrays) -> tuple:
+    """(the operators of a decode step whose cost does not change with the context; the first
+    step and slope of those that grow, None when none does)."""
+    grows = (slope.ops != 0) | (slope.memory_bytes != 0)
+    if slope.vector_ops is not None:
+        grows = grows | (slope.vector_ops != 0)
+    grows = grows.reshape(-1, np.shape(grows)[-1]).any(axis=0)
+    if not grows.any():
+        return _subset(op0, ~grows), None, None
+    return _subset(op0, ~grows), _subset(op0, grows), _subset(slope, grows)
+
+
+#: ``_decode_split`` of one workload's decode (1-D arrays), kept (``KEPT``)
+_kept_decode_split = lru_cache(maxsize=KEPT)(_decode_split)
 
 
 def _subset(op: OpArrays, sel) -> OpArrays:

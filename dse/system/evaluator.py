@@ -290,12 +290,14 @@ class Plan:
         if want is not None and self.inverse is not None:
             want = self.inverse[want]
         explained = {}
+        resolved = {}          # the Efficiency of each (family, engine, ...) met: one lookup per run
         for g in self.groups:
             if g.tables is None:
                 continue
             parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
             for idx, e in parts:
-                eff = g.efficiency(e, ideal)
+                key = (g.family, id(g.engine), g.kv_group, id(e), ideal)
+                eff = resolved[key] if key in resolved else resolved.setdefault(key, g.efficiency(e, ideal))
                 if eff.name not in eff_names:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
