@@ -216,6 +216,8 @@ class Efficiency:
 def _saturating(x, half):
     """x / (x + half), 1 where half is 0, where both are 0 or where x is infinite (elementwise)."""
     x = np.asarray(x, dtype=float)
+    if np.ndim(half) == 0 and half == 0:      # no saturation: 1 everywhere
+        return np.ones_like(x)
     half = np.asarray(half, dtype=float)
     den = x + half
     with np.errstate(divide="ignore", invalid="ignore"):

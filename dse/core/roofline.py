@@ -550,6 +550,8 @@ def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead."""
     if _separable(op, sys):
         return _separable_step(op, sys, eff) + eff.step_overhead_s
+    if sys.pim_peak is None:                  # every operator on the host: its time is all it takes
+        return _step_sum(_priced(op, sys, eff)[-1], op.count, None, sys) + eff.step_overhead_s
     cost = op_costs(op, sys, eff)
     return _step_sum(cost.time_s, op.count, cost.on_pim, sys) + eff.step_overhead_s
 
