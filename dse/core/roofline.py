@@ -292,7 +292,9 @@ def pim_mask(op: OpArrays, sys: SystemArrays, eff: Efficiency | None = None) -> 
 #: workloads whose operator terms the kernel keeps (per Efficiency): what depends on one
 #: workload's operators alone (efficiency fractions, the intensity-sorted sums of
 #: ``_ridge_tables``, the split of a decode into operators that grow with the context and
-#: those that do not) is derived once, not again for every chunk, call or trial that prices it
+#: those that do not, a step's work per compute class for its energy) is derived once, not
+#: again for every chunk, call or trial that prices it. Operators of many workloads at once
+#: ([P, O] arrays) are large and priced once: nothing of them is kept
 KEPT = 4096
 
 
@@ -319,6 +321,7 @@ def _memory_fraction(op: OpArrays, eff: Efficiency) -> np.ndarray:
 
 @lru_cache(maxsize=KEPT)
 def _kept_fractions(op: OpArrays, eff: Efficiency) -> tuple:
+    """(compute, memory) fractions of one workload's operators under ``eff``, read-only, kept."""
     out = (eff.compute_fraction(op), eff.memory_fraction(op))
     for a in out:
         a.flags.writeable = False
