@@ -29,8 +29,8 @@ Optional terms, skipped when a design space does not use them (``None``):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass, fields, replace
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -149,8 +149,10 @@ class OpArrays:
     role: np.ndarray | None = None
     vector_ops: np.ndarray | None = None
 
-    @property
+    @cached_property
     def memory_bytes(self) -> np.ndarray:
+        """Bytes moved to and from device memory per instance (weights + activations + KV),
+        summed once per OpArrays."""
         return self.weight_bytes + self.act_bytes + self.kv_bytes
 
     def times(self, k: float) -> "OpArrays":
@@ -673,7 +675,8 @@ _kept_decode_split = lru_cache(maxsize=KEPT)(_decode_split)
 
 def _subset(op: OpArrays, sel) -> OpArrays:
     """The operators of ``op`` selected by the [O] mask ``sel``."""
-    return OpArrays(**{f: (None if v is None else np.asarray(v)[..., sel]) for f, v in op.__dict__.items()})
+    return OpArrays(**{f.name: (None if (v := getattr(op, f.name)) is None else np.asarray(v)[..., sel])
+                       for f in fields(OpArrays)})
 
 
 def _decode_general(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
