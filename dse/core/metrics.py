@@ -2,6 +2,8 @@
 the cost of serving from a run's energy and the system's price."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -84,8 +86,9 @@ def power_demand_w(phases, devices, static_w) -> np.ndarray:
     dynamic J / (devices x seconds) over ``phases`` ((dynamic J, seconds) pairs), plus the static
     power (taken as 0 where unknown, so the figure is then a lower bound)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        dyn = np.max([np.where(np.asarray(s, dtype=float) > 0, np.asarray(e, dtype=float) / (devices * s), 0.0)
-                      for e, s in phases], axis=0)
+        dyn = functools.reduce(np.maximum, [np.where(np.asarray(s, dtype=float) > 0,
+                                                     np.asarray(e, dtype=float) / (devices * s), 0.0)
+                                            for e, s in phases])
     return dyn + np.nan_to_num(np.asarray(static_w, dtype=float), nan=0.0)
 
 

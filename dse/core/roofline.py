@@ -150,6 +150,12 @@ class OpArrays:
     vector_ops: np.ndarray | None = None
 
     @cached_property
+    def one_workload(self) -> bool:
+        """True when these are one workload's operators (1-D arrays): the kernel keeps what it
+        derives from them (``KEPT``)."""
+        return all(np.ndim(a) == 1 for a in (self.ops, self.weight_bytes, self.act_bytes, self.kv_bytes))
+
+    @cached_property
     def memory_bytes(self) -> np.ndarray:
         """Bytes moved to and from device memory per instance (weights + activations + KV),
         summed once per OpArrays."""
@@ -306,19 +312,14 @@ def forget_kept() -> None:
         kept.cache_clear()
 
 
-def _one_workload(op: OpArrays) -> bool:
-    """True when ``op`` holds one workload's operators (1-D arrays), whose terms are kept."""
-    return all(np.ndim(a) == 1 for a in (op.ops, op.weight_bytes, op.act_bytes, op.kv_bytes))
-
-
 def _compute_fraction(op: OpArrays, eff: Efficiency) -> np.ndarray:
     """``eff.compute_fraction(op)``, kept for one workload's operators (read-only then)."""
-    return _kept_fractions(op, eff)[0] if _one_workload(op) else eff.compute_fraction(op)
+    return _kept_fractions(op, eff)[0] if op.one_workload else eff.compute_fraction(op)
 
 
 def _memory_fraction(op: OpArrays, eff: Efficiency) -> np.ndarray:
     """``eff.memory_fraction(op)``, kept for one workload's operators (read-only then)."""
-    return _kept_fractions(op, eff)[1] if _one_workload(op) else eff.memory_fraction(op)
+    return _kept_fractions(op, eff)[1] if op.one_workload else eff.memory_fraction(op)
 
 
 @lru_cache(maxsize=KEPT)
@@ -578,7 +579,7 @@ def _step_energy(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.nd
     """``step_energy_j`` of ``op`` with each operator's work in the class ``classes_of`` gives it."""
     if sys.energy_op_j is None:
         return np.full(sys.size, np.nan)
-    keep = _one_workload(op) and _one_workload(classes_of)
+    keep = op.one_workload and classes_of.one_workload
     classes, work, mem, comm, p2p, vector = (_kept_energy_work if keep else _energy_work)(op, classes_of)
     tp = np.asarray(sys.tp, dtype=float)
     moved = 2.0 * (tp - 1.0) / tp * comm + p2p
