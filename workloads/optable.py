@@ -116,7 +116,9 @@ class OpTable:
         values = [sum(getattr(op, a) for a in attrs) for op in self.operators]
         if not any(np.ndim(v) for v in values):
             return np.array(values, dtype=float)
-        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values)), axis=-1)
+        # stacked operator by operator (contiguous rows) and read as [W, O]: stacking on the last
+        # axis writes every operator's column with a stride, several times slower for many workloads
+        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
 
     @property
     def counts(self) -> np.ndarray:
