@@ -185,6 +185,16 @@ def test_two_workers_write_what_one_writes(tmp_path, rows):
     _same(_files(tmp_path / "one"), _files(tmp_path / "two"))
 
 
+def test_the_server_started_ahead_of_the_workers_imports_the_module_their_chunks_run(tmp_path):
+    # `dse run --workers N` starts the workers' server before it imports the sweep (start_server)
+    assert sweep_mod.chunk_task.__module__ == executors.SWEEP_MODULE
+    executors.start_server()
+    spec = _random(rows="all")
+    run_sweep(spec, tmp_path / "one")
+    run_sweep(spec, tmp_path / "two", workers=2)
+    _same(_files(tmp_path / "one"), _files(tmp_path / "two"))
+
+
 def test_an_interrupted_streaming_sweep_resumes_from_its_chunk_states(tmp_path, monkeypatch):
     spec = _random(rows="sample", sample=30)
     run_sweep(spec, tmp_path / "ref")

@@ -23,6 +23,7 @@ import collections
 import ctypes
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select
 import signal
@@ -107,6 +108,23 @@ def keep_freed_memory() -> None:
     mallopt(M_MMAP_THRESHOLD, 256 << 20)      # blocks below 256 MiB from the heap, not mmap
     mallopt(M_TRIM_THRESHOLD, 1 << 30)        # the heap's free top returned past 1 GiB only
     mallopt(M_TOP_PAD, 64 << 20)              # and grown 64 MiB at a time
+
+
+#: the module whose ``chunk_task`` a sweep's worker processes run (``dse.explore.sweep``), named
+#: here so that the server they fork from can be started before this process imports it
+SWEEP_MODULE = "dse.explore.sweep"
+
+
+def start_server(module: str = SWEEP_MODULE) -> None:
+    """Start now the server that worker processes fork from ('forkserver'; nothing where there
+    is none), with ``module`` imported. A run that will hand its chunks to worker processes
+    calls this as soon as it knows so: the server's own start (a fresh interpreter importing
+    the sweep's modules, ~0.6 s) then overlaps with this process's start (its imports, the
+    study file) instead of coming between it and the first chunk."""
+    ctx = _context()
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload([module])
+        multiprocessing.forkserver.ensure_running()
 
 
 def _start_worker(task: Callable, spec, parent: int) -> None:

@@ -21,7 +21,7 @@ from basis.files import output_folder
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
-from dse.explore.executors import keep_freed_memory
+from dse.explore.executors import keep_freed_memory, start_server
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -544,9 +544,11 @@ def _table_report(res, display, asked_flash=None) -> str:
 
 
 def cmd_run(args) -> int:
+    data, spec = load_study(args.study, seed=args.seed, trials=args.trials, rows=args.rows)
+    if spec.method != "optuna" and args.workers > 1 and args.scheduler is None:
+        start_server()                      # the workers' server starts while this process gets ready
     from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
 
-    data, spec = load_study(args.study, seed=args.seed, trials=args.trials, rows=args.rows)
     if args.overwrite and args.storage:
         raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
                        "--storage (or delete that study there) instead")
