@@ -107,6 +107,12 @@ class Reordered(Mapping):
         return name in self._held
 
 
+def _in_order(a: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """``a`` (one entry per point, held order) in the caller's order: ``a[back]``, or ``a`` itself
+    where every point holds the same value (the same in any order: no gather of every point)."""
+    return a if len(a) and a.min() == a.max() else a[back]
+
+
 @dataclass
 class Evaluation:
     """What ``evaluate`` returns: one entry per design point of every array.
@@ -363,10 +369,11 @@ class Plan:
         if self.inverse is not None:                  # back to the caller's order
             back = self.inverse
             out = Reordered(out, back)
-            violations = {k: v[back] for k, v in violations.items()}
-            fails = {k: v[back] for k, v in fails.items()}
-            reason, eff_code = reason[back], eff_code[back]
-            labels = {k: (codes[back], names) for k, (codes, names) in labels.items()}
+            violations = {k: _in_order(v, back) for k, v in violations.items()}
+            fails = {k: _in_order(v, back) for k, v in fails.items()}
+            reason, eff_code = reason[back], _in_order(eff_code, back)
+            labels = {k: (codes if len(names) == 1 else _in_order(codes, back), names)
+                      for k, (codes, names) in labels.items()}
             details = [(self.order[idx], text) for idx, text in details]
             flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
