@@ -3,18 +3,22 @@
 Llama-2-70B FP8, prompt 2048, 256 generated tokens, FlashAttention; a GPU template
 (H100 SXM base) with its own HBM bandwidth, capacity and FP8 peak per point, and the
 batch from 1 to 256. Per point: prefill, the exact decode total over the generation,
-the memory footprint, feasibility and the serving metrics (``dse.system.evaluator.evaluate``).
+the memory footprint, feasibility and the serving metrics (``from dse import evaluate``).
 Every metric is computed; the benchmark reads ``READ`` and feasibility (a metric is put back in
 the caller's order when read: ``dse.system.evaluator.Reordered``; ``--read-all`` reads all).
 
-    python benchmarks/bench_kernel.py [points] [--read-all]
+    python benchmarks/bench_kernel.py [points] [--read-all] [--default-malloc]
+
+The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
+frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
+malloc as it is).
 """
 import sys
 import time
 
 import numpy as np
 
-from dse.system.evaluator import evaluate
+from dse import evaluate, keep_freed_memory
 
 #: the metrics read of every point
 READ = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "memory_bytes")
@@ -45,4 +49,6 @@ def main(points: int = 1_000_000, chunk: int = 1_000_000, repeats: int = 5, read
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--default-malloc" not in sys.argv:
+        keep_freed_memory()
     main(int(args[0]) if args else 1_000_000, read_all="--read-all" in sys.argv)

@@ -5,7 +5,11 @@ per point, the batch from 1 to 256, prompts of 128-4,096 tokens and 64-1,024 gen
 drawn per point, so (almost) no two points share a workload. Per point: prefill, the exact decode
 total, footprint, feasibility, serving metrics and energy (``from dse import evaluate``).
 
-    python benchmarks/bench_workloads.py [points] [--llm-analysis PYTHON]
+    python benchmarks/bench_workloads.py [points] [--llm-analysis PYTHON] [--default-malloc]
+
+The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
+frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
+malloc as it is, to see what that is worth).
 
 With ``--llm-analysis`` the same points (the first 2,000) are also priced by llm-analysis
 (``pip install llm-analysis`` in the interpreter PYTHON's own environment; it is not a dependency
@@ -25,7 +29,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dse import evaluate  # noqa: E402
+from dse import evaluate, keep_freed_memory  # noqa: E402
 
 #: the llm-analysis side: the same points, one analysis each (run in its own interpreter)
 LLM_ANALYSIS = r"""
@@ -91,9 +95,14 @@ def main(argv: list[str]) -> None:
         k = argv.index("--llm-analysis")
         python = argv[k + 1]
         argv = argv[:k] + argv[k + 2:]
+    plain = "--default-malloc" in argv
+    argv = [a for a in argv if a != "--default-malloc"]
+    if not plain:
+        keep_freed_memory()
     n = int(argv[0]) if argv else 200_000
     rate, distinct = dse_rate(n)
-    print(f"dse: {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core")
+    print(f"dse: {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core"
+          f"{' (malloc as it is)' if plain else ''}")
     if python:
         other = llm_analysis_rate(python)
         print(f"llm-analysis: {other:,.0f} evaluations/s on one core; dse is {rate / other:,.1f}x faster")

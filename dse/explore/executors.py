@@ -20,7 +20,6 @@ fails, reaches the caller as a one-line DseError.
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import multiprocessing
 import multiprocessing.forkserver
@@ -35,13 +34,12 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from basis.errors import DseError
+from basis.memory import keep_freed_memory
 
 #: seconds to wait for a Dask scheduler to answer
 CONNECT_S = 10
 #: chunks handed out per worker process or Dask thread at a time
 IN_FLIGHT = 2
-#: glibc's mallopt parameters (malloc.h)
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 
 _worker: dict = {}          # in a worker process: the task and the spec it runs on
 
@@ -91,23 +89,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         pass
     return True
-
-
-def keep_freed_memory() -> None:
-    """Let this process's malloc (glibc) keep the large blocks it frees for the next ones
-    instead of handing them back to the system and faulting fresh zeroed pages in again: an
-    evaluation allocates and frees arrays of a chunk's size by the hundred. It saves the
-    kernel time of those page faults (a third of a process's system time and ~10 % of a
-    sweep's wall time with two processes on two cores; the peak memory stays the same). For
-    processes whose job is a sweep: what is freed stays with the process until it ends.
-    Elsewhere than glibc, nothing."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, 256 << 20)      # blocks below 256 MiB from the heap, not mmap
-    mallopt(M_TRIM_THRESHOLD, 1 << 30)        # the heap's free top returned past 1 GiB only
-    mallopt(M_TOP_PAD, 64 << 20)              # and grown 64 MiB at a time
 
 
 #: the module whose ``chunk_task`` a sweep's worker processes run (``dse.explore.sweep``), named

@@ -21,7 +21,8 @@ from basis.files import output_folder
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
-from dse.explore.executors import keep_freed_memory, start_server
+from basis.memory import keep_freed_memory
+from dse.explore.executors import start_server
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show

@@ -1,0 +1,48 @@
+"""basis.memory: a process that keeps what malloc frees (``dse.keep_freed_memory``) has a large
+freed array's memory still in its heap for the next arrays, where by default glibc hands it back
+to the system (and faults fresh pages in for the next). Checked in a fresh interpreter each, from
+glibc's own count of the free bytes its heap holds (mallinfo2)."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+FREED_MIB = 64
+
+PROBE = f"""
+import ctypes, sys
+import numpy as np
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "keep":
+    import dse
+    dse.keep_freed_memory()
+a = np.ones({FREED_MIB} << 17)          # {FREED_MIB} MiB of float64
+del a
+print(libc.mallinfo2().fordblks >> 20)
+"""
+
+
+def _glibc_mallinfo2() -> bool:
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+def _free_heap_mib(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not _glibc_mallinfo2(), reason="needs glibc's mallinfo2 (glibc >= 2.33)")
+def test_a_process_that_keeps_freed_memory_has_a_freed_array_left_in_its_heap():
+    assert _free_heap_mib("keep") >= FREED_MIB
+    assert _free_heap_mib("default") < FREED_MIB       # glibc's default: a block this large goes back at once
