@@ -308,7 +308,7 @@ KEPT = 4096
 
 def forget_kept() -> None:
     """Drop every kept workload term (``KEPT``): the memory they hold; results do not change."""
-    for kept in (_kept_fractions, _separable_terms, _kept_decode_split, _kept_energy_work):
+    for kept in (_kept_fractions, _separable_terms, _kept_decode_split, _kept_energy_work, _recent_energy_work):
         kept.cache_clear()
 
 
@@ -580,7 +580,7 @@ def _step_energy(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.nd
     if sys.energy_op_j is None:
         return np.full(sys.size, np.nan)
     keep = op.one_workload and classes_of.one_workload
-    classes, work, mem, comm, p2p, vector = (_kept_energy_work if keep else _energy_work)(op, classes_of)
+    classes, work, mem, comm, p2p, vector = (_kept_energy_work if keep else _recent_energy_work)(op, classes_of)
     tp = np.asarray(sys.tp, dtype=float)
     moved = 2.0 * (tp - 1.0) / tp * comm + p2p
     bits = 8.0 * (mem + 2.0 * moved)
@@ -611,6 +611,10 @@ def _energy_work(op: OpArrays, classes_of: OpArrays) -> tuple:
 
 #: ``_energy_work`` of one workload's operators (1-D arrays), kept (``KEPT``)
 _kept_energy_work = lru_cache(maxsize=KEPT)(_energy_work)
+#: ``_energy_work`` of the last steps of many workloads priced ([W, O] arrays of at most a table's
+#: rows, a few MB): a run's energy is counted twice over the same steps (every class at its J/op,
+#: then the measured classes alone)
+_recent_energy_work = lru_cache(maxsize=4)(_energy_work)
 
 
 def _total(amount, count):
@@ -649,8 +653,8 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
         n = np.asarray(steps, dtype=float)
         if _separable(fixed, sys):
             per_step = _separable_step(fixed, sys, eff)
-        else:
-            per_step = _step_sum(op_costs(fixed, sys, eff).time_s, fixed.count, None, sys)
+        else:                                # every operator on the host: its time is all it takes
+            per_step = _step_sum(_priced(fixed, sys, eff)[-1], fixed.count, None, sys)
         total = (per_step + eff.step_overhead_s) * n
         if grow0 is not None:
             total = total + _decode_general(grow0, grow_slope, steps, sys, eff)

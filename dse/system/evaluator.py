@@ -1357,11 +1357,13 @@ def _mark_context(mark, model, sc, max_context: int) -> None:
     if not limit:
         return
     long = sc.prompt_len + sc.gen_len > limit
-    pairs = np.unique(np.stack([sc.prompt_len[long], sc.gen_len[long]]), axis=1).T
+    prompt, gen = sc.prompt_len[long].astype(np.int64), sc.gen_len[long].astype(np.int64)
+    span = int(gen.max(initial=0)) + 1
+    pairs = np.unique(prompt * span + gen)              # (prompt, generated) pairs, one integer each
     if len(pairs) > CONTEXT_DETAILS:
         mark("context", long)
         return
-    for p, g in pairs:
+    for p, g in zip(pairs // span, pairs % span):
         mark("context", long & (sc.prompt_len == p) & (sc.gen_len == g), context_error(model, int(p), int(g), max_context))
 
 
