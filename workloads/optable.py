@@ -113,7 +113,8 @@ class OpTable:
     def total(self, *attrs: str) -> np.ndarray:
         """Per-operator array of the sum of Operator attributes (one instance): [O], or [W, O] for
         a table of many workloads."""
-        values = [sum(getattr(op, a) for a in attrs) for op in self.operators]
+        first, rest = attrs[0], attrs[1:]
+        values = [sum((getattr(op, a) for a in rest), getattr(op, first)) for op in self.operators]
         if not any(np.ndim(v) for v in values):
             return np.array(values, dtype=float)
         # stacked operator by operator (contiguous rows) and read as [W, O]: stacking on the last
