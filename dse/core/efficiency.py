@@ -193,15 +193,23 @@ class Efficiency:
     def compute_fraction(self, op):
         """Achievable fraction of peak compute per operator of ``op`` (an OpArrays), in (0, 1]."""
         ops = np.asarray(op.ops, dtype=float)
-        mem = np.asarray(op.memory_bytes, dtype=float)
         matmul, attention, vector = _kinds(op)
-        top = self.narrow_tops()[np.asarray(op.peak_column)]
+        fixed = np.where(attention, self.resolved("attention_compute"),          # [O]: all but matmuls
+                         np.where(vector, self.resolved("vector_compute"), self.compute))
+        out = np.empty_like(ops)
+        out[...] = fixed
+        cols = np.flatnonzero(matmul)
+        if not cols.size:
+            return out
+        ops = ops[..., cols]                 # matmuls: saturating in their ops and rows
+        mem = np.asarray(op.memory_bytes, dtype=float)[..., cols]
+        column = np.asarray(op.peak_column)[cols]
+        top = self.narrow_tops()[column]
         with np.errstate(divide="ignore", invalid="ignore"):
-            rows = np.where(mem > 0, ops * _ELEMENT_BYTES[np.asarray(op.peak_column)] / (2 * mem), np.inf)
+            rows = np.where(mem > 0, ops * _ELEMENT_BYTES[column] / (2 * mem), np.inf)
         gemm = top * _saturating(ops, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
-        gemm = np.maximum(gemm, top * _FLOOR)
-        return np.where(matmul, gemm, np.where(attention, self.resolved("attention_compute"),
-                                                np.where(vector, self.resolved("vector_compute"), self.compute)))
+        out[..., cols] = np.maximum(gemm, top * _FLOOR)
+        return out
 
     def memory_fraction(self, op):
         """Achievable fraction of memory bandwidth per operator of ``op``, in (0, 1]."""
