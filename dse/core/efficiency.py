@@ -194,31 +194,41 @@ class Efficiency:
         """Achievable fraction of peak compute per operator of ``op`` (an OpArrays), in (0, 1]."""
         ops = np.asarray(op.ops, dtype=float)
         matmul, attention, vector = _kinds(op)
-        fixed = np.where(attention, self.resolved("attention_compute"),          # [O]: all but matmuls
-                         np.where(vector, self.resolved("vector_compute"), self.compute))
-        out = np.empty_like(ops)
-        out[...] = fixed
-        cols = np.flatnonzero(matmul)
-        if not cols.size:
-            return out
-        ops = ops[..., cols]                 # matmuls: saturating in their ops and rows
-        mem = np.asarray(op.memory_bytes, dtype=float)[..., cols]
-        column = np.asarray(op.peak_column)[cols]
-        top = self.narrow_tops()[column]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rows = np.where(mem > 0, ops * _ELEMENT_BYTES[column] / (2 * mem), np.inf)
-        gemm = top * _saturating(ops, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
-        out[..., cols] = np.maximum(gemm, top * _FLOOR)
-        return out
+
+        def gemm(cols):                      # saturating in the matmul's ops and rows
+            o, mem = ops[..., cols], np.asarray(op.memory_bytes, dtype=float)[..., cols]
+            column = np.asarray(op.peak_column)[cols]
+            top = self.narrow_tops()[column]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rows = np.where(mem > 0, o * _ELEMENT_BYTES[column] / (2 * mem), np.inf)
+            fraction = top * _saturating(o, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
+            return np.maximum(fraction, top * _FLOOR)
+        return _matmuls_apart(ops, matmul, gemm, np.where(attention, self.resolved("attention_compute"),
+                                                          np.where(vector, self.resolved("vector_compute"),
+                                                                   self.compute)))
 
     def memory_fraction(self, op):
         """Achievable fraction of memory bandwidth per operator of ``op``, in (0, 1]."""
         mem = np.asarray(op.memory_bytes, dtype=float)
         matmul, attention, _ = _kinds(op)
-        stream = np.maximum(self.memory * _saturating(mem, self.memory_half_bytes), self.memory * _FLOOR)
-        return np.where(matmul, stream, np.where(attention, self.resolved("attention_memory")
-                                                  / self.attention_kv_reads ** self.kv_reread_exponent,
-                                                  self.memory))
+
+        def stream(cols):                    # saturating in the matmul's bytes
+            return np.maximum(self.memory * _saturating(mem[..., cols], self.memory_half_bytes),
+                              self.memory * _FLOOR)
+        return _matmuls_apart(mem, matmul, stream, np.where(
+            attention, self.resolved("attention_memory") / self.attention_kv_reads ** self.kv_reread_exponent,
+            self.memory))
+
+
+def _matmuls_apart(like: np.ndarray, matmul: np.ndarray, of_matmuls, others: np.ndarray) -> np.ndarray:
+    """A fraction per operator, shaped and laid out as ``like`` ([O] or [P, O]): ``of_matmuls(cols)``
+    (computed on the matmuls' columns ``cols`` alone) for the matmuls, ``others`` ([O]) for the rest."""
+    out = np.empty_like(like)
+    out[...] = others
+    cols = np.flatnonzero(matmul)
+    if cols.size:
+        out[..., cols] = of_matmuls(cols)
+    return out
 
 
 def _saturating(x, half):
