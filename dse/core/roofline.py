@@ -552,12 +552,19 @@ def _separable_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndar
     return _roofline_sum(tables, sys) + _link_sum(op, sys, eff) + overhead
 
 
+def _host_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ count x per-instance time of a step without the step overhead, seconds, [P], on a design
+    without PIM (every operator on the host, so its time is all it takes): the separable
+    O(P log O) sum where it applies, else operator by operator."""
+    if _separable(op, sys):
+        return _separable_step(op, sys, eff)
+    return _step_sum(_priced(op, sys, eff)[-1], op.count, None, sys)
+
+
 def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead."""
-    if _separable(op, sys):
-        return _separable_step(op, sys, eff) + eff.step_overhead_s
-    if sys.pim_peak is None:                  # every operator on the host: its time is all it takes
-        return _step_sum(_priced(op, sys, eff)[-1], op.count, None, sys) + eff.step_overhead_s
+    if sys.pim_peak is None:
+        return _host_step(op, sys, eff) + eff.step_overhead_s
     cost = op_costs(op, sys, eff)
     return _step_sum(cost.time_s, op.count, cost.on_pim, sys) + eff.step_overhead_s
 
@@ -651,11 +658,7 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
         split = _kept_decode_split if np.ndim(op0.ops) == 1 and np.ndim(slope.ops) == 1 else _decode_split
         fixed, grow0, grow_slope = split(op0, slope)
         n = np.asarray(steps, dtype=float)
-        if _separable(fixed, sys):
-            per_step = _separable_step(fixed, sys, eff)
-        else:                                # every operator on the host: its time is all it takes
-            per_step = _step_sum(_priced(fixed, sys, eff)[-1], fixed.count, None, sys)
-        total = (per_step + eff.step_overhead_s) * n
+        total = (_host_step(fixed, sys, eff) + eff.step_overhead_s) * n
         if grow0 is not None:
             total = total + _decode_general(grow0, grow_slope, steps, sys, eff)
         return total

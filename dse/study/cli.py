@@ -18,10 +18,10 @@ import numpy as np
 
 from basis.errors import MAX_FIGURE, DseError
 from basis.files import output_folder
+from basis.memory import keep_freed_memory
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
-from basis.memory import keep_freed_memory
 from dse.explore.executors import start_server
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
