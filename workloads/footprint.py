@@ -1,6 +1,7 @@
 """Memory footprint: parameters, KV cache and peak live activations, per device."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,12 +121,12 @@ def peak_activation_bytes(table: OpTable):
     """Largest live activation set of a step: over operators, its inputs and outputs
     plus the residual stream kept alive beside them (bytes, one instance); one per workload
     for a table of many (``Scenario.many``)."""
-    m_act = table.activations.bytes
-    live = table.total("act_in", "act_out") * m_act
-    if not live.shape[-1]:
+    if not table.operators:
         return 0.0
-    peak = live.max(axis=-1)
-    return float(peak) if peak.ndim == 0 else peak
+    m_act = table.activations.bytes
+    # the running maximum over operators: no [W, O] table of many workloads' live sets is stacked
+    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act for op in table.operators))
+    return float(peak) if np.ndim(peak) == 0 else peak
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:

@@ -233,6 +233,14 @@ def _amount(v):
     return float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=float)
 
 
+def _counted(v):
+    """A count (sequences, tokens, keys) as the builder computes with it: a number as is, the array
+    of many workloads' as floats, so that the amounts derived from it are float arrays as built (from
+    integer arrays, each ``_amount`` would convert a copy). Products of integers are exact either way
+    below 2**53 elements, far above any shipped model's step."""
+    return v if np.ndim(v) == 0 else np.asarray(v, dtype=float)
+
+
 def _split(value: int, tp: int, what: str, model: ModelSpec) -> int:
     if value % tp:
         raise DseError(f"tensor parallelism {tp} does not divide {what} ({value}) of model "
@@ -294,11 +302,11 @@ class _Builder:
     def __init__(self, m: ModelSpec, sc: Scenario, stage: str, kv_len: int, buffer_bytes: float):
         self.m, self.sc, self.stage = m, sc, stage
         self.tp = sc.tp
-        self.B = sc.batch
+        self.B = _counted(sc.batch)
         self.tech = sc.techniques
-        self.S = sc.prompt_len if stage == "prefill" else self.tech.query_tokens
+        self.S = _counted(sc.prompt_len) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
-        self.L = sc.prompt_len if stage == "prefill" else kv_len
+        self.L = self.S if stage == "prefill" else _counted(kv_len)
         self.buffer_bytes = buffer_bytes
         self.ops: list[Operator] = []
         self.nh = _split(m.num_heads, self.tp, "num_attention_heads", m)

@@ -232,10 +232,11 @@ def _matmuls_apart(like: np.ndarray, matmul: np.ndarray, of_matmuls, others: np.
 
 
 def _saturating(x, half):
-    """x / (x + half), 1 where half is 0, where both are 0 or where x is infinite (elementwise)."""
-    x = np.asarray(x, dtype=float)
+    """x / (x + half), 1 where half is 0, where both are 0 or where x is infinite (elementwise;
+    the number 1.0, which broadcasts, when half is the number 0)."""
     if np.ndim(half) == 0 and half == 0:      # no saturation: 1 everywhere
-        return np.ones_like(x)
+        return 1.0
+    x = np.asarray(x, dtype=float)
     half = np.asarray(half, dtype=float)
     den = x + half
     with np.errstate(divide="ignore", invalid="ignore"):
