@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dse.system.evaluator as E
+import dse.system.workload as W
 from basis.errors import DseError
 from dse import evaluate
 from dse.system.workload import tables, workload_batch, resolve_model
@@ -53,6 +54,21 @@ def test_workloads_priced_together_equal_each_priced_alone(case, monkeypatch):
     assert np.array_equal(together.reason, alone.reason)
     for k in together.metrics:
         np.testing.assert_allclose(together.metrics[k], alone.metrics[k], rtol=1e-12, atol=0, err_msg=k)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_workloads_priced_in_blocks_equal_priced_at_once(case, monkeypatch):
+    """Tables of many workloads are built and priced ``TABLE_ROWS`` at a time: blocks of 7 rows (the
+    last one shorter) give what one block of them all gives, to the rounding of a sum over operators
+    (numpy orders it by the layout of a block's arrays; a block of one row is laid out both ways)."""
+    cols = CASES[case]
+    whole = evaluate(cols)
+    monkeypatch.setattr(W, "TABLE_ROWS", 7)
+    assert [(b.start, b.stop) for b in W.row_blocks(16)] == [(0, 7), (7, 14), (14, 16)]
+    blocks = evaluate(cols)
+    assert np.array_equal(whole.reason, blocks.reason)
+    for k in whole.metrics:
+        np.testing.assert_allclose(whole.metrics[k], blocks.metrics[k], rtol=1e-14, atol=0, err_msg=k)
 
 
 def test_a_shared_workload_keeps_its_own_group(monkeypatch):

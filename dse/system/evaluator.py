@@ -45,8 +45,8 @@ from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
 from dse.system.params import MAX_COUNT, DEFAULTS, PARAMS, SERVING_MODES
 from dse.system.techniques import TECHNIQUE_COLUMNS, draft_model, pruned_models, quality_columns, technique_columns
-from dse.system.workload import (TABLE_ROWS, WorkloadBatch, WorkloadTables, footprint_in_batch, resolve_model, tables,
-                                 workload_batch)
+from dse.system.workload import (WorkloadBatch, WorkloadTables, footprint_in_batch, resolve_model, row_blocks,
+                                 tables, workload_batch)
 from workloads.techniques import tokens_per_target_step
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
 from hwmodels.placement import fits_within, parse_policy, place
@@ -477,10 +477,9 @@ def _cpu_efficiency(given, ideal: bool) -> Efficiency:
 
 def _price_many(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     """``_price`` of a group of many workloads (``WorkloadBatch``), its tables built and priced
-    ``TABLE_ROWS`` points at a time."""
+    ``TABLE_ROWS`` points at a time (``row_blocks``)."""
     parts = []
-    for lo in range(0, g.system.size, TABLE_ROWS):
-        rows = slice(lo, lo + TABLE_ROWS)
+    for rows in row_blocks(g.system.size):
         part = replace(g, tables=g.tables.tables(rows), system=g.system.take(rows))
         parts.append(_price(part, eff, given, ideal))
     return parts[0] if len(parts) == 1 else {k: np.concatenate([np.broadcast_to(p[k], (len(p["ttft_s"]),))
