@@ -6,6 +6,12 @@ drawn per point, so (almost) no two points share a workload. Per point: prefill,
 total, footprint, feasibility, serving metrics and energy (``from dse import evaluate``).
 
     python benchmarks/bench_workloads.py [points] [--llm-analysis PYTHON] [--default-malloc]
+    python benchmarks/bench_workloads.py --shared [MODEL]
+
+``--shared`` measures where sharing a workload starts to pay: 65,536 points whose workloads
+(batch and lengths drawn per workload) are each shared by 16 to 2,048 points (the bandwidth varies
+per point), priced at [points, operators] with the workloads that differ only in batch and lengths,
+and priced one workload at a time; ``dse.system.evaluator.MANY_BELOW`` is set from the crossover.
 
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
 frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
@@ -30,6 +36,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dse import evaluate, keep_freed_memory  # noqa: E402
+from dse.system import evaluator  # noqa: E402
 
 #: the llm-analysis side: the same points, one analysis each (run in its own interpreter)
 LLM_ANALYSIS = r"""
@@ -77,6 +84,30 @@ def dse_rate(n: int, chunk: int = 100_000, repeats: int = 3) -> tuple[float, int
     return n / best, distinct
 
 
+def shared_rates(model: str = "llama-2-70b", total: int = 65_536, repeats: int = 3) -> None:
+    """Print, for workloads each shared by 16 to 2,048 points, the best time of ``evaluate`` with
+    every workload priced with the others at [points, operators] and with each priced alone."""
+    rng = np.random.default_rng(0)
+    for shared in (16, 32, 64, 128, 256, 384, 512, 768, 1024, 2048):
+        n = total // shared
+        at = np.repeat(np.arange(n), shared)
+        work = {k: v[at] for k, v in points(n, seed=int(rng.integers(1 << 30))).items() if k != "memory_bandwidth"}
+        cols = dict(hardware="h100-sxm", model=model, weights="fp8", activations="fp8", kv="fp8", flash_attention=True,
+                    memory_bandwidth=rng.uniform(1e12, 1.6e13, n * shared), **work)
+        best = {}
+        for path, below in (("together", 1 << 62), ("alone", 0)):
+            evaluator.MANY_BELOW = below
+            evaluate(cols)                                              # tables of the workloads kept alike
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                evaluate(cols)
+                times.append(time.perf_counter() - t)
+            best[path] = min(times)
+        print(f"{model}: {n * shared:,} points, {n:,} workloads of {shared:,} points: priced together "
+              f"{best['together'] * 1e3:,.0f} ms, each workload alone {best['alone'] * 1e3:,.0f} ms", flush=True)
+
+
 def llm_analysis_rate(python: str, n: int = 2000) -> float:
     """Evaluations per second of llm-analysis on the first ``n`` of the same points."""
     cols = {k: v[:n].tolist() for k, v in points(n).items()}
@@ -99,6 +130,10 @@ def main(argv: list[str]) -> None:
     argv = [a for a in argv if a != "--default-malloc"]
     if not plain:
         keep_freed_memory()
+    if "--shared" in argv:
+        argv.remove("--shared")
+        shared_rates(*argv[:1])
+        return
     n = int(argv[0]) if argv else 200_000
     rate, distinct = dse_rate(n)
     print(f"dse: {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core"

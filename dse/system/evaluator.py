@@ -971,8 +971,12 @@ def _economics(cols: Columns) -> dict:
 
 
 #: a workload shared by fewer design points than this is priced with the others that differ from it
-#: only in batch and lengths (``_many_workloads``): at [points, operators], not one call per workload
-MANY_BELOW = 32
+#: only in batch and lengths (``_many_workloads``): at [points, operators], not one call per workload.
+#: A workload's own group costs ~0.75 ms of Python however few its points, then ~0.2 us a point; at
+#: [points, operators] a point costs ~1.6 us. Measured crossover (``benchmarks/bench_workloads.py
+#: --shared``, 65,536 points): 384-512 points a workload for Llama-2-70B, Mixtral-8x7B and
+#: Llama-3.1-8B; at 64 points a workload the groups take 4-6x as long, at 1,024 0.5-0.7x
+MANY_BELOW = 384
 
 
 def _many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.ndarray:
