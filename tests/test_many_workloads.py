@@ -82,6 +82,20 @@ def test_a_shared_workload_keeps_its_own_group(monkeypatch):
     assert len(plan.groups) == 1 and isinstance(plan.groups[0].tables, E.WorkloadBatch)
 
 
+def test_a_lone_workload_keeps_its_own_group():
+    """Pricing together pays only across workloads (``MANY_WORKLOADS``): points of one workload, or
+    of one workload in each format, get a group per workload; two workloads share one group."""
+    cols = dict(hardware="h100-sxm", model="llama-2-7b", batch=8, memory_bandwidth=np.linspace(1e12, 8e12, 10))
+    kinds = [type(g.tables) for g in E.prepare(cols).groups]
+    assert kinds == [E.WorkloadTables]
+    kinds = [type(g.tables) for g in E.prepare({**cols, "weights": ["fp16"] * 5 + ["fp8"] * 5}).groups]
+    assert kinds == [E.WorkloadTables] * 2
+    plan = E.prepare({**cols, "batch": np.repeat([1, 8], 5)})
+    assert [type(g.tables) for g in plan.groups] == [E.WorkloadBatch] and plan.groups[0].tables.size == 10
+    mixed = E.prepare({**cols, "batch": [1, 8, 8, 8, 8, 8, 8, 8, 8, 8], "weights": ["fp16"] * 2 + ["fp8"] * 8})
+    assert sorted(type(g.tables).__name__ for g in mixed.groups) == ["WorkloadBatch", "WorkloadTables"]
+
+
 def test_explained_point_of_many_matches_alone(monkeypatch):
     cols = CASES["dense, FlashAttention, tp"]
     pick = [3, 77]

@@ -218,7 +218,9 @@ def test_batch_max_is_a_study_column(tmp_path):
 def test_results_follow_the_callers_order_whatever_order_the_points_come_in():
     """Points of interleaved workloads are priced grouped by workload and handed back in the
     caller's order (``Reordered``): each point's metrics equal those of its workload's points
-    priced on their own, and the reversed table gives the reversed results."""
+    priced on their own (to rounding: eight workloads of ~75 points are priced together at
+    [points, operators], one workload alone is not), and the reversed table gives the reversed
+    results, bit for bit."""
     rng = np.random.default_rng(3)
     n = 600
     cols = {"hardware": "h100-sxm", "model": "llama-2-7b", "batch": rng.choice([1, 8, 64, 256], n),
@@ -239,7 +241,7 @@ def test_results_follow_the_callers_order_whatever_order_the_points_come_in():
         np.testing.assert_array_equal(ev["feasible"][at], alone["feasible"])
         np.testing.assert_array_equal(ev["reason"][at], alone["reason"])
         for m in names:
-            np.testing.assert_array_equal(ev[m][at], alone[m], err_msg=m)
+            np.testing.assert_allclose(ev[m][at], alone[m], rtol=1e-14, atol=0, err_msg=m)
     for m in names:
         np.testing.assert_array_equal(rev[m], ev[m][::-1], err_msg=m)
     assert dict(ev.metrics).keys() == set(ev.metrics)

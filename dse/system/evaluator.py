@@ -901,8 +901,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     inv, order, starts = group(key, n)
     many = _many_workloads(np.diff(starts)[inv], w, cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
-        key[1:4] = [np.where(many, -1.0, k) for k in (batch, w["prompt"], w["gen"])]
-        inv, order, starts = group(key, n)
+        many, (inv, order, starts) = _together(key, many, np.diff(starts)[inv], n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
     else:                               # hold the points in group order: every group a slice (views)
@@ -977,6 +976,30 @@ def _economics(cols: Columns) -> dict:
 #: --shared``, 65,536 points): 384-512 points a workload for Llama-2-70B, Mixtral-8x7B and
 #: Llama-3.1-8B; at 64 points a workload the groups take 4-6x as long, at 1,024 0.5-0.7x
 MANY_BELOW = 384
+
+
+#: a group of points priced together (``_together``) holding fewer workloads than this is priced one
+#: workload at a time: pricing together costs ~6 ms a group however small (one block of tables,
+#: priced at [points, operators]), a workload's own group ~0.6 ms, or ~3 ms when its tables are
+#: built first. One workload of one point: 2.5 ms alone against 5.5 ms together (tables kept),
+#: 5.7 against 9.3 ms (tables built); four new workloads of one point: 13.6 ms alone, 5.8 together
+MANY_WORKLOADS = 2
+
+
+def _together(key: list, many: np.ndarray, shared: np.ndarray, n: int) -> tuple[np.ndarray, tuple]:
+    """(the points priced together, the groups of all points (``group``)) when the points ``many``
+    are grouped by the workload ``key`` without its batch, prompt and generated lengths
+    (``key[1:4]``): a group of fewer than ``MANY_WORKLOADS`` workloads goes back to one group per
+    workload. ``shared``: [n], the points of each point's workload (each is 1/shared of it)."""
+    def grouped(together):
+        return group([key[0], *(np.where(together, -1.0, k) for k in key[1:4]), *key[4:]], n)
+    groups = grouped(many)
+    workloads = np.bincount(groups[0], weights=np.where(many, 1.0 / shared, 0.0))
+    few = many & (np.rint(workloads) < MANY_WORKLOADS)[groups[0]]
+    if not few.any():
+        return many, groups
+    many = many & ~few
+    return many, grouped(many)
 
 
 def _many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.ndarray:
