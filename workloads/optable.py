@@ -236,8 +236,8 @@ def _amount(v):
 def _counted(v):
     """A count (sequences, tokens, keys) as the builder computes with it: a number as is, the array
     of many workloads' as floats, so that the amounts derived from it are float arrays as built (from
-    integer arrays, each ``_amount`` would convert a copy). Products of integers are exact either way
-    below 2**53 elements, far above any shipped model's step."""
+    integer arrays, each ``_amount`` would convert a copy). Products of integers are exact in float64
+    up to 2**53, far above any count of a shipped model's step."""
     return v if np.ndim(v) == 0 else np.asarray(v, dtype=float)
 
 

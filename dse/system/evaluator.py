@@ -971,7 +971,7 @@ def _economics(cols: Columns) -> dict:
 
 #: a workload shared by fewer design points than this is priced with the others that differ from it
 #: only in batch and lengths (``_many_workloads``): at [points, operators], not one call per workload.
-#: A workload's own group costs ~0.75 ms of Python however few its points, then ~0.2 us a point; at
+#: A workload's own group costs ~0.6-0.75 ms of Python however few its points, then ~0.2 us a point; at
 #: [points, operators] a point costs ~1.6 us. Measured crossover (``benchmarks/bench_workloads.py
 #: --shared``, 65,536 points): 384-512 points a workload for Llama-2-70B, Mixtral-8x7B and
 #: Llama-3.1-8B; at 64 points a workload the groups take 4-6x as long, at 1,024 0.5-0.7x
@@ -980,7 +980,7 @@ MANY_BELOW = 384
 
 #: a group of points priced together (``_together``) holding fewer workloads than this is priced one
 #: workload at a time: pricing together costs ~6 ms a group however small (one block of tables,
-#: priced at [points, operators]), a workload's own group ~0.6 ms, or ~3 ms when its tables are
+#: priced at [points, operators]), a workload's own group ~0.6-0.75 ms, or ~3 ms when its tables are
 #: built first. One workload of one point: 2.5 ms alone against 5.5 ms together (tables kept),
 #: 5.7 against 9.3 ms (tables built); four new workloads of one point: 13.6 ms alone, 5.8 together
 MANY_WORKLOADS = 2

@@ -110,10 +110,10 @@ def _layer_weight_bytes(model: ModelSpec, sc: Scenario) -> float:
 
 
 #: workloads whose operator tables ``WorkloadBatch`` builds at once (bounds the memory: a table of
-#: many holds ~3 KB per workload). Larger blocks spread each operator's Python over more rows; past
-#: ~16k the fresh memory of a block's arrays costs more than that saves (with freed memory kept,
-#: ``dse.keep_freed_memory``: 100,000 distinct workloads 7 % faster at 16,384 rows than at 8,192;
-#: with malloc as it is, no difference outside the machine's noise)
+#: many holds ~3 KB per workload). Larger blocks spread each operator's Python over more rows, but
+#: take fresh memory for every array of a block: 100,000 distinct workloads ran 7 % faster at 16,384
+#: rows than at 8,192 with freed memory kept (``dse.keep_freed_memory``), and no differently outside
+#: the machine's noise with malloc as it is; 32,768 rows were not clearly faster again
 TABLE_ROWS = 16384
 
 
