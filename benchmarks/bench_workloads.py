@@ -35,6 +35,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from basis.errors import DseError  # noqa: E402
 from dse import evaluate, keep_freed_memory  # noqa: E402
 from dse.system import evaluator  # noqa: E402
 
@@ -132,7 +133,10 @@ def main(argv: list[str]) -> None:
         keep_freed_memory()
     if "--shared" in argv:
         argv.remove("--shared")
-        shared_rates(*argv[:1])
+        try:
+            shared_rates(*argv[:1])
+        except DseError as e:             # an unknown model: one line, exit 1
+            raise SystemExit(f"bench_workloads.py --shared: {e}") from None
         return
     n = int(argv[0]) if argv else 200_000
     rate, distinct = dse_rate(n)
