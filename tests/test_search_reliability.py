@@ -127,9 +127,13 @@ def test_workers_die_with_their_parent_and_rerun_is_exact(tmp_path, sig):
     assert counts["running"] == 0       # a stopped worker finishes its batch: no trial left running
     if sig == signal.SIGTERM:
         assert proc.returncode == 130
-        # the message is the truth: the study's complete trials at the end
-        assert f"interrupted after {counts['complete']:,} of {trials:,} trials" in err
-        assert len(pd.read_parquet(out / "results.parquet")) == counts["complete"]
+        # the message is the truth: the study's complete trials at the end (all of them when the
+        # signal came after the last batch was told: a fast machine gets there between two polls)
+        if counts["complete"] < trials:
+            assert f"interrupted after {counts['complete']:,} of {trials:,} trials" in err
+            assert len(pd.read_parquet(out / "results.parquet")) == counts["complete"]
+        else:
+            assert f"interrupted after all {trials:,} trials were complete" in err
     # the rerun (in this process: the report is not the point) finishes with exactly the trials asked
     run_study(load_study(str(study))[1], out, workers=2)
     counts = _counts(out, study="reliability")
