@@ -5,6 +5,7 @@ glibc's own count of the free bytes its heap holds (mallinfo2)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,28 @@ def test_a_run_leaves_its_garbage_to_the_system_at_exit_and_still_runs_every_exi
     # gc.freeze runs at exit after the handlers registered later and before those collections
     assert _exit_probe("default") == ["handlers 1", "frozen at exit: False", "collected"]
     assert _exit_probe("free-nothing") == ["handlers 2", "frozen at exit: True"]
+
+
+ARROW_PROBE = """
+import sys
+if sys.argv[1] == "imported-before":
+    import pyarrow
+from basis.memory import keep_freed_memory
+keep_freed_memory()
+import os, subprocess, pyarrow
+child = subprocess.run([sys.executable, "-c", "import pyarrow; print(pyarrow.default_memory_pool().backend_name)"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+print(pyarrow.default_memory_pool().backend_name, child)
+"""
+
+
+@pytest.mark.parametrize("when", ["imported-before", "imported-after"])
+def test_a_process_that_keeps_freed_memory_has_arrow_and_its_children_allocate_from_malloc(when):
+    # Arrow's own default is jemalloc (mimalloc on some builds), never 'system'
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", "import pyarrow; print(pyarrow.default_memory_pool().backend_name)"],
+                         cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() != "system"
+    out = subprocess.run([sys.executable, "-c", ARROW_PROBE, when], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.split() == ["system", "system"]
