@@ -76,6 +76,20 @@ def test_a_helper_that_dies_has_its_plots_drawn_here(run):
     assert not any(d.by_helper for d in drawer.asked)
 
 
+@two_cores
+def test_the_helper_takes_the_next_plot_as_soon_as_it_is_free():
+    # four short plots and a long one: while this process draws the long one (the last, taken
+    # from the back), the helper draws every short one, each handed over as the one before ends
+    with _Recording(helper=True) as drawer:
+        assert drawer.ready(timeout=120) not in (None, os.getpid())
+        for seconds in (0.05, 0.05, 0.05, 0.05, 3.0):
+            drawer.draw(time.sleep, seconds)
+        drawer.finish()
+        for d in drawer.asked:
+            d.result()
+    assert [d.by_helper for d in drawer.asked] == [True, True, True, True, False]
+
+
 def test_no_helper_on_one_core(monkeypatch):
     monkeypatch.setattr(drawing, "usable_cores", lambda: 1)
     with Drawer(helper=True) as drawer:

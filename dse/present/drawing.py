@@ -5,12 +5,13 @@ and tick layout, a fifth of a second a figure), which threads cannot share out.
 
 A plot asked (a plotting function of ``dse.present.plots`` and its arguments) goes to the
 helper when it is ready (its imports done) and has no plot in hand, and this process goes on
-with the report; otherwise it waits. ``finish()`` then shares out the plots waiting: the next
-from the front to the helper whenever it is free, the last one here, until none is left. The
-helper holds one plot at a time, so no plot is ever taken back from it. Without a helper
-(or before it is ready, with no plot for it yet) a plot is drawn here when asked. The files
-are the same bytes either way (the same functions, settings and fonts); ``Drawn.result()``
-is a plot's record.
+with the report; otherwise it waits. Whenever the helper finishes a plot it is handed the
+first one waiting at once (from the thread that learns of it), so it never idles while plots
+wait; ``finish()`` draws the last ones waiting here, until none is left. The helper holds one
+plot at a time, so no plot is ever taken back from it. Without a helper (or before it is
+ready, with no plot for it yet) a plot is drawn here when asked. The files are the same
+bytes either way (the same functions, settings and fonts); ``Drawn.result()`` is a plot's
+record.
 
 The helper ignores Ctrl-C (its parent stops it), ends with its parent however that ends
 (``dse.explore.executors.exit_with``), and writes only the plot files it is asked for, as
@@ -23,6 +24,7 @@ import importlib
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -93,6 +95,9 @@ class Drawer:
         self._ready: Future | None = None
         self._busy: Future | None = None
         self._waiting: list[Drawn] = []
+        # guards _busy and _waiting, which the thread that learns of the helper's plots changes
+        # too (reentrant: a plot done already has its callback run at once, by this thread)
+        self._lock = threading.RLock()
         if helper:
             self.start()
 
@@ -126,38 +131,67 @@ class Drawer:
     def _helper_free(self) -> bool:
         return self._helper_ready() and (self._busy is None or self._busy.done())
 
+    def _submit(self, drawn: Drawn) -> bool:
+        """Give ``drawn`` to the helper (under the lock); False if it has died or was stopped."""
+        pool = self._pool
+        if pool is None:
+            return False
+        try:
+            future = pool.submit(_draw, drawn.call.func, drawn.call.args, drawn.call.keywords)
+        except (BrokenProcessPool, RuntimeError):     # the helper died, or was stopped
+            return False
+        drawn.future = self._busy = future
+        future.add_done_callback(self._next)
+        return True
+
     def _hand_over(self, drawn: Drawn) -> bool:
         """Give ``drawn`` to the helper; False if it has died (it is stopped then)."""
-        try:
-            drawn.future = self._busy = self._pool.submit(_draw, drawn.call.func, drawn.call.args,
-                                                           drawn.call.keywords)
-        except (BrokenProcessPool, RuntimeError):     # the helper died, or was stopped
-            self.close()
-            return False
-        return True
+        if self._submit(drawn):
+            return True
+        self.close()
+        return False
+
+    def _next(self, done: Future) -> None:
+        """The helper's plot ``done`` is finished: hand it the first plot waiting. Runs on the
+        thread that learns of it. Nothing when the plot failed or was cancelled (the helper
+        died or was stopped: such futures are settled while the pool holds its own lock, which
+        handing over would take again); ``finish`` then draws what waits here."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        with self._lock:
+            if done is not self._busy or not self._waiting:
+                return                            # already handed another, or nothing waits
+            drawn = self._waiting.pop(0)
+            if not self._submit(drawn):
+                self._waiting.insert(0, drawn)
 
     def draw(self, plot: Callable, *args, **kwargs) -> Drawn:
         """``plot(*args, **kwargs)`` (a function of ``dse.present.plots``, which writes its
-        file and returns its record): handed to the helper if it is free, left for ``finish``
-        if the helper is busy, else drawn here now."""
+        file and returns its record): handed to the helper if it is free, left waiting for it
+        if it is busy, else drawn here now."""
         drawn = Drawn(plot, args, kwargs)
-        if self._helper_free() and self._hand_over(drawn):
-            return drawn
-        if self._helper_ready():
-            self._waiting.append(drawn)
-        else:
-            drawn.draw_here()
+        with self._lock:
+            if self._helper_free() and self._hand_over(drawn):
+                return drawn
+            if self._helper_ready():
+                self._waiting.append(drawn)
+                return drawn
+        drawn.draw_here()
         return drawn
 
     def finish(self) -> None:
-        """Draw every plot left waiting: the first to the helper whenever it is free, else
-        the last here."""
-        while self._waiting:
-            if self._helper_free():
-                if self._hand_over(self._waiting[0]):
-                    self._waiting.pop(0)
-                continue
-            self._waiting.pop().draw_here()
+        """Draw every plot left waiting: the last here, while the helper takes the first
+        whenever it is free."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                if self._helper_free():
+                    if self._hand_over(self._waiting[0]):
+                        self._waiting.pop(0)
+                    continue
+                drawn = self._waiting.pop()
+            drawn.draw_here()
 
     def close(self) -> None:
         """Stop the helper (a plot it still draws is drawn here when read)."""
