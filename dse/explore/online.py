@@ -19,6 +19,7 @@ of the order: sums, minima and maxima, a front, the smallest keys.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +38,9 @@ SAMPLE_KEY = "sample_key"
 FRONT_METRICS = ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s", "memory_bytes", "power_w", "cost_usd")
 
 
-def front_of(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
-    """The feasible non-dominated rows of ``df`` (a design sampled twice listed once).
+def front_of(df: pd.DataFrame, objectives: dict, columns: list[str] | None = None) -> pd.DataFrame:
+    """The feasible non-dominated rows of ``df`` (a design sampled twice listed once), with
+    ``columns`` of them (default all; they must hold the parameters).
 
     Only the objective columns are compared; the rows are taken once, at the end. With four
     or more objectives (where ``pareto_mask`` compares blocks of rows with the front, not a
@@ -58,7 +60,8 @@ def front_of(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
                 "max" if objectives[name] == "max" else "min")
             keep = ((vals[name] == best) | vals[name].isna()).to_numpy()
             rows, vals = rows[keep], vals[keep].reset_index(drop=True)
-    front = df.iloc[rows[pareto_mask(vals.to_numpy(dtype=float), list(objectives.values()))]]
+    rows = rows[pareto_mask(vals.to_numpy(dtype=float), list(objectives.values()))]
+    front = df.iloc[rows] if columns is None else df.iloc[rows, df.columns.get_indexer(columns)]
     params = [c for c in front.columns if c in PARAMS]
     return front.drop_duplicates(subset=params) if params else front
 
@@ -78,18 +81,24 @@ def sample_keys(seed: int, points: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class Cells:
     """The aggregate cells of one swept parameter: one per value (``values``), or one per
-    bin between consecutive ``edges`` (a continuous range)."""
+    bin between consecutive ``edges`` (a continuous range). A grid's axis has a ``stride``:
+    the points from one of its values to the next (the product of the later axes' sizes), so
+    that a point's cell follows from its id (the grid's mixed-radix order, ``grid_chunk``)."""
 
     name: str
     values: tuple = ()
     edges: np.ndarray | None = None
+    stride: int | None = None
 
     @property
     def size(self) -> int:
         return len(self.values) if self.edges is None else len(self.edges) - 1
 
-    def index(self, column: pd.Series) -> np.ndarray:
-        """The cell of each row of the parameter's ``column`` (int64; -1 for a value not listed)."""
+    def index(self, column: pd.Series, points: np.ndarray) -> np.ndarray:
+        """The cell of each row of the parameter's ``column``, whose point ids are ``points``
+        (int64; -1 for a value not listed)."""
+        if self.stride is not None:                               # a grid: from the id, no lookup
+            return (points // self.stride) % self.size
         if self.edges is not None:
             x = column.to_numpy(dtype=float)
             return np.clip(np.searchsorted(self.edges, x, side="right") - 1, 0, self.size - 1)
@@ -109,22 +118,36 @@ class Cells:
 def swept_cells(spec) -> list[Cells]:
     """The aggregate cells of each parameter the sweep ``spec`` varies, in the space's order."""
     out = []
-    for a in spec.space.axes:
-        if spec.method != "grid" and a.is_range:          # drawn continuously: bins
+    grid = spec.method == "grid"
+    later = [math.prod(len(b.values) for b in spec.space.axes[j + 1:]) if grid else None
+             for j in range(len(spec.space.axes))]
+    for a, stride in zip(spec.space.axes, later):
+        if not grid and a.is_range:                      # drawn continuously: bins
             if a.low == a.high:
                 continue
             edges = (np.geomspace(a.low, a.high, BINS + 1) if a.log else np.linspace(a.low, a.high, BINS + 1))
             out.append(Cells(a.name, edges=edges))
         elif len(a.values) > 1:
-            out.append(Cells(a.name, values=a.values))
+            out.append(Cells(a.name, values=a.values, stride=stride))
     return out
 
 
-def cell_stats(cells: Cells, df: pd.DataFrame, feasible: np.ndarray, objectives: dict) -> dict:
-    """The aggregates of the rows ``df`` over ``cells``, for the cells they touch:
-    {'cell': cell numbers, 'points', 'feasible': counts, 'best': {objective: best feasible
-    finite value (NaN if none)}}."""
-    idx = cells.index(df[cells.name])
+def scored(df: pd.DataFrame, feasible: np.ndarray, objectives: dict) -> dict:
+    """{objective: (sense, [n] bool: the rows whose value counts for a best, those values)}: the
+    feasible rows of ``df`` with a finite value of each objective."""
+    out = {}
+    for name, sense in objectives.items():
+        v = df[name].to_numpy(dtype=float)
+        m = feasible & np.isfinite(v)
+        out[name] = (sense, m, v[m])
+    return out
+
+
+def cell_stats(cells: Cells, df: pd.DataFrame, feasible: np.ndarray, points: np.ndarray, scores: dict) -> dict:
+    """The aggregates of the rows ``df`` (point ids ``points``) over ``cells``, for the cells
+    they touch: {'cell': cell numbers, 'points', 'feasible': counts, 'best': {objective: best
+    feasible finite value (NaN if none)}}; ``scores``: ``scored(df, feasible, objectives)``."""
+    idx = cells.index(df[cells.name], points)
     if 0 <= idx.min(initial=0) and cells.size <= 4 * len(idx) + 1024:      # few cells: count into all of them
         cell = np.flatnonzero(np.bincount(idx, minlength=cells.size))
         dense = np.full(cells.size, -1, dtype=np.int64)
@@ -134,11 +157,9 @@ def cell_stats(cells: Cells, df: pd.DataFrame, feasible: np.ndarray, objectives:
         cell, inv = np.unique(idx, return_inverse=True)
     out = {"cell": cell, "points": np.bincount(inv, minlength=len(cell)),
            "feasible": np.bincount(inv[feasible], minlength=len(cell)), "best": {}}
-    for name, sense in objectives.items():
-        v = df[name].to_numpy(dtype=float)
-        m = feasible & np.isfinite(v)
+    for name, (sense, m, v) in scores.items():
         best = np.full(len(cell), np.nan)
-        (np.fmax if sense == "max" else np.fmin).at(best, inv[m], v[m])
+        (np.fmax if sense == "max" else np.fmin).at(best, inv[m], v)
         out["best"][name] = best
     return out
 
@@ -172,10 +193,10 @@ def pareto_columns(columns, objectives, id_name: str = "point") -> list[str]:
     return [c for c in columns if c in keep]
 
 
-def front_columns(df: pd.DataFrame, objectives: dict) -> pd.DataFrame:
-    """The columns of ``df`` a sweep keeps of its Pareto rows: pareto.csv's
+def front_columns(columns, objectives: dict) -> list[str]:
+    """The columns among ``columns`` a sweep keeps of its Pareto rows: pareto.csv's
     (``pareto_columns``) and ``feasible`` (a large front stays small in memory)."""
-    return df[pareto_columns(df.columns, objectives) + (["feasible"] if "feasible" in df else [])]
+    return pareto_columns(columns, objectives) + (["feasible"] if "feasible" in columns else [])
 
 
 def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSummary:
@@ -185,6 +206,7 @@ def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSum
     feasible = df["feasible"].to_numpy(bool)
     reasons = df["reason"].value_counts()          # a Categorical: the infeasible rows, by reason
     points = df["point"].to_numpy(np.int64)
+    scores = scored(df, feasible, spec.objectives)
     sample = None
     if threshold is not None:
         keys = sample_keys(spec.seed, points)
@@ -193,8 +215,9 @@ def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSum
         sample = _plain(df.iloc[pick]).assign(**{SAMPLE_KEY: keys[pick]}).reset_index(drop=True)
     return ChunkSummary(first=int(points[0]) if len(points) else 0, points=len(df), feasible=int(feasible.sum()),
                         reasons={str(k): int(v) for k, v in reasons.items() if v},
-                        cells={c.name: cell_stats(c, df, feasible, spec.objectives) for c in swept_cells(spec)},
-                        front=front_columns(front_of(df, spec.objectives), spec.objectives).reset_index(drop=True),
+                        cells={c.name: cell_stats(c, df, feasible, points, scores) for c in swept_cells(spec)},
+                        front=front_of(df, spec.objectives, front_columns(df.columns, spec.objectives)
+                                       ).reset_index(drop=True),
                         sample=sample)
 
 
