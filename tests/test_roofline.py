@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
-from dse.core.roofline import OpArrays, decode_total_time, step_time
+from dse.core.roofline import OpArrays, _rank, decode_total_time, step_time
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from hwmodels.presets import load_device
@@ -67,6 +67,29 @@ def test_decode_crossing_compute_and_memory():
     system = system_arrays([dev], 1)
     closed = decode_total_time(OpArrays.from_table(d0), OpArrays.from_table(slope), np.array([300]), system, IDEAL)[0]
     assert closed == pytest.approx(_exact_decode(m, sc, dev, IDEAL, 2, 300), rel=1e-9)
+
+
+def test_decode_total_with_one_step_count_for_every_point_equals_a_count_per_point():
+    # a group of points with one workload passes its number of decode steps once, as a number
+    m, dev = load_model("llama-2-7b"), load_device("h100-sxm")
+    sc = Scenario.make(batch=64, prompt_len=512, weights="fp8", activations="fp8", kv="fp8")
+    d0, slope = decode_linear(m, sc, 513, dev.onchip_buffer_bytes)
+    system = system_arrays([dev, load_device("a100-80gb"), load_device("rtx-a6000")], 1)
+    ops0, ops_s = OpArrays.from_table(d0), OpArrays.from_table(slope)
+    one = decode_total_time(ops0, ops_s, np.asarray(200.0), system, DEFAULT)
+    each = decode_total_time(ops0, ops_s, np.full(3, 200.0), system, DEFAULT)
+    np.testing.assert_allclose(one, each, rtol=1e-15)
+    assert one[0] == pytest.approx(_exact_decode(m, sc, dev, DEFAULT, 513, 200), rel=1e-9)
+
+
+@pytest.mark.parametrize("entries", [1, 6, 9, 32, 33, 80])
+def test_a_points_rank_among_intensities_is_numpys_binary_search(entries):
+    # the roofline sum splits each point's operators at its ridge by counting the intensities
+    # below it (up to COUNTED of them), which must place every ridge where np.searchsorted does
+    rng = np.random.default_rng(entries)
+    ai = np.sort(np.concatenate([rng.lognormal(3, 2, entries - 1), [np.inf]]))   # an operator with no bytes
+    ridge = np.concatenate([rng.lognormal(3, 2, 5000), ai[:-1], [0.0, np.inf, np.nan]])
+    np.testing.assert_array_equal(_rank(ai, ridge), np.searchsorted(ai, ridge, side="right"))
 
 
 def test_tpot_and_throughput_definitions():

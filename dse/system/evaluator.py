@@ -493,7 +493,7 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     t, sys, sc = g.tables, g.system, g.tables.scenario
     n_steps = np.maximum(sc.gen_len - 1, 1)
     steps = np.full(sys.size, n_steps, dtype=float)
-    pieces = [(d0, slope, np.full(sys.size, n, dtype=float)) for d0, slope, n in t.decode_steps(n_steps)]
+    pieces = [(d0, slope, np.asarray(n, dtype=float)) for d0, slope, n in t.decode_steps(n_steps)]
     per_step = np.ones(sys.size)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if g.spec is not None:
