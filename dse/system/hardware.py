@@ -179,25 +179,29 @@ def assemble(cols: Columns) -> HardwareArrays:
         given = cols.numbers(key)
         return np.where(np.isnan(given), own, given)
 
-    # peaks per class as contiguous rows [C, P]: every step below is a whole-row operation
+    # peaks per class as rows [P]: every step below is a whole-row operation; a class's row is
+    # a number while it is one device's peak for every point (no column changes it)
     own = np.array([[d.peak_ops_per_s.get(c, 0.0) for d in devices] for c in COMPUTE_CLASSES])
-    raw = np.repeat(own, n, axis=1) if len(devices) == 1 else own[:, inv]
+    rows = [float(own[j, 0]) if len(devices) == 1 else own[j, inv] for j in range(_C)]
     for j, c in enumerate(COMPUTE_CLASSES):
         if cols.has(f"peak_{c}"):
             given = cols.numbers(f"peak_{c}")
-            raw[j] = np.where(np.isnan(given), raw[j], given)
+            rows[j] = np.where(np.isnan(given), rows[j], given)
     if cols.has("native_formats"):
         nat_inv, nat = cols.labels("native_formats")
         allowed = np.array([[c in {f.strip() for f in str(v).split(",")} for v in nat] for c in COMPUTE_CLASSES])
-        raw = np.where(allowed[:, nat_inv], raw, 0.0)
+        rows = [np.where(allowed[j, nat_inv], rows[j], 0.0) for j in range(_C)]
     scale = np.nan_to_num(cols.numbers("compute_scale"), nan=1.0) if cols.has("compute_scale") else None
     if scale is not None:
-        raw *= scale
+        rows = [r * scale for r in rows]
     # the class that runs each class's work depends only on which classes are native: one
     # widening per distinct pattern, then whole rows copied per pattern
     bits = np.zeros(n, dtype=np.int64)
     for j in range(_C):
-        bits |= (raw[j] > 0).astype(np.int64) << j
+        if np.ndim(rows[j]):
+            bits |= (rows[j] > 0).astype(np.int64) << j
+        elif rows[j] > 0:
+            bits |= 1 << j
     seen = np.flatnonzero(np.bincount(bits, minlength=1 << _C))
     lookup = np.zeros(1 << _C, dtype=np.int64)
     lookup[seen] = np.arange(len(seen))
@@ -208,12 +212,11 @@ def assemble(cols: Columns) -> HardwareArrays:
         cols_u = slice(None) if len(patterns) == 1 else pattern == u
         for j, k in enumerate(used):
             if k >= 0:
-                peak_t[j, cols_u] = raw[k, cols_u]
+                peak_t[j, cols_u] = rows[k][cols_u] if np.ndim(rows[k]) else rows[k]
     vector = field("vector_ops_per_s", lambda d: d.vector_ops_per_s)
     peak_t[_C] = vector * scale if scale is not None else vector
     peak_t[_C + 1] = np.inf
     peak = peak_t.T                     # [P, columns], column-major: SystemArrays.take gathers per column
-    raw = raw.T
     ratio_native = np.array([[d.sparse_peak_ops_per_s.get(c, 0.0) / d.peak_ops_per_s[c]
                               if d.sparse_peak_ops_per_s.get(c) and d.peak_ops_per_s.get(c) else 1.0
                               for c in COMPUTE_CLASSES] for d in devices])
@@ -236,6 +239,7 @@ def assemble(cols: Columns) -> HardwareArrays:
                             for d in devices])[inv]
         if cols.has("pim_peak"):
             p = cols.numbers("pim_peak")[:, None]
+            raw = np.stack(np.broadcast_arrays(*rows, np.empty(n))[:_C], axis=1)      # [P, C]
             pim_raw = np.where(np.isnan(p), pim_raw, np.where(pim_raw > 0, p, 0.0) if any_pim
                                else np.where(raw > 0, p, 0.0))
         pim_used = widening_choice(pim_raw)

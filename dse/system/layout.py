@@ -22,6 +22,9 @@ def parallel_layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.nda
     and ``ep``; invalid points (devices that the others do not divide or match) get tp = pp = 1."""
     devices, tp, pp, ep = (np.asarray(x, dtype=float) for x in (devices, tp, pp, ep))
     has_d, has_t, has_p = ~np.isnan(devices), ~np.isnan(tp), ~np.isnan(pp)
+    if not (has_d.any() or has_t.any() or has_p.any()):       # nothing given: one device each
+        ones = np.ones(np.broadcast_shapes(devices.shape, tp.shape, pp.shape, ep.shape))
+        return ones, ones.copy(), np.ones(ones.shape, dtype=bool)
     t = np.where(has_t, tp, 1.0)
     p = np.where(has_p, pp, 1.0)
     with np.errstate(invalid="ignore", divide="ignore"):
