@@ -73,10 +73,12 @@ class Columns:
 
     def numbers(self, name: str) -> np.ndarray:
         """A numeric column as a float array of length n (NaN where not given); DseError
-        naming the column for a non-number, a non-finite or an out-of-range entry."""
+        naming the column for a non-number, a non-finite or an out-of-range entry. A column
+        with one value for every point (left out, or given as one number) is a read-only view
+        of that number (``constant``: nothing to write n times, nothing to group by)."""
         v = self.raw(name)
         if v is None:
-            return np.full(self.n, np.nan)
+            return constant(np.nan, self.n)
         try:
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
@@ -87,7 +89,7 @@ class Columns:
         if bad.any():
             raise DseError(f"{self.where}: {name}: expected {allowed}, "
                            f"got {a.reshape(-1)[np.flatnonzero(bad)[0]].item()!r}")
-        return np.full(self.n, float(a)) if a.ndim == 0 else a
+        return constant(float(a), self.n) if a.ndim == 0 else a
 
     def flags(self, name: str) -> np.ndarray:
         """A boolean column as a bool array of length n; DseError for anything else."""
@@ -98,7 +100,7 @@ class Columns:
                 a = a.astype(bool)
             else:
                 raise DseError(f"{self.where}: {name}: expected true or false, got {_sample(v)!r}")
-        return np.full(self.n, bool(a)) if a.ndim == 0 else a
+        return constant(bool(a), self.n) if a.ndim == 0 else a
 
     def batch(self) -> tuple[np.ndarray, np.ndarray]:
         """(batch per point, NaN where 'max'; True where 'max')."""
@@ -138,7 +140,7 @@ def factorize(v, n: int) -> tuple[np.ndarray, list]:
     """(code per point, distinct values) of a scalar, array or Categorical of names or objects
     (objects that are not strings are told apart by identity)."""
     if not _is_array(v):
-        return np.zeros(n, dtype=np.int64), [v]
+        return constant(np.int64(0), n), [v]
     if hasattr(v, "codes"):
         codes = np.asarray(v.codes, dtype=np.int64)
         if (codes < 0).any():
@@ -184,12 +186,19 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return inv, order, starts
 
 
+def constant(value, n: int) -> np.ndarray:
+    """A read-only array of ``n`` entries, every one ``value`` (one element in memory)."""
+    return np.broadcast_to(np.asarray(value), (n,))
+
+
 def _constant(a) -> bool:
     """True when the numeric array ``a`` holds one value (or only NaN) at every point: a key that
-    splits no group. Two reductions, no copy."""
+    splits no group: at once for a ``constant`` view, else two reductions, no copy."""
     a = np.asarray(a)
     if a.dtype.kind not in "iufb" or len(a) == 0:
         return False
+    if a.ndim == 1 and a.strides[0] == 0:          # one element in memory
+        return True
     lo, hi = a.min(), a.max()
     if lo == hi:
         return True
