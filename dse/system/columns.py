@@ -178,7 +178,7 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if codes.max(initial=0) > 2**52:          # keep the mixed radix small: renumber
                 codes = _dense_codes(codes)
     if codes is None:                                   # every key the same for every point: one group
-        return np.zeros(n, dtype=np.int64), np.arange(n), np.array([0, n])
+        return constant(np.int64(0), n), np.arange(n), np.array([0, n])
     inv = _dense_codes(codes)
     order = np.argsort(inv.astype(np.uint16) if inv.max(initial=0) < 2**16 else inv, kind="stable")
     counts = np.bincount(inv)
@@ -189,6 +189,15 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def constant(value, n: int) -> np.ndarray:
     """A read-only array of ``n`` entries, every one ``value`` (one element in memory)."""
     return np.broadcast_to(np.asarray(value), (n,))
+
+
+def per_code(values, codes) -> np.ndarray:
+    """``values[codes]``: each point's entry of ``values`` (one per distinct name or group), a
+    ``constant`` view when ``codes`` is one (every point the same: nothing gathered)."""
+    values = np.asarray(values)
+    if np.ndim(codes) == 1 and len(codes) and codes.strides[0] == 0:
+        return constant(values[codes[0]], len(codes))
+    return values[codes]
 
 
 def _constant(a) -> bool:

@@ -39,7 +39,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
-from dse.system.columns import Columns, group
+from dse.system.columns import Columns, group, per_code
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
@@ -899,9 +899,9 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
            hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
            w["tech"], w["draft"], w["spec_acceptance"]]
     inv, order, starts = group(key, n)
-    many = _many_workloads(np.diff(starts)[inv], w, cpu_layers)
+    many = _many_workloads(per_code(np.diff(starts), inv), w, cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
-        many, (inv, order, starts) = _together(key, many, np.diff(starts)[inv], n)
+        many, (inv, order, starts) = _together(key, many, per_code(np.diff(starts), inv), n)
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
     else:                               # hold the points in group order: every group a slice (views)
@@ -1008,9 +1008,9 @@ def _many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.n
     without speculative decoding or a CPU layer split, whose decode has one affine piece (no
     sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (``shared``: [n], how many points
     share each point's workload; a workload shared by many points is cheaper priced once for them all)."""
-    sliding = np.array([m.num_sliding_layers > 0 for m in w["models"]])[w["model"]]
-    budget = np.array([t.kv_budget > 0 for t in w["techniques"]])[w["tech"]]
-    draft = np.array([d is not None for d in w["drafts"]])[w["draft"]]
+    sliding = per_code([m.num_sliding_layers > 0 for m in w["models"]], w["model"])
+    budget = per_code([t.kv_budget > 0 for t in w["techniques"]], w["tech"])
+    draft = per_code([d is not None for d in w["drafts"]], w["draft"])
     ok = ~w["continuous"] & ~draft & (cpu_layers == 0) & ~sliding & ~budget
     return ok & (shared < MANY_BELOW)
 
@@ -1055,7 +1055,7 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
     w["engine"], w["engines"] = _resolved(cols, "engine", get_engine)
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
-        fuses = np.array([e.flash_attention for e in w["engines"]])[w["engine"]]
+        fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
         w["flash"] = w["flash"] & (hw.buffer > 0) & fuses
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = _resolved(cols, "serving", _serving_mode)
@@ -1070,15 +1070,15 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
         raise DseError(f"{cols.where}: target_rate: the engines a service needs follow from its goodput under SLOs; "
                        f"give slo_ttft and/or slo_tpot too")
     codes, pools = _resolved(cols, "disaggregate", _pools)
-    w["prefill_devices"] = np.array([p[0] if p else np.nan for p in pools], dtype=float)[codes]
-    w["decode_devices"] = np.array([p[1] if p else np.nan for p in pools], dtype=float)[codes]
+    w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
+    w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = ~np.isnan(w["prefill_devices"])
-    asked = np.array([m == "continuous" for m in modes])[w["serving"]]
+    asked = per_code([m == "continuous" for m in modes], w["serving"])
     loaded = (w["concurrency"] > 0) | (w["request_rate"] > 0)
-    served = {"concurrency": loaded, "lengths": np.array([spec.kind != FIXED for spec in w["length_specs"]])[w["lengths"]],
+    served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
               "prefix_hit": w["prefix_hit"] > 0, "slo_ttft": w["slo_ttft"] > 0, "slo_tpot": w["slo_tpot"] > 0,
               "disaggregate": w["disaggregated"]}
-    static = np.array([m == "static" for m in modes])[w["serving"]] & cols.has("serving")
+    static = per_code([m == "static" for m in modes], w["serving"]) & cols.has("serving")
     for key, on in served.items():
         if np.any(static & on):
             what = "concurrency and request_rate are loads" if key == "concurrency" else f"{key} is a parameter"

@@ -18,7 +18,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.efficiency import family_of
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
-from dse.system.columns import Columns, factorize, group
+from dse.system.columns import Columns, factorize, group, per_code
 from dse.system.params import PARAMS
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
@@ -164,7 +164,7 @@ def _value(part, i):
 
 def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
     vals = np.array([default if v is None else v for v in map(get, devices)], dtype=float)
-    return np.full(len(inv), vals[0]) if len(vals) == 1 else vals[inv]
+    return per_code(vals, inv)
 
 
 def assemble(cols: Columns) -> HardwareArrays:
@@ -257,9 +257,9 @@ def assemble(cols: Columns) -> HardwareArrays:
     tdp = field("tdp_w", lambda d: d.tdp_w)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp)
-    dev_class = np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64)[inv]
+    dev_class = per_code(np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64), inv)
     family_names = list(dict.fromkeys(family_of(d) for d in devices))
-    family = np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64)[inv]
+    family = per_code(np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64), inv)
     cpu_idx, cpus = _host_cpus(cols, devices, inv)
     return HardwareArrays(
         system=system, pattern=pattern, used_by_pattern=used_by_pattern, ratio_native=ratio_native,
@@ -308,11 +308,11 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
         if rows.shape[1] == 1:
             return np.broadcast_to(rows[:, 0], (len(inv), n_cols))
         return rows[:, inv * n_patterns + pattern].T
-    static = static_dev[inv]
+    static = per_code(static_dev, inv)
     if cols.has("static_power_w"):
         given = cols.numbers("static_power_w")
         static = np.where(np.isnan(given), static, given)
-    return {"energy_op_j": per_column(op_dev), "energy_op_floor_j": per_column(floor_dev), "energy_bit_j": bit_dev[inv],
+    return {"energy_op_j": per_column(op_dev), "energy_op_floor_j": per_column(floor_dev), "energy_bit_j": per_code(bit_dev, inv),
             "static_w": static}
 
 
@@ -340,7 +340,7 @@ def _host_cpus(cols: Columns, devices: list[Device], inv: np.ndarray) -> tuple[n
     names = sorted({d.host_cpu for d in devices if d.host_cpu})
     cpus = [resolve_device(x) for x in names]
     per_device = np.array([names.index(d.host_cpu) if d.host_cpu else -1 for d in devices], dtype=np.int64)
-    return per_device[inv], cpus
+    return per_code(per_device, inv), cpus
 
 
 def cpu_system(hw: HardwareArrays, index) -> SystemArrays:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.columns import Columns, group
+from dse.system.columns import Columns, group, per_code
 from dse.system.workload import resolve_model
 from workloads.model import ModelSpec
 from workloads.pruning import parse_prune, prune
@@ -122,11 +122,11 @@ def technique_columns(cols: Columns, w: dict) -> None:
     w["draft"], w["drafts"] = _drafts(cols)
     w["spec_tokens"] = cols.numbers("spec_tokens")
     w["spec_acceptance"] = cols.numbers("spec_acceptance")
-    has_draft = np.array([d is not None for d in w["drafts"]])[w["draft"]]
+    has_draft = per_code([d is not None for d in w["drafts"]], w["draft"])
     if np.any(has_draft & ~(w["spec_tokens"] > 0)):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
-    heads = np.array([d.heads if d is not None else 0 for d in w["drafts"]])[w["draft"]]
+    heads = per_code([d.heads if d is not None else 0 for d in w["drafts"]], w["draft"])
     if np.any(w["spec_tokens"] < heads):
         k = int(np.flatnonzero(w["spec_tokens"] < heads)[0])
         raise DseError(f"{cols.where}: spec_tokens: {w['drafts'][w['draft'][k]].name} drafts {int(heads[k])} tokens a "
@@ -154,7 +154,7 @@ def technique_columns(cols: Columns, w: dict) -> None:
         except DseError as e:
             raise DseError(f"{cols.where}: {e}") from None
     w["tech"], w["techniques"] = inv, techniques
-    w["sparse_units"] = np.array([t.sparsity == (2, 4) for t in techniques])[inv]
+    w["sparse_units"] = per_code([t.sparsity == (2, 4) for t in techniques], inv)
 
 
 def _drafts(cols: Columns) -> tuple[np.ndarray, list]:
@@ -231,4 +231,4 @@ def quality_columns(cols: Columns, base_codes: np.ndarray, base_models: list, w:
         if cited not in sources:
             sources.append(cited)
         source[g] = sources.index(cited)
-    w["quality_loss"], w["quality_source"], w["quality_sources"] = loss[inv], source[inv], sources
+    w["quality_loss"], w["quality_source"], w["quality_sources"] = per_code(loss, inv), per_code(source, inv), sources
