@@ -92,9 +92,14 @@ class Placement:
     def memory_violation(self, capacity, host_capacity) -> np.ndarray:
         """How far the fullest tier is over its capacity, as a fraction of it (<= 0: fits)."""
         cap = np.asarray(capacity, dtype=float)
-        hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            dev = np.where(cap > 0, self.device_bytes / cap - 1, np.where(self.device_bytes > 0, np.inf, -1.0))
+            if np.all(cap > 0):
+                dev = self.device_bytes / cap - 1
+            else:
+                dev = np.where(cap > 0, self.device_bytes / cap - 1, np.where(self.device_bytes > 0, np.inf, -1.0))
+            if np.all(self.host_need <= 0):               # nothing in the host tier: the device's alone
+                return np.maximum(dev, -np.inf)
+            hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
             host = np.where(self.host_need > 0, np.where(hcap > 0, self.host_need / hcap - 1, np.inf), -np.inf)
         return np.maximum(dev, host)
 
@@ -102,6 +107,8 @@ class Placement:
         return fits_within(self.device_bytes, np.asarray(capacity, dtype=float))
 
     def host_fits(self, host_capacity) -> np.ndarray:
+        if np.all(self.host_need <= 0):                   # nothing in the host tier
+            return np.ones(np.broadcast_shapes(np.shape(self.host_need), np.shape(host_capacity)), dtype=bool)
         hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
         return (self.host_need <= 0) | fits_within(self.host_need, hcap)
 
@@ -110,10 +117,13 @@ def place(policy, weights, activations, kv, capacity, devices=1) -> Placement:
     """Place a per-device footprint (bytes per class, arrays over points) under ``policy``
     (a parsed policy: 'none', 'greedy' or a dict of fractions) on devices of ``capacity``
     bytes; ``devices`` of a system share one host memory."""
+    if policy == "none":                  # all on the devices: a footprint as given, nothing in the host tier
+        parts = [np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity)]
+        shape = np.broadcast_shapes(*(x.shape for x in parts))
+        return Placement(np.broadcast_to(0.0, shape + (3,)), np.broadcast_to(parts[0] + parts[1] + parts[2], shape),
+                         np.broadcast_to(0.0, shape), np.broadcast_to(0.0, np.broadcast_shapes(shape, np.shape(devices))))
     w, a, k, cap = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity)))
-    if policy == "none":
-        frac = np.zeros(w.shape + (3,))
-    elif policy == "greedy":
+    if policy == "greedy":
         frac = greedy_fractions(w, a, k, cap)
     else:                                 # fractions per class: scalars, or arrays over points
         frac = np.stack(np.broadcast_arrays(*(np.asarray(policy.get(c, 0.0), dtype=float) for c in CLASSES),
