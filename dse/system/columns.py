@@ -120,6 +120,11 @@ class Columns:
             except (TypeError, ValueError):
                 raise DseError(f"{self.where}: batch: expected positive integers or '{BATCH_MAX}', "
                                f"got {_sample(v)!r}") from None
+        elif a.ndim == 0:                              # one batch for every point
+            bad, allowed = out_of_range("batch", a.reshape(1))
+            if bad.any():
+                raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', got {float(a)!r}")
+            return constant(float(a), self.n), constant(False, self.n)
         else:
             is_max, nums = np.zeros(a.shape, dtype=bool), a.astype(float)
         nums = np.full(self.n, float(nums)) if nums.ndim == 0 else nums
@@ -191,11 +196,30 @@ def constant(value, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(value), (n,))
 
 
+def is_constant(a) -> bool:
+    """True when ``a`` is a ``constant`` view (one element in memory for every point)."""
+    return isinstance(a, np.ndarray) and a.ndim == 1 and len(a) > 0 and a.strides[0] == 0
+
+
+def pointwise(f, *args) -> np.ndarray:
+    """``f(*args)`` of per-point arrays (and numbers): worked out once, as a ``constant`` view,
+    when every array among ``args`` is one."""
+    arrays = [a for a in args if np.ndim(a)]
+    if arrays and all(is_constant(a) for a in arrays):
+        return constant(f(*(a[0] if np.ndim(a) else a for a in args)), len(arrays[0]))
+    return f(*args)
+
+
+def anywhere(a) -> bool:
+    """True when some point's entry of ``a`` is true (one look for a ``constant`` view)."""
+    return bool(a[0]) if is_constant(a) else bool(np.any(a))
+
+
 def per_code(values, codes) -> np.ndarray:
     """``values[codes]``: each point's entry of ``values`` (one per distinct name or group), a
     ``constant`` view when ``codes`` is one (every point the same: nothing gathered)."""
     values = np.asarray(values)
-    if np.ndim(codes) == 1 and len(codes) and codes.strides[0] == 0:
+    if is_constant(codes):
         return constant(values[codes[0]], len(codes))
     return values[codes]
 
@@ -206,7 +230,7 @@ def _constant(a) -> bool:
     a = np.asarray(a)
     if a.dtype.kind not in "iufb" or len(a) == 0:
         return False
-    if a.ndim == 1 and a.strides[0] == 0:          # one element in memory
+    if is_constant(a):
         return True
     lo, hi = a.min(), a.max()
     if lo == hi:

@@ -39,7 +39,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
-from dse.system.columns import Columns, group, per_code
+from dse.system.columns import Columns, anywhere, group, per_code, pointwise
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
@@ -1056,7 +1056,7 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     w["engine"], w["engines"] = _resolved(cols, "engine", get_engine)
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
         fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
-        w["flash"] = w["flash"] & (hw.buffer > 0) & fuses
+        w["flash"] = pointwise(lambda f, b, u: f & (b > 0) & u, w["flash"], hw.buffer, fuses)
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = _resolved(cols, "serving", _serving_mode)
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
@@ -1066,41 +1066,41 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
     _trace_lengths(w)
     for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
         w[k] = cols.numbers(k)
-    if np.any((w["target_rate"] > 0) & ~(w["slo_ttft"] > 0) & ~(w["slo_tpot"] > 0)):
+    if anywhere(pointwise(lambda r, a, b: (r > 0) & ~(a > 0) & ~(b > 0), w["target_rate"], w["slo_ttft"], w["slo_tpot"])):
         raise DseError(f"{cols.where}: target_rate: the engines a service needs follow from its goodput under SLOs; "
                        f"give slo_ttft and/or slo_tpot too")
     codes, pools = _resolved(cols, "disaggregate", _pools)
     w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
-    w["disaggregated"] = ~np.isnan(w["prefill_devices"])
+    w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
     asked = per_code([m == "continuous" for m in modes], w["serving"])
-    loaded = (w["concurrency"] > 0) | (w["request_rate"] > 0)
+    loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
-              "prefix_hit": w["prefix_hit"] > 0, "slo_ttft": w["slo_ttft"] > 0, "slo_tpot": w["slo_tpot"] > 0,
+              **{k: pointwise(lambda x: x > 0, w[k]) for k in ("prefix_hit", "slo_ttft", "slo_tpot")},
               "disaggregate": w["disaggregated"]}
-    static = per_code([m == "static" for m in modes], w["serving"]) & cols.has("serving")
+    static = per_code([m == "static" and cols.has("serving") for m in modes], w["serving"])
     for key, on in served.items():
-        if np.any(static & on):
+        if anywhere(pointwise(lambda s, o: s & o, static, on)):
             what = "concurrency and request_rate are loads" if key == "concurrency" else f"{key} is a parameter"
             raise DseError(f"{cols.where}: serving: 'static' runs one batch; {what} of serving 'continuous' "
                            f"(leave serving out, or give it as continuous)")
-    if np.any((w["concurrency"] > 0) & (w["request_rate"] > 0)):
+    if anywhere(pointwise(lambda c, r: (c > 0) & (r > 0), w["concurrency"], w["request_rate"])):
         raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
-    w["continuous"] = asked | np.any(list(served.values()), axis=0)
-    short = w["continuous"] & (w["prefill_chunk"] > 0) & (w["prefill_chunk"] < w["max_running"])
-    if short.any():
+    w["continuous"] = pointwise(lambda a, *on: a | np.any(on, axis=0), asked, *served.values())
+    short = pointwise(lambda c, p, m: c & (p > 0) & (p < m), w["continuous"], w["prefill_chunk"], w["max_running"])
+    if anywhere(short):
         k = int(np.flatnonzero(short)[0])
         raise DseError(f"{cols.where}: prefill_chunk: an iteration's token budget ({int(w['prefill_chunk'][k]):,}) must "
                        f"be at least max_running ({int(w['max_running'][k]):,}), as vLLM requires of "
                        f"max_num_batched_tokens; give a larger prefill_chunk or a smaller max_running")
     # continuous batching prices one request's tables; without a load it runs closed at the batch
-    w["concurrency"] = np.where(w["continuous"] & ~loaded, np.where(w["batch_max"], 1.0, w["batch"]),
-                                w["concurrency"])
-    w["batch"] = np.where(w["batch_max"] | w["continuous"], 1.0, w["batch"])
-    w["batch_max"] = w["batch_max"] & ~w["continuous"]
+    w["concurrency"] = pointwise(lambda c, ld, m, b, cc: np.where(c & ~ld, np.where(m, 1.0, b), cc),
+                                 w["continuous"], loaded, w["batch_max"], w["batch"], w["concurrency"])
+    w["batch"] = pointwise(lambda m, c, b: np.where(m | c, 1.0, b), w["batch_max"], w["continuous"], w["batch"])
+    w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
     for k in ("prompt", "gen", "ep"):
-        if np.any(w[k] < 1):
+        if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return w

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.columns import Columns, group, per_code
+from dse.system.columns import Columns, anywhere, group, per_code, pointwise
 from dse.system.workload import resolve_model
 from workloads.model import ModelSpec
 from workloads.pruning import parse_prune, prune
@@ -116,28 +116,28 @@ def technique_columns(cols: Columns, w: dict) -> None:
         pairs = [parse_sparsity(v) for v in svalues]
     except DseError as e:
         raise DseError(f"{cols.where}: {e}") from None
-    dense = np.array([p == () for p in pairs])[scodes]
+    dense = per_code([p == () for p in pairs], scodes)
     pairs = pairs + [(2, 4)]                    # sparse: true (the older switch) is 2:4
-    sparsity = np.where(cols.flags("sparse") & dense, len(pairs) - 1, scodes)
+    sparsity = pointwise(lambda on, d, c: np.where(on & d, len(pairs) - 1, c), cols.flags("sparse"), dense, scodes)
     w["draft"], w["drafts"] = _drafts(cols)
     w["spec_tokens"] = cols.numbers("spec_tokens")
     w["spec_acceptance"] = cols.numbers("spec_acceptance")
     has_draft = per_code([d is not None for d in w["drafts"]], w["draft"])
-    if np.any(has_draft & ~(w["spec_tokens"] > 0)):
+    if anywhere(pointwise(lambda d, t: d & ~(t > 0), has_draft, w["spec_tokens"])):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
     heads = per_code([d.heads if d is not None else 0 for d in w["drafts"]], w["draft"])
-    if np.any(w["spec_tokens"] < heads):
+    if anywhere(pointwise(lambda t, h: t < h, w["spec_tokens"], heads)):
         k = int(np.flatnonzero(w["spec_tokens"] < heads)[0])
         raise DseError(f"{cols.where}: spec_tokens: {w['drafts'][w['draft'][k]].name} drafts {int(heads[k])} tokens a "
                        f"step; the tree it verifies (spec_tokens) must hold at least as many, got "
                        f"{int(w['spec_tokens'][k])}")
     numbers = {k: cols.numbers(k) for k in ("weight_density", "activation_sparsity", "layers_used", "kv_budget")}
-    query = np.where(has_draft, w["spec_tokens"] + 1, 1)
+    query = pointwise(lambda d, t: np.where(d, t + 1, 1), has_draft, w["spec_tokens"])
     ecodes, evalues = cols.labels("weights_edge")
     try:
-        edge = np.array([0.0 if str(v).strip().lower() == "none" else get_format(str(v), "weights_edge format").bits
-                         for v in evalues])[ecodes]
+        edge = per_code([0.0 if str(v).strip().lower() == "none" else get_format(str(v), "weights_edge format").bits
+                         for v in evalues], ecodes)
     except DseError as e:
         raise DseError(f"{cols.where}: weights_edge: {e}") from None
     keys = [sparsity, *numbers.values(), query, edge]
