@@ -120,21 +120,17 @@ class Columns:
             except (TypeError, ValueError):
                 raise DseError(f"{self.where}: batch: expected positive integers or '{BATCH_MAX}', "
                                f"got {_sample(v)!r}") from None
-        elif a.ndim == 0:                              # one batch for every point
-            bad, allowed = out_of_range("batch", a.reshape(1))
-            if bad.any():
-                raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', got {float(a)!r}")
-            return constant(float(a), self.n), constant(False, self.n)
         else:
             is_max, nums = np.zeros(a.shape, dtype=bool), a.astype(float)
-        nums = np.full(self.n, float(nums)) if nums.ndim == 0 else nums
-        is_max = np.full(self.n, bool(is_max)) if np.ndim(is_max) == 0 else is_max
+        one = nums.ndim == 0                           # one batch for every point: checked once
+        nums, is_max = nums.reshape(-1), np.reshape(is_max, -1)
         bad, allowed = out_of_range("batch", nums)
         bad &= ~is_max
         if bad.any():
             raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', "
                            f"got {nums[np.flatnonzero(bad)[0]].item()!r}")
-        return np.where(is_max, np.nan, nums), is_max
+        batch = np.where(is_max, np.nan, nums)
+        return (constant(batch[0], self.n), constant(is_max[0], self.n)) if one else (batch, is_max)
 
     def labels(self, name: str) -> tuple[np.ndarray, list]:
         """(code per point, distinct values) of a column of names or objects."""

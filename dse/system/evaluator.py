@@ -39,7 +39,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
-from dse.system.columns import Columns, anywhere, group, per_code, pointwise
+from dse.system.columns import Columns, anywhere, constant, group, per_code, pointwise
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
@@ -405,7 +405,7 @@ class Plan:
                 e, d = divmod(int(k), len(vendors))
                 ends[:, k] = band_for(bands, names[e], vendors[d], fam)[:2]
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
-                out[f"band_{fam}_{end}"] = np.broadcast_to(ends[j, used[0]], pair.shape) if len(used) == 1 \
+                out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
 
 
