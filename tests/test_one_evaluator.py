@@ -86,6 +86,27 @@ def test_row_alone_equals_row_in_a_table_and_analyze(seed):
         assert s["feasible"] == bool(alone.feasible[0])
 
 
+def test_groups_writing_different_metrics_and_groups_never_priced_share_one_table():
+    """Static batches, continuous serving (metrics of its own) and points that fail before any
+    pricing (a tp that does not divide the model, FlashAttention without an on-chip buffer),
+    interleaved in one table: every metric of every point is what the point gives alone (NaN
+    where its kind of group does not write it)."""
+    points = [dict(hardware=hw, serving=mode, concurrency=load, tp=tp, onchip_buffer_bytes=buf, flash_attention=fa)
+              for hw, mode, load, tp, buf, fa in [
+                  ("h100-sxm", "static", 0, 1, 1e7, False), ("h100-sxm", "continuous", 16, 1, 1e7, False),
+                  ("h100-sxm", "static", 0, 3, 1e7, False), ("a100-80gb", "continuous", 8, 1, 1e7, False),
+                  ("h100-sxm", "static", 0, 2, 1e7, False), ("h100-sxm", "static", 0, 1, 0.0, True),
+                  ("a100-80gb", "continuous", 4, 3, 1e7, False), ("a100-80gb", "static", 0, 1, 1e7, False)]]
+    for p in points:
+        p.update(model="llama-2-7b", batch=8)
+    table = evaluate(_table(points))
+    assert {table.reason_key(i) for i in range(len(points))} >= {"", "model_split", "onchip_buffer"}
+    # a static batch and a served point, both priced, write different sets of metrics
+    assert any(np.isnan(table[k][0]) != np.isnan(table[k][1]) for k in METRICS)
+    for i in range(len(points)):
+        _same(table, evaluate(_table([points[i]])), i, 0)
+
+
 def _one(**kw):
     return evaluate({"model": "llama-2-7b", **kw})
 

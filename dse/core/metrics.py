@@ -46,7 +46,7 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
         "requests_per_s": batch / e2e,
         "total_tokens_per_s": batch * (gen + np.asarray(prompt_len, dtype=float)) / e2e,
         "queue_s": np.zeros(n),
-        "running_batch": np.broadcast_to(batch, n).astype(float),
+        "running_batch": np.full(n, batch, dtype=float),
     }
 
 
@@ -89,7 +89,8 @@ def power_demand_w(phases, devices, static_w) -> np.ndarray:
         dyn = functools.reduce(np.maximum, [np.where(np.asarray(s, dtype=float) > 0,
                                                      np.asarray(e, dtype=float) / (devices * s), 0.0)
                                             for e, s in phases])
-    return dyn + np.nan_to_num(np.asarray(static_w, dtype=float), nan=0.0)
+    static = np.asarray(static_w, dtype=float)
+    return dyn + np.where(np.isnan(static), 0.0, static)
 
 
 SECONDS_PER_YEAR = 365.25 * 86400.0

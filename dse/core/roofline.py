@@ -156,6 +156,20 @@ class OpArrays:
         return all(np.ndim(a) == 1 for a in (self.ops, self.weight_bytes, self.act_bytes, self.kv_bytes))
 
     @cached_property
+    def links(self) -> tuple[bool, bool]:
+        """(whether any operator all-reduces, whether any sends point to point): a step with
+        neither has no link terms. Worked out once per OpArrays."""
+        return bool(np.any(self.comm_bytes > 0)), bool(np.any(self.p2p_bytes > 0))
+
+    @cached_property
+    def link_totals(self) -> tuple[float, float, float, float]:
+        """(Σ count x all-reduce bytes, Σ count of the operators that all-reduce, the same two of
+        point-to-point sends) of one workload's operators (1-D arrays), worked out once."""
+        c = self.count
+        comm, p2p = np.asarray(self.comm_bytes, float) * c, np.asarray(self.p2p_bytes, float) * c
+        return float(comm.sum()), float(c[comm > 0].sum()), float(p2p.sum()), float(c[p2p > 0].sum())
+
+    @cached_property
     def memory_bytes(self) -> np.ndarray:
         """Bytes moved to and from device memory per instance (weights + activations + KV),
         summed once per OpArrays."""
@@ -406,9 +420,10 @@ def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarra
 def _link_time(op: OpArrays, sys: SystemArrays, eff: Efficiency):
     """Collective plus point-to-point time per instance, [P, O] (scalar 0 if the step has none)."""
     t = 0.0
-    if np.any(op.comm_bytes > 0):
+    comm, p2p = op.links
+    if comm:
         t = t + collective_time(op.comm_bytes, sys, eff)
-    if np.any(op.p2p_bytes > 0):
+    if p2p:
         t = t + p2p_time(op.p2p_bytes, sys, eff)
     return t
 
@@ -507,18 +522,19 @@ def _roofline_sum(tables: tuple, sys: SystemArrays) -> np.ndarray:
     prefix sum of bytes plus a suffix sum of ops at the ridge's rank."""
     bw = sys.bandwidth
     total = np.zeros(sys.size)
-    for k, b_total, ai, mem_prefix, ops_suffix in tables:
-        peak = sys.peak[:, k]
-        if np.all(np.isinf(peak)):
-            total += b_total / bw
-            continue
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k, b_total, ai, mem_prefix, ops_suffix in tables:
+            peak = sys.peak[:, k]
+            lowest = peak.min() if peak.size else np.inf    # NaN if any peak is NaN
+            if lowest == np.inf:                    # every point leaves this class unbounded
+                total += b_total / bw
+                continue
             idx = _rank(ai, peak / bw)
             ops = ops_suffix[idx]
             comp = ops / peak                       # no ops left: 0, unless the peak is 0 or NaN
-            if not np.all(peak > 0):
+            if not lowest > 0:
                 comp = np.where(ops > 0, comp, 0.0)
-        total += mem_prefix[idx] / bw + comp
+            total += mem_prefix[idx] / bw + comp
     return total
 
 
@@ -552,16 +568,14 @@ def _separable_terms(op: OpArrays, eff: Efficiency) -> tuple:
 def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
     """Σ count x (collective + point-to-point time) of a step, seconds, [P] (0.0 if none)."""
     t = 0.0
-    c = op.count
-    comm = np.asarray(op.comm_bytes, float) * c
-    if np.any(comm > 0):
+    comm, comm_count, p2p, p2p_count = op.link_totals
+    if comm > 0:
         n = sys.tp
         with np.errstate(invalid="ignore", divide="ignore"):
-            t = t + (2 * (n - 1) / n * comm.sum() / (sys.link_bandwidth * eff.collective)
-                     + _ring_latency(n, sys, eff) * c[comm > 0].sum())
-    p2p = np.asarray(op.p2p_bytes, float) * c
-    if np.any(p2p > 0):
-        t = t + p2p.sum() / (sys.link_bandwidth * eff.collective) + _latency(sys, eff) * c[p2p > 0].sum()
+            t = t + (2 * (n - 1) / n * comm / (sys.link_bandwidth * eff.collective)
+                     + _ring_latency(n, sys, eff) * comm_count)
+    if p2p > 0:
+        t = t + p2p / (sys.link_bandwidth * eff.collective) + _latency(sys, eff) * p2p_count
     return t
 
 
@@ -618,7 +632,7 @@ def _energy_of(work: tuple, sys: SystemArrays) -> np.ndarray:
     """Dynamic energy, J, [P], of the work ``work`` (``_energy_work``'s tuple) on every point of
     ``sys`` (``step_energy_j``'s model)."""
     classes, ops, mem, comm, p2p, vector = work
-    if np.any(comm != 0) or np.any(p2p != 0):
+    if _nonzero(comm) or _nonzero(p2p):
         tp = np.asarray(sys.tp, dtype=float)
         bits = 8.0 * (mem + 2.0 * (2.0 * (tp - 1.0) / tp * comm + p2p))
     else:                                  # nothing crosses a link: the memory traffic alone
@@ -632,6 +646,11 @@ def _energy_of(work: tuple, sys: SystemArrays) -> np.ndarray:
     if sys.pim_peak is not None:
         total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
     return total
+
+
+def _nonzero(amount) -> bool:
+    """Whether ``amount`` (a number, or an array of one per point) is non-zero anywhere."""
+    return bool(amount.any()) if isinstance(amount, np.ndarray) else amount != 0
 
 
 def _energy_work(op: OpArrays, classes_of: OpArrays) -> tuple:
@@ -720,7 +739,8 @@ def _decode_split(op0: OpArrays, slope: OpArrays) -> tuple:
     grows = grows.reshape(-1, np.shape(grows)[-1]).any(axis=0)
     if not grows.any():
         return _subset(op0, ~grows), None, None
-    return _subset(op0, ~grows), _subset(op0, grows), _subset(slope, grows)
+    first = _subset(op0, grows)        # the slope in the first step's classes (``_decode_op_totals``)
+    return _subset(op0, ~grows), first, replace(_subset(slope, grows), peak_column=first.peak_column, role=first.role)
 
 
 #: ``_decode_split`` of one workload's decode (1-D arrays), kept (``KEPT``)
@@ -758,10 +778,11 @@ def _decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     n = n[:, None] if n.ndim == 1 else n
     c0 = _compute_term(op0.ops, op0, sys, eff, on_pim, op0.vector_ops)
     cs = _compute_term(slope.ops, op0, sys, eff, on_pim, slope.vector_ops)
-    slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
+    if slope.peak_column is not op0.peak_column or slope.role is not op0.role:
+        slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
     dev0, host0 = _memory_terms(op0, sys, eff, on_pim)
     devs, hosts = _memory_terms(slope, sys, eff, on_pim, shape=op0)
-    if np.ndim(host0) == 0 and np.ndim(hosts) == 0:
+    if not isinstance(host0, np.ndarray) and not isinstance(hosts, np.ndarray):
         m0, ms, a0, as_ = dev0, devs, 0.0, 0.0
     else:
         ov = sys.overlap[:, None]
@@ -772,8 +793,8 @@ def _decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     d0, ds = c0 - m0, cs - ms
     with np.errstate(divide="ignore", invalid="ignore"):
         root = -d0 / ds
-        up_lo = np.clip(np.ceil(root), 0, n)            # ds > 0: compute-bound from here on
-        down_hi = np.clip(np.floor(root) + 1, 0, n)     # ds < 0: compute-bound up to here
+        up_lo = np.minimum(np.maximum(np.ceil(root), 0.0), n)           # ds > 0: compute-bound from here on
+        down_hi = np.minimum(np.maximum(np.floor(root) + 1, 0.0), n)    # ds < 0: compute-bound up to here
     lo = np.where(ds > 0, up_lo, np.where((ds < 0) | (d0 >= 0), 0.0, n))     # ds = 0: all steps or none
     hi = np.where(ds < 0, down_hi, n)
     total = _arith_sum(m0, ms, 0, n) + _arith_sum(d0, ds, lo, hi)

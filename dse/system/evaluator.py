@@ -281,7 +281,7 @@ class Plan:
         """Price every point (see ``evaluate``)."""
         n = self.size
         out = {k: v.copy() for k, v in self.base.items()}
-        unwritten = {}         # a metric's points no group has written yet (NaN at the end)
+        written = []           # (points, metrics) of each group priced: the points a metric lacks are NaN
         eff_code = np.zeros(n, dtype=np.int64)
         eff_names: list[str] = []
         saturated = np.zeros(n, dtype=bool)
@@ -321,19 +321,16 @@ class Plan:
                         kept.add(id(v))
                         continue
                     if k not in out:           # first written here: no pass to fill it with NaN first
-                        out[k], unwritten[k] = np.empty(n), np.ones(n, dtype=bool)
+                        out[k] = np.empty(n)
                     out[k][idx] = v
-                    if k in unwritten:
-                        unwritten[k][idx] = False
+                written.append((idx, metrics.keys()))
                 positions = _positions(idx)
                 for j in np.flatnonzero(np.isin(positions, want)) if want is not None else ():
                     p = int(positions[j])
                     one, k = (_one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
                     explained[p if self.order is None else int(self.order[p])] = _explain(one, k, eff, e, ideal,
                                                                                         self.hw, p)
-        for k, left in unwritten.items():
-            if left.any():
-                out[k][left] = np.nan
+        _unwritten_nan(out, written, set(self.base), n)
         nan = np.full(n, np.nan)
         nan.flags.writeable = False            # one read-only array for every metric no group wrote
         out = {k: out[k] if k in out else nan for k in METRICS}
@@ -407,6 +404,23 @@ class Plan:
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
                 out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
+
+
+def _unwritten_nan(out: dict, written: list, base: set, n: int) -> None:
+    """Set to NaN, in each metric of ``out`` the groups priced wrote (``written``: their points and
+    metrics, in order), the points no group wrote. Groups of one kind write the same metrics: the
+    points they cover are marked once for them all."""
+    covered = {}                   # a set of metrics -> the points of the groups that wrote it
+    for idx, keys in written:
+        keys = frozenset(keys)
+        if keys not in covered:
+            covered[keys] = np.zeros(n, dtype=bool)
+        covered[keys][idx] = True
+    for k in set().union(*covered) - base:
+        masks = [mask for keys, mask in covered.items() if k in keys]
+        left = ~masks[0] if len(masks) == 1 else ~np.logical_or.reduce(masks)
+        if left.any():
+            out[k][left] = np.nan
 
 
 def _service_figures(out: dict) -> None:
