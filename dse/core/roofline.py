@@ -793,8 +793,8 @@ def _decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     d0, ds = c0 - m0, cs - ms
     with np.errstate(divide="ignore", invalid="ignore"):
         root = -d0 / ds
-        up_lo = np.minimum(np.maximum(np.ceil(root), 0.0), n)           # ds > 0: compute-bound from here on
-        down_hi = np.minimum(np.maximum(np.floor(root) + 1, 0.0), n)    # ds < 0: compute-bound up to here
+        up_lo = np.clip(np.ceil(root), 0, n)            # ds > 0: compute-bound from here on
+        down_hi = np.clip(np.floor(root) + 1, 0, n)     # ds < 0: compute-bound up to here
     lo = np.where(ds > 0, up_lo, np.where((ds < 0) | (d0 >= 0), 0.0, n))     # ds = 0: all steps or none
     hi = np.where(ds < 0, down_hi, n)
     total = _arith_sum(m0, ms, 0, n) + _arith_sum(d0, ds, lo, hi)

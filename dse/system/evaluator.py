@@ -409,18 +409,22 @@ class Plan:
 def _unwritten_nan(out: dict, written: list, base: set, n: int) -> None:
     """Set to NaN, in each metric of ``out`` the groups priced wrote (``written``: their points and
     metrics, in order), the points no group wrote. Groups of one kind write the same metrics: the
-    points they cover are marked once for them all."""
+    points they cover are marked once for them all, and the points left once per such kinds."""
     covered = {}                   # a set of metrics -> the points of the groups that wrote it
     for idx, keys in written:
         keys = frozenset(keys)
         if keys not in covered:
             covered[keys] = np.zeros(n, dtype=bool)
         covered[keys][idx] = True
+    left_of = {}                   # the sets of metrics holding a metric -> the points none covers (None: none)
     for k in set().union(*covered) - base:
-        masks = [mask for keys, mask in covered.items() if k in keys]
-        left = ~masks[0] if len(masks) == 1 else ~np.logical_or.reduce(masks)
-        if left.any():
-            out[k][left] = np.nan
+        sets = tuple(keys for keys in covered if k in keys)
+        if sets not in left_of:
+            masks = [covered[keys] for keys in sets]
+            left = ~(masks[0] if len(masks) == 1 else np.logical_or.reduce(masks))
+            left_of[sets] = left if left.any() else None
+        if left_of[sets] is not None:
+            out[k][left_of[sets]] = np.nan
 
 
 def _service_figures(out: dict) -> None:
