@@ -167,3 +167,17 @@ def test_tp_without_interconnect_or_flash_without_buffer_is_an_error():
         analyze(load_model("llama-2-7b"), d, Scenario.make(tp=2))
     with pytest.raises(DseError, match="onchip_buffer_bytes"):
         analyze(load_model("llama-2-7b"), d, Scenario.make(flash_attention=True))
+
+
+def test_a_systems_replaced_copy_is_dataclasses_replace_and_leaves_it_unchanged():
+    sys = system_arrays([load_device("h100-sxm"), load_device("mi300x")] * 3)
+    tp = np.array([1.0, 2, 4, 8, 1, 2])
+    fast, slow = sys.replaced(tp=tp, offload=None), replace(sys, tp=tp, offload=None)
+    for name, value in slow.__dict__.items():
+        got = getattr(fast, name)
+        assert (got is None) == (value is None) and (value is None or np.array_equal(got, value, equal_nan=value.dtype.kind == "f")), name
+    assert np.array_equal(sys.tp, np.ones(6)) and fast.size == 6
+    picked = sys.take(np.array([5, 0]))
+    assert np.array_equal(picked.peak, sys.peak[[5, 0]]) and np.array_equal(picked.host_bandwidth, sys.host_bandwidth[[5, 0]])
+    with pytest.raises(TypeError, match="no field 'bandwith'"):
+        sys.replaced(bandwith=tp)

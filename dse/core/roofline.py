@@ -123,7 +123,23 @@ class SystemArrays:
             if v.ndim == 2 and v.flags.f_contiguous and not isinstance(index, slice):
                 return v.T[:, index].T        # column-major: gather along each contiguous column
             return v[index]
-        return SystemArrays(**{f: pick(v) for f, v in self.__dict__.items()})
+        return self._copy({f: pick(v) for f, v in self.__dict__.items()})
+
+    def replaced(self, **changes) -> "SystemArrays":
+        """These points with the fields ``changes`` in place of theirs (``dataclasses.replace``
+        without re-running ``__post_init__``: every field is already filled in, and a value given
+        is one of the field's own shape; the kernel makes such a copy per group it prices)."""
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"SystemArrays has no field {sorted(unknown)[0]!r}")
+        return self._copy({**self.__dict__, **changes})
+
+    @classmethod
+    def _copy(cls, values: dict) -> "SystemArrays":
+        """A SystemArrays of the filled-in field ``values`` (every field, as ``__post_init__`` leaves them)."""
+        new = object.__new__(cls)
+        new.__dict__.update(values)
+        return new
 
 
 @dataclass(frozen=True, eq=False)

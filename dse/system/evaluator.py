@@ -548,7 +548,7 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
 def _measured_only(sys: SystemArrays) -> SystemArrays:
     """``sys`` with the work of compute classes that have no measured J/op of their own charged
     nothing (``SystemArrays.energy_op_floor_j``): the power a design needs at least."""
-    return sys if sys.energy_op_floor_j is None else replace(sys, energy_op_j=sys.energy_op_floor_j)
+    return sys if sys.energy_op_floor_j is None else sys.replaced(energy_op_j=sys.energy_op_floor_j)
 
 
 def _run_energy(g: _Group, sys: SystemArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -565,7 +565,7 @@ def _run_energy(g: _Group, sys: SystemArrays) -> tuple[np.ndarray, np.ndarray]:
     e_pre = sc.tp * sc.micro_batches * step_energy_j(t.prefill, sys)
     if spec is None:
         return e_pre, sc.tp * sum(decode_total_energy_j(d0, slope, n, sys) for d0, slope, n in t.decode_steps(n_steps))
-    dsys = replace(sys, tp=np.full(sys.size, spec["tp"]))
+    dsys = sys.replaced(tp=np.full(sys.size, spec["tp"]))
     e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
     parts = [(t, sys, 1, sc.tp)]
     if spec["tables"] is not None:
@@ -609,7 +609,7 @@ def _speculative(g: _Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray, np
     heads draft their g tokens in one pass a round, the target verifying ``spec_tokens`` + 1
     candidates (a tree)."""
     t, sys, sc, spec = g.tables, g.system, g.tables.scenario, g.spec
-    dsys = replace(sys, tp=np.full(sys.size, spec["tp"]))
+    dsys = sys.replaced(tp=np.full(sys.size, spec["tp"]))
     e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
     n_steps = max(sc.gen_len - 1, 1)
     prefill = pipelined_prefill_s(step_time(t.prefill, sys, eff), sc.micro_batches, sc.pp)
@@ -704,7 +704,7 @@ def _speculative_pricer(spec: dict):
     iteration's prompt chunks (the draft prefills them too), on the draft's devices."""
     def make(model: IterationModel, sys: SystemArrays, eff: Efficiency):
         target = _iteration_pricer(model, sys, eff)
-        draft = _iteration_pricer(spec["draft"], replace(sys, tp=np.full(sys.size, spec["tp"])), eff)
+        draft = _iteration_pricer(spec["draft"], sys.replaced(tp=np.full(sys.size, spec["tp"])), eff)
 
         def iteration_time(d, dctx, c, pctx, seqs, rows):
             zero = np.zeros_like(np.asarray(c, dtype=float))
@@ -1347,7 +1347,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     for c in sorted(wanted):
         mark("format", ~(sys.peak[:, _COL[c]] > 0), None)
     if w["sparse"][i0]:                      # 2:4 weights at the sparse peak where there is one, else dense
-        sys = replace(sys, sparse_gain=hw.sparse_ratio(idx))
+        sys = sys.replaced(sparse_gain=hw.sparse_ratio(idx))
     if sc.devices > 1:
         mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
     if sc.flash_attention:
@@ -1356,7 +1356,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     offload = None
     if share == 0 and np.any(pl.fractions > 0):
         offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
-    sys = replace(sys, tp=np.full(size, float(sc.tp)), offload=offload,
+    sys = sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload,
                   overlap=w["overlap"][idx].copy())
     if share:
         cpu_hw = assemble(Columns({"hardware": hw.cpus[hw.host_cpu[i0]], "model": ""}))

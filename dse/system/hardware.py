@@ -354,7 +354,7 @@ def system_arrays(devices, tp=1) -> SystemArrays:
     """The kernel's view of a list of devices (presets or Device objects) at tensor-parallel
     degree ``tp``, no offload and dense peaks: for tests and notebooks that drive the kernel."""
     sys = assemble(Columns({"hardware": np.array(list(devices), dtype=object), "model": ""})).system
-    return replace(sys, tp=np.broadcast_to(np.asarray(tp, dtype=float), (sys.size,)).copy())
+    return sys.replaced(tp=np.broadcast_to(np.asarray(tp, dtype=float), (sys.size,)).copy())
 
 
 __all__ = ["HardwareArrays", "assemble", "resolve_device", "cpu_system", "system_arrays", "factorize"]
