@@ -14,6 +14,7 @@ Everything here works on arrays of design points (bytes per device); the fit tes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -93,11 +94,11 @@ class Placement:
         """How far the fullest tier is over its capacity, as a fraction of it (<= 0: fits)."""
         cap = np.asarray(capacity, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
-            if np.all(cap > 0):
+            if (cap > 0).all():
                 dev = self.device_bytes / cap - 1
             else:
                 dev = np.where(cap > 0, self.device_bytes / cap - 1, np.where(self.device_bytes > 0, np.inf, -1.0))
-            if np.all(self.host_need <= 0):               # nothing in the host tier: the device's alone
+            if self.host_empty:                           # nothing in the host tier: the device's alone
                 return np.maximum(dev, -np.inf)
             hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
             host = np.where(self.host_need > 0, np.where(hcap > 0, self.host_need / hcap - 1, np.inf), -np.inf)
@@ -106,9 +107,14 @@ class Placement:
     def device_fits(self, capacity) -> np.ndarray:
         return fits_within(self.device_bytes, np.asarray(capacity, dtype=float))
 
+    @cached_property
+    def host_empty(self) -> bool:
+        """True when no point puts anything in the host tier (NaN needs count as something)."""
+        return bool((np.asarray(self.host_need) <= 0).all())
+
     def host_fits(self, host_capacity) -> np.ndarray:
-        if np.all(self.host_need <= 0):                   # nothing in the host tier
-            return np.ones(np.broadcast_shapes(np.shape(self.host_need), np.shape(host_capacity)), dtype=bool)
+        if self.host_empty:                               # nothing in the host tier
+            return np.ones(np.broadcast(self.host_need, host_capacity).shape, dtype=bool)
         hcap = np.nan_to_num(np.asarray(host_capacity, dtype=float), nan=0.0)
         return (self.host_need <= 0) | fits_within(self.host_need, hcap)
 
@@ -119,9 +125,10 @@ def place(policy, weights, activations, kv, capacity, devices=1) -> Placement:
     bytes; ``devices`` of a system share one host memory."""
     if policy == "none":                  # all on the devices: a footprint as given, nothing in the host tier
         parts = [np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity)]
-        shape = np.broadcast_shapes(*(x.shape for x in parts))
+        shape = np.broadcast(*parts).shape
+        zeros = np.broadcast_to(0.0, shape)
         return Placement(np.broadcast_to(0.0, shape + (3,)), np.broadcast_to(parts[0] + parts[1] + parts[2], shape),
-                         np.broadcast_to(0.0, shape), np.broadcast_to(0.0, np.broadcast_shapes(shape, np.shape(devices))))
+                         zeros, zeros if np.ndim(devices) == 0 else np.broadcast_to(0.0, np.broadcast(zeros, devices).shape))
     w, a, k, cap = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (weights, activations, kv, capacity)))
     if policy == "greedy":
         frac = greedy_fractions(w, a, k, cap)

@@ -1294,7 +1294,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     cpu_layers = int(w["cpu_layers"][i0])
 
     def mark(code, bad, detail=None):
-        if np.any(bad):
+        if bad.any() if isinstance(bad, np.ndarray) else bad:
             fail(code, positions[np.broadcast_to(bad, (size,))], detail)
 
     if sc.many:
