@@ -1199,7 +1199,7 @@ def _host_capacity(w: dict, hw: HardwareArrays, policy, cpu_layers, index) -> np
 def _placement(policy, wb, ab, kvb, cap, devices, cpu_share=0.0, layer_w=0.0):
     """Placement of per-device footprints: the offload policy, or under a CPU layer split
     the CPU's layers' weights and KV cache in host memory (read there by the CPU itself)."""
-    if np.any(np.asarray(cpu_share) > 0):
+    if cpu_share > 0:
         with np.errstate(divide="ignore", invalid="ignore"):
             fw = np.where(np.asarray(wb) > 0, layer_w * cpu_share / np.asarray(wb, dtype=float), 0.0)
         return place({"weights": fw, "kv": cpu_share}, wb, ab, kvb, cap, 1)
@@ -1318,7 +1318,9 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
             mark("cpu_split", np.ones(size, dtype=bool), why)
             share = 0.0
     cap = sys.capacity
-    hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx)
+    # host memory: read only where something may go there (an offload policy, CPU layers)
+    hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx) \
+        if policy != "none" or share else 0.0
     continuous = bool(w["continuous"][i0])
     act = fp.activation_bytes
     if continuous:
@@ -1354,7 +1356,7 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
         mark("onchip_buffer", ~(hw.buffer[idx] > 0))
 
     offload = None
-    if share == 0 and np.any(pl.fractions > 0):
+    if share == 0 and policy != "none" and (pl.fractions > 0).any():
         offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
     sys = sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload,
                   overlap=w["overlap"][idx].copy())
