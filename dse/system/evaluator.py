@@ -33,7 +33,7 @@ from dse.core.engines import Engine, engine_efficiency, get_engine
 from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.metrics import (cost_per_million_tokens_usd, energy_figures, pipelined_prefill_s, power_demand_w,
                               rates_per_user_and_device, serving_metrics, system_figures)
-from dse.core.roofline import (_COL, PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_energy_j, decode_total_time,
+from dse.core.roofline import (_COL, KEPT, PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_energy_j, decode_total_time,
                                op_costs, step_energy_j, step_time, transfer_time)
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
@@ -303,7 +303,7 @@ class Plan:
             parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
             for idx, e in parts:
                 key = (g.family, id(g.engine), g.kv_group, id(e), ideal)
-                eff = resolved[key] if key in resolved else resolved.setdefault(key, g.efficiency(e, ideal))
+                eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
                 if eff.name not in eff_names:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
@@ -425,6 +425,19 @@ def _unwritten_nan(out: dict, written: list, base: set, n: int) -> None:
             left_of[sets] = left if left.any() else None
         if left_of[sets] is not None:
             out[k][left_of[sets]] = np.nan
+
+
+#: Efficiencies met by earlier runs, each kept as one object (``_interned``)
+_EFFICIENCIES: dict = {}
+
+
+def _interned(eff: Efficiency) -> Efficiency:
+    """The one object kept for Efficiencies equal to ``eff``: every run then prices with the
+    object the kernel's kept terms were keyed on (``dse.core.roofline.KEPT``), found by identity,
+    not compared field by field. At most ``KEPT`` are kept."""
+    if len(_EFFICIENCIES) >= KEPT:
+        _EFFICIENCIES.clear()
+    return _EFFICIENCIES.setdefault(eff, eff)
 
 
 def _service_figures(out: dict) -> None:
