@@ -361,40 +361,50 @@ def _kept_fractions(op: OpArrays, eff: Efficiency) -> tuple:
     return out
 
 
-def _memory_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None, shape: OpArrays | None = None):
-    """(device-memory seconds, host-tier seconds) per instance, [P, O] (host: scalar 0
-    when nothing is offloaded). On PIM, weight and KV bytes stream at the internal bandwidth.
-    Efficiency fractions follow the operators of ``shape`` (default ``op``)."""
-    frac = _memory_fraction(op if shape is None else shape, eff)
+def _memory_terms(shape: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *steps: OpArrays) -> list:
+    """(device-memory seconds, host-tier seconds) per instance, [P, O], of the bytes of each of
+    ``steps`` (host: scalar 0 when nothing is offloaded), on the operators of ``shape``: their
+    achieved bandwidth fractions, worked out once for all of them. On PIM, weight and KV bytes
+    stream at the internal bandwidth."""
+    frac = _memory_fraction(shape, eff)
     bw = sys.bandwidth[:, None] * frac
-    w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
-    host_s = 0.0
-    if sys.offload is not None:
-        f = sys.offload
-        on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
-        w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
-        with np.errstate(invalid="ignore"):
-            host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth[:, None] * frac), 0.0)
-    if on_pim is None:
-        return (w + a + kv) / bw, host_s
-    inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
-    return ((w + kv) / inner + a) / bw, host_s
+    out = []
+    for op in steps:
+        w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
+        host_s = 0.0
+        if sys.offload is not None:
+            f = sys.offload
+            on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
+            w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
+            with np.errstate(invalid="ignore"):
+                host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth[:, None] * frac), 0.0)
+        if on_pim is None:
+            out.append(((w + a + kv) / bw, host_s))
+        else:
+            inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
+            out.append((((w + kv) / inner + a) / bw, host_s))
+    return out
 
 
-def _compute_term(ops, op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None, vector=None):
-    """Compute seconds per instance, [P, O]: ``ops`` at the operator's peak and achieved fraction,
-    plus ``vector`` ops (dequantization) at the vector peak and its fraction."""
+def _compute_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *work) -> list:
+    """Compute seconds per instance, [P, O], of each (ops, vector ops or None) of ``work`` on the
+    operators of ``op``: the ops at each operator's peak and achieved fraction (worked out once
+    for all of them), plus the vector ops (dequantization) at the vector peak and its fraction."""
     peak = sys.peak[:, op.peak_column]                               # [P, O]
     if sys.sparse_gain is not None and op.sparse_ok is not None:
         peak = peak * np.where(op.sparse_ok, sys.sparse_gain[:, op.peak_column], 1.0)
     if on_pim is not None:
         peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
+    out = []
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(ops != 0, ops / (peak * _compute_fraction(op, eff)), 0.0)
-        if vector is not None:
-            rate = sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
-            t = t + np.where(vector != 0, vector / rate, 0.0)
-    return t
+        rate = peak * _compute_fraction(op, eff)
+        for ops, vector in work:
+            t = np.where(ops != 0, ops / rate, 0.0)
+            if vector is not None:
+                vector_rate = sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
+                t = t + np.where(vector != 0, vector / vector_rate, 0.0)
+            out.append(t)
+    return out
 
 
 def _latency(sys: SystemArrays, eff: Efficiency) -> np.ndarray:
@@ -459,8 +469,8 @@ def _combine(compute, dev, host, sys: SystemArrays):
 def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
     """(compute, device memory, host tier, collective, time) per instance, [P, O], with the
     operators of ``on_pim`` in memory (None: all on the host)."""
-    compute = _compute_term(op.ops, op, sys, eff, on_pim, op.vector_ops)
-    dev, host = _memory_terms(op, sys, eff, on_pim)
+    compute, = _compute_terms(op, sys, eff, on_pim, (op.ops, op.vector_ops))
+    (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
     coll = _link_time(op, sys, eff)
     time = _combine(compute, dev, host, sys) + coll + np.where(_work(op), eff.op_overhead_s, 0.0)
     return compute, dev, host, coll, time
@@ -755,8 +765,7 @@ def _decode_split(op0: OpArrays, slope: OpArrays) -> tuple:
     grows = grows.reshape(-1, np.shape(grows)[-1]).any(axis=0)
     if not grows.any():
         return _subset(op0, ~grows), None, None
-    first = _subset(op0, grows)        # the slope in the first step's classes (``_decode_op_totals``)
-    return _subset(op0, ~grows), first, replace(_subset(slope, grows), peak_column=first.peak_column, role=first.role)
+    return _subset(op0, ~grows), _subset(op0, grows), _subset(slope, grows)
 
 
 #: ``_decode_split`` of one workload's decode (1-D arrays), kept (``KEPT``)
@@ -792,12 +801,9 @@ def _decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     operators of ``on_pim`` in memory (None: all on the host)."""
     n = np.asarray(steps, dtype=float)
     n = n[:, None] if n.ndim == 1 else n
-    c0 = _compute_term(op0.ops, op0, sys, eff, on_pim, op0.vector_ops)
-    cs = _compute_term(slope.ops, op0, sys, eff, on_pim, slope.vector_ops)
-    if slope.peak_column is not op0.peak_column or slope.role is not op0.role:
-        slope = replace(slope, peak_column=op0.peak_column, role=op0.role)
-    dev0, host0 = _memory_terms(op0, sys, eff, on_pim)
-    devs, hosts = _memory_terms(slope, sys, eff, on_pim, shape=op0)
+    # the slope at the first step's peaks and achieved fractions (its operators' shapes)
+    c0, cs = _compute_terms(op0, sys, eff, on_pim, (op0.ops, op0.vector_ops), (slope.ops, slope.vector_ops))
+    (dev0, host0), (devs, hosts) = _memory_terms(op0, sys, eff, on_pim, op0, slope)
     if not isinstance(host0, np.ndarray) and not isinstance(hosts, np.ndarray):
         m0, ms, a0, as_ = dev0, devs, 0.0, 0.0
     else:
