@@ -398,10 +398,11 @@ def _compute_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *wo
     out = []
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = peak * _compute_fraction(op, eff)
+        vector_rate = None if all(vector is None for _, vector in work) else \
+            sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
         for ops, vector in work:
             t = np.where(ops != 0, ops / rate, 0.0)
             if vector is not None:
-                vector_rate = sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
                 t = t + np.where(vector != 0, vector / vector_rate, 0.0)
             out.append(t)
     return out
@@ -676,7 +677,7 @@ def _energy_of(work: tuple, sys: SystemArrays) -> np.ndarray:
 
 def _nonzero(amount) -> bool:
     """Whether ``amount`` (a number, or an array of one per point) is non-zero anywhere."""
-    return bool(amount.any()) if isinstance(amount, np.ndarray) else amount != 0
+    return bool(amount.any() if isinstance(amount, np.ndarray) else amount != 0)
 
 
 def _energy_work(op: OpArrays, classes_of: OpArrays) -> tuple:
