@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
-from dse.core.roofline import OpArrays, _rank, decode_total_time, step_time
+from dse.core.roofline import (OpArrays, _rank, _separable_terms, _step_sum, decode_total_time, op_costs,
+                               step_time)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from hwmodels.presets import load_device
 from workloads.footprint import parameter_count
 from workloads.model import load_model
-from workloads.optable import decode_linear, decode_step
+from workloads.optable import decode_linear, decode_step, prefill
 from workloads.scenario import Scenario
 
 
@@ -90,6 +91,29 @@ def test_a_points_rank_among_intensities_is_numpys_binary_search(entries):
     ai = np.sort(np.concatenate([rng.lognormal(3, 2, entries - 1), [np.inf]]))   # an operator with no bytes
     ridge = np.concatenate([rng.lognormal(3, 2, 5000), ai[:-1], [0.0, np.inf, np.nan]])
     np.testing.assert_array_equal(_rank(ai, ridge), np.searchsorted(ai, ridge, side="right"))
+
+
+def test_operators_of_equal_intensity_are_ranked_once_and_priced_as_one_by_one():
+    # the gate and up projections of a layer have one intensity: the roofline sum ranks a point
+    # among the distinct intensities only; below, between, on and above each of them it must give
+    # the operator-by-operator sum (a rank mapped to the wrong prefix is off by a whole operator)
+    m, d = load_model("llama-2-13b"), load_device("h100-sxm")
+    op = OpArrays.from_table(prefill(m, Scenario.make(batch=16, prompt_len=512, flash_attention=True),
+                                     d.onchip_buffer_bytes))
+    tables, _ = _separable_terms(op, DEFAULT)
+    column, distinct = tables[0][0], tables[0][2]
+    in_column = (op.peak_column == column) & (op.count > 0) & ((op.ops > 0) | (op.memory_bytes > 0))
+    assert len(distinct) < in_column.sum()            # the case at hand: some operators share an intensity
+    finite = distinct[np.isfinite(distinct)]
+    between = np.sqrt(finite[1:] * finite[:-1])
+    ridges = np.concatenate([finite, between, [finite[0] / 4, finite[-1] * 4]])
+    base = system_arrays([d], 1)
+    bw = 2.0 ** 40                                    # peak / bw is then the ridge exactly
+    peak = base.peak[[0] * len(ridges)].copy()
+    peak[:, column] = ridges * bw
+    sys = replace(base.take(np.zeros(len(ridges), dtype=int)), peak=peak, bandwidth=np.full(len(ridges), bw))
+    per_op = _step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
+    np.testing.assert_allclose(step_time(op, sys, DEFAULT), per_op, rtol=1e-12)
 
 
 def test_tpot_and_throughput_definitions():

@@ -521,8 +521,11 @@ def _separable(op: OpArrays, sys: SystemArrays) -> bool:
 
 def _ridge_tables(ops, mem, count, column) -> tuple:
     """What ``_roofline_sum`` needs of one workload's operators, per peak column they use:
-    (column, bytes in all, intensities ops/bytes sorted, bytes summed up to each rank, ops
-    summed from each rank on). Depends on the workload alone, not on any point."""
+    (column, bytes in all, the distinct intensities ops/bytes sorted, bytes summed over the
+    operators up to each of them, ops summed over the operators above each). Operators of equal
+    intensity (the gate and up projections, say) are bound alike at every point, so a point's
+    rank is counted among the distinct intensities only; the sums are those over every operator
+    in intensity order. Depends on the workload alone, not on any point."""
     out = []
     for k in np.unique(column):
         sel = (column == k) & (count > 0) & ((ops > 0) | (mem > 0))
@@ -535,7 +538,9 @@ def _ridge_tables(ops, mem, count, column) -> tuple:
         ai, o, b_sorted = ai[order], o[order], b[order]
         mem_prefix = np.concatenate(([0.0], np.cumsum(b_sorted)))      # memory-bound: the lowest intensities
         ops_suffix = np.concatenate((np.cumsum(o[::-1])[::-1], [0.0]))
-        out.append((int(k), b.sum(), ai, mem_prefix, ops_suffix))
+        distinct = np.unique(ai)
+        at = np.concatenate(([0], np.searchsorted(ai, distinct, side="right")))   # operators <= each, by rank
+        out.append((int(k), b.sum(), distinct, mem_prefix[at], ops_suffix[at]))
     return tuple(out)
 
 
