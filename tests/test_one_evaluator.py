@@ -3,6 +3,7 @@ points, and through ``analyze``; the divergences the two old evaluators had are 
 import numpy as np
 import pytest
 
+from basis.errors import DseError
 from dse import evaluate
 from dse.system.analysis import analyze_point
 from dse.system.evaluator import METRICS, prepare
@@ -268,13 +269,15 @@ def test_results_follow_the_callers_order_whatever_order_the_points_come_in():
     assert dict(ev.metrics).keys() == set(ev.metrics)
 
 
+@pytest.mark.parametrize("how", ["plan run again", "evaluate"])
 @pytest.mark.parametrize("batch", [8, np.array([1, 8, 64] * 40)], ids=["one workload", "three workloads"])
-def test_a_callers_writes_into_results_change_no_other_metric_and_no_later_run(batch):
+def test_a_callers_writes_into_results_change_no_other_metric_and_no_later_run(batch, how):
     """The metric arrays a run hands back are the caller's own: writing into one changes no other
-    metric of that run, and running the same prepared plan again gives the first run's figures."""
+    metric of that run, and running the same prepared plan again (or evaluating the same points,
+    whose plan hands its own figures over to its one run) gives the first run's figures."""
     cols = {"hardware": "h100-sxm", "model": "llama-2-7b", "batch": batch, "memory_bandwidth": np.linspace(1e12, 8e12, 120)}
     plan = prepare(cols)
-    first = plan.run()
+    first = plan.run() if how == "plan run again" else evaluate(cols)
     before = {k: np.array(v, copy=True) for k, v in first.metrics.items()}
     writable = [k for k, v in first.metrics.items() if v.flags.writeable]
     assert len(writable) > 40
@@ -282,6 +285,13 @@ def test_a_callers_writes_into_results_change_no_other_metric_and_no_later_run(b
         first.metrics[k][...] = -1.0
         others = [m for m in writable if m != k and not np.array_equal(first.metrics[m], before[m], equal_nan=True)]
         assert not [m for m in others if writable.index(m) > writable.index(k)], (k, others)
-    again = plan.run()
+    again = plan.run() if how == "plan run again" else evaluate(cols)
     for k, v in before.items():
         np.testing.assert_array_equal(again.metrics[k], v, err_msg=k)
+
+
+def test_a_plan_after_its_last_run_refuses_another():
+    plan = prepare({"hardware": "h100-sxm", "model": "llama-2-7b", "batch": [1, 8]})
+    plan.run(last=True)
+    with pytest.raises(DseError, match="last run"):
+        plan.run()
