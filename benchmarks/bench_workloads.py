@@ -9,9 +9,10 @@ total, footprint, feasibility, serving metrics and energy (``from dse import eva
     python benchmarks/bench_workloads.py --shared [MODEL]
 
 ``--shared`` measures where sharing a workload starts to pay: 65,536 points whose workloads
-(batch and lengths drawn per workload) are each shared by 16 to 2,048 points (the bandwidth varies
-per point), priced at [points, operators] with the workloads that differ only in batch and lengths,
-and priced one workload at a time; ``dse.system.evaluator.MANY_BELOW`` is set from the crossover.
+(batch and lengths drawn per workload) are each shared by 16 to 8,192 points (the bandwidth varies
+per point), priced with the workloads that differ only in batch and lengths (one operator table per
+distinct workload), and priced one workload at a time; ``dse.system.evaluator.MANY_BELOW`` is set
+from the crossover.
 
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
 frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
@@ -86,10 +87,10 @@ def dse_rate(n: int, chunk: int = 100_000, repeats: int = 3) -> tuple[float, int
 
 
 def shared_rates(model: str = "llama-2-70b", total: int = 65_536, repeats: int = 3) -> None:
-    """Print, for workloads each shared by 16 to 2,048 points, the best time of ``evaluate`` with
-    every workload priced with the others at [points, operators] and with each priced alone."""
+    """Print, for workloads each shared by 16 to 8,192 points, the best time of ``evaluate`` with
+    every workload priced with the others and with each priced alone."""
     rng = np.random.default_rng(0)
-    for shared in (16, 32, 64, 128, 256, 384, 512, 768, 1024, 2048):
+    for shared in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):
         n = total // shared
         at = np.repeat(np.arange(n), shared)
         work = {k: v[at] for k, v in points(n, seed=int(rng.integers(1 << 30))).items() if k != "memory_bandwidth"}

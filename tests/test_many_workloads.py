@@ -37,6 +37,13 @@ CASES = {
     "offload to the host": dict(hardware="gh200", model="llama-2-70b", offload="greedy", **_lengths(N, 32)),
     "contextual sparsity and early exit": dict(hardware="h100-sxm", model="llama-2-13b", activation_sparsity=0.5,
                                                layers_used=0.75, **_lengths(N)),
+    # workloads shared by about 20 points each: one operator table per distinct workload (Stacked)
+    "shared workloads, tp 2": dict(hardware="h100-sxm", model="llama-2-13b", devices=2, batch=RNG.choice([1, 4, 16, 64], N),
+                                   prompt_len=RNG.choice([512, 2048], N), gen_len=RNG.choice([64, 256], N),
+                                   memory_bandwidth=RNG.uniform(1e12, 1.6e13, N), peak_fp16=RNG.uniform(1e14, 4e15, N)),
+    "shared workloads, near-memory units": dict(hardware=RNG.choice(["h200", "hbm-pim"], N), model="llama-2-7b",
+                                                batch=RNG.choice([1, 8, 32], N), prompt_len=RNG.choice([256, 1024], N),
+                                                gen_len=128),
 }
 
 
@@ -64,6 +71,7 @@ def test_workloads_priced_in_blocks_equal_priced_at_once(case, monkeypatch):
     cols = CASES[case]
     whole = evaluate(cols)
     monkeypatch.setattr(W, "TABLE_ROWS", 7)
+    monkeypatch.setattr(W, "STACKED_ROWS", 7)
     assert [(b.start, b.stop) for b in W.row_blocks(16)] == [(0, 7), (7, 14), (14, 16)]
     blocks = evaluate(cols)
     assert np.array_equal(whole.reason, blocks.reason)

@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
-from dse.core.roofline import (OpArrays, _rank, _separable_terms, _step_sum, decode_total_time, op_costs,
-                               step_time)
+from dse.core.roofline import (OpArrays, Stacked, _rank, _separable_terms, _step_sum, decode_total_energy_j,
+                               decode_total_time, op_costs, step_time)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
+from dse.system.workload import workload_batch
 from hwmodels.presets import load_device
 from workloads.footprint import parameter_count
 from workloads.model import load_model
@@ -114,6 +115,33 @@ def test_operators_of_equal_intensity_are_ranked_once_and_priced_as_one_by_one()
     sys = replace(base.take(np.zeros(len(ridges), dtype=int)), peak=peak, bandwidth=np.full(len(ridges), bw))
     per_op = _step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
     np.testing.assert_allclose(step_time(op, sys, DEFAULT), per_op, rtol=1e-12)
+
+
+def test_points_priced_with_their_workloads_row_equal_their_own_operators():
+    # a point of a sweep over batch and lengths reads its workload's row of the distinct workloads'
+    # tables (Stacked: ridge sums and work per class worked out once per row); it must be priced as
+    # its own operators are, term by term ([points, operators]), prefill, decode and energy alike
+    m, d = load_model("llama-2-13b"), load_device("h100-sxm")
+    batch = workload_batch(m, np.array([1, 16, 64, 16, 16]), np.array([512, 512, 2048, 512, 4000]),
+                           np.array([64, 64, 256, 64, 9]), "fp16", "fp16", "fp16", 2, 1, 1, True, d.onchip_buffer_bytes)
+    assert len(batch.distinct.batch) == 4                   # the second and fourth points share a workload
+    assert batch.workload[1] == batch.workload[3]
+    t = batch._distinct
+    rng = np.random.default_rng(5)
+    n = 600
+    rows = rng.integers(0, 4, n)
+    base = system_arrays([d], 1)
+    sys = replace(base.take(np.zeros(n, dtype=int)), peak=base.peak[[0] * n] * rng.uniform(0.02, 50, (n, 1)),
+                  bandwidth=base.bandwidth[0] * rng.uniform(0.02, 50, n), tp=np.full(n, 2.0))
+    pre, (_, d0, slope) = Stacked(t[0], rows), t[1][0]
+    d0, slope = Stacked(d0, rows), Stacked(slope, rows)
+    steps = rng.integers(1, 500, n).astype(float)
+    np.testing.assert_allclose(step_time(pre, sys, DEFAULT), step_time(pre.expanded(), sys, DEFAULT), rtol=1e-12)
+    np.testing.assert_allclose(decode_total_time(d0, slope, steps, sys, DEFAULT),
+                               decode_total_time(d0.expanded(), slope.expanded(), steps, sys, DEFAULT), rtol=1e-12)
+    np.testing.assert_allclose(decode_total_energy_j(d0, slope, steps, sys),
+                               decode_total_energy_j(d0.expanded(), slope.expanded(), steps, sys), rtol=1e-12)
+    assert (step_time(pre, sys, DEFAULT) > 0).all()
 
 
 def test_tpot_and_throughput_definitions():

@@ -209,6 +209,38 @@ class OpArrays:
                    dequant if np.any(dequant) else None)
 
 
+@dataclass(frozen=True, eq=False)
+class Stacked:
+    """The operators of several workloads ([U, O] arrays of ``op``, one row per workload), each
+    point priced with its own workload's row (``rows``, [P]): what depends on a workload alone
+    (its intensity-sorted sums, its work per compute class) is worked out once per row, not once
+    per point, and each point reads its row's."""
+
+    op: OpArrays
+    rows: np.ndarray
+
+    def expanded(self) -> OpArrays:
+        """Each point's operators ([P, O] arrays: its workload's row)."""
+        return OpArrays(**{f.name: (v[self.rows] if np.ndim(v := getattr(self.op, f.name)) == 2 else v)
+                           for f in fields(OpArrays)})
+
+    def subset(self, sel) -> "Stacked":
+        """The operators selected by the [O] mask ``sel``, for the same points."""
+        return Stacked(_subset(self.op, sel), self.rows)
+
+
+def _stackable(op, sys: SystemArrays) -> bool:
+    """True when ``op`` is ``Stacked`` and the points' costs split into per-workload constants
+    and per-point rates (``_separable``'s conditions but one workload per point's row)."""
+    return (isinstance(op, Stacked) and sys.offload is None and sys.pim_peak is None and sys.sparse_gain is None
+            and op.op.vector_ops is None)
+
+
+def _per_point(op):
+    """``op`` as operator arrays of its points' own (``Stacked`` expanded; OpArrays as they are)."""
+    return op.expanded() if isinstance(op, Stacked) else op
+
+
 @dataclass(frozen=True)
 class OpCost:
     """Per-instance times of each operator on each point, seconds, [P, O]."""
@@ -338,7 +370,8 @@ KEPT = 4096
 
 def forget_kept() -> None:
     """Drop every kept workload term (``KEPT``): the memory they hold; results do not change."""
-    for kept in (_kept_fractions, _separable_terms, _kept_decode_split, _kept_energy_work, _recent_energy_work):
+    for kept in (_kept_fractions, _separable_terms, _kept_decode_split, _kept_energy_work, _recent_energy_work,
+                 _stacked_terms, _recent_decode_split):
         kept.cache_clear()
 
 
@@ -587,6 +620,85 @@ def _rank(ai: np.ndarray, ridge: np.ndarray) -> np.ndarray:
     return np.subtract(len(ai), above, dtype=np.intp)       # intp: a gather's own index type
 
 
+def _stacked_ridge_tables(ops, mem, count, column) -> tuple:
+    """``_ridge_tables`` of the workloads of [U, O] ``ops`` and ``mem``, one row each, per peak
+    column: (column, bytes in all [U], intensities sorted [K, U] (rank k of every row, contiguous),
+    bytes summed up to each rank [U * (K + 1)], ops summed from each rank on [U * (K + 1)]).
+    An operator without work in a row sorts last there and adds nothing to its sums."""
+    out = []
+    count = np.broadcast_to(count, np.shape(ops))
+    for k in np.unique(column):
+        in_k = column == k
+        c, o, b = count[:, in_k], ops[:, in_k], mem[:, in_k]
+        keep = (c > 0) & ((o > 0) | (b > 0))
+        if not keep.any():
+            continue
+        o, b = np.where(keep, o * c, 0.0), np.where(keep, b * c, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ai = np.where(keep & (b > 0), o / b, np.inf)
+        order = np.argsort(ai, axis=1, kind="stable")
+        ai, o, b_sorted = (np.take_along_axis(x, order, axis=1) for x in (ai, o, b))
+        zero = np.zeros((len(ai), 1))
+        mem_prefix = np.concatenate((zero, np.cumsum(b_sorted, axis=1)), axis=1)
+        ops_suffix = np.concatenate((np.cumsum(o[:, ::-1], axis=1)[:, ::-1], zero), axis=1)
+        out.append((int(k), b.sum(axis=1), np.ascontiguousarray(ai.T), mem_prefix.ravel(), ops_suffix.ravel()))
+    return tuple(out)
+
+
+def _stacked_roofline_sum(tables: tuple, rows: np.ndarray, sys: SystemArrays) -> np.ndarray:
+    """``_roofline_sum`` of every point with the operators of its workload's row (``rows``, [P])
+    of ``_stacked_ridge_tables``: the point's rank counted among its row's intensities."""
+    bw = sys.bandwidth
+    total = np.zeros(sys.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k, b_total, ai, mem_prefix, ops_suffix in tables:
+            peak = sys.peak[:, k]
+            lowest = peak.min() if peak.size else np.inf    # NaN if any peak is NaN
+            if lowest == np.inf:                    # every point leaves this class unbounded
+                total += b_total[rows] / bw
+                continue
+            ridge = peak / bw
+            ranks = len(ai)
+            above = np.zeros(sys.size, dtype=np.uint8 if ranks < 256 else np.intp)
+            for a in ai:
+                above += a[rows] > ridge
+            at = rows * (ranks + 1) + (ranks - above.astype(np.intp))
+            ops = ops_suffix[at]
+            comp = ops / peak                       # no ops left: 0, unless the peak is 0 or NaN
+            if not lowest > 0:
+                comp = np.where(ops > 0, comp, 0.0)
+            total += mem_prefix[at] / bw + comp
+    return total
+
+
+def _row_link_totals(op: OpArrays) -> tuple:
+    """``OpArrays.link_totals`` of each row of [U, O] operator arrays, [U] each."""
+    shape = np.shape(op.ops)
+    c = np.broadcast_to(op.count, shape)
+    comm = np.broadcast_to(np.asarray(op.comm_bytes, float), shape) * c
+    p2p = np.broadcast_to(np.asarray(op.p2p_bytes, float), shape) * c
+    return (comm.sum(axis=1), np.where(comm > 0, c, 0.0).sum(axis=1),
+            p2p.sum(axis=1), np.where(p2p > 0, c, 0.0).sum(axis=1))
+
+
+@lru_cache(maxsize=8)
+def _stacked_terms(op: OpArrays, eff: Efficiency) -> tuple:
+    """(``_stacked_ridge_tables`` of the rows of ``op`` at ``eff``'s fractions, op overhead seconds
+    [U], ``_row_link_totals``), kept for the last few: a sweep's blocks of points share one table
+    of their distinct workloads."""
+    tables = _stacked_ridge_tables(op.ops / eff.compute_fraction(op), op.memory_bytes / eff.memory_fraction(op),
+                                   op.count, op.peak_column)
+    return tables, (op.count * _work(op)).sum(axis=-1) * eff.op_overhead_s, _row_link_totals(op)
+
+
+def _stacked_step(st: Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """``_separable_step`` of every point with its workload's row of ``st``, seconds, [P]."""
+    tables, overhead, links = _stacked_terms(st.op, eff)
+    rows = st.rows
+    return _stacked_roofline_sum(tables, rows, sys) + _link_sum_of(tuple(x[rows] for x in links), sys, eff) \
+        + overhead[rows]
+
+
 @lru_cache(maxsize=KEPT)
 def _separable_terms(op: OpArrays, eff: Efficiency) -> tuple:
     """(``_ridge_tables`` of ``op`` at ``eff``'s fractions, op overhead seconds) of one workload's
@@ -599,14 +711,20 @@ def _separable_terms(op: OpArrays, eff: Efficiency) -> tuple:
 
 def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
     """Σ count x (collective + point-to-point time) of a step, seconds, [P] (0.0 if none)."""
+    return _link_sum_of(op.link_totals, sys, eff)
+
+
+def _link_sum_of(totals: tuple, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
+    """``_link_sum`` of a step whose ``OpArrays.link_totals`` are ``totals`` (numbers, or one
+    of each per point)."""
     t = 0.0
-    comm, comm_count, p2p, p2p_count = op.link_totals
-    if comm > 0:
+    comm, comm_count, p2p, p2p_count = totals
+    if _nonzero(comm):
         n = sys.tp
         with np.errstate(invalid="ignore", divide="ignore"):
             t = t + (2 * (n - 1) / n * comm / (sys.link_bandwidth * eff.collective)
                      + _ring_latency(n, sys, eff) * comm_count)
-    if p2p > 0:
+    if _nonzero(p2p):
         t = t + p2p / (sys.link_bandwidth * eff.collective) + _latency(sys, eff) * p2p_count
     return t
 
@@ -626,8 +744,11 @@ def _host_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     return _step_sum(_priced(op, sys, eff)[-1], op.count, None, sys)
 
 
-def step_time(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+def step_time(op: OpArrays | Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead."""
+    if _stackable(op, sys):
+        return _stacked_step(op, sys, eff) + eff.step_overhead_s
+    op = _per_point(op)
     if sys.pim_peak is None:
         return _host_step(op, sys, eff) + eff.step_overhead_s
     cost = op_costs(op, sys, eff)
@@ -654,10 +775,24 @@ def _step_energy(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.nd
     return _energy_of(_step_work(op, classes_of), sys)
 
 
-def _step_work(op: OpArrays, classes_of: OpArrays) -> tuple:
-    """``_energy_work`` of ``op`` in the classes of ``classes_of``, kept for one workload's operators."""
+def _step_work(op: OpArrays | Stacked, classes_of: OpArrays | Stacked) -> tuple:
+    """``_energy_work`` of ``op`` in the classes of ``classes_of``, kept for one workload's operators;
+    of ``Stacked`` operators, worked out per row and read by each point from its row."""
+    if isinstance(op, Stacked):
+        classes, *amounts = _recent_energy_work(op.op, classes_of.op)
+        return (classes, *(_row_gather(a, op.rows) for a in amounts))
     keep = op.one_workload and classes_of.one_workload
     return (_kept_energy_work if keep else _recent_energy_work)(op, classes_of)
+
+
+def _row_gather(amount, rows: np.ndarray):
+    """Each point's row (``rows``) of an amount of work per row ([U] or [U, K]; a number as it is):
+    [P] or [P, K], gathered column by column."""
+    if not isinstance(amount, np.ndarray) or amount.ndim == 0:
+        return amount
+    if amount.ndim == 1:
+        return amount[rows]
+    return np.take(np.ascontiguousarray(amount.T), rows, axis=1).T
 
 
 def _energy_of(work: tuple, sys: SystemArrays) -> np.ndarray:
@@ -751,6 +886,15 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     cost does not change with the context cost steps x one step's (the separable O(P log O)
     path where it applies); without PIM, which places each operator for the whole generation.
     """
+    if _stackable(op0, sys):
+        fixed, grow0, grow_slope = _recent_decode_split(op0.op, slope.op)
+        n = np.asarray(steps, dtype=float)
+        total = (_stacked_step(Stacked(fixed, op0.rows), sys, eff) + eff.step_overhead_s) * n
+        if grow0 is not None:
+            total = total + _decode_general(Stacked(grow0, op0.rows).expanded(),
+                                            Stacked(grow_slope, slope.rows).expanded(), steps, sys, eff)
+        return total
+    op0, slope = _per_point(op0), _per_point(slope)
     if sys.pim_peak is None:                 # (a PIM places each operator for the whole generation)
         split = _kept_decode_split if np.ndim(op0.ops) == 1 and np.ndim(slope.ops) == 1 else _decode_split
         fixed, grow0, grow_slope = split(op0, slope)
@@ -776,6 +920,9 @@ def _decode_split(op0: OpArrays, slope: OpArrays) -> tuple:
 
 #: ``_decode_split`` of one workload's decode (1-D arrays), kept (``KEPT``)
 _kept_decode_split = lru_cache(maxsize=KEPT)(_decode_split)
+#: ``_decode_split`` of the last few decodes of distinct workloads (``Stacked``), whose blocks of
+#: points share them
+_recent_decode_split = lru_cache(maxsize=8)(_decode_split)
 
 
 def _subset(op: OpArrays, sel) -> OpArrays:

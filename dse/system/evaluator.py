@@ -10,12 +10,14 @@ and every feasibility check. ``run`` prices the prepared points with the rooflin
 metrics (``dse.core.metrics``). Calibration runs one plan under many efficiencies.
 
 Points are grouped by workload; each group is priced by one vectorized kernel call. Points
-whose workloads are shared by few others (every point its own batch and lengths) are grouped
-with all the points that differ from them only in batch, prompt and generated lengths: their
-operator tables are built at once, one row per workload (``dse.system.workload.WorkloadBatch``),
-and priced as [points, operators] arrays, so the Python loop is over kinds of workload (model,
-formats, layout, hardware class), never over points. One design point is a one-row table
-through the same code as a million.
+whose workloads are shared by few others (up to ``MANY_BELOW``: a sweep over batch and lengths as
+well as hardware, or every point its own batch and lengths) are grouped with all the points that
+differ from them only in batch, prompt and generated lengths: their operator tables are built at
+once, one row per distinct workload (``dse.system.workload.WorkloadBatch``), and every point is
+priced with its workload's row (``dse.core.roofline.Stacked``), or, where nearly every point is its
+own workload, as [points, operators] arrays; so the Python loop is over kinds of workload (model,
+formats, layout, hardware class), never over points or workloads. One design point is a one-row
+table through the same code as a million.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
 from dse.system.params import MAX_COUNT, DEFAULTS, PARAMS, SERVING_MODES
 from dse.system.techniques import TECHNIQUE_COLUMNS, draft_model, pruned_models, quality_columns, technique_columns
-from dse.system.workload import (WorkloadBatch, WorkloadTables, footprint_in_batch, resolve_model, row_blocks,
+from dse.system.workload import (WorkloadBatch, WorkloadTables, footprint_in_batch, resolve_model,
                                  tables, workload_batch)
 from workloads.techniques import tokens_per_target_step
 from hwmodels.formats import COMPUTE_CLASSES, get_format, matmul_compute_class
@@ -517,9 +519,9 @@ def _cpu_efficiency(given, ideal: bool) -> Efficiency:
 
 def _price_many(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     """``_price`` of a group of many workloads (``WorkloadBatch``), its tables built and priced
-    ``TABLE_ROWS`` points at a time (``row_blocks``)."""
+    a block of points at a time (``WorkloadBatch.blocks``)."""
     parts = []
-    for rows in row_blocks(g.system.size):
+    for rows in g.tables.blocks():
         part = replace(g, tables=g.tables.tables(rows), system=g.system.take(rows))
         parts.append(_price(part, eff, given, ideal))
     return parts[0] if len(parts) == 1 else {k: np.concatenate([np.broadcast_to(p[k], (len(p["ttft_s"]),))
@@ -939,6 +941,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
            hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
            w["tech"], w["draft"], w["spec_acceptance"]]
     inv, order, starts = group(key, n)
+    workload = inv                      # each point's workload (the points of a group of many each read theirs)
     many = _many_workloads(per_code(np.diff(starts), inv), w, cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
         many, (inv, order, starts) = _together(key, many, per_code(np.diff(starts), inv), n)
@@ -951,7 +954,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         hw = assemble(cols)
         w = _workload_columns(cols, hw)
         tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
-        cpu_layers, many = w["cpu_layers"], many[order]
+        cpu_layers, many, workload = w["cpu_layers"], many[order], workload[order]
         for c, parts in fails.items():
             parts[:] = [inverse[p] for p in parts]
         details[:] = [(inverse[idx], text) for idx, text in details]
@@ -979,7 +982,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                   bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0, tech)
         try:
             if many[i0]:
-                t, spec = workload_batch(model, batch[idx], w["prompt"][idx], w["gen"][idx], *layout), None
+                t, spec = workload_batch(model, batch[idx], w["prompt"][idx], w["gen"][idx], *layout,
+                                         workload=workload[idx]), None
             else:
                 t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), *layout)
                 spec = _speculation(t, model, w, i0, float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
@@ -1010,12 +1014,14 @@ def _economics(cols: Columns) -> dict:
 
 
 #: a workload shared by fewer design points than this is priced with the others that differ from it
-#: only in batch and lengths (``_many_workloads``): at [points, operators], not one call per workload.
-#: A workload's own group costs ~0.6-0.75 ms of Python however few its points, then ~0.2 us a point; at
-#: [points, operators] a point costs ~1.6 us. Measured crossover (``benchmarks/bench_workloads.py
-#: --shared``, 65,536 points): 384-512 points a workload for Llama-2-70B, Mixtral-8x7B and
-#: Llama-3.1-8B; at 64 points a workload the groups take 4-6x as long, at 1,024 0.5-0.7x
-MANY_BELOW = 384
+#: only in batch and lengths (``_many_workloads``), not one call per workload. A workload's own group
+#: costs ~0.5-0.75 ms of Python however few its points, then ~0.2 us a point; priced with the others,
+#: a point costs ~0.45 us where the workloads are each shared by 8 points or more (one operator table
+#: per distinct workload, ``roofline.Stacked``), ~1.6 us where nearly every point is its own (tables of
+#: [points, operators]). Measured crossover (``benchmarks/bench_workloads.py --shared``, 65,536 points;
+#: 10^6 points with 256 to 2,048 batch sizes alike): 2,048 points a workload for Llama-2-70B; at 512
+#: points a workload the groups take 2.5x as long, at 8,192 0.7x
+MANY_BELOW = 2048
 
 
 #: a group of points priced together (``_together``) holding fewer workloads than this is priced one

@@ -11,11 +11,11 @@ footprint is also written in closed form in the batch (``FootprintInBatch``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
-from dse.core.roofline import OpArrays
+from dse.core.roofline import OpArrays, Stacked
 from workloads import optable
 from workloads.optable import NON_LAYER_OPS
 from workloads.footprint import (
@@ -117,10 +117,19 @@ def _layer_weight_bytes(model: ModelSpec, sc: Scenario) -> float:
 TABLE_ROWS = 16384
 
 
-def row_blocks(rows: int) -> list[slice]:
-    """The rows ``0 .. rows - 1`` in blocks of ``TABLE_ROWS`` (slices): the workloads whose tables
-    are built, and priced, at once."""
-    return [slice(lo, min(lo + TABLE_ROWS, rows)) for lo in range(0, rows, TABLE_ROWS)]
+#: a WorkloadBatch whose points share their workloads this many to one or more on average is
+#: priced with one operator table per distinct workload (``roofline.Stacked``), not one per point
+STACK_SHARE = 8
+#: points of a stacked WorkloadBatch priced at once (their tables are the distinct workloads',
+#: built once; a block's arrays are the points')
+STACKED_ROWS = 1 << 20
+
+
+def row_blocks(rows: int, block: int | None = None) -> list[slice]:
+    """The rows ``0 .. rows - 1`` in blocks of ``block`` (default ``TABLE_ROWS``; slices): the
+    workloads whose tables are built, and priced, at once."""
+    block = block or TABLE_ROWS
+    return [slice(lo, min(lo + block, rows)) for lo in range(0, rows, block)]
 
 
 @dataclass(frozen=True)
@@ -134,28 +143,58 @@ class WorkloadBatch:
     buffer: float
     footprint: Footprint
     layer_weight_bytes: float
+    workload: np.ndarray      # [P] each point's distinct workload (batch, prompt and generated lengths) ...
+    distinct: Scenario        # ... of these U
 
     @property
     def size(self) -> int:
         return len(self.scenario.batch)
 
+    @property
+    def stacked(self) -> bool:
+        """Whether the points share their workloads enough (``STACK_SHARE``) to be priced with one
+        operator table per distinct workload, and these are few enough (``TABLE_ROWS``) to be
+        built at once."""
+        distinct = len(self.distinct.batch)
+        return distinct * STACK_SHARE <= self.size and distinct <= TABLE_ROWS
+
+    def blocks(self) -> list[slice]:
+        """The points priced at once (``tables``): ``STACKED_ROWS`` where stacked, else ``TABLE_ROWS``."""
+        return row_blocks(self.size, STACKED_ROWS if self.stacked else TABLE_ROWS)
+
+    @cached_property
+    def _distinct(self) -> tuple:
+        """(prefill OpArrays, decode pieces) of the distinct workloads, [U, O] arrays: built once."""
+        micro = _micro(self.distinct)
+        return OpArrays.from_table(optable.prefill(self.model, micro, self.buffer)), \
+            _pieces(self.model, micro, self.buffer)
+
     def tables(self, rows: slice) -> WorkloadTables:
-        """The WorkloadTables of the workloads ``rows`` that price them (operator arrays [W, O]): the
-        prefill and the decode's pieces, the footprint already known; no single decode step
-        (``decode`` and ``decode_table`` None: ``one`` has them for a workload explained)."""
+        """The WorkloadTables of the points ``rows`` that price them: the prefill and the decode's
+        pieces, the footprint already known; no single decode step (``decode`` and ``decode_table``
+        None: ``one`` has them for a workload explained). Operator arrays [W, O], one row per point,
+        or, where stacked, the distinct workloads' (``Stacked``: each point reads its workload's row)."""
         sc = self.scenario.take(rows)
+        if self.stacked:
+            pre, pieces = self._distinct
+            at = self.workload[rows]
+            pieces = tuple((j, Stacked(d0, at), Stacked(slope, at)) for j, d0, slope in pieces)
+            return WorkloadTables(sc, Stacked(pre, at), None, pieces[0][1], pieces[0][2], None, None,
+                                  self._footprint(rows), None, self.layer_weight_bytes, pieces)
         micro = _micro(sc)
         pre = optable.prefill(self.model, micro, self.buffer)
         pieces = _pieces(self.model, micro, self.buffer)
         return WorkloadTables(sc, OpArrays.from_table(pre), None, pieces[0][1], pieces[0][2], pre, None,
-                              self.take(rows).footprint, None, self.layer_weight_bytes, pieces)
+                              self._footprint(rows), None, self.layer_weight_bytes, pieces)
+
+    def _footprint(self, rows) -> Footprint:
+        fp = self.footprint
+        return replace(fp, kv_cache_bytes=fp.kv_cache_bytes[rows], activation_bytes=fp.activation_bytes[rows])
 
     def take(self, rows) -> "WorkloadBatch":
-        """The workloads ``rows`` (a slice or index array)."""
-        fp = self.footprint
-        return replace(self, scenario=self.scenario.take(rows),
-                       footprint=replace(fp, kv_cache_bytes=fp.kv_cache_bytes[rows],
-                                         activation_bytes=fp.activation_bytes[rows]))
+        """The points ``rows`` (a slice or index array), with the same distinct workloads."""
+        return replace(self, scenario=self.scenario.take(rows), footprint=self._footprint(rows),
+                       workload=self.workload[rows])
 
     def one(self, row: int) -> WorkloadTables:
         """The WorkloadTables of workload ``row`` alone (``tables``, cached)."""
@@ -167,21 +206,39 @@ class WorkloadBatch:
 
 def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, activations: str, kv: str, tp: int,
                    pp: int, ep: int, flash_attention: bool, buffer: float,
-                   techniques: Techniques = NONE) -> WorkloadBatch:
-    """The WorkloadBatch of W workloads (batch, prompt_len, gen_len: integer arrays [W]) sharing
-    everything else; their footprints come from the prefill and decode tables, built ``TABLE_ROWS``
-    at a time. DseError when the layout does not divide the model, or a decode's sliding window or
-    KV budget would fill (priced one workload at a time, ``tables``)."""
+                   techniques: Techniques = NONE, workload: np.ndarray | None = None) -> WorkloadBatch:
+    """The WorkloadBatch of P points (batch, prompt_len, gen_len: integer arrays [P]) sharing
+    everything else; the footprints of their distinct workloads come from the prefill and decode
+    tables, built ``TABLE_ROWS`` at a time. ``workload``: [P] integers equal exactly where the
+    points' (batch, prompt_len, gen_len) are (None: found here). DseError when the layout does not
+    divide the model, or a decode's sliding window or KV budget would fill (priced one workload at
+    a time, ``tables``)."""
     sc = Scenario.make(batch=np.asarray(batch, dtype=np.int64), prompt_len=np.asarray(prompt_len, dtype=np.int64),
                        gen_len=np.asarray(gen_len, dtype=np.int64), weights=weights, activations=activations, kv=kv,
                        tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+    if workload is None:
+        workload = np.unique(np.stack([sc.batch, sc.prompt_len, sc.gen_len]), axis=1, return_inverse=True)[1]
+    workload, first = _distinct(np.asarray(workload).reshape(-1))
+    distinct = sc.take(first)
     parts = []
-    for rows in row_blocks(len(sc.batch)):
-        part = sc.take(rows)
+    for rows in row_blocks(len(first)):
+        part = distinct.take(rows)
         parts.append(footprint(model, part, *_steps(model, part, buffer)))
-    fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts]),
-                   np.concatenate([f.activation_bytes for f in parts]))
-    return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc))
+    fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts])[workload],
+                   np.concatenate([f.activation_bytes for f in parts])[workload])
+    return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc), workload, distinct)
+
+
+def _distinct(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each entry's distinct value numbered 0 .. U - 1, a position holding each) of the
+    non-negative integers ``labels``, in O(len + max) (no sort)."""
+    seen = np.zeros(int(labels.max(initial=-1)) + 1, dtype=bool)
+    seen[labels] = True
+    number = np.cumsum(seen) - 1
+    dense = number[labels]
+    where = np.empty(int(seen.sum()), dtype=np.intp)
+    where[dense] = np.arange(len(labels))           # any position of each will do: they hold one workload
+    return dense, where
 
 
 @dataclass(frozen=True)
@@ -237,5 +294,6 @@ def footprint_in_batch(model: ModelSpec, prompt_len: int, gen_len: int, weights:
                             kv_cache_bytes_per_sequence(model, sc), slope, intercept, ep, pp)
 
 
-__all__ = ["WorkloadTables", "tables", "WorkloadBatch", "workload_batch", "TABLE_ROWS", "row_blocks", "FootprintInBatch", "footprint_in_batch", "resolve_model", "NON_LAYER_OPS",
+__all__ = ["WorkloadTables", "tables", "WorkloadBatch", "workload_batch", "TABLE_ROWS", "STACK_SHARE", "STACKED_ROWS",
+           "row_blocks", "FootprintInBatch", "footprint_in_batch", "resolve_model", "NON_LAYER_OPS",
            "peak_activation_bytes"]
