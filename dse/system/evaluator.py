@@ -1069,17 +1069,30 @@ _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activ
                     "spec_acceptance")
 
 
+#: the workload inputs across which points are priced together (``_many_workloads``)
+_BATCH_AND_LENGTHS = ("batch", "prompt_len", "gen_len")
+
+
 def _workload_order(cols: Columns) -> np.ndarray | None:
-    """Positions that put points with the same workload inputs side by side (None: already so)."""
-    keys = []
+    """Positions that put points with the same workload inputs side by side (None: already so).
+    Where no workload is shared by ``MANY_BELOW`` points, so that each is priced with the others
+    differing from it only in batch and lengths, points are put side by side by the other inputs
+    alone: points in any order of batch and lengths are then not moved (nor their results moved
+    back when read)."""
+    keys = {}
     for k in _WORKLOAD_INPUTS:
         if cols.has(k) and not cols.is_fixed(k):
             v = cols.given[k]
-            keys.append(np.asarray(v.codes) if hasattr(v, "codes") else cols.labels(k)[0]
-                        if np.asarray(v).dtype.kind in "OUSb" else np.asarray(v))
+            keys[k] = (np.asarray(v.codes) if hasattr(v, "codes") else cols.labels(k)[0]
+                       if np.asarray(v).dtype.kind in "OUSb" else np.asarray(v))
     if not keys:
         return None
-    _, order, _ = group(keys, cols.n)
+    _, order, starts = group(list(keys.values()), cols.n)
+    if any(k in keys for k in _BATCH_AND_LENGTHS) and np.diff(starts).max() < MANY_BELOW:
+        rest = [v for k, v in keys.items() if k not in _BATCH_AND_LENGTHS]
+        if not rest:
+            return None
+        _, order, _ = group(rest, cols.n)
     return None if np.all(order[1:] > order[:-1]) else order
 
 
