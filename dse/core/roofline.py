@@ -641,8 +641,25 @@ def _stacked_ridge_tables(ops, mem, count, column) -> tuple:
         zero = np.zeros((len(ai), 1))
         mem_prefix = np.concatenate((zero, np.cumsum(b_sorted, axis=1)), axis=1)
         ops_suffix = np.concatenate((np.cumsum(o[:, ::-1], axis=1)[:, ::-1], zero), axis=1)
-        out.append((int(k), b.sum(axis=1), np.ascontiguousarray(ai.T), mem_prefix.ravel(), ops_suffix.ravel()))
+        ai, at = _distinct_ranks(ai)
+        out.append((int(k), b.sum(axis=1), np.ascontiguousarray(ai.T),
+                    np.take_along_axis(mem_prefix, at, axis=1).ravel(), np.take_along_axis(ops_suffix, at, axis=1).ravel()))
     return tuple(out)
+
+
+def _distinct_ranks(ai: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct intensities of each row of the row-sorted [U, K] ``ai``, left-packed and
+    padded with +inf, [U, D]; for each rank 0 .. D of a row, how many of its K intensities are
+    <= the rank's last distinct one, [U, D + 1]): ``_ridge_tables``' counting among distinct
+    intensities, every row at once. A padded rank counts all K, as an infinite or NaN ridge does."""
+    ends = np.ones(ai.shape, dtype=bool)
+    ends[:, :-1] = ai[:, 1:] != ai[:, :-1]              # the last of each run of equal intensities
+    distinct = ends.sum(axis=1)
+    width = int(distinct.max())
+    pos = np.argsort(~ends, axis=1, kind="stable")[:, :width]      # the runs' ends, in order
+    real = np.arange(width) < distinct[:, None]
+    at = np.concatenate((np.zeros((len(ai), 1), dtype=np.intp), np.where(real, pos + 1, ai.shape[1])), axis=1)
+    return np.where(real, np.take_along_axis(ai, pos, axis=1), np.inf), at
 
 
 def _stacked_roofline_sum(tables: tuple, rows: np.ndarray, sys: SystemArrays) -> np.ndarray:
@@ -765,14 +782,22 @@ def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
     have no published figure (``configs/technology.yaml`` not_found): offloaded bytes are charged
     as device-memory traffic, link SerDes energy is left out, and a design with PIM units gets
     NaN. NaN also where the device has no measured energy profile (``sys.energy_op_j`` NaN)."""
-    return _step_energy(op, op, sys)
+    return energy_j(_step_work(op, op), sys)
 
 
-def _step_energy(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.ndarray:
-    """``step_energy_j`` of ``op`` with each operator's work in the class ``classes_of`` gives it."""
+def energy_j(work: tuple, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy, J, [P], of ``work`` (a step's, ``step_work``, or a decode's,
+    ``decode_total_work``) on every point of ``sys`` (``step_energy_j``'s model); NaN where no
+    device has an energy profile. The same work is priced on several systems without working it
+    out again (the energy reported, and the measured classes' alone)."""
     if sys.energy_op_j is None:
         return np.full(sys.size, np.nan)
-    return _energy_of(_step_work(op, classes_of), sys)
+    return _energy_of(work, sys)
+
+
+def step_work(op) -> tuple:
+    """What a step's energy counts of ``op`` (OpArrays or ``Stacked``), for ``energy_j``."""
+    return _step_work(op, op)
 
 
 def _step_work(op: OpArrays | Stacked, classes_of: OpArrays | Stacked) -> tuple:
@@ -854,13 +879,19 @@ def decode_total_energy_j(op0: OpArrays, slope: OpArrays, steps, sys: SystemArra
     in one pass over the points."""
     if sys.energy_op_j is None:
         return np.full(sys.size, np.nan)
+    return _energy_of(decode_total_work(op0, slope, steps), sys)
+
+
+def decode_total_work(op0, slope, steps) -> tuple:
+    """What the energy of ``steps`` consecutive decode steps counts (``decode_total_energy_j``),
+    for ``energy_j``: steps x the work of op0 plus steps (steps - 1) / 2 x the slope's."""
     n = np.asarray(steps, dtype=float)
     pairs = n * (n - 1.0) / 2.0
     first, grow = _step_work(op0, op0), _step_work(slope, op0)
     per_op = (n[:, None], pairs[:, None]) if n.ndim else (n, pairs)           # ops are [K] or [P, K]
     ops = first[1] * per_op[0] + grow[1] * per_op[1]
     amounts = [_sum_work(a, n, b, pairs) for a, b in zip(first[2:], grow[2:])]
-    return _energy_of((first[0], ops, *amounts), sys)
+    return (first[0], ops, *amounts)
 
 
 def _sum_work(a, n, b, m):

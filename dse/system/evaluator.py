@@ -36,7 +36,7 @@ from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.metrics import (cost_per_million_tokens_usd, energy_figures, pipelined_prefill_s, power_demand_w,
                               rates_per_user_and_device, serving_metrics, system_figures)
 from dse.core.roofline import (_COL, KEPT, PEAK_COLUMNS, OpArrays, SystemArrays, decode_total_energy_j, decode_total_time,
-                               op_costs, step_energy_j, step_time, transfer_time)
+                               decode_total_work, energy_j, op_costs, step_energy_j, step_time, step_work, transfer_time)
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
@@ -561,8 +561,7 @@ def _price(g: _Group, eff: Efficiency, given, ideal: bool) -> dict:
     # a static batch's sequences start, and end, together: every percentile is the mean
     out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
     out["tokens_per_target_step"] = per_step
-    e_pre, e_dec = _run_energy(g, sys)
-    f_pre, f_dec = _run_energy(g, _measured_only(sys))
+    (e_pre, e_dec), (f_pre, f_dec) = _run_energy(g, sys, _measured_only(sys))
     out.update(_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
                        sc.devices, sys,
                        [(f_pre, prefill), (f_dec, decode)]))
@@ -575,20 +574,30 @@ def _measured_only(sys: SystemArrays) -> SystemArrays:
     return sys if sys.energy_op_floor_j is None else sys.replaced(energy_op_j=sys.energy_op_floor_j)
 
 
-def _run_energy(g: _Group, sys: SystemArrays) -> tuple[np.ndarray, np.ndarray]:
+def _run_energy(g: _Group, *systems: SystemArrays) -> list[tuple[np.ndarray, np.ndarray]]:
     """Dynamic energy (J, [P]) of a static batch's prefill and of its whole decode on all its
-    devices: the tables are one tp rank's share of the whole model for one micro-batch, so each
-    step counts tp x (micro-batches for the prefill) times. Under speculative decoding the rounds
-    as ``_speculative`` prices them (the draft on its own tp ranks); layers on the CPU: NaN (no CPU
-    has a measured energy profile)."""
+    devices, on each of ``systems`` (the group's points, with the J/op of each, the work counted
+    once for all): the tables are one tp rank's share of the whole model for one micro-batch, so
+    each step counts tp x (micro-batches for the prefill) times. Under speculative decoding the
+    rounds as ``_speculative`` prices them (the draft on its own tp ranks); layers on the CPU: NaN
+    (no CPU has a measured energy profile)."""
     t, sc, spec = g.tables, g.tables.scenario, g.spec
     n_steps = np.maximum(sc.gen_len - 1, 1)
     if g.cpu is not None:
-        nan = np.full(sys.size, np.nan)
-        return nan, nan
+        nan = np.full(g.system.size, np.nan)
+        return [(nan, nan) for _ in systems]
+    if spec is not None:
+        return [_speculative_energy(g, sys, n_steps) for sys in systems]
+    prefill = step_work(t.prefill)
+    decode = [decode_total_work(d0, slope, n) for d0, slope, n in t.decode_steps(n_steps)]
+    return [(sc.tp * sc.micro_batches * energy_j(prefill, sys), sc.tp * sum(energy_j(w, sys) for w in decode))
+            for sys in systems]
+
+
+def _speculative_energy(g: _Group, sys: SystemArrays, n_steps) -> tuple[np.ndarray, np.ndarray]:
+    """``_run_energy`` of a group under speculative decoding, on ``sys``."""
+    t, sc, spec = g.tables, g.tables.scenario, g.spec
     e_pre = sc.tp * sc.micro_batches * step_energy_j(t.prefill, sys)
-    if spec is None:
-        return e_pre, sc.tp * sum(decode_total_energy_j(d0, slope, n, sys) for d0, slope, n in t.decode_steps(n_steps))
     dsys = sys.replaced(tp=np.full(sys.size, spec["tp"]))
     e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
     parts = [(t, sys, 1, sc.tp)]
