@@ -1025,12 +1025,13 @@ def _economics(cols: Columns) -> dict:
 #: a workload shared by fewer design points than this is priced with the others that differ from it
 #: only in batch and lengths (``_many_workloads``), not one call per workload. A workload's own group
 #: costs ~0.5-0.75 ms of Python however few its points, then ~0.2 us a point; priced with the others,
-#: a point costs ~0.45 us where the workloads are each shared by 8 points or more (one operator table
+#: a point costs ~0.3 us where the workloads are each shared by 8 points or more (one operator table
 #: per distinct workload, ``roofline.Stacked``), ~1.6 us where nearly every point is its own (tables of
-#: [points, operators]). Measured crossover (``benchmarks/bench_workloads.py --shared``, 65,536 points;
-#: 10^6 points with 256 to 2,048 batch sizes alike): 2,048 points a workload for Llama-2-70B; at 512
-#: points a workload the groups take 2.5x as long, at 8,192 0.7x
-MANY_BELOW = 2048
+#: [points, operators]). Measured crossover, Llama-2-70B on an H100 template: between 3,906 and 7,812
+#: points a workload for 2.5 x 10^5 and 10^6 points (77 against 83 ms, 300-308 against 315-325 ms at
+#: 3,906), about 4,096 for 65,536 (``benchmarks/bench_workloads.py --shared``: 23 against 21 ms); at
+#: 1,953 points a workload the groups take 1.4-1.5x as long
+MANY_BELOW = 4096
 
 
 #: a group of points priced together (``_together``) holding fewer workloads than this is priced one
