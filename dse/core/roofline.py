@@ -577,9 +577,10 @@ def _ridge_tables(ops, mem, count, column) -> tuple:
     return tuple(out)
 
 
-def _roofline_sum(tables: tuple, sys: SystemArrays) -> np.ndarray:
+def _roofline_sum(tables: tuple, sys: SystemArrays, rows: np.ndarray | None = None) -> np.ndarray:
     """Σ_o count_o max(ops_o / peak[P, column_o], mem_o / bandwidth[P]), seconds, [P], of the
-    operators ``_ridge_tables`` describes.
+    operators ``_ridge_tables`` describes (with ``rows``, [P]: of each point's row of
+    ``_stacked_ridge_tables``).
 
     The same sum as the per-operator kernel, in O(P log O): within one peak column an
     operator is compute-bound exactly when its intensity ops/mem exceeds the point's
@@ -592,9 +593,9 @@ def _roofline_sum(tables: tuple, sys: SystemArrays) -> np.ndarray:
             peak = sys.peak[:, k]
             lowest = peak.min() if peak.size else np.inf    # NaN if any peak is NaN
             if lowest == np.inf:                    # every point leaves this class unbounded
-                total += b_total / bw
+                total += (b_total if rows is None else b_total[rows]) / bw
                 continue
-            idx = _rank(ai, peak / bw)
+            idx = _rank(ai, peak / bw) if rows is None else _row_rank(ai, peak / bw, rows)
             ops = ops_suffix[idx]
             comp = ops / peak                       # no ops left: 0, unless the peak is 0 or NaN
             if not lowest > 0:
@@ -662,30 +663,15 @@ def _distinct_ranks(ai: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(real, np.take_along_axis(ai, pos, axis=1), np.inf), at
 
 
-def _stacked_roofline_sum(tables: tuple, rows: np.ndarray, sys: SystemArrays) -> np.ndarray:
-    """``_roofline_sum`` of every point with the operators of its workload's row (``rows``, [P])
-    of ``_stacked_ridge_tables``: the point's rank counted among its row's intensities."""
-    bw = sys.bandwidth
-    total = np.zeros(sys.size)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for k, b_total, ai, mem_prefix, ops_suffix in tables:
-            peak = sys.peak[:, k]
-            lowest = peak.min() if peak.size else np.inf    # NaN if any peak is NaN
-            if lowest == np.inf:                    # every point leaves this class unbounded
-                total += b_total[rows] / bw
-                continue
-            ridge = peak / bw
-            ranks = len(ai)
-            above = np.zeros(sys.size, dtype=np.uint8 if ranks < 256 else np.intp)
-            for a in ai:
-                above += a[rows] > ridge
-            at = rows * (ranks + 1) + (ranks - above.astype(np.intp))
-            ops = ops_suffix[at]
-            comp = ops / peak                       # no ops left: 0, unless the peak is 0 or NaN
-            if not lowest > 0:
-                comp = np.where(ops > 0, comp, 0.0)
-            total += mem_prefix[at] / bw + comp
-    return total
+def _row_rank(ai: np.ndarray, ridge: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Each point's position in the flat per-row sums of ``_stacked_ridge_tables``: its row
+    (``rows``) x (ranks + 1) plus how many of its row's distinct intensities (``ai``, [ranks, U])
+    are <= its ridge (all of them for a NaN ridge), counted as ``_rank`` counts."""
+    ranks = len(ai)
+    above = np.zeros(np.shape(ridge), dtype=np.uint8 if ranks < 256 else np.intp)
+    for a in ai:
+        above += a[rows] > ridge
+    return rows * (ranks + 1) + (ranks - above.astype(np.intp))
 
 
 def _row_link_totals(op: OpArrays) -> tuple:
@@ -712,7 +698,7 @@ def _stacked_step(st: Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray
     """``_separable_step`` of every point with its workload's row of ``st``, seconds, [P]."""
     tables, overhead, links = _stacked_terms(st.op, eff)
     rows = st.rows
-    return _stacked_roofline_sum(tables, rows, sys) + _link_sum_of(tuple(x[rows] for x in links), sys, eff) \
+    return _roofline_sum(tables, sys, rows) + _link_sum_of(tuple(x[rows] for x in links), sys, eff) \
         + overhead[rows]
 
 
