@@ -181,9 +181,7 @@ class OpArrays:
     def link_totals(self) -> tuple[float, float, float, float]:
         """(Σ count x all-reduce bytes, Σ count of the operators that all-reduce, the same two of
         point-to-point sends) of one workload's operators (1-D arrays), worked out once."""
-        c = self.count
-        comm, p2p = np.asarray(self.comm_bytes, float) * c, np.asarray(self.p2p_bytes, float) * c
-        return float(comm.sum()), float(c[comm > 0].sum()), float(p2p.sum()), float(c[p2p > 0].sum())
+        return tuple(float(x) for x in _row_link_totals(self))
 
     @cached_property
     def memory_bytes(self) -> np.ndarray:
@@ -553,28 +551,11 @@ def _separable(op: OpArrays, sys: SystemArrays) -> bool:
 
 
 def _ridge_tables(ops, mem, count, column) -> tuple:
-    """What ``_roofline_sum`` needs of one workload's operators, per peak column they use:
-    (column, bytes in all, the distinct intensities ops/bytes sorted, bytes summed over the
-    operators up to each of them, ops summed over the operators above each). Operators of equal
-    intensity (the gate and up projections, say) are bound alike at every point, so a point's
-    rank is counted among the distinct intensities only; the sums are those over every operator
-    in intensity order. Depends on the workload alone, not on any point."""
-    out = []
-    for k in np.unique(column):
-        sel = (column == k) & (count > 0) & ((ops > 0) | (mem > 0))
-        if not sel.any():
-            continue
-        o, b = ops[sel] * count[sel], mem[sel] * count[sel]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ai = np.where(b > 0, o / b, np.inf)
-        order = np.argsort(ai, kind="stable")
-        ai, o, b_sorted = ai[order], o[order], b[order]
-        mem_prefix = np.concatenate(([0.0], np.cumsum(b_sorted)))      # memory-bound: the lowest intensities
-        ops_suffix = np.concatenate((np.cumsum(o[::-1])[::-1], [0.0]))
-        distinct = np.unique(ai)
-        at = np.concatenate(([0], np.searchsorted(ai, distinct, side="right")))   # operators <= each, by rank
-        out.append((int(k), b.sum(), distinct, mem_prefix[at], ops_suffix[at]))
-    return tuple(out)
+    """What ``_roofline_sum`` needs of one workload's operators (1-D arrays), per peak column they
+    use: the one row of ``_stacked_ridge_tables`` (column, bytes in all, the distinct intensities
+    sorted, bytes summed up to each, ops summed above each). Depends on the workload alone."""
+    return tuple((k, float(b_total[0]), ai[:, 0], mem_prefix, ops_suffix)
+                 for k, b_total, ai, mem_prefix, ops_suffix in _stacked_ridge_tables(ops[None], mem[None], count, column))
 
 
 def _roofline_sum(tables: tuple, sys: SystemArrays, rows: np.ndarray | None = None) -> np.ndarray:
@@ -675,13 +656,14 @@ def _row_rank(ai: np.ndarray, ridge: np.ndarray, rows: np.ndarray) -> np.ndarray
 
 
 def _row_link_totals(op: OpArrays) -> tuple:
-    """``OpArrays.link_totals`` of each row of [U, O] operator arrays, [U] each."""
+    """(Σ count x all-reduce bytes, Σ count of the operators that all-reduce, the same two of
+    point-to-point sends) of each row of [U, O] operator arrays, [U] each (of [O] arrays: one each)."""
     shape = np.shape(op.ops)
     c = np.broadcast_to(op.count, shape)
     comm = np.broadcast_to(np.asarray(op.comm_bytes, float), shape) * c
     p2p = np.broadcast_to(np.asarray(op.p2p_bytes, float), shape) * c
-    return (comm.sum(axis=1), np.where(comm > 0, c, 0.0).sum(axis=1),
-            p2p.sum(axis=1), np.where(p2p > 0, c, 0.0).sum(axis=1))
+    return (comm.sum(axis=-1), np.where(comm > 0, c, 0.0).sum(axis=-1),
+            p2p.sum(axis=-1), np.where(p2p > 0, c, 0.0).sum(axis=-1))
 
 
 @lru_cache(maxsize=8)
