@@ -10,7 +10,7 @@ from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
 from dse.core.roofline import (OpArrays, Stacked, _rank, _separable_terms, _step_sum, decode_total_energy_j,
-                               decode_total_time, op_costs, step_time)
+                               decode_total_time, op_costs, step_energy_j, step_time)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from dse.system.workload import workload_batch
@@ -142,6 +142,46 @@ def test_points_priced_with_their_workloads_row_equal_their_own_operators():
     np.testing.assert_allclose(decode_total_energy_j(d0, slope, steps, sys),
                                decode_total_energy_j(d0.expanded(), slope.expanded(), steps, sys), rtol=1e-12)
     assert (step_time(pre, sys, DEFAULT) > 0).all()
+
+
+def test_energy_of_points_alike_worked_out_once_equals_each_points_own():
+    # where every point has the same J/op and J/bit (one device: a row seen at every point, as a
+    # sweep of a template's figures has), the energy of one workload is worked out once and a
+    # stacked workload's once per row; it must equal the energy of each point's own work priced
+    # with its own coefficients, for prefill and the whole decode, with and without a link crossed
+    m, d = load_model("llama-2-13b"), load_device("h100-sxm")
+    rng = np.random.default_rng(8)
+    n = 500
+    rows = rng.integers(0, 4, n)
+    steps = rng.integers(1, 500, n).astype(float)
+    for tp in (1, 2):
+        batch = workload_batch(m, np.array([1, 16, 64, 16, 16]), np.array([512, 512, 2048, 512, 4000]),
+                               np.array([64, 64, 256, 64, 9]), "fp16", "fp16", "fp16", tp, 1, 1, True,
+                               d.onchip_buffer_bytes)
+        t = batch._distinct
+        pre, (_, d0, slope) = Stacked(t[0], rows), t[1][0]
+        d0, slope = Stacked(d0, rows), Stacked(slope, rows)
+        base = system_arrays([d], 1)
+        own = replace(base.take(np.zeros(n, dtype=int)), tp=np.full(n, float(tp)))    # coefficients per point
+        alike = replace(own, energy_op_j=np.broadcast_to(base.energy_op_j[0], own.energy_op_j.shape),
+                        energy_bit_j=np.broadcast_to(base.energy_bit_j[0], (n,)))
+        assert own.energy_op_j.strides[0] != 0 and alike.energy_op_j.strides[0] == 0
+        for work_of in (lambda p: step_energy_j(p, alike), lambda p: step_energy_j(p, own)):
+            np.testing.assert_allclose(work_of(pre), step_energy_j(pre.expanded(), own), rtol=1e-13)
+        np.testing.assert_allclose(decode_total_energy_j(d0, slope, steps, alike),
+                                   decode_total_energy_j(d0.expanded(), slope.expanded(), steps, own), rtol=1e-13)
+        # J/op alike but J/bit, or tp where a link is crossed, not: each point its own
+        unlike = [{"energy_bit_j": base.energy_bit_j[0] * rng.uniform(0.5, 2.0, n)}]
+        if tp > 1:
+            unlike.append({"tp": np.where(rng.random(n) < 0.5, 2.0, 4.0)})
+        for change in unlike:
+            mixed, own_mixed = replace(alike, **change), replace(own, **change)
+            np.testing.assert_allclose(decode_total_energy_j(d0, slope, steps, mixed), decode_total_energy_j(
+                d0.expanded(), slope.expanded(), steps, own_mixed), rtol=1e-13)
+        one = OpArrays.from_table(prefill(m, Scenario.make(batch=16, prompt_len=512, tp=tp)))
+        e_one = step_energy_j(one, alike)
+        np.testing.assert_allclose(e_one, step_energy_j(one, own), rtol=1e-15)
+        assert e_one.shape == (n,) and np.isfinite(e_one).all() and (e_one > 0).all()
 
 
 def test_tpot_and_throughput_definitions():

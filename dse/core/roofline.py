@@ -753,7 +753,7 @@ def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
     return energy_j(_step_work(op, op), sys)
 
 
-def energy_j(work: tuple, sys: SystemArrays) -> np.ndarray:
+def energy_j(work, sys: SystemArrays) -> np.ndarray:
     """Dynamic energy, J, [P], of ``work`` (a step's, ``step_work``, or a decode's,
     ``decode_total_work``) on every point of ``sys`` (``step_energy_j``'s model); NaN where no
     device has an energy profile. The same work is priced on several systems without working it
@@ -763,17 +763,41 @@ def energy_j(work: tuple, sys: SystemArrays) -> np.ndarray:
     return _energy_of(work, sys)
 
 
-def step_work(op) -> tuple:
+def step_work(op):
     """What a step's energy counts of ``op`` (OpArrays or ``Stacked``), for ``energy_j``."""
     return _step_work(op, op)
 
 
-def _step_work(op: OpArrays | Stacked, classes_of: OpArrays | Stacked) -> tuple:
+@dataclass(frozen=True, eq=False)
+class RowWork:
+    """The work of points priced with their workloads' rows (``Stacked``): Σ_k weight_k x part_k,
+    each part an ``_energy_work`` tuple of the rows ([U, K] ops, [U] amounts) that each point
+    reads from its own row (``rows``, [P]), its weight a number or one per point (None: the part
+    as it is). Energy is linear in the work: where every point has the same J/op and J/bit, each
+    part's energy is worked out once per row (``_energy_of``)."""
+
+    parts: tuple
+    rows: np.ndarray
+
+    def per_point(self) -> tuple:
+        """The ``_energy_work`` tuple of each point ([P, K] ops, [P] amounts)."""
+        gathered = [((w[0], *(_row_gather(a, self.rows) for a in w[1:])), k) for w, k in self.parts]
+        if len(gathered) == 1 and gathered[0][1] is None:
+            return gathered[0][0]
+        (first, n), (grow, pairs) = gathered
+        return _decode_sum(first, grow, n, pairs)
+
+    @property
+    def crosses_links(self) -> bool:
+        """Whether some part moves bytes over a link (all-reduce or point-to-point)."""
+        return any(_nonzero(w[3]) or _nonzero(w[4]) for w, _ in self.parts)
+
+
+def _step_work(op: OpArrays | Stacked, classes_of: OpArrays | Stacked):
     """``_energy_work`` of ``op`` in the classes of ``classes_of``, kept for one workload's operators;
-    of ``Stacked`` operators, worked out per row and read by each point from its row."""
+    of ``Stacked`` operators, worked out per row (``RowWork``)."""
     if isinstance(op, Stacked):
-        classes, *amounts = _recent_energy_work(op.op, classes_of.op)
-        return (classes, *(_row_gather(a, op.rows) for a in amounts))
+        return RowWork(((_recent_energy_work(op.op, classes_of.op), None),), op.rows)
     keep = op.one_workload and classes_of.one_workload
     return (_kept_energy_work if keep else _recent_energy_work)(op, classes_of)
 
@@ -788,24 +812,67 @@ def _row_gather(amount, rows: np.ndarray):
     return np.take(np.ascontiguousarray(amount.T), rows, axis=1).T
 
 
-def _energy_of(work: tuple, sys: SystemArrays) -> np.ndarray:
-    """Dynamic energy, J, [P], of the work ``work`` (``_energy_work``'s tuple) on every point of
-    ``sys`` (``step_energy_j``'s model)."""
-    classes, ops, mem, comm, p2p, vector = work
-    if _nonzero(comm) or _nonzero(p2p):
-        tp = np.asarray(sys.tp, dtype=float)
-        bits = 8.0 * (mem + 2.0 * (2.0 * (tp - 1.0) / tp * comm + p2p))
-    else:                                  # nothing crosses a link: the memory traffic alone
-        bits = 8.0 * mem
-    total = sys.energy_op_j[:, classes[0]] * ops[..., 0]
-    for j in range(1, len(classes)):      # class by class, in order: one contiguous column each
-        total += sys.energy_op_j[:, classes[j]] * ops[..., j]
-    total += bits * sys.energy_bit_j
-    if vector is not None:
-        total += vector * sys.energy_op_j[:, _COL["vector"]]
+def _energy_of(work, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy, J, [P], of the work ``work`` (``_energy_work``'s tuple, or ``RowWork``) on
+    every point of ``sys`` (``step_energy_j``'s model). Where every point has the same J/op,
+    J/bit and tp (one device, as a sweep of a template's figures has), one workload's work is
+    priced once, and each row of ``RowWork`` once."""
+    if isinstance(work, RowWork):
+        same = _same_coefficients(sys, work.crosses_links)
+        if same is None:
+            return _energy_of(work.per_point(), sys)
+        total = None
+        for w, k in work.parts:
+            e = _dynamic_energy(w, *same)[work.rows]
+            e = e if k is None else e * k
+            total = e if total is None else total + e
+        return total
+    links = _nonzero(work[3]) or _nonzero(work[4])
+    same = _same_coefficients(sys, links) if np.ndim(work[1]) == 1 else None
+    if same is not None:                   # one workload's work on points alike: one energy for all
+        return np.full(sys.size, _dynamic_energy(work, *same))
+    total = _dynamic_energy(work, lambda c: sys.energy_op_j[:, c], sys.energy_bit_j,
+                            np.asarray(sys.tp, dtype=float) if links else None)
     if sys.pim_peak is not None:
         total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
     return total
+
+
+def _dynamic_energy(work: tuple, op_j, bit_j, tp):
+    """Dynamic energy, J, of ``work`` (``_energy_work``'s tuple), ``step_energy_j``'s model:
+    ``op_j(column)``: the J/op of a peak column (one per point, or a number); ``bit_j``: J per bit
+    of device-memory traffic; ``tp``: the tensor-parallel ranks (read where bytes cross a link)."""
+    classes, ops, mem, comm, p2p, vector = work
+    if _nonzero(comm) or _nonzero(p2p):
+        bits = 8.0 * (mem + 2.0 * (2.0 * (tp - 1.0) / tp * comm + p2p))
+    else:                                  # nothing crosses a link: the memory traffic alone
+        bits = 8.0 * mem
+    total = op_j(classes[0]) * ops[..., 0]
+    for j in range(1, len(classes)):      # class by class, in order: one contiguous column each
+        total += op_j(classes[j]) * ops[..., j]
+    total += bits * bit_j
+    if vector is not None:
+        total += vector * op_j(_COL["vector"])
+    return total
+
+
+def _same_coefficients(sys: SystemArrays, links: bool) -> tuple | None:
+    """(J/op of a column, J/bit, tp) as numbers, when every point of ``sys`` has the same (its J/op a
+    row seen at every point, as ``dse.system.hardware`` builds it for one device; tp read only
+    where bytes cross a link) and none has PIM units; else None."""
+    op_j, bit_j = sys.energy_op_j, sys.energy_bit_j
+    if sys.pim_peak is not None or sys.size == 0 or op_j.strides[0] != 0 or not _one_value(bit_j):
+        return None
+    if links and not _one_value(sys.tp):
+        return None
+    row = op_j[0]
+    return (lambda c: row[c]), np.asarray(bit_j).flat[0], float(np.asarray(sys.tp).flat[0]) if links else None
+
+
+def _one_value(a) -> bool:
+    """Whether ``a`` (a number, or one per point) holds one value at every point."""
+    a = np.asarray(a)
+    return a.ndim == 0 or a.strides[0] == 0 or bool((a == a[0]).all())
 
 
 def _nonzero(amount) -> bool:
@@ -850,13 +917,22 @@ def decode_total_energy_j(op0: OpArrays, slope: OpArrays, steps, sys: SystemArra
     return _energy_of(decode_total_work(op0, slope, steps), sys)
 
 
-def decode_total_work(op0, slope, steps) -> tuple:
+def decode_total_work(op0, slope, steps):
     """What the energy of ``steps`` consecutive decode steps counts (``decode_total_energy_j``),
-    for ``energy_j``: steps x the work of op0 plus steps (steps - 1) / 2 x the slope's."""
+    for ``energy_j``: steps x the work of op0 plus steps (steps - 1) / 2 x the slope's (per row
+    of ``Stacked`` operators: ``RowWork``)."""
     n = np.asarray(steps, dtype=float)
     pairs = n * (n - 1.0) / 2.0
-    first, grow = _step_work(op0, op0), _step_work(slope, op0)
-    per_op = (n[:, None], pairs[:, None]) if n.ndim else (n, pairs)           # ops are [K] or [P, K]
+    if isinstance(op0, Stacked):
+        return RowWork(((_recent_energy_work(op0.op, op0.op), n), (_recent_energy_work(slope.op, op0.op), pairs)),
+                       op0.rows)
+    return _decode_sum(_step_work(op0, op0), _step_work(slope, op0), n, pairs)
+
+
+def _decode_sum(first: tuple, grow: tuple, n, pairs) -> tuple:
+    """n x the work ``first`` plus pairs x the work ``grow`` (``_energy_work`` tuples of the same
+    classes; n and pairs numbers or one per point)."""
+    per_op = (n[:, None], pairs[:, None]) if np.ndim(n) else (n, pairs)           # ops are [K] or [P, K]
     ops = first[1] * per_op[0] + grow[1] * per_op[1]
     amounts = [_sum_work(a, n, b, pairs) for a, b in zip(first[2:], grow[2:])]
     return (first[0], ops, *amounts)
