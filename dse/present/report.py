@@ -324,6 +324,12 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
     sweep_metrics = ("output_tokens_per_s", "tpot_s", "ttft_s", "e2e_latency_s")
     # rows are named by 'point' (sweeps) or 'trial' (Optuna searches); df['point'] holds that id
     key = "point" if "point" in names else "trial" if "trial" in names else None
+    # ---- best designs and their analyses, by id; their plots are asked first: they need no row,
+    # so the helper draws them while the rows are read
+    best, full, analyses = _stored_designs(stored, objectives)
+    first = next(iter(objectives), None)
+    p0 = best.get(first) if first else None
+    best_plots = _best_plots(out, draw, name, key or "point", first, best, full, analyses)
     want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes, *TABLE_METRICS]
     if any(v in varied for v in ("batch", "prompt_len", "gen_len", *LOAD_AXES)):
         want += list(sweep_metrics) + ["batch_used"]
@@ -339,10 +345,6 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
     front_df = _front_rows(df, front, key, every_row=kept == "all")
     cloud = _rows_note(kept, res.rows, totals["points"])
     rows = functools.partial(_with_rows, kept=kept, cloud=cloud)      # a plot's record: the rows drawn from
-
-    # ---- best designs and their analyses, by id
-    best, full, analyses = _stored_designs(stored, objectives)
-    first = next(iter(objectives), None)
 
     written: list[Path] = []
     plots: dict[str, dict] = {}
@@ -399,36 +401,9 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
                             ).then(rows)
         written.append(out / fname)
 
-    # ---- b. roofline of the best design of the first objective
-    p0 = best.get(first) if first else None
-    if p0 is not None:
-        plots["roofline.png"] = draw(roofline_plot, out / "roofline.png", analyses[p0],
-                                     title=f"{name}: best {first} ({key} {p0}) on {full[p0]['hardware']}"
-                                     ).then(functools.partial(_updated, point=p0, id=key, objective=first))
-        written.append(out / "roofline.png")
-
-    # ---- c. per-operator breakdown of the best designs
-    designs, seen = [], {}
-    for k, p in best.items():
-        if p is None:
-            continue
-        if p in seen:
-            seen[p]["label"] += f"\n& {k}"
-            continue
-        if len(designs) == 4:
-            continue
-        d = {"label": f"best {k}\n({key} {p})", "point": p,
-             "analysis": analyses[p], "objective": k}
-        seen[p] = d
-        designs.append(d)
-    if designs:
-        def labelled(rec, designs=tuple(designs)):
-            for r, d in zip(rec["designs"], designs):
-                r["label"] = d["label"]
-                r["objective"] = d["objective"]
-            return rec
-        plots["breakdown.png"] = draw(breakdown_plot, out / "breakdown.png", designs).then(labelled)
-        written.append(out / "breakdown.png")
+    # ---- b. roofline and c. per-operator breakdown of the best designs (drawn already)
+    plots.update(best_plots)
+    written += [out / f for f in best_plots]
 
     # ---- d. sweep curves around the best design of the first objective (drawn from rows: none kept, none drawn)
     base = full.get(p0) if p0 is not None else None
@@ -546,6 +521,40 @@ TABLE_METRICS = ("output_tokens_per_s", "tpot_s", "ttft_s")
 FRONT_ROWS = 1_000
 #: at most this many infeasibility reasons are listed, most frequent first
 REASON_ROWS = 8
+
+
+def _best_plots(out: Path, draw, name: str, key: str, first: str | None, best: dict, full: dict,
+                analyses: dict) -> dict:
+    """The plots of the best designs, asked of ``draw`` (``Drawer.draw``), by file name: the
+    roofline of the best design of the ``first`` objective, and the per-operator breakdown of
+    the best design of each objective (at most 4). ``key``: the column naming designs."""
+    plots = {}
+    p0 = best.get(first) if first else None
+    if p0 is not None:
+        plots["roofline.png"] = draw(roofline_plot, out / "roofline.png", analyses[p0],
+                                     title=f"{name}: best {first} ({key} {p0}) on {full[p0]['hardware']}"
+                                     ).then(functools.partial(_updated, point=p0, id=key, objective=first))
+    designs, seen = [], {}
+    for k, p in best.items():
+        if p is None:
+            continue
+        if p in seen:
+            seen[p]["label"] += f"\n& {k}"
+            continue
+        if len(designs) == 4:
+            continue
+        d = {"label": f"best {k}\n({key} {p})", "point": p,
+             "analysis": analyses[p], "objective": k}
+        seen[p] = d
+        designs.append(d)
+    if designs:
+        def labelled(rec, designs=tuple(designs)):
+            for r, d in zip(rec["designs"], designs):
+                r["label"] = d["label"]
+                r["objective"] = d["objective"]
+            return rec
+        plots["breakdown.png"] = draw(breakdown_plot, out / "breakdown.png", designs).then(labelled)
+    return plots
 
 
 def _value_text(name: str, value) -> str:
