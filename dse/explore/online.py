@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dse.explore.pareto import pareto_mask
 from dse.explore.space import PARAMS
@@ -167,8 +168,8 @@ def cell_stats(cells: Cells, df: pd.DataFrame, feasible: np.ndarray, points: np.
 @dataclass
 class ChunkSummary:
     """What one chunk adds to a sweep's online summaries (and, when the sweep keeps every
-    row, the chunk's rows: Parquet bytes, or the DataFrame for the process writing them to
-    encode)."""
+    row, the chunk's rows: Parquet bytes, or the Arrow table for the process writing them to
+    encode, ``dse.explore.chunkfiles.rows_table``)."""
 
     first: int                  # the chunk's first point id
     points: int
@@ -177,7 +178,7 @@ class ChunkSummary:
     cells: dict                 # parameter -> cell_stats
     front: pd.DataFrame         # the chunk's Pareto front (``front_columns``)
     sample: pd.DataFrame | None = None     # its rows that may enter the sample, with SAMPLE_KEY
-    rows: bytes | pd.DataFrame | None = field(default=None, repr=False)   # Parquet bytes, or the rows to encode
+    rows: bytes | pa.Table | None = field(default=None, repr=False)   # Parquet bytes, or the rows to encode
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:

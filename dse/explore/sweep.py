@@ -75,14 +75,14 @@ def evaluate_chunk(spec: SweepSpec, k: int) -> pd.DataFrame:
 
 def chunk_task(spec: SweepSpec, k: int, plan: tuple[float | None, bool]) -> ChunkSummary:
     """Evaluate chunk ``k`` and return its summary, with its rows when the sweep keeps every
-    row: as Parquet bytes, or as the DataFrame for the caller to encode. ``plan``: (the
+    row: as Parquet bytes, or as the Arrow table for the caller to encode. ``plan``: (the
     sweep's sample threshold, None for no sample; whether to encode the rows here). Runs
     wherever the chunk runs: this process, a worker process, a Dask worker."""
     threshold, encode = plan
     df = evaluate_chunk(spec, k)
     part = summarize_chunk(spec, df, threshold)
     if spec.rows_kept == "all":
-        part.rows = chunkfiles.encode_rows(df) if encode else df
+        part.rows = chunkfiles.encode_rows(df) if encode else chunkfiles.rows_table(df)
     return part
 
 
@@ -178,12 +178,13 @@ def _sweep_chunks(spec: SweepSpec, chunk_dir: Path, progress: Progress, workers:
 
 
 def _write_chunk(chunk_dir: Path, chunks: int, chunk_size: int, part: ChunkSummary) -> None:
-    """Write a finished chunk's files: its rows (encoded here if they came as a DataFrame),
+    """Write a finished chunk's files: its rows (encoded here if they came as an Arrow table),
     then its state. Runs on a writer thread, so that in a single process the next chunk is
-    evaluated while this one is encoded (Parquet encoding releases the GIL)."""
+    evaluated while this one is encoded (Parquet encoding releases the GIL; the table is built
+    before, by the evaluating thread, which otherwise waits for this one)."""
     k = part.first // chunk_size
     if part.rows is not None:
-        data = part.rows if isinstance(part.rows, bytes) else chunkfiles.encode_rows(part.rows)
+        data = part.rows if isinstance(part.rows, bytes) else chunkfiles.encode_table(part.rows)
         chunkfiles.write_part(chunk_dir, k, chunks, data)
         part.rows = None
     chunkfiles.write_state(chunk_dir, k, chunks, part)
