@@ -180,9 +180,17 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 codes = _dense_codes(codes)
     if codes is None:                                   # every key the same for every point: one group
         return constant(np.int64(0), n), np.arange(n), np.array([0, n])
-    inv = _dense_codes(codes)
-    order = np.argsort(inv.astype(np.uint16) if inv.max(initial=0) < 2**16 else inv, kind="stable")
+    return groups_of(_dense_codes(codes))
+
+
+def groups_of(inv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``group``'s answer for the groups ``inv`` (each point's group, 0 .. k-1, every one used):
+    (``inv``, point order sorted by group, start of each group in that order)."""
     counts = np.bincount(inv)
+    if len(counts) == 1:
+        order = np.arange(len(inv))
+    else:
+        order = np.argsort(inv.astype(np.uint16) if len(counts) <= 2**16 else inv, kind="stable")
     starts = np.concatenate(([0], np.cumsum(counts)))
     return inv, order, starts
 

@@ -41,7 +41,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
-from dse.system.columns import Columns, anywhere, constant, group, per_code, pointwise
+from dse.system.columns import Columns, anywhere, constant, group, groups_of, per_code, pointwise
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
@@ -953,7 +953,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     workload = inv                      # each point's workload (the points of a group of many each read theirs)
     many = _many_workloads(per_code(np.diff(starts), inv), w, cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
-        many, (inv, order, starts) = _together(key, many, per_code(np.diff(starts), inv), n)
+        many, (inv, order, starts) = _together(key, many, (inv, order, starts))
     if np.all(order[1:] > order[:-1]):
         order = held                    # already in group order
     else:                               # hold the points in group order: every group a slice (views)
@@ -1042,20 +1042,25 @@ MANY_BELOW = 4096
 MANY_WORKLOADS = 2
 
 
-def _together(key: list, many: np.ndarray, shared: np.ndarray, n: int) -> tuple[np.ndarray, tuple]:
+def _together(key: list, many: np.ndarray, workloads: tuple) -> tuple[np.ndarray, tuple]:
     """(the points priced together, the groups of all points (``group``)) when the points ``many``
     are grouped by the workload ``key`` without its batch, prompt and generated lengths
     (``key[1:4]``): a group of fewer than ``MANY_WORKLOADS`` workloads goes back to one group per
-    workload. ``shared``: [n], the points of each point's workload (each is 1/shared of it)."""
+    workload. ``workloads``: the points grouped by the whole ``key`` (``group``'s answer): the
+    groups are worked out on one point of each workload, and each point reads its workload's."""
+    inv, order, starts = workloads
+    first = order[starts[:-1]]                             # one point of each workload
+    own = [k[first] if np.ndim(k) else k for k in key]     # each workload's key
+    many = many[first]
+
     def grouped(together):
-        return group([key[0], *(np.where(together, -1.0, k) for k in key[1:4]), *key[4:]], n)
-    groups = grouped(many)
-    workloads = np.bincount(groups[0], weights=np.where(many, 1.0 / shared, 0.0))
-    few = many & (np.rint(workloads) < MANY_WORKLOADS)[groups[0]]
-    if not few.any():
-        return many, groups
-    many = many & ~few
-    return many, grouped(many)
+        return group([own[0], *(np.where(together, -1.0, k) for k in own[1:4]), *own[4:]], len(first))[0]
+    joint = grouped(many)
+    few = many & (np.bincount(joint, weights=many) < MANY_WORKLOADS)[joint]
+    if few.any():
+        many = many & ~few
+        joint = grouped(many)
+    return many[inv], groups_of(np.asarray(joint)[inv])
 
 
 def _many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.ndarray:
