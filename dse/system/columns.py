@@ -166,6 +166,15 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group points by the combination of ``keys`` (integer code arrays or scalars):
     (group of each point, point order sorted by group, start of each group in that order).
     A stable sort of small integers is a radix sort in numpy: O(n)."""
+    inv = group_codes(keys, n)
+    if inv is None:                                     # every key the same for every point: one group
+        return constant(np.int64(0), n), np.arange(n), np.array([0, n])
+    return groups_of(inv)
+
+
+def group_codes(keys: list, n: int) -> np.ndarray | None:
+    """Each point's group (0 .. k-1) by the combination of ``keys`` (``group``), without sorting
+    the points by it; None when every key is the same for every point (one group)."""
     codes = None
     for k in keys:
         if np.ndim(k) == 0 or _constant(k):
@@ -178,9 +187,7 @@ def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             codes = codes * m + k
             if codes.max(initial=0) > 2**52:          # keep the mixed radix small: renumber
                 codes = _dense_codes(codes)
-    if codes is None:                                   # every key the same for every point: one group
-        return constant(np.int64(0), n), np.arange(n), np.array([0, n])
-    return groups_of(_dense_codes(codes))
+    return None if codes is None else _dense_codes(codes)
 
 
 def groups_of(inv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

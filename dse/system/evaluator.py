@@ -41,7 +41,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system import reasons as R
-from dse.system.columns import Columns, anywhere, constant, group, groups_of, per_code, pointwise
+from dse.system.columns import Columns, anywhere, constant, group, group_codes, groups_of, per_code, pointwise
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.layout import chip_layouts, chips_required, largest_fitting, parallel_layout
@@ -1102,12 +1102,12 @@ def _workload_order(cols: Columns) -> np.ndarray | None:
                        if np.asarray(v).dtype.kind in "OUSb" else np.asarray(v))
     if not keys:
         return None
-    _, order, starts = group(list(keys.values()), cols.n)
-    if any(k in keys for k in _BATCH_AND_LENGTHS) and np.diff(starts).max() < MANY_BELOW:
-        rest = [v for k, v in keys.items() if k not in _BATCH_AND_LENGTHS]
-        if not rest:
-            return None
-        _, order, _ = group(rest, cols.n)
+    inv = group_codes(list(keys.values()), cols.n)          # sorted by only when needed
+    if inv is not None and any(k in keys for k in _BATCH_AND_LENGTHS) and np.bincount(inv).max() < MANY_BELOW:
+        inv = group_codes([v for k, v in keys.items() if k not in _BATCH_AND_LENGTHS], cols.n)
+    if inv is None:
+        return None
+    order = groups_of(inv)[1]
     return None if np.all(order[1:] > order[:-1]) else order
 
 
