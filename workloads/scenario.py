@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -61,17 +62,18 @@ class Scenario:
         """True when batch, prompt_len and gen_len are arrays (one entry per workload)."""
         return isinstance(self.batch, np.ndarray)
 
-    @property
+    @cached_property
     def group_batch(self):
-        """Sequences one expert-parallel group serves: ceil(batch / ep)."""
-        return -(-self.batch // self.ep)
+        """Sequences one expert-parallel group serves: ceil(batch / ep) (worked out once per
+        scenario: a sweep's has one batch per point)."""
+        return self.batch if isinstance(self.ep, int) and self.ep == 1 else -(-self.batch // self.ep)
 
-    @property
+    @cached_property
     def micro_batches(self):
         """Micro-batches in flight through a group's pipeline: min(group batch, pp)."""
         return _whole(np.minimum(self.group_batch, self.pp))
 
-    @property
+    @cached_property
     def micro_batch(self):
         """Sequences per micro-batch: ceil(group batch / micro_batches)."""
         return -(-self.group_batch // self.micro_batches)
