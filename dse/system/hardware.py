@@ -18,7 +18,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.efficiency import family_of
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
-from dse.system.columns import Columns, factorize, group, per_code
+from dse.system.columns import Columns, constant, factorize, group, per_code, pointwise
 from dse.system.params import PARAMS
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
@@ -196,18 +196,22 @@ def assemble(cols: Columns) -> HardwareArrays:
         rows = [r * scale for r in rows]
     # the class that runs each class's work depends only on which classes are native: one
     # widening per distinct pattern, then whole rows copied per pattern
-    bits = np.zeros(n, dtype=np.int64)
+    bits = 0                    # the native classes of every point: a number while they are the same
     for j in range(_C):
-        if np.ndim(rows[j]):
-            bits |= (rows[j] > 0).astype(np.int64) << j
-        elif rows[j] > 0:
-            bits |= 1 << j
-    seen = np.flatnonzero(np.bincount(bits, minlength=1 << _C))
-    lookup = np.zeros(1 << _C, dtype=np.int64)
-    lookup[seen] = np.arange(len(seen))
-    patterns, pattern = seen, lookup[bits]
+        native = rows[j] > 0
+        if np.ndim(native) and native.size and (native.all() or not native.any()):
+            native = bool(native[0])            # a class given per point, native everywhere or nowhere
+        bits = bits | (native.astype(np.int64) << j if np.ndim(native) else int(native) << j)
+    if np.ndim(bits):
+        seen = np.flatnonzero(np.bincount(bits, minlength=1 << _C))
+        lookup = np.zeros(1 << _C, dtype=np.int64)
+        lookup[seen] = np.arange(len(seen))
+        patterns, pattern = seen, lookup[bits]
+    else:
+        patterns, pattern = np.array([bits]), constant(np.int64(0), n)
     used_by_pattern = widening_choice((patterns[:, None] >> np.arange(_C)) & 1)
-    peak_t = np.zeros((len(PEAK_COLUMNS), n))
+    peak_t = np.empty((len(PEAK_COLUMNS), n))
+    peak_t[[j for j in range(_C) if (used_by_pattern[:, j] < 0).any()]] = 0.0     # a class no pattern runs
     for u, used in enumerate(used_by_pattern):
         cols_u = slice(None) if len(patterns) == 1 else pattern == u
         for j, k in enumerate(used):
@@ -230,7 +234,8 @@ def assemble(cols: Columns) -> HardwareArrays:
     host_mem_bw = field("host_memory_bandwidth", lambda d: d.host_memory.bandwidth_bytes_per_s
                         if d.host_memory else None, np.inf)
     host_cap = field("host_memory_capacity", lambda d: d.host_memory.capacity_bytes if d.host_memory else None)
-    has_host = np.isfinite(host_link) & (host_link > 0) & np.isfinite(host_cap) & (host_cap > 0)
+    has_host = pointwise(lambda link, capacity: np.isfinite(link) & (link > 0) & np.isfinite(capacity) & (capacity > 0),
+                         host_link, host_cap)
 
     pim_kw = {}
     if any(d.pim for d in devices) or cols.has("pim_multiple") or cols.has("pim_peak"):
