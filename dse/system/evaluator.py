@@ -271,7 +271,10 @@ class Plan:
         for code, parts in fails.items():         # index lists -> one mask per check
             mask = np.zeros(cols.n, dtype=bool)
             for p in parts:
-                mask[p] = True
+                if isinstance(p, tuple):          # (a slice, a mask over it)
+                    mask[p[0]] |= p[1]
+                else:
+                    mask[p] = True
             self.fails[code] = mask
         self.constraints = constraints or {}
 
@@ -925,7 +928,11 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     details: list = []
 
     def fail(code: str, index, detail: str | None = None):
-        """Points ``index`` (positions) fail the check ``code``."""
+        """Points ``index`` fail the check ``code``: positions, or (a slice, a mask over it; no
+        ``detail``)."""
+        if isinstance(index, tuple):
+            fails.setdefault(R.CODE[code], []).append(index)
+            return
         index = np.asarray(index, dtype=np.int64)
         if len(index):
             fails.setdefault(R.CODE[code], []).append(index)
@@ -1344,14 +1351,14 @@ def _check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0:
     sc = t.scenario
     fp = t.footprint if spec is None else spec["footprint"]
     sys = hw.system.take(idx)
-    positions = _positions(idx)
-    size = len(positions)
+    size = sys.size
     policy = w["policies"][w["policy"][i0]]
     cpu_layers = int(w["cpu_layers"][i0])
 
     def mark(code, bad, detail=None):
         if bad.any() if isinstance(bad, np.ndarray) else bad:
-            fail(code, positions[np.broadcast_to(bad, (size,))], detail)
+            bad = np.broadcast_to(bad, (size,))
+            fail(code, (idx, bad) if isinstance(idx, slice) and detail is None else _positions(idx)[bad], detail)
 
     if sc.many:
         _mark_context(mark, model, sc, int(w["max_context"][i0]))
