@@ -120,15 +120,19 @@ class Columns:
             except (TypeError, ValueError):
                 raise DseError(f"{self.where}: batch: expected positive integers or '{BATCH_MAX}', "
                                f"got {_sample(v)!r}") from None
-        else:
-            is_max, nums = np.zeros(a.shape, dtype=bool), a.astype(float)
+        else:                                          # numbers alone: no point asks for 'max'
+            is_max, nums = None, a.astype(float)
         one = nums.ndim == 0                           # one batch for every point: checked once
-        nums, is_max = nums.reshape(-1), np.reshape(is_max, -1)
+        nums = nums.reshape(-1)
         bad, allowed = out_of_range("batch", nums)
-        bad &= ~is_max
+        if is_max is not None:
+            is_max = np.reshape(is_max, -1)
+            bad &= ~is_max
         if bad.any():
             raise DseError(f"{self.where}: batch: expected {allowed} or '{BATCH_MAX}', "
                            f"got {nums[np.flatnonzero(bad)[0]].item()!r}")
+        if is_max is None:
+            return (constant(nums[0], self.n) if one else nums), constant(False, self.n)
         batch = np.where(is_max, np.nan, nums)
         return (constant(batch[0], self.n), constant(is_max[0], self.n)) if one else (batch, is_max)
 

@@ -953,8 +953,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     devices = np.where(w["disaggregated"], pooled, tp * pp * w["ep"])
 
     key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
-           w["flash"], np.where(w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
-           hw.family, w["engine"], w["continuous"], np.where(w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
+           w["flash"], pointwise(np.where, w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
+           hw.family, w["engine"], w["continuous"], pointwise(np.where, w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
            w["tech"], w["draft"], w["spec_acceptance"]]
     inv, order, starts = group(key, n)
     workload = inv                      # each point's workload (the points of a group of many each read theirs)
@@ -1176,10 +1176,13 @@ def _workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
                        f"be at least max_running ({int(w['max_running'][k]):,}), as vLLM requires of "
                        f"max_num_batched_tokens; give a larger prefill_chunk or a smaller max_running")
     # continuous batching prices one request's tables; without a load it runs closed at the batch
-    w["concurrency"] = pointwise(lambda c, ld, m, b, cc: np.where(c & ~ld, np.where(m, 1.0, b), cc),
-                                 w["continuous"], loaded, w["batch_max"], w["batch"], w["concurrency"])
-    w["batch"] = pointwise(lambda m, c, b: np.where(m | c, 1.0, b), w["batch_max"], w["continuous"], w["batch"])
-    w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
+    if anywhere(w["continuous"]):              # (static batches alone: nothing changes but batch 'max')
+        w["concurrency"] = pointwise(lambda c, ld, m, b, cc: np.where(c & ~ld, np.where(m, 1.0, b), cc),
+                                     w["continuous"], loaded, w["batch_max"], w["batch"], w["concurrency"])
+        w["batch"] = pointwise(lambda m, c, b: np.where(m | c, 1.0, b), w["batch_max"], w["continuous"], w["batch"])
+        w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
+    elif anywhere(w["batch_max"]):
+        w["batch"] = pointwise(lambda m, b: np.where(m, 1.0, b), w["batch_max"], w["batch"])
     for k in ("prompt", "gen", "ep"):
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
