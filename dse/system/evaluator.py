@@ -374,8 +374,8 @@ class Plan:
             fails[R.CONSTRAINT_BASE + k] = viol > 0
             keys.append(R.constraint_key(metric, sense, limit))
         reason = np.zeros(n, dtype=np.int16)
-        for code in sorted(fails, key=R.rank):
-            reason = np.where((reason == 0) & fails[code], code, reason).astype(np.int16)
+        for code in sorted(fails, key=R.rank, reverse=True):     # the first check failed, written last
+            reason[fails[code]] = code
         labels, details, flash = self.labels, self.details, self.flash
         if self.inverse is not None:                  # back to the caller's order
             back = self.inverse
