@@ -90,20 +90,26 @@ def _mask_2d(v: np.ndarray) -> np.ndarray:
 def _mask_3d(v: np.ndarray) -> np.ndarray:
     """Front of a NaN-free [N, 3] minimization array (Kung's sweep, O(N log N)).
 
-    Points are visited in lexicographic order, so only earlier points can
-    dominate a point; among distinct rows, an earlier point dominates iff its
-    (y, z) is <= in both. A staircase of the (y, z) of the front so far answers
-    that with one bisection.
+    Points are visited in lexicographic order of (second, third, first) column, so only
+    earlier points can dominate a point; among distinct rows, an earlier point dominates iff
+    its third and first are <= in both. A staircase of those of the front so far answers that
+    with one bisection. Rows that repeat the second and third of an earlier row with a larger
+    first are dominated by it and dropped before the sweep: a sweep's objectives after the
+    first are often its own parameters (bandwidth, peak), shared by many of its points.
     """
-    order = np.lexsort((v[:, 2], v[:, 1], v[:, 0]))
-    p = v[order]
+    w = v[:, [1, 2, 0]]
+    order = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
+    p = w[order]
     new_row = np.ones(len(p), dtype=bool)
     new_row[1:] = np.any(p[1:] != p[:-1], axis=1)
     rep = p[new_row]                  # one row per group of duplicates
+    shared = np.zeros(len(rep), dtype=bool)
+    shared[1:] = (rep[1:, 0] == rep[:-1, 0]) & (rep[1:, 1] == rep[:-1, 1])   # a larger first than the row before
+    swept = np.flatnonzero(~shared)
     keep = np.zeros(len(rep), dtype=bool)
     ys: list[float] = []              # staircase: y increasing ...
     zs: list[float] = []              # ... z strictly decreasing
-    for k, (y, z) in enumerate(zip(rep[:, 1].tolist(), rep[:, 2].tolist())):
+    for k, y, z in zip(swept.tolist(), rep[swept, 1].tolist(), rep[swept, 2].tolist()):
         i = bisect_right(ys, y) - 1   # last step with y_j <= y: smallest z among them
         if i >= 0 and zs[i] <= z:
             continue                  # dominated
