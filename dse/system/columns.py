@@ -47,6 +47,7 @@ class Columns:
             cols[k] = v
         self.n = 1 if n is None else n
         self.given = cols
+        self._checked: set[str] = set()       # numeric columns whose every entry is known to be allowed
         if self.n == 0:
             raise DseError(f"{where}: no design points (empty columns)")
         for k, v in cols.items():
@@ -58,6 +59,7 @@ class Columns:
         out = Columns.__new__(Columns)
         out.where, out.n = self.where, len(order)
         out.given = {k: (v[order] if _is_array(v) else v) for k, v in self.given.items()}
+        out._checked = set(self._checked)    # its points' entries are these points'
         return out
 
     def has(self, name: str) -> bool:
@@ -83,12 +85,14 @@ class Columns:
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
-        bad, allowed = out_of_range(name, a.reshape(-1))      # a fixed value is checked once
-        if name in MAY_BE_MISSING:
-            bad &= ~np.isnan(a.reshape(-1))
-        if bad.any():
-            raise DseError(f"{self.where}: {name}: expected {allowed}, "
-                           f"got {a.reshape(-1)[np.flatnonzero(bad)[0]].item()!r}")
+        if name not in self._checked:                        # each column is checked once
+            bad, allowed = out_of_range(name, a.reshape(-1))      # a fixed value is checked once
+            if name in MAY_BE_MISSING:
+                bad &= ~np.isnan(a.reshape(-1))
+            if bad.any():
+                raise DseError(f"{self.where}: {name}: expected {allowed}, "
+                               f"got {a.reshape(-1)[np.flatnonzero(bad)[0]].item()!r}")
+            self._checked.add(name)
         return constant(float(a), self.n) if a.ndim == 0 else a
 
     def flags(self, name: str) -> np.ndarray:
