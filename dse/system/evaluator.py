@@ -945,6 +945,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     sized = hw.spatial & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
     chips = np.full(n, np.nan)
     if sized.any():
+        tp, pp = tp.copy(), pp.copy()            # (one value for every point: written per point here)
         _size_chips(w, hw, sized, tp, pp, chips, fail)
     batch = w["batch"].copy()
     if w["batch_max"].any():

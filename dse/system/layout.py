@@ -14,12 +14,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from dse.system.columns import constant, is_constant
 from workloads.model import ModelSpec
 
 
 def parallel_layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tp, pp, valid) per point from the given ``devices``, ``tp``, ``pp`` (NaN: not given)
-    and ``ep``; invalid points (devices that the others do not divide or match) get tp = pp = 1."""
+    and ``ep``; invalid points (devices that the others do not divide or match) get tp = pp = 1.
+    Where each of them is one value for every point (``constant``), so are tp, pp and valid."""
+    given = (devices, tp, pp, ep)
+    per_point = [x for x in given if np.ndim(x)]
+    if per_point and all(is_constant(x) for x in per_point):
+        n = len(per_point[0])
+        return tuple(constant(x, n) for x in _layout(*(x[0] if np.ndim(x) else x for x in given)))
+    return _layout(*given)
+
+
+def _layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``parallel_layout`` of arrays (or numbers) over points."""
     devices, tp, pp, ep = (np.asarray(x, dtype=float) for x in (devices, tp, pp, ep))
     has_d, has_t, has_p = ~np.isnan(devices), ~np.isnan(tp), ~np.isnan(pp)
     if not (has_d.any() or has_t.any() or has_p.any()):       # nothing given: one device each
