@@ -220,12 +220,13 @@ def is_constant(a) -> bool:
     return isinstance(a, np.ndarray) and a.ndim == 1 and len(a) > 0 and a.strides[0] == 0
 
 
-def pointwise(f, *args) -> np.ndarray:
-    """``f(*args)`` of per-point arrays (and numbers): worked out once, as a ``constant`` view,
-    when every array among ``args`` is one."""
+def pointwise(f, *args):
+    """``f(*args)`` of per-point arrays (and numbers): worked out once, as a ``constant`` view
+    (one per result where ``f`` returns a tuple), when every array among ``args`` is one."""
     arrays = [a for a in args if np.ndim(a)]
     if arrays and all(is_constant(a) for a in arrays):
-        return constant(f(*(a[0] if np.ndim(a) else a for a in args)), len(arrays[0]))
+        out, n = f(*(a[0] if np.ndim(a) else a for a in args)), len(arrays[0])
+        return tuple(constant(x, n) for x in out) if isinstance(out, tuple) else constant(out, n)
     return f(*args)
 
 

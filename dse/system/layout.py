@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dse.system.columns import constant, is_constant
+from dse.system.columns import pointwise
 from workloads.model import ModelSpec
 
 
@@ -22,12 +22,7 @@ def parallel_layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.nda
     """(tp, pp, valid) per point from the given ``devices``, ``tp``, ``pp`` (NaN: not given)
     and ``ep``; invalid points (devices that the others do not divide or match) get tp = pp = 1.
     Where each of them is one value for every point (``constant``), so are tp, pp and valid."""
-    given = (devices, tp, pp, ep)
-    per_point = [x for x in given if np.ndim(x)]
-    if per_point and all(is_constant(x) for x in per_point):
-        n = len(per_point[0])
-        return tuple(constant(x, n) for x in _layout(*(x[0] if np.ndim(x) else x for x in given)))
-    return _layout(*given)
+    return pointwise(_layout, devices, tp, pp, ep)
 
 
 def _layout(devices, tp, pp, ep) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
