@@ -24,7 +24,9 @@ import importlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -104,10 +106,13 @@ class Drawer:
     def start(self) -> None:
         """Start the helper now, where the machine has two cores or more (and none runs yet)."""
         if self._pool is None and usable_cores() > 1:
-            # spawn, not the sweep workers' forkserver: that server keeps the modules it was started with
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_helper, initargs=(os.getpid(),))
-            self._ready = self._pool.submit(_is_ready)
+            context = _helper_context()
+            self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_helper,
+                                             initargs=(os.getpid(),))
+            with warnings.catch_warnings():     # Python 3.12+ warns of a fork while any OS thread runs
+                if context.get_start_method() == "fork":
+                    warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+                self._ready = self._pool.submit(_is_ready)         # starts the helper
 
     @property
     def helper(self) -> bool:
@@ -206,9 +211,25 @@ class Drawer:
         self.close()
 
 
+def _helper_context():
+    """How the helper process starts: forked from this one where that is safe (Linux, and no
+    other Python thread runs here, so none holds a lock the copy would inherit; the native
+    threads of the libraries, OpenBLAS's and Arrow's, handle a fork themselves), so that it
+    inherits the modules imported here (pandas and dse: ~0.45 s of a fresh interpreter's
+    imports, gpu-sweep-1m's run) and imports only matplotlib; else spawned, a fresh
+    interpreter. Never the sweep workers' forkserver: that server keeps the modules it was
+    started with."""
+    if sys.platform == "linux" and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
 def _start_helper(parent: int) -> None:
-    """Initializer of the helper: leave Ctrl-C to the parent, end with it, import what it draws with."""
+    """Initializer of the helper: leave Ctrl-C to the parent, end on SIGTERM (as the parent
+    stops it; a forked helper inherits the parent's handler) and with the parent, import
+    what it draws with."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     exit_with(parent)
     for name in HELPER_MODULES:
         importlib.import_module(name)

@@ -575,9 +575,10 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     free_nothing_at_exit()                  # a run's heap goes back with the process, not object by object
     if spec.method != "optuna":
         keep_freed_memory()                 # this process's job is the sweep: fewer page faults
-    plots.preload()                         # the report's plotting imports, while the study runs
-    # and a second process to draw its plots: started now where no worker processes run the study
+    # a second process to draw the report's plots, started now where no worker processes run the
+    # study (before any thread starts here, so that it can be forked from this process)
     with Drawer(helper=args.workers == 1 and args.scheduler is None) as drawer:
+        plots.preload()                     # the report's plotting imports, while the study runs
         return _study_and_report(args, data, spec, name, out, drawer)
 
 
