@@ -1,7 +1,9 @@
 """A report's plots drawn two at a time (``dse.present.drawing``): the helper process draws
-the same bytes as this process, a helper that dies costs nothing but time, and the helper
-ends with its parent however that ends."""
+the same bytes as this process (forked from it or spawned), is forked only while no other
+thread runs here, a helper that dies costs nothing but time, and the helper ends with its
+parent however that ends."""
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -28,6 +30,7 @@ def run(tmp_path_factory):
     out = d / "out"
     r = run_cli("run", d / "study.yaml", "--out", out, "--quiet")
     assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr       # the helper, stopped at the end, ends quietly
     return out, load_study(str(d / "study.yaml"))
 
 
@@ -50,7 +53,11 @@ class _Recording(Drawer):
 
 
 @two_cores
-def test_plots_drawn_by_the_helper_are_the_bytes_drawn_here(run):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_plots_drawn_by_the_helper_are_the_bytes_drawn_here(run, start, monkeypatch):
+    if start not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {start} here")
+    monkeypatch.setattr(drawing, "_helper_context", lambda: multiprocessing.get_context(start))
     out, (study, spec) = run
     here = _report(out, study, spec, Drawer())
     with _Recording(helper=True) as drawer:
@@ -88,6 +95,35 @@ def test_the_helper_takes_the_next_plot_as_soon_as_it_is_free():
         for d in drawer.asked:
             d.result()
     assert [d.by_helper for d in drawer.asked] == [True, True, True, True, False]
+
+
+@two_cores
+@pytest.mark.skipif(sys.platform != "linux", reason="the helper is forked on Linux only")
+def test_the_helper_is_forked_only_while_no_other_thread_runs(tmp_path):
+    # a fresh process (one thread): its helper is a copy of it, with its command line; with a
+    # second thread running, a fresh interpreter is spawned instead (a fork would copy the
+    # locks that thread may hold)
+    script = textwrap.dedent("""
+        import threading
+        from dse.present.drawing import Drawer
+        def command(pid):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\\0", b" ").decode()
+        if __name__ == "__main__":
+            with Drawer(helper=True) as alone:
+                print(command(alone.ready(timeout=120)), flush=True)
+            stop = threading.Event()
+            threading.Thread(target=stop.wait).start()
+            with Drawer(helper=True) as beside:
+                print(command(beside.ready(timeout=120)), flush=True)
+            stop.set()
+        """)
+    (tmp_path / "parent.py").write_text(script)
+    r = subprocess.run([sys.executable, str(tmp_path / "parent.py")], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    alone, beside = r.stdout.splitlines()
+    assert alone.split()[-1].endswith("parent.py") and "spawn_main" not in alone
+    assert "spawn_main" in beside
 
 
 def test_no_helper_on_one_core(monkeypatch):
