@@ -1,7 +1,9 @@
 """Where a report's plots are drawn: in this process, and on one helper process started
 early (``Drawer(helper=True)``, when the run begins) where the machine has a second core,
 so that two plots are drawn at a time. Drawing a figure is matplotlib's Python work (text
-and tick layout, a fifth of a second a figure), which threads cannot share out.
+and tick layout, a fifth of a second a figure), which threads cannot share out. The helper
+is a fork of this process where that is safe (Linux, no other thread running here), so it
+imports only matplotlib, not pandas and dse again; else a fresh interpreter (spawned).
 
 A plot asked (a plotting function of ``dse.present.plots`` and its arguments) goes to the
 helper when it is ready (its imports done) and has no plot in hand, and this process goes on
@@ -13,7 +15,8 @@ ready, with no plot for it yet) a plot is drawn here when asked. The files are t
 bytes either way (the same functions, settings and fonts); ``Drawn.result()`` is a plot's
 record.
 
-The helper ignores Ctrl-C (its parent stops it), ends with its parent however that ends
+The helper ignores Ctrl-C (its parent stops it), ends on SIGTERM (a fork would otherwise
+keep its parent's handler) and with its parent however that ends
 (``dse.explore.executors.exit_with``), and writes only the plot files it is asked for, as
 this process would (atomically). A helper that dies has its plots drawn here instead.
 """
