@@ -150,6 +150,25 @@ def test_aggregates_sample_and_front_match_a_full_in_memory_run(tmp_path, make):
     assert totals["feasible"] < spec.points                # the test sees infeasible points
 
 
+@pytest.mark.parametrize("objectives", [{"tpot_s": "min"},
+                                        {"output_tokens_per_s": "max", "memory_bandwidth": "min", "tpot_s": "min"},
+                                        {"output_tokens_per_s": "max", "memory_bandwidth": "min", "tpot_s": "min",
+                                         "memory_bytes": "min"}])
+@pytest.mark.parametrize("make", [_grid, _random])
+def test_the_front_merged_chunk_by_chunk_is_the_front_of_every_row(tmp_path, make, objectives):
+    # chunks of ~30 points: their fronts are merged many times over (OnlineSummary), on
+    # objective values alone; the in-memory run takes the front of all rows at once
+    spec = make(rows="none")
+    spec.objectives = objectives
+    run_sweep(spec, tmp_path / "run")
+    full, front = run_sweep(spec)
+    assert spec.chunks > 5 and len(front) >= 1
+    merged = pd.read_csv(tmp_path / "run" / "pareto.csv")
+    assert list(merged["point"]) == list(front["point"])
+    for o in objectives:
+        np.testing.assert_array_equal(merged[o].to_numpy(float), front[o].to_numpy(float))
+
+
 def test_the_sample_is_uniform():
     keys = sample_keys(3, np.arange(200_000))
     picked = np.argsort(keys)[:20_000]
