@@ -19,7 +19,8 @@ from conftest import ROOT
 from basis.errors import DseError
 from dse.explore import chunkfiles, executors
 from dse.explore import sweep as sweep_mod
-from dse.explore.online import BINS, sample_keys
+from dse.explore.online import BINS, SAMPLE_KEY, ChunkSummary, OnlineSummary, sample_keys
+from dse.explore.pareto import pareto_mask
 from dse.explore.runio import ResultsFile
 from dse.explore.space import DesignSpace
 from dse.explore.spec import ROWS_ALL_LIMIT, SweepSpec
@@ -167,6 +168,36 @@ def test_the_front_merged_chunk_by_chunk_is_the_front_of_every_row(tmp_path, mak
     assert list(merged["point"]) == list(front["point"])
     for o in objectives:
         np.testing.assert_array_equal(merged[o].to_numpy(float), front[o].to_numpy(float))
+
+
+def test_summaries_merged_in_any_order_keep_the_front_and_sample_of_every_row():
+    # chunks in random order, of random sizes, with tied objectives and a sample of 40: after
+    # every chunk the threshold handed to the next ones is no smaller than any key of the
+    # final sample (else a chunk would leave out a row that belongs in it), and in the end
+    # the front and the sample are those of all the rows at once
+    rng = np.random.default_rng(5)
+    spec = _grid()
+    spec.objectives = {"output_tokens_per_s": "max", "tpot_s": "min"}
+    summary = OnlineSummary(spec, sample=40)
+    fronts, samples, thresholds = [], [], []
+    for k in rng.permutation(60):
+        n = int(rng.integers(0, 25))
+        points = k * 100 + np.arange(n)
+        front = pd.DataFrame({"point": points, "output_tokens_per_s": rng.integers(0, 12, n).astype(float),
+                              "tpot_s": rng.integers(0, 12, n).astype(float), "feasible": True})
+        sample = pd.DataFrame({"point": points, "x": rng.random(n), SAMPLE_KEY: rng.random(n)})
+        summary.add(ChunkSummary(first=int(k * 100), points=n, feasible=n, reasons={}, cells={}, front=front,
+                                 sample=sample))
+        fronts.append(front)
+        samples.append(sample)
+        thresholds.append(summary.threshold)
+    rows = pd.concat(fronts, ignore_index=True)
+    on_front = pareto_mask(rows[list(spec.objectives)].to_numpy(float), list(spec.objectives.values()))
+    assert list(summary.front["point"]) == sorted(rows.loc[on_front, "point"])
+    every = pd.concat(samples, ignore_index=True).sort_values([SAMPLE_KEY, "point"]).head(40)
+    assert list(summary.sample["point"]) == list(every["point"])             # by key
+    np.testing.assert_array_equal(summary.sample["x"].to_numpy(), every["x"].to_numpy())
+    assert min(thresholds) >= every[SAMPLE_KEY].max() and np.isfinite(thresholds[-1])
 
 
 def test_the_sample_is_uniform():

@@ -222,6 +222,14 @@ def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSum
                         sample=sample)
 
 
+def _gather(frames: list[pd.DataFrame], keep: np.ndarray) -> pd.DataFrame:
+    """The rows of ``frames`` (tables of the same columns) that ``keep`` marks (one flag per
+    row of them all, in order), as one table; only the tables with a row kept are joined."""
+    parts = np.split(keep, np.cumsum([len(f) for f in frames])[:-1])
+    kept = [f[m] for f, m in zip(frames, parts) if m.any()]
+    return pd.concat(kept, ignore_index=True) if kept else frames[0].iloc[:0]
+
+
 class OnlineSummary:
     """A sweep's summaries so far: counts, aggregates, Pareto front and sample, merged from
     ChunkSummary parts in any order. Fronts and samples of chunks wait in a list and are
@@ -258,9 +266,7 @@ class OnlineSummary:
                 on_front[front_of(pd.DataFrame(values).assign(feasible=True), by_position).index] = True
             else:
                 on_front = pareto_mask(values, list(self.objectives.values()))
-            kept = [f[m] for f, m in zip(frames, np.split(on_front, np.cumsum([len(f) for f in frames])[:-1]))
-                    if m.any()]
-            self._front = pd.concat(kept, ignore_index=True) if kept else frames[0].iloc[:0]
+            self._front = _gather(frames, on_front)
             self._fronts = []
 
     @property
@@ -278,9 +284,13 @@ class OnlineSummary:
     def sample(self) -> pd.DataFrame | None:
         """The sample of the points merged so far, by key (None before any sample row)."""
         if self._samples:
-            both = pd.concat(([self._sample] if self._sample is not None else []) + self._samples, ignore_index=True)
-            order = np.lexsort((both["point"].to_numpy(np.int64), both[SAMPLE_KEY].to_numpy(float)))
-            self._sample = both.iloc[order[:self.size]].reset_index(drop=True)
+            frames = ([self._sample] if self._sample is not None else []) + self._samples
+            order = np.lexsort((np.concatenate([f["point"].to_numpy(np.int64) for f in frames]),
+                                np.concatenate([f[SAMPLE_KEY].to_numpy(float) for f in frames])))[:self.size]
+            keep = np.zeros(sum(map(len, frames)), dtype=bool)
+            keep[order] = True
+            rows = _gather(frames, keep)       # the rows kept, gathered once (see _merge_fronts), in frame order
+            self._sample = rows.iloc[np.searchsorted(np.flatnonzero(keep), order)].reset_index(drop=True)
             self._samples = []
         return self._sample
 
