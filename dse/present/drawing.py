@@ -1,46 +1,56 @@
-"""Where a report's plots are drawn: in this process, and on one helper process started
-early (``Drawer(helper=True)``, when the run begins) where the machine has a second core,
-so that two plots are drawn at a time. Drawing a figure is matplotlib's Python work (text
-and tick layout, a fifth of a second a figure), which threads cannot share out. The helper
-is a fork of this process where that is safe (Linux, no other thread running here), so it
-imports only matplotlib, not pandas and dse again; else a fresh interpreter (spawned).
+"""Where a report's plots are drawn: on helper processes started early (``Drawer(helper=True)``,
+when the run begins) where the machine has a second core, so that the plots are drawn two
+(or more) at a time while this process builds the report; else in this process. Drawing a
+figure is matplotlib's Python work (text and tick layout, a fifth of a second a figure), which
+threads cannot share out.
 
-A plot asked (a plotting function of ``dse.present.plots`` and its arguments) goes to the
-helper when it is ready (its imports done) and has no plot in hand, and this process goes on
-with the report; otherwise it waits. Whenever the helper finishes a plot it is handed the
-first one waiting at once (from the thread that learns of it), so it never idles while plots
-wait; ``finish()`` draws the last ones waiting here, until none is left. The helper holds one
-plot at a time, so no plot is ever taken back from it. Without a helper (or before it is
-ready, with no plot for it yet) a plot is drawn here when asked. The files are the same
-bytes either way (the same functions, settings and fonts); ``Drawn.result()`` is a plot's
-record.
+On Linux (while no other thread runs here) the first helper is a fork of this process, so it
+imports only matplotlib, not pandas and dse again; once it has, it forks the other helpers from
+itself, so matplotlib is imported once for all of them, and never in this process: a run that
+imports matplotlib on a thread while it evaluates shares the interpreter's lock with that
+import (gpu-sweep-1m: 0.3 s of a 1.4 s sweep). Elsewhere each helper is a fresh interpreter
+(spawned).
 
-The helper ignores Ctrl-C (its parent stops it), ends on SIGTERM (a fork would otherwise
-keep its parent's handler) and with its parent however that ends
-(``dse.explore.executors.exit_with``), and writes only the plot files it is asked for, as
-this process would (atomically). A helper that dies has its plots drawn here instead.
+A plot asked (a plotting function of ``dse.present.plots`` and its arguments) is handed to a
+helper that is ready (its imports done) and has no plot in hand; otherwise it waits, and is
+handed over as soon as a helper is free (whenever this process asks a plot, reads one or
+finishes). A helper holds one plot at a time, so no plot is ever taken back from it. Without a
+helper (one core, or every helper dead) a plot is drawn here. The files are the same bytes
+either way (the same functions, settings and fonts); ``Drawn.result()`` is a plot's record.
+
+A helper ignores Ctrl-C (its parent stops it), ends on SIGTERM (a fork would otherwise keep its
+parent's handler) and with the run however that ends (``dse.explore.executors.exit_with``), and
+writes only the plot files it is asked for, as this process would (atomically). A helper that
+dies has its plots drawn by the others, or here when none is left.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 
-from dse.explore.executors import exit_with, stop_pool
+from dse.explore.executors import exit_with
 from dse.present.plots import MATPLOTLIB_MODULES
 
-__all__ = ["Drawer", "Drawn", "HELPER_MODULES", "usable_cores"]
+__all__ = ["Drawer", "Drawn", "HELPER_MODULES", "MAX_HELPERS", "usable_cores"]
 
-#: what the helper imports before it says it is ready: what a plot's arguments (DataFrames) and drawing need
+#: what a helper imports before it says it is ready: what a plot's arguments (DataFrames) and drawing need
 HELPER_MODULES = ("pandas", "dse.present.plots", *MATPLOTLIB_MODULES)
+#: the most helper processes a report is drawn on: a report has 4 to 10 plots, so four draw
+#: them in two or three rounds; the machine's cores bound it below that
+MAX_HELPERS = 4
+#: Python 3.12+ warns of a fork while any other OS thread runs (a helper's forks run beside its
+#: thread that waits for the run's end, which holds no lock)
+_FORK_WARNING = "This process .* is multi-threaded"
 
 
 def usable_cores() -> int:
@@ -52,14 +62,16 @@ def usable_cores() -> int:
 
 
 class Drawn:
-    """A plot asked of a ``Drawer``: drawn here already, waiting, or with the helper (a future)."""
+    """A plot asked of a ``Drawer``: drawn already, waiting for a helper, or with one."""
 
-    def __init__(self, draw: Callable, args: tuple, kwargs: dict):
-        self.call = functools.partial(draw, *args, **kwargs)     # the plot, to draw here or hand over
-        self.future: Future | None = None                         # with the helper: its answer
-        self._value, self._drawn = None, False
+    def __init__(self, drawer: Drawer, draw: Callable, args: tuple, kwargs: dict):
+        self.drawer = drawer
+        self.draw, self.args, self.kwargs = draw, args, kwargs
+        self.drawn = False           # whether its record (or its error) is in
+        self.by_helper: int | None = None    # the process id of the helper that drew it
+        self._value: dict | None = None
+        self._error: BaseException | None = None
         self._finish: list[Callable] = []
-        self.by_helper = False      # whether the helper drew it (known once read)
 
     def then(self, finish: Callable[[dict], dict]) -> Drawn:
         """This plot, its record to be passed through ``finish`` (record -> record) when read."""
@@ -68,20 +80,23 @@ class Drawn:
 
     def draw_here(self) -> None:
         """Draw the plot in this process."""
-        self._value, self._drawn = self.call(), True
+        self._value, self.drawn = self.draw(*self.args, **self.kwargs), True
+
+    def settle(self, ok: bool, value, helper: int) -> None:
+        """The helper ``helper`` drew it: its record (``ok``) or the error it raised."""
+        if ok:
+            self._value = value
+        else:
+            self._error = value
+        self.drawn, self.by_helper = True, helper
 
     def result(self) -> dict:
-        """The plot's record (waiting for the helper if it draws it); drawn here if the helper
-        died, or if no one drew it yet."""
-        if self.future is not None:
-            try:
-                self._value, self._drawn = self.future.result(), True
-                self.by_helper = True
-            except (BrokenProcessPool, CancelledError):      # the helper died, or was stopped
-                pass
-            self.future = None
-        if not self._drawn:
-            self.draw_here()
+        """The plot's record, waiting for the helper that draws it (drawn here if none is left);
+        the error the plot raised, raised again here."""
+        if not self.drawn:
+            self.drawer.wait_for(self)
+        if self._error is not None:
+            raise self._error
         rec = self._value
         for finish in self._finish:
             rec = finish(rec)
@@ -90,122 +105,119 @@ class Drawn:
         return rec
 
 
+@dataclass(eq=False)
+class _Helper:
+    """This process's end of a helper's connection, and what it knows of the helper."""
+    conn: Connection
+    pid: int | None = None            # known once the helper is ready
+    holds: Drawn | None = None        # the plot it draws
+    process: multiprocessing.process.BaseProcess | None = field(default=None, repr=False)
+
+
 class Drawer:
-    """Draws a report's plots here, and on a helper process when the machine has two cores
-    or more: started now with ``helper`` (its imports overlap with the run before the
-    report), or by ``start()``. ``close()`` (or leaving a ``with`` block) stops it."""
+    """Draws a report's plots on helper processes when the machine has two cores or more
+    (started now with ``helper``, so that their imports overlap with the run before the
+    report, or by ``start()``), else here. ``close()`` (or leaving a ``with`` block) stops
+    them."""
 
     def __init__(self, helper: bool = False):
-        self._pool: ProcessPoolExecutor | None = None
-        self._ready: Future | None = None
-        self._busy: Future | None = None
+        self._helpers: list[_Helper] = []
+        self._processes: list = []             # the helpers this process started (their children aside)
         self._waiting: list[Drawn] = []
-        # guards _busy and _waiting, which the thread that learns of the helper's plots changes
-        # too (reentrant: a plot done already has its callback run at once, by this thread)
-        self._lock = threading.RLock()
         if helper:
             self.start()
 
     def start(self) -> None:
-        """Start the helper now, where the machine has two cores or more (and none runs yet)."""
-        if self._pool is None and usable_cores() > 1:
-            context = _helper_context()
-            self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_start_helper,
-                                             initargs=(os.getpid(),))
-            with warnings.catch_warnings():     # Python 3.12+ warns of a fork while any OS thread runs
-                if context.get_start_method() == "fork":
-                    warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-                self._ready = self._pool.submit(_is_ready)         # starts the helper
+        """Start the helpers now, one per core up to ``MAX_HELPERS``, where the machine has two
+        cores or more (and none was started yet)."""
+        n = min(usable_cores(), MAX_HELPERS)
+        if self._processes or n < 2:
+            return
+        context = _helper_context()
+        pipes = [multiprocessing.Pipe() for _ in range(n)]          # (this end, the helper's)
+        theirs = [b for _, b in pipes]
+        parent = os.getpid()
+        if context.get_start_method() == "fork":     # the first, which forks the others once it has imported
+            processes = [context.Process(target=_first_helper, args=(parent, theirs, [a for a, _ in pipes]),
+                                         daemon=True, name="dse-drawing")]
+        else:
+            processes = [context.Process(target=_helper, args=(parent, b), daemon=True, name="dse-drawing")
+                         for b in theirs]
+        for p in processes:
+            p.start()
+        for b in theirs:
+            b.close()
+        self._processes = processes
+        self._helpers = [_Helper(a) for a, _ in pipes]
+        for h, p in zip(self._helpers, processes):
+            h.process = p
 
     @property
     def helper(self) -> bool:
-        """Whether a helper process was started."""
-        return self._pool is not None
+        """Whether helper processes were started (and one at least lives)."""
+        return bool(self._helpers)
 
-    def ready(self, timeout: float | None = None) -> int | None:
-        """Wait (at most ``timeout`` seconds) until the helper can take plots; its process id
-        (None without a helper, or if it failed to start); TimeoutError if not ready in time."""
-        if self._pool is None:
-            return None
-        try:
-            return self._ready.result(timeout)
-        except (BrokenProcessPool, CancelledError):
-            return None
-
-    def _helper_ready(self) -> bool:
-        return (self._pool is not None and self._ready.done() and not self._ready.cancelled()
-                and self._ready.exception() is None)
-
-    def _helper_free(self) -> bool:
-        return self._helper_ready() and (self._busy is None or self._busy.done())
-
-    def _submit(self, drawn: Drawn) -> bool:
-        """Give ``drawn`` to the helper (under the lock); False if it has died or was stopped."""
-        pool = self._pool
-        if pool is None:
-            return False
-        try:
-            future = pool.submit(_draw, drawn.call.func, drawn.call.args, drawn.call.keywords)
-        except (BrokenProcessPool, RuntimeError):     # the helper died, or was stopped
-            return False
-        drawn.future = self._busy = future
-        future.add_done_callback(self._next)
-        return True
-
-    def _hand_over(self, drawn: Drawn) -> bool:
-        """Give ``drawn`` to the helper; False if it has died (it is stopped then)."""
-        if self._submit(drawn):
-            return True
-        self.close()
-        return False
-
-    def _next(self, done: Future) -> None:
-        """The helper's plot ``done`` is finished: hand it the first plot waiting. Runs on the
-        thread that learns of it. Nothing when the plot failed or was cancelled (the helper
-        died or was stopped: such futures are settled while the pool holds its own lock, which
-        handing over would take again); ``finish`` then draws what waits here."""
-        if done.cancelled() or done.exception() is not None:
-            return
-        with self._lock:
-            if done is not self._busy or not self._waiting:
-                return                            # already handed another, or nothing waits
-            drawn = self._waiting.pop(0)
-            if not self._submit(drawn):
-                self._waiting.insert(0, drawn)
+    def ready(self, timeout: float | None = None) -> list[int]:
+        """Wait (at most ``timeout`` seconds) until every helper can take plots; their process
+        ids ([] without helpers, or if none started); TimeoutError if not ready in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(h.pid is None for h in self._helpers):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"the report's helper processes were not ready in {timeout} s")
+            self._listen(left)
+        return [h.pid for h in self._helpers]
 
     def draw(self, plot: Callable, *args, **kwargs) -> Drawn:
         """``plot(*args, **kwargs)`` (a function of ``dse.present.plots``, which writes its
-        file and returns its record): handed to the helper if it is free, left waiting for it
-        if it is busy, else drawn here now."""
-        drawn = Drawn(plot, args, kwargs)
-        with self._lock:
-            if self._helper_free() and self._hand_over(drawn):
-                return drawn
-            if self._helper_ready():
-                self._waiting.append(drawn)
-                return drawn
-        drawn.draw_here()
+        file and returns its record): handed to a helper if one is free, left waiting for one
+        if all are busy or not ready yet, drawn here now if there is none."""
+        drawn = Drawn(self, plot, args, kwargs)
+        if not self._helpers:
+            drawn.draw_here()
+            return drawn
+        self._waiting.append(drawn)
+        self._listen(0)
         return drawn
 
+    def wait_for(self, drawn: Drawn) -> None:
+        """Return once ``drawn`` is drawn: by a helper, or here when none is left."""
+        while not drawn.drawn:
+            if not self._helpers:
+                self._waiting.remove(drawn)
+                drawn.draw_here()
+                return
+            self._listen(None)
+
     def finish(self) -> None:
-        """Draw every plot left waiting: the last here, while the helper takes the first
-        whenever it is free."""
-        while True:
-            with self._lock:
-                if not self._waiting:
-                    return
-                if self._helper_free():
-                    if self._hand_over(self._waiting[0]):
-                        self._waiting.pop(0)
-                    continue
-                drawn = self._waiting.pop()
-            drawn.draw_here()
+        """Wait until every plot asked is drawn (those left when no helper is, drawn here)."""
+        while self._waiting or any(h.holds is not None for h in self._helpers):
+            if not self._helpers:
+                waiting, self._waiting = self._waiting, []
+                for drawn in waiting:
+                    drawn.draw_here()
+                return
+            self._listen(None)
 
     def close(self) -> None:
-        """Stop the helper (a plot it still draws is drawn here when read)."""
-        if self._pool is not None:
-            stop_pool(self._pool)
-            self._pool = None
+        """Stop the helpers: asked to end, and stopped at once if they draw a plot still (it
+        is drawn here if read)."""
+        for h in self._helpers:
+            try:
+                h.conn.send(None)
+            except OSError:
+                pass
+        for h in list(self._helpers):
+            if h.holds is not None:
+                self._lost(h)
+        for p in self._processes:
+            p.join(1.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(5.0)
+        for h in self._helpers:
+            h.conn.close()
+        self._helpers, self._processes = [], []
 
     def __enter__(self) -> Drawer:
         return self
@@ -213,35 +225,137 @@ class Drawer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _listen(self, timeout: float | None) -> None:
+        """Take in what the helpers said (waiting up to ``timeout`` seconds, None: no limit,
+        for a first word when none came yet), then hand the plots waiting to the free ones."""
+        by_conn = {h.conn: h for h in self._helpers}
+        for conn in wait(list(by_conn), timeout) if by_conn else []:
+            h = by_conn[conn]
+            try:
+                word, value = conn.recv()
+            except (EOFError, OSError):       # it died
+                self._lost(h)
+                continue
+            if word == "ready":
+                h.pid = value
+            else:
+                drawn, h.holds = h.holds, None
+                drawn.settle(word == "drawn", value, h.pid)
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Give each ready helper without a plot the first plot waiting."""
+        for h in list(self._helpers):
+            if not self._waiting:
+                return
+            if h.pid is None or h.holds is not None:
+                continue
+            drawn = self._waiting.pop(0)
+            try:
+                task = ForkingPickler.dumps((drawn.draw, drawn.args, drawn.kwargs))
+            except Exception:                 # arguments that cannot be sent: drawn here
+                drawn.draw_here()
+                continue
+            try:
+                h.conn.send_bytes(task)
+            except OSError:                   # it died
+                self._waiting.insert(0, drawn)
+                self._lost(h)
+                continue
+            h.holds = drawn
+
+    def _lost(self, h: _Helper) -> None:
+        """Helper ``h`` died (or is stopped): its plot goes back to the front of the queue."""
+        self._helpers.remove(h)
+        if h.holds is not None:
+            self._waiting.insert(0, h.holds)
+            h.holds = None
+        if h.pid is not None:
+            try:
+                os.kill(h.pid, signal.SIGTERM)
+            except OSError:
+                pass
+        h.conn.close()
+
 
 def _helper_context():
-    """How the helper process starts: forked from this one where that is safe (Linux, and no
-    other Python thread runs here, so none holds a lock the copy would inherit; the native
-    threads of the libraries, OpenBLAS's and Arrow's, handle a fork themselves), so that it
-    inherits the modules imported here (pandas and dse: ~0.45 s of a fresh interpreter's
-    imports, gpu-sweep-1m's run) and imports only matplotlib; else spawned, a fresh
-    interpreter. Never the sweep workers' forkserver: that server keeps the modules it was
-    started with."""
+    """How the helpers start: the first forked from this process where that is safe (Linux,
+    and no other Python thread runs here, so none holds a lock the copy would inherit; the
+    native threads of the libraries, OpenBLAS's and Arrow's, handle a fork themselves), so that
+    it inherits the modules imported here (pandas and dse: ~0.45 s of a fresh interpreter's
+    imports, gpu-sweep-1m's run) and imports only matplotlib, the others forked from it; else
+    each spawned, a fresh interpreter. Never the sweep workers' forkserver: that server keeps
+    the modules it was started with."""
     if sys.platform == "linux" and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
 
 
-def _start_helper(parent: int) -> None:
-    """Initializer of the helper: leave Ctrl-C to the parent, end on SIGTERM (as the parent
-    stops it; a forked helper inherits the parent's handler) and with the parent, import
-    what it draws with."""
+def _begin(parent: int) -> None:
+    """A helper's start: leave Ctrl-C to the parent, end on SIGTERM (as the parent stops it; a
+    forked helper inherits the parent's handler) and with the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     exit_with(parent)
+
+
+def _import() -> None:
     for name in HELPER_MODULES:
         importlib.import_module(name)
 
 
-def _is_ready() -> int:
-    """The helper's process id, once its initializer has run."""
-    return os.getpid()
+def _helper(parent: int, conn: Connection) -> None:
+    """A spawned helper: import what it draws with, then draw what ``conn`` asks."""
+    _begin(parent)
+    _import()
+    _serve(conn)
 
 
-def _draw(plot: Callable, args: tuple, kwargs: dict) -> dict:
-    return plot(*args, **kwargs)
+def _first_helper(parent: int, conns: list[Connection], parents: list[Connection]) -> None:
+    """The forked first helper: import what it draws with, fork a helper from itself for each
+    of ``conns`` after the first (they inherit the imports), then draw what ``conns[0]`` asks.
+    ``parents``: the parent's ends of the connections (copies closed here, so that each end
+    closes with the process that holds it)."""
+    for conn in parents:
+        conn.close()
+    _begin(parent)
+    _import()
+    for i, conn in enumerate(conns[1:], 1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                for other in conns:
+                    if other is not conn:
+                        other.close()
+                exit_with(parent)               # a fork has no thread but the one that forked
+                _serve(conn)
+            finally:
+                os._exit(0)
+        conn.close()
+    _serve(conns[0])
+
+
+def _serve(conn: Connection) -> None:
+    """Say ready, then draw each plot ``conn`` asks and answer its record (or the error it
+    raised), until asked to end (None) or the parent's end of ``conn`` closes."""
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        plot, args, kwargs = task
+        try:
+            answer = ("drawn", plot(*args, **kwargs))
+        except Exception as e:
+            answer = ("failed", e)
+        try:
+            conn.send(answer)
+        except Exception as e:               # an error that cannot be pickled: said in words
+            conn.send(("failed", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]} ({e})")))

@@ -11,6 +11,7 @@ import math
 import re
 import signal
 import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -575,15 +576,18 @@ def _run_locked(args, data: dict, spec, name: str, out: Path) -> int:
     free_nothing_at_exit()                  # a run's heap goes back with the process, not object by object
     if spec.method != "optuna":
         keep_freed_memory()                 # this process's job is the sweep: fewer page faults
-    # a second process to draw the report's plots, started now where no worker processes run the
-    # study (before any thread starts here, so that it can be forked from this process)
+    # the processes that draw the report's plots, started now where no worker processes run the
+    # study (before any thread starts here, so that the first can be forked from this process);
+    # else this process imports matplotlib while the study runs, and they start (forked) after it
     with Drawer(helper=args.workers == 1 and args.scheduler is None) as drawer:
-        plots.preload()                     # the report's plotting imports, while the study runs
-        return _study_and_report(args, data, spec, name, out, drawer)
+        preloading = None if drawer.helper else plots.preload()
+        return _study_and_report(args, data, spec, name, out, drawer, preloading)
 
 
-def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Drawer) -> int:
-    """The study, then its report (its plots drawn by ``drawer``); the exit code."""
+def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Drawer,
+                      preloading: threading.Thread | None = None) -> int:
+    """The study, then its report (its plots drawn by ``drawer``); the exit code.
+    ``preloading``: the thread importing matplotlib here, if one was started."""
     import time
 
     from dse.explore.search import display_url, trial_counts  # optuna: only when a study runs
@@ -608,6 +612,8 @@ def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Draw
         print(f"  results: {out / 'results.parquet'}")
         print(f"  pareto:  {out / 'pareto.csv'}")
     from dse.present.report import write_report  # pandas, matplotlib: only when a report is written
+    if preloading is not None:
+        preloading.join()                        # so that the helpers forked now have matplotlib
     drawer.start()                               # (if not yet: the study's workers are done)
     write_report(out, data, spec, front, drawer)  # reads results.parquet, sample.parquet or the front alone
     print(f"  summary: {out / 'summary.md'}")
