@@ -206,3 +206,15 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+@two_cores
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no process priorities here")
+def test_the_helpers_yield_the_cores_to_the_run():
+    # the helpers import while the study runs: they wait for the cores the run leaves free
+    with Drawer(helper=True) as drawer:
+        helpers = drawer.ready(timeout=120)
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert all(os.getpriority(os.PRIO_PROCESS, pid) == min(ours + drawing.HELPER_NICENESS, 19)
+                   for pid in helpers)
+        assert drawing.HELPER_NICENESS > 0
