@@ -120,6 +120,18 @@ def test_a_helper_takes_the_next_plot_as_soon_as_it_is_free():
     assert took < 3.0 + 0.5 * 0.05 * 4 + 1.0      # the short ones overlapped the long one
 
 
+@two_cores
+def test_a_plot_that_cannot_be_sent_is_drawn_here():
+    with _Recording(helper=True) as drawer:
+        drawer.ready(timeout=120)
+        drawer.draw(lambda: {"here": True})         # a lambda cannot be pickled
+        drawer.draw(int, "3")
+        drawer.finish()
+        records = [d.result() for d in drawer.asked]
+    assert records == [{"here": True}, 3]
+    assert drawer.asked[0].by_helper is None and drawer.asked[1].by_helper is not None
+
+
 def test_a_plot_that_fails_on_a_helper_raises_here():
     with Drawer(helper=True) as drawer:
         drawn = drawer.draw(int, "not a number")

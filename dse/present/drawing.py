@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 
@@ -116,7 +116,6 @@ class _Helper:
     conn: Connection
     pid: int | None = None            # known once the helper is ready
     holds: Drawn | None = None        # the plot it draws
-    process: multiprocessing.process.BaseProcess | None = field(default=None, repr=False)
 
 
 class Drawer:
@@ -154,8 +153,6 @@ class Drawer:
             b.close()
         self._processes = processes
         self._helpers = [_Helper(a) for a, _ in pipes]
-        for h, p in zip(self._helpers, processes):
-            h.process = p
 
     @property
     def helper(self) -> bool:
@@ -249,25 +246,23 @@ class Drawer:
         self._hand_out()
 
     def _hand_out(self) -> None:
-        """Give each ready helper without a plot the first plot waiting."""
+        """Give each ready helper without a plot the first plot waiting (so that, after, no
+        plot waits while a ready helper is free)."""
         for h in list(self._helpers):
-            if not self._waiting:
-                return
-            if h.pid is None or h.holds is not None:
-                continue
-            drawn = self._waiting.pop(0)
-            try:
-                task = ForkingPickler.dumps((drawn.draw, drawn.args, drawn.kwargs))
-            except Exception:                 # arguments that cannot be sent: drawn here
-                drawn.draw_here()
-                continue
-            try:
-                h.conn.send_bytes(task)
-            except OSError:                   # it died
-                self._waiting.insert(0, drawn)
-                self._lost(h)
-                continue
-            h.holds = drawn
+            while self._waiting and h.pid is not None and h.holds is None:
+                drawn = self._waiting.pop(0)
+                try:
+                    task = ForkingPickler.dumps((drawn.draw, drawn.args, drawn.kwargs))
+                except Exception:             # arguments that cannot be sent: drawn here
+                    drawn.draw_here()
+                    continue
+                try:
+                    h.conn.send_bytes(task)
+                except OSError:               # it died
+                    self._waiting.insert(0, drawn)
+                    self._lost(h)
+                    break
+                h.holds = drawn
 
     def _lost(self, h: _Helper) -> None:
         """Helper ``h`` died (or is stopped): its plot goes back to the front of the queue."""
