@@ -303,6 +303,7 @@ def _begin(parent: int) -> None:
 
 
 def _import() -> None:
+    """Import what a helper draws with (``HELPER_MODULES``), before it says it is ready."""
     for name in HELPER_MODULES:
         importlib.import_module(name)
 
@@ -314,12 +315,12 @@ def _helper(parent: int, conn: Connection) -> None:
     _serve(conn)
 
 
-def _first_helper(parent: int, conns: list[Connection], parents: list[Connection]) -> None:
+def _first_helper(parent: int, conns: list[Connection], parent_ends: list[Connection]) -> None:
     """The forked first helper: import what it draws with, fork a helper from itself for each
     of ``conns`` after the first (they inherit the imports), then draw what ``conns[0]`` asks.
-    ``parents``: the parent's ends of the connections (copies closed here, so that each end
-    closes with the process that holds it)."""
-    for conn in parents:
+    ``parent_ends``: the parent's ends of the connections (the copies this fork inherited,
+    closed here, so that each end closes with the process that holds it)."""
+    for conn in parent_ends:
         conn.close()
     _begin(parent)
     _import()
