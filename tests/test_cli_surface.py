@@ -330,3 +330,64 @@ def test_unchanged_study_resumes_without_redoing_work(tmp_path, capsys, monkeypa
     rc, _, err = cli(capsys, "run", study_file(tmp_path), "--out", out, "--quiet")
     assert rc == 0, err
     pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), before)
+
+
+# ------------------------------------------------------------------------------ one declaration per parameter
+
+def test_every_parameter_flag_states_its_default(capsys, monkeypatch):
+    """Each parameter's flag (``dse.system.params.TABLE``) is on analyze and compare, and its help
+    states its default (required flags aside)."""
+    from dse.system.params import TABLE
+    for command in ("analyze", "compare"):
+        lines = help_text(capsys, monkeypatch, command).split("options:", 1)[1].splitlines()
+        for p in TABLE:
+            if p.flag and not p.required:
+                start = next(i for i, ln in enumerate(lines) if ln.startswith(f"  {p.flag} ")
+                             or ln == f"  {p.flag}" or ln.startswith(f"  {p.flag},"))
+                end = next(j for j in range(start + 1, len(lines)) if lines[j].startswith("  -") or not lines[j])
+                assert "default" in " ".join(lines[start:end]), (command, p.flag)
+
+
+def test_every_numeric_flag_accepts_what_its_column_accepts():
+    """A numeric flag is checked by its parameter's declared range, the same check as its column
+    (``Param.out_of_range``); 0 is refused where 0 means "none" (the flag is then left out)."""
+    import argparse
+    import math
+
+    from dse.study.cli import flag_type
+    from dse.system.params import TABLE
+    texts = ("0", "1", "2", "0.5", "1.5", "-1", "99.5", "100", "1e30", "1e31", "nan", "inf", "abc",
+             str(2**40), str(2**40 + 1), "max")
+    for p in (p for p in TABLE if p.flag and p.numeric):
+        parse = flag_type(p)
+        for text in texts:
+            try:
+                value = float(text) if p.type is float else int(text)
+            except ValueError:
+                value = None
+            column_ok = value is not None and not p.out_of_range(np.array([float(value)]))[0][0]
+            expected = text in p.words or (column_ok and not (p.zero_is_unset and value == 0))
+            try:
+                got = parse(text)
+                ok = True
+            except argparse.ArgumentTypeError as e:
+                ok = False
+                assert str(e).startswith("expected ") and f"got '{text}'" in str(e), (p.name, e)
+            assert ok == expected, (p.name, text)
+            if ok and text not in p.words:
+                assert type(got) is p.type and (math.isnan(got) or got == value)
+
+
+def test_flags_and_point_columns_come_from_the_declarations():
+    """``FLAGS`` names every flagged column but the words of the messages' prose, and the columns of
+    a command line are exactly the declared parameters given on it (model, hardware, the flags with a
+    declared default, the others only where given)."""
+    from dse.study.cli import FLAGS, build_parser, point_columns
+    from dse.system.params import SPEC, TABLE
+    assert all(SPEC[k].flag == f for k, f in FLAGS.items())
+    args = build_parser().parse_args(["analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm",
+                                      "--request-rate", "2", "--utilization", "0.5"])
+    cols = point_columns(args, "h100-sxm")
+    assert set(cols) == {"model", "hardware", "request_rate", "utilization",
+                         *(p.name for p in TABLE if p.flag and p.flag_default)}
+    assert cols["request_rate"] == 2.0 and cols["utilization"] == 0.5 and cols["batch"] == DEFAULTS["batch"]

@@ -14,6 +14,7 @@ import json
 import math
 
 from basis.units import bytes_text, rate_text, time_text
+from dse.system.params import UNITS
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: words of a quantity kind not in ``basis.units.AXIS``
@@ -21,8 +22,8 @@ TOKENS_PER_S = "tokens_per_s"
 #: words of request rates, and of fractions shown in percent
 REQUESTS_PER_S = "requests_per_s"
 SHARE = "share"
-#: metrics that are a fraction of a whole
-SHARES = ("kv_utilization", "prefix_hit")
+#: metrics that are a fraction of a whole (a parameter's is declared: ``dse.system.params``)
+SHARES = ("kv_utilization",)
 #: integer-only compute classes: their peaks are OP/s, not FLOP/s
 _INT_PREFIX = "int"
 
@@ -55,13 +56,14 @@ def kind_of(name: str) -> str | None:
     """The quantity a metric or parameter named ``name`` measures: a key of
     ``basis.units.AXIS`` ('bytes', 'bytes_per_s', 'ops_per_s', 'seconds', 'watts',
     'dollars', 'joules', 'tokens_per_joule', 'area_mm2'), ``TOKENS_PER_S``, ``REQUESTS_PER_S``, ``SHARE`` (a fraction shown in
-    percent), or None for counts, names and flags."""
+    percent), or None for counts, names and flags. A parameter's is its declared unit
+    (``dse.system.params.UNITS``); a metric's follows from its name."""
+    if name in UNITS:
+        return UNITS[name]
     if "tokens_per_s" in name:
         return TOKENS_PER_S
-    if name in ("requests_per_s", "request_rate", "goodput"):
+    if name in ("requests_per_s", "goodput"):
         return REQUESTS_PER_S
-    if name in ("slo_ttft", "slo_tpot"):
-        return "seconds"
     if name in SHARES:
         return SHARE
     if name.endswith("_bytes_per_s") or name.endswith("_bandwidth"):

@@ -12,7 +12,7 @@ import re
 import signal
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
 from dse.system.evaluator import evaluate
-from dse.system.params import DEFAULTS, MAX_COUNT, SERVING_MODES
+from dse.system.params import SPEC, TABLE, Param
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.template import template_figures
 from hwmodels.formats import FORMATS
@@ -69,24 +69,32 @@ class _Parser(argparse.ArgumentParser):
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if not 0 < v <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_COUNT:,}, got {text}")
-    return v
+def flag_type(p: Param):
+    """The argparse ``type`` of parameter ``p``'s flag: a number of its type in its declared range
+    (``Param.out_of_range``, the check of its column; 0 refused where 0 means "none", the flag then
+    left out), or one of its ``words``; ArgumentTypeError saying what is allowed."""
+    q = replace(p, zero_allowed=False) if p.zero_is_unset else p
+
+    def parse(text: str):
+        if text in q.words:
+            return text
+        try:
+            v = int(text) if q.type is int else float(text)
+        except ValueError:
+            v = None
+        x = math.nan if v is None else float(v) if abs(v) <= MAX_FIGURE else math.inf
+        bad, allowed = q.out_of_range(np.array([x]))
+        if bad[0]:
+            words = "".join(f" or '{w}'" for w in q.words)
+            raise argparse.ArgumentTypeError(f"expected {q.noun + ': ' if q.noun else ''}{allowed}{words}, "
+                                             f"got '{text}'")
+        return v
+    parse.__name__ = p.name
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'") from None
-    if not 0 <= v <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer up to {MAX_COUNT:,}, got {text}")
-    return v
+#: the argparse ``type`` of a positive count that is no parameter (--simulate, --trials, --workers)
+_positive_int = flag_type(Param("count", int, group="run"))
 
 
 def _seed(text: str) -> int:
@@ -99,194 +107,50 @@ def _seed(text: str) -> int:
     return v
 
 
-def _rate(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of requests per second, got '{text}'") from None
-    if not (math.isfinite(v) and 0 < v <= MAX_FIGURE):
-        raise argparse.ArgumentTypeError(f"expected a finite number of requests per second > 0 up to "
-                                         f"{MAX_FIGURE:g}, got {text}")
-    return v
+def _shown(value) -> str:
+    """A default as --help states it: on/off for a flag, '90' for 90.0."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _number_in(what: str, low: float, high: float, low_allowed: bool):
-    """An argparse type: a finite number from ``low`` (allowed or not) to below ``high``."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not (math.isfinite(v) and (v >= low if low_allowed else v > low) and v < high):
-            raise argparse.ArgumentTypeError(f"expected {what}: a number {'>=' if low_allowed else '>'} {low:g} and "
-                                             f"below {high:g}, got '{text}'")
-        return v
-    return parse
+def _flag_help(p: Param) -> str:
+    """The --help text of ``p``'s flag: its declared help, with its default where neither the help
+    nor argparse (a flag whose default is the declared one: ``_Help``) states it ('none' where 0
+    means none)."""
+    if p.flag_default or p.default is None or "default" in p.help:
+        return p.help
+    return f"{p.help} (default: {'none' if p.zero_is_unset and p.default == 0 else _shown(p.default)})"
 
 
-_seconds = _number_in("seconds", 0.0, MAX_FIGURE, False)
-_acceptance = _number_in("an acceptance rate", 0.0, 1.0 + 1e-12, True)
+def add_flag(parser: argparse.ArgumentParser, p: Param, **kw) -> None:
+    """Parameter ``p``'s flag on ``parser``, its type, check, choices, default and help from its
+    declaration (``dse.system.params.TABLE``); ``kw`` adds or replaces argparse arguments."""
+    args = {"default": p.default if p.flag_default else None, "help": _flag_help(p)}
+    if p.type is bool:
+        args["action"] = argparse.BooleanOptionalAction
+    elif p.numeric:
+        args["type"] = flag_type(p)
+    for key in ("choices", "metavar", "required"):
+        if getattr(p, key):
+            args[key] = getattr(p, key)
+    parser.add_argument(p.flag, **{**args, **kw})
 
 
-def _number_of(what: str, zero_ok: bool = False):
-    """An argparse type: a finite number > 0 (>= 0 with ``zero_ok``) up to MAX_FIGURE, naming ``what``."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            v = math.nan
-        if not (math.isfinite(v) and (v >= 0 if zero_ok else v > 0) and v <= MAX_FIGURE):
-            raise argparse.ArgumentTypeError(f"expected {what}: a finite number {'>= 0' if zero_ok else '> 0'} "
-                                             f"up to {MAX_FIGURE:g}, got '{text}'")
-        return v
-    return parse
-
-
-_watts = _number_of("a power in W", zero_ok=True)
-_dollars = _number_of("an amount in $")
-_years = _number_of("a number of years")
-
-
-def _fraction(text: str) -> float:
-    """A fraction in (0, 1]."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and 0.0 < v <= 1.0):
-        raise argparse.ArgumentTypeError(f"expected a fraction: a number > 0 and at most 1, got '{text}'")
-    return v
-_share = _number_in("a share", 0.0, 1.0, True)
-_percentile = _number_in("a percentile", 0.0, 100.0, False)
-
-
-def _batch(text: str):
-    return "max" if text == "max" else _positive_int(text)
+#: the order of the parameters' flags in --help: the workload first
+_FLAG_ORDER = ("workload", "hardware", "cost")
 
 
 def _add_workload_args(p):
-    d = DEFAULTS
-    p.add_argument("--model", required=True, help="model name (see 'list models') or path to a config.json")
-    p.add_argument("--devices", type=_positive_int, default=None,
-                   help="devices (default: tp x pp x ep; given alone, all of them tensor parallel)")
-    p.add_argument("--tp", type=_positive_int, default=None,
-                   help="tensor-parallel degree (default: devices / (pp x ep), else 1)")
-    p.add_argument("--pp", type=_positive_int, default=None, help="pipeline-parallel stages (default: 1)")
-    p.add_argument("--ep", type=_positive_int, default=d["ep"],
-                   help="expert-parallel groups for MoE models (devices = tp x pp x ep)")
-    p.add_argument("--batch", type=_batch, default=d["batch"],
-                   help="sequences per batch, or 'max' (the largest that fits)")
-    p.add_argument("--prompt-len", type=_positive_int, default=d["prompt_len"], help="prompt tokens")
-    p.add_argument("--gen-len", type=_positive_int, default=d["gen_len"], help="generated tokens")
-    p.add_argument("--max-context", type=_count, default=d["max_context"],
-                   help="context limit in tokens for prompt + generation (default: 0, the model's "
-                        "max_position_embeddings; larger serves a longer one with RoPE scaling)")
-    p.add_argument("--weights", default=d["weights"], help="weights format (see 'list formats')")
-    p.add_argument("--activations", default=d["activations"], help="activations format")
-    p.add_argument("--kv", default=d["kv"], help="KV-cache format")
-    p.add_argument("--flash-attention", action=argparse.BooleanOptionalAction, default=None,
-                   help="fused attention, one operator tiled in the on-chip buffer, as serving engines run it "
-                        "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "
-                        "without one, unfused with a note; --flash-attention there is an error; "
-                        "--no-flash-attention: separate qk, softmax and sv operators)")
-    p.add_argument("--engine", default=None,
-                   help="serving-engine profile (see 'list engines'): launch, all-reduce and scheduler costs, "
-                        "attention kernel and batching of vllm, sglang, trt-llm, trt-llm-legacy, tgi, lmdeploy, "
-                        "mlc-llm, llama.cpp, gaudi, jetstream, neuron, ... (default: vllm, a modern engine: CUDA "
-                        "graphs, custom one-shot all-reduce, fused attention, continuous batching)")
+    """The flags of every parameter that has one (``dse.system.params.TABLE``), but ``--hardware``:
+    each command adds that in its own words; and ``--ideal``."""
+    for group in _FLAG_ORDER:
+        for param in TABLE:
+            if param.group == group and param.flag and param.name != "hardware":
+                add_flag(p, param)
     p.add_argument("--ideal", action="store_true",
                    help="pure roofline bound: efficiency 1, no overheads (default: off, the calibrated "
                         "efficiency model)")
-    p.add_argument("--offload", default=d["offload"],
-                   help="none | greedy | fractions on the host tier, e.g. weights=0.5,kv=0.2")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d["overlap"],
-                   help="host-tier transfers overlap compute (--no-overlap: add to it)")
-    p.add_argument("--link", default=None,
-                   help="scale-up link preset replacing the device's (see 'list links'; default: the preset's)")
-    p.add_argument("--host-tier", default=None,
-                   help="offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe; "
-                        "default: the preset's host memory)")
-    p.add_argument("--sparse", action="store_true", default=d["sparse"],
-                   help="2:4 sparse weights: the same as --sparsity 2:4")
-    p.add_argument("--sparsity", default=None,
-                   help="N:M structured weight sparsity, e.g. 2:4: weights stored compressed (kept values plus a "
-                        "ceil(log2 M)-bit index each), computed at the device's 2:4 sparse peak where it has one, "
-                        "else dense (default: none)")
-    p.add_argument("--weights-edge", default=None,
-                   help="mixed precision by layer: the format of the first and the last layer's weights, e.g. int8 "
-                        "around --weights int4 (default: none, every layer in --weights)")
-    p.add_argument("--weight-density", type=_fraction, default=None,
-                   help="unstructured weight sparsity: the share of weights kept, stored as a bitmask or CSR "
-                        "(the smaller), computed dense (default: 1, dense)")
-    p.add_argument("--activation-sparsity", type=_fraction, default=None,
-                   help="contextual sparsity (Deja Vu): the fraction of MLP neurons and attention heads active "
-                        "per token in decode, with its predictors' cost (default: 1, dense)")
-    p.add_argument("--layers-used", type=_fraction, default=None,
-                   help="early exit: the mean fraction of layers a generated token runs, with an exit "
-                        "classifier per layer (default: 1, every layer)")
-    p.add_argument("--kv-budget", type=_count, default=None,
-                   help="tokens of K and V kept per sequence and layer (H2O, StreamingLLM, SnapKV): caps the KV "
-                        "cache and the keys a decode step reads (default: 0, all)")
-    p.add_argument("--prune", default=None,
-                   help="structured pruning as a transform of the model: 'layers=N,heads=N,kv_heads=N,"
-                        "intermediate=N,hidden=N' (any of them; default: none)")
-    p.add_argument("--spec-draft", default=None,
-                   help="speculative decoding: the draft model (see 'list models', or a config.json), run at tp 1 "
-                        "beside the target, or 'self:N', the target's first N layers (default: none)")
-    p.add_argument("--spec-tokens", type=_positive_int, default=None,
-                   help="speculative decoding: tokens drafted per target step (gamma)")
-    p.add_argument("--spec-acceptance", type=_acceptance, default=None,
-                   help="speculative decoding: the per-token acceptance rate alpha, 0 to 1 (default: 0)")
-    p.add_argument("--serving", choices=SERVING_MODES, default=None,
-                   help="static: one batch of --batch sequences starts, prefills and decodes together (static-batch "
-                        "benchmarks); continuous: in-flight batching under a load, paged KV cache, chunked prefill "
-                        "(default: static, continuous when --concurrency or --request-rate is given; continuous "
-                        "without a load runs --batch requests in a closed loop)")
-    p.add_argument("--concurrency", type=_positive_int, default=None,
-                   help="continuous batching, closed loop: this many requests always in flight")
-    p.add_argument("--request-rate", type=_rate, default=None,
-                   help="continuous batching, open loop: requests/s arriving as a Poisson process")
-    p.add_argument("--kv-block", type=_positive_int, default=d["kv_block"],
-                   help="tokens per KV-cache page (vLLM's block_size)")
-    p.add_argument("--prefill-chunk", type=_count, default=d["prefill_chunk"],
-                   help="tokens one iteration processes, decode plus prompt chunks (Sarathi-Serve; vLLM's "
-                        "max_num_batched_tokens); 0: whole prompts, prefill-first")
-    p.add_argument("--max-running", type=_positive_int, default=d["max_running"],
-                   help="sequences running at once (vLLM's max_num_seqs)")
-    p.add_argument("--lengths", default=None,
-                   help="continuous batching: request lengths, 'fixed' (--prompt-len and --gen-len), 'lognormal' "
-                        "(those means, sigma 1), 'lognormal:sigma=S' or 'lognormal:prompt_sigma=S,gen_sigma=S', or "
-                        "a CSV file of prompt_len,gen_len rows (a trace; its means replace --prompt-len and "
-                        "--gen-len)")
-    p.add_argument("--prefix-hit", type=_share, default=None,
-                   help="continuous batching: share of the mean prompt that is a prefix every request shares, "
-                        "cached once (automatic prefix caching: whole KV blocks, not recomputed)")
-    p.add_argument("--disaggregate", default=None, metavar="P:D",
-                   help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
-                        "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
-                        "largest dividing P and D)")
-    p.add_argument("--slo-ttft", type=_seconds, default=None,
-                   help="SLO on time to first token, seconds, at --slo-percentile: goodput is the largest "
-                        "request rate meeting the SLOs")
-    p.add_argument("--slo-tpot", type=_seconds, default=None,
-                   help="SLO on time per output token, seconds, at --slo-percentile")
-    p.add_argument("--slo-percentile", type=_percentile, default=None,
-                   help=f"the percentile the SLOs hold at (default {d['slo_percentile']:g})")
-    p.add_argument("--cpu-layers", type=_count, default=d["cpu_layers"],
-                   help="run this many layers on the host CPU (llama.cpp-style split)")
-    p.add_argument("--host-cpu", default=None,
-                   help="CPU preset computing --cpu-layers (default: the device's host_cpu)")
-    p.add_argument("--static-power-w", type=_watts, default=None,
-                   help="static (idle) power of one device in W (default: the preset's cited figure or its measured "
-                        "energy profile's; energy per token is unknown without one)")
-    p.add_argument("--price-usd", type=_dollars, default=None,
-                   help="price of one device in $ (default: the preset's cited price, if any)")
-    p.add_argument("--electricity-usd-per-kwh", type=_dollars, default=None,
-                   help="electricity price for $ per million tokens (default: configs/economics.yaml, cited)")
-    p.add_argument("--amortization-years", type=_years, default=None,
-                   help="years a system's price is spread over (default: configs/economics.yaml, cited)")
-    p.add_argument("--utilization", type=_fraction, default=None,
-                   help="share of the time the system serves at the modelled rate, in (0, 1] (default: 1)")
 
 
 #: example command lines of each subcommand (shown under its --help), and of the whole tool
@@ -338,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--simulate", type=_positive_int, default=None, metavar="N",
                    help="also run N requests through the discrete-event simulator of the same engine and print "
                         "its metrics beside the steady-state model's (continuous batching only; N from 10)")
-    a.add_argument("--hardware", required=True, help="hardware preset (see 'list hardware') or a preset YAML path")
+    add_flag(a, SPEC["hardware"])
     a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
@@ -367,8 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     c = command("compare", "the same workload on several hardware presets, side by side")
     _add_workload_args(c)
-    c.add_argument("--hardware", required=True, nargs="+",
-                   help="hardware presets (see 'list hardware') or preset YAML paths")
+    add_flag(c, SPEC["hardware"], nargs="+", help="hardware presets (see 'list hardware') or preset YAML paths")
     c.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the comparison as bar charts (default: no plot)")
@@ -385,22 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: column names that are also words of the messages' prose ("the weights do not fit"): ``flagged``
+#: leaves them as they are
+_PROSE = ("hardware", "model", "weights", "activations", "kv", "overlap", "engine")
 #: command-line flags of the design-point columns, for messages in the words the user typed
-FLAGS = {"cpu_layers": "--cpu-layers", "host_cpu": "--host-cpu", "host_tier": "--host-tier",
-         "prompt_len": "--prompt-len", "gen_len": "--gen-len", "flash_attention": "--flash-attention",
-         "devices": "--devices", "tp": "--tp", "pp": "--pp", "ep": "--ep", "offload": "--offload",
-         "sparse": "--sparse", "batch": "--batch", "link": "--link",
-         "max_context": "--max-context", "serving": "--serving", "concurrency": "--concurrency",
-         "request_rate": "--request-rate", "kv_block": "--kv-block", "prefill_chunk": "--prefill-chunk",
-         "max_running": "--max-running", "lengths": "--lengths", "prefix_hit": "--prefix-hit",
-         "disaggregate": "--disaggregate", "slo_ttft": "--slo-ttft", "slo_tpot": "--slo-tpot",
-         "slo_percentile": "--slo-percentile", "sparsity": "--sparsity", "weight_density": "--weight-density",
-         "activation_sparsity": "--activation-sparsity", "layers_used": "--layers-used", "kv_budget": "--kv-budget",
-         "prune": "--prune", "spec_draft": "--spec-draft", "spec_tokens": "--spec-tokens",
-         "spec_acceptance": "--spec-acceptance", "weights_edge": "--weights-edge",
-         "static_power_w": "--static-power-w", "price_usd": "--price-usd",
-         "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "amortization_years": "--amortization-years",
-         "utilization": "--utilization"}
+FLAGS = {p.name: p.flag for p in TABLE if p.flag and p.name not in _PROSE}
 
 
 def flagged(text: str) -> str:
@@ -413,22 +265,13 @@ def point_columns(args, hardware) -> dict:
     """The columns of the design point the workload options of ``args`` describe on ``hardware``
     (an option left at None is left out: the evaluator's default, e.g. FlashAttention on where the
     hardware has an on-chip buffer)."""
-    cols = {"model": args.model, "hardware": hardware, "batch": args.batch, "prompt_len": args.prompt_len,
-            "gen_len": args.gen_len, "weights": args.weights, "activations": args.activations, "kv": args.kv,
-            "ep": args.ep, "offload": args.offload,
-            "overlap": args.overlap, "sparse": args.sparse, "cpu_layers": args.cpu_layers,
-            "max_context": args.max_context, "kv_block": args.kv_block, "prefill_chunk": args.prefill_chunk,
-            "max_running": args.max_running}
     if args.spec_draft is None and (args.spec_tokens is not None or args.spec_acceptance is not None):
         raise DseError("--spec-tokens and --spec-acceptance describe speculative decoding: give its draft too "
                        "(--spec-draft MODEL, or --spec-draft self:N)")
-    for k in ("devices", "tp", "pp", "link", "host_tier", "host_cpu", "flash_attention", "engine", "serving", "concurrency",
-              "request_rate", "lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
-              "sparsity", "weight_density", "activation_sparsity", "layers_used", "kv_budget", "prune", "spec_draft",
-              "spec_tokens", "spec_acceptance", "weights_edge", "static_power_w", "price_usd",
-              "electricity_usd_per_kwh", "amortization_years", "utilization"):
-        if getattr(args, k) is not None:
-            cols[k] = getattr(args, k)
+    cols = {"model": args.model, "hardware": hardware}
+    for p in TABLE:
+        if p.flag and p.name not in cols and getattr(args, p.name) is not None:
+            cols[p.name] = getattr(args, p.name)
     return cols
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, out_of_range
+from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, REQUIRED, SPEC, out_of_range
 
 
 def _is_array(v) -> bool:
@@ -29,7 +29,7 @@ class Columns:
         unknown = sorted(set(columns) - set(PARAMS))
         if unknown:
             raise DseError(f"{where}: unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(PARAMS)}")
-        for key in ("hardware", "model"):
+        for key in REQUIRED:
             if key not in columns:
                 raise DseError(f"{where}: '{key}' is required")
         self.where = where
@@ -50,8 +50,8 @@ class Columns:
         self._checked: set[str] = set()       # numeric columns whose every entry is known to be allowed
         if self.n == 0:
             raise DseError(f"{where}: no design points (empty columns)")
-        for k, v in cols.items():
-            if PARAMS[k] in (int, float) and k != "batch":
+        for k in cols:
+            if SPEC[k].numeric and not SPEC[k].words:   # a number that also takes words (batch): ``batch``
                 self.numbers(k)       # range check of every numeric column before any work
 
     def take(self, order: np.ndarray) -> "Columns":

@@ -1,4 +1,5 @@
-"""The columns of a design point: every hardware and workload parameter ``evaluate`` reads.
+"""The columns of a design point: every hardware, workload and cost parameter ``evaluate`` reads,
+each declared once in ``TABLE``.
 
 A design point is one entry of each column. Hardware columns start from the base preset
 named in ``hardware`` (a preset name, a preset YAML path, or a ``Device``) and override
@@ -13,176 +14,318 @@ runs its engine's attention kernel (unfused for llama.cpp and FlexGen), and a po
 without an on-chip buffer (no ``onchip_buffer_bytes``: Gaudi 2 and 3, GDDR6-AiM, whose presets cite
 none) runs unfused attention instead of being infeasible (``Evaluation.point`` says which ran); given explicitly as true, such a point is infeasible (reason ``onchip_buffer``). ``offload`` takes ``none``,
 ``greedy`` or explicit fractions such as ``weights=0.5,kv=0.2``.
+
+Serving (``serving``): ``static`` (one batch of ``batch`` sequences starts, prefills and decodes
+together: static-batch benchmarks) or ``continuous`` (in-flight batching under a load: a paged KV
+cache, at most ``max_running`` sequences running, prompts cut into chunks that fill a per-iteration
+budget of ``prefill_chunk`` tokens). Giving a load, a length distribution, a prefix, an SLO or pools
+means continuous. The serving defaults are vLLM's for its OpenAI server on a GPU of 70 GiB or more:
+block_size 16, max_num_batched_tokens 8192, max_num_seqs 1024, chunked prefill on
+(vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults; smaller GPUs get 2048 and 256 there).
+
+Everything else is derived from ``TABLE``: the groups (``HARDWARE_PARAMS``, ``WORKLOAD_PARAMS``,
+``COST_PARAMS``, ``PARAMS``: name -> type), ``DEFAULTS``, the ranges (``ZERO_ALLOWED``, ``BELOW``,
+``AT_MOST_ONE``, ``MAY_BE_MISSING``, ``out_of_range``), the display units (``UNITS``), and the command
+line's flags, checks and help (``dse.study.cli``). Adding a parameter is one entry here, plus the
+physics that reads it.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from basis.errors import MAX_FIGURE
 from hwmodels.formats import COMPUTE_CLASSES
 
-#: hardware-template parameters (override the base preset named by ``hardware``)
-HARDWARE_PARAMS = {
-    "hardware": str,
-    **{f"peak_{c}": float for c in COMPUTE_CLASSES},
-    "compute_scale": float,
-    "vector_ops_per_s": float,
-    "memory_bandwidth": float,
-    "memory_capacity": float,
-    "onchip_buffer_bytes": float,
-    "link": str,
-    "link_bandwidth": float,
-    "link_latency": float,
-    "host_tier": str,
-    "host_link_bandwidth": float,
-    "host_memory_capacity": float,
-    "host_memory_bandwidth": float,
-    "host_cpu": str,
-    "pim_multiple": float,
-    "pim_peak": float,
-    "native_formats": str,
-    "tdp_w": float,
-    "price_usd": float,
-    "static_power_w": float,
-    # the accelerator template (``hwmodels.template.TEMPLATE_COLUMNS``): vary the microarchitecture
-    # of a preset that has one (a100-80gb, h100-sxm)
-    "cores": int,
-    "clock_hz": float,
-    "l2_bytes": float,
-    "memory_stacks": int,
-    "memory_type": str,
-    "process_node": str,
-    "power_limit_w": float,
-}
-#: the cost of serving (``dse.core.economics``): electricity price ($/kWh), the years a system's
-#: price is spread over, and the share of the time it serves; left out, the cited defaults of
-#: ``configs/economics.yaml``
-COST_PARAMS = {
-    "electricity_usd_per_kwh": float,
-    "amortization_years": float,
-    "utilization": float,
-}
-#: workload parameters (``devices`` alone sets tp = devices / (pp x ep))
-WORKLOAD_PARAMS = {
-    "model": str,
-    "batch": int,
-    "prompt_len": int,
-    "gen_len": int,
-    "weights": str,
-    "activations": str,
-    "kv": str,
-    "devices": int,
-    "tp": int,
-    "pp": int,
-    "ep": int,
-    "flash_attention": bool,
-    "offload": str,
-    "overlap": bool,
-    "sparse": bool,
-    "cpu_layers": int,
-    "max_context": int,
-    "serving": str,
-    "concurrency": int,
-    "request_rate": float,
-    "kv_block": int,
-    "prefill_chunk": int,
-    "max_running": int,
-    "lengths": str,
-    "prefix_hit": float,
-    "slo_ttft": float,
-    "slo_tpot": float,
-    "slo_percentile": float,
-    "disaggregate": str,
-    "target_rate": float,
-    "engine": str,
-    "sparsity": str,
-    "weight_density": float,
-    "activation_sparsity": float,
-    "layers_used": float,
-    "kv_budget": int,
-    "prune": str,
-    "spec_draft": str,
-    "spec_tokens": int,
-    "spec_acceptance": float,
-    "weights_edge": str,
-}
-PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS, **COST_PARAMS}
-#: numeric parameters that may be 0 (all others must be positive): layers on the CPU, a
-#: latency, an on-chip buffer, host memory (0: none to offload to), the context (0: the model's
-#: ``max_position_embeddings``)
-ZERO_ALLOWED = ("cpu_layers", "link_latency", "onchip_buffer_bytes", "host_memory_capacity", "max_context",
-                "concurrency", "request_rate", "prefill_chunk", "prefix_hit", "slo_ttft", "slo_tpot", "target_rate",
-                "kv_budget", "spec_tokens", "spec_acceptance", "static_power_w")
-#: numeric parameters with an upper bound they must stay below (a share, a percentile)
-BELOW = {"prefix_hit": 1.0, "slo_percentile": 100.0}
-#: numeric parameters that are fractions: at most 1
-AT_MOST_ONE = ("weight_density", "activation_sparsity", "layers_used", "spec_acceptance", "utilization")
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
-#: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
-#: from the others; a hardware figure is the base preset's own)
-MAY_BE_MISSING = ("devices", "tp", "pp", "cores", "memory_stacks", *(k for k, v in HARDWARE_PARAMS.items() if v is float),
-                  *COST_PARAMS)
-DEFAULTS = {"batch": 1, "prompt_len": 512, "gen_len": 128, "weights": "fp16", "activations": "fp16", "kv": "fp16",
-            "ep": 1, "flash_attention": True, "offload": "none", "overlap": True, "sparse": False, "cpu_layers": 0,
-            "max_context": 0, "serving": "static", "concurrency": 0, "request_rate": 0.0, "kv_block": 16,
-            "prefill_chunk": 8192, "max_running": 1024, "lengths": "fixed", "prefix_hit": 0.0, "slo_ttft": 0.0,
-            "slo_tpot": 0.0, "slo_percentile": 90.0, "disaggregate": "none",
-            "target_rate": 0.0, "engine": "default", "sparsity": "none", "weight_density": 1.0,
-            "activation_sparsity": 1.0, "layers_used": 1.0, "kv_budget": 0, "prune": "none", "spec_draft": "none",
-            "spec_tokens": 0, "spec_acceptance": 0.0, "weights_edge": "none"}
-#: the techniques (``dse.system.techniques``, ``workloads.techniques``): ``sparsity`` N:M (``2:4``) stored
-#: compressed, computed at the device's 2:4 sparse peak where it has one (``sparse: true`` is 2:4);
-#: ``weight_density`` unstructured; ``activation_sparsity`` the fraction of MLP neurons and heads
-#: active per token (Deja Vu); ``layers_used`` early exit; ``kv_budget`` tokens of K/V kept per
-#: sequence (0: all); ``prune`` a structured-pruned model; ``spec_draft``/``spec_tokens``/
-#: ``spec_acceptance`` speculative decoding; ``weights_edge`` the format of the first and last layers' weights.
-#: ``engine`` names the serving-engine profile the point runs (``configs/engines.yaml``: vllm, sglang,
-#: trt-llm, trt-llm-legacy, tgi, lmdeploy, mlc-llm, llama.cpp, gaudi, jetstream, neuron, ...); its
-#: launch, all-reduce and scheduler costs, attention kernel and batching enter the efficiency
-#: (``dse.core.engines``). ``default`` is the file's ``default_engine`` (vLLM: CUDA graphs, custom
-#: one-shot all-reduce, fused attention, continuous batching).
-#: how requests are scheduled: ``static`` (one batch of ``batch`` sequences starts, prefills and
-#: decodes together: static-batch benchmarks) or ``continuous`` (in-flight batching under a load:
-#: ``concurrency`` requests always in flight, or ``request_rate`` requests/s arriving as a Poisson
-#: process; a paged KV cache of ``kv_block``-token blocks, at most ``max_running`` sequences
-#: running, prompts cut into chunks that fill a per-iteration budget of ``prefill_chunk`` tokens
-#: (0: whole prompts, prefill-first). Request lengths are ``lengths`` (``fixed``, ``lognormal[:sigma=S]``
-#: or a CSV trace: ``workloads.lengths``); ``prefix_hit`` is the share of the mean prompt that is a
-#: prefix shared by every request and cached (its whole KV blocks held once, not recomputed);
-#: ``slo_ttft`` and ``slo_tpot`` (seconds, 0: none) are SLOs at the ``slo_percentile``-th percentile,
-#: for ``goodput``; ``disaggregate`` (``P:D``) puts prompts on P devices and decoding on D others, the
-#: KV cache moved over the link between them (instances of ``tp`` devices each; ``tp`` left out: the
-#: largest that divides both). ``target_rate`` (requests/s, 0: none) is what a whole service must
-#: carry: it takes ceil(target_rate / goodput) engines like this one (``replicas``; needs an SLO).
-#: Giving a load, a length distribution, a prefix, an SLO or pools means continuous. Defaults are vLLM's for its
-#: OpenAI server on a GPU of 70 GiB or more: block_size 16, max_num_batched_tokens 8192,
-#: max_num_seqs 1024, chunked prefill on (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults;
-#: smaller GPUs get 2048 and 256 there).
+#: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
+#: the groups of parameters: hardware (override the base preset named by ``hardware``), the
+#: workload, and the cost of serving (``dse.core.economics``)
+GROUPS = ("hardware", "workload", "cost")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a design point, declared once.
+
+    ``type``: int, float, str or bool. ``default``: its value when left out (None: "not given", the
+    base preset's figure or a derived value; a numeric parameter without a default may then be NaN
+    at a point: ``MAY_BE_MISSING``). The range of a number: positive, or ``zero_allowed`` (>= 0);
+    at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float); ``below`` an upper bound it must stay
+    under; ``at_most_one`` a fraction. ``zero_is_unset``: 0 means "none" (the default), so the
+    command line, where one leaves the flag out instead, refuses it. ``words``: words taken besides
+    numbers (``batch``: 'max'); ``choices``: the only values of a name. ``unit``: the quantity it
+    measures for display (a kind of ``dse.present.display.kind_of``: 'bytes', 'bytes_per_s',
+    'ops_per_s', 'seconds', 'watts', 'dollars', 'requests_per_s', 'share'; None: a count, a name, a
+    flag, or a figure shown as it is). ``flag``: its command-line option (None: study files and
+    Python only); ``flag_default``: the option's default is ``default`` (stated by --help), else it
+    is left out unless given (the evaluator decides; ``help`` says what happens); ``noun``: what
+    a value is, for the option's error message; ``metavar``: the option's value in --help.
+    ``help``: what it is, in its unit. ``required``: every design point names one.
+    """
+
+    name: str
+    type: type
+    group: str = "workload"
+    help: str = ""
+    default: object = None
+    zero_allowed: bool = False
+    below: float | None = None
+    at_most_one: bool = False
+    zero_is_unset: bool = False
+    words: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    unit: str | None = None
+    flag: str | None = None
+    flag_default: bool = False
+    noun: str = ""
+    metavar: str | None = None
+    required: bool = False
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in (int, float)
+
+    @property
+    def may_be_missing(self) -> bool:
+        """True when a NaN entry means "not given" at that point (a number without a default)."""
+        return self.numeric and self.default is None
+
+    def out_of_range(self, values: np.ndarray) -> tuple[np.ndarray, str]:
+        """(True where an entry of ``values`` is not allowed, a phrase saying what is): finite, an
+        integer for counts, positive (or >= 0 when ``zero_allowed``), at most ``MAX_COUNT`` /
+        ``MAX_FIGURE``, below ``below``, at most 1 for ``at_most_one``. NaN entries are flagged;
+        callers that accept "not given" mask them out."""
+        a = np.asarray(values, dtype=float)
+        zero = self.zero_allowed
+        with np.errstate(invalid="ignore"):
+            if self.type is int:
+                bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
+                return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
+            bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
+            if self.below is not None:
+                bad |= a >= self.below
+                return bad, f"a number {'>= 0' if zero else '> 0'} and below {self.below:g}"
+            if self.at_most_one:
+                bad |= a > 1.0
+                return bad, f"a fraction {'>= 0' if zero else '> 0'} and at most 1"
+        return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
+
+
+def _hardware(name: str, type_: type, help_: str, **kw) -> Param:
+    return Param(name, type_, "hardware", help_, **kw)
+
+
+def _cost(name: str, help_: str, **kw) -> Param:
+    return Param(name, float, "cost", help_, **kw)
+
+
+_CONFIG_ECONOMICS = "(default: configs/economics.yaml, cited)"
+
+#: every parameter, once: hardware, then workload, then cost (the order of ``PARAMS``)
+TABLE: tuple[Param, ...] = (
+    # ---- hardware: override the base preset named by ``hardware``
+    _hardware("hardware", str, "hardware preset (see 'list hardware') or a preset YAML path", flag="--hardware",
+              required=True),
+    *(_hardware(f"peak_{c}", float, f"dense peak of the {c} compute class, ops/s (a multiply-accumulate is 2 ops)",
+                unit="ops_per_s") for c in COMPUTE_CLASSES),
+    _hardware("compute_scale", float, "factor on every compute peak of the preset"),
+    _hardware("vector_ops_per_s", float, "peak of the vector units, ops/s", unit="ops_per_s"),
+    _hardware("memory_bandwidth", float, "bandwidth of device memory, bytes/s", unit="bytes_per_s"),
+    _hardware("memory_capacity", float, "capacity of device memory, bytes", unit="bytes"),
+    _hardware("onchip_buffer_bytes", float, "on-chip buffer that FlashAttention tiles in, bytes (0: none)",
+              zero_allowed=True, unit="bytes"),
+    _hardware("link", str, "scale-up link preset replacing the device's (see 'list links'; default: the preset's)",
+              flag="--link"),
+    _hardware("link_bandwidth", float, "scale-up link bandwidth per direction, bytes/s", unit="bytes_per_s"),
+    _hardware("link_latency", float, "scale-up link latency, seconds", zero_allowed=True, unit="seconds"),
+    _hardware("host_tier", str, "offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe; "
+              "default: the preset's host memory)", flag="--host-tier"),
+    _hardware("host_link_bandwidth", float, "bandwidth of the link to the host tier, bytes/s", unit="bytes_per_s"),
+    _hardware("host_memory_capacity", float, "host memory to offload to, bytes (0: none)", zero_allowed=True,
+              unit="bytes"),
+    _hardware("host_memory_bandwidth", float, "bandwidth of host memory, bytes/s", unit="bytes_per_s"),
+    _hardware("host_cpu", str, "CPU preset computing --cpu-layers (default: the device's host_cpu)",
+              flag="--host-cpu"),
+    _hardware("pim_multiple", float, "internal bandwidth of processing-in-memory as a multiple of the external"),
+    _hardware("pim_peak", float, "compute peak of processing-in-memory, ops/s", unit="ops_per_s"),
+    _hardware("native_formats", str, "the formats the device computes natively, comma-separated"),
+    _hardware("tdp_w", float, "thermal design power of one device, W", unit="watts"),
+    _hardware("price_usd", float, "price of one device in $ (default: the preset's cited price, if any)",
+              unit="dollars", flag="--price-usd", noun="an amount in $"),
+    _hardware("static_power_w", float, "static (idle) power of one device in W (default: the preset's cited figure "
+              "or its measured energy profile's; energy per token is unknown without one)", zero_allowed=True,
+              unit="watts", flag="--static-power-w", noun="a power in W"),
+    # the accelerator template (``hwmodels.template.TEMPLATE_COLUMNS``): vary the microarchitecture of a
+    # preset that has one (a100-80gb, h100-sxm)
+    _hardware("cores", int, "template: compute cores (SMs)"),
+    _hardware("clock_hz", float, "template: clock, Hz"),
+    _hardware("l2_bytes", float, "template: L2 cache, bytes", unit="bytes"),
+    _hardware("memory_stacks", int, "template: memory stacks (HBM)"),
+    _hardware("memory_type", str, "template: memory technology (hwmodels.template)"),
+    _hardware("process_node", str, "template: process node (hwmodels.template)"),
+    _hardware("power_limit_w", float, "template: board power limit, W", unit="watts"),
+    # ---- workload (``devices`` alone sets tp = devices / (pp x ep))
+    Param("model", str, help="model name (see 'list models') or path to a config.json", flag="--model",
+          required=True),
+    Param("batch", int, help="sequences per batch, or 'max' (the largest that fits)", default=1, words=(BATCH_MAX,),
+          flag="--batch", flag_default=True),
+    Param("prompt_len", int, help="prompt tokens", default=512, flag="--prompt-len", flag_default=True),
+    Param("gen_len", int, help="generated tokens", default=128, flag="--gen-len", flag_default=True),
+    Param("weights", str, help="weights format (see 'list formats')", default="fp16", flag="--weights",
+          flag_default=True),
+    Param("activations", str, help="activations format", default="fp16", flag="--activations", flag_default=True),
+    Param("kv", str, help="KV-cache format", default="fp16", flag="--kv", flag_default=True),
+    Param("devices", int, help="devices (default: tp x pp x ep; given alone, all of them tensor parallel)",
+          flag="--devices"),
+    Param("tp", int, help="tensor-parallel degree (default: devices / (pp x ep), else 1)", flag="--tp"),
+    Param("pp", int, help="pipeline-parallel stages (default: 1)", flag="--pp"),
+    Param("ep", int, help="expert-parallel groups for MoE models (devices = tp x pp x ep)", default=1, flag="--ep",
+          flag_default=True),
+    Param("flash_attention", bool, default=True, flag="--flash-attention",
+          help="fused attention, one operator tiled in the on-chip buffer, as serving engines run it "
+               "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "
+               "without one, unfused with a note; --flash-attention there is an error; "
+               "--no-flash-attention: separate qk, softmax and sv operators)"),
+    Param("offload", str, help="none | greedy | fractions on the host tier, e.g. weights=0.5,kv=0.2", default="none",
+          flag="--offload", flag_default=True),
+    Param("overlap", bool, help="host-tier transfers overlap compute (--no-overlap: add to it)", default=True,
+          flag="--overlap", flag_default=True),
+    Param("sparse", bool, help="2:4 sparse weights: the same as --sparsity 2:4", default=False, flag="--sparse",
+          flag_default=True),
+    Param("cpu_layers", int, help="run this many layers on the host CPU (llama.cpp-style split)", default=0,
+          zero_allowed=True, flag="--cpu-layers", flag_default=True),
+    Param("max_context", int, default=0, zero_allowed=True, flag="--max-context", flag_default=True,
+          help="context limit in tokens for prompt + generation (default: 0, the model's "
+               "max_position_embeddings; larger serves a longer one with RoPE scaling)"),
+    Param("serving", str, default="static", choices=SERVING_MODES, flag="--serving",
+          help="static: one batch of --batch sequences starts, prefills and decodes together (static-batch "
+               "benchmarks); continuous: in-flight batching under a load, paged KV cache, chunked prefill "
+               "(default: static, continuous when --concurrency or --request-rate is given; continuous "
+               "without a load runs --batch requests in a closed loop)"),
+    Param("concurrency", int, help="continuous batching, closed loop: this many requests always in flight",
+          default=0, zero_allowed=True, zero_is_unset=True, flag="--concurrency"),
+    Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
+          default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
+          noun="requests per second"),
+    Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, flag="--kv-block",
+          flag_default=True),
+    Param("prefill_chunk", int, default=8192, zero_allowed=True, flag="--prefill-chunk", flag_default=True,
+          help="tokens one iteration processes, decode plus prompt chunks (Sarathi-Serve; vLLM's "
+               "max_num_batched_tokens); 0: whole prompts, prefill-first"),
+    Param("max_running", int, help="sequences running at once (vLLM's max_num_seqs)", default=1024,
+          flag="--max-running", flag_default=True),
+    Param("lengths", str, default="fixed", flag="--lengths",
+          help="continuous batching: request lengths, 'fixed' (--prompt-len and --gen-len), 'lognormal' "
+               "(those means, sigma 1), 'lognormal:sigma=S' or 'lognormal:prompt_sigma=S,gen_sigma=S', or "
+               "a CSV file of prompt_len,gen_len rows (a trace; its means replace --prompt-len and "
+               "--gen-len)"),
+    Param("prefix_hit", float, default=0.0, zero_allowed=True, below=1.0, unit="share", flag="--prefix-hit",
+          noun="a share",
+          help="continuous batching: share of the mean prompt that is a prefix every request shares, "
+               "cached once (automatic prefix caching: whole KV blocks, not recomputed)"),
+    Param("slo_ttft", float, default=0.0, zero_allowed=True, zero_is_unset=True, unit="seconds", flag="--slo-ttft",
+          noun="seconds",
+          help="SLO on time to first token, seconds, at --slo-percentile: goodput is the largest "
+               "request rate meeting the SLOs"),
+    Param("slo_tpot", float, help="SLO on time per output token, seconds, at --slo-percentile", default=0.0,
+          zero_allowed=True, zero_is_unset=True, unit="seconds", flag="--slo-tpot", noun="seconds"),
+    Param("slo_percentile", float, help="the percentile the SLOs hold at", default=90.0, below=100.0,
+          flag="--slo-percentile", noun="a percentile"),
+    Param("disaggregate", str, default="none", flag="--disaggregate", metavar="P:D",
+          help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
+               "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
+               "largest dividing P and D)"),
+    Param("target_rate", float, default=0.0, zero_allowed=True, zero_is_unset=True,
+          help="requests/s a whole service must carry: it takes ceil(target_rate / goodput) engines like this one "
+               "(``replicas``; needs an SLO; 0: none)"),
+    Param("engine", str, default="default", flag="--engine",
+          help="serving-engine profile (see 'list engines'): launch, all-reduce and scheduler costs, "
+               "attention kernel and batching of vllm, sglang, trt-llm, trt-llm-legacy, tgi, lmdeploy, "
+               "mlc-llm, llama.cpp, gaudi, jetstream, neuron, ... (default: vllm, a modern engine: CUDA "
+               "graphs, custom one-shot all-reduce, fused attention, continuous batching)"),
+    Param("sparsity", str, default="none", flag="--sparsity",
+          help="N:M structured weight sparsity, e.g. 2:4: weights stored compressed (kept values plus a "
+               "ceil(log2 M)-bit index each), computed at the device's 2:4 sparse peak where it has one, "
+               "else dense (default: none)"),
+    Param("weight_density", float, default=1.0, at_most_one=True, flag="--weight-density",
+          help="unstructured weight sparsity: the share of weights kept, stored as a bitmask or CSR "
+               "(the smaller), computed dense (default: 1, dense)"),
+    Param("activation_sparsity", float, default=1.0, at_most_one=True, flag="--activation-sparsity",
+          help="contextual sparsity (Deja Vu): the fraction of MLP neurons and attention heads active "
+               "per token in decode, with its predictors' cost (default: 1, dense)"),
+    Param("layers_used", float, default=1.0, at_most_one=True, flag="--layers-used",
+          help="early exit: the mean fraction of layers a generated token runs, with an exit "
+               "classifier per layer (default: 1, every layer)"),
+    Param("kv_budget", int, default=0, zero_allowed=True, flag="--kv-budget",
+          help="tokens of K and V kept per sequence and layer (H2O, StreamingLLM, SnapKV): caps the KV "
+               "cache and the keys a decode step reads (default: 0, all)"),
+    Param("prune", str, default="none", flag="--prune",
+          help="structured pruning as a transform of the model: 'layers=N,heads=N,kv_heads=N,"
+               "intermediate=N,hidden=N' (any of them; default: none)"),
+    Param("spec_draft", str, default="none", flag="--spec-draft",
+          help="speculative decoding: the draft model (see 'list models', or a config.json), run at tp 1 "
+               "beside the target, or 'self:N', the target's first N layers (default: none)"),
+    Param("spec_tokens", int, help="speculative decoding: tokens drafted per target step (gamma)", default=0,
+          zero_allowed=True, zero_is_unset=True, flag="--spec-tokens"),
+    Param("spec_acceptance", float, default=0.0, zero_allowed=True, at_most_one=True, flag="--spec-acceptance",
+          noun="an acceptance rate",
+          help="speculative decoding: the per-token acceptance rate alpha, 0 to 1 (default: 0)"),
+    Param("weights_edge", str, default="none", flag="--weights-edge",
+          help="mixed precision by layer: the format of the first and the last layer's weights, e.g. int8 "
+               "around --weights int4 (default: none, every layer in --weights)"),
+    # ---- the cost of serving (``dse.core.economics``); left out, the cited defaults of configs/economics.yaml
+    _cost("electricity_usd_per_kwh", f"electricity price for $ per million tokens {_CONFIG_ECONOMICS}",
+          flag="--electricity-usd-per-kwh", noun="an amount in $"),
+    _cost("amortization_years", f"years a system's price is spread over {_CONFIG_ECONOMICS}",
+          flag="--amortization-years", noun="a number of years"),
+    _cost("utilization", "share of the time the system serves at the modelled rate, in (0, 1] (default: 1)",
+          at_most_one=True, flag="--utilization"),
+)
+#: each parameter's declaration by name
+SPEC: dict[str, Param] = {p.name: p for p in TABLE}
+
+
+def _types(group: str) -> dict[str, type]:
+    return {p.name: p.type for p in TABLE if p.group == group}
+
+
+#: hardware-template parameters (override the base preset named by ``hardware``): name -> type
+HARDWARE_PARAMS = _types("hardware")
+#: workload parameters: name -> type
+WORKLOAD_PARAMS = _types("workload")
+#: the cost of serving: electricity price ($/kWh), the years a system's price is spread over, and the
+#: share of the time it serves; left out, the cited defaults of ``configs/economics.yaml``
+COST_PARAMS = _types("cost")
+PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS, **COST_PARAMS}
+#: the value of each parameter left out (those without one are "not given")
+DEFAULTS = {p.name: p.default for p in TABLE if p.default is not None}
+#: numeric parameters that may be 0 (all others must be positive)
+ZERO_ALLOWED = tuple(p.name for p in TABLE if p.numeric and p.zero_allowed)
+#: numeric parameters with an upper bound they must stay below (a share, a percentile)
+BELOW = {p.name: p.below for p in TABLE if p.below is not None}
+#: numeric parameters that are fractions: at most 1
+AT_MOST_ONE = tuple(p.name for p in TABLE if p.at_most_one)
+#: numeric parameters whose NaN entries mean "not given" at that point (the layout follows
+#: from the others; a hardware figure is the base preset's own; a cost, economics.yaml's)
+MAY_BE_MISSING = tuple(p.name for p in TABLE if p.may_be_missing)
+#: parameters every design point must name
+REQUIRED = tuple(p.name for p in TABLE if p.required)
+#: the quantity each parameter measures, for display (``dse.present.display.kind_of``; None: shown as it is)
+UNITS = {p.name: p.unit for p in TABLE}
+
 
 def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
     """(True where an entry of numeric parameter ``name`` is not allowed, a phrase saying
-    what is): finite, an integer for counts, positive (or >= 0 for ``ZERO_ALLOWED``), at
-    most ``MAX_COUNT`` / ``MAX_FIGURE``. NaN entries are flagged; callers that accept
-    "not given" mask them out."""
-    a = np.asarray(values, dtype=float)
-    zero = name in ZERO_ALLOWED
-    with np.errstate(invalid="ignore"):
-        if PARAMS[name] is int:
-            bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
-            return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
-        bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
-        if name in BELOW:
-            bad |= a >= BELOW[name]
-            return bad, f"a number {'>= 0' if zero else '> 0'} and below {BELOW[name]:g}"
-        if name in AT_MOST_ONE:
-            bad |= a > 1.0
-            return bad, f"a fraction {'>= 0' if zero else '> 0'} and at most 1"
-    return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
+    what is): ``Param.out_of_range`` of its declaration."""
+    return SPEC[name].out_of_range(values)
 
 
-__all__ = ["out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS", "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS",
-           "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX", "MAY_BE_MISSING", "SERVING_MODES"]
+__all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
+           "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
+           "MAY_BE_MISSING", "REQUIRED", "SERVING_MODES", "UNITS", "GROUPS"]
