@@ -51,7 +51,6 @@ from dse.system.hardware import HardwareArrays, assemble
 from dse.system.layout import parallel_layout
 from dse.system.params import SERVING_MODES
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
-from hwmodels.presets import DEVICE_CLASSES
 
 
 class Plan:
@@ -319,7 +318,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     lay_devices, lay_tp, pooled = pool_layout(w, fail)
     tp, pp, valid = parallel_layout(lay_devices, lay_tp, w["pp"], w["ep"])
     fail("layout", np.flatnonzero(~valid))
-    sized = hw.spatial & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
+    sized = hw.sized_by_capacity & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
     chips = np.full(n, np.nan)
     if sized.any():
         tp, pp = tp.copy(), pp.copy()            # (one value for every point: written per point here)
@@ -368,7 +367,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         names = {k: str(w[k + "_names"][w[k][i0]]) for k in ("weights", "activations", "kv")}
         if w["flash"][i0] and not hw.buffer[i0] > 0:
             fail("onchip_buffer", positions(idx))
-            groups.append(Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]], family=hw.families[hw.family[i0]],
+            groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
                                  engine=w["engines"][w["engine"][i0]]))
             continue
         tech = w["techniques"][w["tech"][i0]]
@@ -383,7 +382,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                 spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
         except DseError as e:
             fail("model_split", positions(idx), str(e))
-            groups.append(Group(idx, None, None, DEVICE_CLASSES[hw.device_class[i0]], family=hw.families[hw.family[i0]],
+            groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
                                  engine=w["engines"][w["engine"][i0]]))
             continue
         groups.append(check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation, spec))

@@ -19,7 +19,6 @@ from dse.system.techniques import draft_model
 from dse.system.workload import WorkloadTables, footprint_in_batch, tables
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
-from hwmodels.presets import DEVICE_CLASSES
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads import optable
@@ -245,7 +244,7 @@ def check_group(idx, t: WorkloadTables, model, w: dict, hw: HardwareArrays, i0: 
     base["memory_bytes"][idx] = fp.weights_bytes + act + kv
     base["offloaded_bytes"][idx] = pl.host_bytes
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
-    return Group(idx, t, sys, DEVICE_CLASSES[hw.device_class[i0]], cpu, serving, hw.families[hw.family[i0]],
+    return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
                   w["engines"][w["engine"][i0]], float(kv_group), spec)
 
 

@@ -14,6 +14,7 @@ from dse.core.roofline import SystemArrays
 from dse.system.columns import Columns, group, group_codes, groups_of, per_code
 from dse.system.techniques import TECHNIQUE_COLUMNS
 from dse.system.workload import WorkloadBatch, WorkloadTables
+from hwmodels.classes import DeviceClass
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Group:
     index: np.ndarray             # positions of the points in the caller's order
     tables: WorkloadTables | None
     system: SystemArrays | None
-    device_class: str
+    device_class: DeviceClass     # the hardware class (``hwmodels.classes``)
     cpu: dict | None = None       # CPU layer split: share, CPU system, hop bytes and host link
     serving: dict | None = None   # continuous batching: iteration model and per-point load arrays
     family: str = ""              # the efficiency family (``dse.core.efficiency.family_of``)
