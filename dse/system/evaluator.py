@@ -44,7 +44,7 @@ from dse.system.grouping import MANY_BELOW, MANY_WORKLOADS, Group, many_workload
 from dse.system.inputs import workload_columns
 from dse.system.pricing import price_many, price_static
 from dse.system.served import ServedPoint, price_served, served_point
-from dse.system.feasibility import check_group, max_batch, pool_layout, size_chips, speculation
+from dse.system.feasibility import GroupMemory, check_group, max_batch, pool_layout, size_chips, speculation
 from dse.system.explain import EXPLAIN_KEYS, explain_point, explain_set
 from dse.system.columns import Columns, constant, group, per_code, pointwise
 from dse.system.hardware import HardwareArrays, assemble
@@ -316,23 +316,23 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                 details.append((index, detail))
 
     lay_devices, lay_tp, pooled = pool_layout(w, fail)
-    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w["pp"], w["ep"])
+    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep)
     fail("layout", np.flatnonzero(~valid))
-    sized = hw.sized_by_capacity & np.isnan(w["devices"]) & np.isnan(w["tp"]) & np.isnan(w["pp"])
+    sized = hw.sized_by_capacity & np.isnan(w.devices) & np.isnan(w.tp) & np.isnan(w.pp)
     chips = np.full(n, np.nan)
     if sized.any():
         tp, pp = tp.copy(), pp.copy()            # (one value for every point: written per point here)
         size_chips(w, hw, sized, tp, pp, chips, fail)
-    batch = w["batch"].copy()
-    if w["batch_max"].any():
+    batch = w.batch.copy()
+    if w.batch_max.any():
         max_batch(w, hw, tp, pp, batch, fail)
-    cpu_layers = w["cpu_layers"]
-    devices = np.where(w["disaggregated"], pooled, tp * pp * w["ep"])
+    cpu_layers = w.cpu_layers
+    devices = np.where(w.disaggregated, pooled, tp * pp * w.ep)
 
-    key = [w["model"], batch, w["prompt"], w["gen"], w["weights"], w["activations"], w["kv"], tp, pp, w["ep"],
-           w["flash"], pointwise(np.where, w["flash"], hw.buffer, 0.0), w["policy"], w["overlap"], w["sparse"], cpu_layers, w["max_context"], hw.host_cpu, hw.device_class,
-           hw.family, w["engine"], w["continuous"], pointwise(np.where, w["continuous"], w["prefill_chunk"], 0.0), w["lengths"], w["disaggregated"],
-           w["tech"], w["draft"], w["spec_acceptance"]]
+    key = [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep,
+           w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, cpu_layers, w.max_context, hw.host_cpu, hw.device_class,
+           hw.family, w.engine, w.continuous, pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
+           w.tech, w.draft, w.spec_acceptance]
     inv, order, starts = group(key, n)
     workload = inv                      # each point's workload (the points of a group of many each read theirs)
     many = many_workloads(per_code(np.diff(starts), inv), w, cpu_layers)
@@ -347,14 +347,14 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         hw = assemble(cols)
         w = workload_columns(cols, hw)
         tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
-        cpu_layers, many, workload = w["cpu_layers"], many[order], workload[order]
+        cpu_layers, many, workload = w.cpu_layers, many[order], workload[order]
         for c, parts in fails.items():
             parts[:] = [inverse[p] for p in parts]
         details[:] = [(inverse[idx], text) for idx, text in details]
         order = order if held is None else held[order]
     memory_violation = np.full(n, np.inf)
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
-            "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w["quality_loss"],
+            "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w.quality_loss,
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
@@ -363,37 +363,50 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     for g in range(len(starts) - 1):
         idx = slice(int(starts[g]), int(starts[g + 1]))
         i0 = idx.start
-        model = w["models"][w["model"][i0]]
-        names = {k: str(w[k + "_names"][w[k][i0]]) for k in ("weights", "activations", "kv")}
-        if w["flash"][i0] and not hw.buffer[i0] > 0:
+        model = w.models[w.model[i0]]
+        names = {k: str(getattr(w, k + "_names")[getattr(w, k)[i0]]) for k in ("weights", "activations", "kv")}
+        if w.flash[i0] and not hw.buffer[i0] > 0:
             fail("onchip_buffer", positions(idx))
             groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
-                                 engine=w["engines"][w["engine"][i0]]))
+                                 engine=w.engines[w.engine[i0]]))
             continue
-        tech = w["techniques"][w["tech"][i0]]
-        layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w["ep"][i0]),
-                  bool(w["flash"][i0]), float(hw.buffer[i0]) if w["flash"][i0] else 0.0, tech)
+        tech = w.techniques[w.tech[i0]]
+        layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w.ep[i0]),
+                  bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech)
         try:
             if many[i0]:
-                t, spec = workload_batch(model, batch[idx], w["prompt"][idx], w["gen"][idx], *layout,
+                t, spec = workload_batch(model, batch[idx], w.prompt[idx], w.gen[idx], *layout,
                                          workload=workload[idx]), None
             else:
-                t = tables(model, int(batch[i0]), int(w["prompt"][i0]), int(w["gen"][i0]), *layout)
-                spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w["flash"][i0] else 0.0)
+                t = tables(model, int(batch[i0]), int(w.prompt[i0]), int(w.gen[i0]), *layout)
+                spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w.flash[i0] else 0.0)
         except DseError as e:
             fail("model_split", positions(idx), str(e))
             groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
-                                 engine=w["engines"][w["engine"][i0]]))
+                                 engine=w.engines[w.engine[i0]]))
             continue
-        groups.append(check_group(idx, t, model, w, hw, i0, fail, n, base, memory_violation, spec))
-    labels = {"model": (w["model"], [m.name for m in w["models"]]), "hardware": (hw.name, hw.names),
+        checked, memory = check_group(idx, t, model, w, hw, i0, fail, spec)
+        groups.append(checked)
+        _hold_memory(base, memory_violation, idx, memory)
+    labels = {"model": (w.model, [m.name for m in w.models]), "hardware": (hw.name, hw.names),
               "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
-              "serving": (w["continuous"].astype(np.int64), list(SERVING_MODES)),
-              "lengths": (w["lengths"], [spec.name for spec in w["length_specs"]]),
-              "engine": (w["engine"], [e.name for e in w["engines"]]),
-              "quality_source": (w["quality_source"], w["quality_sources"])}
+              "serving": (w.continuous.astype(np.int64), list(SERVING_MODES)),
+              "lengths": (w.lengths, [spec.name for spec in w.length_specs]),
+              "engine": (w.engine, [e.name for e in w.engines]),
+              "quality_source": (w.quality_source, w.quality_sources)}
     return Plan(original, hw, groups, base, fails, memory_violation,
-                details, constraints, labels, order, w["flash"], _economics(cols))
+                details, constraints, labels, order, w.flash, _economics(cols))
+
+
+def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) -> None:
+    """Write what a group's points ``idx`` hold in memory (``GroupMemory``) into the plan's
+    figures (``base``) and memory violations."""
+    base["weights_bytes"][idx] = m.weights_bytes
+    base["kv_cache_bytes"][idx] = m.kv_cache_bytes
+    base["activation_bytes"][idx] = m.activation_bytes
+    base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes
+    base["offloaded_bytes"][idx] = m.offloaded_bytes
+    memory_violation[idx] = m.violation
 
 
 def _economics(cols: Columns) -> dict:

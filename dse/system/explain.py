@@ -1,7 +1,7 @@
 """Explanations: the per-operator table of the prefill and of one decode step of a design point
 (``EXPLAIN_KEYS``, one row per operator: ops, bytes per tensor class, arithmetic intensity,
 bound, peak, time and its share of the step)."""
-
+from __future__ import annotations
 
 import numpy as np
 
@@ -38,9 +38,9 @@ def explain_point(g: Group, j: int, eff: Efficiency, given, ideal: bool, hw: Har
             stages[stage] = _rows(op, table, one, eff, used, "device", op.count)
         else:
             ceff = cpu_efficiency(given, ideal)
-            cpu_sys = g.cpu["system"].take(np.array([j]))
-            dev, cpu = split_counts(op, t.layer_ops, g.cpu["share"])
-            cpu_used = g.cpu["used"]
+            cpu_sys = g.cpu.system.take(np.array([j]))
+            dev, cpu = split_counts(op, t.layer_ops, g.cpu.share)
+            cpu_used = g.cpu.used
             rows = (_rows(op, table, one, eff, used, "device", dev.count)
                     + _rows(op, table, cpu_sys, ceff, cpu_used, "cpu", cpu.count))
             stages[stage] = [r for r in rows if r["count"] > 0]

@@ -3,18 +3,100 @@
 with what pricing needs of them (``CpuSplit``, ``ServingInputs``, ``Speculation``); the order
 that puts points sharing a workload side by side (``workload_order``) and the rule that prices
 workloads shared by few points together (``many_workloads``, ``together``, ``MANY_BELOW``)."""
+from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency
 from dse.core.roofline import SystemArrays
+from dse.system.inputs import WorkloadColumns
+from dse.system.iteration import IterationModel
 from dse.system.columns import Columns, group, group_codes, groups_of, per_code
 from dse.system.techniques import TECHNIQUE_COLUMNS
 from dse.system.workload import WorkloadBatch, WorkloadTables
 from hwmodels.classes import DeviceClass
+from workloads.footprint import Footprint
+from workloads.lengths import Lengths, LengthSpec
+from workloads.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """A CPU layer split of a group's points: ``share`` of the layers run on the host CPU, the
+    others on the device, each step's activations crossing the host link both ways."""
+
+    share: float                  # fraction of the model's layers on the CPU
+    system: SystemArrays          # the host CPU, one row per point
+    used: np.ndarray              # the compute class each peak column runs in on the CPU (for explain)
+    hop_prefill: float            # bytes sent each way over the host link in a prefill
+    hop_decode: float             # bytes sent each way over the host link in a decode step
+    host_bw: np.ndarray           # [P] host-link bandwidth, bytes/s
+    host_lat: np.ndarray          # [P] host-link latency, s
+
+    def take(self, pos: np.ndarray) -> CpuSplit:
+        """The split of the points ``pos`` (positions in the group)."""
+        return replace(self, system=self.system.take(pos), host_bw=self.host_bw[pos], host_lat=self.host_lat[pos])
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding of a static batch (``dse.system.feasibility.speculation``): rounds of
+    ``drafted`` tokens proposed by a draft model (``tables``, a model of its own or the target's
+    first layers) or by Medusa heads (``heads``), verified in one target step each."""
+
+    acceptance: float             # probability that a drafted token is accepted
+    drafted: int                  # tokens drafted a round (g)
+    tp: float                     # tensor parallelism of the draft (the heads run on the target's)
+    footprint: Footprint          # bytes per device of target and draft together
+    tables: WorkloadTables | None = None   # the draft model's operator tables
+    model: ModelSpec | None = None         # the draft model
+    heads: object = None                   # Medusa heads: OpArrays of one pass drafting g tokens
+
+
+@dataclass(frozen=True)
+class ServedSpeculation:
+    """Speculative decoding under continuous batching (``dse.system.served.speculative_serving``):
+    each iteration verifies ``drafted`` + 1 tokens a decoding sequence, yielding ``e`` tokens."""
+
+    e: float                      # tokens a decoding sequence gains an iteration (``tokens_per_target_step``)
+    draft: IterationModel         # the draft's iteration model, on its own layout
+    tp: float                     # tensor parallelism of the draft
+    drafted: int                  # tokens drafted a round (g)
+    mean_gen: float               # the real mean output length, tokens
+
+
+@dataclass(frozen=True)
+class ServingInputs:
+    """What continuous batching needs of a group's points (``dse.system.served.serving_inputs``);
+    [P] arrays, one entry per point, unless said otherwise."""
+
+    iteration: IterationModel     # one iteration's operators, affine in its token counts
+    kv_blocks: np.ndarray         # paged KV blocks that fit in the memory left, blocks
+    kv_block: np.ndarray          # tokens a KV block holds
+    prefix_tokens: np.ndarray     # prompt tokens served from the prefix cache
+    slo_ttft: np.ndarray          # TTFT objective, s (0: none)
+    slo_tpot: np.ndarray          # TPOT objective, s (0: none)
+    slo_percentile: np.ndarray    # the percentile the objectives hold at
+    target_rate: np.ndarray       # requests/s a service must sustain (0: none)
+    budget: np.ndarray            # tokens an iteration may hold (the chunk budget)
+    chunked: np.ndarray           # bool: prompts are chunked into iterations
+    max_running: np.ndarray       # sequences an iteration may run
+    concurrency: np.ndarray       # closed-loop concurrency (NaN: an open loop)
+    request_rate: np.ndarray      # open-loop arrival rate, requests/s (NaN: a closed loop)
+    devices: np.ndarray           # devices of one engine (both pools when disaggregated)
+    lengths: Lengths              # the request length classes (under speculation: in rounds of E tokens)
+    length_spec: LengthSpec       # the length distribution requests are drawn from
+    max_tokens: float             # the model's context, tokens (inf: none)
+    pools: tuple | None = None    # disaggregated: (prefill instances [P], decode instances [P], KV bytes a token)
+    speculation: ServedSpeculation | None = None
+
+    def take(self, pos: np.ndarray) -> ServingInputs:
+        """The inputs of the points ``pos`` (positions in the group): every array field taken."""
+        return replace(self, **{f.name: getattr(self, f.name)[pos] for f in fields(self)
+                                if isinstance(getattr(self, f.name), np.ndarray)})
 
 
 @dataclass
@@ -25,12 +107,12 @@ class Group:
     tables: WorkloadTables | None
     system: SystemArrays | None
     device_class: DeviceClass     # the hardware class (``hwmodels.classes``)
-    cpu: dict | None = None       # CPU layer split: share, CPU system, hop bytes and host link
-    serving: dict | None = None   # continuous batching: iteration model and per-point load arrays
+    cpu: CpuSplit | None = None   # CPU layer split
+    serving: ServingInputs | None = None   # continuous batching
     family: str = ""              # the efficiency family (``dse.core.efficiency.family_of``)
     engine: Engine | None = None  # the serving-engine profile the points run
     kv_group: float = 1.0         # query heads per K/V head on one device (per-head K/V reads)
-    spec: dict | None = None      # speculative decoding (``speculation``)
+    spec: Speculation | None = None        # speculative decoding of a static batch
 
     def efficiency(self, given: Efficiency | None, ideal: bool) -> Efficiency:
         """The Efficiency of these points: IDEAL, the one given, or their family's default under
@@ -48,10 +130,8 @@ def positions(index) -> np.ndarray:
 def subgroup(g: Group, idx: np.ndarray) -> Group:
     """The points ``idx`` (positions) of group ``g``."""
     pos = idx - positions(g.index)[0]
-    cpu = None if g.cpu is None else {**g.cpu, "system": g.cpu["system"].take(pos),
-                                      "host_bw": g.cpu["host_bw"][pos], "host_lat": g.cpu["host_lat"][pos]}
-    serving = None if g.serving is None else {k: (v[pos] if isinstance(v, np.ndarray) else v)
-                                              for k, v in g.serving.items()}
+    cpu = None if g.cpu is None else g.cpu.take(pos)
+    serving = None if g.serving is None else g.serving.take(pos)
     t = g.tables.take(pos) if isinstance(g.tables, WorkloadBatch) else g.tables
     return Group(idx, t, g.system.take(pos), g.device_class, cpu, serving, g.family, g.engine, g.kv_group)
 
@@ -103,16 +183,16 @@ def together(key: list, many: np.ndarray, workloads: tuple) -> tuple[np.ndarray,
     return many[inv], groups_of(np.asarray(joint)[inv])
 
 
-def many_workloads(shared: np.ndarray, w: dict, cpu_layers: np.ndarray) -> np.ndarray:
+def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarray) -> np.ndarray:
     """[n] bool: the points priced as one group with every point that differs from them only in
     batch, prompt and generated lengths (``dse.system.workload.WorkloadBatch``): static batches
     without speculative decoding or a CPU layer split, whose decode has one affine piece (no
     sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (``shared``: [n], how many points
     share each point's workload; a workload shared by many points is cheaper priced once for them all)."""
-    sliding = per_code([m.num_sliding_layers > 0 for m in w["models"]], w["model"])
-    budget = per_code([t.kv_budget > 0 for t in w["techniques"]], w["tech"])
-    draft = per_code([d is not None for d in w["drafts"]], w["draft"])
-    ok = ~w["continuous"] & ~draft & (cpu_layers == 0) & ~sliding & ~budget
+    sliding = per_code([m.num_sliding_layers > 0 for m in w.models], w.model)
+    budget = per_code([t.kv_budget > 0 for t in w.techniques], w.tech)
+    draft = per_code([d is not None for d in w.drafts], w.draft)
+    ok = ~w.continuous & ~draft & (cpu_layers == 0) & ~sliding & ~budget
     return ok & (shared < MANY_BELOW)
 
 

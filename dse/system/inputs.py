@@ -1,7 +1,9 @@
 """The per-point workload inputs of a table of design points, every name resolved
 (``workload_columns`` -> ``WorkloadColumns``): model, formats, layout, serving, lengths,
 techniques; DseError naming the column for an unknown name or an invalid combination."""
+from __future__ import annotations
 
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,8 +19,71 @@ from hwmodels.placement import parse_policy
 from workloads.lengths import FIXED, parse_lengths
 
 
-def workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
-    """Per-point workload arrays, every name resolved (DseError naming the column)."""
+@dataclass(frozen=True)
+class WorkloadColumns:
+    """The workload inputs of every design point, each name resolved. An array field holds one
+    entry per point ([P]; a read-only constant where every point has the same); a field named
+    for a kind of thing holds a code per point into the list of its distinct values (``model`` into
+    ``models``, ``engine`` into ``engines``, ...). Lengths in tokens, times in seconds, rates per
+    second."""
+
+    model: np.ndarray             # [P] code into ``models``
+    models: list                  # ModelSpec of each code (pruned as the point asks)
+    draft: np.ndarray             # [P] code into ``drafts``
+    drafts: list                  # the speculative draft of each code (None: no speculative decoding)
+    spec_tokens: np.ndarray       # [P] tokens drafted a round
+    spec_acceptance: np.ndarray   # [P] probability a drafted token is accepted
+    tech: np.ndarray              # [P] code into ``techniques``
+    techniques: list              # workloads.techniques.Techniques of each code
+    sparse_units: np.ndarray      # [P] bool: 2:4 sparse weights
+    weights: np.ndarray           # [P] code into ``weights_names``
+    weights_names: list           # the weights' DataFormat names
+    activations: np.ndarray       # [P] code into ``activations_names``
+    activations_names: list       # the activations' DataFormat names
+    kv: np.ndarray                # [P] code into ``kv_names``
+    kv_names: list                # the KV cache's DataFormat names
+    quality_loss: np.ndarray      # [P] published quality loss of the techniques (NaN: none published)
+    quality_source: np.ndarray    # [P] code into ``quality_sources``
+    quality_sources: list         # the citation of each quality loss
+    policy: np.ndarray            # [P] code into ``policies``
+    policies: list                # the offload policies
+    prompt: np.ndarray            # [P] prompt length, tokens (a trace's mean)
+    gen: np.ndarray               # [P] generated length, tokens (a trace's mean)
+    ep: np.ndarray                # [P] expert parallelism
+    cpu_layers: np.ndarray        # [P] layers on the host CPU
+    max_context: np.ndarray       # [P] context limit, tokens (0: the model's)
+    devices: np.ndarray           # [P] devices given (NaN: laid out)
+    tp: np.ndarray                # [P] tensor parallelism given (NaN: laid out)
+    pp: np.ndarray                # [P] pipeline parallelism given (NaN: laid out)
+    flash: np.ndarray             # [P] bool: FlashAttention as run
+    sparse: np.ndarray            # [P] bool: weights at the sparse peak
+    overlap: np.ndarray           # [P] bool: compute and memory traffic overlap
+    engine: np.ndarray            # [P] code into ``engines``
+    engines: list                 # dse.core.engines.Engine of each code
+    batch: np.ndarray             # [P] sequences in a static batch (1 where sized or served)
+    batch_max: np.ndarray         # [P] bool: the batch is the largest that fits
+    serving: np.ndarray           # [P] code of the serving mode as given
+    concurrency: np.ndarray       # [P] closed-loop concurrency (0: none)
+    request_rate: np.ndarray      # [P] open-loop arrival rate, requests/s (0: none)
+    kv_block: np.ndarray          # [P] tokens a KV block holds
+    max_running: np.ndarray       # [P] sequences an iteration may run
+    prefill_chunk: np.ndarray     # [P] tokens an iteration may hold (0: prefill first)
+    lengths: np.ndarray           # [P] code into ``length_specs``
+    length_specs: list            # workloads.lengths.LengthSpec of each code
+    prefix_hit: np.ndarray        # [P] share of a prompt served from the prefix cache
+    slo_ttft: np.ndarray          # [P] TTFT objective, s (0: none)
+    slo_tpot: np.ndarray          # [P] TPOT objective, s (0: none)
+    slo_percentile: np.ndarray    # [P] the percentile the objectives hold at
+    target_rate: np.ndarray       # [P] requests/s a service must sustain (0: none)
+    prefill_devices: np.ndarray   # [P] devices of the prefill pool (NaN: not disaggregated)
+    decode_devices: np.ndarray    # [P] devices of the decode pool (NaN: not disaggregated)
+    disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
+    continuous: np.ndarray        # [P] bool: served under continuous batching
+
+
+def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
+    """Per-point workload arrays (``WorkloadColumns``), every name resolved (DseError naming the
+    column)."""
     w = {}
     base_codes, base_models = _resolved(cols, "model", resolve_model)
     w["model"], w["models"] = pruned_models(cols, base_codes, base_models)
@@ -86,7 +151,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> dict:
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
-    return w
+    return WorkloadColumns(**w)
 
 
 def _pools(value) -> tuple[int, int] | None:

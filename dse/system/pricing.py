@@ -4,24 +4,163 @@ each step shared between the device and the host CPU) from one ``Schedule`` of i
 walked once for time (``dse.core.roofline.step_time``) and once for energy
 (``dse.core.roofline.energy_j``); serving metrics of the run (``dse.core.metrics``), energy
 per token, power and the power check (``power_and_energy``)."""
+from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dse.core.efficiency import Efficiency, choose
-from dse.core.metrics import (energy_figures, pipelined_prefill_s, power_demand_w,
-                              serving_metrics)
-from dse.core.roofline import (SystemArrays, decode_total_energy_j, decode_total_time,
-                               decode_total_work, energy_j, step_energy_j, step_time, step_work, transfer_time)
+from dse.core.metrics import energy_figures, pipelined_prefill_s, power_demand_w, serving_metrics, steps_after_first
+from dse.core.roofline import (SystemArrays, decode_total_time, decode_total_work, energy_j, step_time, step_work,
+                               transfer_time)
 from dse.core.serving import PERCENTILES
-from dse.system.grouping import Group
+from dse.system.grouping import CpuSplit, Group, Speculation
 from dse.system.result import PERCENTILE_METRICS
 from workloads.techniques import tokens_per_target_step
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One kind of step of a static run, on one set of devices: a step (``slope`` None) run
+    ``steps`` times, or an affine piece of the decode (step j costs ``op`` + j x ``slope``, for
+    ``steps`` steps, priced in closed form)."""
+
+    op: object                    # the step's operators (OpArrays, or ``Stacked`` rows), the piece's first
+    slope: object = None          # operators added a step as the context grows (None: the same step)
+    steps: object = 1.0           # steps of the phase, [P] or a number
+    draft: bool = False           # on the draft's devices (its own tp), not the target's
+    repeat: float = 1             # times each step runs a round (the draft's g steps a verifying step)
+    ranks: float = 1              # tp ranks each step runs on: its energy counts every rank's
+    pipelined: bool = False       # a prefill pass over ``micro_batches`` micro-batches and ``pp`` stages
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The phases of a static run of a group's points, consumed alike by its time (``run_time``)
+    and its energy (``run_energy``): the prefill phases, then the decode phases (each affine
+    piece of the decode; under speculative decoding, rounds of the target's verifying step and the
+    draft's steps, or one pass of Medusa heads, the context growing E tokens a round)."""
+
+    prefill: tuple                # Phase of each prefill pass (the target's, then a draft model's)
+    decode: tuple                 # Phase of each decode piece (the target's, a draft's, heads)
+    micro_batches: int            # micro-batches of the pipelined prefill
+    pp: int                       # pipeline stages
+    steps: np.ndarray             # [P] decode steps after the first token (``steps_after_first``)
+    tokens_per_step: np.ndarray   # [P] tokens a target step yields (1, or E under speculative decoding)
+    draft_tp: float | None = None  # tensor parallelism of the draft's devices
+    cpu: CpuSplit | None = None   # layers on the host CPU: each step split between device and CPU
+    rounds: bool = False          # speculative rounds: the decode's energy sums each phase's ranks x its
+    #                               pieces; else (one kind of step on the target) its ranks x their sum
+    energy_unknown: bool = False  # some work runs where no energy profile is measured (layers on the
+    #                               host CPU): the energy is NaN
+
+
+def schedule(g: Group) -> Schedule:
+    """The Schedule of a static batch of the group's points: its prefill, then the gen_len - 1
+    decode steps after the first token (``steps_after_first``), as ``speculative_schedule`` under
+    speculative decoding."""
+    t, sc, size = g.tables, g.tables.scenario, g.system.size
+    n_steps = steps_after_first(sc.gen_len)
+    if g.spec is not None:              # (its time leaves a CPU layer split out; its energy is NaN)
+        return replace(speculative_schedule(t, g.spec, n_steps, size), energy_unknown=g.cpu is not None)
+    decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=sc.tp) for d0, slope, n in t.decode_steps(n_steps))
+    return Schedule((Phase(t.prefill, ranks=sc.tp, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
+                    np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu, energy_unknown=g.cpu is not None)
+
+
+def speculative_schedule(t, spec: Speculation, n_steps, size: int) -> Schedule:
+    """The Schedule of a static batch under speculative decoding. Each round drafts g tokens (g
+    steps of the draft) and verifies g + 1 in one target step (the target's decode tables carry
+    g + 1 query tokens per sequence), yielding E = (1 - a^(g+1)) / (1 - a) tokens
+    (``tokens_per_target_step``); the gen_len - 1 decoded tokens take (gen_len - 1) / E rounds, the
+    context growing by E tokens a round (each affine piece of the decode priced over its rounds in
+    closed form). A draft model prefills the prompts too; Medusa heads draft their g tokens in one
+    pass a round, the target verifying ``spec_tokens`` + 1 candidates (a tree)."""
+    sc = t.scenario
+    e = tokens_per_target_step(spec.acceptance, spec.drafted)
+    prefill = [Phase(t.prefill, ranks=sc.tp, pipelined=True)]
+    parts = [(t, False, 1, sc.tp)]
+    if spec.tables is not None:
+        prefill.append(Phase(spec.tables.prefill, draft=True, ranks=spec.tp))
+        parts.append((spec.tables, True, spec.drafted, spec.tp))
+    decode = [Phase(d0, slope.times(e), np.full(size, n / e), draft, times, ranks)
+              for tab, draft, times, ranks in parts for d0, slope, n in tab.decode_steps(n_steps)]
+    if spec.heads is not None:
+        decode.append(Phase(spec.heads, steps=n_steps / e, draft=True, ranks=spec.tp))
+    return Schedule(tuple(prefill), tuple(decode), sc.micro_batches, sc.pp, np.full(size, n_steps, dtype=float),
+                    np.full(size, e), spec.tp, rounds=True)
+
+
 def cpu_efficiency(given, ideal: bool) -> Efficiency:
+    """The Efficiency of the host CPU's share of a CPU layer split."""
     return choose("cpu", given, ideal)
+
+
+def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficiency | None, layer_ops) -> tuple:
+    """(prefill, whole decode) seconds, [P], of the run ``s`` on ``sys`` (the draft's phases on its
+    own tp ranks): the first prefill pipelined over micro-batches and stages; under a CPU layer
+    split (``cpu_eff``: the CPU's efficiency; ``layer_ops``: which operators are per layer) each
+    step's per-layer operators shared between device and CPU, the CPU's fixed step overhead counted
+    once, and the activations crossing the host link both ways a step."""
+    on = (sys, sys if s.draft_tp is None else sys.replaced(tp=np.full(sys.size, s.draft_tp)))
+    c = s.cpu
+    prefill = None
+    for ph in s.prefill:
+        if c is None:
+            x = step_time(ph.op, on[ph.draft], eff)
+        else:
+            dev, cpu = split_counts(ph.op, layer_ops, c.share)
+            x = step_time(dev, sys, eff) + step_time(cpu, c.system, cpu_eff)
+        if ph.pipelined:
+            x = pipelined_prefill_s(x, s.micro_batches, s.pp)
+        prefill = x if prefill is None else prefill + x
+    decode = 0.0
+    for ph in s.decode:
+        if ph.slope is None:
+            x = step_time(ph.op, on[ph.draft], eff) * ph.steps
+        elif c is None:
+            x = decode_total_time(ph.op, ph.slope, ph.steps, on[ph.draft], eff)
+        else:
+            dev, cpu = split_counts(ph.op, layer_ops, c.share)
+            x = (decode_total_time(dev, ph.slope, ph.steps, sys, eff)
+                 + decode_total_time(cpu, ph.slope, ph.steps, c.system, cpu_eff))
+        decode = decode + ph.repeat * x
+    if c is not None:
+        hop = [2 * transfer_time(b, c.host_bw, c.host_lat, eff) for b in (c.hop_prefill, c.hop_decode)]
+        prefill = prefill - cpu_eff.step_overhead_s + hop[0]
+        decode = decode - cpu_eff.step_overhead_s * s.steps + hop[1] * s.steps
+    return prefill, decode
+
+
+def run_energy(s: Schedule, *systems: SystemArrays) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Dynamic energy (J, [P]) of the run ``s``'s prefill and of its whole decode on all its
+    devices, on each of ``systems`` (the group's points, with the J/op of each; the work of each
+    phase counted once for all): the tables are one tp rank's share of the whole model for one
+    micro-batch, so each step counts its ranks x (micro-batches for a pipelined prefill) times;
+    layers on the CPU: NaN (no CPU has a measured energy profile)."""
+    if s.energy_unknown:
+        nan = np.full(systems[0].size, np.nan)
+        return [(nan, nan) for _ in systems]
+    prefill = [step_work(ph.op) for ph in s.prefill]
+    decode = [step_work(ph.op) if ph.slope is None else decode_total_work(ph.op, ph.slope, ph.steps)
+              for ph in s.decode]
+    out = []
+    for sys in systems:
+        on = (sys, sys if s.draft_tp is None else sys.replaced(tp=np.full(sys.size, s.draft_tp)))
+        e_pre = None
+        for ph, w in zip(s.prefill, prefill):
+            x = (ph.ranks * s.micro_batches if ph.pipelined else ph.ranks) * energy_j(w, on[ph.draft])
+            e_pre = x if e_pre is None else e_pre + x
+        if not s.rounds:                 # one kind of step on the target: its ranks x the sum of its pieces
+            e_dec = s.decode[0].ranks * sum(energy_j(w, sys) for w in decode)
+        else:
+            e_dec = 0.0
+            for ph, w in zip(s.decode, decode):
+                e_dec = e_dec + (ph.repeat * ph.ranks * energy_j(w, on[ph.draft]) if ph.slope is not None
+                                 else ph.ranks * energy_j(w, on[ph.draft]) * ph.steps)
+        out.append((e_pre, e_dec))
+    return out
 
 
 def price_many(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
@@ -36,40 +175,22 @@ def price_many(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
 
 
 def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
-    """Serving metrics of a group's points (arrays)."""
-    t, sys, sc = g.tables, g.system, g.tables.scenario
-    n_steps = np.maximum(sc.gen_len - 1, 1)
-    steps = np.full(sys.size, n_steps, dtype=float)
-    pieces = [(d0, slope, np.asarray(n, dtype=float)) for d0, slope, n in t.decode_steps(n_steps)]
-    per_step = np.ones(sys.size)
+    """Serving metrics of a static batch of a group's points (arrays): time and energy of its
+    ``schedule``, the metrics of the run (``dse.core.metrics.serving_metrics``) and its energy
+    and power (``power_and_energy``)."""
+    sys, sc = g.system, g.tables.scenario
+    s = schedule(g)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if g.spec is not None:
-            prefill, decode, per_step = _speculative(g, eff)
-        elif g.cpu is None:
-            prefill = pipelined_prefill_s(step_time(t.prefill, sys, eff), sc.micro_batches, sc.pp)
-            decode = sum(decode_total_time(d0, slope, n, sys, eff) for d0, slope, n in pieces)
-        else:
-            c = g.cpu
-            ceff = cpu_efficiency(given, ideal)
-            dev_pre, cpu_pre = split_counts(t.prefill, t.layer_ops, c["share"])
-            hop = [2 * transfer_time(b, c["host_bw"], c["host_lat"], eff) for b in (c["hop_prefill"], c["hop_decode"])]
-            prefill = (step_time(dev_pre, sys, eff) + step_time(cpu_pre, c["system"], ceff)
-                       - ceff.step_overhead_s + hop[0])
-            decode = 0.0
-            for d0, slope, n in pieces:
-                dev_d0, cpu_d0 = split_counts(d0, t.layer_ops, c["share"])
-                decode = decode + (decode_total_time(dev_d0, slope, n, sys, eff)
-                                   + decode_total_time(cpu_d0, slope, n, c["system"], ceff))
-            decode = decode - ceff.step_overhead_s * steps + hop[1] * steps
+        prefill, decode = run_time(s, sys, eff, None if g.cpu is None else cpu_efficiency(given, ideal),
+                                   g.tables.layer_ops)
         out = serving_metrics(prefill, decode, sc.batch, sc.prompt_len, sc.gen_len, sc.devices,
                               overlap=eff.prefill_decode_overlap, request_overhead_s=eff.request_overhead_s)
     # a static batch's sequences start, and end, together: every percentile is the mean
     out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
-    out["tokens_per_target_step"] = per_step
-    (e_pre, e_dec), (f_pre, f_dec) = _run_energy(g, sys, measured_only(sys))
+    out["tokens_per_target_step"] = s.tokens_per_step
+    (e_pre, e_dec), (f_pre, f_dec) = run_energy(s, sys, measured_only(sys))
     out.update(power_and_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
-                       sc.devices, sys,
-                       [(f_pre, prefill), (f_dec, decode)]))
+                                sc.devices, sys, [(f_pre, prefill), (f_dec, decode)]))
     return out
 
 
@@ -77,45 +198,6 @@ def measured_only(sys: SystemArrays) -> SystemArrays:
     """``sys`` with the work of compute classes that have no measured J/op of their own charged
     nothing (``SystemArrays.energy_op_floor_j``): the power a design needs at least."""
     return sys if sys.energy_op_floor_j is None else sys.replaced(energy_op_j=sys.energy_op_floor_j)
-
-
-def _run_energy(g: Group, *systems: SystemArrays) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Dynamic energy (J, [P]) of a static batch's prefill and of its whole decode on all its
-    devices, on each of ``systems`` (the group's points, with the J/op of each, the work counted
-    once for all): the tables are one tp rank's share of the whole model for one micro-batch, so
-    each step counts tp x (micro-batches for the prefill) times. Under speculative decoding the
-    rounds as ``_speculative`` prices them (the draft on its own tp ranks); layers on the CPU: NaN
-    (no CPU has a measured energy profile)."""
-    t, sc, spec = g.tables, g.tables.scenario, g.spec
-    n_steps = np.maximum(sc.gen_len - 1, 1)
-    if g.cpu is not None:
-        nan = np.full(g.system.size, np.nan)
-        return [(nan, nan) for _ in systems]
-    if spec is not None:
-        return [_speculative_energy(g, sys, n_steps) for sys in systems]
-    prefill = step_work(t.prefill)
-    decode = [decode_total_work(d0, slope, n) for d0, slope, n in t.decode_steps(n_steps)]
-    return [(sc.tp * sc.micro_batches * energy_j(prefill, sys), sc.tp * sum(energy_j(w, sys) for w in decode))
-            for sys in systems]
-
-
-def _speculative_energy(g: Group, sys: SystemArrays, n_steps) -> tuple[np.ndarray, np.ndarray]:
-    """``_run_energy`` of a group under speculative decoding, on ``sys``."""
-    t, sc, spec = g.tables, g.tables.scenario, g.spec
-    e_pre = sc.tp * sc.micro_batches * step_energy_j(t.prefill, sys)
-    dsys = sys.replaced(tp=np.full(sys.size, spec["tp"]))
-    e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
-    parts = [(t, sys, 1, sc.tp)]
-    if spec["tables"] is not None:
-        e_pre = e_pre + spec["tp"] * step_energy_j(spec["tables"].prefill, dsys)
-        parts.append((spec["tables"], dsys, spec["drafted"], spec["tp"]))
-    e_dec = 0.0
-    for tab, on, times, ranks in parts:
-        for d0, slope, n in tab.decode_steps(n_steps):
-            e_dec = e_dec + times * ranks * decode_total_energy_j(d0, slope.times(e), np.full(sys.size, n / e), on)
-    if spec["heads"] is not None:
-        e_dec = e_dec + spec["tp"] * step_energy_j(spec["heads"], dsys) * (n_steps / e)
-    return e_pre, e_dec
 
 
 def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
@@ -135,33 +217,6 @@ def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, pha
     out["power_demand_w"] = np.where(np.isnan(dynamic_j), np.nan, demand)
     tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
     return {**out, "over_tdp": out["power_demand_w"] > tdp}
-
-
-def _speculative(g: Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(prefill, decode time, tokens per target step) of a static batch under speculative
-    decoding, seconds, [P]. Each round drafts g tokens (g steps of the draft) and verifies g + 1 in
-    one target step (the target's decode tables carry g + 1 query tokens per sequence), yielding
-    E = (1 - a^(g+1)) / (1 - a) tokens (``tokens_per_target_step``); the gen_len - 1 decoded tokens
-    take (gen_len - 1) / E rounds, the context growing by E tokens a round (each affine piece of the
-    decode priced over its rounds in closed form). A draft model prefills the prompts too; Medusa
-    heads draft their g tokens in one pass a round, the target verifying ``spec_tokens`` + 1
-    candidates (a tree)."""
-    t, sys, sc, spec = g.tables, g.system, g.tables.scenario, g.spec
-    dsys = sys.replaced(tp=np.full(sys.size, spec["tp"]))
-    e = tokens_per_target_step(spec["acceptance"], spec["drafted"])
-    n_steps = max(sc.gen_len - 1, 1)
-    prefill = pipelined_prefill_s(step_time(t.prefill, sys, eff), sc.micro_batches, sc.pp)
-    parts = [(t, sys, 1)]
-    if spec["tables"] is not None:
-        prefill = prefill + step_time(spec["tables"].prefill, dsys, eff)
-        parts.append((spec["tables"], dsys, spec["drafted"]))
-    decode = 0.0
-    for tab, on, times in parts:
-        for d0, slope, n in tab.decode_steps(n_steps):
-            decode = decode + times * decode_total_time(d0, slope.times(e), np.full(sys.size, n / e), on, eff)
-    if spec["heads"] is not None:
-        decode = decode + step_time(spec["heads"], dsys, eff) * (n_steps / e)
-    return prefill, decode, np.full(sys.size, e)
 
 
 def split_counts(op, layer_ops: np.ndarray, share: float):

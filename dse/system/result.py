@@ -1,6 +1,7 @@
 """What ``evaluate`` returns: the metric names (``METRICS``, SI units), the ``Evaluation`` of a
 table of design points (metric arrays, feasibility, reasons, violations, explanations) and
 ``Reordered``, the metric arrays put back in the caller's order when first read."""
+from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
