@@ -39,9 +39,9 @@ from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.metrics import cost_per_million_tokens_usd, system_figures
 from dse.core.roofline import KEPT
 from dse.system import reasons as R
-from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered, _in_order
+from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.grouping import MANY_BELOW, MANY_WORKLOADS, Group, many_workloads, one_workload, positions, subgroup, together, workload_order
-from dse.system.inputs import workload_columns
+from dse.system.inputs import WorkloadColumns, workload_columns
 from dse.system.pricing import price_many, price_static
 from dse.system.served import ServedPoint, price_served, served_point
 from dse.system.feasibility import GroupMemory, check_group, max_batch, pool_layout, size_chips, speculation
@@ -124,22 +124,11 @@ class Plan:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
                 sub = g if idx is g.index else subgroup(g, idx)
-                metrics = price_served(sub, eff) if sub.serving is not None else \
-                    price_many(sub, eff, e, ideal) if isinstance(sub.tables, WorkloadBatch) else \
-                    price_static(sub, eff, e, ideal)
+                metrics = _priced(sub, eff, e, ideal)
                 saturated[idx] = metrics.pop("saturated", False)
                 slo_missed[idx] = metrics.pop("slo_missed", False)
                 over_tdp[idx] = metrics.pop("over_tdp", False)
-                whole = isinstance(idx, slice) and idx.start == 0 and idx.stop == n
-                kept = set()
-                for k, v in metrics.items():
-                    if whole and k not in out and _own_array(v, n) and id(v) not in kept:
-                        out[k] = v             # one group has every point: its own array, no copy
-                        kept.add(id(v))
-                        continue
-                    if k not in out:           # first written here: no pass to fill it with NaN first
-                        out[k] = np.empty(n)
-                    out[k][idx] = v
+                _write(out, metrics, idx, n)
                 written.append((idx, metrics.keys()))
                 at = positions(idx)
                 for j in np.flatnonzero(np.isin(at, want)) if want is not None else ():
@@ -162,20 +151,7 @@ class Plan:
             fails[R.CODE["slo"]] = slo_missed
         if over_tdp.any() and not ideal:     # the ideal roofline is a bound on speed, not a claim on power
             fails[R.CODE["power"]] = over_tdp
-        violations = {"memory": self.memory_violation,
-                      "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
-                                        [np.zeros(n, bool)], axis=0).astype(float)}
-        keys = list(R.KEYS)
-        for k, (metric, bound) in enumerate(_constraint_items(self.constraints)):
-            sense, limit = bound
-            v = out[metric]
-            with np.errstate(invalid="ignore"):
-                scale = abs(limit) if limit else 1.0
-                viol = (limit - v) / scale if sense == "min" else (v - limit) / scale
-            viol = np.where(np.isnan(viol), np.inf, viol)
-            violations[f"{metric}.{sense}"] = viol
-            fails[R.CONSTRAINT_BASE + k] = viol > 0
-            keys.append(R.constraint_key(metric, sense, limit))
+        violations, keys = self._violations(out, fails)
         reason = np.zeros(n, dtype=np.int16)
         for code in sorted(fails, key=R.rank, reverse=True):     # the first check failed, written last
             reason[fails[code]] = code
@@ -193,6 +169,26 @@ class Plan:
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
 
+    def _violations(self, out: dict, fails: dict) -> tuple[dict, list]:
+        """(the violations of every point, held order: memory, support and each constraint, <= 0
+        when satisfied; the reason keys, the constraints' after ``R.KEYS``); each constraint's
+        failures added to ``fails`` (in place)."""
+        n = self.size
+        violations = {"memory": self.memory_violation,
+                      "support": np.any([m for c, m in fails.items() if c not in R.MEMORY_CODES] or
+                                        [np.zeros(n, bool)], axis=0).astype(float)}
+        keys = list(R.KEYS)
+        for k, (metric, bound) in enumerate(_constraint_items(self.constraints)):
+            sense, limit = bound
+            v = out[metric]
+            with np.errstate(invalid="ignore"):
+                scale = abs(limit) if limit else 1.0
+                viol = (limit - v) / scale if sense == "min" else (v - limit) / scale
+            viol = np.where(np.isnan(viol), np.inf, viol)
+            violations[f"{metric}.{sense}"] = viol
+            fails[R.CONSTRAINT_BASE + k] = viol > 0
+            keys.append(R.constraint_key(metric, sense, limit))
+        return violations, keys
 
     def _cost_of_serving(self, out: dict) -> None:
         """``cost_per_million_tokens_usd`` of every point (held order): the system's price over its
@@ -221,6 +217,37 @@ class Plan:
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
                 out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
+
+
+def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
+    """The metrics of a group's points: served (``dse.system.served.price_served``), or a static
+    batch (``dse.system.pricing``: of many workloads, or of one)."""
+    if g.serving is not None:
+        return price_served(g, eff)
+    if isinstance(g.tables, WorkloadBatch):
+        return price_many(g, eff, given, ideal)
+    return price_static(g, eff, given, ideal)
+
+
+def _write(out: dict, metrics: dict, idx, n: int) -> None:
+    """Write a group's ``metrics`` at its points ``idx`` into ``out`` (one array of ``n`` per
+    metric, made when first written); a group of every point hands over its own arrays."""
+    whole = isinstance(idx, slice) and idx.start == 0 and idx.stop == n
+    kept = set()
+    for k, v in metrics.items():
+        if whole and k not in out and _own_array(v, n) and id(v) not in kept:
+            out[k] = v             # one group has every point: its own array, no copy
+            kept.add(id(v))
+            continue
+        if k not in out:           # first written here: no pass to fill it with NaN first
+            out[k] = np.empty(n)
+        out[k][idx] = v
+
+
+def _in_order(a: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """``a`` (one entry per point, held order) in the caller's order: ``a[back]``, or ``a`` itself
+    where every point holds the same value (the same in any order: no gather of every point)."""
+    return a if len(a) and a.min() == a.max() else a[back]
 
 
 def _unwritten_nan(out: dict, written: list, base: set, n: int) -> None:
@@ -287,6 +314,33 @@ def _constraint_items(constraints: dict):
             yield metric, (sense, float(limit))
 
 
+class _Failures:
+    """The checks failed while preparing: per reason code, the points that fail it (index arrays,
+    or (a slice, a mask over it)), and the words of the checks that gave some."""
+
+    def __init__(self):
+        self.fails: dict[int, list] = {}
+        self.details: list = []
+
+    def __call__(self, code: str, index, detail: str | None = None) -> None:
+        """Points ``index`` fail the check ``code``: positions, or (a slice, a mask over it; no
+        ``detail``)."""
+        if isinstance(index, tuple):
+            self.fails.setdefault(R.CODE[code], []).append(index)
+            return
+        index = np.asarray(index, dtype=np.int64)
+        if len(index):
+            self.fails.setdefault(R.CODE[code], []).append(index)
+            if detail:
+                self.details.append((index, detail))
+
+    def moved(self, inverse: np.ndarray) -> None:
+        """The points moved (``inverse``: the new position of each old one): index lists follow."""
+        for parts in self.fails.values():
+            parts[:] = [inverse[p] for p in parts]
+        self.details[:] = [(inverse[idx], text) for idx, text in self.details]
+
+
 def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "columns") -> Plan:
     """Assemble, lay out, size and check every design point of ``columns`` (see the module
     docstring); DseError for an unknown name or an invalid value, naming the column."""
@@ -300,42 +354,12 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         cols = cols.take(held)
     hw = assemble(cols)
     w = workload_columns(cols, hw)
-    fails: dict[int, np.ndarray] = {}
-    details: list = []
-
-    def fail(code: str, index, detail: str | None = None):
-        """Points ``index`` fail the check ``code``: positions, or (a slice, a mask over it; no
-        ``detail``)."""
-        if isinstance(index, tuple):
-            fails.setdefault(R.CODE[code], []).append(index)
-            return
-        index = np.asarray(index, dtype=np.int64)
-        if len(index):
-            fails.setdefault(R.CODE[code], []).append(index)
-            if detail:
-                details.append((index, detail))
-
-    lay_devices, lay_tp, pooled = pool_layout(w, fail)
-    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep)
-    fail("layout", np.flatnonzero(~valid))
-    sized = hw.sized_by_capacity & np.isnan(w.devices) & np.isnan(w.tp) & np.isnan(w.pp)
-    chips = np.full(n, np.nan)
-    if sized.any():
-        tp, pp = tp.copy(), pp.copy()            # (one value for every point: written per point here)
-        size_chips(w, hw, sized, tp, pp, chips, fail)
-    batch = w.batch.copy()
-    if w.batch_max.any():
-        max_batch(w, hw, tp, pp, batch, fail)
-    cpu_layers = w.cpu_layers
-    devices = np.where(w.disaggregated, pooled, tp * pp * w.ep)
-
-    key = [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep,
-           w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, cpu_layers, w.max_context, hw.host_cpu, hw.device_class,
-           hw.family, w.engine, w.continuous, pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
-           w.tech, w.draft, w.spec_acceptance]
+    fail = _Failures()
+    tp, pp, chips, batch, devices = _layout(w, hw, fail)
+    key = _workload_key(w, hw, batch, tp, pp)
     inv, order, starts = group(key, n)
     workload = inv                      # each point's workload (the points of a group of many each read theirs)
-    many = many_workloads(per_code(np.diff(starts), inv), w, cpu_layers)
+    many = many_workloads(per_code(np.diff(starts), inv), w, w.cpu_layers)
     if many.any():                      # one group for the workloads differing only in batch and lengths
         many, (inv, order, starts) = together(key, many, (inv, order, starts))
     if np.all(order[1:] > order[:-1]):
@@ -347,10 +371,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         hw = assemble(cols)
         w = workload_columns(cols, hw)
         tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
-        cpu_layers, many, workload = w.cpu_layers, many[order], workload[order]
-        for c, parts in fails.items():
-            parts[:] = [inverse[p] for p in parts]
-        details[:] = [(inverse[idx], text) for idx, text in details]
+        many, workload = many[order], workload[order]
+        fail.moved(inverse)
         order = order if held is None else held[order]
     memory_violation = np.full(n, np.inf)
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
@@ -362,40 +384,78 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     groups = []
     for g in range(len(starts) - 1):
         idx = slice(int(starts[g]), int(starts[g + 1]))
-        i0 = idx.start
-        model = w.models[w.model[i0]]
-        names = {k: str(getattr(w, k + "_names")[getattr(w, k)[i0]]) for k in ("weights", "activations", "kv")}
-        if w.flash[i0] and not hw.buffer[i0] > 0:
-            fail("onchip_buffer", positions(idx))
-            groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
-                                 engine=w.engines[w.engine[i0]]))
-            continue
-        tech = w.techniques[w.tech[i0]]
-        layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w.ep[i0]),
-                  bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech)
-        try:
-            if many[i0]:
-                t, spec = workload_batch(model, batch[idx], w.prompt[idx], w.gen[idx], *layout,
-                                         workload=workload[idx]), None
-            else:
-                t = tables(model, int(batch[i0]), int(w.prompt[i0]), int(w.gen[i0]), *layout)
-                spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w.flash[i0] else 0.0)
-        except DseError as e:
-            fail("model_split", positions(idx), str(e))
-            groups.append(Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]],
-                                 engine=w.engines[w.engine[i0]]))
-            continue
-        checked, memory = check_group(idx, t, model, w, hw, i0, fail, spec)
+        checked, memory = _prepared_group(idx, w, hw, tp, pp, batch, many, workload, fail)
         groups.append(checked)
-        _hold_memory(base, memory_violation, idx, memory)
-    labels = {"model": (w.model, [m.name for m in w.models]), "hardware": (hw.name, hw.names),
-              "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
-              "serving": (w.continuous.astype(np.int64), list(SERVING_MODES)),
-              "lengths": (w.lengths, [spec.name for spec in w.length_specs]),
-              "engine": (w.engine, [e.name for e in w.engines]),
-              "quality_source": (w.quality_source, w.quality_sources)}
-    return Plan(original, hw, groups, base, fails, memory_violation,
-                details, constraints, labels, order, w.flash, _economics(cols))
+        if memory is not None:
+            _hold_memory(base, memory_violation, idx, memory)
+    return Plan(original, hw, groups, base, fail.fails, memory_violation,
+                fail.details, constraints, _labels(w, hw), order, w.flash, _economics(cols))
+
+
+def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
+    """(tp, pp, chips, batch, devices) of every point, [P]: the parallel layout (given, or of a
+    disaggregated point's instance), the chip count of classes sized by capacity (NaN elsewhere),
+    the batch (the largest that fits where asked) and the devices in all."""
+    lay_devices, lay_tp, pooled = pool_layout(w, fail)
+    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep)
+    fail("layout", np.flatnonzero(~valid))
+    sized = hw.sized_by_capacity & np.isnan(w.devices) & np.isnan(w.tp) & np.isnan(w.pp)
+    chips = np.full(len(sized), np.nan)
+    if sized.any():
+        tp, pp = tp.copy(), pp.copy()            # (one value for every point: written per point here)
+        size_chips(w, hw, sized, tp, pp, chips, fail)
+    batch = w.batch.copy()
+    if w.batch_max.any():
+        max_batch(w, hw, tp, pp, batch, fail)
+    return tp, pp, chips, batch, np.where(w.disaggregated, pooled, tp * pp * w.ep)
+
+
+def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list:
+    """The arrays whose values together decide which points share a workload (one kernel call)."""
+    return [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep,
+            w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, w.cpu_layers,
+            w.max_context, hw.host_cpu, hw.device_class, hw.family, w.engine, w.continuous,
+            pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
+            w.tech, w.draft, w.spec_acceptance]
+
+
+def _prepared_group(idx: slice, w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, many, workload,
+                    fail) -> tuple[Group, GroupMemory | None]:
+    """(the group of the points ``idx``, what they hold in memory): its operator tables (of each
+    workload, ``many``), speculative decoding and every check (``check_group``); a group without
+    tables (None) where FlashAttention has no buffer or the layout does not divide the model."""
+    i0 = idx.start
+    model = w.models[w.model[i0]]
+    names = {k: str(getattr(w, k + "_names")[getattr(w, k)[i0]]) for k in ("weights", "activations", "kv")}
+    def unpriced() -> Group:
+        return Group(idx, None, None, hw.kind(i0), family=hw.families[hw.family[i0]], engine=w.engines[w.engine[i0]])
+    if w.flash[i0] and not hw.buffer[i0] > 0:
+        fail("onchip_buffer", positions(idx))
+        return unpriced(), None
+    tech = w.techniques[w.tech[i0]]
+    layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w.ep[i0]),
+              bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech)
+    try:
+        if many[i0]:
+            t, spec = workload_batch(model, batch[idx], w.prompt[idx], w.gen[idx], *layout,
+                                     workload=workload[idx]), None
+        else:
+            t = tables(model, int(batch[i0]), int(w.prompt[i0]), int(w.gen[i0]), *layout)
+            spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w.flash[i0] else 0.0)
+    except DseError as e:
+        fail("model_split", positions(idx), str(e))
+        return unpriced(), None
+    return check_group(idx, t, model, w, hw, i0, fail, spec)
+
+
+def _labels(w: WorkloadColumns, hw: HardwareArrays) -> dict:
+    """The names of the categorical inputs: {key: (code per point, the name of each code)}."""
+    return {"model": (w.model, [m.name for m in w.models]), "hardware": (hw.name, hw.names),
+            "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
+            "serving": (w.continuous.astype(np.int64), list(SERVING_MODES)),
+            "lengths": (w.lengths, [spec.name for spec in w.length_specs]),
+            "engine": (w.engine, [e.name for e in w.engines]),
+            "quality_source": (w.quality_source, w.quality_sources)}
 
 
 def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) -> None:

@@ -62,12 +62,6 @@ class Reordered(Mapping):
         return name in self._held
 
 
-def _in_order(a: np.ndarray, back: np.ndarray) -> np.ndarray:
-    """``a`` (one entry per point, held order) in the caller's order: ``a[back]``, or ``a`` itself
-    where every point holds the same value (the same in any order: no gather of every point)."""
-    return a if len(a) and a.min() == a.max() else a[back]
-
-
 @dataclass
 class Evaluation:
     """What ``evaluate`` returns: one entry per design point of every array.
