@@ -34,22 +34,39 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_for, shipped_bands
-from dse.core.efficiency import Efficiency
 from dse.core.economics import COST_COLUMNS, economics_defaults
+from dse.core.efficiency import Efficiency
 from dse.core.metrics import cost_per_million_tokens_usd, system_figures
 from dse.core.roofline import KEPT
 from dse.system import reasons as R
-from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
-from dse.system.grouping import MANY_BELOW, MANY_WORKLOADS, Group, many_workloads, one_workload, positions, subgroup, together, workload_order
-from dse.system.inputs import WorkloadColumns, workload_columns
-from dse.system.pricing import price_many, price_static
-from dse.system.served import ServedPoint, price_served, served_point
-from dse.system.feasibility import GroupMemory, check_group, max_batch, pool_layout, size_chips, speculation
-from dse.system.explain import EXPLAIN_KEYS, explain_point, explain_set
 from dse.system.columns import Columns, constant, group, per_code, pointwise
+from dse.system.explain import EXPLAIN_KEYS, explain_point, explain_set
+from dse.system.feasibility import (
+    GroupMemory,
+    check_group,
+    max_batch,
+    pool_layout,
+    size_chips,
+    speculation,
+)
+from dse.system.grouping import (
+    MANY_BELOW,
+    MANY_WORKLOADS,
+    Group,
+    many_workloads,
+    one_workload,
+    positions,
+    subgroup,
+    together,
+    workload_order,
+)
 from dse.system.hardware import HardwareArrays, assemble
+from dse.system.inputs import WorkloadColumns, workload_columns
 from dse.system.layout import parallel_layout
 from dse.system.params import SERVING_MODES
+from dse.system.pricing import price_many, price_static
+from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
+from dse.system.served import ServedPoint, price_served, served_point
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
 
 

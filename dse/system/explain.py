@@ -8,10 +8,9 @@ import numpy as np
 from dse.core.efficiency import Efficiency
 from dse.core.roofline import PEAK_COLUMNS, SystemArrays, op_costs
 from dse.system.grouping import Group
-from dse.system.pricing import cpu_efficiency, split_counts
 from dse.system.hardware import HardwareArrays
+from dse.system.pricing import cpu_efficiency, split_counts
 from hwmodels.formats import COMPUTE_CLASSES
-
 
 #: columns of the per-operator explanation (one row per operator of a step)
 EXPLAIN_KEYS = ("name", "count", "place", "compute_format", "ops", "weight_bytes", "act_bytes", "kv_bytes",

@@ -11,19 +11,19 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.roofline import _COL, OpArrays, SystemArrays
-from dse.system.grouping import CpuSplit, Group, Speculation, positions
-from dse.system.inputs import WorkloadColumns
-from dse.system.served import serving_inputs, speculative_serving
 from dse.system.columns import Columns, group
+from dse.system.grouping import CpuSplit, Group, Speculation, positions
 from dse.system.hardware import HardwareArrays, assemble
+from dse.system.inputs import WorkloadColumns
 from dse.system.layout import chip_layouts, chips_required, largest_fitting
+from dse.system.served import serving_inputs, speculative_serving
 from dse.system.techniques import draft_model
 from dse.system.workload import WorkloadTables, footprint_in_batch, tables
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
+from workloads import optable
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
-from workloads import optable
 from workloads.optable import kv_heads_per_device
 
 

@@ -12,9 +12,9 @@ import numpy as np
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency
 from dse.core.roofline import SystemArrays
+from dse.system.columns import Columns, group, group_codes, groups_of, per_code
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel
-from dse.system.columns import Columns, group, group_codes, groups_of, per_code
 from dse.system.techniques import TECHNIQUE_COLUMNS
 from dse.system.workload import WorkloadBatch, WorkloadTables
 from hwmodels.classes import DeviceClass

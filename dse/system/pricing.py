@@ -11,9 +11,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dse.core.efficiency import Efficiency, choose
-from dse.core.metrics import energy_figures, pipelined_prefill_s, power_demand_w, serving_metrics, steps_after_first
-from dse.core.roofline import (SystemArrays, decode_total_time, decode_total_work, energy_j, step_time, step_work,
-                               transfer_time)
+from dse.core.metrics import (
+    energy_figures,
+    pipelined_prefill_s,
+    power_demand_w,
+    serving_metrics,
+    steps_after_first,
+)
+from dse.core.roofline import (
+    SystemArrays,
+    decode_total_time,
+    decode_total_work,
+    energy_j,
+    step_time,
+    step_work,
+    transfer_time,
+)
 from dse.core.serving import PERCENTILES
 from dse.system.grouping import CpuSplit, Group, Speculation
 from dse.system.result import PERCENTILE_METRICS

@@ -17,7 +17,6 @@ from dse.system.params import PARAMS
 from hwmodels.formats import get_format, matmul_compute_class
 from workloads.lengths import FIXED, parse_lengths
 
-
 #: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",

@@ -9,22 +9,21 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.metrics import rates_per_user_and_device
 from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
-from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
 from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation
-from dse.system.pricing import measured_only, power_and_energy
-from dse.system.result import PERCENTILE_METRICS
 from dse.system.hardware import HardwareArrays
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.params import DEFAULTS
-from workloads.techniques import tokens_per_target_step
+from dse.system.pricing import measured_only, power_and_energy
+from dse.system.result import PERCENTILE_METRICS
 from workloads.lengths import Lengths, LengthSpec
-
+from workloads.techniques import tokens_per_target_step
 
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
 #: the default budget (``dse.system.params``)
