@@ -99,9 +99,10 @@ class ServingInputs:
                                 if isinstance(getattr(self, f.name), np.ndarray)})
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Group:
-    """Points of one workload on one hardware class, ready for the kernel."""
+    """Points of one workload on one hardware class, ready for the kernel (None tables and
+    system: points that cannot be priced, their failure already recorded)."""
 
     index: np.ndarray             # positions of the points in the caller's order
     tables: WorkloadTables | None
