@@ -11,7 +11,7 @@ total, footprint, feasibility, serving metrics and energy (``from dse import eva
 ``--shared`` measures where sharing a workload starts to pay: 65,536 points whose workloads
 (batch and lengths drawn per workload) are each shared by 16 to 8,192 points (the bandwidth varies
 per point), priced with the workloads that differ only in batch and lengths (one operator table per
-distinct workload), and priced one workload at a time; ``dse.system.evaluator.MANY_BELOW`` is set
+distinct workload), and priced one workload at a time; ``dse.system.grouping.MANY_BELOW`` is set
 from the crossover.
 
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 from basis.errors import DseError  # noqa: E402
 from dse import evaluate, keep_freed_memory  # noqa: E402
-from dse.system import evaluator  # noqa: E402
+from dse.system import grouping  # noqa: E402
 
 #: the llm-analysis side: the same points, one analysis each (run in its own interpreter)
 LLM_ANALYSIS = r"""
@@ -98,7 +98,7 @@ def shared_rates(model: str = "llama-2-70b", total: int = 65_536, repeats: int =
                     memory_bandwidth=rng.uniform(1e12, 1.6e13, n * shared), **work)
         best = {}
         for path, below in (("together", 1 << 62), ("alone", 0)):
-            evaluator.MANY_BELOW = below
+            grouping.MANY_BELOW = below
             evaluate(cols)                                              # tables of the workloads kept alike
             times = []
             for _ in range(repeats):

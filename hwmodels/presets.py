@@ -24,6 +24,8 @@ from pathlib import Path
 from basis.errors import DseError, cited_number
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
+from hwmodels.classes import DEVICE_CLASSES as DEVICE_CLASSES  # the class names, imported from here too
+from hwmodels.classes import device_class
 from hwmodels.energy import load_technology
 from hwmodels.device import FAMILIES, PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
 from hwmodels.formats import COMPUTE_CLASSES
@@ -35,7 +37,6 @@ TOP_KEYS = {"name", "description", "class", "vendor", "family", "sources", "peak
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
             "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu", "energy_profile", "static_power_w"}
 PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes"}
-DEVICE_CLASSES = ("gpu", "accelerator", "cpu", "soc", "spatial", "pim")
 
 
 def available_hardware() -> list[str]:
@@ -75,14 +76,13 @@ def device_from_dict(d: dict, path: str) -> Device:
     sources = d["sources"]
     if not isinstance(sources, dict) or not sources:
         raise DseError(f"{path}: 'sources' must map short keys to citations")
-    if d["class"] not in DEVICE_CLASSES:
-        raise DseError(f"{path}: class '{d['class']}' is not one of {', '.join(DEVICE_CLASSES)}")
+    kind = device_class(d["class"], path)
     vendor, family = _vendor_family(d, path)
     peaks = _peaks(d["peak_ops_per_s"], f"{path}: peak_ops_per_s", sources)
     sparse = _peaks(d["sparse_peak_ops_per_s"], f"{path}: sparse_peak_ops_per_s", sources) \
         if "sparse_peak_ops_per_s" in d else {}
     pim = _pim(d["pim"], f"{path}: pim", sources) if "pim" in d else None
-    if (pim is None) == (d["class"] == "pim"):
+    if (pim is None) == kind.has_pim:
         raise DseError(f"{path}: a 'pim' section is required for class pim and allowed only there")
     host_cpu = d.get("host_cpu")
     if host_cpu is not None and not isinstance(host_cpu, str):

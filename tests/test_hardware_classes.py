@@ -295,3 +295,22 @@ def test_offload_to_cxl_and_nvme_tiers():
     assert t["nvme-990pro-2tb"] / t["cxl-cmm-b-16tb"] == pytest.approx(60 / 7.45, rel=0.05)
     with pytest.raises(DseError, match="valid tiers"):
         load_tier("floppy")
+
+
+def test_a_hardware_class_is_a_declared_kind():
+    """Each class is declared once with its properties (``hwmodels.classes``) and found by name;
+    the evaluator asks a property, never the class's name: chip sizing follows sized_by_capacity."""
+    from hwmodels.classes import CLASSES, DEVICE_CLASSES, device_class
+    from hwmodels.presets import DEVICE_CLASSES as PRESET_CLASSES
+    from dse.system.evaluator import evaluate, prepare
+    assert PRESET_CLASSES == DEVICE_CLASSES == tuple(c.name for c in CLASSES)
+    assert [c.name for c in CLASSES if c.sized_by_capacity] == ["spatial"]
+    assert [c.name for c in CLASSES if c.has_pim] == ["pim"]
+    assert [c.name for c in CLASSES if c.hosts_layers] == ["cpu"]
+    with pytest.raises(DseError, match="not one of"):
+        device_class("quantum")
+    cols = {"hardware": ["groq-lpu", "h100-sxm"], "model": "llama-2-7b", "batch": 1}
+    hw = prepare(cols).hw                        # (points held in the evaluator's order)
+    assert sorted((hw.kind(i).name, bool(hw.sized_by_capacity[i])) for i in range(2)) == [("gpu", False),
+                                                                                         ("spatial", True)]
+    assert np.isfinite(evaluate(cols)["chips_required"]).tolist() == [True, False]

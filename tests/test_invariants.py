@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dse import evaluate
 from dse.core.roofline import EXACT_PIM_OPERATORS, dispatch
+from hwmodels.classes import device_class
 from hwmodels.device import Device, PimUnit
 from hwmodels.formats import WIDENING, get_format, matmul_compute_class
 from hwmodels.presets import load_device
@@ -53,7 +54,7 @@ def scenarios(draw, hardware=HARDWARE):
                 flash_attention=bool(d.onchip_buffer_bytes) and draw(st.booleans()),
                 memory_bandwidth=d.memory.bandwidth_bytes_per_s * rng.uniform(0.3, 3, N),
                 compute_scale=rng.uniform(0.3, 3, N))
-    if d.device_class == "spatial":      # a fixed chip count: chips sized from capacity are not "all else equal"
+    if device_class(d.device_class).sized_by_capacity:      # a fixed chip count: chips sized from capacity are not "all else equal"
         cols["devices"] = draw(st.sampled_from([8, 64, 256, 576]))
         cols["memory_capacity"] = d.memory.capacity_bytes * rng.uniform(1, 4, N)
     else:

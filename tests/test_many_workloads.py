@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dse.system.evaluator as E
+import dse.system.grouping as grouping
 import dse.system.workload as W
 from basis.errors import DseError
 from dse import evaluate
@@ -49,7 +50,7 @@ CASES = {
 
 def _one_at_a_time(cols, monkeypatch, **kw):
     with monkeypatch.context() as m:
-        m.setattr(E, "MANY_BELOW", 0)
+        m.setattr(grouping, "MANY_BELOW", 0)
         return evaluate(cols, **kw)
 
 

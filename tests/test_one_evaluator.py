@@ -7,6 +7,7 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.system.analysis import analyze_point
 from dse.system.evaluator import METRICS, prepare
+from hwmodels.classes import device_class
 from hwmodels.presets import available_hardware, load_device
 
 PRESETS = available_hardware()
@@ -21,8 +22,7 @@ def _random_point(rng) -> dict:
          "weights": str(rng.choice(["fp16", "fp8", "int4", "int8"])), "kv": str(rng.choice(["fp16", "fp8"])),
          "flash_attention": bool(rng.random() < 0.4), "sparse": bool(rng.random() < 0.3),
          "offload": str(rng.choice(["none", "none", "greedy", "weights=0.5,kv=0.2"]))}
-    kind = load_device(hw).device_class
-    if kind == "spatial":
+    if device_class(load_device(hw).device_class).sized_by_capacity:
         if rng.random() < 0.5:           # else: the chip layout is sized from capacity
             p["tp"], p["pp"] = int(rng.choice([1, 2, 4])), int(rng.choice([1, 2]))
     elif rng.random() < 0.5:

@@ -7,6 +7,13 @@ import functools
 import numpy as np
 
 
+def steps_after_first(gen_len):
+    """Decode steps of a generation of ``gen_len`` tokens after the first (the prefill's): gen_len - 1,
+    and at least 1 (with gen_len = 1 the step that would come next, so a TPOT exists). An array or a
+    number, as ``gen_len``."""
+    return np.maximum(gen_len - 1, 1)
+
+
 def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devices, *,
                     overlap=0.0, request_overhead_s=0.0) -> dict[str, np.ndarray]:
     """Return TTFT, TPOT, end-to-end latency and throughputs (arrays over points).
@@ -30,7 +37,7 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     """
     batch = np.asarray(batch, dtype=float)
     gen = np.asarray(gen_len, dtype=float)
-    steps = np.maximum(gen - 1, 1)
+    steps = steps_after_first(gen)
     tpot = decode_total_s / steps
     dec = np.where(gen > 1, decode_total_s, 0.0)
     prefill_s = np.asarray(prefill_s, dtype=float) + request_overhead_s

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.metrics import steps_after_first
 
 #: (decode_seqs, decode_context, prefill_tokens, prefill_context, prompts_finished) -> seconds
 StepTime = Callable[[int, int, int, int, int], float]
@@ -182,7 +183,7 @@ class SimulationResult:
         ttft = self.first_token[m] - self.arrival[m]
         gen = self.gen[m]
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(gen > 1, (self.finish[m] - self.first_token[m]) / np.maximum(gen - 1, 1), np.nan)
+            tpot = np.where(gen > 1, (self.finish[m] - self.first_token[m]) / steps_after_first(gen), np.nan)
         e2e = self.finish[m] - self.arrival[m]
         out = {}
         for name, v in (("ttft", ttft), ("tpot", tpot[np.isfinite(tpot)]), ("e2e", e2e)):

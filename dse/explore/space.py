@@ -24,6 +24,7 @@ import numpy as np
 
 from basis.errors import DseError, as_number
 from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, out_of_range
+from hwmodels.classes import device_class
 from hwmodels.formats import COMPUTE_CLASSES, get_format
 from hwmodels.links import load_link
 from hwmodels.placement import parse_policy
@@ -156,7 +157,7 @@ class DesignSpace:
         classes = COMPUTE_CLASSES
 
         def cpu(name):
-            if load_device(name).device_class != "cpu":
+            if not device_class(load_device(name).device_class).hosts_layers:
                 raise DseError(f"'{name}' is a {load_device(name).device_class} preset, not a cpu preset")
         check = {"hardware": load_device, "model": load_model, "weights": get_format, "activations": get_format,
                  "kv": get_format, "link": load_link, "host_tier": load_tier, "host_cpu": cpu, "offload": parse_policy}

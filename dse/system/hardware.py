@@ -24,11 +24,14 @@ from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import load_link
-from hwmodels.presets import DEVICE_CLASSES, load_device
+from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
+from hwmodels.presets import load_device
 from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
 from hwmodels.tiers import with_host_tier
 
 _C = len(COMPUTE_CLASSES)
+#: [classes] whether each hardware class sizes its chip count from capacity (by class code)
+_SIZED_BY_CAPACITY = np.array([c.sized_by_capacity for c in CLASSES])
 
 
 @dataclass(frozen=True)
@@ -85,11 +88,14 @@ class HardwareArrays:
         return out
 
     @property
-    def spatial(self) -> np.ndarray:
-        return self.device_class == DEVICE_CLASSES.index("spatial")
+    def sized_by_capacity(self) -> np.ndarray:
+        """[P] bool: the points whose class sizes its chip count from capacity
+        (``hwmodels.classes.DeviceClass.sized_by_capacity``)."""
+        return _SIZED_BY_CAPACITY[self.device_class]
 
-    def class_name(self, i: int) -> str:
-        return DEVICE_CLASSES[int(self.device_class[i])]
+    def kind(self, i: int) -> DeviceClass:
+        """The hardware class of point ``i`` (``hwmodels.classes.DeviceClass``)."""
+        return CLASSES[int(self.device_class[i])]
 
 
 def resolve_device(value) -> Device:
@@ -339,7 +345,7 @@ def _host_cpus(cols: Columns, devices: list[Device], inv: np.ndarray) -> tuple[n
         codes, names = cols.labels("host_cpu")
         cpus = [resolve_device(x) for x in names]
         for c in cpus:
-            if c.device_class != "cpu":
+            if not device_class(c.device_class).hosts_layers:
                 raise DseError(f"host_cpu '{c.name}' is a {c.device_class}, not a cpu preset")
         return codes, cpus
     names = sorted({d.host_cpu for d in devices if d.host_cpu})

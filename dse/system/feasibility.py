@@ -1,0 +1,361 @@
+"""Feasibility and layout of design points: the parallel layout of disaggregated pools, the chip
+count of capacity-sized classes (spatial), the largest batch that fits, and every check of a
+workload's points (context, CPU layer split, placement in device and host memory, formats,
+links, on-chip buffer, serving) turned into reason codes (``dse.system.reasons``), numeric
+memory violations and the group ready to price (``check_group``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.core.roofline import _COL, OpArrays, SystemArrays
+from dse.system.columns import Columns, group
+from dse.system.grouping import CpuSplit, Group, Speculation, positions
+from dse.system.hardware import HardwareArrays, assemble
+from dse.system.inputs import WorkloadColumns
+from dse.system.layout import chip_layouts, chips_required, largest_fitting
+from dse.system.served import serving_inputs, speculative_serving
+from dse.system.techniques import draft_model
+from dse.system.workload import WorkloadTables, footprint_in_batch, tables
+from hwmodels.formats import matmul_compute_class
+from hwmodels.placement import fits_within, place
+from workloads import optable
+from workloads.lengths import LengthSpec
+from workloads.model import context_error, context_limit
+from workloads.optable import kv_heads_per_device
+
+
+def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(devices, tp) to lay out each point with, and its devices in all: a disaggregated
+    point lays out one instance of ``tp`` devices (given, or the largest dividing both pools)
+    and has the pools' devices; the points whose layout cannot be fail ``layout``."""
+    dis = w.disaggregated
+    if not dis.any():                  # no pools: the layout is the one given
+        return w.devices, w.tp, np.full(len(dis), np.nan)
+    pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
+    total = pre + dec
+    inst = np.where(np.isnan(w.tp), np.gcd(pre.astype(np.int64), dec.astype(np.int64)), w.tp)
+    wrong = dis & ~np.isnan(w.devices) & (w.devices != total)
+    fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
+    split = dis & ((np.mod(pre, inst) != 0) | (np.mod(dec, inst) != 0))
+    fail("layout", np.flatnonzero(split), "with disaggregate P:D, tp (devices per engine) must divide P and D")
+    return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
+
+
+def _host_capacity(w: WorkloadColumns, hw: HardwareArrays, policy, cpu_layers, index) -> np.ndarray:
+    """Bytes of host memory the points ``index`` may place data in: none without a host
+    tier, except that CPU layers live in the CPU's own memory when the device names no host memory."""
+    hcap = np.where(hw.has_host[index], hw.host_capacity[index], 0.0)
+    if np.any(cpu_layers > 0):
+        cpu_mem = np.array([c.memory.capacity_bytes for c in hw.cpus] + [0.0])[hw.host_cpu[index]]
+        own = np.nan_to_num(hw.host_capacity[index], nan=0.0)
+        hcap = np.where(cpu_layers > 0, np.where(own > 0, own, cpu_mem), hcap)
+    return hcap
+
+
+def _placement(policy, wb, ab, kvb, cap, devices, cpu_share=0.0, layer_w=0.0):
+    """Placement of per-device footprints: the offload policy, or under a CPU layer split
+    the CPU's layers' weights and KV cache in host memory (read there by the CPU itself)."""
+    if cpu_share > 0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fw = np.where(np.asarray(wb) > 0, layer_w * cpu_share / np.asarray(wb, dtype=float), 0.0)
+        return place({"weights": fw, "kv": cpu_share}, wb, ab, kvb, cap, 1)
+    return place(policy, wb, ab, kvb, cap, devices)
+
+
+def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp, chips, fail) -> None:
+    """Chip count and (tp, pp) of the spatial points ``sized`` (in place)."""
+    idx_all = np.flatnonzero(sized)
+    key = [getattr(w, k)[idx_all] for k in ("model", "batch", "prompt", "gen", "weights", "activations", "kv", "ep",
+                                   "flash", "tech")] + [np.where(w.flash, hw.buffer, 0.0)[idx_all]]
+    inv, order, starts = group(key, len(idx_all))
+    for g in range(len(starts) - 1):
+        idx = idx_all[order[starts[g]:starts[g + 1]]]
+        i0 = idx[0]
+        model = w.models[w.model[i0]]
+        args = (int(w.batch[i0]), int(w.prompt[i0]), int(w.gen[i0]),
+                *(getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")))
+        flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
+        tech = w.techniques[w.tech[i0]]
+        cap = hw.system.capacity[idx]
+        try:
+            need = chips_required(tables(model, *args, 1, 1, 1, flash, buf, tech).footprint.total_bytes, cap)
+        except DseError as e:
+            fail("model_split", idx, str(e))
+            continue
+        chips[idx] = need
+        left = np.ones(len(idx), dtype=bool)
+        for t_, p_ in chip_layouts(model):
+            ok = left & (t_ * p_ >= need)
+            if not ok.any():
+                continue
+            try:
+                total = tables(model, *args, t_, p_, int(w.ep[i0]), flash, buf, tech).footprint.total_bytes
+            except DseError:
+                continue
+            ok &= fits_within(total, cap)
+            tp[idx[ok]], pp[idx[ok]] = t_, p_
+            left &= ~ok
+            if not left.any():
+                break
+        fail("no_chip_layout", idx[left])
+
+
+def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> None:
+    """The largest batch that fits, for the points asking for it (in place); 1 (and
+    'does not fit') where even one sequence does not."""
+    idx_all = np.flatnonzero(w.batch_max)
+    key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "flash",
+                                   "policy", "cpu_layers", "tech")] + [tp[idx_all], pp[idx_all],
+                                                               np.where(w.flash, hw.buffer, 0.0)[idx_all]]
+    inv, order, starts = group(key, len(idx_all))
+    for g in range(len(starts) - 1):
+        idx = idx_all[order[starts[g]:starts[g + 1]]]
+        i0 = idx[0]
+        model = w.models[w.model[i0]]
+        t_, p_, e_ = int(tp[i0]), int(pp[i0]), int(w.ep[i0])
+        flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
+        names = [getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")]
+        tech = w.techniques[w.tech[i0]]
+        try:
+            fib = footprint_in_batch(model, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf,
+                                     tech)
+            layer_w = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash,
+                             buf, tech).layer_weight_bytes
+        except DseError:
+            continue                  # the layout does not divide the model: reported by the group check
+        policy = w.policies[w.policy[i0]]
+        share = w.cpu_layers[i0] / model.num_layers
+        cap = hw.system.capacity[idx]
+        hcap = _host_capacity(w, hw, policy, w.cpu_layers[idx], idx)
+
+        def fits(b):
+            wb, kvb, ab = fib.at(np.broadcast_to(b, cap.shape))
+            pl = _placement(policy, wb, ab, kvb, cap, t_ * p_ * e_, share, layer_w)
+            return pl.device_fits(cap) & pl.host_fits(hcap)
+
+        best = largest_fitting(fits)
+        batch[idx] = np.maximum(best, 1.0)
+
+
+@dataclass(frozen=True)
+class GroupMemory:
+    """What a group's points hold per device and how far they are from fitting: bytes of
+    weights, KV cache and activations (numbers, or [P] arrays), bytes placed in host memory
+    ([P]), and the memory violation ([P], <= 0 where everything fits, ``Placement.memory_violation``)."""
+
+    weights_bytes: object
+    kv_cache_bytes: object
+    activation_bytes: object
+    offloaded_bytes: np.ndarray
+    violation: np.ndarray
+
+
+def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareArrays, i0: int, fail,
+                spec: Speculation | None = None) -> tuple[Group, GroupMemory]:
+    """Placement and every feasibility check of one workload's points (each failure handed to
+    ``fail``): (the group ready to price, what its points hold in memory). ``spec``: its
+    speculative decoding (``speculation``)."""
+    sc = t.scenario
+    fp = t.footprint if spec is None else spec.footprint
+    sys = hw.system.take(idx)
+    size = sys.size
+    policy = w.policies[w.policy[i0]]
+    cpu_layers = int(w.cpu_layers[i0])
+    mark = _marker(fail, idx, size)
+    _check_context(mark, model, sc, int(w.max_context[i0]), size)
+    share = _cpu_share(mark, model, sc, policy, hw, i0, cpu_layers, size)
+    cap = sys.capacity
+    # host memory: read only where something may go there (an offload policy, CPU layers)
+    hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx) \
+        if policy != "none" or share else 0.0
+    continuous = bool(w.continuous[i0])
+    act = fp.activation_bytes
+    if continuous:
+        _check_serving(mark, sc, policy, cpu_layers, spec, bool(w.disaggregated[i0]), sys, size)
+        length_spec: LengthSpec = w.length_specs[w.lengths[i0]]
+        limit = context_limit(model, int(w.max_context[i0])) or np.inf
+        lengths = length_spec.classes(sc.prompt_len, sc.gen_len, limit)
+        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())))
+    pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
+                    t.layer_weight_bytes)
+    dev_ok = _check_memory(mark, pl, cap, hcap, hw.has_host[idx], share)
+    wanted = sorted({matmul_compute_class(sc.activations, sc.weights), matmul_compute_class(sc.activations, sc.kv)})
+    sys = _check_device(mark, sys, sc, wanted, w, hw, idx, i0, pl, share, policy)
+    cpu = _cpu_split(mark, model, t, wanted, hw, idx, i0, share) if share else None
+    serving = None
+    kv = fp.kv_cache_bytes
+    if continuous:
+        serving, kv = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
+        if spec is not None and spec.tables is not None:
+            serving = speculative_serving(serving, spec, sc, hw, i0)
+        need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block)
+        mark("device_memory", dev_ok & (serving.kv_blocks < need),
+             "the paged KV cache holds less than one request: the memory left after weights and activations "
+             "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
+    memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap))
+    kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
+    return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
+                 w.engines[w.engine[i0]], float(kv_group), spec), memory
+
+
+def _marker(fail, idx, size: int):
+    """``mark(code, bad, detail=None)``: the points ``bad`` ([P] bool over the group ``idx``, or
+    one bool for all) fail the check ``code`` (handed to ``fail``)."""
+    def mark(code, bad, detail=None):
+        if bad.any() if isinstance(bad, np.ndarray) else bad:
+            bad = np.broadcast_to(bad, (size,))
+            fail(code, (idx, bad) if isinstance(idx, slice) and detail is None else positions(idx)[bad], detail)
+    return mark
+
+
+def _check_context(mark, model, sc, max_context: int, size: int) -> None:
+    """Mark the points whose prompt and output exceed the model's context (``context``)."""
+    if sc.many:
+        _mark_context(mark, model, sc, max_context)
+        return
+    too_long = context_error(model, sc.prompt_len, sc.gen_len, max_context)
+    if too_long:
+        mark("context", np.ones(size, dtype=bool), too_long)
+
+
+def _cpu_share(mark, model, sc, policy, hw: HardwareArrays, i0: int, cpu_layers: int, size: int) -> float:
+    """The fraction of the layers that run on the host CPU: ``cpu_layers`` over the model's, or 0
+    where the split cannot be (marked ``cpu_split`` with the reason)."""
+    if not cpu_layers:
+        return 0.0
+    why = None
+    if cpu_layers > model.num_layers:
+        why = f"cpu_layers must be between 1 and the model's {model.num_layers} layers, got {cpu_layers}"
+    elif policy != "none" or sc.devices > 1:
+        why = "cpu_layers works on one device without offload"
+    elif hw.host_cpu[i0] < 0:
+        why = (f"cpu_layers needs a host CPU: hardware '{hw.names[hw.name[i0]]}' names no host_cpu; "
+               f"give host_cpu (a cpu preset)")
+    if why:
+        mark("cpu_split", np.ones(size, dtype=bool), why)
+        return 0.0
+    return cpu_layers / model.num_layers
+
+
+def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, disaggregated: bool,
+                   sys: SystemArrays, size: int) -> None:
+    """Mark what continuous batching does not model (``serving``) and disaggregated pools without
+    a link to send the KV cache over (``interconnect``)."""
+    if sc.pp > 1 or sc.ep > 1 or policy != "none" or cpu_layers:
+        mark("serving", np.ones(size, dtype=bool))
+    if spec is not None and (spec.heads is not None or disaggregated):
+        mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
+                                                   "with a draft model or self:N on one pool (not Medusa heads, "
+                                                   "not disaggregated)")
+    if disaggregated:                    # the KV cache moves between the pools over the link
+        mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
+
+
+def _check_memory(mark, pl, cap, hcap, has_host: np.ndarray, share: float) -> np.ndarray:
+    """Mark the points whose placement ``pl`` does not fit (``no_host_tier``, ``device_memory``,
+    ``host_memory``); [P] bool: the footprint fits in device memory."""
+    dev_ok, host_ok = pl.device_fits(cap), pl.host_fits(hcap)
+    no_host = (pl.host_bytes > 0) & ~has_host & (share == 0)
+    mark("no_host_tier", no_host)
+    mark("device_memory", ~dev_ok)
+    mark("host_memory", dev_ok & ~host_ok & ~no_host)
+    return dev_ok
+
+
+def _check_device(mark, sys: SystemArrays, sc, wanted: list, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int,
+                  pl, share: float, policy) -> SystemArrays:
+    """Mark the points whose device cannot compute the formats ``wanted`` (``format``), has no link
+    for several devices (``interconnect``) or no buffer for FlashAttention (``onchip_buffer``);
+    the points' SystemArrays as priced (sparse gain, tp, offloaded fractions, overlap)."""
+    for c in wanted:
+        mark("format", ~(sys.peak[:, _COL[c]] > 0), None)
+    if w.sparse[i0]:                      # 2:4 weights at the sparse peak where there is one, else dense
+        sys = sys.replaced(sparse_gain=hw.sparse_ratio(idx))
+    if sc.devices > 1:
+        mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
+    if sc.flash_attention:
+        mark("onchip_buffer", ~(hw.buffer[idx] > 0))
+    size = sys.size
+    offload = None
+    if share == 0 and policy != "none" and (pl.fractions > 0).any():
+        offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
+    return sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload, overlap=w.overlap[idx].copy())
+
+
+def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays, idx, i0: int, share: float) -> CpuSplit:
+    """The CPU layer split of the points (``share`` of the layers on the host CPU); marks a CPU
+    that cannot compute the formats (``format``) and a device without a host link (``cpu_split``)."""
+    sc = t.scenario
+    size = len(positions(idx))
+    cpu_hw = assemble(Columns({"hardware": hw.cpus[hw.host_cpu[i0]], "model": ""}))
+    cpu_sys, cpu_used = cpu_hw.system.take(np.zeros(size, dtype=np.int64)), cpu_hw.used(0)
+    for c in wanted:
+        mark("format", ~(cpu_sys.peak[:, _COL[c]] > 0))
+    per_token = model.hidden_size * sc.activations.bytes
+    cpu = CpuSplit(share, cpu_sys, cpu_used, t.prefill_table.tokens * per_token, t.decode_table.tokens * per_token,
+                   hw.host_link_bandwidth[idx], hw.host_link_latency[idx])
+    no_link = ~(np.isfinite(cpu.host_bw) & (cpu.host_bw > 0))
+    mark("cpu_split", no_link, f"hardware '{hw.names[hw.name[i0]]}' names no host_link for a CPU layer split")
+    return cpu
+
+
+#: distinct prompt and generated lengths of a group of many workloads that exceed the context
+#: beyond which the reason's text is the template's, not the check's own words
+CONTEXT_DETAILS = 64
+
+
+def _mark_context(mark, model, sc, max_context: int) -> None:
+    """Mark the workloads of a scenario of many (``Scenario.many``) longer than the context, each
+    with the check's words (``context_error``) while there are few distinct lengths among them."""
+    limit = context_limit(model, max_context)
+    if not limit:
+        return
+    long = sc.prompt_len + sc.gen_len > limit
+    prompt, gen = sc.prompt_len[long].astype(np.int64), sc.gen_len[long].astype(np.int64)
+    span = int(gen.max(initial=0)) + 1
+    pairs = np.unique(prompt * span + gen)              # (prompt, generated) pairs, one integer each
+    if len(pairs) > CONTEXT_DETAILS:
+        mark("context", long)
+        return
+    for p, g in zip(pairs // span, pairs % span):
+        mark("context", long & (sc.prompt_len == p) & (sc.gen_len == g), context_error(model, int(p), int(g), max_context))
+
+
+def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: float) -> Speculation | None:
+    """The speculative decoding of a group (None without): the draft's tables (a model of its own
+    at tp 1, or the target's first layers at the target's layout), the drafted tokens and
+    acceptance rate, the draft's tensor parallelism, and the footprint of target and draft together
+    on the device holding both (a shared draft adds nothing)."""
+    draft = w.drafts[w.draft[i0]]
+    if draft is None:
+        return None
+    sc = t.scenario
+    acceptance = float(w.spec_acceptance[i0])
+    fp = t.footprint
+    if draft.heads:                          # Medusa: the heads draft in one pass on the target's devices
+        heads = optable.medusa_heads(model, replace(sc, batch=sc.micro_batch), draft.heads)
+        fp = replace(fp, weights_bytes=fp.weights_bytes + float(np.sum(heads.weight_bytes * heads.counts)))
+        return Speculation(acceptance, draft.heads, float(sc.tp), fp, heads=OpArrays.from_table(heads))
+    own = not draft.shares_target
+    layout = (1, 1, 1) if own else (sc.tp, sc.pp, sc.ep)
+    dm = draft_model(draft, model)
+    dt = tables(dm, sc.batch, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name,
+                sc.kv.name, *layout, sc.flash_attention, buffer)
+    if own:
+        fp = replace(fp, weights_bytes=fp.weights_bytes + dt.footprint.weights_bytes,
+                     kv_cache_bytes=fp.kv_cache_bytes + dt.footprint.kv_cache_bytes,
+                     activation_bytes=max(fp.activation_bytes, dt.footprint.activation_bytes))
+    return Speculation(acceptance, int(w.spec_tokens[i0]), float(layout[0]), fp, tables=dt, model=dm)
+
+
+def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int) -> float:
+    """Peak activation bytes per device of continuous batching: a prefill of one iteration's
+    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking)."""
+    budget = int(w.prefill_chunk[i0])
+    tokens = longest if budget == 0 else min(longest, budget)
+    return tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
+                  sc.ep, sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques
+                  ).footprint.activation_bytes

@@ -1,0 +1,198 @@
+"""The per-point workload inputs of a table of design points, every name resolved
+(``workload_columns`` -> ``WorkloadColumns``): model, formats, layout, serving, lengths,
+techniques; DseError naming the column for an unknown name or an invalid combination."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.core.engines import get_engine
+from dse.system.columns import Columns, anywhere, per_code, pointwise
+from dse.system.hardware import HardwareArrays
+from dse.system.params import MAX_COUNT, SERVING_MODES
+from dse.system.techniques import pruned_models, quality_columns, technique_columns
+from dse.system.workload import resolve_model
+from hwmodels.formats import get_format
+from hwmodels.placement import parse_policy
+from workloads.lengths import FIXED, parse_lengths
+
+
+@dataclass(frozen=True)
+class WorkloadColumns:
+    """The workload inputs of every design point, each name resolved. An array field holds one
+    entry per point ([P]; a read-only constant where every point has the same); a field named
+    for a kind of thing holds a code per point into the list of its distinct values (``model`` into
+    ``models``, ``engine`` into ``engines``, ...). Lengths in tokens, times in seconds, rates per
+    second."""
+
+    model: np.ndarray             # [P] code into ``models``
+    models: list                  # ModelSpec of each code (pruned as the point asks)
+    draft: np.ndarray             # [P] code into ``drafts``
+    drafts: list                  # the speculative draft of each code (None: no speculative decoding)
+    spec_tokens: np.ndarray       # [P] tokens drafted a round
+    spec_acceptance: np.ndarray   # [P] probability a drafted token is accepted
+    tech: np.ndarray              # [P] code into ``techniques``
+    techniques: list              # workloads.techniques.Techniques of each code
+    sparse_units: np.ndarray      # [P] bool: 2:4 sparse weights
+    weights: np.ndarray           # [P] code into ``weights_names``
+    weights_names: list           # the weights' DataFormat names
+    activations: np.ndarray       # [P] code into ``activations_names``
+    activations_names: list       # the activations' DataFormat names
+    kv: np.ndarray                # [P] code into ``kv_names``
+    kv_names: list                # the KV cache's DataFormat names
+    quality_loss: np.ndarray      # [P] published quality loss of the techniques (NaN: none published)
+    quality_source: np.ndarray    # [P] code into ``quality_sources``
+    quality_sources: list         # the citation of each quality loss
+    policy: np.ndarray            # [P] code into ``policies``
+    policies: list                # the offload policies
+    prompt: np.ndarray            # [P] prompt length, tokens (a trace's mean)
+    gen: np.ndarray               # [P] generated length, tokens (a trace's mean)
+    ep: np.ndarray                # [P] expert parallelism
+    cpu_layers: np.ndarray        # [P] layers on the host CPU
+    max_context: np.ndarray       # [P] context limit, tokens (0: the model's)
+    devices: np.ndarray           # [P] devices given (NaN: laid out)
+    tp: np.ndarray                # [P] tensor parallelism given (NaN: laid out)
+    pp: np.ndarray                # [P] pipeline parallelism given (NaN: laid out)
+    flash: np.ndarray             # [P] bool: FlashAttention as run
+    sparse: np.ndarray            # [P] bool: weights at the sparse peak
+    overlap: np.ndarray           # [P] bool: compute and memory traffic overlap
+    engine: np.ndarray            # [P] code into ``engines``
+    engines: list                 # dse.core.engines.Engine of each code
+    batch: np.ndarray             # [P] sequences in a static batch (1 where sized or served)
+    batch_max: np.ndarray         # [P] bool: the batch is the largest that fits
+    serving: np.ndarray           # [P] code of the serving mode as given
+    concurrency: np.ndarray       # [P] closed-loop concurrency (0: none)
+    request_rate: np.ndarray      # [P] open-loop arrival rate, requests/s (0: none)
+    kv_block: np.ndarray          # [P] tokens a KV block holds
+    max_running: np.ndarray       # [P] sequences an iteration may run
+    prefill_chunk: np.ndarray     # [P] tokens an iteration may hold (0: prefill first)
+    lengths: np.ndarray           # [P] code into ``length_specs``
+    length_specs: list            # workloads.lengths.LengthSpec of each code
+    prefix_hit: np.ndarray        # [P] share of a prompt served from the prefix cache
+    slo_ttft: np.ndarray          # [P] TTFT objective, s (0: none)
+    slo_tpot: np.ndarray          # [P] TPOT objective, s (0: none)
+    slo_percentile: np.ndarray    # [P] the percentile the objectives hold at
+    target_rate: np.ndarray       # [P] requests/s a service must sustain (0: none)
+    prefill_devices: np.ndarray   # [P] devices of the prefill pool (NaN: not disaggregated)
+    decode_devices: np.ndarray    # [P] devices of the decode pool (NaN: not disaggregated)
+    disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
+    continuous: np.ndarray        # [P] bool: served under continuous batching
+
+
+def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
+    """Per-point workload arrays (``WorkloadColumns``), every name resolved (DseError naming the
+    column)."""
+    w = {}
+    base_codes, base_models = _resolved(cols, "model", resolve_model)
+    w["model"], w["models"] = pruned_models(cols, base_codes, base_models)
+    technique_columns(cols, w)
+    for k in ("weights", "activations", "kv"):
+        w[k], formats = _resolved(cols, k, lambda v, k=k: get_format(str(v), f"{k} format"))
+        w[k + "_names"] = [f.name for f in formats]
+    quality_columns(cols, base_codes, base_models, w)
+    w["policy"], w["policies"] = _resolved(cols, "offload", parse_policy)
+    w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
+    w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
+    w["max_context"] = cols.numbers("max_context")
+    w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
+    w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
+    w["engine"], w["engines"] = _resolved(cols, "engine", get_engine)
+    if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
+        fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
+        w["flash"] = pointwise(lambda f, b, u: f & (b > 0) & u, w["flash"], hw.buffer, fuses)
+    w["batch"], w["batch_max"] = cols.batch()
+    w["serving"], modes = _resolved(cols, "serving", _serving_mode)
+    w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
+    w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
+    w["prefill_chunk"] = cols.numbers("prefill_chunk")
+    w["lengths"], w["length_specs"] = _resolved(cols, "lengths", parse_lengths)
+    _trace_lengths(w)
+    for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
+        w[k] = cols.numbers(k)
+    if anywhere(pointwise(lambda r, a, b: (r > 0) & ~(a > 0) & ~(b > 0), w["target_rate"], w["slo_ttft"], w["slo_tpot"])):
+        raise DseError(f"{cols.where}: target_rate: the engines a service needs follow from its goodput under SLOs; "
+                       f"give slo_ttft and/or slo_tpot too")
+    codes, pools = _resolved(cols, "disaggregate", _pools)
+    w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
+    w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
+    w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
+    asked = per_code([m == "continuous" for m in modes], w["serving"])
+    loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
+    served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
+              **{k: pointwise(lambda x: x > 0, w[k]) for k in ("prefix_hit", "slo_ttft", "slo_tpot")},
+              "disaggregate": w["disaggregated"]}
+    static = per_code([m == "static" and cols.has("serving") for m in modes], w["serving"])
+    for key, on in served.items():
+        if anywhere(pointwise(lambda s, o: s & o, static, on)):
+            what = "concurrency and request_rate are loads" if key == "concurrency" else f"{key} is a parameter"
+            raise DseError(f"{cols.where}: serving: 'static' runs one batch; {what} of serving 'continuous' "
+                           f"(leave serving out, or give it as continuous)")
+    if anywhere(pointwise(lambda c, r: (c > 0) & (r > 0), w["concurrency"], w["request_rate"])):
+        raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
+                       f"(a closed loop at a concurrency, or an open loop at a request rate)")
+    w["continuous"] = pointwise(lambda a, *on: a | np.any(on, axis=0), asked, *served.values())
+    short = pointwise(lambda c, p, m: c & (p > 0) & (p < m), w["continuous"], w["prefill_chunk"], w["max_running"])
+    if anywhere(short):
+        k = int(np.flatnonzero(short)[0])
+        raise DseError(f"{cols.where}: prefill_chunk: an iteration's token budget ({int(w['prefill_chunk'][k]):,}) must "
+                       f"be at least max_running ({int(w['max_running'][k]):,}), as vLLM requires of "
+                       f"max_num_batched_tokens; give a larger prefill_chunk or a smaller max_running")
+    # continuous batching prices one request's tables; without a load it runs closed at the batch
+    if anywhere(w["continuous"]):              # (static batches alone: nothing changes but batch 'max')
+        w["concurrency"] = pointwise(lambda c, ld, m, b, cc: np.where(c & ~ld, np.where(m, 1.0, b), cc),
+                                     w["continuous"], loaded, w["batch_max"], w["batch"], w["concurrency"])
+        w["batch"] = pointwise(lambda m, c, b: np.where(m | c, 1.0, b), w["batch_max"], w["continuous"], w["batch"])
+        w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
+    elif anywhere(w["batch_max"]):
+        w["batch"] = pointwise(lambda m, b: np.where(m, 1.0, b), w["batch_max"], w["batch"])
+    for k in ("prompt", "gen", "ep"):
+        if anywhere(pointwise(lambda x: x < 1, w[k])):
+            raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
+                           f"expected a positive integer")
+    return WorkloadColumns(**w)
+
+
+def _pools(value) -> tuple[int, int] | None:
+    """(prefill devices, decode devices) of a ``disaggregate`` value ``P:D``, or None for
+    ``none``; DseError naming what is allowed."""
+    text = str(value).strip()
+    if text == "none":
+        return None
+    head, sep, tail = text.partition(":")
+    try:
+        pair = (int(head), int(tail)) if sep else None
+    except ValueError:
+        pair = None
+    if pair is None or min(pair) < 1 or max(pair) > MAX_COUNT:
+        raise DseError(f"disaggregate: expected 'none' or 'P:D' (prefill devices : decode devices, positive "
+                       f"integers, e.g. '2:6'), got {value!r}")
+    return pair
+
+
+def _trace_lengths(w: dict) -> None:
+    """Points whose lengths are a trace take its mean prompt and output lengths."""
+    for code, spec in enumerate(w["length_specs"]):
+        if spec.kind == "trace":
+            at = w["lengths"] == code
+            w["prompt"], w["gen"] = w["prompt"].copy(), w["gen"].copy()
+            w["prompt"][at], w["gen"][at] = spec.trace_means()
+
+
+def _serving_mode(value) -> str:
+    """A serving mode name (``SERVING_MODES``); DseError naming what is allowed."""
+    if value not in SERVING_MODES:
+        raise DseError(f"serving: expected one of {', '.join(SERVING_MODES)}, got {value!r}")
+    return value
+
+
+def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
+    """(code per point, each distinct value of column ``key`` resolved); DseError naming the column."""
+    codes, values = cols.labels(key)
+    try:
+        return codes, [resolve(v) for v in values]
+    except DseError as e:
+        said = str(e)
+        head = f"{cols.where}: " if said.startswith(key) else f"{cols.where}: {key}: "
+        raise DseError(head + said, verbatim_from=len(head) + (len(key) if said.startswith(key) else 0)) from None

@@ -1,0 +1,256 @@
+"""Served points: design points under in-flight (continuous) batching. Their inputs
+(``serving_inputs``: the iteration model and the paged KV cache), their steady state priced
+iteration by iteration (``price_served``, ``dse.core.serving``), replicas for a target rate, and
+one point as the discrete-event simulator runs it (``ServedPoint``, ``served_point``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
+from dse.core.efficiency import Efficiency
+from dse.core.metrics import rates_per_user_and_device
+from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
+from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
+from dse.core.simulator import EngineConfig
+from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation
+from dse.system.hardware import HardwareArrays
+from dse.system.inputs import WorkloadColumns
+from dse.system.iteration import IterationModel, iteration_model
+from dse.system.params import DEFAULTS
+from dse.system.pricing import measured_only, power_and_energy
+from dse.system.result import PERCENTILE_METRICS
+from workloads.lengths import Lengths, LengthSpec
+from workloads.techniques import tokens_per_target_step
+
+#: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
+#: the default budget (``dse.system.params``)
+UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
+
+
+def price_served(g: Group, eff: Efficiency) -> dict:
+    """Serving metrics of a group's points under in-flight batching (``dse.core.serving``):
+    every iteration priced by the roofline (``step_time`` of the IterationModel's arrays)."""
+    s = g.serving
+    spec = s.speculation
+    pricer = iteration_pricer if spec is None else _speculative_pricer(spec)
+    iteration_time = pricer(s.iteration, g.system, eff)
+    load = _load(s, g.system, eff)
+    pooled = load.pools is not None
+    out = (disaggregated_state if pooled else steady_state)(load, iteration_time)
+    e = 1.0 if spec is None else spec.e
+    if spec is not None:                       # a round of E tokens stood for one token: back to tokens
+        out["tpot_s"] = out["tpot_s"] / e
+        out.update({f"tpot_p{q}_s": out[f"tpot_p{q}_s"] / e for q in PERCENTILES})
+        out["output_tokens_per_s"] = out["requests_per_s"] * spec.mean_gen
+        out["total_tokens_per_s"] = out["requests_per_s"] * (spec.mean_gen + load.lengths.mean_prompt)
+    late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
+    slo = (s.slo_ttft > 0) | (s.slo_tpot > 0)
+    good = np.full(len(slo), np.nan)
+    if slo.any():
+        at = np.flatnonzero(slo)
+        good[at] = (disaggregated_goodput if pooled else goodput)(
+                           load.take(at), pricer(s.iteration, g.system.take(at), eff),
+                           np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
+                           s.slo_tpot[at] * e, s.slo_percentile[at])
+    out_tps = out["output_tokens_per_s"]
+    energy = _serving_energy(g, s, out, load, spec is not None or pooled)
+    return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
+            **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
+               for m in PERCENTILE_METRICS for q in PERCENTILES},
+            **rates_per_user_and_device(out_tps, out["tpot_s"], s.devices),
+            "prefill_tokens_per_s": out["requests_per_s"] * load.lengths.mean_prompt,
+            "requests_per_s": out["requests_per_s"], "total_tokens_per_s": out["total_tokens_per_s"],
+            "queue_s": out["queue_s"], "running_batch": out["running_batch"],
+            "kv_utilization": out["kv_utilization"], "batch_used": np.round(out["running_batch"]),
+            "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
+            "tokens_per_target_step": np.full(len(slo), e),
+            "slo_missed": (s.target_rate > 0) & (good <= 0)}
+
+
+def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
+    """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of the
+    mean iteration (``running_batch`` decoding sequences over the mean prompt plus half the mean
+    output, and the prompt tokens of the requests that arrive during it, over half their prompt)
+    times the iterations a second (one a TPOT), on each of the tp ranks; every amount of an
+    iteration is affine in these counts, so the mean iteration carries the mean energy. Speculative
+    and disaggregated engines are left out (NaN): their iterations are not one model's."""
+    n = len(out["tpot_s"])
+    if unmodelled:
+        nan = np.full(n, np.nan)
+        return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
+                "over_tdp": np.zeros(n, dtype=bool)}
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, tpot = out["running_batch"], out["tpot_s"]
+    arrivals = out["requests_per_s"] * tpot                      # prompts finished an iteration
+    chunk = arrivals * prompt
+    with np.errstate(invalid="ignore"):
+        ops = s.iteration.arrays(b, b * (prompt + gen / 2.0), chunk, chunk * prompt / 2.0, arrivals)
+        dynamic = g.tables.scenario.tp * step_energy_j(ops, g.system) / tpot
+        floor = g.tables.scenario.tp * step_energy_j(ops, measured_only(g.system)) / tpot
+    one = np.ones(n)
+    return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
+
+
+def _replicas(target_rate, good) -> np.ndarray:
+    """Engines a service of ``target_rate`` requests/s needs at ``good`` requests/s each
+    (NaN without a target; infinite where no rate meets the SLOs)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(target_rate > 0, np.where(good > 0, np.ceil(target_rate / good), np.inf), np.nan)
+
+
+def _speculative_pricer(spec: ServedSpeculation):
+    """An iteration pricer (as ``iteration_pricer``) of an engine decoding speculatively: the
+    target's iteration verifying g + 1 tokens of each decoding sequence (its IterationModel
+    carries them), then the draft's g decode steps over the same sequences, the first with the
+    iteration's prompt chunks (the draft prefills them too), on the draft's devices."""
+    def make(model: IterationModel, sys: SystemArrays, eff: Efficiency):
+        target = iteration_pricer(model, sys, eff)
+        draft = iteration_pricer(spec.draft, sys.replaced(tp=np.full(sys.size, spec.tp)), eff)
+
+        def iteration_time(d, dctx, c, pctx, seqs, rows):
+            zero = np.zeros_like(np.asarray(c, dtype=float))
+            return (target(d, dctx, c, pctx, seqs, rows) + draft(d, dctx, c, pctx, seqs, rows)
+                    + (spec.drafted - 1) * draft(d, dctx, zero, zero, zero, rows))
+        return iteration_time
+    return make
+
+
+def iteration_pricer(model: IterationModel, sys: SystemArrays, eff: Efficiency):
+    """The iteration time of a group's points (``dse.core.serving.IterationTime``): the roofline's
+    step time of the IterationModel's arrays, each entry on its design point's system."""
+    def iteration_time(d, dctx, c, pctx, seqs, rows):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
+    return iteration_time
+
+
+def kv_link(sys: SystemArrays, eff: Efficiency):
+    """Seconds to send messages of ``nbytes`` [A, K] from each point ``rows`` [A] to another
+    device over its scale-up link (``transfer_time``): a prefill instance's KV cache to a decode one."""
+    def transfer(nbytes, rows):
+        return transfer_time(nbytes, sys.link_bandwidth[rows][:, None], sys.link_latency[rows][:, None], eff)
+    return transfer
+
+
+def _load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
+    """The serving Load of a group's continuous-batching inputs (disaggregated: its pools, the
+    KV cache sent over each point's scale-up link as one message per request)."""
+    pools = None
+    if s.pools is not None:
+        prefill, decode, kv_token_bytes = s.pools
+        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), kv_link(sys, eff))
+    return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
+                s.request_rate, s.chunked, s.prefix_tokens, pools)
+
+
+@dataclass(frozen=True)
+class ServedPoint:
+    """A continuous-batching design point as the simulator runs it: ``step`` (seconds of one
+    iteration: decode tokens, their keys, prompt tokens, their keys, prompts finished),
+    ``engine`` (EngineConfig), ``lengths`` (the LengthSpec to draw requests from) with mean
+    ``prompt_len`` and ``gen_len`` and at most ``max_tokens`` in all, ``concurrency`` or
+    ``request_rate`` (the other None) and ``request_overhead_s`` (seconds); disaggregated:
+    ``pools`` (prefill instances, decode instances) and ``transfer_s`` (seconds to send the
+    KV cache of a prompt of that many tokens, its cached prefix excepted), else None."""
+
+    step: object
+    engine: EngineConfig
+    lengths: LengthSpec
+    prompt_len: int
+    gen_len: int
+    max_tokens: float
+    concurrency: int | None
+    request_rate: float | None
+    request_overhead_s: float
+    pools: tuple[int, int] | None = None
+    transfer_s: object = None
+
+
+def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
+                   length_spec: LengthSpec, max_tokens: float) -> tuple[ServingInputs, np.ndarray]:
+    """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
+    the iteration model and the paged KV cache, every byte of device memory left after the
+    weights and one iteration's activations, in blocks of ``kv_block`` tokens; requests of the
+    length classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each."""
+    budget = w.prefill_chunk[idx]
+    block = w.kv_block[idx]
+    per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
+    left = np.maximum(cap - fp.weights_bytes - act, 0.0)
+    blocks = np.floor(left / (per_token * block))
+    it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
+                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques)
+    conc = w.concurrency[idx]
+    rate = w.request_rate[idx]
+    prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
+    pools = (w.prefill_devices[idx] / sc.tp, w.decode_devices[idx] / sc.tp, per_token) if w.disaggregated[i0] else None
+    serving = ServingInputs(
+        iteration=it, kv_blocks=blocks, kv_block=block, prefix_tokens=prefix,
+        slo_ttft=w.slo_ttft[idx], slo_tpot=w.slo_tpot[idx], slo_percentile=w.slo_percentile[idx],
+        target_rate=w.target_rate[idx],
+        budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
+        chunked=budget > 0, max_running=w.max_running[idx],
+        concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
+        devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
+        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools)
+    return serving, blocks * block * per_token
+
+
+def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
+    """Continuous batching under speculative decoding: a decoding sequence gains E tokens an
+    iteration (``tokens_per_target_step``), so the steady state runs on requests of
+    1 + (gen - 1) / E steps, whose rounds of E tokens ``price_served`` turns back into tokens;
+    the paged KV cache is shrunk by the same ratio of tokens held (a request still holds prompt +
+    gen tokens of K/V, the draft's with the target's), so as many requests fit. The keys a decoding
+    step attends are those of the shorter request (an approximation: low by up to (E - 1) / E of
+    the generated part of the context). The draft's iteration model runs on its own layout."""
+    e = tokens_per_target_step(spec.acceptance, spec.drafted)
+    real = serving.lengths
+    steps = replace(real, gen=1.0 + (real.gen - 1.0) / e, gen_var=real.gen_var / e**2)
+    held = (real.mean_prompt + real.mean_gen) / (steps.mean_prompt + steps.mean_gen)
+    tp = int(spec.tp)
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    draft = iteration_model(spec.model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, tp,
+                            sc.flash_attention, buffer)
+    return replace(serving, kv_blocks=np.floor(serving.kv_blocks * held), lengths=steps,
+                   speculation=ServedSpeculation(e, draft, float(tp), spec.drafted, real.mean_gen))
+
+
+def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> ServedPoint:
+    """The j-th point of group ``g`` as the simulator runs it (``ServedPoint``), every iteration
+    priced as the steady-state model prices it. DseError when the point is not under continuous
+    batching."""
+    if g.tables is None or g.serving is None:
+        raise DseError("simulating needs a runnable point under continuous batching (give a concurrency or a "
+                       "request rate)")
+    if g.serving.speculation is not None:
+        raise DseError("simulate: the simulator runs one token per decoding sequence an iteration; speculative "
+                       "decoding is priced by the steady-state model only")
+    eff = g.efficiency(efficiency, ideal)
+    s, sc = g.serving, g.tables.scenario
+    price = iteration_pricer(s.iteration, g.system.take(np.array([j])), eff)
+    one = np.zeros(1, dtype=np.int64)
+
+    def step(d, dctx, c, pctx, ends) -> float:
+        return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
+
+    engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
+                          token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
+                          chunked=bool(s.chunked[j]),
+                          prefix_tokens=int(s.prefix_tokens[j]))
+    conc, rate = s.concurrency[j], s.request_rate[j]
+    pools = transfer_s = None
+    if s.pools is not None:
+        prefill, decode, kv_token_bytes = s.pools
+        pools = (int(prefill[j]), int(decode[j]))
+        per_token = float(np.broadcast_to(kv_token_bytes, prefill.shape)[j])
+        link = kv_link(g.system.take(np.array([j])), eff)
+
+        def transfer_s(prompt: int) -> float:
+            sent = prompt - engine.cached_tokens(prompt)
+            return float(link(np.array([[per_token * sent]]), one)[0, 0])
+    return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
+                       None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
+                       eff.request_overhead_s, pools, transfer_s)
