@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dse.explore.optuna_rdb import record_attrs
 from dse.explore.sweep import COUNTS
 from dse.system.evaluator import METRICS
 
@@ -85,10 +86,14 @@ def objective_value(v, sense: str) -> float:
 
 def record(storage, study_id: int, items) -> None:
     """Write the user attrs and the constraint list (system attr ``CONSTRAINTS_ATTR``) of
-    running trials, ``items`` = [(trial, user attrs, constraints)], through ``storage``'s
-    public API (one record per attribute, as ``Trial.set_user_attr`` writes them). A trial
-    finished meanwhile (failed as stale by another process) is skipped."""
+    running trials, ``items`` = [(trial, user attrs, constraints)]: in one transaction on a
+    database (``optuna_rdb.record_attrs``), else (and where that cannot) through
+    ``storage``'s public API, one record per attribute as ``Trial.set_user_attr`` writes
+    them (a journal held for a population writes them all at once). A trial finished
+    meanwhile (failed as stale by another process) is skipped."""
     from optuna.exceptions import UpdateFinishedTrialError
+    if record_attrs(storage, study_id, [(t.number, user, {CONSTRAINTS_ATTR: cons}) for t, user, cons in items]):
+        return
     for trial, user, constraints in items:
         try:
             tid = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
