@@ -96,15 +96,14 @@ from dse.explore.storage import (GRACE_S, HEARTBEAT_S, JOURNAL, AskLock, close_s
 from dse.explore.sweep import evaluate_columns
 from dse.explore.trial_records import (CONSTRAINTS_ATTR, batch_constraint_values, batch_trial_attrs,
                                        constraint_values, objective_value, record, trial_attrs)
-from dse.explore.workers import (STOP_WAIT_S, Heartbeat, Interrupted, Stop, WorkerClock, die_with_parent,
-                                 interrupted, reap_stale, run_workers)
+from dse.explore.workers import (STOP_WAIT_S, Heartbeat, Interrupted, Stop, WorkerClock, interrupted, reap_stale,
+                                 run_workers)
 
 # names imported from here by other modules, tests and benchmarks (they moved out by concern)
 __all__ = ["CONSTRAINTS_ATTR", "GRACE_S", "HEARTBEAT_S", "LEGACY_STUDY_NAME", "STOP_WAIT_S", "Interrupted",
            "WorkerClock", "batch_constraint_values", "batch_trial_attrs", "constraint_values", "display_url",
            "distributions", "evaluate_columns", "heartbeat_settings", "make_sampler", "open_storage", "run_search",
            "run_worker", "stored_study_name", "study_name", "trial_attrs", "trial_counts"]
-_die_with_parent = die_with_parent        # the old private names tests reach for
 
 
 def _count(study, states) -> int:
