@@ -26,7 +26,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
     ``scheduler``: a Dask scheduler's address that runs a sweep's chunks instead.
     The front's ``attrs["front_note"]`` says why it is smaller or empty than its designs
     would make it (some have no value, NaN, of an objective: ``pareto.front_note``), else
-    None; unless ``quiet`` it is said on stderr.
+    None; it is said on stderr (``quiet`` silences progress only).
     The folder is locked for the run: a second run on it is refused (DseError)."""
     if spec.method != "optuna" and storage is not None:
         raise DseError("--storage applies to optuna studies (method: optuna)")
@@ -49,6 +49,6 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
             explain_best(out, spec, ResultsFile(out / "results.parquet"))
         else:            # no rows kept but the front's: the best feasible design per objective is on it
             explain_best(out, spec, FrameResults(front if "feasible" in front else pd.DataFrame({"feasible": []})))
-    if front.attrs.get("front_note") and not quiet:
+    if front.attrs.get("front_note"):       # said even when quiet (no progress): it is about the results
         print(f"dse.study: {front.attrs['front_note']}", file=sys.stderr)
     return front
