@@ -183,7 +183,7 @@ def test_trials_asked_beyond_the_target_are_discarded_not_failed(tmp_path, monke
             lied.append(1)
             return n - 4
         return n
-    monkeypatch.setattr(search_mod, "_AskLock", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(search_mod, "AskLock", lambda *a: contextlib.nullcontext())
     monkeypatch.setattr(search_mod, "_count", stale_count)
     rows = search_mod.run_search(spec, tmp_path / "run", study_name="tiny-optuna")
     counts = rows.attrs["trials"]

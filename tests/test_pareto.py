@@ -235,3 +235,18 @@ def test_bad_shapes_and_hypervolume_dimensions_raise():
         hypervolume(np.zeros((3, 2)), ["min", "min"], [1, 1, 1])
     with pytest.raises(DseError):
         hypervolume(np.zeros((3, 2)), ["min", "min"], [1, np.inf])
+
+
+# ---------------------------------------------------------------- points with no value (NaN)
+
+def test_unvalued_counts_and_the_note_that_says_why_a_front_is_smaller():
+    from dse.explore.pareto import front_note, unvalued_counts
+    v = np.array([[1.0, np.nan], [2.0, np.nan], [np.nan, 3.0], [4.0, 5.0]])
+    assert unvalued_counts(v, ["a", "b"]) == {"a": 1, "b": 2}
+    assert unvalued_counts(v[3:], ["a", "b"]) == {} and unvalued_counts(np.empty((0, 0)), []) == {}
+    assert front_note({}, 4, 1) is None
+    note = front_note(unvalued_counts(v, ["a", "b"]), 4, int(pareto_mask(v, ["min", "min"]).sum()))
+    assert "\n" not in note and "objective a for 1 of 4, b for 2 of 4 feasible designs" in note
+    assert "empty" not in note
+    every = front_note(unvalued_counts(np.full((3, 1), np.nan), ["tpot_s"]), 3, 0)
+    assert "tpot_s for 3 of 3" in every and "(the front is empty)" in every

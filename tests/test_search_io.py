@@ -66,15 +66,15 @@ from pathlib import Path
 from test_search import _spec
 from dse.explore import optuna_journal as oj, search
 how, out = sys.argv[1], Path(sys.argv[2])
-cls = oj.population_journal_class()
-real_write, real_record = cls._write, search._record
+cls = oj.JournalFile
+real_write, real_record = cls._write, search.record
 state = {"populations": 0, "records": 0}
 
-def record(study, items):                  # population 3 evaluated, its rows written: killed
+def record(storage, study_id, items):      # population 3 evaluated, its rows written: killed
     state["records"] += 1
     if how == "between" and state["records"] == 3:
         os._exit(9)
-    return real_record(study, items)
+    return real_record(storage, study_id, items)
 
 def write(self, lines, expect_size=None):  # population 3 killed in the middle of its write
     if expect_size is None:
@@ -83,12 +83,12 @@ def write(self, lines, expect_size=None):  # population 3 killed in the middle o
     if state["populations"] == 3:
         data = ("\\n".join(lines) + "\\n").encode()
         cut = data.index(b"\\n", len(data) // 2) + 1 if how == "mid-write-at-a-line" else len(data) // 2 + 7
-        with open(self._file_path, "ab") as f:
+        with open(self.path, "ab") as f:
             f.write(data[:cut])
         os._exit(9)
     return real_write(self, lines, expect_size)
 
-search._record = record
+search.record = record
 cls._write = write
 search.run_search(_spec(trials=100), out)
 """

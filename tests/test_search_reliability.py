@@ -1,4 +1,4 @@
-"""Reliability of Optuna searches (dse/explore/search.py): workers die with their parent,
+"""Reliability of Optuna searches (dse/explore/search.py, workers.py, storage.py): workers die with their parent,
 killed trials are failed and replaced (journal at start, SQLAlchemy storages by heartbeat),
 true trial counts, masked passwords, one-line errors for bad storage URLs, no wait on a
 killed writer's journal lock, SIGINT and SIGTERM alike."""
@@ -148,8 +148,8 @@ def test_watchdog_stops_a_worker_without_prctl(tmp_path):
     process id change and stops."""
     child = ("import os, sys, time\n"
              "sys.platform = 'other'            # no prctl: the watchdog thread only\n"
-             "from dse.explore import search\n"
-             "search._die_with_parent(os.getppid())\n"
+             "from dse.explore import workers\n"
+             "workers.die_with_parent(os.getppid())\n"
              "print(os.getpid(), flush=True)\n"
              "time.sleep(60)\n")
     parent = ("import subprocess, sys, time\n"

@@ -120,7 +120,7 @@ def write_state(chunk_dir: Path, k: int, chunks: int, part: ChunkSummary) -> Non
     atomic_write(chunk_dir / front_name(k, chunks), lambda tmp: pq.write_table(front, tmp))
     table = _table(part.sample if part.sample is not None else pd.DataFrame())
     meta = {"first": part.first, "points": part.points, "feasible": part.feasible, "reasons": part.reasons,
-            "cells": _lists(part.cells), "sample": part.sample is not None}
+            "cells": _lists(part.cells), "sample": part.sample is not None, "unvalued": part.unvalued}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), STATE_KEY: json.dumps(meta).encode()})
     atomic_write(chunk_dir / state_name(k, chunks), lambda tmp: pq.write_table(table, tmp))
 
@@ -140,7 +140,8 @@ def read_state(chunk_dir: Path, k: int, chunks: int) -> ChunkSummary | None:
                     "best": {o: np.asarray(v, dtype=float) for o, v in st["best"].items()}}
              for name, st in meta["cells"].items()}
     return ChunkSummary(first=int(meta["first"]), points=int(meta["points"]), feasible=int(meta["feasible"]),
-                        reasons=dict(meta["reasons"]), cells=cells, front=front, sample=sample)
+                        reasons=dict(meta["reasons"]), cells=cells, front=front, sample=sample,
+                        unvalued=dict(meta.get("unvalued", {})))
 
 
 def finished(chunk_dir: Path, chunks: int, with_parts: bool) -> list[int]:

@@ -193,7 +193,9 @@ def _on_dask(task: Callable, spec, ks: list[int], arg_of: Callable, scheduler: s
                        f"({_first_line(e)})") from None
     try:
         client = distributed.Client(scheduler, timeout=CONNECT_S, set_as_default=False)
-    except Exception as e:  # noqa: BLE001 - any failure to reach it (address, network, version) is the user's
+    # no such host, refused, timed out (OSError; Dask's CommClosedError is one), a bad address
+    # or a version Dask refuses (ValueError, TypeError, RuntimeError): the user's to fix
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
         raise DseError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler ({_first_line(e)})") from None
     tag = uuid.uuid4().hex[:12]
     futures = []
@@ -216,7 +218,9 @@ def _on_dask(task: Callable, spec, ks: list[int], arg_of: Callable, scheduler: s
                 result = f.result()
             except DseError:
                 raise
-            except Exception as e:  # noqa: BLE001 - a worker's environment (dse missing there, versions): one line
+            # a process boundary: a worker on another machine fails in its own environment (dse
+            # missing there, other versions) with any exception; the run says it in one line
+            except Exception as e:  # noqa: BLE001
                 raise DseError(f"--scheduler {scheduler}: a Dask worker failed on a chunk ({_first_line(e)}); "
                                f"finished chunks are kept, run the same command again to resume") from None
             f = submit()

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dse.explore.pareto import pareto_mask
+from dse.explore.pareto import pareto_mask, unvalued_counts
 from dse.explore.space import PARAMS
 
 #: a continuous range of a random or Sobol sweep is aggregated over this many bins (equal,
@@ -178,6 +178,7 @@ class ChunkSummary:
     cells: dict                 # parameter -> cell_stats
     front: pd.DataFrame         # the chunk's Pareto front (``front_columns``)
     sample: pd.DataFrame | None = None     # its rows that may enter the sample, with SAMPLE_KEY
+    unvalued: dict = field(default_factory=dict)   # objective -> feasible points with no value (NaN) of it
     rows: bytes | pa.Table | None = field(default=None, repr=False)   # Parquet bytes, or the rows to encode
 
 
@@ -219,7 +220,9 @@ def summarize_chunk(spec, df: pd.DataFrame, threshold: float | None) -> ChunkSum
                         cells={c.name: cell_stats(c, df, feasible, points, scores) for c in swept_cells(spec)},
                         front=front_of(df, spec.objectives, front_columns(df.columns, spec.objectives)
                                        ).reset_index(drop=True),
-                        sample=sample)
+                        sample=sample,
+                        unvalued=unvalued_counts(df[list(spec.objectives)].to_numpy(dtype=float)[feasible],
+                                                 list(spec.objectives)))
 
 
 def _gather(frames: list[pd.DataFrame], keep: np.ndarray) -> pd.DataFrame:
@@ -242,6 +245,7 @@ class OnlineSummary:
         self.batch = spec.chunk_size
         self.points = self.feasible = 0
         self.reasons: dict[str, int] = {}
+        self.unvalued: dict[str, int] = {}      # objective -> feasible points with no value (NaN) of it
         self.cells = swept_cells(spec)
         self.stats = {c.name: {"points": np.zeros(c.size, np.int64), "feasible": np.zeros(c.size, np.int64),
                                "best": {o: np.full(c.size, np.nan) for o in self.objectives}} for c in self.cells}
@@ -310,6 +314,8 @@ class OnlineSummary:
         self.feasible += part.feasible
         for k, n in part.reasons.items():
             self.reasons[k] = self.reasons.get(k, 0) + n
+        for k, n in part.unvalued.items():
+            self.unvalued[k] = self.unvalued.get(k, 0) + n
         for name, st in part.cells.items():
             acc, ok = self.stats[name], st["cell"] >= 0
             cell = st["cell"][ok]
@@ -351,6 +357,10 @@ class OnlineSummary:
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
     def totals(self) -> dict:
-        """{'points', 'feasible', 'reasons': {reason key: infeasible points}}, the most frequent reason first."""
+        """{'points', 'feasible', 'reasons': {reason key: infeasible points}}, the most frequent reason
+        first, and where some feasible points have no value (NaN) of an objective, 'unvalued':
+        {objective: those points}, in the objectives' order."""
         reasons = dict(sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-        return {"points": self.points, "feasible": self.feasible, "reasons": reasons}
+        unvalued = {o: self.unvalued[o] for o in self.objectives if self.unvalued.get(o)}
+        return {"points": self.points, "feasible": self.feasible, "reasons": reasons,
+                **({"unvalued": unvalued} if unvalued else {})}

@@ -2,25 +2,30 @@
 
 Optuna's journal file backend appends and fsyncs every storage operation (creating a
 trial, each parameter, each attribute, each state: ~10 per trial), which costs a 2,000-trial
-study more than half its time. ``PopulationJournal`` is that backend with one addition: a
-population (ask a batch, evaluate it, tell it) can run against the journal held in memory
-(``begin``) and reach the file in one write and one fsync (``commit``).
+study more than half its time. ``PopulationJournal`` is a journal file backend of our own
+(Optuna's public ``BaseJournalBackend``, locked with Optuna's public
+``JournalFileSymlinkLock``, so Optuna and optuna-dashboard share the file and its lock)
+that writes records as Optuna's file backend does, plus one thing: a population (ask a
+batch, evaluate it, tell it) can run against the journal held in memory (``begin``) and
+reach the file in one write and one fsync (``commit``). It uses Optuna through its public
+API only: the records are those ``JournalStorage`` hands its backend, never built here.
 
 - What reaches the file is what Optuna would have written, operation by operation, in the
-  same order and the same JSON (Optuna's own records, serialized as Optuna does), preceded
-  by one more record: the study system attr ``POPULATION_ATTR`` = ``{"lines": n}``, the
-  number of records of the population that follow it. Plain Optuna and optuna-dashboard
-  read the file as any journal; a trial's parameters, values, user attrs and constraints
-  are those an unbatched run writes.
+  same order and the same JSON, preceded by one more record: the study system attr
+  ``POPULATION_ATTR`` = ``{"lines": n}`` (written by the storage's public
+  ``set_study_system_attr``), the number of records of the population that follow it.
+  Plain Optuna and optuna-dashboard read the file as any journal; a trial's parameters,
+  values, user attrs and constraints are those an unbatched run writes.
 - While a population is held, the journal's reader sees the file as it was at ``begin``
   followed by the held records (parsed back from their JSON, as a reader of the file
-  would), and reads nothing from the file: the caller guarantees that no other process of
-  the run writes the journal meanwhile (``dse.explore.search`` holds its ask lock over the
-  whole population). A record written by anything else meanwhile (optuna-dashboard saving
-  a note) is seen at ``commit``: the file's size is not the one ``begin`` saw, the
-  population is not written (``commit`` returns False), the storage is replayed afresh
-  from the file, and the caller runs the population again. Trial ids follow the order of
-  the records in the file, so nothing is written after a record the held ones did not see.
+  would), and reads nothing new from the file: the caller guarantees that no other process
+  of the run writes the journal meanwhile (``dse.explore.search`` holds its ask lock over
+  the whole population). A record written by anything else meanwhile (optuna-dashboard
+  saving a note) is seen at ``commit``: the file's size is not the one ``begin`` saw, the
+  population is not written and ``commit`` returns False; the storage over this backend
+  then holds records the file does not, so the caller opens the journal afresh (a new
+  ``JournalStorage``) and runs the population again. Trial ids follow the order of the
+  records in the file, so nothing is written after a record the held ones did not see.
 - A population is in the file whole or not at all: a killed run leaves no trial of a
   population it had not written, and ``repair`` (at a run's start, no writer alive) cuts a
   population whose write was cut short (its marker counts more records than follow it, or
@@ -36,7 +41,7 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from basis.errors import DseError
@@ -45,7 +50,6 @@ from basis.errors import DseError
 POPULATION_ATTR = "dse:population"
 _ENV_BATCH = "DSE_JOURNAL_BATCH"
 _MARKER = b'"' + POPULATION_ATTR.encode() + b'"'
-_SET_STUDY_SYSTEM_ATTR = 3        # optuna.storages.journal._storage.JournalOperation
 
 
 class TornJournal(DseError):
@@ -58,160 +62,173 @@ def batching_enabled() -> bool:
 
 
 def _dumps(log: dict) -> str:
-    return json.dumps(log, separators=(",", ":"))      # as JournalFileBackend.append_logs writes it
+    return json.dumps(log, separators=(",", ":"))      # as Optuna's JournalFileBackend writes a record
 
 
-def _backend_class():
-    from optuna.storages.journal import JournalFileBackend
-    from optuna.storages.journal._file import get_lock_file
+class JournalFile:
+    """The records of a journal file, read and appended as Optuna's ``JournalFileBackend``
+    does (one JSON object per line; an unfinished last line is not a record yet), under
+    Optuna's public ``JournalFileSymlinkLock`` (the lock file ``<path>.lock``), with a
+    population held in memory between ``begin`` and ``commit``. ``write_s``: seconds spent
+    writing (lock, write, fsync); ``writes``: the writes (each one fsync)."""
 
-    class PopulationJournal(JournalFileBackend):
-        """A JournalFileBackend that can hold a population's records and write them at once."""
+    def __init__(self, path: str, lock) -> None:
+        self.path = path
+        self.lock = lock
+        if not os.path.exists(path):
+            open(path, "ab").close()
+        self._offsets: dict[int, int] = {0: 0}     # log number -> byte offset of its record
+        self._pending: list[str] | None = None    # records of the held population (JSON lines)
+        self._base = 0             # log number of the first held record
+        self._base_size = 0        # the file's size at ``begin``
+        self.write_s = 0.0
+        self.writes = 0
 
-        def __init__(self, file_path: str, lock_obj=None) -> None:
-            super().__init__(file_path, lock_obj)
-            self._pending: list[str] | None = None    # records of the held population (JSON lines)
-            self._base = 0             # log number of the first held record
-            self._base_size = 0        # the file's size at ``begin``
-            self.write_s = 0.0         # seconds spent writing the file (lock, write, fsync)
-            self.writes = 0            # writes to the file (each one fsync)
+    @property
+    def holding(self) -> bool:
+        """Whether a population is held (``begin`` without its ``commit``)."""
+        return self._pending is not None
 
-        @property
-        def holding(self) -> bool:
-            return self._pending is not None
+    # ---------------------------------------------------------------- the backend's two calls
 
-        # ---------------------------------------------------------------- Optuna's backend API
+    def read_logs(self, log_number_from: int) -> Iterator[dict]:
+        """The records from number ``log_number_from`` on: the file's, and while a population
+        is held the file's up to ``begin`` followed by the held ones."""
+        if self._pending is None:
+            yield from self._read_file(log_number_from, None)
+            return
+        yield from self._read_file(log_number_from, self._base)
+        for line in self._pending[max(log_number_from - self._base, 0):]:
+            yield json.loads(line)
 
-        def read_logs(self, log_number_from: int):
-            if self._pending is None:
-                yield from super().read_logs(log_number_from)
-                return
-            n = log_number_from
-            if n < self._base:        # records of the file before the population, up to ``begin``
-                for log in super().read_logs(n):
-                    yield log
-                    n += 1
-                    if n >= self._base:
-                        break
-            for line in self._pending[n - self._base:]:
-                yield json.loads(line)
+    def append_logs(self, logs: list[dict]) -> None:
+        """Append ``logs``: held while a population is, else written at once (one fsync)."""
+        lines = [_dumps(log) for log in logs]
+        if self._pending is not None:
+            self._pending.extend(lines)
+        else:
+            self._write(lines)
 
-        def append_logs(self, logs: list[dict]) -> None:
-            lines = [_dumps(log) for log in logs]
-            if self._pending is not None:
-                self._pending.extend(lines)
-            else:
-                self._write(lines)
+    def _read_file(self, first: int, stop: int | None) -> Iterator[dict]:
+        """The file's whole records numbered ``first`` up to ``stop`` (None: the end), noting
+        where each one starts; a record another process is writing is left for later."""
+        if stop is not None and first >= stop:
+            return
+        start = first if first in self._offsets else max(n for n in self._offsets if n <= first)
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = self._offsets[start]
+            f.seek(offset)
+            bad = None
+            for number, line in enumerate(f, start=start):
+                if offset + len(line) > size or (stop is not None and number >= stop):
+                    break
+                if bad is not None:
+                    raise bad
+                if not line.endswith(b"\n"):         # unfinished: not a record (yet)
+                    bad = ValueError(f"{self.path}: a record is unfinished")
+                    continue
+                offset += len(line)
+                self._offsets.setdefault(number + 1, offset)
+                if number >= first:
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as e:
+                        del self._offsets[number + 1]
+                        bad = e
 
-        # ---------------------------------------------------------------- populations
+    # ---------------------------------------------------------------- populations
 
-        def begin(self, storage) -> None:
-            """Hold the records ``storage`` (the JournalStorage over this backend) writes
-            from now on, until ``commit`` or ``discard``."""
-            if self._pending is not None:
-                raise RuntimeError("a population is already held")
-            with storage._thread_lock:
-                storage._sync_with_backend()
-                self._base = storage._replay_result.log_number_read
-                self._base_size = self._log_number_offset[self._base]
-                self._pending = []
+    def begin(self) -> None:
+        """Hold every record appended from now on, until ``commit``."""
+        if self._pending is not None:
+            raise RuntimeError("a population is already held")
+        for _ in self._read_file(max(self._offsets), None):     # note where the file's records end
+            pass
+        self._base = max(self._offsets)
+        self._base_size = self._offsets[self._base]
+        self._pending = []
 
-        def commit(self, storage, study_id: int) -> bool:
-            """Write the held records after their marker in one write (one fsync). False
-            (nothing written, the storage replayed afresh from the file) if the file changed
-            since ``begin``; TornJournal if it ends in an unfinished record."""
-            lines, self._pending = self._pending, None
-            if not lines:
-                return True
-            marker = _dumps({"op_code": _SET_STUDY_SYSTEM_ATTR, "worker_id": storage._replay_result.worker_id,
-                             "study_id": study_id, "system_attr": {POPULATION_ATTR: {"lines": len(lines)}}})
-            with storage._thread_lock:
-                try:
-                    size = self._write([marker] + lines, expect_size=self._base_size)
-                except BaseException:
-                    self._replay_afresh(storage)       # the held records are not in the file
-                    raise
-                if size is None:
-                    self._replay_afresh(storage)
-                    return False
-                # the held records are applied already; the marker (a study attr: it commutes
-                # with them) is applied now, so that the replay has read as many records as
-                # the file holds
-                storage._replay_result.apply_logs([json.loads(marker)])
-                offset = self._base_size
-                for i, line in enumerate([marker] + lines):
-                    offset += len(line.encode("utf-8")) + 1
-                    self._log_number_offset[self._base + i + 1] = offset
-            return True
-
-        def discard(self, storage) -> None:
-            """Drop the held records: the storage is replayed afresh from the file."""
-            if self._pending is None:
-                return
+    def commit(self, storage, study_id: int) -> bool:
+        """Write the held records after their marker (the study system attr
+        ``POPULATION_ATTR``, recorded now through ``storage``, the JournalStorage over this
+        backend) in one write and one fsync. False (nothing written) if the file changed
+        since ``begin``: ``storage`` then holds records the file does not, open the journal
+        afresh. TornJournal if the file ends in an unfinished record."""
+        if not self._pending:
             self._pending = None
-            with storage._thread_lock:
-                self._replay_afresh(storage)
+            return True
+        n = len(self._pending)
+        # the marker, a study attr, commutes with the held trial records: the storage applies
+        # it after them, the file holds it first
+        storage.set_study_system_attr(study_id, POPULATION_ATTR, {"lines": n})
+        lines, self._pending = self._pending, None
+        lines = lines[n:] + lines[:n]
+        if self._write(lines, expect_size=self._base_size) is None:
+            return False
+        offset = self._base_size
+        for i, line in enumerate(lines):
+            offset += len(line.encode("utf-8")) + 1
+            self._offsets[self._base + i + 1] = offset
+        return True
 
-        def _replay_afresh(self, storage) -> None:
-            """Replay the file from its start, as a new JournalStorage would: under a new
-            worker id (a replay raises again the errors its own records raised once, such
-            as the study created twice that ``load_if_exists`` caught)."""
-            from optuna.storages.journal._storage import JournalStorageReplayResult
-            storage._worker_id_prefix = str(uuid.uuid4()) + "-"
-            storage._replay_result = JournalStorageReplayResult(storage._worker_id_prefix)
-            self._log_number_offset = {0: 0}
-            storage._sync_with_backend()
-
-        def _write(self, lines: list[str], expect_size: int | None = None) -> int | None:
-            """Append ``lines`` under the journal's lock in one write and one fsync; the file's
-            size before it, or None (nothing written) if that is not ``expect_size``."""
-            data = ("\n".join(lines) + "\n").encode("utf-8")
-            t0 = time.perf_counter()
-            try:
-                with get_lock_file(self._lock), open(self._file_path, "a+b") as f:
-                    size = f.seek(0, os.SEEK_END)
-                    if size:
-                        f.seek(size - 1)
-                        if f.read(1) != b"\n":
-                            raise TornJournal(f"{self._file_path}: ends in a record left unfinished by a killed "
-                                              f"process; run the same command again to repair it and resume")
-                    if expect_size is not None and size != expect_size:
-                        return None
-                    f.write(data)            # O_APPEND: at the end
-                    f.flush()
-                    os.fsync(f.fileno())
-                    self.writes += 1
-                    return size
-            finally:
-                self.write_s += time.perf_counter() - t0
-
-    return PopulationJournal
+    def _write(self, lines: list[str], expect_size: int | None = None) -> int | None:
+        """Append ``lines`` under the journal's lock in one write and one fsync; the file's
+        size before it, or None (nothing written) if that is not ``expect_size``."""
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        t0 = time.perf_counter()
+        self.lock.acquire()
+        try:
+            with open(self.path, "a+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        raise TornJournal(f"{self.path}: ends in a record left unfinished by a killed "
+                                          f"process; run the same command again to repair it and resume")
+                if expect_size is not None and size != expect_size:
+                    return None
+                f.write(data)            # O_APPEND: at the end
+                f.flush()
+                os.fsync(f.fileno())
+                self.writes += 1
+                return size
+        finally:
+            self.lock.release()
+            self.write_s += time.perf_counter() - t0
 
 
 _CLASS = None
 
 
 def population_journal_class():
-    """The ``PopulationJournal`` class (a JournalFileBackend subclass; optuna imported lazily)."""
+    """The ``PopulationJournal`` class: ``JournalFile`` as an Optuna ``BaseJournalBackend``
+    (optuna imported when first asked for)."""
     global _CLASS
     if _CLASS is None:
-        _CLASS = _backend_class()
+        from optuna.storages.journal import BaseJournalBackend
+
+        class PopulationJournal(JournalFile, BaseJournalBackend):
+            """A journal file backend that can hold a population's records and write them at once."""
+
+            def __init__(self, file_path: str) -> None:
+                from optuna.storages.journal import JournalFileSymlinkLock
+                super().__init__(file_path, JournalFileSymlinkLock(file_path))
+
+        _CLASS = PopulationJournal
     return _CLASS
 
 
 def open_journal(path: Path | str):
-    """A JournalStorage over the journal file ``path``: a ``PopulationJournal`` when
-    ``batching_enabled()``, else Optuna's JournalFileBackend."""
+    """A JournalStorage over the journal file ``path`` (a ``PopulationJournal``)."""
+    return open_journal_with_backend(path)[0]
+
+
+def open_journal_with_backend(path: Path | str):
+    """(a JournalStorage over the journal file ``path``, its ``PopulationJournal``)."""
     import optuna
-    from optuna.storages.journal import JournalFileBackend
-    backend = population_journal_class()(str(path)) if batching_enabled() else JournalFileBackend(str(path))
-    return optuna.storages.JournalStorage(backend)
-
-
-def population_backend(storage):
-    """The storage's ``PopulationJournal`` backend, or None (another storage or backend)."""
-    backend = getattr(storage, "_backend", None)
-    return backend if _CLASS is not None and isinstance(backend, _CLASS) else None
+    backend = population_journal_class()(str(path))
+    return optuna.storages.JournalStorage(backend), backend
 
 
 # ------------------------------------------------------------ repair (no writer alive)
@@ -265,6 +282,13 @@ def _last_newline_end(f, size: int) -> int:
     return 0
 
 
+def _is_marker(log) -> bool:
+    """Whether the record ``log`` is a population marker: the study system attr
+    ``POPULATION_ATTR`` (a study's record names its study, a trial's its trial)."""
+    return isinstance(log, dict) and "study_id" in log and "trial_id" not in log \
+        and POPULATION_ATTR in (log.get("system_attr") or {})
+
+
 def _last_marker_line(f, end: int) -> int | None:
     """Byte offset of the last record before ``end`` that is a population marker."""
     pos, tail = end, b""
@@ -284,7 +308,7 @@ def _last_marker_line(f, end: int) -> int | None:
             line_end = block.find(b"\n", k)
             try:
                 log = json.loads(block[line_start:line_end])
-                if log.get("op_code") == _SET_STUDY_SYSTEM_ATTR and POPULATION_ATTR in log.get("system_attr", {}):
+                if _is_marker(log):
                     return base + line_start
             except (ValueError, AttributeError, TypeError):
                 pass

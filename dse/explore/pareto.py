@@ -58,6 +58,32 @@ def normalize(values, senses) -> np.ndarray:
     return v * _signs(senses, v.shape[1])
 
 
+# ---------------------------------------------------------------- points with no value
+
+def unvalued_counts(values, names) -> dict[str, int]:
+    """{objective name: how many rows of ``values`` (float [points, objectives], columns in
+    the order of ``names``) have no value (NaN) of it}, for the objectives with any such row.
+    Such rows are on no front (``pareto_mask``)."""
+    if not len(names):
+        return {}
+    v = np.asarray(values, dtype=float).reshape(-1, len(names))
+    counts = np.isnan(v).sum(axis=0)
+    return {name: int(n) for name, n in zip(names, counts.tolist()) if n}
+
+
+def front_note(unvalued: dict, points: int, front: int | None = None) -> str | None:
+    """One line saying why a Pareto front of ``points`` designs is smaller (or empty) than
+    they would make it: the objectives some of them have no value (NaN) of and how many,
+    from ``unvalued`` (``unvalued_counts``); ``front``: the designs on it, if known. None when
+    every design has a value of every objective."""
+    if not unvalued:
+        return None
+    each = ", ".join(f"{name} for {n:,} of {points:,}" for name, n in unvalued.items())
+    empty = " (the front is empty)" if front == 0 else ""
+    return (f"Pareto front: no value (NaN) of objective {each} feasible designs; a design with no value of an "
+            f"objective is on no front{empty}")
+
+
 # ---------------------------------------------------------------- Pareto mask
 
 def _mask_1d(v: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 and the explanation of the best designs (what the report shows; it recomputes nothing)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,8 @@ from dse.explore.online import pareto_columns
 from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.spec import SweepSpec
-from dse.explore.sweep import front_of, run_sweep
+from dse.explore.pareto import front_note
+from dse.explore.sweep import front_of, run_sweep, unvalued
 
 
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
@@ -22,6 +24,9 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
     ``best.json`` (the best design per objective, explained), and return the Pareto front.
     ``workers``: processes of this machine (an Optuna search's trials, a sweep's chunks);
     ``scheduler``: a Dask scheduler's address that runs a sweep's chunks instead.
+    The front's ``attrs["front_note"]`` says why it is smaller or empty than its designs
+    would make it (some have no value, NaN, of an objective: ``pareto.front_note``), else
+    None; it is said on stderr (``quiet`` silences progress only).
     The folder is locked for the run: a second run on it is refused (DseError)."""
     if spec.method != "optuna" and storage is not None:
         raise DseError("--storage applies to optuna studies (method: optuna)")
@@ -38,8 +43,12 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
             rows = run_search(spec, out, storage, workers, quiet)
             front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
             write_atomic(front[pareto_columns(front.columns, spec.objectives, "trial")], out / "pareto.csv", "csv")
+            front.attrs["front_note"] = front_note(unvalued(rows, spec.objectives), int(rows["feasible"].sum())
+                                                   if len(rows) else 0, len(front))
         if spec.method == "optuna" or spec.rows_kept == "all":
             explain_best(out, spec, ResultsFile(out / "results.parquet"))
         else:            # no rows kept but the front's: the best feasible design per objective is on it
             explain_best(out, spec, FrameResults(front if "feasible" in front else pd.DataFrame({"feasible": []})))
+    if front.attrs.get("front_note"):       # said even when quiet (no progress): it is about the results
+        print(f"dse.study: {front.attrs['front_note']}", file=sys.stderr)
     return front

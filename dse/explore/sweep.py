@@ -40,6 +40,7 @@ from basis.files import output_folder, write_text_atomic
 from dse.explore import chunkfiles
 from dse.explore.executors import run_tasks
 from dse.explore.online import ChunkSummary, OnlineSummary, front_of, pareto_columns, summarize_chunk
+from dse.explore.pareto import front_note, unvalued_counts
 from dse.explore.runio import Progress, ResultsFile, RunLock, changed_keys, changed_study_error, write_atomic
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
@@ -105,7 +106,8 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, quiet: bool = True
             parts.append(df)
             progress.update(len(df))
         results = pd.concat(parts, ignore_index=True)
-        return results, front_of(results, objectives).reset_index(drop=True)
+        front = front_of(results, objectives).reset_index(drop=True)
+        return results, _noted(front, unvalued(results, objectives), int(results["feasible"].sum()))
 
     out = output_folder(out)
     with RunLock(out):
@@ -125,7 +127,7 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress, workers: int, sche
         write_text_atomic(manifest, json.dumps(state))
     if state.get("complete"):
         chunkfiles.clean(chunk_dir, spec.chunks)        # left by a run killed as it finished
-        return _stored_front(spec, out)
+        return _noted(_stored_front(spec, out), state.get("unvalued", {}), int(state.get("feasible", 0)))
     chunkfiles.recover(out, chunk_dir, results)
     summary = _sweep_chunks(spec, chunk_dir, progress, workers, scheduler)
     if spec.rows_kept == "all":
@@ -139,6 +141,21 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress, workers: int, sche
     state.update(complete=True, layout=LAYOUT, rows=spec.rows_kept, **summary.totals())
     write_text_atomic(manifest, json.dumps(state))
     chunkfiles.clean(chunk_dir, spec.chunks)
+    return _noted(front, state.get("unvalued", {}), summary.feasible)
+
+
+def unvalued(rows: pd.DataFrame, objectives: dict) -> dict[str, int]:
+    """{objective: feasible ``rows`` with no value (NaN) of it}, for the objectives with any."""
+    names = list(objectives)
+    if not names or not len(rows):
+        return {}
+    return unvalued_counts(rows[names].to_numpy(dtype=float)[rows["feasible"].to_numpy(bool)], names)
+
+
+def _noted(front: pd.DataFrame, counts: dict, feasible: int) -> pd.DataFrame:
+    """``front`` with ``attrs["front_note"]``: why it is smaller or empty than the ``feasible``
+    points would make it, from ``counts`` (``unvalued``; ``pareto.front_note``), or None."""
+    front.attrs["front_note"] = front_note(counts, feasible, len(front))
     return front
 
 

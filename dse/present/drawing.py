@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -56,6 +57,9 @@ HELPER_NICENESS = 10
 #: Python 3.12+ warns of a fork while any other OS thread runs (a helper's forks run beside its
 #: thread that waits for the run's end, which holds no lock)
 _FORK_WARNING = "This process .* is multi-threaded"
+#: what pickling raises for what it cannot send: a lock or a file (TypeError), a local
+#: function or class (AttributeError, PicklingError)
+_UNPICKLABLE = (pickle.PicklingError, TypeError, AttributeError)
 
 
 def usable_cores() -> int:
@@ -253,7 +257,7 @@ class Drawer:
                 drawn = self._waiting.pop(0)
                 try:
                     task = ForkingPickler.dumps((drawn.draw, drawn.args, drawn.kwargs))
-                except Exception:             # arguments that cannot be sent: drawn here
+                except _UNPICKLABLE:          # arguments that cannot be sent: drawn here
                     drawn.draw_here()
                     continue
                 try:
@@ -357,9 +361,9 @@ def _serve(conn: Connection) -> None:
         plot, args, kwargs = task
         try:
             answer = ("drawn", plot(*args, **kwargs))
-        except Exception as e:
-            answer = ("failed", e)
+        except Exception as e:  # noqa: BLE001 - the helper's process boundary: any failure of a plot goes back
+            answer = ("failed", e)   # to the run, which raises it there (as if it had drawn the plot itself)
         try:
             conn.send(answer)
-        except Exception as e:               # an error that cannot be pickled: said in words
+        except _UNPICKLABLE as e:            # an error that cannot be pickled: said in words
             conn.send(("failed", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]} ({e})")))
