@@ -7,6 +7,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 VENDORED = Path(__file__).resolve().parent / "data"
+#: tests of processes and storage (workers, kills and resume, locks, Dask, plot helpers, Optuna
+#: storages and PostgreSQL, the browser, the wheel): all in the slow tier
+PROCESS_TESTS = Path(__file__).resolve().parent / "process"
+
+
+def pytest_collection_modifyitems(items):
+    """Mark every test under ``PROCESS_TESTS`` ``slow`` (the folder is the tier; ``-m "not slow"``
+    deselects them)."""
+    for item in items:
+        if item.path.is_relative_to(PROCESS_TESTS):
+            item.add_marker(pytest.mark.slow)
 
 
 def reference_file(name: str) -> Path:

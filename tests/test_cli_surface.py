@@ -19,6 +19,7 @@ from dse.explore import sweep as sweep_mod
 from dse.study.cli import main
 from dse.system.params import DEFAULTS
 
+pytestmark = pytest.mark.slow   # CLI runs end to end (calibrate, resumed and rerun studies): the slow tier
 ROOT = Path(__file__).resolve().parents[1]
 HW = ROOT / "configs" / "hardware"
 MODELS = ROOT / "configs" / "models"

@@ -20,6 +20,7 @@ from dse.study.cli import main
 from dse.study.studyfile import load_study
 from dse.system.reasons import describe
 
+pytestmark = pytest.mark.slow   # each case runs a 3,840-point streamed study end to end
 SAMPLE = 500
 #: 2 x 4 x 2 x 40 x 6 = 3,840 points in 8 chunks; some infeasible (TPOT, memory), a front of ~200
 STUDY = {"name": "streamed", "description": "A streamed sweep: the report from a sample, or from the front alone.",

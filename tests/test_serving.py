@@ -154,6 +154,7 @@ MATRIX = [
 TTFT_TOLERANCE, TPOT_TOLERANCE = 0.12, 0.10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cols,kind", MATRIX, ids=[f"{c['model']}-{k}" for c, k in MATRIX])
 def test_steady_state_agrees_with_the_simulator(cols, kind):
     """Light load to past saturation: throughput within 5 %; mean TTFT and TPOT within 10 % at

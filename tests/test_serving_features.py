@@ -71,6 +71,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cols,ttft_tolerance", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_the_steady_state_agrees_with_the_simulator(cols, ttft_tolerance):
     """Throughput within 5 %, mean TTFT within the tolerance (10 %; a prefix-cached closed loop's
@@ -234,6 +235,7 @@ def test_separate_pools_pay_under_a_tight_tpot_and_not_under_a_loose_one():
     assert loose[0] >= loose[1:].max()
 
 
+@pytest.mark.slow
 def test_a_study_over_goodput_reports_and_an_unquoted_ratio_is_explained(tmp_path):
     """A study whose objective is a request rate writes its report (requests/s columns), and
     YAML's base-60 reading of an unquoted 3:3 is named in one line."""

@@ -162,6 +162,7 @@ def test_calibrated_default_meets_targets_on_reference_data(reference):
     assert s["p90_ape"] <= 0.25, s
 
 
+@pytest.mark.slow
 def test_validate_cli_writes_report_and_plot(tmp_path):
     out = tmp_path / "v"
     lines = [HAND_MADE[0].replace(",900,", ",100,"), HAND_MADE[1].replace(",0.02,", ",0.05,")]

@@ -157,6 +157,7 @@ def test_serving_columns_in_the_calibration_schema(tmp_path):
     assert table.bad == [f"{p}: line 2: concurrency 'x' is not a number"] and [r.id for r in table.rows] == ["K2"]
 
 
+@pytest.mark.slow
 def test_shipped_gathered_file_end_to_end(tmp_path):
     path = shipped_file("data", "gathered", "serving_gpu.csv")
     res = V.validate(path)

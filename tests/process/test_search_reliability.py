@@ -19,7 +19,7 @@ from dse.explore import search as search_mod
 from dse.explore.study import run_study
 from dse.study.studyfile import load_study
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 STUDY_YAML = """\
 name: reliability

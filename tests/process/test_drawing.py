@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import run_cli
-from test_report import STUDY   # a small grid with every kind of plot
+from test_report import STUDY  # a small grid with every kind of plot
 
 from dse.present import drawing
 from dse.present.drawing import Drawer

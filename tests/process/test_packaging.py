@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA_FOLDERS = {"configs": "dse.configs", "studies": "dse.studies", "data": "dse.data"}
 
 

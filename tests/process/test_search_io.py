@@ -17,7 +17,7 @@ from test_search import _spec
 from dse.explore import optuna_journal as oj
 from dse.explore import search as search_mod
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POP = 20          # _spec's population
 
 
@@ -99,7 +99,7 @@ def test_a_killed_run_resumes_from_the_last_population_written_whole(tmp_path, h
     ref = tmp_path / "ref"
     search_mod.run_search(_spec(trials=100), ref)
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).resolve().parent)])}
     proc = subprocess.run([sys.executable, "-c", CHILD, how, str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 9, proc.stderr
