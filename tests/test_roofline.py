@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
-from dse.core.roofline import (OpArrays, Stacked, _rank, _separable_terms, _step_sum, decode_total_energy_j,
-                               decode_total_time, op_costs, step_energy_j, step_time)
+from dse.core.kernel_fast import _rank, _separable_terms
+from dse.core.operator_cost import step_sum
+from dse.core.roofline import (OpArrays, Stacked, decode_total_energy_j, decode_total_time, op_costs, step_energy_j,
+                               step_time)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from dse.system.workload import workload_batch
@@ -113,7 +115,7 @@ def test_operators_of_equal_intensity_are_ranked_once_and_priced_as_one_by_one()
     peak = base.peak[[0] * len(ridges)].copy()
     peak[:, column] = ridges * bw
     sys = replace(base.take(np.zeros(len(ridges), dtype=int)), peak=peak, bandwidth=np.full(len(ridges), bw))
-    per_op = _step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
+    per_op = step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
     np.testing.assert_allclose(step_time(op, sys, DEFAULT), per_op, rtol=1e-12)
 
 
