@@ -30,8 +30,8 @@ from dse.core.kernel_arrays import _COL, OpArrays, Stacked, SystemArrays, _row_l
 from dse.core.operator_cost import has_work, message_s, ring_allreduce_s
 
 #: workloads whose operator terms the kernel keeps (per Efficiency): what depends on one
-#: workload's operators alone (efficiency fractions, the intensity-sorted sums of
-#: ``_ridge_tables``, the split of a decode into operators that grow with the context and
+#: workload's operators alone (the intensity-sorted sums of ``_ridge_tables`` at the
+#: efficiency's fractions, the split of a decode into operators that grow with the context and
 #: those that do not, a step's work per compute class for its energy) is derived once, not
 #: again for every chunk, call or trial that prices it. Operators of many workloads at once
 #: ([P, O] arrays) are large and priced once: nothing of them is kept
@@ -50,7 +50,6 @@ def _stackable(op, sys: SystemArrays) -> bool:
     and per-point rates (``_separable``'s conditions but one workload per point's row)."""
     return (isinstance(op, Stacked) and sys.offload is None and sys.pim_peak is None and sys.sparse_gain is None
             and op.op.vector_ops is None)
-
 
 
 def _separable(op: OpArrays, sys: SystemArrays) -> bool:
@@ -86,30 +85,14 @@ def _roofline_sum(tables: tuple, sys: SystemArrays, rows: np.ndarray | None = No
             if lowest == np.inf:                    # every point leaves this class unbounded
                 total += (b_total if rows is None else b_total[rows]) / bw
                 continue
-            idx = _rank(ai, peak / bw) if rows is None else _row_rank(ai, peak / bw, rows)
+            ridge = peak / bw
+            idx = np.searchsorted(ai, ridge, side="right") if rows is None else _row_rank(ai, ridge, rows)
             ops = ops_suffix[idx]
             comp = ops / peak                       # no ops left: 0, unless the peak is 0 or NaN
             if not lowest > 0:
                 comp = np.where(ops > 0, comp, 0.0)
             total += mem_prefix[idx] / bw + comp
     return total
-
-
-#: a point's rank among at most this many sorted intensities is counted (one branch-free
-#: comparison with each, over every point: 4-7x faster than numpy's binary search for 6-24
-#: entries, measured); among more, searched
-COUNTED = 32
-
-
-def _rank(ai: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(ai, ridge, side="right")`` of the sorted intensities ``ai``: how many
-    are <= each ridge (all of them for a NaN ridge, which sorts last)."""
-    if len(ai) > COUNTED:
-        return np.searchsorted(ai, ridge, side="right")
-    above = np.zeros(np.shape(ridge), dtype=np.uint8)
-    for a in ai.tolist():
-        above += a > ridge
-    return np.subtract(len(ai), above, dtype=np.intp)       # intp: a gather's own index type
 
 
 def _stacked_ridge_tables(ops, mem, count, column) -> tuple:
@@ -157,13 +140,13 @@ def _distinct_ranks(ai: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _row_rank(ai: np.ndarray, ridge: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Each point's position in the flat per-row sums of ``_stacked_ridge_tables``: its row
     (``rows``) x (ranks + 1) plus how many of its row's distinct intensities (``ai``, [ranks, U])
-    are <= its ridge (all of them for a NaN ridge), counted as ``_rank`` counts."""
+    are <= its ridge (all of them for a NaN ridge, which sorts last): ``np.searchsorted(side="right")``
+    in its row, counted by one branch-free comparison with each rank over every point."""
     ranks = len(ai)
     above = np.zeros(np.shape(ridge), dtype=np.uint8 if ranks < 256 else np.intp)
     for a in ai:
         above += a[rows] > ridge
     return rows * (ranks + 1) + (ranks - above.astype(np.intp))
-
 
 
 @lru_cache(maxsize=8)
@@ -217,9 +200,9 @@ def _separable_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndar
     return _roofline_sum(tables, sys) + _link_sum(op, sys, eff) + overhead
 
 
-def _host_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
-    """Σ count x per-instance time of a step without the step overhead, seconds, [P], on a design
-    without PIM: the separable O(P log O) sum where it applies, else the reference's."""
+def _operators_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ count x per-instance time of a step without the step overhead, seconds, [P]: the separable
+    O(P log O) sum where it applies, else the reference's (``operator_cost.operator_sum``)."""
     if _separable(op, sys):
         return _separable_step(op, sys, eff)
     return reference.operator_sum(op, sys, eff)
@@ -227,13 +210,10 @@ def _host_step(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
 
 def step_time(op: OpArrays | Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead
-    (``operator_cost.step_time``, summed by workload where the step is separable)."""
+    (``operator_cost.step_time``, summed per workload where the step is separable)."""
     if _stackable(op, sys):
         return _stacked_step(op, sys, eff) + eff.step_overhead_s
-    op = per_point(op)
-    if _separable(op, sys):
-        return _separable_step(op, sys, eff) + eff.step_overhead_s
-    return reference.operator_sum(op, sys, eff) + eff.step_overhead_s
+    return _operators_sum(per_point(op), sys, eff) + eff.step_overhead_s
 
 
 def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
@@ -464,7 +444,7 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
         split = _kept_decode_split if np.ndim(op0.ops) == 1 and np.ndim(slope.ops) == 1 else _decode_split
         fixed, grow0, grow_slope = split(op0, slope)
         n = np.asarray(steps, dtype=float)
-        total = (_host_step(fixed, sys, eff) + eff.step_overhead_s) * n
+        total = (_operators_sum(fixed, sys, eff) + eff.step_overhead_s) * n
         if grow0 is not None:
             total = total + reference.decode_general(grow0, grow_slope, steps, sys, eff)
         return total
