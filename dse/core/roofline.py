@@ -31,7 +31,7 @@ from dse.core import kernel_fast as fast
 from dse.core import operator_cost as reference
 from dse.core.efficiency import Efficiency
 from dse.core.kernel_arrays import _COL, PEAK_COLUMNS, PIM_ROLES, OpArrays, OpCost, Stacked, SystemArrays
-from dse.core.kernel_fast import KEPT, RowWork, _separable_terms, forget_kept
+from dse.core.kernel_fast import KEPT, RowWork, forget_kept
 from dse.core.operator_cost import (OperatorWork, collective_time, message_s, op_costs, p2p_time, pim_mask,
                                     ring_allreduce_s, transfer_time)
 from dse.core.operator_cost import decode_general as _decode_general
@@ -41,7 +41,7 @@ from dse.core.pim_dispatch import EXACT_PIM_OPERATORS, dispatch, pim_eligible
 #: what other modules import from here (the arrays, the entries, the per-operator terms and the link
 #: costs, the switch; and the private names the tests read)
 __all__ = ["EXACT_PIM_OPERATORS", "KEPT", "PEAK_COLUMNS", "PIM_ROLES", "_COL", "OpArrays", "OpCost",
-           "OperatorWork", "RowWork", "Stacked", "SystemArrays", "_decode_general", "_separable_terms",
+           "OperatorWork", "RowWork", "Stacked", "SystemArrays", "_decode_general",
            "_step_sum", "collective_time", "decode_total_energy_j", "decode_total_time", "decode_total_work",
            "dispatch", "energy_j", "forget_kept", "kernel_in_use", "message_s", "op_costs", "p2p_time",
            "pim_eligible", "pim_mask", "reference_kernel", "ring_allreduce_s", "step_energy_j", "step_time",
