@@ -32,16 +32,14 @@ from dse.core.operator_cost import has_work, message_s, ring_allreduce_s
 #: workloads whose operator terms the kernel keeps (per Efficiency): what depends on one
 #: workload's operators alone (the intensity-sorted sums of ``_ridge_tables`` at the
 #: efficiency's fractions, the split of a decode into operators that grow with the context and
-#: those that do not, a step's work per compute class for its energy) is derived once, not
-#: again for every chunk, call or trial that prices it. Operators of many workloads at once
-#: ([P, O] arrays) are large and priced once: nothing of them is kept
+#: those that do not) is derived once, not again for every chunk, call or trial that prices it.
+#: Operators of many workloads at once ([P, O] arrays) are large and priced once: nothing of them is kept
 KEPT = 4096
 
 
 def forget_kept() -> None:
     """Drop every kept workload term (``KEPT``): the memory they hold; results do not change."""
-    for kept in (_separable_terms, _kept_decode_split, _kept_energy_work, _recent_energy_work,
-                 _stacked_terms, _recent_decode_split):
+    for kept in (_separable_terms, _kept_decode_split, _stacked_terms, _recent_decode_split):
         kept.cache_clear()
 
 
@@ -270,12 +268,11 @@ class RowWork:
 
 
 def _step_work(op: OpArrays | Stacked, classes_of: OpArrays | Stacked):
-    """``_energy_work`` of ``op`` in the classes of ``classes_of``, kept for one workload's operators;
-    of ``Stacked`` operators, worked out per row (``RowWork``)."""
+    """``_energy_work`` of ``op`` in the classes of ``classes_of``; of ``Stacked`` operators, worked
+    out per row (``RowWork``)."""
     if isinstance(op, Stacked):
-        return RowWork(((_recent_energy_work(op.op, classes_of.op), None),), op.rows)
-    keep = op.one_workload and classes_of.one_workload
-    return (_kept_energy_work if keep else _recent_energy_work)(op, classes_of)
+        return RowWork(((_energy_work(op.op, classes_of.op), None),), op.rows)
+    return _energy_work(op, classes_of)
 
 
 def _row_gather(amount, rows: np.ndarray):
@@ -370,13 +367,6 @@ def _energy_work(op: OpArrays, classes_of: OpArrays) -> tuple:
             vector)
 
 
-#: ``_energy_work`` of one workload's operators (1-D arrays), kept (``KEPT``)
-_kept_energy_work = lru_cache(maxsize=KEPT)(_energy_work)
-#: ``_energy_work`` of the last steps of many workloads priced ([W, O] arrays of at most a table's
-#: rows, a few MB): a run's energy is counted twice over the same steps (every class at its J/op,
-#: then the measured classes alone)
-_recent_energy_work = lru_cache(maxsize=4)(_energy_work)
-
 
 def _total(amount, count):
     """Σ_o count_o x amount_o: a number, or [P] for amounts per point [P, O]."""
@@ -400,7 +390,7 @@ def decode_total_work(op0, slope, steps):
     n = np.asarray(steps, dtype=float)
     pairs = n * (n - 1.0) / 2.0
     if isinstance(op0, Stacked):
-        return RowWork(((_recent_energy_work(op0.op, op0.op), n), (_recent_energy_work(slope.op, op0.op), pairs)),
+        return RowWork(((_energy_work(op0.op, op0.op), n), (_energy_work(slope.op, op0.op), pairs)),
                        op0.rows)
     return _decode_sum(_step_work(op0, op0), _step_work(slope, op0), n, pairs)
 
