@@ -1,7 +1,7 @@
-"""What the kernel keeps of a workload (``dse.core.roofline.KEPT``: efficiency fractions, the
-intensity-sorted sums, the decode's split, the energy's work per class) changes no result: pricing
-workloads one after another under different efficiencies, in any order, gives what each gives
-priced with nothing kept."""
+"""What the kernel's speed layer keeps of a workload (``dse.core.kernel_fast.KEPT``: the
+intensity-sorted sums, the decode's split) changes no result: pricing workloads one after
+another under different efficiencies, in any order, gives what each gives priced with nothing
+kept."""
 from dataclasses import replace
 
 import numpy as np

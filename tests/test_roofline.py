@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from basis.errors import DseError
 from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
-from dse.core.roofline import (OpArrays, Stacked, _rank, _separable_terms, _step_sum, decode_total_energy_j,
-                               decode_total_time, op_costs, step_energy_j, step_time)
+from dse.core.kernel_fast import _row_rank, _separable_terms
+from dse.core.operator_cost import step_sum
+from dse.core.roofline import (OpArrays, Stacked, decode_total_energy_j, decode_total_time, op_costs, step_energy_j,
+                               step_time)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from dse.system.workload import workload_batch
@@ -84,14 +86,17 @@ def test_decode_total_with_one_step_count_for_every_point_equals_a_count_per_poi
     assert one[0] == pytest.approx(_exact_decode(m, sc, dev, DEFAULT, 513, 200), rel=1e-9)
 
 
-@pytest.mark.parametrize("entries", [1, 6, 9, 32, 33, 80])
-def test_a_points_rank_among_intensities_is_numpys_binary_search(entries):
-    # the roofline sum splits each point's operators at its ridge by counting the intensities
-    # below it (up to COUNTED of them), which must place every ridge where np.searchsorted does
+@pytest.mark.parametrize("entries", [1, 6, 9, 32, 33, 80, 300])
+def test_a_points_rank_in_its_row_is_numpys_binary_search(entries):
+    # the stacked roofline sum splits each point's operators at its ridge by counting its row's
+    # intensities below it, which must place every ridge where np.searchsorted does in that row
     rng = np.random.default_rng(entries)
-    ai = np.sort(np.concatenate([rng.lognormal(3, 2, entries - 1), [np.inf]]))   # an operator with no bytes
-    ridge = np.concatenate([rng.lognormal(3, 2, 5000), ai[:-1], [0.0, np.inf, np.nan]])
-    np.testing.assert_array_equal(_rank(ai, ridge), np.searchsorted(ai, ridge, side="right"))
+    rows_of = [np.sort(np.concatenate([rng.lognormal(3, 2, entries - 1), [np.inf]])) for _ in range(3)]
+    ai = np.ascontiguousarray(np.stack(rows_of).T)                   # [ranks, rows], as the tables hold it
+    ridge = np.concatenate([rng.lognormal(3, 2, 5000), *(r[:-1] for r in rows_of), [0.0, np.inf, np.nan] * 3])
+    rows = rng.integers(0, 3, len(ridge))
+    expected = [np.searchsorted(rows_of[r], x, side="right") for r, x in zip(rows, ridge)]
+    np.testing.assert_array_equal(_row_rank(ai, ridge, rows) - rows * (entries + 1), expected)
 
 
 def test_operators_of_equal_intensity_are_ranked_once_and_priced_as_one_by_one():
@@ -113,7 +118,7 @@ def test_operators_of_equal_intensity_are_ranked_once_and_priced_as_one_by_one()
     peak = base.peak[[0] * len(ridges)].copy()
     peak[:, column] = ridges * bw
     sys = replace(base.take(np.zeros(len(ridges), dtype=int)), peak=peak, bandwidth=np.full(len(ridges), bw))
-    per_op = _step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
+    per_op = step_sum(op_costs(op, sys, DEFAULT).time_s, op.count, None, sys) + DEFAULT.step_overhead_s
     np.testing.assert_allclose(step_time(op, sys, DEFAULT), per_op, rtol=1e-12)
 
 

@@ -1,0 +1,352 @@
+"""The kernel's reference: each operator priced on its own, the plain per-operator path every
+speed path (``dse.core.kernel_fast``) must equal. For one operator instance on one point:
+
+    time = max(ops / (peak[class] * eff.compute_fraction), bytes / (bandwidth * eff.memory_fraction))
+           + link time + eff.op_overhead_s
+
+where an all-reduce (ring over ``tp`` devices, ``ring_allreduce_s``) costs
+2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency
++ eff.collective_latency_s, and a point-to-point transfer (pipeline hop, expert all-to-all,
+``message_s``) bytes / (link bandwidth * eff.collective) + link latency + eff.collective_latency_s.
+A step is Σ count x time + eff.step_overhead_s; a decode of n steps, each operator's time summed
+exactly over the steps (closed form: step j of an operator costs op0 + j x slope, and its
+max(compute, memory) is split at the single crossing of two linear functions).
+
+Optional terms, skipped when a design space does not use them (``None``):
+- offload: fractions of weight, activation and KV bytes in the host tier, read over
+  the host link; overlapping compute (inside the max) or not (added).
+- sparse: 2:4 structured-sparse peaks for weight matmuls.
+- dequantization: vector ops of a weight-only quantized matmul at the vector peak.
+- PIM: an operator whose role the PIM may run (and whose format it computes) is
+  priced both ways: on the host, and in memory (PIM peak, weight and KV bytes at the
+  internal bandwidth, multiple x external, activations over the external bus; every
+  other term as on the host). ``dse.core.pim_dispatch.dispatch`` places it (the one placement
+  rule): a blocked host adds PIM time to the step, so each operator runs where it finishes
+  sooner, which is the best placement; a concurrent one overlaps it (step =
+  max(host work, PIM work)), so the placement is the one with the smallest step.
+  Either way the step is a minimum over a fixed set of placements of times that each
+  fall as any peak or bandwidth rises, so more bandwidth, compute, PIM peak or PIM
+  multiple never slows a design.
+
+Energy (``step_energy_j``'s model): every op at the J/op of the class it runs in (vector work
+at the vector units'), every byte of device-memory traffic at the J/bit of all the levels it
+crosses, and each byte a link moves read from one device's memory and written to another's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.core.efficiency import IDEAL, Efficiency
+from dse.core.kernel_arrays import _COL, OpArrays, OpCost, Stacked, SystemArrays, per_point, subset
+from dse.core.pim_dispatch import dispatch, pim_eligible
+
+
+def _memory_terms(shape: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *steps: OpArrays) -> list:
+    """(device-memory seconds, host-tier seconds) per instance, [P, O], of the bytes of each of
+    ``steps`` (host: scalar 0 when nothing is offloaded), on the operators of ``shape``: their
+    achieved bandwidth fractions, worked out once for all of them. On PIM, weight and KV bytes
+    stream at the internal bandwidth."""
+    frac = eff.memory_fraction(shape)
+    bw = sys.bandwidth[:, None] * frac
+    out = []
+    for op in steps:
+        w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
+        host_s = 0.0
+        if sys.offload is not None:
+            f = sys.offload
+            on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
+            w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
+            with np.errstate(invalid="ignore"):
+                host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth[:, None] * frac), 0.0)
+        if on_pim is None:
+            out.append(((w + a + kv) / bw, host_s))
+        else:
+            inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
+            out.append((((w + kv) / inner + a) / bw, host_s))
+    return out
+
+
+def _compute_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *work) -> list:
+    """Compute seconds per instance, [P, O], of each (ops, vector ops or None) of ``work`` on the
+    operators of ``op``: the ops at each operator's peak and achieved fraction (worked out once
+    for all of them), plus the vector ops (dequantization) at the vector peak and its fraction."""
+    peak = sys.peak[:, op.peak_column]                               # [P, O]
+    if sys.sparse_gain is not None and op.sparse_ok is not None:
+        peak = peak * np.where(op.sparse_ok, sys.sparse_gain[:, op.peak_column], 1.0)
+    if on_pim is not None:
+        peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
+    out = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = peak * eff.compute_fraction(op)
+        vector_rate = None if all(vector is None for _, vector in work) else \
+            sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
+        for ops, vector in work:
+            t = np.where(ops != 0, ops / rate, 0.0)
+            if vector is not None:
+                t = t + np.where(vector != 0, vector / vector_rate, 0.0)
+            out.append(t)
+    return out
+
+
+
+
+def ring_latency(n, latency, eff: Efficiency):
+    """Seconds of latency of one ring all-reduce over ``n`` devices on links of ``latency`` s:
+    2(n - 1) link latencies plus one software latency per collective (a launch, as one-shot
+    all-reduce kernels pay). Broadcasts."""
+    return 2 * (n - 1) * latency + np.where(n > 1, eff.collective_latency_s, 0.0)
+
+
+def ring_allreduce_s(message_bytes, instances, n, bandwidth, latency, eff: Efficiency):
+    """Seconds of ``instances`` ring all-reduces over ``n`` devices whose messages hold
+    ``message_bytes`` in all, on links of ``bandwidth`` bytes/s and ``latency`` s: each device
+    sends 2 (n - 1) / n of the bytes, 2 (n - 1) / n x bytes / (bandwidth x eff.collective), and
+    each all-reduce pays ``ring_latency``. The one all-reduce cost: one instance (``instances``
+    1) or a step's sum (Σ count x bytes, Σ count). Broadcasts."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 2 * (n - 1) / n * message_bytes / (bandwidth * eff.collective) + ring_latency(n, latency, eff) * instances
+
+
+def message_s(nbytes, instances, bandwidth, latency, eff: Efficiency):
+    """Seconds of ``instances`` point-to-point messages holding ``nbytes`` in all, on a link of
+    ``bandwidth`` bytes/s and ``latency`` s: bytes / (bandwidth x eff.collective) plus, per
+    message, the link's latency and the software's (eff.collective_latency_s). The one
+    point-to-point cost: one message or a step's sum. Broadcasts."""
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(nbytes, dtype=float) / (np.asarray(bandwidth, dtype=float) * eff.collective)
+                + (np.asarray(latency) + eff.collective_latency_s) * instances)
+
+
+def transfer_time(nbytes, bandwidth, latency, eff: Efficiency):
+    """Seconds of one point-to-point message of ``nbytes`` over a link of ``bandwidth``
+    bytes/s and ``latency`` s (``message_s``; 0 for an empty message). Broadcasts."""
+    b = np.asarray(nbytes, dtype=float)
+    return np.where(b > 0, message_s(b, 1.0, bandwidth, latency, eff), 0.0)
+
+
+def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Point-to-point transfer time per instance over the scale-up link, [P, O] (``transfer_time``)."""
+    return transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+
+
+def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Ring all-reduce time per instance, [P, O] (``ring_allreduce_s`` of one; 0 without a message)."""
+    comm = np.asarray(comm_bytes, dtype=float)
+    t = ring_allreduce_s(comm, 1.0, sys.tp[:, None], sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    return np.where(comm > 0, t, 0.0)
+
+
+def link_time(op: OpArrays, sys: SystemArrays, eff: Efficiency):
+    """Collective plus point-to-point time per instance, [P, O] (scalar 0 if the step has none)."""
+    t = 0.0
+    comm, p2p = op.links
+    if comm:
+        t = t + collective_time(op.comm_bytes, sys, eff)
+    if p2p:
+        t = t + p2p_time(op.p2p_bytes, sys, eff)
+    return t
+
+
+def has_work(op: OpArrays):
+    """[O] or [P, O] bool: operators that compute or move bytes (they pay eff.op_overhead_s)."""
+    return (op.ops > 0) | (op.memory_bytes > 0) | (op.comm_bytes > 0) | (op.p2p_bytes > 0)
+
+def _combine(compute, dev, host, sys: SystemArrays):
+    """max(compute, memory) with host-tier traffic inside the max (overlap) or added."""
+    if np.ndim(host) == 0:
+        return np.maximum(compute, dev)
+    ov = sys.overlap[:, None]
+    return np.maximum(compute, dev + np.where(ov, host, 0.0)) + np.where(ov, 0.0, host)
+
+
+def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
+    """(compute, device memory, host tier, collective, time) per instance, [P, O], with the
+    operators of ``on_pim`` in memory (None: all on the host)."""
+    compute, = _compute_terms(op, sys, eff, on_pim, (op.ops, op.vector_ops))
+    (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
+    coll = link_time(op, sys, eff)
+    time = _combine(compute, dev, host, sys) + coll + np.where(has_work(op), eff.op_overhead_s, 0.0)
+    return compute, dev, host, coll, time
+
+
+def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
+    """Per-instance cost of every operator on every design point, where ``dispatch`` places it.
+
+    Host-tier traffic overlaps compute (inside the max, summed with device traffic)
+    where ``sys.overlap``, else adds to the operator's time."""
+    terms = _priced(op, sys, eff)
+    zeros = np.zeros_like(terms[-1])
+    terms = [t + zeros for t in terms]
+    eligible = pim_eligible(op, sys)
+    on_pim = None
+    if eligible is not None:
+        sel = np.flatnonzero(eligible.any(axis=0))        # price in memory only what the PIM can run
+        on_pim = np.zeros(zeros.shape, dtype=bool)
+        if sel.size:
+            pim = _priced(subset(op, sel), sys, eff, eligible[:, sel])
+            time = terms[-1].copy()
+            time[:, sel] = pim[-1]
+            on_pim = dispatch(terms[-1] * op.count, time * op.count, eligible, sys.pim_concurrent)
+            for t, b in zip(terms, pim):
+                t[:, sel] = np.where(on_pim[:, sel], b, t[:, sel])
+    compute, dev, host, coll, time = terms
+    return OpCost(compute, dev, host, coll, time, on_pim)
+
+
+def pim_mask(op: OpArrays, sys: SystemArrays, eff: Efficiency | None = None) -> np.ndarray | None:
+    """[P, O] bool: the operators the PIM runs in one step under ``eff`` (ideal when None);
+    None without PIM (``dispatch``)."""
+    return op_costs(op, sys, IDEAL if eff is None else eff).on_pim
+
+
+def step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
+    """Σ count x per-operator time, [P]; with PIM, host and PIM work add (blocked host)
+    or overlap (concurrent: the larger of the two)."""
+    total = per_op * count
+    if on_pim is None:
+        return total.sum(axis=-1)
+    pim = np.where(on_pim, total, 0.0).sum(axis=-1)
+    host = np.where(on_pim, 0.0, total).sum(axis=-1)
+    return np.where(sys.pim_concurrent, np.maximum(host, pim), host + pim)
+
+
+def arith_sum(x0, xs, lo, hi):
+    """Σ_{j=lo}^{hi-1} (x0 + xs j), elementwise; zero when hi <= lo."""
+    n = np.maximum(hi - lo, 0)
+    return n * x0 + xs * (lo + hi - 1) * n / 2.0
+
+
+def decode_general(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ over ``steps`` decode steps of Σ count x per-instance time (no step overhead), [P].
+    With PIM, each operator keeps one place for the whole generation, chosen by ``dispatch``
+    from its time over the whole generation on the host and on the PIM."""
+    host = decode_op_totals(op0, slope, steps, sys, eff)
+    eligible = pim_eligible(op0, sys)
+    if eligible is None:
+        return (host * op0.count).sum(axis=-1)
+    sel = np.flatnonzero(eligible.any(axis=0))            # price in memory only what the PIM can run
+    if sel.size == 0:
+        return (host * op0.count).sum(axis=-1)
+    pim = host.copy()
+    pim[:, sel] = decode_op_totals(subset(op0, sel), subset(slope, sel), steps, sys, eff, eligible[:, sel])
+    on_pim = dispatch(host * op0.count, pim * op0.count, eligible, sys.pim_concurrent)
+    return step_sum(np.where(on_pim, pim, host), op0.count, on_pim, sys)
+
+
+def decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, eff: Efficiency,
+                      on_pim=None) -> np.ndarray:
+    """Σ over ``steps`` decode steps of each operator's per-instance time, [P, O], with the
+    operators of ``on_pim`` in memory (None: all on the host)."""
+    n = np.asarray(steps, dtype=float)
+    n = n[:, None] if n.ndim == 1 else n
+    # the slope at the first step's peaks and achieved fractions (its operators' shapes)
+    c0, cs = _compute_terms(op0, sys, eff, on_pim, (op0.ops, op0.vector_ops), (slope.ops, slope.vector_ops))
+    (dev0, host0), (devs, hosts) = _memory_terms(op0, sys, eff, on_pim, op0, slope)
+    if not isinstance(host0, np.ndarray) and not isinstance(hosts, np.ndarray):
+        m0, ms, a0, as_ = dev0, devs, 0.0, 0.0
+    else:
+        ov = sys.overlap[:, None]
+        m0, ms = dev0 + np.where(ov, host0, 0.0), devs + np.where(ov, hosts, 0.0)   # inside the max
+        a0, as_ = np.where(ov, 0.0, host0), np.where(ov, 0.0, hosts)               # added to it
+    # step j costs max(c_j, m_j) = m_j + max(d_j, 0), d_j = c_j - m_j = d0 + ds j: every step's
+    # memory time, plus d_j over the steps [lo, hi) where d_j >= 0 (one interval: d is linear)
+    d0, ds = c0 - m0, cs - ms
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = -d0 / ds
+        up_lo = np.clip(np.ceil(root), 0, n)            # ds > 0: compute-bound from here on
+        down_hi = np.clip(np.floor(root) + 1, 0, n)     # ds < 0: compute-bound up to here
+    lo = np.where(ds > 0, up_lo, np.where((ds < 0) | (d0 >= 0), 0.0, n))     # ds = 0: all steps or none
+    hi = np.where(ds < 0, down_hi, n)
+    total = arith_sum(m0, ms, 0, n) + arith_sum(d0, ds, lo, hi)
+    if np.ndim(a0) or np.ndim(as_):
+        total = total + arith_sum(a0, as_, 0, n)
+    total = total + link_time(op0, sys, eff) * n   # collective and hop traffic do not grow with the context
+    return total + np.where(has_work(op0), eff.op_overhead_s, 0.0) * n
+
+
+# ---- the reference entries: a step, a decode, and their energy, operator by operator
+
+def operator_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Σ count x per-instance time of a step's operators (``op_costs``, where ``dispatch`` places
+    each), without the step overhead, seconds, [P]."""
+    cost = op_costs(op, sys, eff)
+    return step_sum(cost.time_s, op.count, cost.on_pim, sys)
+
+
+def step_time(op: OpArrays | Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Time of one step on every point, seconds, [P]: ``operator_sum`` + step overhead."""
+    return operator_sum(per_point(op), sys, eff) + eff.step_overhead_s
+
+
+def decode_total_time(op0: OpArrays | Stacked, slope: OpArrays | Stacked, steps, sys: SystemArrays,
+                      eff: Efficiency) -> np.ndarray:
+    """Exact total time of ``steps`` consecutive decode steps (step j costs op0 + j x slope),
+    seconds, [P]: each operator's time summed over the steps in closed form (``decode_general``),
+    plus a step overhead per step."""
+    return (decode_general(per_point(op0), per_point(slope), steps, sys, eff)
+            + eff.step_overhead_s * np.asarray(steps, dtype=float))
+
+
+@dataclass(frozen=True, eq=False)
+class OperatorWork:
+    """What an energy counts, kept operator by operator: Σ weight x the work of ``op`` with each
+    operator in the class ``classes_of`` gives it, over ``parts`` (op, classes_of, weight: a
+    number, one per point, or None for 1)."""
+
+    parts: tuple
+
+
+def step_work(op: OpArrays | Stacked) -> OperatorWork:
+    """What a step's energy counts of ``op`` (``energy_j``)."""
+    return OperatorWork(((per_point(op), per_point(op), None),))
+
+
+def decode_total_work(op0, slope, steps) -> OperatorWork:
+    """What the energy of ``steps`` consecutive decode steps counts (step j: op0 + j x slope, in
+    op0's classes): steps x op0's work plus steps (steps - 1) / 2 x the slope's."""
+    n = np.asarray(steps, dtype=float)
+    first = per_point(op0)
+    return OperatorWork(((first, first, n), (per_point(slope), first, n * (n - 1.0) / 2.0)))
+
+
+def operator_energy_j(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy of one instance of each operator of ``op`` run in the class
+    ``classes_of`` gives it, J, [P, O]: its ops at that class's J/op, its vector ops at the
+    vector units', its device-memory bytes and the bytes it moves over links (each read from
+    one device's memory and written to another's; a ring all-reduce moves 2 (tp - 1) / tp of its
+    message per device) at the J/bit."""
+    op_j = sys.energy_op_j
+    e = op_j[:, classes_of.peak_column] * op.ops
+    if op.vector_ops is not None:
+        e = e + op_j[:, _COL["vector"]][:, None] * op.vector_ops
+    tp = np.asarray(sys.tp, dtype=float)[:, None]
+    link_bytes = 2.0 * (2.0 * (tp - 1.0) / tp * op.comm_bytes + op.p2p_bytes)
+    return e + 8.0 * (op.memory_bytes + link_bytes) * np.asarray(sys.energy_bit_j, dtype=float)[:, None]
+
+
+def energy_j(work: OperatorWork, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy, J, [P], of ``work`` on every point of ``sys``, operator by operator
+    (``step_energy_j``'s model); NaN where no device has an energy profile and on a design with
+    PIM units."""
+    if sys.energy_op_j is None:
+        return np.full(sys.size, np.nan)
+    total = np.zeros(sys.size)
+    for op, classes_of, weight in work.parts:
+        e = (operator_energy_j(op, classes_of, sys) * op.count).sum(axis=-1)
+        total = total + (e if weight is None else e * weight)
+    if sys.pim_peak is not None:
+        total = np.where((sys.pim_peak > 0).any(axis=1), np.nan, total)
+    return total
+
+
+def step_energy_j(op: OpArrays | Stacked, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy of one step on one device, J, [P] (``energy_j`` of ``step_work``)."""
+    return energy_j(step_work(op), sys)
+
+
+def decode_total_energy_j(op0, slope, steps, sys: SystemArrays) -> np.ndarray:
+    """Dynamic energy of ``steps`` consecutive decode steps on one device, J, [P]
+    (``energy_j`` of ``decode_total_work``)."""
+    return energy_j(decode_total_work(op0, slope, steps), sys)
