@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hwmodels.device import Link
 from basis.shipped import shipped
+from hwmodels.device import Link
 from hwmodels.presets import _link, load_named_table, lookup
 
 LINKS_FILE = shipped("configs", "links.yaml")

@@ -26,8 +26,8 @@ from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from hwmodels.classes import DEVICE_CLASSES as DEVICE_CLASSES  # the class names, imported from here too
 from hwmodels.classes import device_class
-from hwmodels.energy import load_technology
 from hwmodels.device import FAMILIES, PIM_OPERATOR_GROUPS, Device, Link, MemoryTier, PimUnit
+from hwmodels.energy import load_technology
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: the shipped hardware presets (``configs/hardware``; package data in a wheel)

@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 import pytest
+import yaml
 
 from dse.study.cli import main
 

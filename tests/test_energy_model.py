@@ -7,8 +7,18 @@ import yaml
 
 from basis.errors import DseError
 from hwmodels.energy import (
-    TECHNOLOGY_FILE, WIDER, arithmetic_energy_j, bit_energy_j, dynamic_energy_j, energy_per_step_j,
-    load_technology, mac_energy_j, op_energy, static_power_w, technology_from_dict)
+    TECHNOLOGY_FILE,
+    WIDER,
+    arithmetic_energy_j,
+    bit_energy_j,
+    dynamic_energy_j,
+    energy_per_step_j,
+    load_technology,
+    mac_energy_j,
+    op_energy,
+    static_power_w,
+    technology_from_dict,
+)
 from hwmodels.template import a100, h100
 
 

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import yaml
+from conftest import run_cli
 
 from basis.errors import DseError
 from dse.core import bands as B
@@ -13,7 +14,6 @@ from dse.core.efficiency import Efficiency, efficiency_for
 from dse.core.engines import default_engine, engine_efficiency, engine_matching, engines, get_engine
 from dse.fit import validate as V
 from dse.system.evaluator import evaluate
-from conftest import run_cli
 
 
 def test_profiles_load_with_a_source_for_every_attribute():

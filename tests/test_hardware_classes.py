@@ -300,9 +300,9 @@ def test_offload_to_cxl_and_nvme_tiers():
 def test_a_hardware_class_is_a_declared_kind():
     """Each class is declared once with its properties (``hwmodels.classes``) and found by name;
     the evaluator asks a property, never the class's name: chip sizing follows sized_by_capacity."""
+    from dse.system.evaluator import evaluate, prepare
     from hwmodels.classes import CLASSES, DEVICE_CLASSES, device_class
     from hwmodels.presets import DEVICE_CLASSES as PRESET_CLASSES
-    from dse.system.evaluator import evaluate, prepare
     assert PRESET_CLASSES == DEVICE_CLASSES == tuple(c.name for c in CLASSES)
     assert [c.name for c in CLASSES if c.sized_by_capacity] == ["spatial"]
     assert [c.name for c in CLASSES if c.has_pim] == ["pim"]

@@ -13,7 +13,7 @@ import dse.system.grouping as grouping
 import dse.system.workload as W
 from basis.errors import DseError
 from dse import evaluate
-from dse.system.workload import tables, workload_batch, resolve_model
+from dse.system.workload import resolve_model, tables, workload_batch
 from workloads.scenario import Scenario
 
 RNG = np.random.default_rng(11)

@@ -13,7 +13,6 @@ from dse.explore.pareto import pareto_mask
 from dse.present import plots
 from dse.present.display import quantity_text
 
-
 # --------------------------------------------------------------------------- units
 
 def test_axis_units_follow_the_one_unit_policy():

@@ -7,12 +7,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basis.errors import DseError
-from dse.core.engines import engine_efficiency, get_engine
 from dse.core.efficiency import DEFAULT, IDEAL
+from dse.core.engines import engine_efficiency, get_engine
 from dse.core.kernel_fast import _row_rank, _separable_terms
 from dse.core.operator_cost import step_sum
-from dse.core.roofline import (OpArrays, Stacked, decode_total_energy_j, decode_total_time, op_costs, step_energy_j,
-                               step_time)
+from dse.core.roofline import (
+    OpArrays,
+    Stacked,
+    decode_total_energy_j,
+    decode_total_time,
+    op_costs,
+    step_energy_j,
+    step_time,
+)
 from dse.system.analysis import analyze
 from dse.system.hardware import system_arrays
 from dse.system.workload import workload_batch

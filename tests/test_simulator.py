@@ -6,8 +6,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from basis.errors import DseError
 import dse.core.simulator as simulator
+from basis.errors import DseError
 from dse.core.simulator import EngineConfig, simulate, simulate_disaggregated
 
 #: a linear iteration cost (seconds): fixed, per decode token, per prompt token

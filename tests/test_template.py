@@ -15,10 +15,28 @@ from basis.errors import DseError
 from hwmodels.energy import load_technology
 from hwmodels.presets import load_device
 from hwmodels.template import (
-    AcceleratorTemplate, a100, board_power_w, chiplets_needed, cost, die_area, die_area_m2, die_cost_usd,
-    die_yield, dies_per_wafer, exceeds_reticle, h100, memory_bandwidth_bytes_per_s, memory_capacity_bytes,
-    peak_dynamic_power_w, peak_ops_per_s, peak_power_demand_w, vector_ops_per_s, yield_murphy,
-    yield_negative_binomial, yield_poisson)
+    AcceleratorTemplate,
+    a100,
+    board_power_w,
+    chiplets_needed,
+    cost,
+    die_area,
+    die_area_m2,
+    die_cost_usd,
+    die_yield,
+    dies_per_wafer,
+    exceeds_reticle,
+    h100,
+    memory_bandwidth_bytes_per_s,
+    memory_capacity_bytes,
+    peak_dynamic_power_w,
+    peak_ops_per_s,
+    peak_power_demand_w,
+    vector_ops_per_s,
+    yield_murphy,
+    yield_negative_binomial,
+    yield_poisson,
+)
 
 # Published die areas (m^2): A100 826 mm^2 (A100 whitepaper; LLMCompass Table IV), H100 814 mm^2
 # (H100 whitepaper). The A100 is near the area model's calibration set (LLMCompass fitted its

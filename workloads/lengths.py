@@ -135,7 +135,7 @@ def _lognormal_strata(mean: float, sigma: float) -> tuple[np.ndarray, np.ndarray
     """(conditional mean [S], probability [S], conditional variance [S]) of a lognormal of
     this mean and sigma within each quantile stratum of ``LOGNORMAL_EDGES`` (sigma 0: one
     stratum at the mean)."""
-    from scipy.special import ndtr, ndtri   # scipy on first use: importing dse stays light
+    from scipy.special import ndtr, ndtri  # scipy on first use: importing dse stays light
     if sigma == 0:
         return np.array([float(mean)]), np.array([1.0]), np.array([0.0])
     u = np.asarray(LOGNORMAL_EDGES)
@@ -154,7 +154,7 @@ def _strata(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _lognormal_draw(mean: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` stratified draws of a lognormal of this mean and sigma."""
-    from scipy.special import ndtri   # scipy on first use: importing dse stays light
+    from scipy.special import ndtri  # scipy on first use: importing dse stays light
     if sigma <= 0:
         return np.full(n, float(mean))
     return np.exp(math.log(mean) - sigma * sigma / 2.0 + sigma * ndtri(_strata(n, rng)))

@@ -10,7 +10,6 @@ from basis.errors import DseError
 from hwmodels.formats import DataFormat, get_format
 from workloads.techniques import NONE, Techniques
 
-
 #: the fields of a Scenario that may vary per workload (integer arrays of one shape)
 WORKLOAD_DIMS = ("batch", "prompt_len", "gen_len")
 

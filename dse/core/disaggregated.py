@@ -28,9 +28,23 @@ from dataclasses import replace
 
 import numpy as np
 
-from dse.core.serving import (IterationTime, Load, _assign, _blocks_per_sequence, _classes, _Classes, _closed_loop,
-                              _mixed, _mixing_mixtures, _percentiles, _priced, _row_quantile, _with_queue,
-                              largest_rate, running_cap)
+from dse.core.serving import (
+    IterationTime,
+    Load,
+    _assign,
+    _blocks_per_sequence,
+    _Classes,
+    _classes,
+    _closed_loop,
+    _mixed,
+    _mixing_mixtures,
+    _percentiles,
+    _priced,
+    _row_quantile,
+    _with_queue,
+    largest_rate,
+    running_cap,
+)
 
 #: bisection steps over the throughput of a closed loop and of goodput (precision capacity / 2^n)
 _BISECT = 24

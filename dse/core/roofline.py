@@ -32,8 +32,16 @@ from dse.core import operator_cost as reference
 from dse.core.efficiency import Efficiency
 from dse.core.kernel_arrays import _COL, PEAK_COLUMNS, PIM_ROLES, OpArrays, OpCost, Stacked, SystemArrays
 from dse.core.kernel_fast import KEPT, RowWork, forget_kept
-from dse.core.operator_cost import (OperatorWork, collective_time, message_s, op_costs, p2p_time, pim_mask,
-                                    ring_allreduce_s, transfer_time)
+from dse.core.operator_cost import (
+    OperatorWork,
+    collective_time,
+    message_s,
+    op_costs,
+    p2p_time,
+    pim_mask,
+    ring_allreduce_s,
+    transfer_time,
+)
 from dse.core.operator_cost import decode_general as _decode_general
 from dse.core.operator_cost import step_sum as _step_sum
 from dse.core.pim_dispatch import EXACT_PIM_OPERATORS, dispatch, pim_eligible

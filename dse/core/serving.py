@@ -288,7 +288,7 @@ def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndar
 def _overflow(mean, var, room) -> np.ndarray:
     """The share of ``mean`` tokens (variance ``var``) beyond ``room``: E[(S - room)+] / E[S]
     of a normal S (its upper tail: the prompts that wait an iteration more)."""
-    from scipy.special import ndtr   # scipy on first use: importing dse stays light
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     sd = np.sqrt(var)
     gap = mean - room
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -611,7 +611,7 @@ def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -
     """Quantiles ``q`` (percent, [Q]) of mixtures of normals (sd 0: a point mass), one per row
     of ``mean``, ``sd``, ``weight`` ([A, C]; weights need not sum to 1), [A, Q]; found by
     bisection on the mixture's CDF (relative precision 2^-36 of its span)."""
-    from scipy.special import ndtr   # scipy on first use: importing dse stays light
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     mean, sd = np.asarray(mean, float), np.asarray(sd, float)
     w = np.asarray(weight, float) / np.maximum(np.asarray(weight, float).sum(axis=1, keepdims=True), 1e-300)
     target = np.asarray(q, float)[None, :, None] / 100.0            # [1, Q, 1]

@@ -24,7 +24,7 @@ def write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
     if kind == "parquet":
         atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
         return
-    import pyarrow as pa              # with pandas' Parquet, only where a file is written
+    import pyarrow as pa  # with pandas' Parquet, only where a file is written
     import pyarrow.csv as pa_csv
     try:
         table = pa.Table.from_pandas(df, preserve_index=False)

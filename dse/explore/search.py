@@ -87,17 +87,52 @@ import pandas as pd
 
 from basis.errors import DseError
 from dse.explore.optuna_journal import batching_enabled
-from dse.explore.optuna_study import (LEGACY_STUDY_NAME, distributions, make_sampler, open_study,
-                                      stored_study_name, study_name)
+from dse.explore.optuna_study import (
+    LEGACY_STUDY_NAME,
+    distributions,
+    make_sampler,
+    open_study,
+    stored_study_name,
+    study_name,
+)
 from dse.explore.runio import Progress, write_atomic
-from dse.explore.storage import (GRACE_S, HEARTBEAT_S, JOURNAL, AskLock, close_storage, display_url,
-                                 fail_stale, heartbeat_settings, heartbeat_storage, open_storage, open_study_storage,
-                                 optuna_quiet, remove_stale_lock, repair_journal, study_id)
+from dse.explore.storage import (
+    GRACE_S,
+    HEARTBEAT_S,
+    JOURNAL,
+    AskLock,
+    close_storage,
+    display_url,
+    fail_stale,
+    heartbeat_settings,
+    heartbeat_storage,
+    open_storage,
+    open_study_storage,
+    optuna_quiet,
+    remove_stale_lock,
+    repair_journal,
+    study_id,
+)
 from dse.explore.sweep import evaluate_columns
-from dse.explore.trial_records import (CONSTRAINTS_ATTR, batch_constraint_values, batch_trial_attrs,
-                                       constraint_values, objective_value, record, trial_attrs)
-from dse.explore.workers import (STOP_WAIT_S, Heartbeat, Interrupted, Stop, WorkerClock, interrupted, reap_stale,
-                                 run_workers)
+from dse.explore.trial_records import (
+    CONSTRAINTS_ATTR,
+    batch_constraint_values,
+    batch_trial_attrs,
+    constraint_values,
+    objective_value,
+    record,
+    trial_attrs,
+)
+from dse.explore.workers import (
+    STOP_WAIT_S,
+    Heartbeat,
+    Interrupted,
+    Stop,
+    WorkerClock,
+    interrupted,
+    reap_stale,
+    run_workers,
+)
 
 # names imported from here by other modules, tests and benchmarks (they moved out by concern)
 __all__ = ["CONSTRAINTS_ATTR", "GRACE_S", "HEARTBEAT_S", "LEGACY_STUDY_NAME", "STOP_WAIT_S", "Interrupted",

@@ -11,10 +11,10 @@ from basis.errors import DseError
 from basis.files import output_folder
 from dse.explore.best import explain_best
 from dse.explore.online import pareto_columns
+from dse.explore.pareto import front_note
 from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.spec import SweepSpec
-from dse.explore.pareto import front_note
 from dse.explore.sweep import front_of, run_sweep, unvalued
 
 

@@ -24,9 +24,9 @@ import numpy as np
 from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
+from dse.core.bands import COVERAGE, band_for, bands_from, covered, family_of_metric
 from dse.core.efficiency import FAMILY_PRIORS, Efficiency, family_of, family_parameters, load_calibration
 from dse.core.engines import default_engine, engine_efficiency, engine_parameters
-from dse.core.bands import COVERAGE, band_for, bands_from, covered, family_of_metric
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
 from dse.present import display
 

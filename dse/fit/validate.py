@@ -66,8 +66,7 @@ from basis.errors import DseError
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
-from dse.core.bands import band_for, covered, shipped_bands
-from dse.core.bands import family_of_metric
+from dse.core.bands import band_for, covered, family_of_metric, shipped_bands
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.core.engines import Engine, engine_efficiency, engine_matching, get_engine
 from dse.present import display

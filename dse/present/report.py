@@ -61,8 +61,19 @@ from dse.explore.online import FRONT_METRICS
 from dse.explore.runio import FrameResults, ResultsFile
 from dse.present.bottleneck import bottleneck
 from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
-from dse.present.document import (HTML, MARKDOWN, Bullets, Code, Document, Figure, Figures, Section, Table, html_page,
-                                  markdown)
+from dse.present.document import (
+    HTML,
+    MARKDOWN,
+    Bullets,
+    Code,
+    Document,
+    Figure,
+    Figures,
+    Section,
+    Table,
+    html_page,
+    markdown,
+)
 from dse.present.drawing import Drawer, Drawn
 from dse.present.plots import THROUGHPUT, breakdown_plot, human, pareto_plot, roofline_plot, sweep_plot, words_of
 from dse.system.analysis import Analysis

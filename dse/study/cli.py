@@ -34,10 +34,10 @@ from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METR
 from dse.system.evaluator import evaluate
 from dse.system.params import SPEC, TABLE, Param
 from dse.system.reasons import MEMORY_CODES
-from hwmodels.template import template_figures
 from hwmodels.formats import FORMATS
 from hwmodels.links import available_links, load_link
 from hwmodels.presets import available_hardware, load_device
+from hwmodels.template import template_figures
 from hwmodels.tiers import available_tiers, load_tier
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError
-from dse.system import reasons as R
-from dse.core.serving import PERCENTILES
 from dse.core.bands import FAMILIES as BAND_FAMILIES
+from dse.core.serving import PERCENTILES
 from dse.core.simulator import simulate, simulate_disaggregated
+from dse.system import reasons as R
 from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, evaluate, prepare, serving_engine
 from dse.system.params import DEFAULTS
 from dse.system.techniques import settings_text

@@ -20,11 +20,11 @@ from dse.core.efficiency import family_of
 from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, constant, factorize, group, per_code, pointwise
 from dse.system.params import PARAMS
+from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import load_link
-from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
 from hwmodels.presets import load_device
 from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
 from hwmodels.tiers import with_host_tier

@@ -32,12 +32,12 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system.columns import Columns, anywhere, group, per_code, pointwise
+from dse.system.params import DEFAULTS
 from dse.system.workload import resolve_model
+from hwmodels.formats import get_format
 from workloads.model import ModelSpec
 from workloads.pruning import parse_prune, prune
 from workloads.quality import quality_loss
-from dse.system.params import DEFAULTS
-from hwmodels.formats import get_format
 from workloads.techniques import Techniques, parse_sparsity, sparsity_text
 
 #: columns that set a point's Techniques

@@ -17,7 +17,6 @@ import numpy as np
 
 from dse.core.roofline import OpArrays, Stacked
 from workloads import optable
-from workloads.optable import NON_LAYER_OPS
 from workloads.footprint import (
     Footprint,
     footprint,
@@ -27,9 +26,9 @@ from workloads.footprint import (
     weight_bytes,
 )
 from workloads.model import ModelSpec, load_model
+from workloads.optable import NON_LAYER_OPS
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
-
 
 
 def resolve_model(value) -> ModelSpec:
