@@ -215,15 +215,8 @@ def step_time(op: OpArrays | Stacked, sys: SystemArrays, eff: Efficiency) -> np.
 
 
 def step_energy_j(op: OpArrays, sys: SystemArrays) -> np.ndarray:
-    """Dynamic energy of one step on one device, J, [P] (``hwmodels.energy``'s linear model,
-    SC'25 Eq. 1 without its cap): every op at the J/op of the class it runs in (vector work at
-    the vector units'), every byte of device-memory traffic at the J/bit of all the levels it
-    crosses, and each byte a collective or point-to-point transfer moves read from one device's
-    memory and written to another's (a ring all-reduce moves 2 (tp - 1) / tp of its message per
-    device). The link's own energy per bit, host-tier (offload) and PIM-internal access energy
-    have no published figure (``configs/technology.yaml`` not_found): offloaded bytes are charged
-    as device-memory traffic, link SerDes energy is left out, and a design with PIM units gets
-    NaN. NaN also where the device has no measured energy profile (``sys.energy_op_j`` NaN)."""
+    """Dynamic energy of one step on one device, J, [P]: what ``roofline.step_energy_j`` says,
+    summed per energy class of the step's work."""
     return energy_j(_step_work(op, op), sys)
 
 
