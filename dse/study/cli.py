@@ -78,8 +78,8 @@ def flag_type(p: Param):
     def parse(text: str):
         if text in q.words:
             return text
-        try:
-            v = int(text) if q.type is int else float(text)
+        try:    # ASCII only: Python's int() and float() also read other scripts' digits ('١٢', but not '²')
+            v = (int(text) if q.type is int else float(text)) if text.isascii() else None
         except ValueError:
             v = None
         x = math.nan if v is None else float(v) if abs(v) <= MAX_FIGURE else math.inf
@@ -99,12 +99,21 @@ _positive_int = flag_type(Param("count", int, group="run"))
 
 def _seed(text: str) -> int:
     try:
-        v = int(text)
+        v = int(text) if text.isascii() else int("not ASCII")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got '{text}'") from None
     if not 0 <= v < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got {v}")
     return v
+
+
+def _folder(text: str) -> str:
+    """An output folder's path as given; ArgumentTypeError for an empty one (it would fall back to the
+    default folder without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty text (leave --out out for "
+                                         "runs/<study name>)")
+    return text
 
 
 def _shown(value) -> str:
@@ -206,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
-    r.add_argument("--out", default=None,
+    r.add_argument("--out", default=None, type=_folder,
                    help="output folder (default: runs/<study name>); the same study run again resumes there")
     r.add_argument("--overwrite", action="store_true",
                    help="delete this run's own files in --out first (results, chunks, reports, Optuna journal) "
@@ -255,9 +264,18 @@ _PROSE = ("hardware", "model", "weights", "activations", "kv", "overlap", "engin
 FLAGS = {p.name: p.flag for p in TABLE if p.flag and p.name not in _PROSE}
 
 
+#: every parameter's flag, the words of ``_PROSE`` included: a message that starts with the name
+#: ('engine: unknown engine ...') is about that flag
+_LEADING = {p.name: p.flag for p in TABLE if p.flag}
+
+
 def flagged(text: str) -> str:
     """``text`` with column names written as the command-line flags that set them (a name in
-    backquotes, such as a study key `flash_attention: false`, stays as it is)."""
+    backquotes, such as a study key `flash_attention: false`, stays as it is); a message that
+    starts with a parameter's name ('engine: ...') starts with its flag."""
+    head, sep, rest = text.partition(": ")
+    if head in _LEADING:            # also a message cut where its verbatim part starts: 'engine'
+        return _LEADING[head] + sep + flagged(rest)
     return re.sub(r"(?<!`)\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
 
@@ -295,10 +313,11 @@ def cmd_analyze(args) -> int:
     if args.simulate:
         print(_simulation_text(res.summary, simulate_point(point_columns(args, args.hardware), args.simulate,
                                                            ideal=args.ideal)))
-    if saturated:
-        print(f"dse.study: error: {ev.reason_text(0)} (it serves at most "
-              f"{display.quantity_text('requests_per_s', res.summary['requests_per_s'])}); allowed remedies: a lower "
-              f"--request-rate, more --devices, a narrower --weights/--kv format", file=sys.stderr)
+    if saturated:       # a result, not an input error: the rate given is more than the design carries
+        most = display.quantity_text("requests_per_s", res.summary["requests_per_s"])
+        print(f"dse.study: note: --request-rate {args.request_rate:g} requests/s saturates this design: it serves "
+              f"at most {most}, so its queue grows without bound and latencies have no steady state; for one, give "
+              f"--request-rate below {most}, or more --devices, a narrower --weights/--kv format", file=sys.stderr)
         return 3
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
@@ -521,7 +540,7 @@ class cli_words:
         if isinstance(e, DseError) and type(e) is DseError:
             text = str(e)
             cut = len(text) if e.verbatim_from is None else e.verbatim_from
-            raise DseError(flagged(text[:cut]).removeprefix("columns: ") + text[cut:]) from None
+            raise DseError(flagged(text[:cut].removeprefix("columns: ")) + text[cut:]) from None
         return False
 
 

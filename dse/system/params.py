@@ -40,6 +40,10 @@ from hwmodels.formats import COMPUTE_CLASSES
 
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
+#: the largest KV-cache page a design point may ask for, in tokens (``kv_block``): 2**20, far above the pages
+#: engines use (vLLM's --block-size choices stop at a few hundred tokens; its default is 16): a page is a part
+#: of a context, not a multiple of the longest one
+MAX_KV_BLOCK = 2**20
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: the value of ``batch`` that asks for the largest batch that fits
@@ -56,8 +60,8 @@ class Param:
     ``type``: int, float, str or bool. ``default``: its value when left out (None: "not given", the
     base preset's figure or a derived value; a numeric parameter without a default may then be NaN
     at a point: ``MAY_BE_MISSING``). The range of a number: positive, or ``zero_allowed`` (>= 0);
-    at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float); ``below`` an upper bound it must stay
-    under; ``at_most_one`` a fraction. ``zero_is_unset``: 0 means "none" (the default), so the
+    at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float), or ``at_most`` where it declares a
+    smaller bound; ``below`` an upper bound it must stay under; ``at_most_one`` a fraction. ``zero_is_unset``: 0 means "none" (the default), so the
     command line, where one leaves the flag out instead, refuses it. ``words``: words taken besides
     numbers (``batch``: 'max'); ``choices``: the only values of a name. ``unit``: the quantity it
     measures for display (a kind of ``dse.present.display.kind_of``: 'bytes', 'bytes_per_s',
@@ -76,6 +80,7 @@ class Param:
     default: object = None
     zero_allowed: bool = False
     below: float | None = None
+    at_most: float | None = None
     at_most_one: bool = False
     zero_is_unset: bool = False
     words: tuple[str, ...] = ()
@@ -99,14 +104,15 @@ class Param:
     def out_of_range(self, values: np.ndarray) -> tuple[np.ndarray, str]:
         """(True where an entry of ``values`` is not allowed, a phrase saying what is): finite, an
         integer for counts, positive (or >= 0 when ``zero_allowed``), at most ``MAX_COUNT`` /
-        ``MAX_FIGURE``, below ``below``, at most 1 for ``at_most_one``. NaN entries are flagged;
+        ``MAX_FIGURE`` (or ``at_most``), below ``below``, at most 1 for ``at_most_one``. NaN entries are flagged;
         callers that accept "not given" mask them out."""
         a = np.asarray(values, dtype=float)
         zero = self.zero_allowed
         with np.errstate(invalid="ignore"):
             if self.type is int:
-                bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
-                return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
+                high = MAX_COUNT if self.at_most is None else self.at_most
+                bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > high)
+                return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {high:,}"
             bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
             if self.below is not None:
                 bad |= a >= self.below
@@ -114,6 +120,9 @@ class Param:
             if self.at_most_one:
                 bad |= a > 1.0
                 return bad, f"a fraction {'>= 0' if zero else '> 0'} and at most 1"
+        if self.at_most is not None:
+            bad |= a > self.at_most
+            return bad, f"a number {'>= 0' if zero else '> 0'} up to {self.at_most:g}"
         return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
 
 
@@ -213,8 +222,8 @@ TABLE: tuple[Param, ...] = (
     Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
           default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
           noun="requests per second"),
-    Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, flag="--kv-block",
-          flag_default=True),
+    Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, at_most=MAX_KV_BLOCK,
+          flag="--kv-block", flag_default=True),
     Param("prefill_chunk", int, default=8192, zero_allowed=True, flag="--prefill-chunk", flag_default=True,
           help="tokens one iteration processes, decode plus prompt chunks (Sarathi-Serve; vLLM's "
                "max_num_batched_tokens); 0: whole prompts, prefill-first"),
@@ -328,4 +337,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "SERVING_MODES", "UNITS", "GROUPS"]
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "SERVING_MODES", "UNITS", "GROUPS"]
