@@ -82,6 +82,8 @@ class Columns:
         if v is None:
             return constant(np.nan, self.n)
         try:
+            if _non_ascii_text(v):       # float() reads other scripts' digits ('١٢'); the command line does not
+                raise ValueError
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
@@ -282,6 +284,17 @@ def _dense_codes(a: np.ndarray) -> np.ndarray:
         import pandas as pd  # large tables come from sweeps, which have pandas loaded already
         return np.asarray(pd.factorize(a)[0], dtype=np.int64)
     return np.unique(a, return_inverse=True)[1].astype(np.int64).ravel()
+
+
+def _non_ascii_text(v) -> bool:
+    """True when ``v`` is text, or an array of text, with a character that is not ASCII."""
+    if isinstance(v, str):
+        return not v.isascii()
+    a = v if isinstance(v, np.ndarray) else None
+    if a is not None and a.dtype.kind in "US" and a.size:
+        return not bool(np.all(np.char.isascii(a))) if hasattr(np.char, "isascii") else \
+            not all(str(x).isascii() for x in a.ravel())
+    return False
 
 
 def _sample(v):
