@@ -279,13 +279,58 @@ def flagged(text: str) -> str:
     return re.sub(r"(?<!`)\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
 
+#: the parameters of continuous batching alone, whose flags have a default: typed at a point that runs one
+#: static batch, they would be left unused without a word
+CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile")
+
+
+def typed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The parameters whose flags ``argv`` gives (``--batch 4``, ``--batch=4``, an abbreviation argparse
+    takes, ``--no-overlap``), by name: what the user typed, told apart from a flag's default."""
+    by_flag = {p.flag: p.name for p in TABLE if p.flag}
+    by_flag.update({f"--no-{f.removeprefix('--')}": n for f, n in list(by_flag.items())})
+    out = set()
+    for tok in argv:
+        if tok == "--":
+            break
+        flag = tok.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        hits = [f for f in by_flag if f == flag] or [f for f in by_flag if f.startswith(flag)]
+        if len(hits) == 1:
+            out.add(by_flag[hits[0]])
+    return frozenset(out)
+
+
+def check_contradictions(args) -> None:
+    """DseError for flags that contradict each other before anything is evaluated: a batch beside a
+    load (--concurrency or --request-rate sets what runs; the batch would be left unused), a
+    speculative-decoding setting without its draft."""
+    typed = getattr(args, "typed", frozenset())
+    load = next((f"--{k.replace('_', '-')}" for k in ("concurrency", "request_rate") if getattr(args, k, None)), None)
+    if "batch" in typed and load:
+        raise DseError(f"--batch and {load}: under a load the requests in flight follow from {load} (capped by "
+                       f"--max-running), and --batch would be left unused; give one of them")
+    if args.spec_draft is None and (args.spec_tokens is not None or args.spec_acceptance is not None):
+        raise DseError("--spec-tokens and --spec-acceptance describe speculative decoding: give its draft too "
+                       "(--spec-draft MODEL, or --spec-draft self:N)")
+
+
+def check_unused(args, modes) -> None:
+    """DseError for a flag of continuous batching alone (``CONTINUOUS_ONLY``) typed where every design
+    point runs one static batch (``modes``: each point's serving mode, as the evaluator decided)."""
+    typed = getattr(args, "typed", frozenset())
+    unused = [SPEC[k].flag for k in CONTINUOUS_ONLY if k in typed]
+    if unused and all(m != "continuous" for m in modes):
+        raise DseError(f"{unused[0]}: a parameter of continuous batching, and this point runs one static batch "
+                       f"(no --concurrency, --request-rate or --serving continuous), so it would be left unused; "
+                       f"give a load, or leave {unused[0]} out")
+
+
 def point_columns(args, hardware) -> dict:
     """The columns of the design point the workload options of ``args`` describe on ``hardware``
     (an option left at None is left out: the evaluator's default, e.g. FlashAttention on where the
     hardware has an on-chip buffer)."""
-    if args.spec_draft is None and (args.spec_tokens is not None or args.spec_acceptance is not None):
-        raise DseError("--spec-tokens and --spec-acceptance describe speculative decoding: give its draft too "
-                       "(--spec-draft MODEL, or --spec-draft self:N)")
     cols = {"model": args.model, "hardware": hardware}
     for p in TABLE:
         if p.flag and p.name not in cols and getattr(args, p.name) is not None:
@@ -294,9 +339,10 @@ def point_columns(args, hardware) -> dict:
 
 
 def cmd_analyze(args) -> int:
-
+    check_contradictions(args)
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
+    check_unused(args, [res.summary.get("serving")])
     saturated = ev.reason_key(0) == "saturated"
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
         raise DseError(flagged(ev.reason_text(0)))
@@ -522,9 +568,11 @@ def compare_from_args(args) -> list[dict]:
     """The rows of ``compare``: the workload of ``args`` on each of ``args.hardware``, one evaluation."""
 
     names = list(dict.fromkeys(args.hardware))
+    check_contradictions(args)
     with cli_words():
         ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
         rows = compare_rows(ev)
+    check_unused(args, [r.get("serving") for r in rows])
     for r, h in zip(rows, names):
         r["source"] = h
     return rows
@@ -708,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         check_flags(parser, sys.argv[1:] if argv is None else list(argv))
         args = parser.parse_args(argv)
+        args.typed = typed_flags(parser, sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:
