@@ -142,7 +142,7 @@ def test_a_pruned_width_below_a_sixteenth_of_the_model_is_refused_with_its_range
                                        rf"{low} to {own}$"):
         prune(m, f"{key}=1")
     if key != "heads" and low > 1:     # the bound itself is taken (heads: a GQA model needs a multiple)
-        assert getattr(prune(m, f"{key}={low}"), "name").endswith(f"{key}={low}]")
+        assert prune(m, f"{key}={low}").name.endswith(f"{key}={low}]")
 
 
 def test_depth_and_kv_heads_may_go_down_to_one():
@@ -243,11 +243,44 @@ def test_a_refusal_from_a_fresh_process_is_one_line_without_a_traceback(argv, wo
     study = _study(tmp_path, SPACE, {"feasible": "max"})
     argv = [str(study) if a == "STUDY" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
     r = subprocess.run([sys.executable, "-m", "dse.study", *argv], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+                       check=False, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("dse.study: error: " + words.replace("STUDY", str(study))), lines[0]
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--batch", "8", "--concurrency", "4"], "--batch and --concurrency: under a load"),
+    (["--batch=max", "--request-rate", "2"], "--batch and --request-rate: under a load"),
+    (["--kv-block", "32"], "--kv-block: a parameter of continuous batching, and this point runs one static batch"),
+    (["--max-running", "8"], "--max-running: a parameter of continuous batching"),
+    (["--prefill-chunk", "4096"], "--prefill-chunk: a parameter of continuous batching"),
+    (["--slo-percentile", "99"], "--slo-percentile: a parameter of continuous batching"),
+    (["--spec-acceptance", "0.5"], "--spec-tokens and --spec-acceptance describe speculative decoding"),
+    (["--offload", "weights=0.5,weights=0.2"], "--offload 'weights=0.5,weights=0.2': weights given twice"),
+    (["--spec-draft", "self:4", "--spec-tokens", str(2**40)],
+     "analyze: argument --spec-tokens: expected a positive integer up to 4,096"),
+    (["--spec-draft", "medusa:5000", "--spec-tokens", "4096"],
+     "--spec-draft: 'medusa:N' takes N, N Medusa heads, from 1 to 4,096"),
+])
+def test_flags_that_contradict_or_would_be_left_unused_are_refused(argv, words, capsys):
+    said = _one_line(*_cli([*ANALYZE, *argv], capsys))
+    assert said.startswith(words), said
+
+
+def test_the_same_flags_under_the_load_they_belong_to_are_taken(capsys):
+    rc, err = _cli([*ANALYZE, "--concurrency", "4", "--kv-block", "32", "--max-running", "8", "--format", "json"],
+                   capsys)
+    assert rc == 0 and not err.strip()
+    rc, err = _cli([*ANALYZE, "--batch", "8", "--format", "json"], capsys)
+    assert rc == 0 and not err.strip()
+
+
+def test_a_continuous_only_flag_on_compare_is_refused_too(capsys):
+    said = _one_line(*_cli(["compare", "--model", "llama-2-7b", "--hardware", "h100-sxm", "l40s", "--kv-block", "32"],
+                           capsys))
+    assert said.startswith("--kv-block: a parameter of continuous batching")
 
 
 def test_an_empty_out_folder_is_refused_not_replaced_by_the_default(capsys):

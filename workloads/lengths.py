@@ -194,7 +194,7 @@ def _parse_lognormal(text: str) -> LengthSpec:
     ``sigma`` beside ``prompt_sigma``/``gen_sigma`` (either would silently win), an empty list after
     the colon, or a value that is not a number from 0 to 4 in ASCII digits."""
     sig = {"prompt_sigma": DEFAULT_SIGMA, "gen_sigma": DEFAULT_SIGMA}
-    head, colon, body = text.partition(":")
+    _, colon, body = text.partition(":")
     items = [s.strip() for s in body.split(",")] if colon else []
     if colon and not any(items):
         raise DseError(f"lengths: got {_cut(text)!r}, nothing after 'lognormal:'; expected 'lognormal', "

@@ -44,6 +44,10 @@ MAX_COUNT = 2**40
 #: engines use (vLLM's --block-size choices stop at a few hundred tokens; its default is 16): a page is a part
 #: of a context, not a multiple of the longest one
 MAX_KV_BLOCK = 2**20
+#: the most tokens a speculative-decoding step may draft (``spec_tokens``): far above the trees verified in
+#: practice (Medusa's and EAGLE's hold tens of candidates), and small enough that a step's token counts stay
+#: exact in the operator tables' integer arithmetic
+MAX_SPEC_TOKENS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: the value of ``batch`` that asks for the largest batch that fits
@@ -281,7 +285,7 @@ TABLE: tuple[Param, ...] = (
           help="speculative decoding: the draft model (see 'list models', or a config.json), run at tp 1 "
                "beside the target, or 'self:N', the target's first N layers (default: none)"),
     Param("spec_tokens", int, help="speculative decoding: tokens drafted per target step (gamma)", default=0,
-          zero_allowed=True, zero_is_unset=True, flag="--spec-tokens"),
+          zero_allowed=True, zero_is_unset=True, at_most=MAX_SPEC_TOKENS, flag="--spec-tokens"),
     Param("spec_acceptance", float, default=0.0, zero_allowed=True, at_most_one=True, flag="--spec-acceptance",
           noun="an acceptance rate",
           help="speculative decoding: the per-token acceptance rate alpha, 0 to 1 (default: 0)"),
@@ -337,4 +341,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "SERVING_MODES", "UNITS", "GROUPS"]
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "SERVING_MODES", "UNITS", "GROUPS"]

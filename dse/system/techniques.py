@@ -36,7 +36,7 @@ from dse.system.workload import resolve_model
 from workloads.model import ModelSpec
 from workloads.pruning import parse_prune, prune
 from workloads.quality import quality_loss
-from dse.system.params import DEFAULTS
+from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from hwmodels.formats import get_format
 from workloads.techniques import Techniques, parse_sparsity, sparsity_text
 
@@ -80,6 +80,9 @@ def parse_draft(value) -> Draft | None:
             if not (n.isascii() and n.isdigit() and len(n) <= 12) or int(n) < 1:
                 raise DseError(f"spec_draft: '{kind}:N' takes N, {what} (a positive integer), got "
                                f"{text if len(text) <= 40 else text[:39] + '…'!r}")
+            if kind == "medusa" and int(n) > MAX_SPEC_TOKENS:       # each head drafts a token: spec_tokens' bound
+                raise DseError(f"spec_draft: 'medusa:N' takes N, {what}, from 1 to {MAX_SPEC_TOKENS:,} (the most "
+                               f"tokens spec_tokens verifies), got {int(n):,}")
             return Draft(text.lower(), **({"layers": int(n)} if kind == "self" else {"heads": int(n)}))
     return Draft(text, model=resolve_model(text))
 
