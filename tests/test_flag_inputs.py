@@ -292,3 +292,21 @@ def test_kv_block_numbers_are_declared_once():
     # the flag's check is the column's: one declaration, so no second bound can drift from it
     bad, allowed = SPEC["kv_block"].out_of_range(np.array([2**20, 2**20 + 1, 0]))
     assert bad.tolist() == [False, True, True] and allowed == "a positive integer up to 1,048,576"
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"memory_capacity": 40e9, "memory_stacks": 6}, "memory_capacity and memory_stacks: two spellings of one figure"),
+    ({"memory_bandwidth": 2e12, "memory_type": "hbm3e"}, "memory_bandwidth and memory_type: two spellings"),
+    ({"peak_fp16": 1e15, "cores": [100, 120]}, "peak_fp16 and cores: two spellings"),
+    ({"tdp_w": 500, "power_limit_w": 600}, "tdp_w and power_limit_w: two spellings"),
+])
+def test_a_space_that_sets_one_figure_twice_is_refused(given, words):
+    # the explicit figure used to win over the template's without a word (memory_stacks 6 of h100-sxm: 96 GiB,
+    # memory_capacity 40 GB: 40 GB modelled)
+    with pytest.raises(DseError, match=rf"^s\.yaml: space: {words}"):
+        evaluate({**POINT, **given}, where="s.yaml: space")
+
+
+def test_a_template_change_beside_another_figure_is_taken():
+    ev = evaluate({**POINT, "memory_capacity": 40e9, "cores": 100})
+    assert ev["capacity_bytes"][0] == 40e9

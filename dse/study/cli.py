@@ -30,14 +30,21 @@ from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
-from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
+from dse.system.analysis import (
+    ENERGY_COST_METRICS,
+    MAX_SIMULATED,
+    ROW_KEYS,
+    SERVING_LOAD_METRICS,
+    analyze_point,
+    simulate_point,
+)
 from dse.system.evaluator import evaluate
 from dse.system.params import SPEC, TABLE, Param
 from dse.system.reasons import MEMORY_CODES
-from hwmodels.template import template_figures
 from hwmodels.formats import FORMATS
 from hwmodels.links import available_links, load_link
 from hwmodels.presets import available_hardware, load_device
+from hwmodels.template import template_figures
 from hwmodels.tiers import available_tiers, load_tier
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
@@ -93,8 +100,11 @@ def flag_type(p: Param):
     return parse
 
 
-#: the argparse ``type`` of a positive count that is no parameter (--simulate, --trials, --workers)
+#: the argparse ``type`` of a positive count that is no parameter (--trials, --workers)
 _positive_int = flag_type(Param("count", int, group="run"))
+#: the argparse ``type`` of --simulate: requests, at most what the simulator runs (``MAX_SIMULATED``;
+#: its lower bound, 10, is the simulator's own check)
+_requests = flag_type(Param("simulate", int, group="run", at_most=MAX_SIMULATED, noun="a number of requests"))
 
 
 def _seed(text: str) -> int:
@@ -208,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = command("analyze", "per-operator roofline of a prefill and a decode step")
     _add_workload_args(a)
-    a.add_argument("--simulate", type=_positive_int, default=None, metavar="N",
+    a.add_argument("--simulate", type=_requests, default=None, metavar="N",
                    help="also run N requests through the discrete-event simulator of the same engine and print "
                         "its metrics beside the steady-state model's (continuous batching only; N from 10)")
     add_flag(a, SPEC["hardware"])
@@ -284,7 +294,7 @@ def flagged(text: str) -> str:
 CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile")
 
 
-def typed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+def typed_flags(argv: list[str]) -> frozenset[str]:
     """The parameters whose flags ``argv`` gives (``--batch 4``, ``--batch=4``, an abbreviation argparse
     takes, ``--no-overlap``), by name: what the user typed, told apart from a flag's default."""
     by_flag = {p.flag: p.name for p in TABLE if p.flag}
@@ -756,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         check_flags(parser, sys.argv[1:] if argv is None else list(argv))
         args = parser.parse_args(argv)
-        args.typed = typed_flags(parser, sys.argv[1:] if argv is None else list(argv))
+        args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:

@@ -13,7 +13,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, REQUIRED, SPEC, out_of_range
+from dse.system.params import (
+    BATCH_MAX,
+    DEFAULTS,
+    DERIVED_FROM,
+    MAY_BE_MISSING,
+    PARAMS,
+    REQUIRED,
+    SPEC,
+    out_of_range,
+)
 
 
 def _is_array(v) -> bool:
@@ -32,6 +41,11 @@ class Columns:
         for key in REQUIRED:
             if key not in columns:
                 raise DseError(f"{where}: '{key}' is required")
+        for figure, sources in DERIVED_FROM.items():      # two spellings of one figure: one would win unsaid
+            both = [s for s in sources if s in columns]
+            if figure in columns and both:
+                raise DseError(f"{where}: {figure} and {both[0]}: two spellings of one figure: {both[0]} sets "
+                               f"{figure} through the preset's template, and {figure} gives it; give one of them")
         self.where = where
         cols = {}
         n = None

@@ -74,7 +74,8 @@ class Param:
     Python only); ``flag_default``: the option's default is ``default`` (stated by --help), else it
     is left out unless given (the evaluator decides; ``help`` says what happens); ``noun``: what
     a value is, for the option's error message; ``metavar``: the option's value in --help.
-    ``help``: what it is, in its unit. ``required``: every design point names one.
+    ``help``: what it is, in its unit. ``required``: every design point names one. ``derived_from``: the
+    template parameters that also set this figure (a point may not give both: two spellings of one figure).
     """
 
     name: str
@@ -95,6 +96,7 @@ class Param:
     noun: str = ""
     metavar: str | None = None
     required: bool = False
+    derived_from: tuple[str, ...] = ()
 
     @property
     def numeric(self) -> bool:
@@ -139,6 +141,10 @@ def _cost(name: str, help_: str, **kw) -> Param:
 
 
 _CONFIG_ECONOMICS = "(default: configs/economics.yaml, cited)"
+#: the template parameters that set a preset's compute peaks and its device memory
+#: (``hwmodels.template.template_device``)
+_COMPUTE = ("cores", "clock_hz")
+_MEMORY = ("memory_stacks", "memory_type")
 
 #: every parameter, once: hardware, then workload, then cost (the order of ``PARAMS``)
 TABLE: tuple[Param, ...] = (
@@ -146,11 +152,12 @@ TABLE: tuple[Param, ...] = (
     _hardware("hardware", str, "hardware preset (see 'list hardware') or a preset YAML path", flag="--hardware",
               required=True),
     *(_hardware(f"peak_{c}", float, f"dense peak of the {c} compute class, ops/s (a multiply-accumulate is 2 ops)",
-                unit="ops_per_s") for c in COMPUTE_CLASSES),
+                unit="ops_per_s", derived_from=_COMPUTE) for c in COMPUTE_CLASSES),
     _hardware("compute_scale", float, "factor on every compute peak of the preset"),
-    _hardware("vector_ops_per_s", float, "peak of the vector units, ops/s", unit="ops_per_s"),
-    _hardware("memory_bandwidth", float, "bandwidth of device memory, bytes/s", unit="bytes_per_s"),
-    _hardware("memory_capacity", float, "capacity of device memory, bytes", unit="bytes"),
+    _hardware("vector_ops_per_s", float, "peak of the vector units, ops/s", unit="ops_per_s", derived_from=_COMPUTE),
+    _hardware("memory_bandwidth", float, "bandwidth of device memory, bytes/s", unit="bytes_per_s",
+              derived_from=_MEMORY),
+    _hardware("memory_capacity", float, "capacity of device memory, bytes", unit="bytes", derived_from=_MEMORY),
     _hardware("onchip_buffer_bytes", float, "on-chip buffer that FlashAttention tiles in, bytes (0: none)",
               zero_allowed=True, unit="bytes"),
     _hardware("link", str, "scale-up link preset replacing the device's (see 'list links'; default: the preset's)",
@@ -168,7 +175,7 @@ TABLE: tuple[Param, ...] = (
     _hardware("pim_multiple", float, "internal bandwidth of processing-in-memory as a multiple of the external"),
     _hardware("pim_peak", float, "compute peak of processing-in-memory, ops/s", unit="ops_per_s"),
     _hardware("native_formats", str, "the formats the device computes natively, comma-separated"),
-    _hardware("tdp_w", float, "thermal design power of one device, W", unit="watts"),
+    _hardware("tdp_w", float, "thermal design power of one device, W", unit="watts", derived_from=("power_limit_w",)),
     _hardware("price_usd", float, "price of one device in $ (default: the preset's cited price, if any)",
               unit="dollars", flag="--price-usd", noun="an amount in $"),
     _hardware("static_power_w", float, "static (idle) power of one device in W (default: the preset's cited figure "
@@ -329,6 +336,8 @@ AT_MOST_ONE = tuple(p.name for p in TABLE if p.at_most_one)
 MAY_BE_MISSING = tuple(p.name for p in TABLE if p.may_be_missing)
 #: parameters every design point must name
 REQUIRED = tuple(p.name for p in TABLE if p.required)
+#: figures a template parameter also sets: figure -> those parameters (a point gives one spelling)
+DERIVED_FROM = {p.name: p.derived_from for p in TABLE if p.derived_from}
 #: the quantity each parameter measures, for display (``dse.present.display.kind_of``; None: shown as it is)
 UNITS = {p.name: p.unit for p in TABLE}
 
@@ -341,4 +350,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "SERVING_MODES", "UNITS", "GROUPS"]
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "UNITS", "GROUPS"]
