@@ -206,6 +206,14 @@ def test_a_saturated_request_rate_is_a_note_naming_the_flag_the_rate_and_the_mos
                                f"at most {most:.3g}"), lines[0]
 
 
+def test_a_saturated_request_rate_on_compare_names_the_flag_and_the_most_each_design_serves(capsys):
+    said = _one_line(*_cli(["compare", "--model", "llama-2-7b", "--hardware", "h100-sxm", "l40s", "--request-rate",
+                            "1e6"], capsys))
+    most = evaluate({**POINT, "hardware": ["h100-sxm", "l40s"], "request_rate": 1e6})["requests_per_s"]
+    assert said.startswith(f"--request-rate 1e+06 requests/s saturates h100-sxm (it serves at most {most[0]:.3g} "
+                           f"requests/s), l40s (it serves at most {most[1]:.3g} requests/s)"), said
+
+
 def _study(tmp_path: Path, space: dict, objectives=None) -> Path:
     f = tmp_path / "bad-study.yaml"
     f.write_text(yaml.safe_dump({"name": "bad", "space": space,

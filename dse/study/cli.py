@@ -581,6 +581,12 @@ def compare_from_args(args) -> list[dict]:
     check_contradictions(args)
     with cli_words():
         ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
+        saturated = [i for i in range(len(names)) if ev.reason_key(i) == "saturated"]
+        if saturated:              # the rate given, and the most each saturated design serves
+            most = ", ".join(f"{names[i]} (it serves at most "
+                             f"{display.quantity_text('requests_per_s', ev['requests_per_s'][i])})" for i in saturated)
+            raise DseError(f"--request-rate {args.request_rate:g} requests/s saturates {most}: a queue that grows "
+                           f"without bound has no steady state to compare; give a --request-rate below that")
         rows = compare_rows(ev)
     check_unused(args, [r.get("serving") for r in rows])
     for r, h in zip(rows, names):
