@@ -318,3 +318,11 @@ def test_a_space_that_sets_one_figure_twice_is_refused(given, words):
 def test_a_template_change_beside_another_figure_is_taken():
     ev = evaluate({**POINT, "memory_capacity": 40e9, "cores": 100})
     assert ev["capacity_bytes"][0] == 40e9
+
+
+def test_a_page_that_leaves_no_room_for_one_request_names_kv_block_among_the_remedies(capsys):
+    rc, err = _cli([*ANALYZE, "--kv", "fp16", "--concurrency", "2", "--kv-block", str(2**20), "--format", "json"],
+                   capsys)
+    lines = err.strip().splitlines()
+    assert rc == 3 and len(lines) == 1 and "Traceback" not in err
+    assert "(--kv-block tokens each)" in lines[0] and lines[0].endswith("a smaller --kv-block (now 1,048,576)")

@@ -377,9 +377,11 @@ def cmd_analyze(args) -> int:
         return 3
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
-        print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
+        why = flagged(res.summary.get("why", ""))
+        pages = f", a smaller --kv-block (now {args.kv_block:,})" if "less than one request" in why else ""
+        print(f"dse.study: error: does not fit: {why} ({where}: memory_tiers[0].capacity_bytes"
               f"{', host_memory.capacity_bytes' if offload.strip().lower() != 'none' else ''}); allowed remedies: --offload greedy, "
-              f"more --devices, a narrower --weights/--kv format, a smaller --batch", file=sys.stderr)
+              f"more --devices, a narrower --weights/--kv format, a smaller --batch{pages}", file=sys.stderr)
         return 3
     return 0
 
