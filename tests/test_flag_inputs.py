@@ -326,3 +326,11 @@ def test_a_page_that_leaves_no_room_for_one_request_names_kv_block_among_the_rem
     lines = err.strip().splitlines()
     assert rc == 3 and len(lines) == 1 and "Traceback" not in err
     assert "(--kv-block tokens each)" in lines[0] and lines[0].endswith("a smaller --kv-block (now 1,048,576)")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--host-cpu", ""], "--host-cpu: unknown hardware ''"),
+    (["--host-tier", ""], "--host-tier: unknown tier ''"),
+])
+def test_a_host_preset_that_cannot_be_loaded_names_its_flag(argv, words, capsys):
+    assert _one_line(*_cli([*ANALYZE, *argv], capsys)).startswith(words)

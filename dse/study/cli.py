@@ -326,6 +326,19 @@ def check_contradictions(args) -> None:
                        "(--spec-draft MODEL, or --spec-draft self:N)")
 
 
+def check_named(args) -> None:
+    """DseError naming the flag of a preset that cannot be loaded (--host-cpu, --host-tier): the loaders'
+    own messages ('unknown hardware ...') do not say which flag gave the name, and --host-cpu names
+    hardware beside --hardware."""
+    for flag, name, load in (("--host-cpu", getattr(args, "host_cpu", None), load_device),
+                             ("--host-tier", getattr(args, "host_tier", None), load_tier)):
+        if name is not None:
+            try:
+                load(name)
+            except DseError as e:
+                raise DseError(f"{flag}: {e}") from None
+
+
 def check_unused(args, modes) -> None:
     """DseError for a flag of continuous batching alone (``CONTINUOUS_ONLY``) typed where every design
     point runs one static batch (``modes``: each point's serving mode, as the evaluator decided)."""
@@ -350,6 +363,7 @@ def point_columns(args, hardware) -> dict:
 
 def cmd_analyze(args) -> int:
     check_contradictions(args)
+    check_named(args)
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
     check_unused(args, [res.summary.get("serving")])
@@ -581,6 +595,7 @@ def compare_from_args(args) -> list[dict]:
 
     names = list(dict.fromkeys(args.hardware))
     check_contradictions(args)
+    check_named(args)
     with cli_words():
         ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
         saturated = [i for i in range(len(names)) if ev.reason_key(i) == "saturated"]
