@@ -65,7 +65,8 @@ class Param:
     base preset's figure or a derived value; a numeric parameter without a default may then be NaN
     at a point: ``MAY_BE_MISSING``). The range of a number: positive, or ``zero_allowed`` (>= 0);
     at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float), or ``at_most`` where it declares a
-    smaller bound; ``below`` an upper bound it must stay under; ``at_most_one`` a fraction. ``zero_is_unset``: 0 means "none" (the default), so the
+    smaller bound; ``below`` an upper bound it must stay under; ``at_most_one`` a fraction.
+    ``zero_is_unset``: 0 means "none" (the default), so the
     command line, where one leaves the flag out instead, refuses it. ``words``: words taken besides
     numbers (``batch``: 'max'); ``choices``: the only values of a name. ``unit``: the quantity it
     measures for display (a kind of ``dse.present.display.kind_of``: 'bytes', 'bytes_per_s',
@@ -350,4 +351,5 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "UNITS", "GROUPS"]
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES",
+           "UNITS", "GROUPS"]
