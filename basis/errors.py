@@ -24,7 +24,7 @@ def as_number(v, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise DseError(f"{where}: expected a number, got {_short(v)}")
     try:
-        x = float(v)
+        x = float(v) if not isinstance(v, str) or v.isascii() else float("not ASCII")   # float() reads '١٢'
     except (ValueError, OverflowError):
         raise DseError(f"{where}: expected a finite number, got {_short(v)}") from None
     if not math.isfinite(x):

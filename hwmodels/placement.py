@@ -40,8 +40,10 @@ def parse_policy(text) -> str | dict:
         if not eq or key not in CLASSES:
             raise DseError(f"offload '{text}': expected none, greedy, or fractions like weights=0.5,kv=0.2 "
                            f"(classes: {', '.join(CLASSES)})")
+        if key in out:          # else the last would win without a word
+            raise DseError(f"offload '{text}': {key} given twice; give each class once")
         try:
-            f = float(val)
+            f = float(val) if val.isascii() else float("not ASCII")     # float() reads '١'
         except ValueError:
             raise DseError(f"offload '{text}': {key} fraction '{val}' is not a number") from None
         if not 0 <= f <= 1:

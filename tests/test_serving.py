@@ -177,7 +177,7 @@ def test_steady_state_agrees_with_the_simulator(cols, kind):
 
 def test_a_cache_that_holds_no_request_and_a_budget_below_the_running_limit_are_refused():
     from basis.errors import DseError
-    ev = evaluate({**SMALL, "concurrency": 2, "kv_block": [16, 10**8]})
+    ev = evaluate({**SMALL, "kv": "fp16", "concurrency": 2, "kv_block": [16, 2**20]})   # 2**20: the largest page
     assert ev["feasible"][0] and ev.reason_key(1) == "device_memory" and "less than one request" in ev.reason_text(1)
     with pytest.raises(DseError, match=r"study\.yaml: space: prefill_chunk: .*\(512\) must be at least max_running"):
         evaluate({**SMALL, "concurrency": 4, "prefill_chunk": 512}, where="study.yaml: space")

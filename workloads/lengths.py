@@ -190,23 +190,42 @@ def parse_lengths(spec) -> LengthSpec:
 
 
 def _parse_lognormal(text: str) -> LengthSpec:
-    """A lognormal LengthSpec from ``lognormal[:key=value,...]``."""
+    """A lognormal LengthSpec from ``lognormal[:key=value,...]``; DseError for a key given twice, or
+    ``sigma`` beside ``prompt_sigma``/``gen_sigma`` (either would silently win), an empty list after
+    the colon, or a value that is not a number from 0 to 4 in ASCII digits."""
     sig = {"prompt_sigma": DEFAULT_SIGMA, "gen_sigma": DEFAULT_SIGMA}
-    body = text.partition(":")[2]
-    for item in filter(None, (s.strip() for s in body.split(","))):
+    _, colon, body = text.partition(":")
+    items = [s.strip() for s in body.split(",")] if colon else []
+    if colon and not any(items):
+        raise DseError(f"lengths: got {_cut(text)!r}, nothing after 'lognormal:'; expected 'lognormal', "
+                       f"'lognormal:sigma=S' or 'lognormal:prompt_sigma=S,gen_sigma=S'")
+    seen: list[str] = []
+    for item in filter(None, items):
         key, _, value = item.partition("=")
         key = key.strip()
         if key not in ("sigma", "prompt_sigma", "gen_sigma"):
-            raise DseError(f"lengths: unknown lognormal parameter {key!r}; allowed: sigma, prompt_sigma, gen_sigma")
+            raise DseError(f"lengths: unknown lognormal parameter {_cut(key)!r}; allowed: sigma, prompt_sigma, "
+                           f"gen_sigma")
+        if key in seen or (key == "sigma" and seen) or (seen == ["sigma"]):
+            both = key if key in seen else f"{seen[0]} and {key}"
+            raise DseError(f"lengths: {both} given {'twice' if key in seen else 'together'} in {_cut(text)!r}; "
+                           f"give each sigma once: 'lognormal:sigma=S' (both lengths) or "
+                           f"'lognormal:prompt_sigma=S,gen_sigma=S'")
+        seen.append(key)
         try:
-            v = float(value)
+            v = float(value) if value.isascii() else math.nan     # float() also reads other scripts' digits
         except ValueError:
             v = math.nan
         if not (math.isfinite(v) and 0 <= v <= 4):
-            raise DseError(f"lengths: lognormal {key} must be a number from 0 to 4, got {value.strip()!r}")
+            raise DseError(f"lengths: lognormal {key} must be a number from 0 to 4, got {_cut(value.strip())!r}")
         for k in (("prompt_sigma", "gen_sigma") if key == "sigma" else (key,)):
             sig[k] = v
     return LengthSpec("lognormal", sig["prompt_sigma"], sig["gen_sigma"])
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters, for one-line messages."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 @lru_cache(maxsize=64)

@@ -30,7 +30,13 @@ heads, experts; widths in elements):
   experts are experts of that width (its config derives their width from it) and follow; Qwen-MoE's
   shared expert has its own width and stays.
 
-Pruning never grows a model: every value is at most the model's own. Multi-head latent attention
+Pruning never grows a model: every value is at most the model's own. Nor does it leave a degenerate
+one: each width (``hidden``, ``heads``, ``head_dim``, ``intermediate``, ``moe_intermediate``) keeps at
+least 1/``MAX_NARROWING`` of the model's own (``hidden=1`` of Llama's 4096 is refused). Published
+structured prunings stay far inside that: Sheared-LLaMA keeps half of Llama-2-7B's hidden size, heads
+and MLP width, Minitron three quarters of Llama-3.1-8B's. Depth (``layers``: a self-speculating draft is
+the first few layers), ``kv_heads`` (down to one: multi-query attention) and ``experts`` (at least the
+top-k) have their own bounds. Multi-head latent attention
 (DeepSeek-V2/V3): ``layers``, ``hidden``, ``heads``, ``intermediate``, ``experts`` and
 ``moe_intermediate`` are supported (the latent ranks and the per-head query/key/value sizes stay);
 ``kv_heads`` (MLA caches a latent, not KV heads) and ``head_dim`` (it is qk_nope_head_dim +
@@ -61,6 +67,10 @@ _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _EXAMPLE = "e.g. 'layers=24,hidden=2048,heads=16,intermediate=5504'"
 _ALLOWED = f"expected 'none' or key=value pairs separated by commas, keys from {', '.join(PRUNE_KEYS)} ({_EXAMPLE})"
 _POSITIVE = "expected a positive integer (1 to 2**40)"
+#: a pruning keeps each width at least 1/MAX_NARROWING of the model's own (module docstring)
+MAX_NARROWING = 16
+#: the widths that bound applies to
+_WIDTHS = ("hidden", "heads", "head_dim", "intermediate", "moe_intermediate")
 
 
 def _shown(v, limit: int = 40) -> str:
@@ -136,7 +146,8 @@ def prune(model: ModelSpec, spec: dict | str, where: str = "prune") -> ModelSpec
     parse_prune, or its text; the module docstring says what each key sets), frozen and hashable
     like any ModelSpec. Its ``name`` is ``{name}[pruned {key=value,...}]`` and its ``source`` notes
     the transform. {} or 'none' returns ``model`` itself. Raises DseError, one line naming
-    ``where`` and the key, for a value above the model's own (pruning never grows a model), heads
+    ``where`` and the key, for a value above the model's own (pruning never grows a model), a width
+    below 1/``MAX_NARROWING`` of it (a degenerate model), heads
     that KV heads do not divide, experts below the top-k, a key the model has no such dimension
     for, or one its attention (MLA) does not support."""
     dims = parse_prune(spec, where) if isinstance(spec, str) else _checked(spec, where)
@@ -170,6 +181,10 @@ def prune(model: ModelSpec, spec: dict | str, where: str = "prune") -> ModelSpec
         if v > own:
             raise fail(key, f"got {v}, more than model '{m.name}' has ({own}); pruning never grows a model: "
                        f"expected an integer from 1 to {own}")
+        low = -(-own // MAX_NARROWING)
+        if key in _WIDTHS and v < low:
+            raise fail(key, f"got {v}, a degenerate model: more than {MAX_NARROWING}x narrower than model "
+                       f"'{m.name}' ({own}); expected an integer from {low} to {own}")
 
     layers = dims.get("layers", m.num_layers)
     heads = dims.get("heads", m.num_heads)

@@ -115,16 +115,14 @@ NONE = Techniques()
 
 
 def parse_sparsity(text, where: str = "sparsity") -> tuple:
-    """(N, M) of an ``N:M`` text (N < M, M a power of two up to 64), () for ``none``;
-    DseError naming ``where`` and what is allowed."""
+    """(N, M) of an ``N:M`` text (ASCII digits, N < M, M a power of two up to 64), () for ``none`` (or
+    ``dense``); DseError naming ``where`` and what is allowed (an empty text included)."""
     s = str(text).strip().lower()
-    if s in ("none", "", "dense"):
+    if s in ("none", "dense"):
         return ()
     head, sep, tail = s.partition(":")
-    try:
-        n, m = int(head), int(tail)
-    except ValueError:
-        n = m = 0
+    n = int(head) if head.isascii() and head.isdigit() else 0      # ASCII digits only ('١:٤', '²:4': refused)
+    m = int(tail) if tail.isascii() and tail.isdigit() else 0
     if not sep or not (0 < n < m <= 64) or m & (m - 1):
         raise DseError(f"{where}: expected 'none' or 'N:M' (N of every M weights kept, 0 < N < M, M a power of "
                        f"two up to 64, e.g. '2:4'), got {text!r}")

@@ -118,7 +118,11 @@ def get_engine(name: str, what: str = "engine") -> Engine:
     key = str(name).strip().lower()
     found = engines().get(default_engine() if key == "default" else key)
     if found is None:
-        raise DseError(f"{what}: unknown engine {name!r}; known: default ({default_engine()}), {', '.join(engines())}")
+        why = (" (an empty name)" if not key else
+               " (a path: an engine is a profile's name in configs/engines.yaml, see 'list engines', not a file)"
+               if "/" in key or "\\" in key or key.endswith((".yaml", ".yml", ".json")) else "")
+        raise DseError(f"{what}: unknown engine {name!r}{why}; known: default ({default_engine()}), "
+                       f"{', '.join(engines())}")
     return found
 
 

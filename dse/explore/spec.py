@@ -32,7 +32,8 @@ SAMPLE_ROWS = 100_000
 class SweepSpec:
     """What to sweep and how.
 
-    objectives: {name: 'min'|'max'} over metrics or parameters.
+    objectives: {name: 'min'|'max'} over metrics or numeric parameters; a study file's must name at least
+    one (an empty mapping is refused; left out in Python, None: a sweep that ranks nothing).
     constraints: {metric: {'min': x} | {'max': x}} on top of fitting in memory.
     """
 
@@ -40,7 +41,7 @@ class SweepSpec:
     method: str = "grid"
     samples: int | None = None
     seed: int = 0
-    objectives: dict = field(default_factory=dict)
+    objectives: dict | None = None
     constraints: dict = field(default_factory=dict)
     chunk_size: int = 250_000
     max_points: int = 10_000_000
@@ -84,14 +85,7 @@ class SweepSpec:
                 raise DseError(f"{where}: trials: an optuna study needs a positive number of trials")
             if not self.objectives:
                 raise DseError(f"{where}: objectives: an optuna study needs at least one objective")
-        numeric = [k for k, kind in PARAMS.items() if kind in (int, float)]
-        for k, sense in self.objectives.items():
-            if k not in METRICS and k not in numeric and k != "feasible":
-                what = "a name or a switch, which has no order" if k in PARAMS else "unknown metric or parameter"
-                raise DseError(f"{where}: objectives.{k}: {what}; allowed: {', '.join(METRICS)} or a numeric "
-                               f"parameter ({', '.join(numeric)})")
-            if sense not in ("min", "max"):
-                raise DseError(f"{where}: objectives.{k}: expected min or max, got {sense!r}")
+        self._check_objectives()
         for k, bound in self.constraints.items():
             if k not in METRICS:
                 raise DseError(f"{where}: constraints.{k}: unknown metric; allowed: {', '.join(METRICS)}")
@@ -109,6 +103,33 @@ class SweepSpec:
         if self.points > self.max_points:
             raise DseError(f"{where}: the space has {self.points:,} points, more than max_points "
                            f"{self.max_points:,}; narrow it or raise max_points")
+
+    def _check_objectives(self) -> None:
+        """DseError, one line naming the study (``where``), the key and the metrics allowed, for an
+        empty mapping of objectives, an objective that is no numeric metric or parameter (``feasible``
+        included: a design is feasible or not, which ranks nothing), or a sense other than min or max.
+        ``None`` (objectives left out in Python) is no objective."""
+        where, given = self.where, self.objectives
+        numeric = [k for k, kind in PARAMS.items() if kind in (int, float)]
+        allowed = f"allowed: {', '.join(METRICS)} or a numeric parameter ({', '.join(numeric)})"
+        if given is None:
+            self.objectives = {}
+            return
+        if not isinstance(given, dict):
+            raise DseError(f"{where}: objectives: expected a mapping of metrics to min or max, got "
+                           f"{type(given).__name__}; {allowed}")
+        if not given:
+            raise DseError(f"{where}: objectives: none given; a study ranks its designs by at least one, e.g. "
+                           f"{{output_tokens_per_s: max}}; {allowed}")
+        for k, sense in given.items():
+            if k == "feasible":
+                raise DseError(f"{where}: objectives.feasible: not a metric to rank by (a design is feasible or "
+                               f"not; feasible designs are the ones ranked, and constraints narrow them); {allowed}")
+            if not isinstance(k, str) or (k not in METRICS and k not in numeric):
+                what = "a name or a switch, which has no order" if k in PARAMS else "unknown metric or parameter"
+                raise DseError(f"{where}: objectives.{k}: {what}; {allowed}")
+            if sense not in ("min", "max"):
+                raise DseError(f"{where}: objectives.{k}: expected min or max, got {sense!r}")
 
     @property
     def points(self) -> int:

@@ -30,7 +30,14 @@ from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
 from dse.study import calibration_cli
 from dse.study.studyfile import available_studies, load_study
-from dse.system.analysis import ENERGY_COST_METRICS, ROW_KEYS, SERVING_LOAD_METRICS, analyze_point, simulate_point
+from dse.system.analysis import (
+    ENERGY_COST_METRICS,
+    MAX_SIMULATED,
+    ROW_KEYS,
+    SERVING_LOAD_METRICS,
+    analyze_point,
+    simulate_point,
+)
 from dse.system.evaluator import evaluate
 from dse.system.params import SPEC, TABLE, Param
 from dse.system.reasons import MEMORY_CODES
@@ -78,8 +85,8 @@ def flag_type(p: Param):
     def parse(text: str):
         if text in q.words:
             return text
-        try:
-            v = int(text) if q.type is int else float(text)
+        try:    # ASCII only: Python's int() and float() also read other scripts' digits ('١٢', but not '²')
+            v = (int(text) if q.type is int else float(text)) if text.isascii() else None
         except ValueError:
             v = None
         x = math.nan if v is None else float(v) if abs(v) <= MAX_FIGURE else math.inf
@@ -93,18 +100,30 @@ def flag_type(p: Param):
     return parse
 
 
-#: the argparse ``type`` of a positive count that is no parameter (--simulate, --trials, --workers)
+#: the argparse ``type`` of a positive count that is no parameter (--trials, --workers)
 _positive_int = flag_type(Param("count", int, group="run"))
+#: the argparse ``type`` of --simulate: requests, at most what the simulator runs (``MAX_SIMULATED``;
+#: its lower bound, 10, is the simulator's own check)
+_requests = flag_type(Param("simulate", int, group="run", at_most=MAX_SIMULATED, noun="a number of requests"))
 
 
 def _seed(text: str) -> int:
     try:
-        v = int(text)
+        v = int(text) if text.isascii() else int("not ASCII")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got '{text}'") from None
     if not 0 <= v < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got {v}")
     return v
+
+
+def _folder(text: str) -> str:
+    """An output folder's path as given; ArgumentTypeError for an empty one (it would fall back to the
+    default folder without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty text (leave --out out for "
+                                         "runs/<study name>)")
+    return text
 
 
 def _shown(value) -> str:
@@ -199,14 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = command("analyze", "per-operator roofline of a prefill and a decode step")
     _add_workload_args(a)
-    a.add_argument("--simulate", type=_positive_int, default=None, metavar="N",
+    a.add_argument("--simulate", type=_requests, default=None, metavar="N",
                    help="also run N requests through the discrete-event simulator of the same engine and print "
                         "its metrics beside the steady-state model's (continuous batching only; N from 10)")
     add_flag(a, SPEC["hardware"])
     a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
     r.add_argument("study", help="study name (see 'list studies') or path to a study YAML file")
-    r.add_argument("--out", default=None,
+    r.add_argument("--out", default=None, type=_folder,
                    help="output folder (default: runs/<study name>); the same study run again resumes there")
     r.add_argument("--overwrite", action="store_true",
                    help="delete this run's own files in --out first (results, chunks, reports, Optuna journal) "
@@ -255,19 +274,86 @@ _PROSE = ("hardware", "model", "weights", "activations", "kv", "overlap", "engin
 FLAGS = {p.name: p.flag for p in TABLE if p.flag and p.name not in _PROSE}
 
 
+#: every parameter's flag, the words of ``_PROSE`` included: a message that starts with the name
+#: ('engine: unknown engine ...') is about that flag
+_LEADING = {p.name: p.flag for p in TABLE if p.flag}
+
+
 def flagged(text: str) -> str:
     """``text`` with column names written as the command-line flags that set them (a name in
-    backquotes, such as a study key `flash_attention: false`, stays as it is)."""
+    backquotes, such as a study key `flash_attention: false`, stays as it is); a message that
+    starts with a parameter's name ('engine: ...') starts with its flag."""
+    head, sep, rest = text.partition(": ")
+    if head in _LEADING:            # also a message cut where its verbatim part starts: 'engine'
+        return _LEADING[head] + sep + flagged(rest)
     return re.sub(r"(?<!`)\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
+
+
+#: the parameters of continuous batching alone, whose flags have a default: typed at a point that runs one
+#: static batch, they would be left unused without a word
+CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile")
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The parameters whose flags ``argv`` gives (``--batch 4``, ``--batch=4``, an abbreviation argparse
+    takes, ``--no-overlap``), by name: what the user typed, told apart from a flag's default."""
+    by_flag = {p.flag: p.name for p in TABLE if p.flag}
+    by_flag.update({f"--no-{f.removeprefix('--')}": n for f, n in list(by_flag.items())})
+    out = set()
+    for tok in argv:
+        if tok == "--":
+            break
+        flag = tok.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        hits = [f for f in by_flag if f == flag] or [f for f in by_flag if f.startswith(flag)]
+        if len(hits) == 1:
+            out.add(by_flag[hits[0]])
+    return frozenset(out)
+
+
+def check_contradictions(args) -> None:
+    """DseError for flags that contradict each other before anything is evaluated: a batch beside a
+    load (--concurrency or --request-rate sets what runs; the batch would be left unused), a
+    speculative-decoding setting without its draft."""
+    typed = getattr(args, "typed", frozenset())
+    load = next((f"--{k.replace('_', '-')}" for k in ("concurrency", "request_rate") if getattr(args, k, None)), None)
+    if "batch" in typed and load:
+        raise DseError(f"--batch and {load}: under a load the requests in flight follow from {load} (capped by "
+                       f"--max-running), and --batch would be left unused; give one of them")
+    if args.spec_draft is None and (args.spec_tokens is not None or args.spec_acceptance is not None):
+        raise DseError("--spec-tokens and --spec-acceptance describe speculative decoding: give its draft too "
+                       "(--spec-draft MODEL, or --spec-draft self:N)")
+
+
+def check_named(args) -> None:
+    """DseError naming the flag of a preset that cannot be loaded (--host-cpu, --host-tier): the loaders'
+    own messages ('unknown hardware ...') do not say which flag gave the name, and --host-cpu names
+    hardware beside --hardware."""
+    for flag, name, load in (("--host-cpu", getattr(args, "host_cpu", None), load_device),
+                             ("--host-tier", getattr(args, "host_tier", None), load_tier)):
+        if name is not None:
+            try:
+                load(name)
+            except DseError as e:
+                raise DseError(f"{flag}: {e}") from None
+
+
+def check_unused(args, modes) -> None:
+    """DseError for a flag of continuous batching alone (``CONTINUOUS_ONLY``) typed where every design
+    point runs one static batch (``modes``: each point's serving mode, as the evaluator decided)."""
+    typed = getattr(args, "typed", frozenset())
+    unused = [SPEC[k].flag for k in CONTINUOUS_ONLY if k in typed]
+    if unused and all(m != "continuous" for m in modes):
+        raise DseError(f"{unused[0]}: a parameter of continuous batching, and this point runs one static batch "
+                       f"(no --concurrency, --request-rate or --serving continuous), so it would be left unused; "
+                       f"give a load, or leave {unused[0]} out")
 
 
 def point_columns(args, hardware) -> dict:
     """The columns of the design point the workload options of ``args`` describe on ``hardware``
     (an option left at None is left out: the evaluator's default, e.g. FlashAttention on where the
     hardware has an on-chip buffer)."""
-    if args.spec_draft is None and (args.spec_tokens is not None or args.spec_acceptance is not None):
-        raise DseError("--spec-tokens and --spec-acceptance describe speculative decoding: give its draft too "
-                       "(--spec-draft MODEL, or --spec-draft self:N)")
     cols = {"model": args.model, "hardware": hardware}
     for p in TABLE:
         if p.flag and p.name not in cols and getattr(args, p.name) is not None:
@@ -276,9 +362,11 @@ def point_columns(args, hardware) -> dict:
 
 
 def cmd_analyze(args) -> int:
-
+    check_contradictions(args)
+    check_named(args)
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
+    check_unused(args, [res.summary.get("serving")])
     saturated = ev.reason_key(0) == "saturated"
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
         raise DseError(flagged(ev.reason_text(0)))
@@ -295,16 +383,19 @@ def cmd_analyze(args) -> int:
     if args.simulate:
         print(_simulation_text(res.summary, simulate_point(point_columns(args, args.hardware), args.simulate,
                                                            ideal=args.ideal)))
-    if saturated:
-        print(f"dse.study: error: {ev.reason_text(0)} (it serves at most "
-              f"{display.quantity_text('requests_per_s', res.summary['requests_per_s'])}); allowed remedies: a lower "
-              f"--request-rate, more --devices, a narrower --weights/--kv format", file=sys.stderr)
+    if saturated:       # a result, not an input error: the rate given is more than the design carries
+        most = display.quantity_text("requests_per_s", res.summary["requests_per_s"])
+        print(f"dse.study: note: --request-rate {args.request_rate:g} requests/s saturates this design: it serves "
+              f"at most {most}, so its queue grows without bound and latencies have no steady state; for one, give "
+              f"--request-rate below {most}, or more --devices, a narrower --weights/--kv format", file=sys.stderr)
         return 3
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
-        print(f"dse.study: error: does not fit: {res.summary.get('why', '')} ({where}: memory_tiers[0].capacity_bytes"
+        why = flagged(res.summary.get("why", ""))
+        pages = f", a smaller --kv-block (now {args.kv_block:,})" if "less than one request" in why else ""
+        print(f"dse.study: error: does not fit: {why} ({where}: memory_tiers[0].capacity_bytes"
               f"{', host_memory.capacity_bytes' if offload.strip().lower() != 'none' else ''}); allowed remedies: --offload greedy, "
-              f"more --devices, a narrower --weights/--kv format, a smaller --batch", file=sys.stderr)
+              f"more --devices, a narrower --weights/--kv format, a smaller --batch{pages}", file=sys.stderr)
         return 3
     return 0
 
@@ -503,9 +594,18 @@ def compare_from_args(args) -> list[dict]:
     """The rows of ``compare``: the workload of ``args`` on each of ``args.hardware``, one evaluation."""
 
     names = list(dict.fromkeys(args.hardware))
+    check_contradictions(args)
+    check_named(args)
     with cli_words():
         ev = evaluate(point_columns(args, np.array(names, dtype=object)), ideal=args.ideal, explain=True)
+        saturated = [i for i in range(len(names)) if ev.reason_key(i) == "saturated"]
+        if saturated:              # the rate given, and the most each saturated design serves
+            most = ", ".join(f"{names[i]} (it serves at most "
+                             f"{display.quantity_text('requests_per_s', ev['requests_per_s'][i])})" for i in saturated)
+            raise DseError(f"--request-rate {args.request_rate:g} requests/s saturates {most}: a queue that grows "
+                           f"without bound has no steady state to compare; give a --request-rate below that")
         rows = compare_rows(ev)
+    check_unused(args, [r.get("serving") for r in rows])
     for r, h in zip(rows, names):
         r["source"] = h
     return rows
@@ -521,7 +621,7 @@ class cli_words:
         if isinstance(e, DseError) and type(e) is DseError:
             text = str(e)
             cut = len(text) if e.verbatim_from is None else e.verbatim_from
-            raise DseError(flagged(text[:cut]).removeprefix("columns: ") + text[cut:]) from None
+            raise DseError(flagged(text[:cut].removeprefix("columns: ")) + text[cut:]) from None
         return False
 
 
@@ -689,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         check_flags(parser, sys.argv[1:] if argv is None else list(argv))
         args = parser.parse_args(argv)
+        args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:

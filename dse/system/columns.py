@@ -13,7 +13,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from basis.errors import DseError
-from dse.system.params import BATCH_MAX, DEFAULTS, MAY_BE_MISSING, PARAMS, REQUIRED, SPEC, out_of_range
+from dse.system.params import (
+    BATCH_MAX,
+    DEFAULTS,
+    DERIVED_FROM,
+    MAY_BE_MISSING,
+    PARAMS,
+    REQUIRED,
+    SPEC,
+    out_of_range,
+)
 
 
 def _is_array(v) -> bool:
@@ -32,6 +41,11 @@ class Columns:
         for key in REQUIRED:
             if key not in columns:
                 raise DseError(f"{where}: '{key}' is required")
+        for figure, sources in DERIVED_FROM.items():      # two spellings of one figure: one would win unsaid
+            both = [s for s in sources if s in columns]
+            if figure in columns and both:
+                raise DseError(f"{where}: {figure} and {both[0]}: two spellings of one figure: {both[0]} sets "
+                               f"{figure} through the preset's template, and {figure} gives it; give one of them")
         self.where = where
         cols = {}
         n = None
@@ -82,6 +96,8 @@ class Columns:
         if v is None:
             return constant(np.nan, self.n)
         try:
+            if _non_ascii_text(v):       # float() reads other scripts' digits ('١٢'); the command line does not
+                raise ValueError
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
@@ -282,6 +298,17 @@ def _dense_codes(a: np.ndarray) -> np.ndarray:
         import pandas as pd  # large tables come from sweeps, which have pandas loaded already
         return np.asarray(pd.factorize(a)[0], dtype=np.int64)
     return np.unique(a, return_inverse=True)[1].astype(np.int64).ravel()
+
+
+def _non_ascii_text(v) -> bool:
+    """True when ``v`` is text, or an array of text, with a character that is not ASCII."""
+    if isinstance(v, str):
+        return not v.isascii()
+    a = v if isinstance(v, np.ndarray) else None
+    if a is not None and a.dtype.kind in "US" and a.size:
+        return not bool(np.all(np.char.isascii(a))) if hasattr(np.char, "isascii") else \
+            not all(str(x).isascii() for x in a.ravel())
+    return False
 
 
 def _sample(v):

@@ -40,6 +40,14 @@ from hwmodels.formats import COMPUTE_CLASSES
 
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
 MAX_COUNT = 2**40
+#: the largest KV-cache page a design point may ask for, in tokens (``kv_block``): 2**20, far above the pages
+#: engines use (vLLM's --block-size choices stop at a few hundred tokens; its default is 16): a page is a part
+#: of a context, not a multiple of the longest one
+MAX_KV_BLOCK = 2**20
+#: the most tokens a speculative-decoding step may draft (``spec_tokens``): far above the trees verified in
+#: practice (Medusa's and EAGLE's hold tens of candidates), and small enough that a step's token counts stay
+#: exact in the operator tables' integer arithmetic
+MAX_SPEC_TOKENS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: the value of ``batch`` that asks for the largest batch that fits
@@ -56,8 +64,9 @@ class Param:
     ``type``: int, float, str or bool. ``default``: its value when left out (None: "not given", the
     base preset's figure or a derived value; a numeric parameter without a default may then be NaN
     at a point: ``MAY_BE_MISSING``). The range of a number: positive, or ``zero_allowed`` (>= 0);
-    at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float); ``below`` an upper bound it must stay
-    under; ``at_most_one`` a fraction. ``zero_is_unset``: 0 means "none" (the default), so the
+    at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float), or ``at_most`` where it declares a
+    smaller bound; ``below`` an upper bound it must stay under; ``at_most_one`` a fraction.
+    ``zero_is_unset``: 0 means "none" (the default), so the
     command line, where one leaves the flag out instead, refuses it. ``words``: words taken besides
     numbers (``batch``: 'max'); ``choices``: the only values of a name. ``unit``: the quantity it
     measures for display (a kind of ``dse.present.display.kind_of``: 'bytes', 'bytes_per_s',
@@ -66,7 +75,8 @@ class Param:
     Python only); ``flag_default``: the option's default is ``default`` (stated by --help), else it
     is left out unless given (the evaluator decides; ``help`` says what happens); ``noun``: what
     a value is, for the option's error message; ``metavar``: the option's value in --help.
-    ``help``: what it is, in its unit. ``required``: every design point names one.
+    ``help``: what it is, in its unit. ``required``: every design point names one. ``derived_from``: the
+    template parameters that also set this figure (a point may not give both: two spellings of one figure).
     """
 
     name: str
@@ -76,6 +86,7 @@ class Param:
     default: object = None
     zero_allowed: bool = False
     below: float | None = None
+    at_most: float | None = None
     at_most_one: bool = False
     zero_is_unset: bool = False
     words: tuple[str, ...] = ()
@@ -86,6 +97,7 @@ class Param:
     noun: str = ""
     metavar: str | None = None
     required: bool = False
+    derived_from: tuple[str, ...] = ()
 
     @property
     def numeric(self) -> bool:
@@ -99,14 +111,15 @@ class Param:
     def out_of_range(self, values: np.ndarray) -> tuple[np.ndarray, str]:
         """(True where an entry of ``values`` is not allowed, a phrase saying what is): finite, an
         integer for counts, positive (or >= 0 when ``zero_allowed``), at most ``MAX_COUNT`` /
-        ``MAX_FIGURE``, below ``below``, at most 1 for ``at_most_one``. NaN entries are flagged;
+        ``MAX_FIGURE`` (or ``at_most``), below ``below``, at most 1 for ``at_most_one``. NaN entries are flagged;
         callers that accept "not given" mask them out."""
         a = np.asarray(values, dtype=float)
         zero = self.zero_allowed
         with np.errstate(invalid="ignore"):
             if self.type is int:
-                bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > MAX_COUNT)
-                return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {MAX_COUNT:,}"
+                high = MAX_COUNT if self.at_most is None else self.at_most
+                bad = ~np.isfinite(a) | (a != np.round(a)) | (a < (0 if zero else 1)) | (a > high)
+                return bad, f"{'a non-negative' if zero else 'a positive'} integer up to {high:,}"
             bad = ~np.isfinite(a) | ((a < 0) if zero else (a <= 0)) | (a > MAX_FIGURE)
             if self.below is not None:
                 bad |= a >= self.below
@@ -114,6 +127,9 @@ class Param:
             if self.at_most_one:
                 bad |= a > 1.0
                 return bad, f"a fraction {'>= 0' if zero else '> 0'} and at most 1"
+        if self.at_most is not None:
+            bad |= a > self.at_most
+            return bad, f"a number {'>= 0' if zero else '> 0'} up to {self.at_most:g}"
         return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
 
 
@@ -126,6 +142,10 @@ def _cost(name: str, help_: str, **kw) -> Param:
 
 
 _CONFIG_ECONOMICS = "(default: configs/economics.yaml, cited)"
+#: the template parameters that set a preset's compute peaks and its device memory
+#: (``hwmodels.template.template_device``)
+_COMPUTE = ("cores", "clock_hz")
+_MEMORY = ("memory_stacks", "memory_type")
 
 #: every parameter, once: hardware, then workload, then cost (the order of ``PARAMS``)
 TABLE: tuple[Param, ...] = (
@@ -133,11 +153,12 @@ TABLE: tuple[Param, ...] = (
     _hardware("hardware", str, "hardware preset (see 'list hardware') or a preset YAML path", flag="--hardware",
               required=True),
     *(_hardware(f"peak_{c}", float, f"dense peak of the {c} compute class, ops/s (a multiply-accumulate is 2 ops)",
-                unit="ops_per_s") for c in COMPUTE_CLASSES),
+                unit="ops_per_s", derived_from=_COMPUTE) for c in COMPUTE_CLASSES),
     _hardware("compute_scale", float, "factor on every compute peak of the preset"),
-    _hardware("vector_ops_per_s", float, "peak of the vector units, ops/s", unit="ops_per_s"),
-    _hardware("memory_bandwidth", float, "bandwidth of device memory, bytes/s", unit="bytes_per_s"),
-    _hardware("memory_capacity", float, "capacity of device memory, bytes", unit="bytes"),
+    _hardware("vector_ops_per_s", float, "peak of the vector units, ops/s", unit="ops_per_s", derived_from=_COMPUTE),
+    _hardware("memory_bandwidth", float, "bandwidth of device memory, bytes/s", unit="bytes_per_s",
+              derived_from=_MEMORY),
+    _hardware("memory_capacity", float, "capacity of device memory, bytes", unit="bytes", derived_from=_MEMORY),
     _hardware("onchip_buffer_bytes", float, "on-chip buffer that FlashAttention tiles in, bytes (0: none)",
               zero_allowed=True, unit="bytes"),
     _hardware("link", str, "scale-up link preset replacing the device's (see 'list links'; default: the preset's)",
@@ -155,7 +176,7 @@ TABLE: tuple[Param, ...] = (
     _hardware("pim_multiple", float, "internal bandwidth of processing-in-memory as a multiple of the external"),
     _hardware("pim_peak", float, "compute peak of processing-in-memory, ops/s", unit="ops_per_s"),
     _hardware("native_formats", str, "the formats the device computes natively, comma-separated"),
-    _hardware("tdp_w", float, "thermal design power of one device, W", unit="watts"),
+    _hardware("tdp_w", float, "thermal design power of one device, W", unit="watts", derived_from=("power_limit_w",)),
     _hardware("price_usd", float, "price of one device in $ (default: the preset's cited price, if any)",
               unit="dollars", flag="--price-usd", noun="an amount in $"),
     _hardware("static_power_w", float, "static (idle) power of one device in W (default: the preset's cited figure "
@@ -213,8 +234,8 @@ TABLE: tuple[Param, ...] = (
     Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
           default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
           noun="requests per second"),
-    Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, flag="--kv-block",
-          flag_default=True),
+    Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, at_most=MAX_KV_BLOCK,
+          flag="--kv-block", flag_default=True),
     Param("prefill_chunk", int, default=8192, zero_allowed=True, flag="--prefill-chunk", flag_default=True,
           help="tokens one iteration processes, decode plus prompt chunks (Sarathi-Serve; vLLM's "
                "max_num_batched_tokens); 0: whole prompts, prefill-first"),
@@ -272,7 +293,7 @@ TABLE: tuple[Param, ...] = (
           help="speculative decoding: the draft model (see 'list models', or a config.json), run at tp 1 "
                "beside the target, or 'self:N', the target's first N layers (default: none)"),
     Param("spec_tokens", int, help="speculative decoding: tokens drafted per target step (gamma)", default=0,
-          zero_allowed=True, zero_is_unset=True, flag="--spec-tokens"),
+          zero_allowed=True, zero_is_unset=True, at_most=MAX_SPEC_TOKENS, flag="--spec-tokens"),
     Param("spec_acceptance", float, default=0.0, zero_allowed=True, at_most_one=True, flag="--spec-acceptance",
           noun="an acceptance rate",
           help="speculative decoding: the per-token acceptance rate alpha, 0 to 1 (default: 0)"),
@@ -316,6 +337,8 @@ AT_MOST_ONE = tuple(p.name for p in TABLE if p.at_most_one)
 MAY_BE_MISSING = tuple(p.name for p in TABLE if p.may_be_missing)
 #: parameters every design point must name
 REQUIRED = tuple(p.name for p in TABLE if p.required)
+#: figures a template parameter also sets: figure -> those parameters (a point gives one spelling)
+DERIVED_FROM = {p.name: p.derived_from for p in TABLE if p.derived_from}
 #: the quantity each parameter measures, for display (``dse.present.display.kind_of``; None: shown as it is)
 UNITS = {p.name: p.unit for p in TABLE}
 
@@ -328,4 +351,5 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "SERVING_MODES", "UNITS", "GROUPS"]
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES",
+           "UNITS", "GROUPS"]

@@ -32,7 +32,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system.columns import Columns, anywhere, group, per_code, pointwise
-from dse.system.params import DEFAULTS
+from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
 from workloads.model import ModelSpec
@@ -62,16 +62,27 @@ class Draft:
         return self.model is None
 
 
+#: what ``spec_draft`` takes
+_DRAFTS = "'none', a model name (see 'list models') or config.json, 'self:N' or 'medusa:N' (N a positive integer)"
+
+
 def parse_draft(value) -> Draft | None:
     """The Draft a ``spec_draft`` value names (None for ``none``); DseError naming what is allowed."""
     text = str(value).strip()
-    if text.lower() in ("none", ""):
+    if text.lower() == "none":
         return None
+    if not text:
+        raise DseError(f"spec_draft: got an empty text; expected {_DRAFTS}")
     for kind, what in (("self", "the target's first N layers as the draft"), ("medusa", "N Medusa heads")):
         if text.lower().startswith(kind + ":"):
             n = text.split(":", 1)[1]
-            if not n.isdigit() or int(n) < 1:
-                raise DseError(f"spec_draft: '{kind}:N' takes N, {what} (a positive integer), got {value!r}")
+            # ASCII digits, a few of them: int() reads '١', fails on '²' and on thousands of digits
+            if not (n.isascii() and n.isdigit() and len(n) <= 12) or int(n) < 1:
+                raise DseError(f"spec_draft: '{kind}:N' takes N, {what} (a positive integer), got "
+                               f"{text if len(text) <= 40 else text[:39] + '…'!r}")
+            if kind == "medusa" and int(n) > MAX_SPEC_TOKENS:       # each head drafts a token: spec_tokens' bound
+                raise DseError(f"spec_draft: 'medusa:N' takes N, {what}, from 1 to {MAX_SPEC_TOKENS:,} (the most "
+                               f"tokens spec_tokens verifies), got {int(n):,}")
             return Draft(text.lower(), **({"layers": int(n)} if kind == "self" else {"heads": int(n)}))
     return Draft(text, model=resolve_model(text))
 
@@ -117,8 +128,15 @@ def technique_columns(cols: Columns, w: dict) -> None:
     except DseError as e:
         raise DseError(f"{cols.where}: {e}") from None
     dense = per_code([p == () for p in pairs], scodes)
+    other = per_code([p not in ((), (2, 4)) for p in pairs], scodes)     # N:M that is not 2:4
+    legacy = cols.flags("sparse")
+    clash = pointwise(lambda on, o: on & o, legacy, other)
+    if anywhere(clash):
+        k = 0 if np.ndim(clash) == 0 else int(np.flatnonzero(clash)[0])
+        raise DseError(f"{cols.where}: sparse and sparsity: sparse is sparsity 2:4, and sparsity asks "
+                       f"{sparsity_text(pairs[scodes[k]])} at the same point; give one of them (sparsity N:M alone)")
     pairs = pairs + [(2, 4)]                    # sparse: true (the older switch) is 2:4
-    sparsity = pointwise(lambda on, d, c: np.where(on & d, len(pairs) - 1, c), cols.flags("sparse"), dense, scodes)
+    sparsity = pointwise(lambda on, d, c: np.where(on & d, len(pairs) - 1, c), legacy, dense, scodes)
     w["draft"], w["drafts"] = _drafts(cols)
     w["spec_tokens"] = cols.numbers("spec_tokens")
     w["spec_acceptance"] = cols.numbers("spec_acceptance")
