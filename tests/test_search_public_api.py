@@ -13,6 +13,7 @@ from dse.explore import sweep as sweep_mod
 from dse.explore.space import DesignSpace
 from dse.explore.spec import SweepSpec
 from dse.explore.study import run_study
+from dse.present.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIVATE_MODULE = re.compile(r"\boptuna(\.\w+)*\._\w+")
@@ -77,3 +78,12 @@ def test_a_sweep_says_why_its_front_is_smaller(tmp_path, monkeypatch, capfd):
 def test_no_note_without_nan(tmp_path):
     spec = SweepSpec(DesignSpace(dict(SPACE)), objectives=dict(OBJECTIVES))
     assert run_study(spec, tmp_path / "run").attrs["front_note"] is None
+
+
+def test_the_report_says_why_the_front_is_smaller(tmp_path, monkeypatch):
+    # summary.md carries the same line as the run (counted again from the stored rows)
+    monkeypatch.setattr(sweep_mod, "evaluate_chunk", _no_throughput(sweep_mod.evaluate_chunk, 0.5))
+    spec = SweepSpec(DesignSpace(dict(SPACE)), objectives=dict(OBJECTIVES))
+    front = run_study(spec, tmp_path / "run")
+    write_report(tmp_path / "run", {"name": "nan-front"}, spec)
+    assert front.attrs["front_note"] in (tmp_path / "run" / "summary.md").read_text()

@@ -58,6 +58,7 @@ from basis.shipped import shipped
 from basis.units import axis_scale
 from dse.explore.best import BEST_FILE
 from dse.explore.online import FRONT_METRICS
+from dse.explore.pareto import front_note, unvalued_counts
 from dse.explore.runio import FrameResults, ResultsFile
 from dse.present.bottleneck import bottleneck
 from dse.present.display import TOKENS_PER_S, fixed_text, kind_of, ops_unit, quantity_text
@@ -185,14 +186,17 @@ def _row_source(out: Path, spec, front) -> tuple[str, ResultsFile | FrameResults
 def _totals(out: Path, kept: str, res, n_feas: int) -> dict:
     """The run's counts, {'points', 'feasible', 'reasons': [(reason key, points)], most
     frequent first}: counted in its rows ``res`` (``n_feas`` of them feasible) when it kept
-    every row, else the sweep's totals in sweep.json (a sample's counts are not the run's)."""
+    every row, else the sweep's totals in sweep.json (a sample's counts are not the run's),
+    with 'unvalued' there: {objective: feasible points with no value (NaN) of it}."""
     if kept == "all":
         return {"points": res.rows, "feasible": n_feas, "reasons": res.reasons() if res.rows - n_feas else []}
     path = out / SWEEP_FILE
     try:
         state = json.loads(path.read_text())
         reasons = sorted(((str(r), int(c)) for r, c in state["reasons"].items() if c), key=lambda rc: (-rc[1], rc[0]))
-        return {"points": int(state["points"]), "feasible": int(state["feasible"]), "reasons": reasons}
+        unvalued = {str(k): int(v) for k, v in dict(state.get("unvalued") or {}).items() if v}
+        return {"points": int(state["points"]), "feasible": int(state["feasible"]), "reasons": reasons,
+                "unvalued": unvalued}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         raise DseError(f"{path}: holds no totals of a complete sweep; run the study again to finish it") from None
 
@@ -354,6 +358,9 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
     totals = _totals(out, kept, res, int(feas.sum()))
     n_feas = totals["feasible"]
     front_df = _front_rows(df, front, key, every_row=kept == "all")
+    if "unvalued" not in totals:        # every row read: count the feasible ones with no value of an objective
+        named = [o for o in objectives if o in df]
+        totals["unvalued"] = unvalued_counts(df.loc[feas, named].to_numpy(dtype=float), named)
     cloud = _rows_note(kept, res.rows, totals["points"])
     rows = functools.partial(_with_rows, kept=kept, cloud=cloud)      # a plot's record: the rows drawn from
 
@@ -663,6 +670,9 @@ def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectiv
              f"Infeasible: {n - n_feas:,}",
              f"Pareto front: {len(front_df):,} designs"
              + (f" over {', '.join(f'{k} ({v})' for k, v in objectives.items())}" if objectives else "")]
+    note = front_note(totals.get("unvalued") or {}, n_feas, len(front_df)) if objectives else None
+    if note:
+        facts.append(note)
     if kept != "all":
         facts.append(f"Rows kept: {cloud} (outputs.rows: {kept}); the counts are the sweep's totals (sweep.json)")
     if spec.constraints:
