@@ -17,18 +17,40 @@ class DseError(Exception):
         self.verbatim_from = verbatim_from
 
 
+def verbatim(e: DseError) -> DseError:
+    """``e`` as a message about a file, to be shown as it is (``verbatim_from`` 0: a key of the
+    file is not a parameter's name that the command line would write as its flag)."""
+    return e if e.verbatim_from is not None else DseError(str(e), verbatim_from=0)
+
+
+def first_unknown(keys, allowed) -> str | None:
+    """The first of ``keys`` (in the file's order) not in ``allowed``, on one line and cut to 40
+    characters, with how many more there are ('x (and 3 more)'), or None: an error names that
+    key alone, never the rest of the file."""
+    bad = [k for k in keys if k not in allowed]
+    if not bad:
+        return None
+    return shown_key(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+
+
+def shown_key(k, limit: int = 40) -> str:
+    """A key read from a file, for a message: on one line, cut to ``limit`` characters."""
+    text = " ".join(str(k).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def as_number(v, where: str) -> float:
     """``v`` as a finite float, accepting numeric strings (YAML 1.1 reads ``1.0e12`` as a
     string); DseError naming ``where`` for anything else (booleans, NaN, infinities and
     numbers too large for a float included)."""
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise DseError(f"{where}: expected a number, got {_short(v)}")
+        raise DseError(f"{where}: expected a number, got {kind_of(v)}")
     try:
         x = float(v)
     except (ValueError, OverflowError):
-        raise DseError(f"{where}: expected a finite number, got {_short(v)}") from None
+        raise DseError(f"{where}: expected a finite number, got {kind_of(v)}") from None
     if not math.isfinite(x):
-        raise DseError(f"{where}: expected a finite number, got {_short(v)}")
+        raise DseError(f"{where}: expected a finite number, got {x}")
     return x
 
 
@@ -38,10 +60,10 @@ def cited_number(node, where: str, positive: bool = True, signed: bool = False) 
     sign, a fitted coefficient), at most ``MAX_FIGURE`` in size, with a non-empty source; DseError
     naming ``where`` otherwise."""
     if not isinstance(node, dict) or "value" not in node:
-        raise DseError(f"{where}: expected {{value: NUMBER, source: ...}}, got {node!r}")
-    extra = set(node) - {"value", "source", "note"}
+        raise DseError(f"{where}: expected {{value: NUMBER, source: ...}}, got {kind_of(node)}")
+    extra = first_unknown(node, ("value", "source", "note"))
     if extra:
-        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: value, source, note")
+        raise DseError(f"{where}: unknown key(s) {extra}; allowed: value, source, note")
     v = as_number(node["value"], f"{where}.value")
     if positive and not v > 0:
         raise DseError(f"{where}.value: must be positive, got {v:g}")
@@ -55,7 +77,23 @@ def cited_number(node, where: str, positive: bool = True, signed: bool = False) 
     return float(v)
 
 
-def _short(v, limit: int = 60) -> str:
-    """``repr(v)`` cut to ``limit`` characters (a message stays one line)."""
-    text = " ".join(repr(v).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+def kind_of(v) -> str:
+    """What a value read from a file is, in words that never quote its text: a number as
+    written ('1e-300'), else 'nothing', 'true', 'text that is not one', 'a list', 'a mapping'."""
+    if v is None:
+        return "nothing"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        return shown_key(repr(v))
+    if isinstance(v, str):
+        return "empty text" if not v.strip() else "text that is not one" if _not_number(v) else "text"
+    return "a list" if isinstance(v, list) else "a mapping" if isinstance(v, dict) else type(v).__name__
+
+
+def _not_number(text: str) -> bool:
+    try:
+        float(text)
+    except (ValueError, OverflowError):
+        return True
+    return False

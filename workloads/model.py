@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from basis.errors import DseError
+from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
 
 #: the shipped model configs (``configs/models``; package data in a wheel)
@@ -578,13 +579,10 @@ def _first_not_finite(node) -> tuple[str, _NotFinite] | None:
 
 
 def _read_config(p: Path):
-    """The parsed JSON of ``p``; DseError (one line naming ``p``) when it cannot be read,
-    is not UTF-8 text, is not JSON, repeats a key or holds NaN/Infinity."""
+    """The parsed JSON of ``p``; DseError (one line naming ``p``) when it cannot be read
+    (``basis.files.read_input``: a regular file of bounded size), is not UTF-8 text, is not JSON, repeats a key or holds NaN/Infinity."""
     where = f"{p}: cannot read config.json"
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise _one_line(f"{where}: {e.strerror or e}") from None
+    raw = read_input(p, "model config (config.json)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -583,7 +583,7 @@ def read_table(path) -> Measured:
     rest go on; rows that leave a condition unstated (either schema), or that the model cannot
     express (gathered schema), are listed in ``unpredictable``."""
     p = Path(path)
-    header, reader = read_csv(p, "measured results")
+    header, reader = read_csv(p, "measured-results CSV")
     schema = schema_of(header)
     required = GATHERED_REQUIRED if schema == GATHERED else REQUIRED
     missing = [c for c in required if c not in header]
@@ -605,7 +605,8 @@ def read_table(path) -> Measured:
         else:
             rows.append(row)
     if bad and not rows:
-        raise DseError(f"{p}: {len(bad)} bad row(s) and none to validate: " + "; ".join(bad))
+        raise DseError(f"{p}: {len(bad)} bad row(s) and none to validate: " + "; ".join(bad[:3])
+                       + (f"; and {len(bad) - 3} more" if len(bad) > 3 else ""))
     if not rows and not unpredictable:
         raise DseError(f"{p}: no scored rows to validate")
     return Measured(p, schema, rows, context, unpredictable, [f"{p}: {b}" for b in bad])
