@@ -1,6 +1,7 @@
 """The one exception type user-facing code raises for bad input, and the number check
 every input reader shares."""
 import math
+import re
 
 #: the largest figure (SI units: ops/s, bytes, bytes/s, seconds, watts, dollars) any input
 #: may give: far beyond any machine, and small enough that products of two stay finite
@@ -48,7 +49,8 @@ def as_number(v, where: str) -> float:
     try:
         x = float(v)
     except (ValueError, OverflowError):
-        raise DseError(f"{where}: expected a finite number, got {kind_of(v)}") from None
+        raise DseError(f"{where}: expected a finite number, got "
+                       f"{'text that is not a number' if isinstance(v, str) and v.strip() else kind_of(v)}") from None
     if not math.isfinite(x):
         raise DseError(f"{where}: expected a finite number, got {x}")
     return x
@@ -77,9 +79,19 @@ def cited_number(node, where: str, positive: bool = True, signed: bool = False) 
     return float(v)
 
 
+#: a value short and plain enough to be named in a message like a key (a family, a class, an engine)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,39}")
+
+
+def name_or_kind(v) -> str:
+    """A value read from a file where a name was expected: quoted when it is a short plain name
+    (like a key: 'quantum'), else described by ``kind_of`` (never a line of free text)."""
+    return repr(v) if isinstance(v, str) and _PLAIN_NAME.fullmatch(v) else kind_of(v)
+
+
 def kind_of(v) -> str:
     """What a value read from a file is, in words that never quote its text: a number as
-    written ('1e-300'), else 'nothing', 'true', 'text that is not one', 'a list', 'a mapping'."""
+    written ('1e-300'), else 'nothing', 'true', 'empty text', 'text', 'a list', 'a mapping'."""
     if v is None:
         return "nothing"
     if isinstance(v, bool):
@@ -87,13 +99,5 @@ def kind_of(v) -> str:
     if isinstance(v, (int, float)):
         return shown_key(repr(v))
     if isinstance(v, str):
-        return "empty text" if not v.strip() else "text that is not one" if _not_number(v) else "text"
+        return "empty text" if not v.strip() else "text"
     return "a list" if isinstance(v, list) else "a mapping" if isinstance(v, dict) else type(v).__name__
-
-
-def _not_number(text: str) -> bool:
-    try:
-        float(text)
-    except (ValueError, OverflowError):
-        return True
-    return False

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from basis.errors import DseError, cited_number, first_unknown, kind_of, verbatim
+from basis.errors import DseError, cited_number, first_unknown, kind_of, name_or_kind, verbatim
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from hwmodels.energy import load_technology
@@ -78,7 +78,7 @@ def device_from_dict(d: dict, path: str) -> Device:
     if not isinstance(sources, dict) or not sources:
         raise DseError(f"{path}: 'sources' must map short keys to citations")
     if d["class"] not in DEVICE_CLASSES:
-        raise DseError(f"{path}: class: expected one of {', '.join(DEVICE_CLASSES)}")
+        raise DseError(f"{path}: class: {name_or_kind(d['class'])} is not one of {', '.join(DEVICE_CLASSES)}")
     vendor, family = _vendor_family(d, path)
     peaks = _peaks(d["peak_ops_per_s"], f"{path}: peak_ops_per_s", sources)
     sparse = _peaks(d["sparse_peak_ops_per_s"], f"{path}: sparse_peak_ops_per_s", sources) \
@@ -111,7 +111,7 @@ def _energy_profile(d: dict, path: str) -> str:
     name = d.get("energy_profile", "")
     known = load_technology().devices
     if name and (not isinstance(name, str) or name not in known):
-        raise DseError(f"{path}: energy_profile: not a measured profile; allowed: {', '.join(known)}")
+        raise DseError(f"{path}: energy_profile: {name_or_kind(name)} is not a measured profile; allowed: {', '.join(known)}")
     return name
 
 
@@ -124,7 +124,7 @@ def _vendor_family(d: dict, path: str) -> tuple[str, str]:
         return vendor, d["class"]
     family = d["family"]
     if family not in FAMILIES:
-        raise DseError(f"{path}: family: not a known efficiency family; allowed: {', '.join(FAMILIES)}")
+        raise DseError(f"{path}: family: {name_or_kind(family)} is not a known efficiency family; allowed: {', '.join(FAMILIES)}")
     return vendor, family
 
 

@@ -4,6 +4,7 @@ nothing hangs or fills memory), a size limit per kind, duplicate YAML keys refus
 files checked key by key (sections, groups, numbers, ranges, bands), and every refusal one line
 that names the file and the key and never quotes the file's content (a marker written into each
 refused file must not appear in the message)."""
+import json
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 import basis.files as F
-from basis.errors import DseError, first_unknown, kind_of
+from basis.errors import DseError, first_unknown, kind_of, name_or_kind
 from basis.files import read_csv, read_input
 from basis.yamlfile import load_yaml
 from dse.core.efficiency import load_calibration
@@ -22,7 +23,7 @@ from dse.study.studyfile import load_study
 from hwmodels.presets import HARDWARE_DIR, load_device_file
 from tests.conftest import FIXED_CALIBRATION, run_cli
 from workloads.lengths import parse_lengths
-from workloads.model import load_model
+from workloads.model import MODELS_DIR, load_model
 
 #: written into every refused file: no message may show it
 MARKER = "SECRET-MARKER-41"
@@ -228,6 +229,8 @@ def test_a_study_names_its_first_unknown_key_only(tmp_path):
     refused(lambda: load_study(str(p)), "s.yaml: unknown key(s) extra (and 29 more); allowed:")
     p.write_text(f"space: {{hardware: h100-sxm}}\nobjectives: {MARKER}\n")
     refused(lambda: load_study(str(p)), "s.yaml", "objectives: expected a mapping, got text")
+    p.write_text(f"space: {{hardware: h100-sxm}}\nideal: {MARKER}\n")
+    refused(lambda: load_study(str(p)), "s.yaml", "ideal: expected true or false, got text")
 
 
 def test_a_trace_cell_is_described_not_quoted(tmp_path):
@@ -238,9 +241,10 @@ def test_a_trace_cell_is_described_not_quoted(tmp_path):
 
 def test_kind_of_never_quotes_text():
     assert [kind_of(v) for v in (None, True, "", MARKER, "1e-300", [1], {"a": 1}, 2.5)] == \
-        ["nothing", "true", "empty text", "text that is not one", "text", "a list", "a mapping", "2.5"]
+        ["nothing", "true", "empty text", "text", "text", "a list", "a mapping", "2.5"]
     assert first_unknown([MARKER * 10, "b"], {"b"}) == (MARKER * 10)[:39] + "…"
     assert first_unknown(["a", "b"], {"a", "b"}) is None
+    assert name_or_kind("quantum") == "'quantum'" and name_or_kind(f"{MARKER} and a line of text") == "text"
 
 
 # ------------------------------------------------------------------ through the command line
@@ -289,3 +293,12 @@ def test_the_cli_refuses_a_calibration_that_is_not_a_file(files, monkeypatch):
     monkeypatch.setenv("DSE_CALIBRATION", "/dev/null")
     r = run_cli(*ANALYZE, "--hardware", "h100-sxm", timeout=60)
     _one_line_refusal(r, "/dev/null: cannot read the calibration file: it is a device")
+
+
+def test_a_model_config_value_is_described_not_quoted(tmp_path):
+    cfg = json.loads((MODELS_DIR / "llama-3.1-8b.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, "hidden_size": MARKER}))
+    refused(lambda: load_model(str(p)), "config.json", "hidden_size: got a string of 16 characters")
+    p.write_text(json.dumps({**cfg, "hidden_size": [MARKER]}))
+    refused(lambda: load_model(str(p)), "hidden_size: got a list of 1 item;")

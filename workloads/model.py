@@ -205,7 +205,8 @@ def _named(cfg: dict, key: str) -> str:
 
 
 def _show(v) -> str:
-    """``v`` as it would read in JSON, shortened to one short phrase."""
+    """``v`` as one short phrase: a number, null, a boolean or a list of numbers as it would read
+    in JSON (shortened); a string, an object or another list by its kind and size only."""
     if isinstance(v, _NotFinite):
         return v.text
     if isinstance(v, float) and not math.isfinite(v):
@@ -216,11 +217,17 @@ def _show(v) -> str:
         except ValueError:      # more digits than Python prints
             return f"an integer of about {round(v.bit_length() * 0.30103)} digits"
         return s if len(s) <= 40 else f"an integer of {len(s.lstrip('-'))} digits"
+    if isinstance(v, str):          # a file's text is never quoted back (it may be anything)
+        return "an empty string" if not v else f"a string of {len(v)} characters"
+    if isinstance(v, dict):
+        return f"an object of {len(v)} key{'s' * (len(v) != 1)}"
+    if isinstance(v, list) and not all(x is None or isinstance(x, (int, float)) for x in v):
+        return f"a list of {len(v)} item{'s' * (len(v) != 1)}"
     try:
         s = json.dumps(v, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
         s = f"a Python {type(v).__name__}"
-    kind = ({str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(v), "")
+    kind = ({bool: "a boolean", list: "a list"}.get(type(v), "")
             if v is not None and not isinstance(v, float) else "")
     s = s if len(s) <= 40 else s[:37] + "..."
     return f"{s} ({kind})" if kind else s
