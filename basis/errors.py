@@ -18,6 +18,12 @@ class DseError(Exception):
         self.verbatim_from = verbatim_from
 
 
+def shown_path(path) -> str:
+    """A file's path for a message: control characters (a newline in a name) escaped, so the
+    message stays one line."""
+    return "".join(c if c >= " " else repr(c)[1:-1] for c in str(path))
+
+
 def verbatim(e: DseError) -> DseError:
     """``e`` as a message about a file, to be shown as it is (``verbatim_from`` 0: a key of the
     file is not a parameter's name that the command line would write as its flag)."""

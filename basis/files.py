@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_path
 
 
 def output_folder(path: str | Path, what: str = "--out") -> Path:
@@ -99,25 +99,26 @@ def read_input(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> byte
     read), or holds more than ``limit`` bytes (read at most ``limit`` + 1, whatever its size claims,
     so a file that grows while read, or /proc's files whose size reads 0, stay bounded)."""
     p = Path(path)
+    name = shown_path(p)
     try:
         st = os.stat(p)
     except (OSError, ValueError) as e:    # ValueError: a NUL byte in the path
-        raise DseError(f"{p}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
+        raise DseError(f"{name}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
                 else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
                 else "not a regular file")
-        raise DseError(f"{p}: cannot read the {what}: it is {kind}, not a regular file")
+        raise DseError(f"{name}: cannot read the {what}: it is {kind}, not a regular file")
     if st.st_size > limit:
-        raise DseError(f"{p}: a {what} is at most {_size(limit)}; this file is {_size(st.st_size)}")
+        raise DseError(f"{name}: a {what} is at most {_size(limit)}; this file is {_size(st.st_size)}")
     try:
         # O_NONBLOCK: should the path be swapped for a FIFO after the check, opening it does not wait
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise DseError(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+        raise DseError(f"{name}: cannot read the {what}: {e.strerror or e}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DseError(f"{p}: cannot read the {what}: it is not a regular file")
+            raise DseError(f"{name}: cannot read the {what}: it is not a regular file")
         chunks, left = [], limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 2**20))
@@ -126,12 +127,12 @@ def read_input(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> byte
             chunks.append(chunk)
             left -= len(chunk)
     except OSError as e:
-        raise DseError(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+        raise DseError(f"{name}: cannot read the {what}: {e.strerror or e}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
-        raise DseError(f"{p}: a {what} is at most {_size(limit)}; this file is larger")
+        raise DseError(f"{name}: a {what} is at most {_size(limit)}; this file is larger")
     return data
 
 
@@ -143,7 +144,7 @@ def read_input_text(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES, ex
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DseError(f"{Path(path)}: a {what} must be UTF-8 {expected}; byte {e.start} is not "
+        raise DseError(f"{shown_path(path)}: a {what} must be UTF-8 {expected}; byte {e.start} is not "
                        f"(a binary file?)") from None
 
 
@@ -164,7 +165,7 @@ class CsvRows:
             return step()
         except csv.Error as e:
             line = start + 1                      # the row began on the line after the last one read
-            raise DseError(f"{self.path}: line {line}: not a valid CSV row of the {self.what}: "
+            raise DseError(f"{shown_path(self.path)}: line {line}: not a valid CSV row of the {self.what}: "
                            f"{str(e).split(chr(10))[0][:80]}") from None
 
     def __iter__(self):
@@ -186,11 +187,11 @@ def read_csv(path: str | Path, what: str, limit: int = MAX_CSV_BYTES) -> tuple[l
     rows = CsvRows(p, what, text.splitlines())
     header = [h.strip() if isinstance(h, str) else "" for h in rows.fieldnames]
     if not header:
-        raise DseError(f"{p}: the {what} is empty; expected a header line of column names")
+        raise DseError(f"{shown_path(p)}: the {what} is empty; expected a header line of column names")
     seen: set[str] = set()
     for h in header:
         if h and h in seen:
-            raise DseError(f"{p}: column {_cut(h)!r} appears twice in the header of the {what}; give each column once")
+            raise DseError(f"{shown_path(p)}: column {_cut(h)!r} appears twice in the header of the {what}; give each column once")
         seen.add(h)
     return header, rows
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_path
 from basis.files import MAX_TEXT_BYTES, read_input_text
 
 #: the largest YAML input file read (bytes)
@@ -92,9 +92,9 @@ def load_yaml(path: str | Path, what: str):
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
     except RecursionError:
-        raise DseError(f"{p}: not valid YAML for a {what}: nested too deeply") from None
+        raise DseError(f"{shown_path(p)}: not valid YAML for a {what}: nested too deeply") from None
     except yaml.YAMLError as e:
-        raise DseError(f"{p}: not valid YAML for a {what}: {_yaml_message(e)}") from None
+        raise DseError(f"{shown_path(p)}: not valid YAML for a {what}: {_yaml_message(e)}") from None
 
 
 def _yaml_message(e: yaml.YAMLError) -> str:

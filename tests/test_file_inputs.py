@@ -145,12 +145,20 @@ def test_a_study_with_a_duplicate_key_is_refused(tmp_path):
 @pytest.mark.parametrize("kind", ["device", "symlink", "fifo"])
 def test_every_loader_refuses_a_special_file(special, kind):
     yml, csv, js = special(".yaml")[kind], special(".csv")[kind], special(".json")[kind]
-    refused(lambda: load_device_file(yml), str(yml), "hardware preset")
-    refused(lambda: load_study(str(yml)), str(yml))
-    refused(lambda: parse_lengths(str(csv)), str(csv))      # /dev/zero itself is not a .csv name
-    refused(lambda: read_table(csv), str(csv), "measured-results CSV")
-    refused(lambda: load_calibration(str(yml)), str(yml), "calibration file")
-    refused(lambda: load_model(str(js)), str(js))
+    regular = "not a regular file"
+    refused(lambda: load_device_file(yml), str(yml), "hardware preset", regular)
+    refused(lambda: load_study(str(yml)), str(yml), "study file", regular)
+    if kind != "device":                                    # /dev/zero itself is not a .csv name
+        refused(lambda: parse_lengths(str(csv)), str(csv), "length trace", regular)
+    refused(lambda: read_table(csv), str(csv), "measured-results CSV", regular)
+    refused(lambda: load_calibration(str(yml)), str(yml), "calibration file", regular)
+    refused(lambda: load_model(str(js)), str(js), "model config", regular)
+
+
+def test_a_path_with_a_newline_stays_one_line(tmp_path):
+    p = tmp_path / "a\nb.yaml"
+    os.mkfifo(p)
+    refused(lambda: load_yaml(p, "hardware preset"), "a\\nb.yaml", "a FIFO")
 
 
 # ------------------------------------------------------------------ calibration files

@@ -632,7 +632,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         if "/" in name_or_path or os.sep in name_or_path or p.suffix == ".json" or p.is_file():
             if p.is_dir():
                 p = p / "config.json"
-            if not p.is_file():
+            if not p.exists():   # what is there but not a regular file is refused when read
                 raise _one_line(f"model config file not found: {p}")
             name = p.parent.name if p.name == "config.json" else p.stem
         else:

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_key
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
@@ -294,9 +294,9 @@ def _int(text: str, what: str) -> int:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not math.isfinite(v) or v != int(v) or v <= 0:
-        raise ValueError(f"{what} must be a positive integer, got '{text}'")
+        raise ValueError(f"{what} must be a positive integer, got '{shown_key(text)}'")
     return int(v)
 
 
@@ -305,9 +305,9 @@ def _tokens(text: str, what: str) -> int:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not math.isfinite(v) or v < 0.5:
-        raise ValueError(f"{what} must be a positive number of tokens, got '{text}'")
+        raise ValueError(f"{what} must be a positive number of tokens, got '{shown_key(text)}'")
     return int(round(v))
 
 
@@ -316,9 +316,9 @@ def _rate(text: str, what: str) -> float:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not v > 0:
-        raise ValueError(f"{what} must be a positive number or inf, got '{text}'")
+        raise ValueError(f"{what} must be a positive number or inf, got '{shown_key(text)}'")
     return v
 
 
@@ -328,7 +328,7 @@ def _yes_no(text: str, what: str) -> bool:
         return True
     if t in ("no", "false", "0", "n"):
         return False
-    raise ValueError(f"{what} must be yes or no, got '{text}'")
+    raise ValueError(f"{what} must be yes or no, got '{shown_key(text)}'")
 
 
 def schema_of(header: list[str]) -> str:
@@ -415,7 +415,7 @@ class _Reader:
                                             ("hardware_slug", "hardware", "hardware", load_device)):
             if not r[key]:
                 said = r.get(text_key)
-                gaps.append(f"no {kind} preset for '{said}'" if said else f"{kind} not stated")
+                gaps.append(f"no {kind} preset for '{shown_key(said)}'" if said else f"{kind} not stated")
                 continue
             problem = self.check(kind, r[key], loader)
             if problem:
@@ -467,9 +467,9 @@ class _Reader:
         try:
             value = float(r["value"])
             if not math.isfinite(value) or value <= 0:
-                errors.append(f"value must be a positive number, got '{r['value']}'")
+                errors.append(f"value must be a positive number, got '{shown_key(r['value'])}'")
         except ValueError:
-            errors.append(f"value '{r['value']}' is not a number")
+            errors.append(f"value '{shown_key(r['value'])}' is not a number")
         return metric, value
 
     def _load(self, r: dict, take, gaps: list) -> dict:
@@ -520,7 +520,7 @@ class _Reader:
             if r["batching"] in ("static", "inflight"):
                 overrides["batching"] = r["batching"]
             else:
-                errors.append(f"batching must be static or inflight, got '{r['batching']}'")
+                errors.append(f"batching must be static or inflight, got '{shown_key(r['batching'])}'")
         elif self.schema == GATHERED and r.get("serving"):
             overrides["batching"] = "static" if load["serving"] == "static" else "inflight"
         return overrides

@@ -54,9 +54,9 @@ def study_path(name_or_path: str) -> Path:
     """The file of a study name or path; DseError listing the shipped studies."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
-        if not p.is_file():
+        if not p.exists():
             raise DseError(f"{p}: no such study file")
-        return p
+        return p                # what is not a regular file is refused when read (load_yaml)
     f = STUDY_DIR / f"{name_or_path}.yaml"
     if not f.is_file():
         raise DseError(f"unknown study '{name_or_path}'; shipped studies: {', '.join(available_studies())}")
