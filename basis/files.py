@@ -90,6 +90,25 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def exists(path: str | Path) -> bool:
+    """True when something is at ``path`` (following symlinks); False, not an error, for a name
+    the system cannot look up (too long, a NUL byte, a component that is a file)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def is_regular_file(path: str | Path) -> bool:
+    """True when ``path`` is a regular file (following symlinks); False for any name the system
+    cannot look up."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def read_input(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
     """The bytes of the input file ``path`` (a ``what``: "hardware preset", "study file", ...).
 

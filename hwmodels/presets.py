@@ -21,7 +21,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from basis.errors import DseError, cited_number, first_unknown, kind_of, name_or_kind, verbatim
+from basis.errors import DseError, cited_number, first_unknown, kind_of, name_or_kind, shown_key, verbatim
+from basis.files import is_regular_file
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from hwmodels.energy import load_technology
@@ -211,6 +212,6 @@ def load_device(name_or_path: str) -> Device:
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
         return load_device_file(p)
     f = HARDWARE_DIR / f"{name_or_path}.yaml"
-    if not f.is_file():
-        raise DseError(f"unknown hardware '{name_or_path}'; valid hardware: {', '.join(available_hardware())}")
+    if not is_regular_file(f):
+        raise DseError(f"unknown hardware '{shown_key(name_or_path)}'; valid hardware: {', '.join(available_hardware())}")
     return load_device_file(f)

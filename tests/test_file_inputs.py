@@ -20,7 +20,7 @@ from basis.yamlfile import load_yaml
 from dse.core.efficiency import load_calibration
 from dse.fit.validate import read_table
 from dse.study.studyfile import load_study
-from hwmodels.presets import HARDWARE_DIR, load_device_file
+from hwmodels.presets import HARDWARE_DIR, load_device, load_device_file
 from tests.conftest import FIXED_CALIBRATION, run_cli
 from workloads.lengths import parse_lengths
 from workloads.model import MODELS_DIR, load_model
@@ -214,6 +214,9 @@ def test_well_formed_calibration_files_are_read(tmp_path):
     p = _cal(tmp_path, yaml.safe_dump({**GOOD, "bands": {"all": {"n": 9, "low": 0.7, "high": 1.6}},
                                        "engines": {"vllm": {"step_overhead_s": {"value": 1e-3, "note": "x"}}}}))
     assert load_calibration(str(p))["bands"]["all"]["high"] == 1.6
+    # a fit that kept every family's prior says so: no family fitted, and why
+    p = _cal(tmp_path, "families: {}\npriors_kept: {gpu: fewer than 5 predictable rows}\n")
+    assert load_calibration(str(p))["families"] == {}
     p = _cal(tmp_path, "families:\n  gpu: {compute: {value: 1e-3}}\n")     # the floor itself, as YAML text
     assert load_calibration(str(p))["families"]["gpu"]["compute"]["value"] == "1e-3"
 
@@ -310,3 +313,17 @@ def test_a_model_config_value_is_described_not_quoted(tmp_path):
     refused(lambda: load_model(str(p)), "config.json", "hidden_size: got a string of 16 characters")
     p.write_text(json.dumps({**cfg, "hidden_size": [MARKER]}))
     refused(lambda: load_model(str(p)), "hidden_size: got a list of 1 item;")
+
+
+def test_names_the_system_cannot_look_up_are_refused_in_one_line(tmp_path):
+    """Fuzzing found 'File name too long' tracebacks from a preset, study or measured cell name."""
+    for load in (load_device, load_study, load_model):
+        for name in ("h" * 5000, "a\x00b"):
+            text = refused(lambda: load(name))
+            assert len(text) < 1000, text[:200]
+    p = tmp_path / "m.csv"
+    long = "Q" * 5000
+    p.write_text("id,model_slug,hardware_slug,devices,batch,prompt_len,gen_len,weights,activations,kv,metric,value\n"
+                 + "".join(f"{i}," + ",".join([long] * 11) + "\n" for i in range(3)))
+    text = refused(lambda: read_table(p), "m.csv", "3 bad row(s) and none to validate")
+    assert "Q" * 80 not in text and len(text) < 5000

@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_key
 from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
 
@@ -638,7 +638,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         else:
             p = MODELS_DIR / f"{name_or_path}.json"
             if not p.is_file():
-                raise _one_line(f"unknown model '{name_or_path}'; valid models: {', '.join(available_models())}"
+                raise _one_line(f"unknown model '{shown_key(name_or_path)}'; valid models: {', '.join(available_models())}"
                                 " (or a path to a config.json)")
             name = name_or_path
     except (OSError, ValueError) as e:

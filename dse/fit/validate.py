@@ -347,7 +347,7 @@ def metric_of(name: str) -> tuple[str | None, str]:
     if _PERCENTILE.fullmatch(target):
         return None, (f"percentile not modelled: '{name}' needs the evaluator's {target}, which it does not "
                       f"give (a median is not predicted by a mean)")
-    return None, f"unknown metric '{name}'"
+    return None, f"unknown metric '{shown_key(name)}'"
 
 
 def target_metric(name: str) -> str:
@@ -370,7 +370,7 @@ class _Reader:
                 loader(name)
                 self.known[kind, name] = None
             except DseError as e:
-                self.known[kind, name] = str(e).split(";")[0]
+                self.known[kind, name] = str(e).split(";")[0].replace(name, shown_key(name))   # a cell, cut
         return self.known[kind, name]
 
     def read(self, r: dict, line: int) -> tuple[MeasuredRow | None, list[str], list[str]]:
@@ -451,7 +451,7 @@ class _Reader:
             try:
                 get_format(name, f"{key} format")
             except DseError as e:
-                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0])
+                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0].replace(name, shown_key(name)))
         return names["weights"], names["activations"], names["kv"]
 
     def _measurement(self, r: dict, errors: list, gaps: list) -> tuple[str | None, float | None]:
@@ -541,7 +541,7 @@ def _setting(text: str, what: str) -> int:
 
 
 def _bad_choice(key: str, value: str, allowed: str):
-    raise ValueError(f"{key} must be {allowed}, got '{value}'")
+    raise ValueError(f"{key} must be {allowed}, got '{shown_key(value)}'")
 
 
 def _engine_default_formats(names: dict) -> dict:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from basis.errors import DseError, first_unknown, kind_of, verbatim
+from basis.errors import DseError, first_unknown, kind_of, shown_key, verbatim
+from basis.files import exists, is_regular_file
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
@@ -54,12 +55,12 @@ def study_path(name_or_path: str) -> Path:
     """The file of a study name or path; DseError listing the shipped studies."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
-        if not p.exists():
+        if not exists(p):
             raise DseError(f"{p}: no such study file")
         return p                # what is not a regular file is refused when read (load_yaml)
     f = STUDY_DIR / f"{name_or_path}.yaml"
-    if not f.is_file():
-        raise DseError(f"unknown study '{name_or_path}'; shipped studies: {', '.join(available_studies())}")
+    if not is_regular_file(f):
+        raise DseError(f"unknown study '{shown_key(name_or_path)}'; shipped studies: {', '.join(available_studies())}")
     return f
 
 
