@@ -194,8 +194,14 @@ def load_named_table(path: Path, section: str, parse) -> dict:
     if not isinstance(data, dict):
         raise DseError(f"{path}: expected a mapping with '{section}' and 'sources'")
     sources = data.get("sources", {})
+    entries = data.get(section) or {}
+    if not isinstance(entries, dict):
+        raise DseError(f"{path}: {section}: expected a mapping of names to entries, got {kind_of(entries)}")
+    for name, node in entries.items():
+        if not isinstance(node, dict):
+            raise DseError(f"{path}: {section}.{shown_key(name)}: expected a mapping, got {kind_of(node)}")
     return {name: parse({"name": name, **node}, f"{path}: {section}.{name}", sources)
-            for name, node in (data.get(section) or {}).items()}
+            for name, node in entries.items()}
 
 
 def lookup(table: dict, name: str, what: str):

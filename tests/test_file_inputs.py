@@ -20,7 +20,7 @@ from basis.yamlfile import load_yaml
 from dse.core.efficiency import load_calibration
 from dse.fit.validate import read_table
 from dse.study.studyfile import load_study
-from hwmodels.presets import HARDWARE_DIR, load_device, load_device_file
+from hwmodels.presets import HARDWARE_DIR, _link, load_device, load_device_file, load_named_table
 from tests.conftest import FIXED_CALIBRATION, run_cli
 from workloads.lengths import parse_lengths
 from workloads.model import MODELS_DIR, load_model
@@ -327,3 +327,11 @@ def test_names_the_system_cannot_look_up_are_refused_in_one_line(tmp_path):
                  + "".join(f"{i}," + ",".join([long] * 11) + "\n" for i in range(3)))
     text = refused(lambda: read_table(p), "m.csv", "3 bad row(s) and none to validate")
     assert "Q" * 80 not in text and len(text) < 5000
+
+
+def test_a_table_of_links_or_tiers_is_checked_entry_by_entry(tmp_path):
+    p = tmp_path / "links.yaml"
+    for body, where in ((f"links: {MARKER}\n", "links: expected a mapping of names to entries, got text"),
+                        (f"links:\n  nv: {MARKER}\n", "links.nv: expected a mapping, got text")):
+        p.write_text(body)
+        refused(lambda: load_named_table(p, "links", _link), "links.yaml", where)
