@@ -41,8 +41,9 @@ def first_unknown(keys, allowed) -> str | None:
 
 
 def shown_key(k, limit: int = 40) -> str:
-    """A key read from a file, for a message: on one line, cut to ``limit`` characters."""
-    text = " ".join(str(k).split())
+    """A key read from a file, for a message: on one line (control characters escaped), cut to
+    ``limit`` characters."""
+    text = shown_path(k)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
