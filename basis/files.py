@@ -1,14 +1,22 @@
-"""Writing output files safely: checked output folders and files, atomic replacement
-through a temporary file of a name no other process uses, nothing left behind on failure."""
+"""Reading input files and writing output files safely.
+
+Reading: every file the tool opens (presets, model configs, studies, length traces, measured CSVs,
+calibration files) is read by ``read_input``: a regular file only (a device such as /dev/zero, a
+symlink to one, a FIFO or a folder is refused before it is read, so nothing hangs or fills memory),
+at most a size that depends on its kind, and errors that name the file and never quote it.
+
+Writing: checked output folders and files, atomic replacement through a temporary file of a name
+no other process uses, nothing left behind on failure."""
 from __future__ import annotations
 
 import csv
 import os
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_path
 
 
 def output_folder(path: str | Path, what: str = "--out") -> Path:
@@ -65,14 +73,149 @@ def write_text_atomic(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def read_csv(path: str | Path, what: str) -> tuple[list[str], csv.DictReader]:
-    """(the header's column names, stripped; a DictReader over the rows) of the CSV file
-    ``path`` (UTF-8, a byte-order mark allowed); DseError on one line naming the file and
-    ``what`` it was read as when it cannot be read."""
-    p = Path(path)
+#: the largest input of each kind read (bytes): YAML and JSON files (presets, studies, model
+#: configs, calibration; the largest shipped is 140 KB) and CSV tables (length traces, measured
+#: results: 64 MiB holds about four million rows of a two-column trace)
+MAX_TEXT_BYTES = 16 * 2**20
+MAX_CSV_BYTES = 64 * 2**20
+#: the longest CSV field read (characters); the csv module's own default (128 KiB)
+MAX_CSV_FIELD = 2**17
+
+
+def _size(n: int) -> str:
+    """A byte count for a message: '16 MiB', '3.2 KiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def exists(path: str | Path) -> bool:
+    """True when something is at ``path`` (following symlinks); False, not an error, for a name
+    the system cannot look up (too long, a NUL byte, a component that is a file)."""
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DseError(f"{p}: cannot read {what}: {getattr(e, 'strerror', None) or e}") from None
-    reader = csv.DictReader(text.splitlines())
-    return [h.strip() for h in (reader.fieldnames or [])], reader
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def is_regular_file(path: str | Path) -> bool:
+    """True when ``path`` is a regular file (following symlinks); False for any name the system
+    cannot look up."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def read_input(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the input file ``path`` (a ``what``: "hardware preset", "study file", ...).
+
+    DseError on one line naming the file and ``what`` when it is missing or unreadable, is not a
+    regular file (a folder, a device such as /dev/zero or a symlink to one, a FIFO, a socket:
+    checked with ``os.stat`` before anything is opened, so a FIFO with no writer cannot hang the
+    read), or holds more than ``limit`` bytes (read at most ``limit`` + 1, whatever its size claims,
+    so a file that grows while read, or /proc's files whose size reads 0, stay bounded)."""
+    p = Path(path)
+    name = shown_path(p)
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError) as e:    # ValueError: a NUL byte in the path
+        raise DseError(f"{name}: cannot read the {what}: {getattr(e, 'strerror', None) or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "not a regular file")
+        raise DseError(f"{name}: cannot read the {what}: it is {kind}, not a regular file")
+    if st.st_size > limit:
+        raise DseError(f"{name}: a {what} is at most {_size(limit)}; this file is {_size(st.st_size)}")
+    try:
+        # O_NONBLOCK: should the path be swapped for a FIFO after the check, opening it does not wait
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise DseError(f"{name}: cannot read the {what}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DseError(f"{name}: cannot read the {what}: it is not a regular file")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise DseError(f"{name}: cannot read the {what}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise DseError(f"{name}: a {what} is at most {_size(limit)}; this file is larger")
+    return data
+
+
+def read_input_text(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES, expected: str = "text") -> str:
+    """The UTF-8 text (a byte-order mark dropped) of the input file ``path`` (``read_input``);
+    DseError naming the file and the offset of the first byte that is not UTF-8 (``expected``
+    says what text the file should hold)."""
+    raw = read_input(path, what, limit)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DseError(f"{shown_path(path)}: a {what} must be UTF-8 {expected}; byte {e.start} is not "
+                       f"(a binary file?)") from None
+
+
+class CsvRows:
+    """The rows of a CSV input file as dicts (column -> text), iterated once, in file order;
+    ``fieldnames``: the header's names as written. A malformed row (a NUL byte, a field beyond
+    ``MAX_CSV_FIELD`` characters, an unclosed quote) is a DseError naming the file and line."""
+
+    def __init__(self, path: Path, what: str, lines: list[str]):
+        self.path, self.what = path, what
+        self._lines = lines
+        self._reader = csv.DictReader(lines)
+        self.fieldnames = self._read(lambda: self._reader.fieldnames) or []
+
+    def _read(self, step):
+        start = self._reader.line_num
+        try:
+            return step()
+        except csv.Error as e:
+            line = start + 1                      # the row began on the line after the last one read
+            raise DseError(f"{shown_path(self.path)}: line {line}: not a valid CSV row of the {self.what}: "
+                           f"{str(e).split(chr(10))[0][:80]}") from None
+
+    def __iter__(self):
+        while True:
+            row = self._read(lambda: next(self._reader, None))
+            if row is None:
+                return
+            yield row
+
+
+def read_csv(path: str | Path, what: str, limit: int = MAX_CSV_BYTES) -> tuple[list[str], CsvRows]:
+    """(the header's column names, stripped; the rows, ``CsvRows``) of the CSV input file ``path``
+    (``read_input_text``: a regular UTF-8 file of at most ``limit`` bytes, a byte-order mark
+    allowed); DseError on one line naming the file and ``what`` it was read as when it cannot be
+    read, has no header or names a column twice (one column would silently replace the other)."""
+    p = Path(path)
+    text = read_input_text(p, what, limit, expected="CSV text")
+    csv.field_size_limit(MAX_CSV_FIELD)
+    rows = CsvRows(p, what, text.splitlines())
+    header = [h.strip() if isinstance(h, str) else "" for h in rows.fieldnames]
+    if not header:
+        raise DseError(f"{shown_path(p)}: the {what} is empty; expected a header line of column names")
+    seen: set[str] = set()
+    for h in header:
+        if h and h in seen:
+            raise DseError(f"{shown_path(p)}: column {_cut(h)!r} appears twice in the header of the {what}; give each column once")
+        seen.add(h)
+    return header, rows
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    """``text`` on one line, cut to ``limit`` characters (a key named in a message)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -1,16 +1,18 @@
 """Reading a YAML input file (study, hardware preset, link and tier tables, calibration)
-as untrusted text: UTF-8 of bounded size, safe tags only, and aliases bounded so that a
-small file cannot expand into a huge one (the "billion laughs" alias bomb)."""
+as untrusted text: a regular UTF-8 file of bounded size (``basis.files.read_input``), safe
+tags only, no key given twice in one mapping (YAML would silently keep the last), and aliases
+bounded so that a small file cannot expand into a huge one (the "billion laughs" alias bomb)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_path
+from basis.files import MAX_TEXT_BYTES, read_input_text
 
 #: the largest YAML input file read (bytes)
-MAX_FILE_BYTES = 16 * 2**20
+MAX_FILE_BYTES = MAX_TEXT_BYTES
 #: the most nodes a document may have once its aliases are expanded
 MAX_NODES = 200_000
 
@@ -20,13 +22,35 @@ MAX_NODES = 200_000
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _BoundedLoader(_SAFE_LOADER):
-    """PyYAML's safe loader, refusing a document whose aliases expand beyond ``MAX_NODES``."""
+    """PyYAML's safe loader, refusing a document whose aliases expand beyond ``MAX_NODES`` and a
+    mapping that gives one key twice (keys merged in with ``<<`` may be overridden, as YAML means)."""
 
     def get_single_node(self):
         node = super().get_single_node()
         expanded_nodes(node)
         return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:             # an unhashable key: the safe constructor refuses it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {_cut(key)} appears twice in one mapping; give each key once",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def expanded_nodes(root: yaml.Node) -> int:
@@ -61,25 +85,16 @@ def expanded_nodes(root: yaml.Node) -> int:
 def load_yaml(path: str | Path, what: str):
     """The parsed content of the YAML file ``path`` (a ``what``: "study file",
     "hardware preset", ...); DseError on one line naming the file for an unreadable,
-    oversized, non-UTF-8 or malformed file or one whose aliases expand too far."""
+    oversized, non-UTF-8 or malformed file, one that is not a regular file, gives a key twice
+    or whose aliases expand too far. The message never quotes the file's lines."""
     p = Path(path)
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise DseError(f"{p}: a {what} is at most {MAX_FILE_BYTES // 2**20} MiB; this file is "
-                           f"{p.stat().st_size / 2**20:.0f} MiB")
-        raw = p.read_bytes()
-    except OSError as e:
-        raise DseError(f"{p}: cannot read the {what}: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DseError(f"{p}: a {what} must be UTF-8 text; byte {e.start} is not (a binary file?)") from None
+    text = read_input_text(p, what, MAX_FILE_BYTES)
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
     except RecursionError:
-        raise DseError(f"{p}: not valid YAML for a {what}: nested too deeply") from None
+        raise DseError(f"{shown_path(p)}: not valid YAML for a {what}: nested too deeply") from None
     except yaml.YAMLError as e:
-        raise DseError(f"{p}: not valid YAML for a {what}: {_yaml_message(e)}") from None
+        raise DseError(f"{shown_path(p)}: not valid YAML for a {what}: {_yaml_message(e)}") from None
 
 
 def _yaml_message(e: yaml.YAMLError) -> str:
@@ -89,3 +104,9 @@ def _yaml_message(e: yaml.YAMLError) -> str:
     if problem:
         return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else str(problem)
     return " ".join(str(e).split())
+
+
+def _cut(key, limit: int = 40) -> str:
+    """A mapping key for a message: its repr on one line, cut to ``limit`` characters."""
+    text = " ".join(repr(key).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from basis.errors import DseError
+from basis.errors import DseError, name_or_kind
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ _BY_NAME = {c.name: c for c in CLASSES}
 
 def device_class(name: str, where: str = "class") -> DeviceClass:
     """The DeviceClass named ``name``; DseError naming ``where`` and the classes allowed."""
-    found = _BY_NAME.get(name)
+    found = _BY_NAME.get(name) if isinstance(name, str) else None
     if found is None:
-        raise DseError(f"{where}: class '{name}' is not one of {', '.join(DEVICE_CLASSES)}")
+        raise DseError(f"{where}: class: {name_or_kind(name)} is not one of {', '.join(DEVICE_CLASSES)}")
     return found

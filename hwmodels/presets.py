@@ -21,7 +21,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from basis.errors import DseError, cited_number
+from basis.errors import DseError, cited_number, first_unknown, kind_of, name_or_kind, shown_key, verbatim
+from basis.files import is_regular_file
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from hwmodels.classes import DEVICE_CLASSES as DEVICE_CLASSES  # the class names, imported from here too
@@ -53,9 +54,9 @@ def _link(node, where: str, sources: dict) -> Link | None:
         return None
     if not isinstance(node, dict) or "name" not in node:
         raise DseError(f"{where}: expected a mapping with name, bandwidth_bytes_per_s[, latency_s]")
-    extra = set(node) - {"name", "bandwidth_bytes_per_s", "latency_s"}
+    extra = first_unknown(node, ("name", "bandwidth_bytes_per_s", "latency_s"))
     if extra:
-        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        raise DseError(f"{where}: unknown key(s) {extra}; allowed: name, bandwidth_bytes_per_s, latency_s")
     if "bandwidth_bytes_per_s" not in node:
         raise DseError(f"{where}: missing 'bandwidth_bytes_per_s'")
     lat = _cited(node["latency_s"], f"{where}.latency_s", sources, positive=False) if "latency_s" in node else 0.0
@@ -66,10 +67,12 @@ def _link(node, where: str, sources: dict) -> Link | None:
 def device_from_dict(d: dict, path: str) -> Device:
     """Return the Device a parsed preset describes; raise DseError naming ``path`` and the key."""
     if not isinstance(d, dict):
-        raise DseError(f"{path}: expected a mapping at the top level")
-    unknown = set(d) - TOP_KEYS
+        raise DseError(f"{path}: expected a hardware preset, a mapping with keys such as name, class and "
+                       f"peak_ops_per_s; this file is not one")
+    unknown = first_unknown(d, TOP_KEYS)
     if unknown:
-        raise DseError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_KEYS))}")
+        raise DseError(f"{path}: unknown key(s) {unknown} (is this a hardware preset?); "
+                       f"allowed: {', '.join(sorted(TOP_KEYS))}")
     for key in ("name", "class", "peak_ops_per_s", "vector_ops_per_s", "memory_tiers", "sources"):
         if key not in d:
             raise DseError(f"{path}: missing required key '{key}'")
@@ -86,7 +89,7 @@ def device_from_dict(d: dict, path: str) -> Device:
         raise DseError(f"{path}: a 'pim' section is required for class pim and allowed only there")
     host_cpu = d.get("host_cpu")
     if host_cpu is not None and not isinstance(host_cpu, str):
-        raise DseError(f"{path}: host_cpu must name a CPU preset, got {host_cpu!r}")
+        raise DseError(f"{path}: host_cpu must name a CPU preset, got {kind_of(host_cpu)}")
     tiers_node = d["memory_tiers"]
     if not isinstance(tiers_node, list) or not tiers_node:
         raise DseError(f"{path}: memory_tiers must be a non-empty list")
@@ -109,7 +112,7 @@ def _energy_profile(d: dict, path: str) -> str:
     name = d.get("energy_profile", "")
     known = load_technology().devices
     if name and (not isinstance(name, str) or name not in known):
-        raise DseError(f"{path}: energy_profile: {name!r} is not a measured profile; allowed: {', '.join(known)}")
+        raise DseError(f"{path}: energy_profile: {name_or_kind(name)} is not a measured profile; allowed: {', '.join(known)}")
     return name
 
 
@@ -117,12 +120,12 @@ def _vendor_family(d: dict, path: str) -> tuple[str, str]:
     """(vendor, family) of a parsed preset: family defaults to the class; an unknown one is an error."""
     vendor = d.get("vendor", "")
     if not isinstance(vendor, str) or ("vendor" in d and not vendor.strip()):
-        raise DseError(f"{path}: vendor: expected a non-empty name such as nvidia, amd or research, got {vendor!r}")
+        raise DseError(f"{path}: vendor: expected a non-empty name such as nvidia, amd or research, got {kind_of(vendor)}")
     if "family" not in d:
         return vendor, d["class"]
     family = d["family"]
     if family not in FAMILIES:
-        raise DseError(f"{path}: family: {family!r} is not a known efficiency family; allowed: {', '.join(FAMILIES)}")
+        raise DseError(f"{path}: family: {name_or_kind(family)} is not a known efficiency family; allowed: {', '.join(FAMILIES)}")
     return vendor, family
 
 
@@ -142,18 +145,18 @@ def _pim(node, where: str, sources: dict) -> PimUnit:
     """The PIM section of a preset."""
     if not isinstance(node, dict):
         raise DseError(f"{where}: expected a mapping with {', '.join(sorted(PIM_KEYS))}")
-    extra = set(node) - PIM_KEYS
+    extra = first_unknown(node, PIM_KEYS)
     if extra:
-        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: {', '.join(sorted(PIM_KEYS))}")
+        raise DseError(f"{where}: unknown key(s) {extra}; allowed: {', '.join(sorted(PIM_KEYS))}")
     for k in ("peak_ops_per_s", "internal_bandwidth_multiple", "operators"):
         if k not in node:
             raise DseError(f"{where}: missing '{k}'")
     ops = node["operators"]
     if not isinstance(ops, list) or not ops or any(o not in PIM_OPERATOR_GROUPS for o in ops):
-        raise DseError(f"{where}.operators: expected a list of {', '.join(PIM_OPERATOR_GROUPS)}, got {ops!r}")
+        raise DseError(f"{where}.operators: expected a list of {', '.join(PIM_OPERATOR_GROUPS)}, got {kind_of(ops) if not isinstance(ops, list) else 'another list'}")
     conc = node.get("concurrent", False)
     if not isinstance(conc, bool):
-        raise DseError(f"{where}.concurrent: expected true or false, got {conc!r}")
+        raise DseError(f"{where}.concurrent: expected true or false, got {kind_of(conc)}")
     mult = _cited(node["internal_bandwidth_multiple"], f"{where}.internal_bandwidth_multiple", sources)
     if mult < 1:
         raise DseError(f"{where}.internal_bandwidth_multiple: must be at least 1, got {mult}")
@@ -164,9 +167,9 @@ def _tier(t, w: str, sources: dict) -> MemoryTier:
     """A memory tier from its preset mapping."""
     if not isinstance(t, dict) or "name" not in t:
         raise DseError(f"{w}: expected a mapping with name, capacity_bytes, bandwidth_bytes_per_s")
-    extra = set(t) - {"name", "capacity_bytes", "bandwidth_bytes_per_s", "latency_s"}
+    extra = first_unknown(t, ("name", "capacity_bytes", "bandwidth_bytes_per_s", "latency_s"))
     if extra:
-        raise DseError(f"{w}: unknown key(s) {', '.join(sorted(extra))}")
+        raise DseError(f"{w}: unknown key(s) {extra}; allowed: name, capacity_bytes, bandwidth_bytes_per_s, latency_s")
     for k in ("capacity_bytes", "bandwidth_bytes_per_s"):
         if k not in t:
             raise DseError(f"{w}: missing '{k}'")
@@ -178,7 +181,10 @@ def _tier(t, w: str, sources: dict) -> MemoryTier:
 def load_device_file(path: str | Path) -> Device:
     """Read and validate one preset file."""
     p = Path(path)
-    return device_from_dict(load_yaml(p, "hardware preset"), str(p))
+    try:
+        return device_from_dict(load_yaml(p, "hardware preset"), str(p))
+    except DseError as e:
+        raise verbatim(e) from None
 
 
 def load_named_table(path: Path, section: str, parse) -> dict:
@@ -188,8 +194,14 @@ def load_named_table(path: Path, section: str, parse) -> dict:
     if not isinstance(data, dict):
         raise DseError(f"{path}: expected a mapping with '{section}' and 'sources'")
     sources = data.get("sources", {})
+    entries = data.get(section) or {}
+    if not isinstance(entries, dict):
+        raise DseError(f"{path}: {section}: expected a mapping of names to entries, got {kind_of(entries)}")
+    for name, node in entries.items():
+        if not isinstance(node, dict):
+            raise DseError(f"{path}: {section}.{shown_key(name)}: expected a mapping, got {kind_of(node)}")
     return {name: parse({"name": name, **node}, f"{path}: {section}.{name}", sources)
-            for name, node in (data.get(section) or {}).items()}
+            for name, node in entries.items()}
 
 
 def lookup(table: dict, name: str, what: str):
@@ -206,6 +218,6 @@ def load_device(name_or_path: str) -> Device:
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
         return load_device_file(p)
     f = HARDWARE_DIR / f"{name_or_path}.yaml"
-    if not f.is_file():
-        raise DseError(f"unknown hardware '{name_or_path}'; valid hardware: {', '.join(available_hardware())}")
+    if not is_regular_file(f):
+        raise DseError(f"unknown hardware '{shown_key(name_or_path)}'; valid hardware: {', '.join(available_hardware())}")
     return load_device_file(f)

@@ -151,7 +151,7 @@ def test_calibration_file_is_read_and_checked(tmp_path):
     with pytest.raises(DseError, match=r"cal\.yaml: (classes|families)\.gpu\.speed: unknown parameter"):
         efficiency_for("gpu", path=str(p))
     p.write_text("classes:\n  gpu:\n    compute: {value: 1.5}\n")
-    with pytest.raises(DseError, match=r"family gpu: efficiency 'compute' must be in \(0, 1\]"):
+    with pytest.raises(DseError, match=r"cal\.yaml: classes\.gpu\.compute: must be from 0\.001 to 1, got 1\.5"):
         efficiency_for("gpu", path=str(p))
     p.write_text("classes: [1, 2")
     with pytest.raises(DseError, match="not valid YAML"):

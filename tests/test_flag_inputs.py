@@ -64,7 +64,8 @@ def test_a_numeric_flag_refuses_digits_of_other_scripts(p, text):
 def test_a_study_and_evaluate_refuse_digits_of_other_scripts_too():
     with pytest.raises(DseError, match=r"^columns: prompt_len: expected numbers, got '١٢'$"):
         evaluate({**POINT, "prompt_len": "١٢"})
-    with pytest.raises(DseError, match=r"space\.prompt_len: expected a finite number, got '١٢'"):
+    # a value read from a study file is described, never quoted (the file's content is not echoed)
+    with pytest.raises(DseError, match=r"space\.prompt_len: expected a finite number, got text that is not a number"):
         DesignSpace({**SPACE, "prompt_len": "١٢"}, where="s.yaml: space")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+import basis.files as files
 from basis.errors import DseError
 from workloads.model import MAX_SIZE, MODELS_DIR, available_models, load_model, spec_from_config
 
@@ -246,7 +247,7 @@ def test_bad_files(tmp_path, monkeypatch):
         "truncated.json": (b'{"hidden_size": 4096,', "invalid JSON"),
         "list.json": (b"[1, 2]", "(top level): got [1, 2] (a list)"),
         "number.json": (b"42", "(top level): got 42"),
-        "string.json": (b'"llama"', "(top level): got \"llama\""),
+        "string.json": (b'"llama"', "(top level): got a string of 5 characters"),
         "null.json": (b"null", "(top level): got null"),
         "nan.json": (b"NaN", "(top level): got NaN"),
         "duplicate.json": (b'{"hidden_size": 4096, "hidden_size": -1}', "hidden_size: appears more than once"),
@@ -269,10 +270,10 @@ def test_bad_files(tmp_path, monkeypatch):
             load_model(str(arg))
     p = write(tmp_path / "ok" / "config.json", shipped("llama-2-7b"))
 
-    def denied(self):
+    def denied(*_):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(Path, "read_bytes", denied)
-    with pytest.raises(DseError, match=r"cannot read config\.json: Permission denied"):
+    monkeypatch.setattr(files.os, "open", denied)
+    with pytest.raises(DseError, match=r"cannot read the model config \(config\.json\): Permission denied"):
         load_model(str(p))
 
 

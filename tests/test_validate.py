@@ -113,7 +113,7 @@ def test_bad_csv_on_the_command_line(tmp_path):
     assert "m.csv: 2 bad row(s) and none to validate: line 2: value 'n/a' is not a number; line 3: batch must be a " \
            "positive integer" in r.stderr
     r = run_cli("validate", "--measured", tmp_path / "nope.csv")
-    assert r.returncode == 2 and "nope.csv: cannot read measured results" in r.stderr
+    assert r.returncode == 2 and "nope.csv: cannot read the measured-results CSV" in r.stderr
 
 
 def test_unpredictable_rows_are_listed_with_the_reason(tmp_path):

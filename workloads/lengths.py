@@ -233,7 +233,7 @@ def _read_trace(path: str) -> LengthSpec:
     """A trace LengthSpec from a CSV with ``prompt_len`` and ``gen_len`` columns; DseError
     naming the file, line and column of what cannot be used."""
     p = Path(path)
-    header, reader = read_csv(p, "a length trace (lengths)")
+    header, reader = read_csv(p, "length trace")
     if "prompt_len" not in header or "gen_len" not in header:
         raise DseError(f"{p}: a length trace needs columns prompt_len and gen_len, found {', '.join(header) or 'none'}")
     prompts, gens = [], []
@@ -245,7 +245,8 @@ def _read_trace(path: str) -> LengthSpec:
             except ValueError:
                 v = math.nan
             if not (math.isfinite(v) and v >= 1 and v == int(v) and v <= 2**40):
-                raise DseError(f"{p}: line {line}: {key} must be a positive integer, got {raw!r}")
+                raise DseError(f"{p}: line {line}: {key} must be a positive integer (at most 2**40), got "
+                               f"{f'{v:g}' if math.isfinite(v) else 'empty' if not raw else 'text that is not a number'}")
             out.append(int(v))
     if not prompts:
         raise DseError(f"{p}: a length trace needs at least one row")

@@ -43,7 +43,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_key
+from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
 
 #: the shipped model configs (``configs/models``; package data in a wheel)
@@ -204,7 +205,8 @@ def _named(cfg: dict, key: str) -> str:
 
 
 def _show(v) -> str:
-    """``v`` as it would read in JSON, shortened to one short phrase."""
+    """``v`` as one short phrase: a number, null, a boolean or a list of numbers as it would read
+    in JSON (shortened); a string, an object or another list by its kind and size only."""
     if isinstance(v, _NotFinite):
         return v.text
     if isinstance(v, float) and not math.isfinite(v):
@@ -215,11 +217,17 @@ def _show(v) -> str:
         except ValueError:      # more digits than Python prints
             return f"an integer of about {round(v.bit_length() * 0.30103)} digits"
         return s if len(s) <= 40 else f"an integer of {len(s.lstrip('-'))} digits"
+    if isinstance(v, str):          # a file's text is never quoted back (it may be anything)
+        return "an empty string" if not v else f"a string of {len(v)} characters"
+    if isinstance(v, dict):
+        return f"an object of {len(v)} key{'s' * (len(v) != 1)}"
+    if isinstance(v, list) and not all(x is None or isinstance(x, (int, float)) for x in v):
+        return f"a list of {len(v)} item{'s' * (len(v) != 1)}"
     try:
         s = json.dumps(v, allow_nan=True)
     except (TypeError, ValueError, RecursionError):
         s = f"a Python {type(v).__name__}"
-    kind = ({str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(v), "")
+    kind = ({bool: "a boolean", list: "a list"}.get(type(v), "")
             if v is not None and not isinstance(v, float) else "")
     s = s if len(s) <= 40 else s[:37] + "..."
     return f"{s} ({kind})" if kind else s
@@ -578,13 +586,10 @@ def _first_not_finite(node) -> tuple[str, _NotFinite] | None:
 
 
 def _read_config(p: Path):
-    """The parsed JSON of ``p``; DseError (one line naming ``p``) when it cannot be read,
-    is not UTF-8 text, is not JSON, repeats a key or holds NaN/Infinity."""
+    """The parsed JSON of ``p``; DseError (one line naming ``p``) when it cannot be read
+    (``basis.files.read_input``: a regular file of bounded size), is not UTF-8 text, is not JSON, repeats a key or holds NaN/Infinity."""
     where = f"{p}: cannot read config.json"
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise _one_line(f"{where}: {e.strerror or e}") from None
+    raw = read_input(p, "model config (config.json)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -627,13 +632,13 @@ def load_model(name_or_path: str) -> ModelSpec:
         if "/" in name_or_path or os.sep in name_or_path or p.suffix == ".json" or p.is_file():
             if p.is_dir():
                 p = p / "config.json"
-            if not p.is_file():
+            if not p.exists():   # what is there but not a regular file is refused when read
                 raise _one_line(f"model config file not found: {p}")
             name = p.parent.name if p.name == "config.json" else p.stem
         else:
             p = MODELS_DIR / f"{name_or_path}.json"
             if not p.is_file():
-                raise _one_line(f"unknown model '{name_or_path}'; valid models: {', '.join(available_models())}"
+                raise _one_line(f"unknown model '{shown_key(name_or_path)}'; valid models: {', '.join(available_models())}"
                                 " (or a path to a config.json)")
             name = name_or_path
     except (OSError, ValueError) as e:

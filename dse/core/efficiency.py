@@ -90,7 +90,7 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError, as_number
+from basis.errors import MAX_FIGURE, DseError, as_number, shown_key, verbatim
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
 from hwmodels.formats import COMPUTE_CLASSES
@@ -328,44 +328,139 @@ def load_calibration(path: str | None = None) -> dict:
                 "; reinstall the package (pip install --force-reinstall dse-llm) or use a complete checkout"
                 if not path else "")
         raise DseError(f"{p}: cannot read the calibration file: {e.strerror or e}{hint}") from None
-    return _load_calibration(str(p), st.st_mtime_ns, st.st_size)
+    try:
+        return _load_calibration(str(p), st.st_mtime_ns, st.st_size)
+    except DseError as e:
+        raise verbatim(e) from None
 
 
 load_calibration.cache_clear = lambda: _load_calibration.cache_clear()   # noqa: E731
 
 
-#: sections of a calibration file that hold fitted parameters, and the names each allows
-#: (``engines``: any engine; ``dse.core.engines`` checks them against its profiles)
+#: sections of a calibration file that hold fitted parameters, and the groups and names each
+#: allows (``launch``: the launch classes of ``dse.core.engines``; ``allreduce``: its all-reduce
+#: algorithms that cost a launch; ``engines``: the engine profiles of configs/engines.yaml)
 ENGINE_SIDE = {"launch": ("op_overhead_s",), "allreduce": ("collective_latency_s",),
                "engines": ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale")}
+LAUNCH_CLASSES = ("eager", "graphs")
+ALLREDUCE_ALGORITHMS = ("one-shot", "ring")
+#: the sections ``calibrate`` writes that record how the fit was made (free-form mappings)
+RECORD_SECTIONS = ("fitted", "error", "cross_validation", "band_coverage", "not_fitted", "priors_kept",
+                   "unpredictable")
+#: every top-level section a calibration file may have (``classes``: ``families`` before families)
+SECTIONS = ("families", "classes", *ENGINE_SIDE, "bands", *RECORD_SECTIONS)
+
+#: The least fraction of peak a calibration file may give (0.1 %): the kernel floors every fraction
+#: at ``_FLOOR`` = 1e-3 of its maximum, so a smaller one is not what the model would compute; and
+#: ``calibrate`` bounds fitted fractions to 0.2-1 (``dse.fit.calibrate.FIT``): no measured engine
+#: reaches less than a few % of a peak. The most time a fixed overhead may take (1 s per operator,
+#: step, request or collective: the fit's bounds end at 0.05 s). An engine's scales relative to the
+#: default engine: 0.01-100 (fitted within 0.3-2).
+MIN_FRACTION = _FLOOR
+MAX_OVERHEAD_S = 1.0
+#: [low, high] of each parameter a calibration file may give
+FILE_RANGES: dict[str, tuple[float, float]] = {
+    **{k: (MIN_FRACTION, 1.0) for k in FRACTIONS},
+    **{k: (0.0, MAX_OVERHEAD_S) for k in ("op_overhead_s", "step_overhead_s", "request_overhead_s",
+                                          "collective_latency_s")},
+    "compute_half_ops": (0.0, MAX_FIGURE), "memory_half_bytes": (0.0, MAX_FIGURE), "compute_half_rows": (0.0, 1e6),
+    "attention_kv_reads": (1.0, 1024.0), "kv_reread_exponent": (0.0, 1.0), "prefill_decode_overlap": (0.0, 1.0),
+    "memory_scale": (0.01, 100.0), "compute_scale": (0.01, 100.0),
+}
+#: the keys of one band (``dse.core.bands``), and the largest factor a band may give
+BAND_KEYS = ("n", "low", "high")
+MAX_BAND_FACTOR = 1e3
+ENGINES_FILE = shipped("configs", "engines.yaml")
+#: what a group of each section is, for messages
+_GROUP_WORDS = {"families": "hardware family", "launch": "launch class", "allreduce": "all-reduce algorithm",
+                "engines": "engine"}
 
 
 @lru_cache(maxsize=8)
 def _load_calibration(path: str, mtime_ns: int, size: int) -> dict:
+    """The checked calibration file ``path`` (cached by its modification time and size)."""
     p = Path(path)
-    data = load_yaml(p, "calibration file") or {}
-    if not isinstance(data, dict):
-        raise DseError(f"{p}: expected a mapping with 'families: {{<family>: {{<parameter>: {{value: ...}}}}}}'")
-    if "classes" in data and "families" not in data:       # written before hardware families
+    data = load_yaml(p, "calibration file")
+    if not isinstance(data, dict) or not data:
+        raise DseError(f"{p}: the calibration file is {'empty' if data in (None, {}) else 'not a mapping'}; "
+                       f"expected a mapping with 'families: {{<family>: {{<parameter>: {{value: NUMBER}}}}}}'")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise DseError(f"{p}: {shown_key(unknown[0])}: unknown section; allowed: {', '.join(SECTIONS)}")
+    name = "families" if "families" in data or "classes" not in data else "classes"
+    if name == "classes":                                  # written before hardware families
         data = {**data, "families": data["classes"]}
-    sections = {"families": PARAM_NAMES, **ENGINE_SIDE}
-    for section, allowed in sections.items():
-        groups = data.get(section) or {}
+    if not isinstance(data.get("families"), dict) or not (data["families"] or data.get("priors_kept")):
+        raise DseError(f"{p}: {name}: expected the fitted parameters of at least one hardware family "
+                       f"({{<family>: {{<parameter>: {{value: NUMBER}}}}}}); known families: {', '.join(FAMILY_PRIORS)}")
+    groups_of = {"families": tuple(FAMILY_PRIORS), "launch": LAUNCH_CLASSES, "allreduce": ALLREDUCE_ALGORITHMS,
+                 "engines": _engine_names()}
+    for section, allowed in {"families": PARAM_NAMES, **ENGINE_SIDE}.items():
+        groups = data.get(section)
+        shown = name if section == "families" else section
+        if groups is None:
+            continue
         if not isinstance(groups, dict):
-            raise DseError(f"{p}: {section}: expected a mapping of groups to parameters")
+            raise DseError(f"{p}: {shown}: expected a mapping of groups to parameters")
         for group, params in groups.items():
-            if section == "families" and group not in FAMILY_PRIORS:
-                raise DseError(f"{p}: families.{group}: unknown hardware family; known: {', '.join(FAMILY_PRIORS)}")
-            if not isinstance(params, dict):
-                raise DseError(f"{p}: {section}.{group}: expected a mapping of parameters")
+            if group not in groups_of[section]:
+                raise DseError(f"{p}: {shown}.{shown_key(group)}: unknown {_GROUP_WORDS[section]}; "
+                               f"known: {', '.join(groups_of[section])}")
+            if not isinstance(params, dict) or not params:
+                raise DseError(f"{p}: {shown}.{group}: expected a mapping of parameters to {{value: NUMBER}}")
             for k, v in params.items():
+                where = f"{p}: {shown}.{group}.{shown_key(k)}"
                 if k not in allowed:
-                    raise DseError(f"{p}: {section}.{group}.{k}: unknown parameter; allowed: {', '.join(allowed)}")
-                val = v.get("value") if isinstance(v, dict) else v
-                if isinstance(val, str):
-                    raise DseError(f"{p}: {section}.{group}.{k}: expected {{value: NUMBER, note: ...}}, got {v!r}")
-                as_number(val, f"{p}: {section}.{group}.{k}")
+                    raise DseError(f"{where}: unknown parameter; allowed: {', '.join(allowed)}")
+                _parameter(v, k, where)
+    for section in ("bands", *RECORD_SECTIONS):
+        if section in data and not isinstance(data[section], dict):
+            raise DseError(f"{p}: {section}: expected a mapping")
+    for key, band in (data.get("bands") or {}).items():
+        _band(band, f"{p}: bands.{shown_key(key)}")
     return data
+
+
+def _parameter(node, name: str, where: str) -> float:
+    """The value of a calibration parameter ``{value: NUMBER[, note: TEXT]}`` (or a bare number):
+    finite and within ``FILE_RANGES[name]``; DseError naming ``where`` (never the value's text)."""
+    if isinstance(node, dict):
+        extra = [k for k in node if k not in ("value", "note")]
+        if extra or "value" not in node:
+            raise DseError(f"{where}: expected {{value: NUMBER, note: TEXT}}"
+                           + (f"; unknown key {shown_key(extra[0])}" if extra else "; 'value' is missing"))
+        node = node["value"]
+    v = as_number(node, where)
+    lo, hi = FILE_RANGES.get(name, (-MAX_FIGURE, MAX_FIGURE))
+    if not lo <= v <= hi:
+        raise DseError(f"{where}: must be from {lo:g} to {hi:g}, got {v:g}")
+    return v
+
+
+def _band(node, where: str) -> None:
+    """DseError naming ``where`` unless ``node`` is a band {n: rows, low: factor, high: factor}:
+    n a whole number at least 1, both factors within 1 / ``MAX_BAND_FACTOR`` ... ``MAX_BAND_FACTOR``
+    and low <= high."""
+    if not isinstance(node, dict) or set(node) != set(BAND_KEYS):
+        extra = [k for k in node if k not in BAND_KEYS] if isinstance(node, dict) else []
+        raise DseError(f"{where}: expected {{n: ROWS, low: FACTOR, high: FACTOR}}"
+                       + (f"; unknown key {shown_key(extra[0])}" if extra else ""))
+    n = as_number(node["n"], f"{where}.n")
+    if not (n >= 1 and n == int(n)):
+        raise DseError(f"{where}.n: expected a whole number of rows, at least 1, got {n:g}")
+    low, high = as_number(node["low"], f"{where}.low"), as_number(node["high"], f"{where}.high")
+    for k, v in (("low", low), ("high", high)):
+        if not 1 / MAX_BAND_FACTOR <= v <= MAX_BAND_FACTOR:
+            raise DseError(f"{where}.{k}: a factor from {1 / MAX_BAND_FACTOR:g} to {MAX_BAND_FACTOR:g}, got {v:g}")
+    if low > high:
+        raise DseError(f"{where}: low ({low:g}) exceeds high ({high:g})")
+
+
+@lru_cache(maxsize=1)
+def _engine_names() -> tuple[str, ...]:
+    """The names of the engine profiles (configs/engines.yaml; checked by ``dse.core.engines``)."""
+    data = load_yaml(ENGINES_FILE, "engine profiles")
+    return tuple(str(k) for k in ((data or {}).get("engines") or {})) if isinstance(data, dict) else ()
 
 
 def _value(node) -> float:

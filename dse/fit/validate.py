@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import DseError, shown_key
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
@@ -293,9 +293,9 @@ def _int(text: str, what: str) -> int:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not math.isfinite(v) or v != int(v) or v <= 0:
-        raise ValueError(f"{what} must be a positive integer, got '{text}'")
+        raise ValueError(f"{what} must be a positive integer, got '{shown_key(text)}'")
     return int(v)
 
 
@@ -304,9 +304,9 @@ def _tokens(text: str, what: str) -> int:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not math.isfinite(v) or v < 0.5:
-        raise ValueError(f"{what} must be a positive number of tokens, got '{text}'")
+        raise ValueError(f"{what} must be a positive number of tokens, got '{shown_key(text)}'")
     return int(round(v))
 
 
@@ -315,9 +315,9 @@ def _rate(text: str, what: str) -> float:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{text}' is not a number") from None
+        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
     if not v > 0:
-        raise ValueError(f"{what} must be a positive number or inf, got '{text}'")
+        raise ValueError(f"{what} must be a positive number or inf, got '{shown_key(text)}'")
     return v
 
 
@@ -327,7 +327,7 @@ def _yes_no(text: str, what: str) -> bool:
         return True
     if t in ("no", "false", "0", "n"):
         return False
-    raise ValueError(f"{what} must be yes or no, got '{text}'")
+    raise ValueError(f"{what} must be yes or no, got '{shown_key(text)}'")
 
 
 def schema_of(header: list[str]) -> str:
@@ -346,7 +346,7 @@ def metric_of(name: str) -> tuple[str | None, str]:
     if _PERCENTILE.fullmatch(target):
         return None, (f"percentile not modelled: '{name}' needs the evaluator's {target}, which it does not "
                       f"give (a median is not predicted by a mean)")
-    return None, f"unknown metric '{name}'"
+    return None, f"unknown metric '{shown_key(name)}'"
 
 
 def target_metric(name: str) -> str:
@@ -369,7 +369,7 @@ class _Reader:
                 loader(name)
                 self.known[kind, name] = None
             except DseError as e:
-                self.known[kind, name] = str(e).split(";")[0]
+                self.known[kind, name] = str(e).split(";")[0].replace(name, shown_key(name))   # a cell, cut
         return self.known[kind, name]
 
     def read(self, r: dict, line: int) -> tuple[MeasuredRow | None, list[str], list[str]]:
@@ -414,7 +414,7 @@ class _Reader:
                                             ("hardware_slug", "hardware", "hardware", load_device)):
             if not r[key]:
                 said = r.get(text_key)
-                gaps.append(f"no {kind} preset for '{said}'" if said else f"{kind} not stated")
+                gaps.append(f"no {kind} preset for '{shown_key(said)}'" if said else f"{kind} not stated")
                 continue
             problem = self.check(kind, r[key], loader)
             if problem:
@@ -450,7 +450,7 @@ class _Reader:
             try:
                 get_format(name, f"{key} format")
             except DseError as e:
-                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0])
+                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0].replace(name, shown_key(name)))
         return names["weights"], names["activations"], names["kv"]
 
     def _measurement(self, r: dict, errors: list, gaps: list) -> tuple[str | None, float | None]:
@@ -466,9 +466,9 @@ class _Reader:
         try:
             value = float(r["value"])
             if not math.isfinite(value) or value <= 0:
-                errors.append(f"value must be a positive number, got '{r['value']}'")
+                errors.append(f"value must be a positive number, got '{shown_key(r['value'])}'")
         except ValueError:
-            errors.append(f"value '{r['value']}' is not a number")
+            errors.append(f"value '{shown_key(r['value'])}' is not a number")
         return metric, value
 
     def _load(self, r: dict, take, gaps: list) -> dict:
@@ -519,7 +519,7 @@ class _Reader:
             if r["batching"] in ("static", "inflight"):
                 overrides["batching"] = r["batching"]
             else:
-                errors.append(f"batching must be static or inflight, got '{r['batching']}'")
+                errors.append(f"batching must be static or inflight, got '{shown_key(r['batching'])}'")
         elif self.schema == GATHERED and r.get("serving"):
             overrides["batching"] = "static" if load["serving"] == "static" else "inflight"
         return overrides
@@ -540,7 +540,7 @@ def _setting(text: str, what: str) -> int:
 
 
 def _bad_choice(key: str, value: str, allowed: str):
-    raise ValueError(f"{key} must be {allowed}, got '{value}'")
+    raise ValueError(f"{key} must be {allowed}, got '{shown_key(value)}'")
 
 
 def _engine_default_formats(names: dict) -> dict:
@@ -582,7 +582,7 @@ def read_table(path) -> Measured:
     rest go on; rows that leave a condition unstated (either schema), or that the model cannot
     express (gathered schema), are listed in ``unpredictable``."""
     p = Path(path)
-    header, reader = read_csv(p, "measured results")
+    header, reader = read_csv(p, "measured-results CSV")
     schema = schema_of(header)
     required = GATHERED_REQUIRED if schema == GATHERED else REQUIRED
     missing = [c for c in required if c not in header]
@@ -604,7 +604,8 @@ def read_table(path) -> Measured:
         else:
             rows.append(row)
     if bad and not rows:
-        raise DseError(f"{p}: {len(bad)} bad row(s) and none to validate: " + "; ".join(bad))
+        raise DseError(f"{p}: {len(bad)} bad row(s) and none to validate: " + "; ".join(bad[:3])
+                       + (f"; and {len(bad) - 3} more" if len(bad) > 3 else ""))
     if not rows and not unpredictable:
         raise DseError(f"{p}: no scored rows to validate")
     return Measured(p, schema, rows, context, unpredictable, [f"{p}: {b}" for b in bad])

@@ -29,7 +29,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, first_unknown, kind_of, shown_key, verbatim
+from basis.files import exists, is_regular_file
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
@@ -54,12 +55,12 @@ def study_path(name_or_path: str) -> Path:
     """The file of a study name or path; DseError listing the shipped studies."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
-        if not p.is_file():
+        if not exists(p):
             raise DseError(f"{p}: no such study file")
-        return p
+        return p                # what is not a regular file is refused when read (load_yaml)
     f = STUDY_DIR / f"{name_or_path}.yaml"
-    if not f.is_file():
-        raise DseError(f"unknown study '{name_or_path}'; shipped studies: {', '.join(available_studies())}")
+    if not is_regular_file(f):
+        raise DseError(f"unknown study '{shown_key(name_or_path)}'; shipped studies: {', '.join(available_studies())}")
     return f
 
 
@@ -68,31 +69,34 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
     """(raw mapping, validated SweepSpec) of a study file; ``seed``, ``trials`` and ``rows``
     (``outputs.rows``) override the file's."""
     path = study_path(name_or_path)
-    data = load_yaml(path, "study file")
+    try:
+        data = load_yaml(path, "study file")
+    except DseError as e:
+        raise verbatim(e) from None
     if not isinstance(data, dict):
-        raise DseError(f"{path}: expected a mapping with keys {', '.join(sorted(KEYS))}")
-    unknown = set(data) - KEYS
+        raise DseError(f"{path}: expected a study, a mapping with keys {', '.join(sorted(KEYS))}; this file is not one")
+    unknown = first_unknown(data, KEYS)
     if unknown:
-        raise DseError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+        raise DseError(f"{path}: unknown key(s) {unknown}; allowed: {', '.join(sorted(KEYS))}")
     if "space" not in data:
         raise DseError(f"{path}: missing 'space' (the parameters to explore)")
     for key, kind in (("objectives", dict), ("constraints", dict)):
         if key in data and not isinstance(data[key], kind):
-            raise DseError(f"{path}: {key}: expected a mapping, got {data[key]!r}")
+            raise DseError(f"{path}: {key}: expected a mapping, got {kind_of(data[key])}")
     ints = {key: data[key] for key in ("samples", "seed", "max_points", "chunk_size", "trials", "population")
             if key in data}         # ranges checked by SweepSpec
     if "name" in data and not (isinstance(data["name"], str) and NAME.fullmatch(data["name"])):
-        raise DseError(f"{path}: name: {data['name']!r} is not a plain name (it names the output folder "
+        raise DseError(f"{path}: name: the name given is not a plain name (it names the output folder "
                        f"runs/<name>); allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, "
                        f"at most 100 characters")
     if not isinstance(data.get("description", ""), str):
-        raise DseError(f"{path}: description: expected text, got {data['description']!r}")
+        raise DseError(f"{path}: description: expected text, got {kind_of(data['description'])}")
     if "ideal" in data and not isinstance(data["ideal"], bool):
-        raise DseError(f"{path}: ideal: expected true or false, got {data['ideal']!r}")
+        raise DseError(f"{path}: ideal: expected true or false, got {kind_of(data['ideal'])}")
     if seed is not None:
         ints["seed"] = seed
     if "sampler" in data and not isinstance(data["sampler"], str):
-        raise DseError(f"{path}: sampler: expected a name, got {data['sampler']!r}")
+        raise DseError(f"{path}: sampler: expected a name, got {kind_of(data['sampler'])}")
     if trials is not None:
         ints["trials"] = trials
     if "sampler" in data:
@@ -109,14 +113,15 @@ def _outputs(path: Path, outputs, rows: str | None) -> dict:
     """The SweepSpec fields of a study's ``outputs`` mapping (``rows``, ``sample``), ``rows``
     overriding the file's; DseError naming the key (values are checked by SweepSpec)."""
     if not isinstance(outputs, dict):
-        raise DseError(f"{path}: outputs: expected a mapping with keys {', '.join(OUTPUT_KEYS)}, got {outputs!r}")
-    unknown = set(outputs) - set(OUTPUT_KEYS)
+        raise DseError(f"{path}: outputs: expected a mapping with keys {', '.join(OUTPUT_KEYS)}, "
+                       f"got {kind_of(outputs)}")
+    unknown = first_unknown(outputs, OUTPUT_KEYS)
     if unknown:
-        raise DseError(f"{path}: outputs: unknown key(s) {', '.join(sorted(map(str, unknown)))}; allowed: "
+        raise DseError(f"{path}: outputs: unknown key(s) {unknown}; allowed: "
                        f"{', '.join(OUTPUT_KEYS)}")
     out = {k: outputs[k] for k in OUTPUT_KEYS if k in outputs}
     if "rows" in out and not isinstance(out["rows"], str):
-        raise DseError(f"{path}: outputs.rows: expected all, sample or none, got {out['rows']!r}")
+        raise DseError(f"{path}: outputs.rows: expected all, sample or none, got {kind_of(out['rows'])}")
     if rows is not None:
         out["rows"] = rows
     return out
