@@ -215,11 +215,12 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     size = b / waves                                         # requests per wave
     d_h = np.where(steps > 0, b - size, 0.0)                 # the other waves decode (unless none does)
     room = np.maximum(budget - d_h, 1.0)                     # prompt tokens beside them
-    # a wave's prompts fill one iteration; what does not fit goes on in h2 more, evenly
+    # a wave's prompts fill one iteration; what does not fit goes on in h2 more full ones (a
+    # fraction: the next wave's prompts take the rest of the last, as the engine fills its budget)
     c1 = np.minimum(size * c, room)
     rest = size * c - c1
-    h2 = np.ceil(rest / room)
-    c2 = np.where(h2 > 0, rest / np.maximum(h2, 1), 0.0)
+    h2 = rest / room
+    c2 = np.where(h2 > 0, room, 0.0)
     first = np.minimum(size, np.floor(room / c))            # prompts done in the first iteration
     late = (size - first) / size                             # share of the wave that waits for the rest
     t1 = _priced(iteration_time, rows, d_h, d_h * ctx, c1, c1 * pair, first)
@@ -630,13 +631,78 @@ def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -
 
 # --------------------------------------------------------------------------- steady state
 
+def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
+    """The engine kept full by a queue (chunked prefill): every iteration fills its token
+    budget B, its d decoders first and p prompt tokens in the rest. In a steady state each
+    request brings c computed prompt tokens and s decode steps (means over the classes), so
+    p / c prompts finish an iteration and d = (p / c) s decode: p = B c / (c + s), d = B s /
+    (c + s). Returns x (requests/s: (p / c) / T, the most a chunked engine serves whatever
+    its concurrency, [A]), T (seconds of such an iteration), b (sequences in the engine: the
+    d decoding, the p / c prefilling and the one a chunk boundary splits) and steps (s)."""
+    w = cls.weight
+    c = np.maximum(cls.work @ w, 1e-300)
+    s = cls.steps @ w
+    budget = load.token_budget
+    p = budget * c / (c + s)
+    d = budget - p
+    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
+    pair = (cls.pairs @ w) / c
+    ends = p / c
+    t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
+    return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
+
+
+def _full_mixtures(f: dict, cls: _Classes) -> dict:
+    """Means and mixtures (mean, sd, weight) [A, K] of the full engine (``_full``) with its
+    ``b`` sequences in it (before any queue): by Little's law a request stays b / x in the
+    engine, its s decode steps an iteration each, the rest to its first token."""
+    t, x = f["T"], f["x"]
+    ttft = np.maximum(f["b"] / x - f["steps"] * t, t)
+    e2e = ttft[:, None] + cls.steps * t[:, None]
+    wk = np.broadcast_to(cls.weight, e2e.shape)
+    zero = np.zeros_like(e2e)
+    return {"x": x, "b": f["b"], "ttft": ttft, "tpot": t,
+            "ttft_mix": (ttft[:, None] + zero, zero, wk),
+            "tpot_mix": (t[:, None] + zero, zero, np.where(cls.steps > 0, wk, 0.0)),
+            "e2e_mix": (e2e, np.sqrt(cls.gen_var) * t[:, None], wk)}
+
+
+def _little(out: dict, running, cls: _Classes) -> dict:
+    """``out`` (a closed loop at ``running`` sequences) with Little's law kept: a request
+    stays running / x from admission to its last token. Where the latencies leave part of
+    that, it waits for its first token (its TTFT and end-to-end mixtures delayed by it);
+    where they are longer, the throughput is running / their end-to-end latency."""
+    e2e = out["ttft"] + cls.mean(cls.steps) * out["tpot"]
+    x = np.minimum(out["x"], running / np.maximum(e2e, 1e-300))
+    gap = np.maximum(running / x - e2e, 0.0)
+    return {**out, "x": x, "ttft": out["ttft"] + gap, "ttft_mix": _with_queue(out["ttft_mix"], gap),
+            "e2e_mix": _with_queue(out["e2e_mix"], gap)}
+
+
 def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
-    """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing.
-    Returns x (requests/s), ttft and tpot means (before any queue) and their mixtures."""
+    """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing;
+    chunked, never more than the full engine serves (``_full``), and where ``running`` is
+    more than a full engine holds, the full engine (the rest wait). Returns x (requests/s),
+    b (sequences running), ttft and tpot means (before any queue) and their mixtures."""
     if len(cls.weight) == 1:
-        return _waves(running, load, cls, iteration_time, rows)
-    m = _mixed(load, cls, iteration_time, rows, cap, running=running)
-    return {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+        out = _waves(running, load, cls, iteration_time, rows)
+    else:
+        m = _mixed(load, cls, iteration_time, rows, cap, running=running)
+        out = {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+    f = _full(load, cls, iteration_time, rows)
+    ch = load.chunked
+    out["x"] = np.where(ch, np.minimum(out["x"], f["x"]), out["x"])
+    out = _little(out, running, cls)
+    out["b"] = np.asarray(running, dtype=float)
+    full = np.flatnonzero(ch & (running >= f["b"]))
+    if len(full):
+        part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
+        for k in ("x", "b", "ttft", "tpot"):
+            out[k] = out[k].copy()
+            out[k][full] = part[k]
+        for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
+            out[k] = _assign(out[k], full, part[k])
+    return out
 
 
 def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
@@ -682,6 +748,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     b = np.where(closed, np.minimum(conc, cap), cap)      # closed loop; open: its ceiling
     c = _closed_loop(b, load, cls, iteration_time, rows, cap)
     capacity = c["x"]
+    b = np.where(closed, c["b"], b)
     saturated = ~closed & (rate >= capacity)
     queue = np.where(closed, np.maximum(conc - b, 0.0) / capacity, 0.0)
     x, ttft, tpot = capacity.copy(), c["ttft"] + queue, c["tpot"].copy()
