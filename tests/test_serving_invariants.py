@@ -13,7 +13,8 @@ The invariants hold whatever the load (physics, not fits):
   N output tokens (closed loop) come out per weight read: output tokens/s <= N x memory
   bandwidth / weight bytes per device.
 
-All the random points go through one ``evaluate`` call (vectorized over points)."""
+All the random points go through one ``evaluate`` call (vectorized over points; about 40 s of
+one core, so the tests are marked slow)."""
 import numpy as np
 import pytest
 
@@ -65,12 +66,14 @@ def drawn():
     return cols, system, evaluate(cols)
 
 
+@pytest.mark.slow
 def test_enough_random_points_are_served(drawn):
     _, _, ev = drawn
     assert len(ev["feasible"]) >= 2000
     assert ev["feasible"].sum() >= 1500
 
 
+@pytest.mark.slow
 def test_throughput_never_falls_when_the_concurrency_doubles(drawn):
     _, _, ev = drawn
     x, ok = ev["requests_per_s"][:2 * PAIRS], ev["feasible"][:2 * PAIRS]
@@ -81,6 +84,7 @@ def test_throughput_never_falls_when_the_concurrency_doubles(drawn):
     assert not fell.any(), [(int(i), lo[i], hi[i]) for i in np.flatnonzero(fell)[:5]]
 
 
+@pytest.mark.slow
 def test_littles_law_holds_in_closed_loops(drawn):
     """N requests in flight at X requests/s stay N / X each, from admission to their last
     token. The reported latencies add the engine profile's fixed request overhead (a constant
@@ -99,6 +103,7 @@ def test_littles_law_holds_in_closed_loops(drawn):
         assert np.all(np.abs(err) <= 0.02), (SYSTEMS[i], np.sort(np.abs(err))[-5:])
 
 
+@pytest.mark.slow
 def test_no_throughput_above_the_compute_and_bandwidth_bounds(drawn):
     cols, system, ev = drawn
     ok = ev["feasible"]
