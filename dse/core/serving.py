@@ -24,6 +24,16 @@ Two regimes:
   iteration. Solved for the mean iteration T together with the running batch (open loop:
   b = X x residence time) or the throughput (closed loop: X = b / residence time)
   (``_mixed``).
+- **Full** (chunked prefill, a closed loop with more requests than a full engine holds): a
+  queue keeps every iteration's budget B full, its d decoders first and p prompt tokens in
+  the rest; each request brings c computed prompt tokens and s decode steps, so p = B c / (c
+  + s) and d = B s / (c + s), and the engine serves (p / c) / T(d, p) requests/s whatever the
+  concurrency (``_full``). This bounds both regimes above: short outputs (few decode steps
+  a request) make the prompts' compute, not the KV cache, the bottleneck; the requests past
+  the d + p / c + 1 the engine holds wait for admission.
+
+Closed loops keep Little's law: a request stays (running batch) / throughput from admission
+to its last token; what the latencies leave of that it waits for its first token.
 
 The running batch is the concurrency (closed loop), or what the rate keeps busy (open loop),
 capped by ``max_running`` and by the KV cache: its blocks over the blocks a running sequence
@@ -213,13 +223,14 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     # the first arrivals split into waves by the budget, and keep that split
     waves = np.clip(np.ceil(b * c / budget), 1, np.maximum(b, 1))
     size = b / waves                                         # requests per wave
-    d_h = np.where(steps > 0, b - size, 0.0)                 # the other waves decode (unless none does)
+    d_h = size * np.minimum(steps, waves - 1.0)              # the other waves decode, those not yet done
     room = np.maximum(budget - d_h, 1.0)                     # prompt tokens beside them
-    # a wave's prompts fill one iteration; what does not fit goes on in h2 more, evenly
+    # a wave's prompts fill one iteration; what does not fit goes on in h2 more full ones (a
+    # fraction: the next wave's prompts take the rest of the last, as the engine fills its budget)
     c1 = np.minimum(size * c, room)
     rest = size * c - c1
-    h2 = np.ceil(rest / room)
-    c2 = np.where(h2 > 0, rest / np.maximum(h2, 1), 0.0)
+    h2 = rest / room
+    c2 = np.where(h2 > 0, room, 0.0)
     first = np.minimum(size, np.floor(room / c))            # prompts done in the first iteration
     late = (size - first) / size                             # share of the wave that waits for the rest
     t1 = _priced(iteration_time, rows, d_h, d_h * ctx, c1, c1 * pair, first)
@@ -335,7 +346,10 @@ class _Mixing:
     length ``tau`` (mean) and ``tau_var`` (variance, from the prompts' sizes), and the mean and second moment of one's own prompt iteration (own, own2)
     for a chunk of the mean size ``tok`` [A], the full iterations one waits for before it
     (wait, wait2: mean and second moment, seconds); ``slope`` (seconds per prompt token more),
-    ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K]."""
+    ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K];
+    ``first_decode`` [A]: the mean length of a request's first decode iteration (an open loop's
+    follows its own prompt iteration and carries the prompts that arrived during it; else
+    tpot)."""
 
     x: np.ndarray
     b: np.ndarray
@@ -354,6 +368,7 @@ class _Mixing:
     chunk_var: np.ndarray
     n: np.ndarray
     closed: bool = False
+    first_decode: np.ndarray | None = None
 
 
 class _Chain:
@@ -495,7 +510,12 @@ class _Chain:
         # prompts differ in size: an iteration of k of them varies by k chunk variances at the slope
         tau_var = k[:, :-2] * self.chunk_var[at][:, None] * slope[:, None] ** 2
         t2 = (pi * (tau ** 2 + tau_var)).sum(axis=1)
-        return {"t1": t1, "t2": t2, "tpot": tpot, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
+        # an open loop's first decode iteration follows one's own prompt iteration, and carries the
+        # prompts that arrived during it (many when that iteration was long: a short output's one
+        # decode step is mostly such an iteration)
+        after = (_poisson(x * mean_own, kmax) * tau).sum(axis=1)
+        first_decode = np.where(pf | closed, tpot, after)
+        return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
                 "own_k": own, "own2_k": own2, "wait": wait, "wait2": wait2, "slope": slope,
                 "longest": tau.max(axis=1)}
 
@@ -552,7 +572,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
     st = chain.state(np.arange(a), x, b, t, longest, not given_rate)   # the settled state, all points
     return _Mixing(x, b, st["t1"], st["t2"], st["tpot"], st["landing"], st["tau"], st["tau_var"], st["own_k"],
                    st["own2_k"], st["wait"], st["wait2"], chain.tok,
-                   st["slope"], chain.chunk_var, chain.n, not given_rate)
+                   st["slope"], chain.chunk_var, chain.n, not given_rate, st["first_decode"])
 
 
 def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
@@ -560,7 +580,8 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     mixing regime. A request waits the rest of the iteration it lands in (state j, length
     tau_j, uniformly), then ``queue``, then its n_k prompt iterations, each as long as one's
     own iteration from state j, longer or shorter by its chunk's tokens beyond the mean chunk
-    at the slope; it decodes s_k iterations of the mean length. TTFT is a mixture over the
+    at the slope; it decodes s_k iterations, the first of ``first_decode``, the others of the
+    mean length (TPOT: their mean per request). TTFT is a mixture over the
     states (the classes' spread in its variance); TPOT and end-to-end over the classes
     (``ttft_class``: each class's TTFT mean and sd, [A, K])."""
     w = cls.weight
@@ -598,9 +619,15 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     wk = np.broadcast_to(w, ttft_k.shape)
     decoding = np.where(cls.steps > 0, wk, 0.0)
     tpot_sd = np.sqrt(var_t[:, None] / np.maximum(cls.steps, 1.0))
-    e2e = ttft_k + cls.steps * m.tpot[:, None]
-    return {"ttft": ttft, "tpot": m.tpot, "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
-            "tpot_mix": (np.broadcast_to(m.tpot[:, None], ttft_k.shape), tpot_sd, decoding),
+    # the first decode iteration (``first_decode``), then the mean one
+    first = m.tpot if m.first_decode is None else m.first_decode
+    decode_k = np.minimum(cls.steps, 1.0) * first[:, None] + np.maximum(cls.steps - 1.0, 0.0) * m.tpot[:, None]
+    tpot_k = np.where(cls.steps > 0, decode_k / np.maximum(cls.steps, 1e-300), m.tpot[:, None])
+    tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
+    tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
+    e2e = ttft_k + decode_k
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e @ w, "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
+            "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
             "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
 
@@ -630,13 +657,78 @@ def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -
 
 # --------------------------------------------------------------------------- steady state
 
+def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
+    """The engine kept full by a queue (chunked prefill): every iteration fills its token
+    budget B, its d decoders first and p prompt tokens in the rest. In a steady state each
+    request brings c computed prompt tokens and s decode steps (means over the classes), so
+    p / c prompts finish an iteration and d = (p / c) s decode: p = B c / (c + s), d = B s /
+    (c + s). Returns x (requests/s: (p / c) / T, the most a chunked engine serves whatever
+    its concurrency, [A]), T (seconds of such an iteration), b (sequences in the engine: the
+    d decoding, the p / c prefilling and the one a chunk boundary splits) and steps (s)."""
+    w = cls.weight
+    c = np.maximum(cls.work @ w, 1e-300)
+    s = cls.steps @ w
+    budget = load.token_budget
+    p = budget * c / (c + s)
+    d = budget - p
+    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
+    pair = (cls.pairs @ w) / c
+    ends = p / c
+    t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
+    return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
+
+
+def _full_mixtures(f: dict, cls: _Classes) -> dict:
+    """Means and mixtures (mean, sd, weight) [A, K] of the full engine (``_full``) with its
+    ``b`` sequences in it (before any queue): by Little's law a request stays b / x in the
+    engine, its s decode steps an iteration each, the rest to its first token."""
+    t, x = f["T"], f["x"]
+    ttft = np.maximum(f["b"] / x - f["steps"] * t, t)
+    e2e = ttft[:, None] + cls.steps * t[:, None]
+    wk = np.broadcast_to(cls.weight, e2e.shape)
+    zero = np.zeros_like(e2e)
+    return {"x": x, "b": f["b"], "ttft": ttft, "tpot": t,
+            "ttft_mix": (ttft[:, None] + zero, zero, wk),
+            "tpot_mix": (t[:, None] + zero, zero, np.where(cls.steps > 0, wk, 0.0)),
+            "e2e_mix": (e2e, np.sqrt(cls.gen_var) * t[:, None], wk)}
+
+
+def _little(out: dict, running, cls: _Classes) -> dict:
+    """``out`` (a closed loop at ``running`` sequences) with Little's law kept: a request
+    stays running / x from admission to its last token. Where the latencies leave part of
+    that, it waits for its first token (its TTFT and end-to-end mixtures delayed by it);
+    where they are longer, the throughput is running / their end-to-end latency."""
+    e2e = out["ttft"] + cls.mean(cls.steps) * out["tpot"]
+    x = np.minimum(out["x"], running / np.maximum(e2e, 1e-300))
+    gap = np.maximum(running / x - e2e, 0.0)
+    return {**out, "x": x, "ttft": out["ttft"] + gap, "ttft_mix": _with_queue(out["ttft_mix"], gap),
+            "e2e_mix": _with_queue(out["e2e_mix"], gap)}
+
+
 def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
-    """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing.
-    Returns x (requests/s), ttft and tpot means (before any queue) and their mixtures."""
+    """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing;
+    chunked, never more than the full engine serves (``_full``), and where ``running`` is
+    more than a full engine holds, the full engine (the rest wait). Returns x (requests/s),
+    b (sequences running), ttft and tpot means (before any queue) and their mixtures."""
     if len(cls.weight) == 1:
-        return _waves(running, load, cls, iteration_time, rows)
-    m = _mixed(load, cls, iteration_time, rows, cap, running=running)
-    return {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+        out = _waves(running, load, cls, iteration_time, rows)
+    else:
+        m = _mixed(load, cls, iteration_time, rows, cap, running=running)
+        out = {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+    f = _full(load, cls, iteration_time, rows)
+    ch = load.chunked
+    out["x"] = np.where(ch, np.minimum(out["x"], f["x"]), out["x"])
+    out = _little(out, running, cls)
+    out["b"] = np.asarray(running, dtype=float)
+    full = np.flatnonzero(ch & (running >= f["b"]))
+    if len(full):
+        part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
+        for k in ("x", "b", "ttft", "tpot"):
+            out[k] = out[k].copy()
+            out[k][full] = part[k]
+        for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
+            out[k] = _assign(out[k], full, part[k])
+    return out
 
 
 def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
@@ -682,15 +774,18 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     b = np.where(closed, np.minimum(conc, cap), cap)      # closed loop; open: its ceiling
     c = _closed_loop(b, load, cls, iteration_time, rows, cap)
     capacity = c["x"]
+    b = np.where(closed, c["b"], b)
     saturated = ~closed & (rate >= capacity)
     queue = np.where(closed, np.maximum(conc - b, 0.0) / capacity, 0.0)
     x, ttft, tpot = capacity.copy(), c["ttft"] + queue, c["tpot"].copy()
+    e2e_open = np.full(n, np.nan)
     mix = {"ttft_mix": _with_queue(c["ttft_mix"], queue), "tpot_mix": c["tpot_mix"],
            "e2e_mix": _with_queue(c["e2e_mix"], queue)}
     opened = np.flatnonzero(~closed & ~saturated)
     if len(opened):
         o = _open_loop(rate[opened], load.take(opened), cls.take(opened), iteration_time, opened, cap[opened])
         x[opened], ttft[opened], tpot[opened], b[opened] = rate[opened], o["ttft"], o["tpot"], o["b"]
+        e2e_open[opened] = o["e2e"]
         for k in mix:
             mix[k] = _assign(mix[k], opened, o[k])
     ttft[saturated] = np.inf
@@ -700,7 +795,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     out = {
         "ttft_s": ttft,
         "tpot_s": tpot,
-        "e2e_latency_s": ttft + cls.mean(cls.steps) * tpot,
+        "e2e_latency_s": np.where(np.isnan(e2e_open), ttft + cls.mean(cls.steps) * tpot, e2e_open),
         "queue_s": queue,
         "requests_per_s": x,
         "output_tokens_per_s": x * g_mean,
