@@ -138,3 +138,18 @@ def test_host_tier_too_small_is_an_error():
     r = run_cli("analyze", "--model", "deepseek-v3", "--hardware", "h100-sxm", "--offload", "greedy",
                 "--weights", "fp32")
     assert r.returncode == 3 and "host" in r.stderr and "host_memory.capacity_bytes" in r.stderr
+
+
+def test_analyze_with_the_simulator_stays_machine_readable(capsys):
+    # --simulate puts the simulator's figures inside the document asked for, never a text table after it
+    from dse.study.cli import main
+    argv = ["analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--concurrency", "16", "--gen-len", "8",
+            "--simulate", "100"]
+    assert main([*argv, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"prefill", "decode", "summary", "simulation"}
+    assert doc["simulation"]["requests_per_s"] > 0 and doc["summary"]["requests_per_s"] > 0
+    assert main([*argv, "--format", "csv"]) == 0
+    blocks = capsys.readouterr().out.strip().split("\n\n")
+    assert len(blocks) == 3 and blocks[2].splitlines()[0].startswith("ttft_mean_s,")
+    assert float(blocks[2].splitlines()[1].split(",")[0]) > 0

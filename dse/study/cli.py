@@ -371,18 +371,23 @@ def cmd_analyze(args) -> int:
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
         raise DseError(flagged(ev.reason_text(0)))
     offload = args.offload
+    # the simulator's figures go inside the one document asked for: --format json|csv stays machine-readable
+    sim = simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal) if args.simulate else None
     if args.format == "json":
-        print(display.json_text({"prefill": res.prefill, "decode": res.decode, "summary": res.summary}))
+        doc = {"prefill": res.prefill, "decode": res.decode, "summary": res.summary}
+        print(display.json_text(doc if sim is None else {**doc, "simulation": sim}))
     elif args.format == "csv":
         rows = [{"stage": st, **r} for st, rs in (("prefill", res.prefill), ("decode", res.decode)) for r in rs]
         print(display.csv_text(rows, ["stage", *ROW_KEYS]), end="")
         print()
         print(display.csv_text([res.summary]), end="")
+        if sim is not None:
+            print()
+            print(display.csv_text([sim]), end="")
     else:
         print(_table_report(res, display, args.flash_attention))
-    if args.simulate:
-        print(_simulation_text(res.summary, simulate_point(point_columns(args, args.hardware), args.simulate,
-                                                           ideal=args.ideal)))
+        if sim is not None:
+            print(_simulation_text(res.summary, sim))
     if saturated:       # a result, not an input error: the rate given is more than the design carries
         most = display.quantity_text("requests_per_s", res.summary["requests_per_s"])
         print(f"dse.study: note: --request-rate {args.request_rate:g} requests/s saturates this design: it serves "
