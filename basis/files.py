@@ -10,6 +10,7 @@ no other process uses, nothing left behind on failure."""
 from __future__ import annotations
 
 import csv
+import errno
 import os
 import stat
 import uuid
@@ -51,20 +52,43 @@ def output_file(path: str | Path, what: str) -> Path:
     return p
 
 
+#: errors of a write that the user can remedy (room, quota, permissions), said in one line
+_WRITE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                 errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                 errno.EPERM: "operation not permitted", errno.EFBIG: "file too large"}
+
+
+def write_error_cause(e: BaseException) -> str | None:
+    """The cause, in words, of a failed write the user can remedy ('no space left on device'),
+    or None for any other error. Arrow's writers raise OSError with the errno, or only its text."""
+    if not isinstance(e, OSError):
+        return None
+    cause = _WRITE_ERRNOS.get(e.errno)
+    if cause is None and "No space left on device" in str(e):
+        cause = _WRITE_ERRNOS[errno.ENOSPC]
+    return cause
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(temporary path)`` then rename the temporary file onto ``path``: readers
     see the old file or the new one, never a part. The temporary name is unique to this
-    call, so concurrent writers cannot mix their bytes; it is removed if ``write`` fails."""
+    call, so concurrent writers cannot mix their bytes; it is removed if ``write`` fails.
+    A write that fails for want of room (ENOSPC: a full disk), quota or permission is a
+    DseError on one line naming ``path`` and the cause (the temporary file removed, ``path``
+    as it was); other errors propagate."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             tmp.unlink()
         except OSError:
             pass
+        cause = write_error_cause(e)
+        if cause:
+            raise DseError(f"{shown_path(path)}: cannot write: {cause}") from None
         raise
 
 

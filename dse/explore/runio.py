@@ -1,5 +1,6 @@
 """Run-folder I/O shared by sweeps, searches and reports: the folder's lock, the study it
-holds (``study.json``: a changed study is refused, naming what changed), removing a run's
+holds (``study.json``: a changed study is refused, naming what changed; so is a run another
+model wrote, ``dse.explore.modelstamp``), a folder whose files lead outside it (refused), removing a run's
 own files (``--overwrite``), atomic writes, a progress line, column-wise reading of
 results.parquet (a file, or a sweep's dataset folder of one file per chunk)."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 
 from basis.errors import DseError
 from basis.files import atomic_write, write_text_atomic
+from dse.explore.modelstamp import model_stamp, stamp_differences
 
 
 def write_atomic(df: pd.DataFrame, path: Path, kind: str = "parquet") -> None:
@@ -73,9 +75,27 @@ def changed_study_error(out: Path, keys: list[str]) -> DseError:
                     f"there, add --overwrite (deletes that run's files first), or give a new --out to keep both")
 
 
+def stale_run_error(out: Path, differences: list[str]) -> DseError:
+    """The one-line error for a run folder that another model wrote (``stamp_differences``):
+    its numbers would not be current; names what differs and both remedies."""
+    return DseError(f"{out}: holds a run written by another dse model ({'; '.join(differences)}), whose numbers "
+                    f"would not be current; to run afresh there, add --overwrite (deletes that run's files first), "
+                    f"or give a new --out to keep both")
+
+
+def check_model(out: Path, stored) -> None:
+    """DseError (``stale_run_error``) unless ``stored``, the stamp a file of run folder ``out``
+    records, is this process's ``model_stamp``."""
+    differences = stamp_differences(stored, model_stamp())
+    if differences:
+        raise stale_run_error(out, differences)
+
+
 def check_study(out: Path, spec) -> None:
-    """Record ``spec`` as the study of run folder ``out``, or DseError (``changed_study_error``)
-    when the folder holds a run of a study with other settings. An unchanged study resumes."""
+    """Record ``spec`` as the study of run folder ``out`` with the model that runs it
+    (``model_stamp``), or DseError when the folder holds a run that another model wrote
+    (``stale_run_error``) or a run of a study with other settings (``changed_study_error``).
+    An unchanged study of the same model resumes."""
     path = Path(out) / STUDY_FILE
     new = study_settings(spec)
     if path.exists():
@@ -87,10 +107,38 @@ def check_study(out: Path, spec) -> None:
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
             raise DseError(f"{path}: not a dse study record; add --overwrite to run afresh in {out}, or give a new "
                            f"--out") from None
+        check_model(out, stored.get("model"))
         if stored.get("fingerprint") != spec.fingerprint():
             raise changed_study_error(out, changed_keys(old, new))
         return
-    write_text_atomic(path, json.dumps({"fingerprint": spec.fingerprint(), "settings": new}, indent=1))
+    write_text_atomic(path, json.dumps({"fingerprint": spec.fingerprint(), "model": model_stamp(), "settings": new},
+                                       indent=1))
+
+
+#: what a run writes directly in its folder besides ``RUN_FILES``: its lock and the chunk folder
+_OTHER_NAMES = (LOCK_FILE, "chunks")
+
+
+def check_contained(out: Path) -> None:
+    """DseError on one line when a file or folder that a run writes, deletes or reads in its
+    folder ``out`` (``RUN_FILES``, ``RUN_FOLDERS``, the lock, ``chunks/`` and the files in
+    these folders) is a symbolic link leading outside ``out``: the run would write into, or
+    delete from, the link's target."""
+    out = Path(out)
+    root = out.resolve()
+    names = list(dict.fromkeys(RUN_FILES + RUN_FOLDERS + _OTHER_NAMES))
+    places = [out / n for n in names]
+    for folder in ("chunks", *RUN_FOLDERS):
+        d = out / folder
+        if d.is_dir() and not d.is_symlink():
+            places += sorted(d.iterdir())
+    for p in places:
+        if p.is_symlink():
+            target = p.resolve()
+            if target != root and root not in target.parents:
+                inside = p.relative_to(out)
+                raise DseError(f"{out}: {inside} is a symbolic link leading outside the run folder (to {target}); "
+                               f"a run writes and deletes there: remove the link, or give a new --out")
 
 
 def remove_run_files(out: Path) -> list[Path]:
@@ -126,7 +174,8 @@ _held: dict[Path, list] = {}      # run folders this process has locked: [open l
 
 
 class RunLock:
-    """Exclusive use of a run folder while a run writes it (re-entrant within a process).
+    """Exclusive use of a run folder while a run writes it (re-entrant within a process). A
+    folder whose run files lead outside it is refused first (``check_contained``).
 
     An advisory ``flock`` on ``<folder>/.dse-run.lock``: the kernel drops it when the
     holder exits, however it exits, so a killed run never leaves the folder locked and a
@@ -140,6 +189,7 @@ class RunLock:
         if held is not None:
             held[1] += 1
             return self
+        check_contained(self.folder)
         import fcntl
         f = open(self.folder / LOCK_FILE, "a+")
         try:

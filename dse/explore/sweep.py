@@ -19,8 +19,9 @@ What the folder holds at the end (``spec.rows_kept``, the study's ``outputs.rows
 - ``pareto.csv``: the feasible non-dominated points;
 - ``aggregates.csv``: per value of each swept parameter (per bin of a continuous range),
   the points, feasible points and best feasible value of each objective;
-- ``sweep.json``: the manifest (the study's fingerprint, whether the sweep is complete, what
-  it keeps, and its totals: points, feasible points, infeasible points by reason).
+- ``sweep.json``: the manifest (the study's fingerprint, the model that wrote it: a run
+  another model wrote is not resumed, ``dse.explore.modelstamp``; whether the sweep is
+  complete, what it keeps, and its totals: points, feasible points, infeasible points by reason).
 
 The folder is locked for the run (``RunLock``): a second run on it is refused, and a run
 deletes only the chunk files it wrote.
@@ -39,9 +40,18 @@ from basis.errors import DseError
 from basis.files import output_folder, write_text_atomic
 from dse.explore import chunkfiles
 from dse.explore.executors import run_tasks
+from dse.explore.modelstamp import model_stamp
 from dse.explore.online import ChunkSummary, OnlineSummary, front_of, pareto_columns, summarize_chunk
 from dse.explore.pareto import front_note, unvalued_counts
-from dse.explore.runio import Progress, ResultsFile, RunLock, changed_keys, changed_study_error, write_atomic
+from dse.explore.runio import (
+    Progress,
+    ResultsFile,
+    RunLock,
+    changed_keys,
+    changed_study_error,
+    check_model,
+    write_atomic,
+)
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
 
@@ -120,10 +130,11 @@ def _run_into(spec: SweepSpec, out: Path, progress: Progress, workers: int, sche
     fp = spec.fingerprint()
     if manifest.exists():
         state = _read_manifest(manifest)
+        check_model(out, state.get("model"))         # a run another model wrote is not resumed
         if state.get("fingerprint") != fp:
             raise changed_study_error(out, changed_settings(state.get("fingerprint"), fp))
     else:
-        state = {"fingerprint": fp, "complete": False}
+        state = {"fingerprint": fp, "model": model_stamp(), "complete": False}
         write_text_atomic(manifest, json.dumps(state))
     if state.get("complete"):
         chunkfiles.clean(chunk_dir, spec.chunks)        # left by a run killed as it finished

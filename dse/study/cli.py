@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import MAX_FIGURE, DseError
-from basis.files import output_folder
+from basis.errors import MAX_FIGURE, DseError, shown_path
+from basis.files import output_folder, write_error_cause
 from basis.memory import free_nothing_at_exit, keep_freed_memory
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
@@ -807,3 +807,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:            # a write outside ``atomic_write`` (a journal, a helper's file) on a full disk
+        cause = write_error_cause(e)
+        if cause is None:
+            raise
+        print(f"dse.study: error: {shown_path(e.filename or 'an output file')}: cannot write: {cause}", file=sys.stderr)
+        return 2
