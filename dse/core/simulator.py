@@ -208,19 +208,21 @@ class SimulationResult:
 
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-             warmup: float = 0.2) -> SimulationResult:
+             warmup: float = 0.2, progress: Callable[[int], None] | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
     given ``arrivals`` (seconds, non-decreasing). ``warmup``: the share of the first
     requests (by arrival order) left out of the measured ones, and as many of the last
     (the drain), so that metrics describe the steady state. Prefix caching as
-    ``engine.prefix_tokens`` says. Returns a SimulationResult; DseError when a request can
-    never be admitted (its prompt needs more blocks than exist beside the shared prefix's).
+    ``engine.prefix_tokens`` says. ``progress`` (optional) is called with the number of
+    requests each iteration finishes (it only observes). Returns a SimulationResult; DseError
+    when a request can never be admitted (its prompt needs more blocks than exist beside the
+    shared prefix's).
     """
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
     _check_fits(engine, prompts, prompts + gens, prefill=True)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
-    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare)
+    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress)
     loop.run(0.0, start)
     _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
     return _result(reqs, loop, loop.instances, warmup, concurrency)
@@ -230,7 +232,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            decode_engine: EngineConfig, prefill_instances: int, decode_instances: int,
                            transfer_s: Callable[[int], float], prompts: Sequence[int], gens: Sequence[int], *,
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-                           warmup: float = 0.2) -> SimulationResult:
+                           warmup: float = 0.2, progress: Callable[[int], None] | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -267,7 +269,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
 
     Closed loop (``concurrency``: a finished request is replaced at once by a new one
     dispatched to the prefill pool; the first ``concurrency`` dispatched one by one at 0)
-    or open loop (``arrivals``, seconds); ``warmup`` as in ``simulate``.
+    or open loop (``arrivals``, seconds); ``warmup`` and ``progress`` as in ``simulate``.
     Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
     (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
     busy_s and preemptions summed over every instance; running and kv_used of the decode
@@ -286,7 +288,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
     pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
     dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
-    loop = _EventLoop(pre, dec, future, spare, transfer=sent)
+    loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress)
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
     return _result(reqs, loop, dec, warmup, concurrency)
@@ -430,10 +432,12 @@ class _EventLoop:
     requests finish. A prefill instance's finished prompts go over its link (``transfer``:
     seconds per prompt length) and are dispatched to the ``decode`` pool (empty for one
     colocated engine). A request entering a pool goes to its least-loaded instance (fewest
-    requests queued plus running; ties: the lowest index) and stays there."""
+    requests queued plus running; ties: the lowest index) and stays there. ``progress``, if
+    given, is called with the number of requests an iteration finishes."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
-                 transfer: dict[int, float] | None = None):
+                 transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None):
+        self.progress = progress
         self.instances = entry + decode
         self.entry = range(len(entry))
         self.decode = range(len(entry), len(self.instances))
@@ -506,6 +510,8 @@ class _EventLoop:
         inst = self.instances[i]
         plan, inst.plan = inst.plan, None
         finished, sent = inst.engine.advance(t, *plan)
+        if finished and self.progress is not None:
+            self.progress(len(finished))
         for _ in finished:
             if self.replacements:                     # closed loop: the next request arrives now
                 nxt = self.replacements.popleft()

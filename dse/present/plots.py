@@ -1175,6 +1175,7 @@ def validation_plot(path: Path, rows: list[dict], title: str = "") -> dict:
     fig.suptitle(title, fontsize="medium")
     _save(fig, path)
     record["ratio_ids"] = [rows[i]["id"] for i in order]
+    record["ratio_labels"] = [t.get_text() for t in ax.get_xticklabels()]
     return record
 
 

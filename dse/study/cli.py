@@ -220,7 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(a)
     a.add_argument("--simulate", type=_requests, default=None, metavar="N",
                    help="also run N requests through the discrete-event simulator of the same engine and print "
-                        "its metrics beside the steady-state model's (continuous batching only; N from 10)")
+                        "its metrics beside the steady-state model's (continuous batching only; N from 10); "
+                        "progress with the time left on stderr")
+    a.add_argument("--progress", action="store_true",
+                   help="--simulate's progress on stderr even when it is not a terminal (default: only on a terminal)")
+    a.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     add_flag(a, SPEC["hardware"])
     a.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     r = command("run", "run a study file: sweep a design space, write results and Pareto fronts")
@@ -361,6 +365,16 @@ def point_columns(args, hardware) -> dict:
     return cols
 
 
+def _simulate(args) -> dict:
+    """``--simulate N``: the simulator's metrics of the point, its progress (requests finished,
+    the time left) on stderr as ``validate`` shows it: on a terminal or with ``--progress``,
+    never with ``--quiet`` (50,000 requests take minutes, the 1,000,000 allowed hours)."""
+    with calibration_cli.progress_bar(args, "simulate", args.simulate) as bar:
+        bar.unit = "request"
+        return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
+                              progress=bar.update)
+
+
 def cmd_analyze(args) -> int:
     check_contradictions(args)
     check_named(args)
@@ -372,7 +386,7 @@ def cmd_analyze(args) -> int:
         raise DseError(flagged(ev.reason_text(0)))
     offload = args.offload
     # the simulator's figures go inside the one document asked for: --format json|csv stays machine-readable
-    sim = simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal) if args.simulate else None
+    sim = _simulate(args) if args.simulate else None
     if args.format == "json":
         doc = {"prefill": res.prefill, "decode": res.decode, "summary": res.summary}
         print(display.json_text(doc if sim is None else {**doc, "simulation": sim}))

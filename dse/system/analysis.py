@@ -8,6 +8,7 @@ resolved layout, every metric, where the footprint lives, whether it fits and wh
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,12 +119,13 @@ def analyze_point(columns: dict, *, ideal: bool = False, efficiency=None) -> tup
 
 
 def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool = False,
-                   efficiency=None) -> dict[str, float]:
+                   efficiency=None, progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """The serving metrics of the design point ``columns`` (continuous batching) from the
     discrete-event simulator (``dse.core.simulator``): ``requests`` requests, their lengths
     drawn from the point's length distribution and, for an open loop, Poisson arrivals (their
     gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
-    ``evaluate`` prices it.
+    ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
+    with the number of requests each simulated iteration finishes (``requests`` in all).
     Returns the simulator's metrics (SI units; TTFT and end-to-end with the efficiency model's
     request overhead, as ``evaluate`` reports them)."""
     if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or not 10 <= requests <= MAX_SIMULATED:
@@ -136,11 +138,12 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     if point.pools is None:
-        res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals)
+        res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
+                       progress=progress)
     else:
         res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
-                                     arrivals=arrivals)
+                                     arrivals=arrivals, progress=progress)
     out = res.metrics()
     for k in [k for k in out if k.startswith(("ttft_", "e2e_"))]:
         out[k] += point.request_overhead_s
