@@ -5,8 +5,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dse import evaluate
+from dse.core.roofline import OpArrays
+from dse.system.iteration import iteration_model
+from workloads import optable
+from workloads.model import load_model
+from workloads.scenario import Scenario
+from workloads.techniques import Techniques
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": "llama-3.1-8b", "prompt_len": 1024, "gen_len": 256}
@@ -35,3 +42,55 @@ def test_slos_without_a_link_refused_in_one_line_by_analyze():
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["dse.study: error: hardware 'rtx-4090' has no interconnect "
                                                 "to run over 2 --devices"]
+
+
+# ------------------------------------------------------------------ 2. decode-only techniques under served load
+
+@pytest.mark.parametrize("technique", [{"layers_used": 0.5}, {"activation_density": 0.5}])
+def test_an_iteration_prices_decode_tokens_with_the_technique_and_prompt_tokens_dense(technique):
+    """Contextual sparsity and early exit change the decode step only (prefill runs dense,
+    ``workloads.techniques``): an iteration of 8 decode tokens is the static decode step of a
+    batch of 8 with the technique, and an iteration of one prompt is the dense prefill of it (the
+    decode step's predictors and exit classifiers do nothing for a prompt token)."""
+    model, p = load_model("llama-3.1-8b"), 512
+    tech = Techniques(**technique)
+    it = iteration_model(model, p, "fp16", "fp16", "fp16", 1, False, 0.0, tech)
+    sc = Scenario.make(batch=8, prompt_len=p, gen_len=1, weights="fp16", activations="fp16", kv="fp16", tp=1,
+                       flash_attention=False, techniques=tech)
+    decode = optable.decode_step(model, sc, p + 1)
+    got = it.arrays(8.0, 8.0 * (p + 1), 0.0, 0.0, 0.0)
+    want = OpArrays.from_table(decode)
+    assert np.allclose(got.ops[0], want.ops, rtol=1e-9, atol=1e-3)
+    assert np.allclose(got.weight_bytes[0], want.weight_bytes, rtol=1e-9)
+    dense = Scenario.make(batch=1, prompt_len=p, gen_len=1, weights="fp16", activations="fp16", kv="fp16", tp=1,
+                          flash_attention=False)
+    prefill = optable.prefill(model, dense)
+    got = it.arrays(0.0, 0.0, float(p), p * (p - 1) / 2.0, 1.0)
+    at = [decode.names.index(name) for name in prefill.names]
+    extra = [i for i in range(len(decode.names)) if i not in at]
+    assert extra, "the decode step adds its technique's operator"
+    pre = OpArrays.from_table(prefill)
+    assert np.allclose(got.ops[0][at], pre.ops, rtol=1e-6, atol=1.0)
+    assert np.all(got.ops[0][extra] == 0.0)
+    assert np.allclose(got.weight_bytes[0][at], pre.weight_bytes, rtol=1e-9)
+
+
+@pytest.mark.parametrize("flag", [{"layers_used": 0.5}, {"activation_sparsity": 0.5}])
+def test_decode_techniques_run_under_served_load_as_in_a_static_batch(flag):
+    """A closed loop of 8 requests of one length runs a batch of 8 (the waves regime): its TPOT is
+    the static batch of 8's with the same technique, within 0.1 % (the two differ, without a
+    technique too, only in how the keys of the batch are averaged); and an open loop is priced."""
+    base = {**BASE, "hardware": "h100-sxm"}
+    ev = evaluate({**base, **{k: [v] * 3 for k, v in flag.items()}, "batch": [8, 1, 1],
+                   "concurrency": [0, 8, 0], "request_rate": [0.0, 0.0, 1.0]})
+    assert ev["feasible"].all()
+    assert ev["tpot_s"][1] == pytest.approx(ev["tpot_s"][0], rel=1e-3)
+    plain = evaluate({**base, "request_rate": 1.0})
+    assert ev["ttft_s"][2] == pytest.approx(plain["ttft_s"][0], rel=0.05)    # the prompt runs dense
+    assert np.isfinite(ev["tpot_s"][2])
+
+
+def test_layers_used_under_a_request_rate_from_the_cli():
+    done = _cli("analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--layers-used", "0.5",
+                "--request-rate", "1", "--format", "json")
+    assert done.returncode == 0, done.stderr
