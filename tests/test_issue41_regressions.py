@@ -1,14 +1,18 @@
 """Issue 41 regressions: tracebacks and wrong numbers in evaluation and plotting, each with the
 right answer and why."""
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dse import evaluate
 from dse.core.roofline import OpArrays
+from dse.present.drawing import Drawer, PlotFailed
+from dse.present.plots import pareto_plot
 from dse.system.iteration import iteration_model
 from workloads import optable
 from workloads.model import load_model
@@ -146,3 +150,67 @@ def test_a_one_token_run_is_not_charged_a_decode_step():
     ev = evaluate({**BASE, "hardware": "h100-sxm", "static_power_w": 100.0, "batch": 8, "gen_len": [1, 2]})
     dynamic = ev["energy_per_token_j"] * 8 * np.array([1, 2]) - 100.0 * ev["e2e_latency_s"]
     assert dynamic[1] - dynamic[0] > 0.01 * dynamic[1]
+
+
+# ------------------------------------------------------------------ 5. an empty Pareto front
+
+EMPTY_FRONT_STUDY = """\
+name: empty-front
+description: every design's cost per token is unknown (no preset here has a price), so the front is empty
+space:
+  hardware: [rtx-a6000, l40s]
+  weights: [fp16, fp8]
+  kv: [fp16, fp8]
+  activations: [fp16, fp8]
+  model: llama-3.1-8b
+  batch: [1, 4]
+  prompt_len: 512
+  gen_len: 64
+objectives:
+  cost_per_million_tokens_usd: min
+  tpot_s: min
+method: grid
+"""
+
+
+def test_an_empty_front_skips_its_plot_and_the_report_says_why(tmp_path):
+    """No design has a cost per token, so none is on the front: the Pareto plot has nothing to
+    show and is skipped, its record and the report naming the objective that emptied the front
+    (before: ZeroDivisionError in pareto_plot, three categorical parameters asking for panels of
+    no value)."""
+    study = tmp_path / "empty.yaml"
+    study.write_text(EMPTY_FRONT_STUDY)
+    done = _cli("run", str(study), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    plots = json.loads((tmp_path / "out" / "plots.json").read_text())
+    pareto = [rec for rec in plots.values() if rec.get("kind") == "pareto"]
+    assert pareto and all("cost_per_million_tokens_usd" in rec["skipped"] for rec in pareto)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "the Pareto front is empty, since no feasible design has a value of cost_per_million_tokens_usd" in summary
+
+
+def test_pareto_plot_of_designs_without_values_draws_an_empty_panel(tmp_path):
+    """pareto_plot itself, given designs none of which has both values, draws one empty panel
+    (no division by zero panels) and records no design drawn."""
+    rows = pd.DataFrame({"point": [0, 1], "tpot_s": [0.01, 0.02], "cost_per_million_tokens_usd": [np.nan, np.nan],
+                         "hardware": ["a", "b"], "weights": ["fp16", "fp8"], "kv": ["fp16", "fp8"]})
+    rec = pareto_plot(tmp_path / "p.png", rows, rows.iloc[:0], "tpot_s", "cost_per_million_tokens_usd",
+                      {"tpot_s": "min", "cost_per_million_tokens_usd": "min"}, hue="hardware", style="weights",
+                      facet="kv")
+    assert rec["highlighted"] == [] and rec["highlighted_x"] == []
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_plot_that_fails_in_a_helper_is_named(tmp_path):
+    """The error of a plot drawn by a helper process names the plot (its file and drawing
+    function), and the plot's own error, with where in the plot it was raised, is its cause."""
+    rows = pd.DataFrame({"point": [0], "tpot_s": [0.01]})
+    with Drawer(helper=True) as drawer:
+        drawer.ready(120)
+        drawn = drawer.draw(pareto_plot, tmp_path / "broken.png", rows, rows, "tpot_s", "no_such_metric",
+                            {"tpot_s": "min"})
+        with pytest.raises(PlotFailed, match=r"^plot broken\.png \(pareto_plot\) failed") as err:
+            drawn.result()
+    assert isinstance(err.value.__cause__, KeyError)
+    if drawn.by_helper is not None:           # drawn by a helper (a machine of two cores or more)
+        assert "plots.py" in "".join(getattr(err.value.__cause__, "__notes__", []))
