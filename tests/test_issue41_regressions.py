@@ -214,3 +214,23 @@ def test_a_plot_that_fails_in_a_helper_is_named(tmp_path):
     assert isinstance(err.value.__cause__, KeyError)
     if drawn.by_helper is not None:           # drawn by a helper (a machine of two cores or more)
         assert "plots.py" in "".join(getattr(err.value.__cause__, "__notes__", []))
+
+
+# ------------------------------------------------------------------ 6. request lengths past the context
+
+def test_lengths_shortened_to_the_context_are_said_with_the_mean_modelled(tmp_path):
+    """A trace of 90 requests of 200 + 100 tokens and 10 of 30,000 + 100 has a mean prompt of
+    3,180; past a 4,096-token context the long prompts are shortened to 3,996, so the model
+    serves a mean prompt of 0.9 x 200 + 0.1 x 3,996 = 579.6 tokens, which its own prefill
+    throughput over its request rate shows; the point says so rather than showing 3,180 alone."""
+    trace = tmp_path / "long.csv"
+    trace.write_text("prompt_len,gen_len\n" + "200,100\n" * 90 + "30000,100\n" * 10)
+    ev = evaluate({**BASE, "hardware": "h100-sxm", "lengths": str(trace), "concurrency": 8, "max_context": 4096})
+    assert ev["prefill_tokens_per_s"][0] / ev["requests_per_s"][0] == pytest.approx(579.6, rel=1e-6)
+    note = ev.point(0)["lengths_clamped"]
+    assert "4,096-token context" in note and "mean prompt 580 tokens modelled, 3,180 in the trace" in note
+    done = _cli("analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--concurrency", "8",
+                "--lengths", str(trace), "--max-context", "4096")
+    assert done.returncode == 0 and "mean prompt 580 tokens modelled, 3,180 in the trace" in done.stdout
+    roomy = evaluate({**BASE, "hardware": "h100-sxm", "lengths": str(trace), "concurrency": 8})
+    assert "lengths_clamped" not in roomy.point(0)       # the model's 131,072-token context holds them all
