@@ -92,7 +92,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
         dynamic = g.tables.scenario.tp * step_energy_j(ops, g.system) / tpot
         floor = g.tables.scenario.tp * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
-    return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(dynamic, floor, one)])
+    return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
 
 
 def _replicas(target_rate, good) -> np.ndarray:
