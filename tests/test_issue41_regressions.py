@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 
 from dse import evaluate
+from dse.core.engines import UNFUSED_FALLBACK, attention_on, get_engine
 from dse.core.roofline import OpArrays
 from dse.present.drawing import Drawer, PlotFailed
 from dse.present.plots import pareto_plot
 from dse.system.iteration import iteration_model
+from hwmodels.presets import load_device
 from workloads import optable
 from workloads.model import load_model
 from workloads.scenario import Scenario
@@ -234,3 +236,32 @@ def test_lengths_shortened_to_the_context_are_said_with_the_mean_modelled(tmp_pa
     assert done.returncode == 0 and "mean prompt 580 tokens modelled, 3,180 in the trace" in done.stdout
     roomy = evaluate({**BASE, "hardware": "h100-sxm", "lengths": str(trace), "concurrency": 8})
     assert "lengths_clamped" not in roomy.point(0)       # the model's 131,072-token context holds them all
+
+
+# ------------------------------------------------------------------ 7. Gaudi's fused attention falls back
+
+def test_an_engine_without_an_on_chip_buffer_falls_back_to_unfused_attention():
+    """The gaudi profile asks for fused attention (FusedSDPA), which tiles in an on-chip buffer the
+    Gaudi presets do not cite: as the README says, such hardware runs unfused attention; hardware
+    that cites a buffer keeps the fused kernel."""
+    gaudi = get_engine("gaudi")
+    assert gaudi.flash_attention
+    ran, note = attention_on(gaudi, load_device("gaudi2").onchip_buffer_bytes)
+    assert not ran.flash_attention and note == UNFUSED_FALLBACK
+    assert attention_on(gaudi, load_device("h100-sxm").onchip_buffer_bytes) == (gaudi, "")
+
+
+def test_validate_prices_gaudi_rows_with_the_fallback_reported(tmp_path):
+    """A shipped Gaudi 2 row (BLOOM-176B on 8 devices, optimum-habana) was refused for
+    ``onchip_buffer``; it is priced, with unfused attention, and the engine column says why."""
+    lines = (ROOT / "data" / "gathered" / "more_engines.csv").read_text().splitlines(keepends=True)
+    gaudi = [ln for ln in lines[1:] if ln.startswith("E001,")]
+    assert gaudi, "the shipped Gaudi 2 row E001"
+    measured = tmp_path / "gaudi.csv"
+    measured.write_text(lines[0] + "".join(gaudi))
+    done = _cli("validate", "--measured", str(measured), "--out", str(tmp_path / "val"), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "val" / "validation.csv")
+    row = rows[rows["id"] == "E001"].iloc[0]
+    assert np.isfinite(row["predicted"]) and row["predicted"] > 0
+    assert row["engine"] == f"gaudi ({UNFUSED_FALLBACK})"
