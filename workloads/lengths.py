@@ -111,6 +111,20 @@ class LengthSpec:
         prompt = np.maximum(np.minimum(prompt, max_tokens - gen), 1.0)
         return Lengths(prompt, gen, weight / weight.sum(), prompt_var, gen_var)
 
+    def clamp_note(self, prompt_len: float, gen_len: float, max_tokens: float) -> str:
+        """'' when no request of the distribution passes ``max_tokens`` (the model's context),
+        else in words what ``classes`` models: the mean prompt left after the prompts that would
+        pass it are shortened, against the mean given (a trace: its rows' mean)."""
+        if self.kind == "fixed" or not np.isfinite(max_tokens):
+            return ""
+        given = self.trace_means()[0] if self.kind == "trace" else prompt_len
+        modelled = self.classes(prompt_len, gen_len, max_tokens).mean_prompt
+        if modelled >= given - 0.5:
+            return ""
+        where = "in the trace" if self.kind == "trace" else "given"
+        return (f"prompts past the {max_tokens:,.0f}-token context shortened to fit it: mean prompt "
+                f"{modelled:,.0f} tokens modelled, {given:,.0f} {where}")
+
     def sample(self, n: int, prompt_len: int, gen_len: int, rng: np.random.Generator,
                max_tokens: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
         """(prompts, gens) of ``n`` requests drawn from the distribution (integers >= 1, each

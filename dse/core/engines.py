@@ -193,6 +193,20 @@ def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *
         raise DseError(f"engine {engine.name}: {e}") from None
 
 
+#: what ``attention_on`` says of an engine whose fused attention the hardware cannot tile
+UNFUSED_FALLBACK = "attention unfused: the hardware cites no on-chip buffer for the fused kernel to tile in"
+
+
+def attention_on(engine: Engine, onchip_buffer_bytes: float) -> tuple[Engine, str]:
+    """(``engine`` as it runs on hardware with ``onchip_buffer_bytes`` of on-chip buffer, what
+    changed in words or ''): a fused attention kernel (FlashAttention) tiles attention in the
+    on-chip buffer, so on hardware that cites none (Gaudi 2/3) the engine runs unfused attention,
+    the README's fall back (``UNFUSED_FALLBACK``)."""
+    if engine.flash_attention and not onchip_buffer_bytes > 0:
+        return replace(engine, attention="unfused"), UNFUSED_FALLBACK
+    return engine, ""
+
+
 def describe(engine: Engine) -> str:
     """One line: the profile's name, label and what it does."""
     return (f"{engine.name}: {engine.label} — {engine.batching} batching, "

@@ -68,7 +68,7 @@ from basis.shipped import shipped_file
 from basis.units import bytes_text
 from dse.core.bands import band_for, covered, family_of_metric, shipped_bands
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
-from dse.core.engines import Engine, engine_efficiency, engine_matching, get_engine
+from dse.core.engines import UNFUSED_FALLBACK, Engine, attention_on, engine_efficiency, engine_matching, get_engine
 from dse.present import display
 from dse.present.plots import validation_plot
 from dse.system.evaluator import METRICS as EVALUATOR_METRICS
@@ -620,12 +620,24 @@ def read_measured(path) -> tuple[list[MeasuredRow], list[dict]]:
 
 def engine_of(row: MeasuredRow) -> Engine:
     """The engine profile of a row: the first profile (``dse.core.engines``) whose pattern matches
-    its framework (the default engine when none does), then the row's own overrides."""
+    its framework (the default engine when none does), then the row's own overrides; a fused
+    attention kernel the row does not ask for falls back to unfused attention on hardware that
+    cites no on-chip buffer (``attention_on``)."""
     eng = engine_matching(row.framework) or get_engine("default")
     over = dict(row.overrides)
     if "flash_attention" in over:
         over["attention"] = "fused" if over.pop("flash_attention") else "unfused"
-    return replace(eng, **over) if over else eng
+    eng = replace(eng, **over) if over else eng
+    return eng if "attention" in over else attention_on(eng, _buffer_of(row.hardware))[0]
+
+
+def _buffer_of(hardware: str) -> float:
+    """The on-chip buffer (bytes) of the preset ``hardware``; NaN where none loads (the row is
+    refused for it elsewhere)."""
+    try:
+        return load_device(hardware).onchip_buffer_bytes
+    except DseError:
+        return math.nan
 
 
 # --------------------------------------------------------------------------- predicting
@@ -903,12 +915,19 @@ def result_row(case: Case, predicted: float, eff_name: str = "", *, running: flo
         "gen_len": r.gen_len, "formats": f"{r.weights}/{r.activations}/{r.kv}", "metric": r.metric,
         "measured": r.value, "predicted": predicted, "error": err, "ape": abs(err),
         "optimistic": (err < 0) if is_latency(r.metric) else (err > 0), "offload": case.offload,
-        "engine": case.engine.name, "efficiency": eff_name,
+        "engine": case.engine.name + (f" ({UNFUSED_FALLBACK})" if _fell_back(case) else ""), "efficiency": eff_name,
         "serving": r.serving, "load": load, "family": family_of(r.metric), "measured_as": r.metric_given or r.metric,
         "framework": r.framework, "lengths_from": r.lengths_from, "vendor": vendor, "source": r.source,
         "request_rate": r.request_rate, "num_prompts": r.num_prompts, "band_low": predicted * low, "band_high": predicted * high,
         "in_band": bool(covered(r.value, predicted, low, high)) if low == low else "",
     }
+
+
+def _fell_back(case: Case) -> bool:
+    """Whether the case's engine runs unfused attention because its hardware has no on-chip
+    buffer for the fused kernel its profile names (``attention_on``), not because the row says so."""
+    asked = "flash_attention" in case.row.overrides
+    return not asked and bool(attention_on(get_engine(case.engine.name), case.device.onchip_buffer_bytes)[1])
 
 
 # --------------------------------------------------------------------------- statistics

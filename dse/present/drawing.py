@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+class PlotFailed(RuntimeError):
+    """A plot raised an error (here or in a helper process): the message names the plot (its
+    file and drawing function); the plot's own error, with where in the plot it was raised, is
+    the cause."""
+
+
 class Drawn:
     """A plot asked of a ``Drawer``: drawn already, waiting for a helper, or with one."""
 
@@ -88,8 +95,19 @@ class Drawn:
         return self
 
     def draw_here(self) -> None:
-        """Draw the plot in this process."""
-        self._value, self.drawn = self.draw(*self.args, **self.kwargs), True
+        """Draw the plot in this process (an error it raises is kept for ``result``)."""
+        try:
+            self._value = self.draw(*self.args, **self.kwargs)
+        except Exception as e:  # noqa: BLE001 - raised again by result(), naming the plot
+            self._error = e
+        self.drawn = True
+
+    def name(self) -> str:
+        """The plot in words: its file (the drawing's first argument, a path) and drawing function."""
+        first = self.args[0] if self.args else None
+        where = getattr(first, "name", None) or (first if isinstance(first, str) else None)
+        what = getattr(self.draw, "__name__", "a plot")
+        return f"{where} ({what})" if where else what
 
     def settle(self, ok: bool, value, helper: int) -> None:
         """The helper ``helper`` drew it: its record (``ok``) or the error it raised."""
@@ -105,7 +123,9 @@ class Drawn:
         if not self.drawn:
             self.drawer.wait_for(self)
         if self._error is not None:
-            raise self._error
+            e = self._error
+            by = "" if self.by_helper is None else f" in helper process {self.by_helper}"
+            raise PlotFailed(f"plot {self.name()} failed{by}: {type(e).__name__}: {e}") from e
         rec = self._value
         for finish in self._finish:
             rec = finish(rec)
@@ -362,7 +382,8 @@ def _serve(conn: Connection) -> None:
         try:
             answer = ("drawn", plot(*args, **kwargs))
         except Exception as e:  # noqa: BLE001 - the helper's process boundary: any failure of a plot goes back
-            answer = ("failed", e)   # to the run, which raises it there (as if it had drawn the plot itself)
+            e.add_note("raised in the helper process, at:\n" + traceback.format_exc().rstrip())  # where in the plot
+            answer = ("failed", e)   # to the run, which raises it there as PlotFailed, naming the plot
         try:
             conn.send(answer)
         except _UNPICKLABLE as e:            # an error that cannot be pickled: said in words

@@ -616,6 +616,8 @@ def pareto_plot(path: Path, background, front, x: str, y: str, senses: dict, tit
     hues, styles, facets = levels(hue), levels(style), levels(facet)
     colours = dict(zip(hues, _palette(len(hues)))) if hue else {None: "#c44e52"}
     markers = {s: _MARKERS[i % len(_MARKERS)] for i, s in enumerate(styles)}
+    if not facets:                      # no design has both values: one empty panel
+        facets = [None]
     ncols = 2 if len(facets) == 4 else min(len(facets), 3)
     nrows = math.ceil(len(facets) / ncols)
     fig, axes = _figure(ncols=ncols, nrows=nrows, width=5.2 if ncols > 1 else 7.0,

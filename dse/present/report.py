@@ -276,6 +276,16 @@ def _with_rows(rec: dict, kept: str, cloud: str) -> dict:
     return rec
 
 
+def _empty_front(x: str, y: str, objectives: dict, feasible) -> str:
+    """The note of a Pareto plot of ``y`` against ``x`` left out because no Pareto design has both:
+    the objectives no feasible design has a value of (which empty the front), if any."""
+    unknown = [o for o in objectives if o in feasible and not np.isfinite(feasible[o].to_numpy(float)).any()]
+    if unknown:
+        return (f"no plot: the Pareto front is empty, since no feasible design has a value of "
+                f"{', '.join(unknown)} (a design with no value of an objective is on no front)")
+    return f"no plot: no Pareto design has a value of both {x} and {y}"
+
+
 def _not_on_front(c: str) -> str:
     """The note of a Pareto plot of ``c`` left out because the Pareto rows lack ``c``."""
     return (f"no plot of {c}: the Pareto designs of a sweep that kept a sample or none of its rows are read from "
@@ -404,6 +414,9 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
             fname = f"pareto_{y}_vs_{x}.png"
         if x not in front_df or y not in front_df:      # a streamed sweep's pareto.csv lacks it (FRONT_METRICS)
             plots[fname] = {"kind": "pareto", "x": x, "y": y, "skipped": _not_on_front(x if x not in front_df else y)}
+            continue
+        if not np.isfinite(front_df[[x, y]].to_numpy(float)).all(axis=1).any():
+            plots[fname] = {"kind": "pareto", "x": x, "y": y, "skipped": _empty_front(x, y, objectives, background)}
             continue
         bg, note = background, ""
         if x == "cost_usd":            # presets without price_usd have no cost: draw the designs that have one

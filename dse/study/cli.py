@@ -487,7 +487,7 @@ def _table_report(res, display, asked_flash=None) -> str:
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
               "weights_bytes", "kv_cache_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "offloaded_bytes", *ENERGY_COST_METRICS,
-              "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note"):
+              "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note", "lengths_note"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
     if s.get("bands"):

@@ -82,6 +82,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s.update({"concurrency": int(p.get("concurrency") or 0) or None, "request_rate": rate or None,
                   **{k: m[k] for k in SERVING_LOAD_METRICS}})
         s["lengths"] = p["lengths_name"]
+        if p.get("lengths_clamped"):
+            s["lengths_note"] = p["lengths_clamped"]
         s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]

@@ -19,6 +19,13 @@ its simulator price an iteration exactly as a static batch's step is priced.
 
 A layer with a sliding window is costed with the window as filled at the prompt's end
 (exact from a prompt at least as long as the window).
+
+Techniques that change the decode step only (contextual sparsity, early exit:
+``workloads.techniques``; prefill runs dense) apply to the decode tokens, as in a static batch's
+decode step; the prompt tokens beside them run the dense prefill's operators (its amounts are
+read onto the decode step's operators by name: the predictors and exit classifiers the decode
+step adds do nothing for a prompt token), and an iteration with prompt tokens reads the dense
+weights (every layer, every neuron) that many tokens read.
 """
 from __future__ import annotations
 
@@ -47,7 +54,9 @@ class IterationModel:
     template: the decode step's OpArrays (operator kinds, counts, peak columns, PIM roles);
     base, per_decode, per_key, per_prompt_token, per_pair, per_prompt: {field: [O]};
     weight_tokens [T], weight_bytes [T, O]: weight bytes an iteration of that many tokens
-    reads (the decode step's, exact at each of these token counts, linear between them)."""
+    reads (the decode step's, exact at each of these token counts, linear between them);
+    dense_weight_bytes [T, O]: the same without the decode-only techniques, read by an
+    iteration that has prompt tokens (None when there are none)."""
 
     template: OpArrays
     base: dict
@@ -58,6 +67,7 @@ class IterationModel:
     per_prompt: dict
     weight_tokens: np.ndarray
     weight_bytes: np.ndarray
+    dense_weight_bytes: np.ndarray | None = None
 
     def arrays(self, d, dctx, c, pctx, s) -> OpArrays:
         """OpArrays [P, O] of iterations with ``d`` decode tokens over ``dctx`` keys and ``c``
@@ -75,6 +85,11 @@ class IterationModel:
         weight = np.broadcast_to(self.weight_bytes[0], (n, o)).copy()
         for k in self._growing:             # embedding rows, experts touched
             weight[:, k] = np.interp(tokens, self.weight_tokens, self.weight_bytes[:, k])
+        if self.dense_weight_bytes is not None:     # prompt tokens run dense: every layer's weights
+            prompt = np.broadcast_to(c, (n,)) > 0
+            if prompt.any():
+                weight[prompt] = np.stack([np.interp(tokens[prompt], self.weight_tokens, self.dense_weight_bytes[:, k])
+                                           for k in range(o)], axis=1)
         weight[tokens <= 0] = 0.0
         vector = self.template.vector_ops               # dequantization: once an iteration that has work
         if vector is not None:
@@ -98,6 +113,22 @@ def _amounts(a: OpArrays) -> dict:
     return {f: np.asarray(getattr(a, f), dtype=float) for f in _AMOUNTS}
 
 
+def _onto(a: OpArrays, names: list[str], into: list[str]) -> dict:
+    """The amounts of ``a`` (operators ``names``) on the operators ``into``: zero for an operator
+    ``a`` lacks; ValueError naming an operator of ``a`` that ``into`` lacks."""
+    got = _amounts(a)
+    where = {name: i for i, name in enumerate(into)}
+    missing = [name for name in names if name not in where]
+    if missing:
+        raise ValueError(f"iteration model: the prefill's operator {missing[0]!r} has no decode counterpart")
+    at = np.array([where[name] for name in names], dtype=int)
+    out = {}
+    for f, v in got.items():
+        out[f] = np.zeros(len(into))
+        out[f][at] = v
+    return out
+
+
 def _fit_points(prompt_len: int) -> tuple[int, int, int]:
     """Three distinct prompt lengths to read the prefill's coefficients from, the longest the prompt."""
     p = max(int(prompt_len), 3)
@@ -116,7 +147,8 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
                        tp=tp, flash_attention=flash_attention, techniques=techniques)
     keys = prompt_len + 1
-    d1 = OpArrays.from_table(optable.decode_step(model, sc, keys, buffer))
+    t1 = optable.decode_step(model, sc, keys, buffer)
+    d1 = OpArrays.from_table(t1)
     d2 = OpArrays.from_table(optable.decode_step(model, replace(sc, batch=2), keys, buffer))
     dk = OpArrays.from_table(optable.decode_step(model, sc, keys + 1, buffer))
     one, two, more = _amounts(d1), _amounts(d2), _amounts(dk)
@@ -126,14 +158,32 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     base = {f: one[f] - per_seq[f] for f in _AMOUNTS}
     # prefill(p) - base = s + p x per_prompt_token + p(p - 1)/2 x per_pair, at three lengths
     pts = _fit_points(prompt_len)
-    pre = [_amounts(OpArrays.from_table(optable.prefill(model, replace(sc, prompt_len=p), buffer))) for p in pts]
+    pre = []
+    for p in pts:
+        table = optable.prefill(model, replace(sc, prompt_len=p), buffer)
+        pre.append(_onto(OpArrays.from_table(table), table.names, t1.names))
     lhs = np.array([[1.0, p, p * (p - 1) / 2.0] for p in pts])
     inv = np.linalg.inv(lhs)
     coef = {f: inv @ np.stack([pre[j][f] - base[f] for j in range(3)]) for f in _AMOUNTS}
     grid = WEIGHT_TOKENS
-    weight = np.stack([np.asarray(OpArrays.from_table(optable.decode_step(model, replace(sc, batch=int(t)), keys,
-                                                                          buffer)).weight_bytes, float)
-                       for t in grid])
+    weight = _weight_grid(model, sc, keys, buffer, t1.names)
+    dense = None
+    if techniques.activation_density < 1.0 or techniques.layers_used < 1.0:
+        dense_tech = replace(techniques, activation_density=1.0, layers_used=1.0)
+        dense = _weight_grid(model, replace(sc, techniques=dense_tech), keys, buffer, t1.names)
     return IterationModel(d1, base, per_decode, per_key, {f: coef[f][1] for f in _AMOUNTS},
                           {f: coef[f][2] for f in _AMOUNTS}, {f: coef[f][0] for f in _AMOUNTS},
-                          np.asarray(grid, dtype=float), weight)
+                          np.asarray(grid, dtype=float), weight, dense)
+
+
+def _weight_grid(model: ModelSpec, sc: Scenario, keys: int, buffer: float, into: list[str]) -> np.ndarray:
+    """[T, O]: the weight bytes a decode step of ``sc`` reads at each of ``WEIGHT_TOKENS`` tokens,
+    on the operators ``into`` (zero for one the step lacks)."""
+    rows = []
+    for t in WEIGHT_TOKENS:
+        table = optable.decode_step(model, replace(sc, batch=int(t)), keys, buffer)
+        where = {name: i for i, name in enumerate(into)}
+        row = np.zeros(len(into))
+        row[[where[name] for name in table.names]] = np.asarray(OpArrays.from_table(table).weight_bytes, float)
+        rows.append(row)
+    return np.stack(rows)

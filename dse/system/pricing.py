@@ -202,8 +202,15 @@ def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
     out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
     out["tokens_per_target_step"] = s.tokens_per_step
     (e_pre, e_dec), (f_pre, f_dec) = run_energy(s, sys, measured_only(sys))
+    ran = np.asarray(sc.gen_len) > 1          # gen_len 1: the decode step priced for TPOT is never run
+    e_dec, f_dec = (np.where(ran, x, 0.0) for x in (e_dec, f_dec))
+    decode_s = np.where(ran, decode, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # both phases at once while they overlap
+        both = eff.prefill_decode_overlap * np.minimum(prefill, decode_s)
+        share = [np.where(t > 0, both / t, 0.0) for t in (prefill, decode_s)]
     out.update(power_and_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
-                                sc.devices, sys, [(f_pre, prefill), (f_dec, decode)]))
+                                sc.devices, sys, [(f_pre, prefill), (f_dec, decode_s),
+                                                  (f_pre * share[0] + f_dec * share[1], both)]))
     return out
 
 
@@ -214,22 +221,27 @@ def measured_only(sys: SystemArrays) -> SystemArrays:
 
 
 def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
-    """Energy per token, average power, tokens per joule and the power demand of a run (or one
-    second of a steady state) of a group's points, with ``over_tdp`` where a device would need
-    more than its TDP in some phase (``phases``: the dynamic energy and seconds of each, the energy
-    counted with ``measured_only``, so the demand is one the design cannot avoid; work in a class
-    without a measured J/op of its own, such as FP8 on Hopper, is charged at a wider class's J/op
-    in the energy reported, an upper bound, but nothing in this check): such a design is infeasible (reason ``power``), not throttled,
-    since no published voltage-frequency curve says how much slower it would run. The check
-    applies to predictions (calibrated or given efficiencies), not to the ideal roofline, which
-    bounds speed and may ask for more power than the chip has."""
+    """Energy per token, average power of the system (W), tokens per joule and the power demand
+    of one device (W) of a run (or one second of a steady state) of a group's points, with
+    ``over_tdp`` where a device would need more than its TDP in some phase (``phases``: the
+    dynamic energy and seconds of each, the energy counted with ``measured_only``, so the demand
+    is one the design cannot avoid; work in a class without a measured J/op of its own, such as
+    FP8 on Hopper, is charged at a wider class's J/op in the energy reported, an upper bound, but
+    nothing in this check): such a design is infeasible (reason ``power``), not throttled, since
+    no published voltage-frequency curve says how much slower it would run. The check applies to
+    predictions (calibrated or given efficiencies), not to the ideal roofline, which bounds speed
+    and may ask for more power than the chip has. The demand reported is at least the average
+    power per device (an average lies below the largest of its phases; where the unmeasured work
+    the average is charged for lifts it above the phases counted without it, the average is the
+    most demanding phase known)."""
     static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
     out = energy_figures(dynamic_j, seconds, tokens, devices, static)
     del out["energy_j"]
-    demand = power_demand_w(phases, devices, static)
-    out["power_demand_w"] = np.where(np.isnan(dynamic_j), np.nan, demand)
+    demand = np.where(np.isnan(dynamic_j), np.nan, power_demand_w(phases, devices, static))
+    with np.errstate(invalid="ignore"):
+        out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, out["power_w"] / devices))
     tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
-    return {**out, "over_tdp": out["power_demand_w"] > tdp}
+    return {**out, "over_tdp": demand > tdp}
 
 
 def split_counts(op, layer_ops: np.ndarray, share: float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from dse.system.columns import Columns
 from dse.system.params import PARAMS
 from hwmodels.formats import get_format, matmul_compute_class
 from workloads.lengths import FIXED, parse_lengths
+from workloads.model import context_limit, load_model
 
 #: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
@@ -124,7 +126,8 @@ class Evaluation:
 
     def point(self, i: int) -> dict:
         """Parameters (as given; ``flash_attention`` as run, ``flash_attention_given`` whether it
-        was given; ``serving_name`` the scheduling as run) and resolved layout of point ``i``, and its footprint as text
+        was given; ``serving_name`` the scheduling as run; ``lengths_clamped``, where request lengths
+        were shortened to the context, what was modelled) and resolved layout of point ``i``, and its footprint as text
         (``reasons.SIZE_FIELDS``: '80 GiB', by ``basis.units``) for the reason templates."""
         cols = self.columns
         out = {}
@@ -139,6 +142,11 @@ class Evaluation:
         trace = parse_lengths(out.get("lengths_name", FIXED))
         if trace.kind == "trace":                 # its means stand for prompt_len and gen_len
             out["prompt_len"], out["gen_len"] = trace.trace_means()
+        if trace.kind != "fixed":                 # what the model shortened to fit the context, in words
+            limit = _context(str(out.get("model_name") or out["model"]), int(out.get("max_context") or 0))
+            note = trace.clamp_note(out["prompt_len"], out["gen_len"], limit or np.inf)
+            if note:
+                out["lengths_clamped"] = note
         if self.flash_attention is not None:      # as run: the default is unfused without a buffer
             out["flash_attention"] = bool(self.flash_attention[i])
         out["flash_attention_given"] = cols.has("flash_attention")
@@ -170,3 +178,9 @@ class Evaluation:
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
         return df
+
+
+@lru_cache(maxsize=64)
+def _context(model: str, max_context: int) -> int:
+    """Tokens a sequence of ``model`` may hold under ``max_context`` (``context_limit``; 0: unchecked)."""
+    return context_limit(load_model(model), max_context)

@@ -49,8 +49,9 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     slo = (s.slo_ttft > 0) | (s.slo_tpot > 0)
     good = np.full(len(slo), np.nan)
-    if slo.any():
-        at = np.flatnonzero(slo)
+    priced = np.isfinite(out["requests_per_s"])   # NaN: an iteration the roofline cannot price (no link)
+    if (slo & priced).any():
+        at = np.flatnonzero(slo & priced)
         good[at] = (disaggregated_goodput if pooled else goodput)(
                            load.take(at), pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
