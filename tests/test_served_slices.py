@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pytest
 
+from dse.core.efficiency import IDEAL, efficiency_for
 from dse.system import served
 from dse.system.evaluator import evaluate
 
@@ -77,3 +78,20 @@ def test_a_group_within_one_slice_is_priced_in_one_call(monkeypatch):
                                       "peak_fp8": 2e15}, 4)
     assert calls == [4]
     assert np.all(ev["output_tokens_per_s"] > 0)
+
+
+def test_an_efficiency_per_point_on_disaggregated_pools(monkeypatch):
+    """Points of one disaggregated group under two efficiencies are priced in two parts
+    (``ServingInputs.take``, as a slice is): each point as under its own efficiency for all
+    (this raised a shape mismatch when the pools were not taken with the other inputs)."""
+    monkeypatch.setattr(served, "SERVED_SLICE", 2)
+    cols = {**BASE, "memory_bandwidth": 3.35e12, "peak_fp8": 1.98e15, "disaggregate": "1:1",
+            "request_rate": [1.0, 2.0, 3.0, 4.0, 5.0]}
+    gpu = efficiency_for("gpu")
+    mixed = evaluate(cols, efficiency=[IDEAL, gpu, IDEAL, gpu, IDEAL])
+    alone = {"ideal": evaluate(cols, efficiency=IDEAL), "gpu": evaluate(cols, efficiency=gpu)}
+    assert not np.allclose(alone["ideal"]["ttft_s"], alone["gpu"]["ttft_s"], rtol=0.01)   # they differ
+    for name, rows in (("ideal", [0, 2, 4]), ("gpu", [1, 3])):
+        assert alone[name]["feasible"][rows].all()
+        for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+            np.testing.assert_allclose(mixed[k][rows], alone[name][k][rows], rtol=1e-12, err_msg=k)

@@ -57,13 +57,8 @@ def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
 
 
 def _served_slice(g: Group, pos: np.ndarray) -> Group:
-    """The points ``pos`` (positions in the group) of a served group, every per-point figure
-    taken (the disaggregated pools too)."""
-    s = g.serving.take(pos)
-    if g.serving.pools is not None:
-        prefill, decode, kv_token_bytes = g.serving.pools
-        s = replace(s, pools=(prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos]))
-    return replace(g, index=positions(g.index)[pos], system=g.system.take(pos), serving=s,
+    """The points ``pos`` (positions in the group) of a served group, every per-point figure taken."""
+    return replace(g, index=positions(g.index)[pos], system=g.system.take(pos), serving=g.serving.take(pos),
                    cpu=None if g.cpu is None else g.cpu.take(pos))
 
 
