@@ -32,11 +32,13 @@ UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
 #: served points priced at once (``price_served_in_slices``). The steady state of a point holds
 #: about 1.1 MB while it is worked out (an open loop with lognormal lengths: Markov chains of up to
 #: a few hundred states a length class), so a group priced whole grew without bound (peak 4.4 GiB
-#: at 4,000 points, 14 GB at 10^4); in slices of this many points a process peaks at ~0.4 GiB
-#: whatever the size (0.42 / 0.40 / 0.45 GiB at 10^3 / 4 x 10^3 / 10^4 points), and runs 1.25-1.4x
-#: faster (``benchmarks/bench_serving.py N --memory``). Patchable: tests force small slices
-#: (``tests/test_served_slices.py``: the same results as one call, to rounding).
-SERVED_SLICE = 256
+#: at 4,000 points, 14 GB at 10^4). In slices of 64 a process peaks at 0.16 / 0.16 / 0.24 GiB at
+#: 10^3 / 4 x 10^3 / 10^4 such points (what still grows is the results and the plan's per-point
+#: figures, ~14 kB a point) and runs 2.4x as fast as in one call; slices of 16-128 ran within 30 %
+#: of that, 256 at half its speed, 1,024 at 0.4x in 1.2 GiB, and no served case ran slower in
+#: slices of 64 than whole (``benchmarks/bench_serving.py N --memory --slice S``, 2 loaded cores).
+#: Patchable: tests force small slices (``tests/test_served_slices.py``: one call's results).
+SERVED_SLICE = 64
 
 
 def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
