@@ -66,7 +66,7 @@ from dse.system.layout import parallel_layout
 from dse.system.params import SERVING_MODES
 from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
-from dse.system.served import ServedPoint, price_served, served_point
+from dse.system.served import ServedPoint, price_served_in_slices, served_point
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
 
 
@@ -237,10 +237,10 @@ class Plan:
 
 
 def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
-    """The metrics of a group's points: served (``dse.system.served.price_served``), or a static
+    """The metrics of a group's points: served (``dse.system.served.price_served_in_slices``), or a static
     batch (``dse.system.pricing``: of many workloads, or of one)."""
     if g.serving is not None:
-        return price_served(g, eff)
+        return price_served_in_slices(g, eff)
     if isinstance(g.tables, WorkloadBatch):
         return price_many(g, eff, given, ideal)
     return price_static(g, eff, given, ideal)

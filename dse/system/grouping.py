@@ -94,9 +94,14 @@ class ServingInputs:
     speculation: ServedSpeculation | None = None
 
     def take(self, pos: np.ndarray) -> ServingInputs:
-        """The inputs of the points ``pos`` (positions in the group): every array field taken."""
-        return replace(self, **{f.name: getattr(self, f.name)[pos] for f in fields(self)
-                                if isinstance(getattr(self, f.name), np.ndarray)})
+        """The inputs of the points ``pos`` (positions in the group): every array field taken,
+        the disaggregated pools' too."""
+        pools = self.pools
+        if pools is not None:
+            prefill, decode, kv_token_bytes = pools
+            pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
+        return replace(self, pools=pools, **{f.name: getattr(self, f.name)[pos] for f in fields(self)
+                                             if isinstance(getattr(self, f.name), np.ndarray)})
 
 
 @dataclass(frozen=True, eq=False)

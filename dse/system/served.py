@@ -15,7 +15,7 @@ from dse.core.metrics import rates_per_user_and_device
 from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
 from dse.core.simulator import EngineConfig
-from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation
+from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.hardware import HardwareArrays
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel, iteration_model
@@ -28,6 +28,40 @@ from workloads.techniques import tokens_per_target_step
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
 #: the default budget (``dse.system.params``)
 UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
+
+#: served points priced at once (``price_served_in_slices``). The steady state of a point holds
+#: about 1.1 MB while it is worked out (an open loop with lognormal lengths: Markov chains of up to
+#: a few hundred states a length class), so a group priced whole grew without bound (peak 4.4 GiB
+#: at 4,000 points, 14 GB at 10^4). In slices of 64 a process peaks at 0.16 / 0.16 / 0.24 GiB at
+#: 10^3 / 4 x 10^3 / 10^4 such points (what still grows is the results and the plan's per-point
+#: figures, ~14 kB a point) and runs 2.4x as fast as in one call; slices of 16-128 ran within 30 %
+#: of that, 256 at half its speed, 1,024 at 0.4x in 1.2 GiB, and no served case ran slower in
+#: slices of 64 than whole (``benchmarks/bench_serving.py N --memory --slice S``, 2 loaded cores).
+#: Patchable: tests force small slices (``tests/test_served_slices.py``: one call's results).
+SERVED_SLICE = 64
+
+
+def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
+    """``price_served`` of a group's points, ``SERVED_SLICE`` points at a time so that the memory
+    held is bounded whatever the group's size; the metrics ([P] arrays) of one call, to rounding
+    (every served point is priced on its own figures)."""
+    n = len(positions(g.index))
+    if n <= SERVED_SLICE:
+        return price_served(g, eff)
+    out = {}
+    for lo in range(0, n, SERVED_SLICE):
+        pos = np.arange(lo, min(lo + SERVED_SLICE, n))
+        for k, v in price_served(_served_slice(g, pos), eff).items():
+            if k not in out:
+                out[k] = np.empty(n, dtype=np.asarray(v).dtype)
+            out[k][pos] = v
+    return out
+
+
+def _served_slice(g: Group, pos: np.ndarray) -> Group:
+    """The points ``pos`` (positions in the group) of a served group, every per-point figure taken."""
+    return replace(g, index=positions(g.index)[pos], system=g.system.take(pos), serving=g.serving.take(pos),
+                   cpu=None if g.cpu is None else g.cpu.take(pos))
 
 
 def price_served(g: Group, eff: Efficiency) -> dict:
