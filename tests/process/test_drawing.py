@@ -16,7 +16,7 @@ from conftest import run_cli
 from test_report import STUDY  # a small grid with every kind of plot
 
 from dse.present import drawing
-from dse.present.drawing import Drawer
+from dse.present.drawing import Drawer, PlotFailed
 from dse.present.report import write_report
 from dse.study.studyfile import load_study
 
@@ -136,8 +136,10 @@ def test_a_plot_that_fails_on_a_helper_raises_here():
     with Drawer(helper=True) as drawer:
         drawn = drawer.draw(int, "not a number")
         drawer.finish()
-        with pytest.raises(ValueError, match="not a number"):
+        # the error names the plot and the helper; the plot's own error is its cause
+        with pytest.raises(PlotFailed, match=r"plot not a number \(int\) failed in helper process \d+: ValueError") as e:
             drawn.result()
+        assert isinstance(e.value.__cause__, ValueError) and "not a number" in str(e.value.__cause__)
 
 
 @two_cores
