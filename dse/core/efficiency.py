@@ -38,6 +38,10 @@ Its parameters (fields of :class:`Efficiency`) are:
 ``prefill_decode_overlap``        share of the shorter of prefill and decode hidden under the other
                                   when a scheduler mixes them in one batch (in-flight batching);
                                   0 for static batches
+``host_links_measured``           True: host transfers (offload) at each host link's or tier's own
+                                  measured fraction of its peak (``SystemArrays.host_fraction``,
+                                  from configs/links.yaml and tiers.yaml), never ``memory``;
+                                  False (``IDEAL``): at the link's peak. Not a fitted parameter.
 ================================  =====================================================================
 
 Per operator (all functions of the operator's own ops and bytes, never of the design
@@ -154,6 +158,7 @@ class Efficiency:
     collective_latency_s: float = 0.0
     prefill_decode_overlap: float = 0.0
     request_overhead_s: float = 0.0
+    host_links_measured: bool = True
 
     def __post_init__(self):
         for k in FRACTIONS:
@@ -207,6 +212,11 @@ class Efficiency:
                                                           np.where(vector, self.resolved("vector_compute"),
                                                                    self.compute)))
 
+    def host_fraction(self, sys):
+        """[P] the achieved fraction of the host link's peak on each point: the link's or tier's own
+        measured fraction (``sys.host_fraction``), or 1 when host links run at their peak (IDEAL)."""
+        return sys.host_fraction if self.host_links_measured else np.ones(sys.size)
+
     def memory_fraction(self, op):
         """Achievable fraction of memory bandwidth per operator of ``op``, in (0, 1]."""
         mem = np.asarray(op.memory_bytes, dtype=float)
@@ -253,9 +263,9 @@ def _kinds(op):
     return matmul, attention, vector
 
 
-PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name != "name")
+PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name", "host_links_measured"))
 
-IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal")
+IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=False)
 
 #: First-order defaults per hardware family, before calibration: what the hardware reaches (the
 #: software's costs are the engine's, ``dse.core.engines``). ``dse.study calibrate`` replaces the

@@ -38,6 +38,9 @@ class SystemArrays:
     link_bandwidth, link_latency: [P] scale-up link per direction (bytes/s) and latency (s).
     tp: [P] tensor-parallel degree.
     host_bandwidth: [P] bytes/s to the next memory tier (host DRAM over its link).
+    host_fraction: [P] the achieved fraction of host_bandwidth a host transfer reaches: the host
+             link's or offload tier's own, measured (``hwmodels.links.host_link_fraction``; 1: none).
+    host_latency: [P] s, the host link's latency, paid once per host transfer.
     offload: [P, 3] fraction of weight, activation and KV bytes that live in that tier
              (None: nothing offloaded).
     overlap: [P] bool, host transfers overlap compute (max) instead of adding to it.
@@ -75,11 +78,17 @@ class SystemArrays:
     energy_op_floor_j: np.ndarray | None = None
     static_w: np.ndarray | None = None
     tdp_w: np.ndarray | None = None
+    host_fraction: np.ndarray | None = None
+    host_latency: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]
         if self.host_bandwidth is None:
             object.__setattr__(self, "host_bandwidth", np.full(n, np.inf))
+        if self.host_fraction is None:
+            object.__setattr__(self, "host_fraction", np.ones(n))
+        if self.host_latency is None:
+            object.__setattr__(self, "host_latency", np.zeros(n))
         if self.overlap is None:
             object.__setattr__(self, "overlap", np.ones(n, dtype=bool))
         if self.pim_peak is not None:

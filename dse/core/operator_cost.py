@@ -14,7 +14,9 @@ max(compute, memory) is split at the single crossing of two linear functions).
 
 Optional terms, skipped when a design space does not use them (``None``):
 - offload: fractions of weight, activation and KV bytes in the host tier, read over
-  the host link; overlapping compute (inside the max) or not (added).
+  the host link (``host_transfer_s``: bytes / (host bandwidth x the link's or tier's own measured
+  fraction) + the link's latency, once per operator instance; never the device's memory
+  fraction); overlapping compute (inside the max) or not (added).
 - sparse: 2:4 structured-sparse peaks for weight matmuls.
 - dequantization: vector ops of a weight-only quantized matmul at the vector peak.
 - PIM: an operator whose role the PIM may run (and whose format it computes) is
@@ -51,21 +53,41 @@ def _memory_terms(shape: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *
     frac = eff.memory_fraction(shape)
     bw = sys.bandwidth[:, None] * frac
     out = []
-    for op in steps:
+    for i, op in enumerate(steps):
         w, a, kv = op.weight_bytes, op.act_bytes, op.kv_bytes
         host_s = 0.0
         if sys.offload is not None:
             f = sys.offload
             on_host = w * f[:, 0:1] + a * f[:, 1:2] + kv * f[:, 2:3]
             w, a, kv = w * (1 - f[:, 0:1]), a * (1 - f[:, 1:2]), kv * (1 - f[:, 2:3])
-            with np.errstate(invalid="ignore"):
-                host_s = np.where(on_host > 0, on_host / (sys.host_bandwidth[:, None] * frac), 0.0)
+            # the first step pays the link's latency per transfer; a decode's slope (bytes added
+            # per step) only its bandwidth term
+            host_s = host_transfer_s(on_host, sys, eff, latency=i == 0)
         if on_pim is None:
             out.append(((w + a + kv) / bw, host_s))
         else:
             inner = np.where(on_pim, sys.pim_multiple[:, None], 1.0)
             out.append((((w + kv) / inner + a) / bw, host_s))
     return out
+
+
+def host_transfer_s(nbytes, sys: SystemArrays, eff: Efficiency, latency: bool = True) -> np.ndarray:
+    """Seconds of host transfers of ``nbytes`` ([P, O] or [P]) over each point's host link (or
+    offload tier): nbytes / (host bandwidth x its achieved fraction, ``eff.host_fraction``) plus,
+    with ``latency``, the link's latency once per transfer; 0 where nothing moves."""
+    b = np.asarray(nbytes, dtype=float)
+    col = (slice(None), None) if b.ndim == 2 else slice(None)
+    return link_transfer_s(b, sys.host_bandwidth[col], eff.host_fraction(sys)[col],
+                           sys.host_latency[col] if latency else 0.0)
+
+
+def link_transfer_s(nbytes, peak, fraction, latency) -> np.ndarray:
+    """Seconds of a transfer of ``nbytes`` over a link of ``peak`` bytes/s reaching ``fraction`` of
+    it, with ``latency`` s: nbytes / (peak x fraction) + latency; 0 for an empty transfer. Broadcasts."""
+    b = np.asarray(nbytes, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = b / (np.asarray(peak, dtype=float) * fraction) + latency
+    return np.where(b > 0, t, 0.0)
 
 
 def _compute_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *work) -> list:

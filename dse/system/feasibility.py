@@ -296,7 +296,7 @@ def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays,
         mark("format", ~(cpu_sys.peak[:, _COL[c]] > 0))
     per_token = model.hidden_size * sc.activations.bytes
     cpu = CpuSplit(share, cpu_sys, cpu_used, t.prefill_table.tokens * per_token, t.decode_table.tokens * per_token,
-                   hw.host_link_bandwidth[idx], hw.host_link_latency[idx])
+                   hw.host_link_bandwidth[idx], hw.host_link_latency[idx], hw.system.host_fraction[idx])
     no_link = ~(np.isfinite(cpu.host_bw) & (cpu.host_bw > 0))
     mark("cpu_split", no_link, f"hardware '{hw.names[hw.name[i0]]}' names no host_link for a CPU layer split")
     return cpu

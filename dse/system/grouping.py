@@ -35,10 +35,12 @@ class CpuSplit:
     hop_decode: float             # bytes sent each way over the host link in a decode step
     host_bw: np.ndarray           # [P] host-link bandwidth, bytes/s
     host_lat: np.ndarray          # [P] host-link latency, s
+    host_frac: np.ndarray         # [P] the host link's own measured fraction of its peak
 
     def take(self, pos: np.ndarray) -> CpuSplit:
         """The split of the points ``pos`` (positions in the group)."""
-        return replace(self, system=self.system.take(pos), host_bw=self.host_bw[pos], host_lat=self.host_lat[pos])
+        return replace(self, system=self.system.take(pos), host_bw=self.host_bw[pos], host_lat=self.host_lat[pos],
+                       host_frac=self.host_frac[pos])
 
 
 @dataclass(frozen=True)

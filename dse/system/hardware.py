@@ -24,7 +24,7 @@ from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
-from hwmodels.links import load_link
+from hwmodels.links import host_link_fraction, load_link
 from hwmodels.presets import load_device
 from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
 from hwmodels.tiers import with_host_tier
@@ -237,6 +237,7 @@ def assemble(cols: Columns) -> HardwareArrays:
     link_lat = field("link_latency", lambda d: d.interconnect.latency_s if d.interconnect else None, 0.0)
     host_link = field("host_link_bandwidth", lambda d: d.host_link.bandwidth_bytes_per_s if d.host_link else None)
     host_lat = _per_device(devices, inv, lambda d: d.host_link.latency_s if d.host_link else None, 0.0)
+    host_frac = _per_device(devices, inv, lambda d: host_link_fraction(d.host_link.name) if d.host_link else None, 1.0)
     host_mem_bw = field("host_memory_bandwidth", lambda d: d.host_memory.bandwidth_bytes_per_s
                         if d.host_memory else None, np.inf)
     host_cap = field("host_memory_capacity", lambda d: d.host_memory.capacity_bytes if d.host_memory else None)
@@ -267,7 +268,8 @@ def assemble(cols: Columns) -> HardwareArrays:
     energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
     tdp = field("tdp_w", lambda d: d.tdp_w)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
-                          None, None, None, **pim_kw, **energy, tdp_w=tdp)
+                          None, None, None, **pim_kw, **energy, tdp_w=tdp,
+                          host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float))
     dev_class = per_code(np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64), inv)
     family_names = list(dict.fromkeys(family_of(d) for d in devices))
     family = per_code(np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64), inv)

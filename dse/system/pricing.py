@@ -18,6 +18,7 @@ from dse.core.metrics import (
     serving_metrics,
     steps_after_first,
 )
+from dse.core.operator_cost import link_transfer_s
 from dse.core.roofline import (
     SystemArrays,
     decode_total_time,
@@ -25,7 +26,6 @@ from dse.core.roofline import (
     energy_j,
     step_time,
     step_work,
-    transfer_time,
 )
 from dse.core.serving import PERCENTILES
 from dse.system.grouping import CpuSplit, Group, Speculation
@@ -140,7 +140,11 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
                  + decode_total_time(cpu, ph.slope, ph.steps, c.system, cpu_eff))
         decode = decode + ph.repeat * x
     if c is not None:
-        hop = [2 * transfer_time(b, c.host_bw, c.host_lat, eff) for b in (c.hop_prefill, c.hop_decode)]
+        # each way: the bytes at the host link's own measured fraction (never the device's
+        # collective or memory fraction), its latency and one message's software latency
+        frac = c.host_frac if eff.host_links_measured else 1.0
+        hop = [2 * (link_transfer_s(b, c.host_bw, frac, c.host_lat) + (eff.collective_latency_s if b > 0 else 0.0))
+               for b in (c.hop_prefill, c.hop_decode)]
         prefill = prefill - cpu_eff.step_overhead_s + hop[0]
         decode = decode - cpu_eff.step_overhead_s * s.steps + hop[1] * s.steps
     return prefill, decode
