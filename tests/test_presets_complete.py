@@ -20,6 +20,7 @@ NO_LINK_LATENCY = {
     "a100-40gb": "only LLMCompass's per-transfer NVLink 3 figure (8.92 us) exists; not a per-hop latency",
     "a100-80gb": "as a100-40gb",
     "rtx-a6000": "no NVLink 3 bridge latency",
+    "l40s": "no PCIe 4 peer-to-peer latency (its scale-up link is its PCIe Gen4 x16 link)",
     "b200": "no NVLink 5 latency",
     "gb200": "no NVLink 5 / NVL72 latency",
     "gaudi2": "no latency for Gaudi's integrated RoCE scale-up links",
