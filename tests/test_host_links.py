@@ -125,3 +125,18 @@ def test_a_bad_host_fraction_is_refused_in_one_line_naming_the_key(bad, says):
     with pytest.raises(DseError) as e:
         host_fractions_from(bad, "links.yaml")
     assert str(e.value).startswith(says) and "\n" not in str(e.value)
+
+
+def test_presets_that_refused_real_layouts_now_run_them():
+    """Issue 41: the RTX A6000 named no host memory, so a model larger than its 48 GiB could not be
+    offloaded; the L40S and RTX PRO 6000 named no interconnect, so two of them could not share a
+    model, though both run tensor parallel over PCIe. Now the A6000 offloads over PCIe Gen4 (TPOT at
+    least the offloaded bytes over 32 GB/s x the measured 24.81/32), and two L40S or RTX PRO 6000
+    run one model."""
+    ev = evaluate({"hardware": "rtx-a6000", "model": "llama-2-70b", "weights": "fp16", "activations": "fp16",
+                   "kv": "fp16", "offload": "greedy", "batch": 1, "prompt_len": 512, "gen_len": 64})
+    offloaded, tpot = float(ev["offloaded_bytes"][0]), float(ev["tpot_s"][0])
+    assert offloaded > 80e9 and offloaded / 24.81e9 <= tpot < 1.1 * offloaded / 24.81e9
+    two = evaluate({"hardware": ["l40s", "rtx-pro-6000"], "devices": 2, "model": "llama-2-7b", "batch": 8,
+                    "prompt_len": 512, "gen_len": 64})
+    assert np.all(np.isfinite(np.asarray(two["tpot_s"], dtype=float)))
