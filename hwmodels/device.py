@@ -51,12 +51,30 @@ class PimUnit:
         external memory bus (the device's first memory tier).
     operators: groups of operators the PIM may run (PIM_OPERATOR_GROUPS).
     concurrent: True if the host computes while the PIM runs (else the host is blocked).
+    units, unit_bandwidth_bytes_per_s: the processing units (one per bank, bank pair or bank
+        group) and the bytes/s each reads from its own bank(s); units x unit bandwidth is the
+        internal bandwidth (0: given only as ``internal_bandwidth_multiple``).
+    mode_switch_s, mode_switches: the time of one switch between the memory's normal mode and
+        its all-bank PIM mode, and the switches one PIM operator pays (in and out).
+    coordination_s: host-PIM coordination per PIM operator (programming its instructions,
+        broadcasting its operands' descriptors, the barrier before the host reads the result).
     """
 
     peak_ops_per_s: dict[str, float]
     internal_bandwidth_multiple: float
     operators: tuple[str, ...]
     concurrent: bool = False
+    units: float = 0.0
+    unit_bandwidth_bytes_per_s: float = 0.0
+    mode_switch_s: float = 0.0
+    mode_switches: float = 0.0
+    coordination_s: float = 0.0
+
+    @property
+    def fixed_s(self) -> float:
+        """Seconds every PIM operator instance pays besides its work: its mode switches and its
+        host-PIM coordination."""
+        return self.mode_switches * self.mode_switch_s + self.coordination_s
 
     def peak_for(self, wanted: str) -> float:
         """Peak ops/s of the PIM for work asking for ``wanted`` (0 if it cannot run it)."""

@@ -37,7 +37,8 @@ HARDWARE_DIR = shipped("configs", "hardware")
 TOP_KEYS = {"name", "description", "class", "vendor", "family", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
             "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu", "energy_profile", "static_power_w"}
-PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes"}
+PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes", "units",
+            "unit_bandwidth_bytes_per_s", "mode_switch_s", "mode_switches", "coordination_s"}
 
 
 def available_hardware() -> list[str]:
@@ -84,9 +85,6 @@ def device_from_dict(d: dict, path: str) -> Device:
     peaks = _peaks(d["peak_ops_per_s"], f"{path}: peak_ops_per_s", sources)
     sparse = _peaks(d["sparse_peak_ops_per_s"], f"{path}: sparse_peak_ops_per_s", sources) \
         if "sparse_peak_ops_per_s" in d else {}
-    pim = _pim(d["pim"], f"{path}: pim", sources) if "pim" in d else None
-    if (pim is None) == kind.has_pim:
-        raise DseError(f"{path}: a 'pim' section is required for class pim and allowed only there")
     host_cpu = d.get("host_cpu")
     if host_cpu is not None and not isinstance(host_cpu, str):
         raise DseError(f"{path}: host_cpu must name a CPU preset, got {kind_of(host_cpu)}")
@@ -94,6 +92,9 @@ def device_from_dict(d: dict, path: str) -> Device:
     if not isinstance(tiers_node, list) or not tiers_node:
         raise DseError(f"{path}: memory_tiers must be a non-empty list")
     tiers = [_tier(t, f"{path}: memory_tiers[{i}]", sources) for i, t in enumerate(tiers_node)]
+    pim = _pim(d["pim"], f"{path}: pim", sources, tiers[0].bandwidth_bytes_per_s) if "pim" in d else None
+    if (pim is None) == kind.has_pim:
+        raise DseError(f"{path}: a 'pim' section is required for class pim and allowed only there")
     host_memory = _tier(d["host_memory"], f"{path}: host_memory", sources) if "host_memory" in d else None
     opt = lambda k: _cited(d[k], f"{path}: {k}", sources) if k in d else None  # noqa: E731
     return Device(
@@ -141,26 +142,41 @@ def _peaks(node, where: str, sources: dict) -> dict[str, float]:
     return peaks
 
 
-def _pim(node, where: str, sources: dict) -> PimUnit:
-    """The PIM section of a preset."""
+def _pim(node, where: str, sources: dict, external_bw: float) -> PimUnit:
+    """The PIM section of a preset; its internal bandwidth either as ``internal_bandwidth_multiple``
+    of the external bus ``external_bw`` (bytes/s) or as ``units`` x ``unit_bandwidth_bytes_per_s``
+    (the multiple then follows from them)."""
     if not isinstance(node, dict):
         raise DseError(f"{where}: expected a mapping with {', '.join(sorted(PIM_KEYS))}")
     extra = first_unknown(node, PIM_KEYS)
     if extra:
         raise DseError(f"{where}: unknown key(s) {extra}; allowed: {', '.join(sorted(PIM_KEYS))}")
-    for k in ("peak_ops_per_s", "internal_bandwidth_multiple", "operators"):
+    for k in ("peak_ops_per_s", "operators"):
         if k not in node:
             raise DseError(f"{where}: missing '{k}'")
+    by_units = [k for k in ("units", "unit_bandwidth_bytes_per_s") if k in node]
+    if len(by_units) == 1 or bool(by_units) == ("internal_bandwidth_multiple" in node):
+        raise DseError(f"{where}: give either 'internal_bandwidth_multiple' or both 'units' and "
+                       f"'unit_bandwidth_bytes_per_s'")
     ops = node["operators"]
     if not isinstance(ops, list) or not ops or any(o not in PIM_OPERATOR_GROUPS for o in ops):
         raise DseError(f"{where}.operators: expected a list of {', '.join(PIM_OPERATOR_GROUPS)}, got {kind_of(ops) if not isinstance(ops, list) else 'another list'}")
     conc = node.get("concurrent", False)
     if not isinstance(conc, bool):
         raise DseError(f"{where}.concurrent: expected true or false, got {kind_of(conc)}")
-    mult = _cited(node["internal_bandwidth_multiple"], f"{where}.internal_bandwidth_multiple", sources)
-    if mult < 1:
-        raise DseError(f"{where}.internal_bandwidth_multiple: must be at least 1, got {mult}")
-    return PimUnit(_peaks(node["peak_ops_per_s"], f"{where}.peak_ops_per_s", sources), mult, tuple(ops), conc)
+    figure = {k: _cited(node[k], f"{where}.{k}", sources, positive=k in ("units", "unit_bandwidth_bytes_per_s"))
+              for k in ("units", "unit_bandwidth_bytes_per_s", "mode_switch_s", "mode_switches", "coordination_s")
+              if k in node}
+    if by_units:
+        mult = figure["units"] * figure["unit_bandwidth_bytes_per_s"] / external_bw
+        what = f"{where}.units x unit_bandwidth_bytes_per_s / the first memory tier's bandwidth"
+    else:
+        mult = _cited(node["internal_bandwidth_multiple"], f"{where}.internal_bandwidth_multiple", sources)
+        what = f"{where}.internal_bandwidth_multiple"
+    if not mult >= 1:
+        raise DseError(f"{what}: must be at least 1, got {mult:g}")
+    return PimUnit(_peaks(node["peak_ops_per_s"], f"{where}.peak_ops_per_s", sources), mult, tuple(ops), conc,
+                   **figure)
 
 
 def _tier(t, w: str, sources: dict) -> MemoryTier:

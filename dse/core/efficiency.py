@@ -288,9 +288,16 @@ IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=Fa
 #:   0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
 #: - groq, cerebras, sambanova: SRAM-resident, statically scheduled dataflow: 0.90 / 0.90
 #:   (first-order, not fitted).
-#: - tpu, neuron, tenstorrent, pim: no cited measurement of achieved fractions: 0.70 / 0.90, the same
+#: - tpu, neuron, tenstorrent: no cited measurement of achieved fractions: 0.70 / 0.90, the same
 #:   first-order figures as the GPU prior, stated here and named "prior <family>" in every prediction
 #:   (never a fit of another family).
+#: - pim: only a device whose PIM units are its own host (gddr6-aim: an FPGA card that only issues
+#:   AiM commands) is in this family; a PIM attached to a host GPU takes the host's family, so the
+#:   host's operators are priced exactly as without the PIM, and the PIM's own operators by its
+#:   physics (``dse.core.operator_cost``: units x unit bandwidth, mode switches, coordination, at
+#:   the host's achieved stream fraction). No retrieved non-reserved source measures the fraction
+#:   an AiM card achieves: 0.70 / 0.90 is a stated prior (the GPU prior's first-order figures, not
+#:   a fit), uncertain by far more than any fitted family; read its predictions as +-50 %.
 #: - the device classes (accelerator, soc, spatial) are the fallback of a device built without a
 #:   family, with the figures of the family they describe.
 FAMILY_PRIORS: dict[str, dict] = {

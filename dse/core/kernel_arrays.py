@@ -50,6 +50,8 @@ class SystemArrays:
     pim_multiple: [P] PIM internal bandwidth / external bandwidth.
     pim_roles: [P, len(PIM_ROLES)] bool, roles the PIM may run.
     pim_concurrent: [P] bool, the host computes while the PIM runs.
+    pim_fixed_s: [P] seconds each operator instance the PIM runs pays besides its work (its mode
+             switches and host-PIM coordination; 0 where not given).
     energy_op_j: [P, len(PEAK_COLUMNS)] J per op of work asking for each column, at the class it
              runs in (None: energy not modelled; NaN where the device has no measured profile).
     energy_bit_j: [P] J per bit of device-memory traffic, every on-chip level it crosses included.
@@ -73,6 +75,7 @@ class SystemArrays:
     pim_multiple: np.ndarray | None = None
     pim_roles: np.ndarray | None = None
     pim_concurrent: np.ndarray | None = None
+    pim_fixed_s: np.ndarray | None = None
     energy_op_j: np.ndarray | None = None
     energy_bit_j: np.ndarray | None = None
     energy_op_floor_j: np.ndarray | None = None
@@ -92,7 +95,7 @@ class SystemArrays:
         if self.overlap is None:
             object.__setattr__(self, "overlap", np.ones(n, dtype=bool))
         if self.pim_peak is not None:
-            for k, v in (("pim_multiple", 1.0), ("pim_concurrent", False)):
+            for k, v in (("pim_multiple", 1.0), ("pim_concurrent", False), ("pim_fixed_s", 0.0)):
                 if getattr(self, k) is None:
                     object.__setattr__(self, k, _full(n, v, type(v)))
             if self.pim_roles is None:

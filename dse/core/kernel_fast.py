@@ -43,17 +43,24 @@ def forget_kept() -> None:
         kept.cache_clear()
 
 
+def _no_pim_work(op: OpArrays, sys: SystemArrays) -> bool:
+    """True when no operator of ``op`` can run in memory: no PIM, or none has a PIM role (a
+    prefill's, whose operators stay on the host): then the step is the host's own, priced by the
+    same path as on the host without the PIM."""
+    return sys.pim_peak is None or op.role is None or not np.any(np.asarray(op.role) >= 0)
+
+
 def _stackable(op, sys: SystemArrays) -> bool:
     """True when ``op`` is ``Stacked`` and the points' costs split into per-workload constants
     and per-point rates (``_separable``'s conditions but one workload per point's row)."""
-    return (isinstance(op, Stacked) and sys.offload is None and sys.pim_peak is None and sys.sparse_gain is None
+    return (isinstance(op, Stacked) and sys.offload is None and _no_pim_work(op.op, sys) and sys.sparse_gain is None
             and op.op.vector_ops is None)
 
 
 def _separable(op: OpArrays, sys: SystemArrays) -> bool:
     """True when a step's cost splits into per-operator constants and per-point rates:
-    one workload for all points (1-D operator arrays), no offload, PIM, sparsity or dequantization."""
-    return (sys.offload is None and sys.pim_peak is None and sys.sparse_gain is None and op.vector_ops is None
+    one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization."""
+    return (sys.offload is None and _no_pim_work(op, sys) and sys.sparse_gain is None and op.vector_ops is None
             and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
 
 
@@ -423,7 +430,7 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
                                                      Stacked(grow_slope, slope.rows).expanded(), steps, sys, eff)
         return total
     op0, slope = per_point(op0), per_point(slope)
-    if sys.pim_peak is None:                 # (a PIM places each operator for the whole generation)
+    if _no_pim_work(op0, sys):               # (a PIM places each operator for the whole generation)
         split = _kept_decode_split if np.ndim(op0.ops) == 1 and np.ndim(slope.ops) == 1 else _decode_split
         fixed, grow0, grow_slope = split(op0, slope)
         n = np.asarray(steps, dtype=float)

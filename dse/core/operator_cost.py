@@ -19,10 +19,20 @@ Optional terms, skipped when a design space does not use them (``None``):
   fraction); overlapping compute (inside the max) or not (added).
 - sparse: 2:4 structured-sparse peaks for weight matmuls.
 - dequantization: vector ops of a weight-only quantized matmul at the vector peak.
-- PIM: an operator whose role the PIM may run (and whose format it computes) is
-  priced both ways: on the host, and in memory (PIM peak, weight and KV bytes at the
-  internal bandwidth, multiple x external, activations over the external bus; every
-  other term as on the host). ``dse.core.pim_dispatch.dispatch`` places it (the one placement
+- PIM: an operator whose role the PIM may run (a decode step's attention, GEMV or expert
+  matmul; never a prefill's) and whose format it computes is priced both ways: on the host,
+  and in memory by the PIM's own physics,
+
+      max(ops / (PIM peak x f), (weight + KV bytes) / (internal bandwidth x f)
+          + activation bytes / (external bandwidth x f)) + mode switches + coordination
+
+  with the internal bandwidth the PIM units' (units x unit bandwidth, = multiple x external),
+  ``f`` the host's achieved fraction of its own memory stream for that operator (the PIM's
+  units run on the commands the host's memory controller issues, under the host's engine,
+  so they lose what the host's stream loses; 1 under ``IDEAL``), and the PIM's fixed
+  seconds per operator (``sys.pim_fixed_s``: its switches between normal and all-bank PIM
+  mode and its host-PIM coordination; hardware figures, kept under ``IDEAL`` as link
+  latencies are). The host's own operators are priced exactly as without the PIM. ``dse.core.pim_dispatch.dispatch`` places it (the one placement
   rule): a blocked host adds PIM time to the step, so each operator runs where it finishes
   sooner, which is the best placement; a concurrent one overlaps it (step =
   max(host work, PIM work)), so the placement is the one with the smallest step.
@@ -97,11 +107,11 @@ def _compute_terms(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim, *wo
     peak = sys.peak[:, op.peak_column]                               # [P, O]
     if sys.sparse_gain is not None and op.sparse_ok is not None:
         peak = peak * np.where(op.sparse_ok, sys.sparse_gain[:, op.peak_column], 1.0)
-    if on_pim is not None:
-        peak = np.where(on_pim, sys.pim_peak[:, op.peak_column], peak)
     out = []
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = peak * eff.compute_fraction(op)
+        if on_pim is not None:            # PIM units compute at the pace of the host's stream
+            rate = np.where(on_pim, sys.pim_peak[:, op.peak_column] * eff.memory_fraction(op), rate)
         vector_rate = None if all(vector is None for _, vector in work) else \
             sys.peak[:, _COL["vector"]][:, None] * eff.resolved("vector_compute")
         for ops, vector in work:
@@ -190,7 +200,15 @@ def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
     (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
     coll = link_time(op, sys, eff)
     time = _combine(compute, dev, host, sys) + coll + np.where(has_work(op), eff.op_overhead_s, 0.0)
+    if on_pim is not None:
+        time = time + pim_fixed(on_pim, sys)
     return compute, dev, host, coll, time
+
+
+def pim_fixed(on_pim, sys: SystemArrays) -> np.ndarray:
+    """[P, O] seconds each instance of an operator run in memory pays besides its work (its mode
+    switches and host-PIM coordination, ``sys.pim_fixed_s``); 0 on the host."""
+    return np.where(on_pim, sys.pim_fixed_s[:, None], 0.0)
 
 
 def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
@@ -227,7 +245,7 @@ def step_sum(per_op, count, on_pim, sys: SystemArrays) -> np.ndarray:
     """Σ count x per-operator time, [P]; with PIM, host and PIM work add (blocked host)
     or overlap (concurrent: the larger of the two)."""
     total = per_op * count
-    if on_pim is None:
+    if on_pim is None or not on_pim.any():    # the host's own step: summed as without a PIM
         return total.sum(axis=-1)
     pim = np.where(on_pim, total, 0.0).sum(axis=-1)
     host = np.where(on_pim, 0.0, total).sum(axis=-1)
@@ -285,6 +303,8 @@ def decode_op_totals(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, e
     if np.ndim(a0) or np.ndim(as_):
         total = total + arith_sum(a0, as_, 0, n)
     total = total + link_time(op0, sys, eff) * n   # collective and hop traffic do not grow with the context
+    if on_pim is not None:
+        total = total + pim_fixed(on_pim, sys) * n
     return total + np.where(has_work(op0), eff.op_overhead_s, 0.0) * n
 
 

@@ -11,7 +11,9 @@ from dse.core.kernel_arrays import OpArrays, SystemArrays
 
 def pim_eligible(op: OpArrays, sys: SystemArrays) -> np.ndarray | None:
     """[P, O] bool: operators the PIM can run (a role it may run, in a format it computes);
-    None without PIM. Depends on the design's kind, never on its figures."""
+    None without PIM. Depends on the design's kind, never on its figures. Only a decode step's
+    operators have roles (``workloads.optable.OpTable.roles``): a prefill's are never eligible,
+    so they stay the host's own, priced as without the PIM."""
     if sys.pim_peak is None or op.role is None:
         return None
     role_ok = (op.role >= 0) & sys.pim_roles[:, np.maximum(op.role, 0)]

@@ -263,7 +263,8 @@ def assemble(cols: Columns) -> HardwareArrays:
                       pim_multiple=field("pim_multiple", lambda d: d.pim.internal_bandwidth_multiple
                                          if d.pim else None, 1.0),
                       pim_roles=roles,
-                      pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv])
+                      pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv],
+                      pim_fixed_s=np.array([d.pim.fixed_s if d.pim else 0.0 for d in devices])[inv])
 
     energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
     tdp = field("tdp_w", lambda d: d.tdp_w)
