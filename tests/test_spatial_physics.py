@@ -14,6 +14,7 @@ import dse.core.dataflow as dataflow
 from basis.shipped import shipped
 from dse import evaluate
 from dse.core.efficiency import FAMILY_PRIORS
+from dse.core.roofline import reference_kernel
 
 #: the presets' cited figures (configs/hardware/*.yaml)
 WSE3_SRAM_BW, WSE3_IO_BW = 21.0e15, 150.0e9
@@ -94,6 +95,26 @@ def test_pipeline_hops_follow_their_closed_form():
     t4 = _one(_point("llama-3.1-70b", "cerebras-wse3", "fp16", tp=1, pp=4))
     t8 = _one(_point("llama-3.1-70b", "cerebras-wse3", "fp16", tp=1, pp=8))
     assert t8 - t4 == pytest.approx(4 * hop, rel=1e-6)
+
+
+def test_hop_and_all_reduce_latency_are_the_links_own():
+    """A hop latency on the chip-to-chip link (``link_latency``; no preset cites one) adds, per
+    token, one latency per pipeline hop and 2 (tp - 1) per ring all-reduce (two a layer), and no
+    software latency on top: Llama-2-7B on 8 x 4 LPUs, 32 layers, gains 3 x 1 us of hops plus
+    64 x 2 x 7 x 1 us of all-reduces with a 1 us hop."""
+    base = _point("llama-2-7b", "groq-lpu", "int8", tp=8, pp=4)
+    gap = _one(dict(base, link_latency=1e-6)) - _one(dict(base, link_latency=0.0))
+    layers = _config("llama-2-7b")["num_hidden_layers"]
+    assert gap == pytest.approx((4 - 1) * 1e-6 + 2 * layers * 2 * (8 - 1) * 1e-6, rel=1e-6)
+
+
+def test_reference_and_fast_kernels_agree_on_dataflow():
+    """The dataflow pricing runs through both kernel paths alike (``DSE_KERNEL``)."""
+    cols = dict(_point("llama-2-70b", "groq-lpu", "int8"), tp=np.array([8, 16, 32]), pp=np.array([40, 20, 10]))
+    fast = np.asarray(evaluate(cols)["tpot_s"])
+    with reference_kernel():
+        ref = np.asarray(evaluate(cols)["tpot_s"])
+    np.testing.assert_allclose(ref, fast, rtol=1e-9)
 
 
 def test_more_chips_never_beat_the_sram_bound():
