@@ -68,9 +68,12 @@ def dataflow_efficiency(base: Efficiency, layers: int, family: str) -> Efficienc
     ``family`` machine whose achieved fractions are ``base``'s: no launch per operator, no
     all-reduce software latency, no per-request cost, and as its only fixed time per step (one
     token of every sequence through the whole pipeline) ``layers`` x ``layer_latency_s(family)``
-    seconds. The ideal bound stays the ideal bound."""
+    seconds (its name says so, as analyze's per-operator table leaves a step's fixed time out). The
+    ideal bound stays the ideal bound."""
     if base.name == "ideal":
         return base
-    return replace(base, name=f"{base.name} dataflow", op_overhead_s=0.0, collective_latency_s=0.0,
-                   request_overhead_s=0.0, step_overhead_s=layers * layer_latency_s(family),
+    latency = layer_latency_s(family)
+    said = f" ({layers} layers x {latency * 1e6:.4g} us a pass)" if latency else ""
+    return replace(base, name=f"{base.name} dataflow{said}", op_overhead_s=0.0, collective_latency_s=0.0,
+                   request_overhead_s=0.0, step_overhead_s=layers * latency,
                    attention_kv_reads=1.0)
