@@ -180,3 +180,13 @@ def test_layer_latency_transfers_across_model_size(monkeypatch, fit_on, predict,
     monkeypatch.setitem(dataflow.LAYER_LATENCY_S, family, (1 / float(rows[fit_on]["value"]) - t0) / layers)
     ratio = _predicted([predict])[predict] / float(rows[predict]["value"])
     assert 1 / factor <= ratio <= factor, ratio
+
+
+def test_no_engine_band_on_a_dataflow_prediction():
+    """The shipped bands are a GPU engine's cross-validated residuals: a dataflow prediction gets
+    none (NaN), a GPU point of the same call keeps its own."""
+    cols = dict(model="llama-3.1-8b", hardware=np.array(["cerebras-wse3", "h100-sxm"]), weights="fp16",
+                activations="fp16", kv="fp16", batch=1, prompt_len=PROMPT, gen_len=GEN)
+    out = evaluate(cols)
+    low = np.asarray(out["band_throughput_low"])
+    assert np.isnan(low[0]) and np.isfinite(low[1])

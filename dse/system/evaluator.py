@@ -236,6 +236,8 @@ class Plan:
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
                 out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
+                if self.hw.dataflow.any():              # an engine's residuals say nothing of a dataflow machine
+                    out[f"band_{fam}_{end}"] = np.where(self.hw.dataflow, np.nan, out[f"band_{fam}_{end}"])
 
 
 def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
