@@ -287,7 +287,8 @@ IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=Fa
 #: - cpu memory 0.70: STREAM-like bandwidth on server DDR5 is ~70-80 % of the channel peak; compute
 #:   0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
 #: - groq, cerebras, sambanova: SRAM-resident, statically scheduled dataflow: 0.90 / 0.90
-#:   (first-order, not fitted).
+#:   (first-order, not fitted). Their presets' class (spatial) is priced by ``dse.core.dataflow``:
+#:   these fractions with no engine costs and a per-layer pipeline latency of its own.
 #: - tpu, neuron, tenstorrent: no cited measurement of achieved fractions: 0.70 / 0.90, the same
 #:   first-order figures as the GPU prior, stated here and named "prior <family>" in every prediction
 #:   (never a fit of another family).

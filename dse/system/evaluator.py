@@ -34,6 +34,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_for, shipped_bands
+from dse.core.dataflow import decoder_layers
 from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.efficiency import Efficiency
 from dse.core.metrics import cost_per_million_tokens_usd, system_figures
@@ -135,7 +136,8 @@ class Plan:
                 continue
             parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
             for idx, e in parts:
-                key = (g.family, id(g.engine), g.kv_group, id(e), ideal)
+                key = (g.family, id(g.engine), g.kv_group, id(e), ideal,
+                       decoder_layers(g.tables) if g.device_class.dataflow else 0)   # dataflow: layers' latency
                 eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
                 if eff.name not in eff_names:
                     eff_names.append(eff.name)
@@ -234,6 +236,8 @@ class Plan:
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
                 out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
+                if self.hw.dataflow.any():              # an engine's residuals say nothing of a dataflow machine
+                    out[f"band_{fam}_{end}"] = np.where(self.hw.dataflow, np.nan, out[f"band_{fam}_{end}"])
 
 
 def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from dse.core.dataflow import dataflow_efficiency, decoder_layers
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency
 from dse.core.roofline import SystemArrays
@@ -124,9 +125,13 @@ class Group:
 
     def efficiency(self, given: Efficiency | None, ideal: bool) -> Efficiency:
         """The Efficiency of these points: IDEAL, the one given, or their family's default under
-        their engine (``dse.core.engines.engine_efficiency``)."""
+        their engine (``dse.core.engines.engine_efficiency``); on a dataflow class (spatial) the
+        family's fractions with no engine costs and its layers' pipeline latency
+        (``dse.core.dataflow.dataflow_efficiency``)."""
         if ideal or given is not None:
             return choose(self.family, given, ideal)
+        if self.device_class.dataflow:
+            return dataflow_efficiency(efficiency_for(self.family), decoder_layers(self.tables), self.family)
         return engine_efficiency(efficiency_for(self.family), self.engine, self.kv_group)
 
 

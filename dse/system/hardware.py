@@ -32,6 +32,7 @@ from hwmodels.tiers import with_host_tier
 _C = len(COMPUTE_CLASSES)
 #: [classes] whether each hardware class sizes its chip count from capacity (by class code)
 _SIZED_BY_CAPACITY = np.array([c.sized_by_capacity for c in CLASSES])
+_DATAFLOW = np.array([c.dataflow for c in CLASSES])
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,12 @@ class HardwareArrays:
         """[P] bool: the points whose class sizes its chip count from capacity
         (``hwmodels.classes.DeviceClass.sized_by_capacity``)."""
         return _SIZED_BY_CAPACITY[self.device_class]
+
+    @property
+    def dataflow(self) -> np.ndarray:
+        """[P] bool: the points whose class runs compiler-scheduled dataflow, priced by
+        ``dse.core.dataflow`` (``hwmodels.classes.DeviceClass.dataflow``)."""
+        return _DATAFLOW[self.device_class]
 
     def kind(self, i: int) -> DeviceClass:
         """The hardware class of point ``i`` (``hwmodels.classes.DeviceClass``)."""
