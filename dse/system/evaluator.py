@@ -395,7 +395,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w.quality_loss,
             **{k: np.full(n, np.nan) for k in (
-                "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes")}}
+                "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
+                "engine_reserve_bytes", "kv_pool_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
     base.update(die_area_mm2=hw.die_area_m2 * 1e6, build_cost_usd=devices * hw.build_cost_usd)
     groups = []
@@ -483,6 +484,8 @@ def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) 
     base["activation_bytes"][idx] = m.activation_bytes
     base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes
     base["offloaded_bytes"][idx] = m.offloaded_bytes
+    base["engine_reserve_bytes"][idx] = m.reserve_bytes
+    base["kv_pool_bytes"][idx] = m.kv_pool_bytes
     memory_violation[idx] = m.violation
 
 
