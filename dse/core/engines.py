@@ -55,7 +55,7 @@ NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0}
 _KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources"}
 #: what a share of device memory is a share of: all of it, or what the weights and activations leave
 SHARE_OF = ("device", "free")
-_MEMORY_KEYS = {"utilization", "share_of", "reserve_holds_activations", "prefill_chunk"}
+_MEMORY_KEYS = {"utilization", "share_of", "reserve_holds_activations", "prefill_chunk", "profiles_chunk"}
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,15 @@ class EngineMemory:
     the device's memory (``share_of`` 'device': vLLM, SGLang) or of what the weights and
     activations leave free ('free': TensorRT-LLM's KV cache); ``reserve_holds_activations``: the
     share left over is where the engine's activations live (SGLang: its static share holds weights
-    and the KV pool only); ``prefill_chunk``: tokens one iteration prefills (0: whole prompts)."""
+    and the KV pool only); ``prefill_chunk``: tokens one iteration prefills (0: whole prompts);
+    ``profiles_chunk``: the engine reserves a whole chunk's activations at start-up, whatever the
+    prompts (vLLM sizes its KV cache after a profiling pass of max_num_batched_tokens tokens)."""
 
     utilization: float | None = None
     share_of: str = "device"
     reserve_holds_activations: bool = False
     prefill_chunk: int = 0
+    profiles_chunk: bool = False
 
 
 #: the engine a point gets without naming one: the whole device memory, whole prompts
@@ -128,7 +131,8 @@ def _profiles(path: str) -> tuple[dict, str]:
         sources = node.get("sources") or {}
         memory = _memory(node.get("memory"), f"{where}.memory")
         cited = ("batching", "graphs", "attention", "allreduce",
-                 *(k for k in ("utilization", "prefill_chunk") if node.get("memory", {}).get(k) is not None))
+                 *(k for k in ("utilization", "prefill_chunk", "profiles_chunk")
+                   if (node.get("memory") or {}).get(k) is not None))
         missing = [k for k in cited if not sources.get(k)]
         if missing:
             raise DseError(f"{where}.sources: every attribute needs a source; missing: {', '.join(missing)}")
@@ -163,7 +167,10 @@ def _memory(node, where: str) -> EngineMemory:
     chunk = node.get("prefill_chunk", 0)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
         raise DseError(f"{where}.prefill_chunk: expected a whole number of tokens >= 0, got {chunk!r}")
-    return EngineMemory(None if u is None else float(u), share_of, holds, chunk)
+    profiles = node.get("profiles_chunk", False)
+    if not isinstance(profiles, bool) or (profiles and not chunk):
+        raise DseError(f"{where}.profiles_chunk: expected true or false (true needs a prefill_chunk), got {profiles!r}")
+    return EngineMemory(None if u is None else float(u), share_of, holds, chunk, profiles)
 
 
 def reserve_bytes(memory: EngineMemory, capacity, weights, activations):

@@ -199,7 +199,8 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
         length_spec: LengthSpec = w.length_specs[w.lengths[i0]]
         limit = context_limit(model, int(w.max_context[i0])) or np.inf
         lengths = length_spec.classes(sc.prompt_len, sc.gen_len, limit)
-        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())))
+        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())),
+                                      memory_use.profiles_chunk)
     elif spec is None:
         act = static_activation_bytes(model, t, memory_use, buffer)
     reserve = reserve_bytes(memory_use, cap, fp.weights_bytes, act)
@@ -377,16 +378,18 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
     return Speculation(acceptance, int(w.spec_tokens[i0]), float(layout[0]), fp, tables=dt, model=dm)
 
 
-def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int) -> float:
+def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int,
+                            profiled: bool = False) -> float:
     """Peak activation bytes per device of continuous batching: a prefill of one iteration's
-    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking), its queries
-    attending up to the ``longest`` prompt (``chunk_activation_bytes``), or one decode step."""
+    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking; the whole budget
+    where the engine reserves it at start-up, ``profiled``), its queries attending up to the
+    ``longest`` prompt (``chunk_activation_bytes``), or one decode step."""
     budget = int(w.prefill_chunk[i0])
-    tokens = longest if budget == 0 else min(longest, budget)
+    tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
                  sc.ep, sc.flash_attention, buffer, sc.techniques)
-    return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=longest),
+    return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
                      peak_activation_bytes(one.decode_table)))
 
 
@@ -397,11 +400,12 @@ def static_activation_bytes(model, t, memory: EngineMemory, buffer: float):
     whole = t.footprint.activation_bytes
     if not isinstance(t, WorkloadBatch):
         return chunked_activation_bytes(model, t.scenario, memory, whole, buffer)
-    chunked, act = _chunked(model, t.distinct, memory, buffer)
-    if chunked is None:
+    parts = _chunked(model, t.distinct, memory, buffer)
+    if parts is None:
         return whole
+    chunked, act, floor = parts
     at = t.workload
-    return np.where(chunked[at], act[at] if np.ndim(act) else act, whole)
+    return np.where(chunked[at], act[at] if np.ndim(act) else act, np.maximum(whole, floor))
 
 
 def chunked_activation_bytes(model, sc, memory: EngineMemory, whole, buffer: float):
@@ -409,24 +413,31 @@ def chunked_activation_bytes(model, sc, memory: EngineMemory, whole, buffer: flo
     [P]) under an engine that prefills in chunks (``memory.prefill_chunk``): where a micro-batch's
     prompt tokens exceed the chunk, one chunk's live set, its queries attending the whole prompt
     (``chunk_activation_bytes``), or a decode step of the micro-batch, the larger; elsewhere (and
-    under an engine that does not chunk) the whole prefill's, ``whole`` (as the footprint has it)."""
-    chunked, act = _chunked(model, sc, memory, buffer)
-    if chunked is None:
+    under an engine that does not chunk) the whole prefill's, ``whole`` (as the footprint has it),
+    but at least a whole chunk's where the engine reserves one at start-up (``profiles_chunk``)."""
+    parts = _chunked(model, sc, memory, buffer)
+    if parts is None:
         return whole
-    act = np.where(chunked, act, whole)
+    chunked, act, floor = parts
+    act = np.where(chunked, act, np.maximum(whole, floor))
     return float(act) if np.ndim(act) == 0 else act
 
 
 def _chunked(model, sc, memory: EngineMemory, buffer: float):
-    """(where ``sc``'s prefill is chunked, the chunked live set there), or (None, None) where it
-    is nowhere (``chunked_activation_bytes``)."""
+    """(where ``sc``'s prefill is chunked, the chunked live set there, the live set the engine
+    reserves anyway: a whole chunk's where it profiles one, else 0), or None where the engine
+    neither chunks ``sc`` nor reserves a chunk (``chunked_activation_bytes``)."""
     chunked = chunked_prefill(memory, sc.micro_batch * sc.prompt_len)
+    profiled = memory.profiles_chunk and memory.prefill_chunk > 0
+    if not np.any(chunked) and not profiled:
+        return None
+    floor = chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer) if profiled else 0.0
     if not np.any(chunked):
-        return None, None
+        return chunked, floor, floor
     decode = peak_activation_bytes(optable.decode_step(model, replace(sc, batch=sc.micro_batch), sc.prompt_len,
                                                        buffer))
     return chunked, np.maximum(chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer, keys=sc.prompt_len),
-                               decode)
+                               decode), floor
 
 
 def requests_kv_bytes(serving, pool):
