@@ -84,11 +84,13 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
         cap = hw.system.capacity[idx]
         memory_use = w.engines[w.engine[i0]].memory
 
-        def usable(fp):                   # what the engine lets a footprint ``fp`` use of each chip
-            return cap - reserve_bytes(memory_use, cap, fp.weights_bytes, fp.activation_bytes)
+        def held(t):                      # (bytes the tables ``t`` hold per chip, what the engine lets them use)
+            act = static_activation_bytes(model, t, memory_use, buf)
+            fp = t.footprint
+            return fp.weights_bytes + fp.kv_cache_bytes + act, cap - reserve_bytes(memory_use, cap, fp.weights_bytes,
+                                                                                   act)
         try:
-            fp1 = tables(model, *args, 1, 1, 1, flash, buf, tech).footprint
-            need = chips_required(fp1.total_bytes, usable(fp1))
+            need = chips_required(*held(tables(model, *args, 1, 1, 1, flash, buf, tech)))
         except DseError as e:
             fail("model_split", idx, str(e))
             continue
@@ -99,10 +101,10 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
             if not ok.any():
                 continue
             try:
-                fp = tables(model, *args, t_, p_, int(w.ep[i0]), flash, buf, tech).footprint
+                total, usable = held(tables(model, *args, t_, p_, int(w.ep[i0]), flash, buf, tech))
             except DseError:
                 continue
-            ok &= fits_within(fp.total_bytes, usable(fp))
+            ok &= fits_within(total, usable)
             tp[idx[ok]], pp[idx[ok]] = t_, p_
             left &= ~ok
             if not left.any():
