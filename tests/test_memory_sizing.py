@@ -77,7 +77,8 @@ def test_kv_cache_bytes_under_continuous_batching_is_the_requests_cache():
     """A closed loop of 8 requests of 1,024 + 256 tokens holds 8 x ceil(1,280 / 16) pages of 16
     tokens of K and V, 8 x 1,280 x 128 KiB = 1.25 GiB, whatever the pool the rest of the memory
     makes (``kv_pool_bytes``, 65 GiB here); a loop of more requests than the pool holds holds the
-    pool; an open loop, as many as the engine runs at once (max_running 1,024) at most the pool."""
+    pool; an open loop, its steady state's mean running batch (Little's law: about 2.6 requests at
+    1 request/s, 75 at 10/s) times the same 80 pages each."""
     per_token = kv_cache_bytes_per_token(M8, Scenario.make(prompt_len=1024, gen_len=256))
     assert per_token == 32 * 8 * 128 * 2 * FP16                  # 128 KiB
     base = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "prompt_len": 1024, "gen_len": 256}
@@ -88,7 +89,10 @@ def test_kv_cache_bytes_under_continuous_batching_is_the_requests_cache():
     assert ev["memory_bytes"][0] == pytest.approx(ev["weights_bytes"][0] + ev["activation_bytes"][0] + 1.25 * GiB)
     odd = evaluate({**base, "gen_len": 250, "concurrency": 8})          # 1,274 tokens: 80 whole pages
     assert odd["kv_cache_bytes"][0] == 8 * 80 * 16 * per_token
-    rate = evaluate({**base, "request_rate": 1.0})
-    assert rate["kv_cache_bytes"][0] == min(1024 * 80 * 16 * per_token, rate["kv_pool_bytes"][0])
+    rate = evaluate({**base, "request_rate": [1.0, 10.0]})
+    assert rate["kv_cache_bytes"] == pytest.approx(rate["running_batch"] * 80 * 16 * per_token, rel=1e-12)
+    assert rate["kv_cache_bytes"][0] < 0.5 * GiB < 5 * GiB < rate["kv_cache_bytes"][1] < rate["kv_pool_bytes"][1]
+    assert rate["memory_bytes"] == pytest.approx(rate["weights_bytes"] + rate["activation_bytes"]
+                                                 + rate["kv_cache_bytes"], rel=1e-12)
     static = evaluate({**base, "batch": 8})                                # a static batch: unchanged
     assert static["kv_cache_bytes"][0] == 8 * 1280 * per_token and np.isnan(static["kv_pool_bytes"][0])

@@ -172,6 +172,7 @@ class GroupMemory:
     violation: np.ndarray
     reserve_bytes: object = 0.0
     kv_pool_bytes: object = np.nan
+    kv_request_bytes: object = np.nan    # an open loop's: KV bytes one request holds at its full length
 
 
 def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareArrays, i0: int, fail,
@@ -214,17 +215,18 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     sys = _check_device(mark, sys, sc, wanted, w, hw, idx, i0, pl, share, policy)
     cpu = _cpu_split(mark, model, t, wanted, hw, idx, i0, share) if share else None
     serving = None
-    kv, pool = fp.kv_cache_bytes, np.nan
+    kv, pool, per_request = fp.kv_cache_bytes, np.nan, np.nan
     if continuous:
         serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
-        kv = requests_kv_bytes(serving, pool)
+        kv, per_request = requests_kv_bytes(serving, pool)
         if spec is not None and spec.tables is not None:
             serving = speculative_serving(serving, spec, sc, hw, i0)
         need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block)
         mark("device_memory", dev_ok & (serving.kv_blocks < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
              "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
-    memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool)
+    memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool,
+                         per_request)
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
     return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
                  w.engines[w.engine[i0]], float(kv_group), spec), memory
@@ -443,13 +445,25 @@ def _chunked(model, sc, memory: EngineMemory, buffer: float):
 
 
 def requests_kv_bytes(serving, pool):
-    """KV-cache bytes per device the requests of continuous batching hold ([P]): the requests
-    running at once (a closed loop's concurrency, an open loop's ceiling ``max_running``) times
-    the pages each holds at its full length, ceil((prompt + gen) / kv_block) averaged over the
-    length classes, at most the whole paged pool ``pool`` (bytes, ``kv_blocks`` pages)."""
+    """(KV-cache bytes per device the requests of continuous batching hold, [P]; an open loop's
+    bytes per request, [P], NaN for a closed loop): a closed loop's requests running at once (its
+    concurrency, at most max_running) times the pages each holds at its full length,
+    ceil((prompt + gen) / kv_block) averaged over the length classes, at most the whole paged pool
+    ``pool`` (bytes, ``kv_blocks`` pages); an open loop's at its ceiling (max_running), until the
+    steady state's running batch replaces it (``open_loop_kv_bytes``)."""
     lengths, block = serving.lengths, serving.kv_block
     pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
     running = np.fmin(serving.concurrency, serving.max_running)       # NaN concurrency (open loop): max_running
     held = np.minimum(running * pages, serving.kv_blocks)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(serving.kv_blocks > 0, held / serving.kv_blocks * pool, 0.0)
+        page_bytes = np.where(serving.kv_blocks > 0, pool / serving.kv_blocks, 0.0)
+    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes, np.nan)
+
+
+def open_loop_kv_bytes(running, per_request, pool, weights_activations):
+    """(KV-cache bytes per device an open loop's requests hold, the memory they and the weights and
+    activations take) where ``per_request`` is known (NaN elsewhere: left as they are): the
+    steady state's mean running batch ``running`` times the bytes one request holds at its full
+    length, at most the paged ``pool``."""
+    kv = np.minimum(running * per_request, pool)
+    return kv, weights_activations + kv
