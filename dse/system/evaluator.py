@@ -272,6 +272,8 @@ def _in_order(a: np.ndarray, back: np.ndarray) -> np.ndarray:
 def _open_loop_kv(out: dict) -> None:
     """An open loop's KV cache and memory (in place): what its steady state's running batch holds
     (``open_loop_kv_bytes``), known only once priced."""
+    if "running_batch" not in out:             # no group was served
+        return
     late = np.flatnonzero(np.isfinite(out["kv_request_bytes"]) & np.isfinite(out["running_batch"]))
     if len(late):
         for k in ("kv_cache_bytes", "memory_bytes"):      # base arrays may be read-only views: own them
