@@ -98,7 +98,7 @@ def test_a_cached_prefix_is_held_once_and_not_recomputed():
                    "prefill_chunk": 10**6})
     m = load_model("llama-3.1-8b")
     per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2               # bytes, fp16 K and V
-    blocks = np.floor(ev["kv_cache_bytes"] / (per_token * 16))
+    blocks = np.floor(ev["kv_pool_bytes"] / (per_token * 16))               # the paged pool, in blocks
     cached = math.floor(round(hit * 1024) / 16) * 16
     cap0 = math.floor(blocks[0] / ((1024 + 128) / 16 + 0.5))
     cap1 = math.floor((blocks[1] - cached / 16) / ((1024 - cached + 128) / 16 + 0.5))

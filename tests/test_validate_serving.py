@@ -26,7 +26,9 @@ def _gathered(tmp_path, lines, name="g.csv"):
 
 
 def _point(**load):
-    """The design point of BASE under ``load``, written by hand (the independent path)."""
+    """The design point of BASE under ``load``, written by hand (the independent path); a row that
+    names its engine is that engine's point (its memory rule included), one that names none the
+    generic one."""
     return {"model": "llama-3.1-8b", "hardware": "h100-sxm", "tp": 1, "prompt_len": 1024, "gen_len": 256,
             "weights": "bf16", "activations": "bf16", "kv": "bf16", **load}
 
@@ -72,14 +74,14 @@ def test_continuous_rows_equal_the_evaluator(serving):
     assert rows["C2"]["predicted"] == pytest.approx(_expect("tpot_s", concurrency=16, engine="sglang"), rel=1e-12)
     assert rows["C2"]["metric"] == "tpot_s" and rows["C2"]["measured_as"] == "itl_mean_s"
     # an open loop (activations and KV left empty: the BF16 checkpoint's own format)
-    assert rows["C3"]["predicted"] == pytest.approx(_expect("ttft_s", request_rate=4.0), rel=1e-12)
-    assert rows["C4"]["predicted"] == pytest.approx(_expect("e2e_latency_s", request_rate=4.0), rel=1e-12)
+    assert rows["C3"]["predicted"] == pytest.approx(_expect("ttft_s", request_rate=4.0, engine="vllm"), rel=1e-12)
+    assert rows["C4"]["predicted"] == pytest.approx(_expect("e2e_latency_s", request_rate=4.0, engine="vllm"), rel=1e-12)
     # all 2,000 requests sent at once: a closed loop at 2,000
-    assert rows["C5"]["predicted"] == pytest.approx(_expect("requests_per_s", concurrency=2000), rel=1e-12)
+    assert rows["C5"]["predicted"] == pytest.approx(_expect("requests_per_s", concurrency=2000, engine="vllm"), rel=1e-12)
     assert rows["C5"]["load"] == "all 2000 at once"
     # 1,000 req/s saturates the design; its 64 prompts are predicted as a closed loop at 64
-    assert not evaluate(_point(request_rate=1000.0)).feasible[0]
-    assert rows["C6"]["predicted"] == pytest.approx(_expect("output_tokens_per_s", concurrency=64), rel=1e-12)
+    assert not evaluate(_point(request_rate=1000.0, engine="vllm")).feasible[0]
+    assert rows["C6"]["predicted"] == pytest.approx(_expect("output_tokens_per_s", concurrency=64, engine="vllm"), rel=1e-12)
     assert "saturated" in rows["C6"]["load"] and rows["C6"]["batch"] == 64
     assert {rows[k]["serving"] for k in ("C1", "C3", "C5")} == {"continuous"} and rows["S1"]["serving"] == "static"
     assert rows["C1"]["family"] == "throughput" and rows["C3"]["family"] == "TTFT" and rows["C2"]["family"] == "TPOT"
@@ -130,7 +132,7 @@ def test_medians_use_percentiles_only_where_the_evaluator_has_them(tmp_path, mon
         res = V.validate(path)
         m1 = next(r for r in res.rows if r["id"] == "M1")
         assert m1["metric"] == "ttft_p50_s"
-        assert m1["predicted"] == pytest.approx(_expect("ttft_p50_s", concurrency=16), rel=1e-12)
+        assert m1["predicted"] == pytest.approx(_expect("ttft_p50_s", concurrency=16, engine="vllm"), rel=1e-12)
     monkeypatch.setattr(V, "EVALUATOR_METRICS", tuple(m for m in V.EVALUATOR_METRICS if "_p50_" not in m))
     res = V.validate(path)
     assert [r["id"] for r in res.rows] == ["M2"]        # never the mean in the median's place

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from workloads.model import ModelSpec
-from workloads.optable import OpTable, kv_elems_per_token_per_layer, kv_heads_per_device, predictor_parameter_count
+from workloads.optable import (
+    OpTable,
+    kv_elems_per_token_per_layer,
+    kv_heads_per_device,
+    predictor_parameter_count,
+    prefill,
+)
 from workloads.scenario import Scenario
 
 
@@ -127,6 +133,19 @@ def peak_activation_bytes(table: OpTable):
     # the running maximum over operators: no [W, O] table of many workloads' live sets is stacked
     peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act for op in table.operators))
     return float(peak) if np.ndim(peak) == 0 else peak
+
+
+def chunk_activation_bytes(m: ModelSpec, sc: Scenario, chunk: int, buffer: float = 0.0, keys=None):
+    """Peak live activation bytes per device of one prefill iteration of ``chunk`` prompt tokens
+    (an engine that prefills in chunks: a long prompt, or a batch of prompts, a chunk at a time),
+    its queries attending ``keys`` keys each (default ``chunk``: the prefix of a chunk of a longer
+    prompt; an array gives one figure per workload): the largest live set of its operators plus
+    the chunk's residual stream, ``chunk x hidden_size x activation bytes``. An unfused score
+    matrix is chunk x keys per head; fused attention streams the prefix's K/V through the on-chip
+    buffer, so its live set is the chunk's own whatever ``keys``."""
+    one = replace(sc, batch=1, prompt_len=int(chunk), gen_len=1)
+    live = peak_activation_bytes(prefill(m, one, buffer, keys=None if sc.flash_attention else keys))
+    return live + chunk * m.hidden_size * sc.activations.bytes
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:

@@ -306,7 +306,7 @@ class _Builder:
         self.tech = sc.techniques
         self.S = _counted(sc.prompt_len) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
-        self.L = self.S if stage == "prefill" else _counted(kv_len)
+        self.L = _counted(kv_len)                          # keys a query attends (prefill: its prompt)
         self.buffer_bytes = buffer_bytes
         self.ops: list[Operator] = []
         self.nh = _split(m.num_heads, self.tp, "num_attention_heads", m)
@@ -575,10 +575,12 @@ class _Builder:
         return out
 
 
-def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0) -> OpTable:
+def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, keys=None) -> OpTable:
     """Operator table of the prefill of ``scenario.batch`` prompts of ``prompt_len`` tokens,
-    per device. ``buffer_bytes`` is the on-chip buffer FlashAttention tiles into."""
-    ops = _Builder(model, scenario, "prefill", scenario.prompt_len, buffer_bytes).build()
+    per device. ``buffer_bytes`` is the on-chip buffer FlashAttention tiles into. ``keys``: the
+    keys each query attends (default ``prompt_len``); a chunk of a longer prompt attends its
+    prefix too, which sizes its live activations (an unfused score matrix of chunk x keys)."""
+    ops = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes).build()
     return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
                    scenario.tp, scenario.batch * scenario.prompt_len, scenario.prompt_len)
 

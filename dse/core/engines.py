@@ -12,6 +12,15 @@ cost are fitted parameters of the calibration (``configs/calibration.yaml``):
   request (``request_overhead_s``) and, where its rows show it, the share of the hardware's
   achievable bandwidth and compute its kernels reach (``memory_scale``, ``compute_scale``).
 
+A profile may also say what the engine does with device memory (``memory``, each figure with its
+source, ``EngineMemory``): the share of device memory it lets itself use (vLLM's
+``gpu_memory_utilization``, SGLang's ``mem_fraction_static``, TensorRT-LLM's
+``free_gpu_memory_fraction``) and the tokens it prefills an iteration (``prefill_chunk``: vLLM's
+``max_num_batched_tokens``, llama.cpp's ``n_ubatch``). ``reserve_bytes`` is what it keeps back;
+``chunked_prefill`` whether a prompt of so many tokens is prefilled in chunks. A profile without
+one keeps no reserve and prefills whole prompts, as does the engine a point gets without naming one
+(``default``: the generic footprint, the whole device memory).
+
 ``engine_efficiency`` turns a hardware family's Efficiency (``dse.core.efficiency``) into the
 Efficiency of that hardware under one engine; it is the only place the two are combined. An
 engine without fitted values of its own takes its launch and all-reduce classes' and the default
@@ -22,6 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+import numpy as np
 
 from basis.errors import DseError
 from basis.shipped import shipped
@@ -41,7 +52,33 @@ ENGINE_PARAMS = ("step_overhead_s", "request_overhead_s", "memory_scale", "compu
 COSTS = ("op_overhead_s", "collective_latency_s", "step_overhead_s", "request_overhead_s")
 #: the engine's shares of the hardware's achievable fractions when none is fitted
 NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0}
-_KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "sources"}
+_KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources"}
+#: what a share of device memory is a share of: all of it, or what the weights and activations leave
+SHARE_OF = ("device", "free")
+_MEMORY_KEYS = {"utilization", "share_of", "reserve_holds_activations", "prefill_chunk", "profiles_chunk"}
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """What an engine does with device memory (every figure with its source in the profile).
+
+    ``utilization``: the share of memory the engine lets itself use (None: all of it), a share of
+    the device's memory (``share_of`` 'device': vLLM, SGLang) or of what the weights and
+    activations leave free ('free': TensorRT-LLM's KV cache); ``reserve_holds_activations``: the
+    share left over is where the engine's activations live (SGLang: its static share holds weights
+    and the KV pool only); ``prefill_chunk``: tokens one iteration prefills (0: whole prompts);
+    ``profiles_chunk``: the engine reserves a whole chunk's activations at start-up, whatever the
+    prompts (vLLM sizes its KV cache after a profiling pass of max_num_batched_tokens tokens)."""
+
+    utilization: float | None = None
+    share_of: str = "device"
+    reserve_holds_activations: bool = False
+    prefill_chunk: int = 0
+    profiles_chunk: bool = False
+
+
+#: the engine a point gets without naming one: the whole device memory, whole prompts
+GENERIC_MEMORY = EngineMemory()
 
 
 @dataclass(frozen=True)
@@ -57,6 +94,7 @@ class Engine:
     gqa_kv_sharing: bool = True
     allreduce: str = "one-shot"
     sources: tuple = ()
+    memory: EngineMemory = GENERIC_MEMORY
 
     @property
     def flash_attention(self) -> bool:
@@ -91,16 +129,71 @@ def _profiles(path: str) -> tuple[dict, str]:
         except re.error as e:
             raise DseError(f"{where}.match: not a regular expression: {e}") from None
         sources = node.get("sources") or {}
-        missing = [k for k in ("batching", "graphs", "attention", "allreduce") if not sources.get(k)]
+        memory = _memory(node.get("memory"), f"{where}.memory")
+        cited = ("batching", "graphs", "attention", "allreduce",
+                 *(k for k in ("utilization", "prefill_chunk", "profiles_chunk")
+                   if (node.get("memory") or {}).get(k) is not None))
+        missing = [k for k in cited if not sources.get(k)]
         if missing:
             raise DseError(f"{where}.sources: every attribute needs a source; missing: {', '.join(missing)}")
         out[str(name)] = Engine(str(name), str(node.get("label", name)), str(node.get("match", "")),
                                 node["batching"], node["graphs"], node["attention"], node["gqa_kv_sharing"],
-                                node["allreduce"], tuple(sorted(sources.items())))
+                                node["allreduce"], tuple(sorted(sources.items())), memory)
     default = data.get("default_engine")
     if default not in out:
         raise DseError(f"{path}: default_engine: expected one of {', '.join(out)}, got {default!r}")
     return out, default
+
+
+def _memory(node, where: str) -> EngineMemory:
+    """The EngineMemory of a profile's ``memory`` mapping (absent: the generic one); DseError
+    naming the key and what is allowed."""
+    if node is None:
+        return GENERIC_MEMORY
+    if not isinstance(node, dict):
+        raise DseError(f"{where}: expected a mapping of {', '.join(sorted(_MEMORY_KEYS))}")
+    extra = set(node) - _MEMORY_KEYS
+    if extra:
+        raise DseError(f"{where}: unknown key(s) {', '.join(sorted(extra))}; allowed: {', '.join(sorted(_MEMORY_KEYS))}")
+    u = node.get("utilization")
+    if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+        raise DseError(f"{where}.utilization: expected a share of memory in (0, 1], got {u!r}")
+    share_of = node.get("share_of", "device")
+    if share_of not in SHARE_OF:
+        raise DseError(f"{where}.share_of: expected one of {', '.join(SHARE_OF)}, got {share_of!r}")
+    holds = node.get("reserve_holds_activations", False)
+    if not isinstance(holds, bool):
+        raise DseError(f"{where}.reserve_holds_activations: expected true or false, got {holds!r}")
+    chunk = node.get("prefill_chunk", 0)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise DseError(f"{where}.prefill_chunk: expected a whole number of tokens >= 0, got {chunk!r}")
+    profiles = node.get("profiles_chunk", False)
+    if not isinstance(profiles, bool) or (profiles and not chunk):
+        raise DseError(f"{where}.profiles_chunk: expected true or false (true needs a prefill_chunk), got {profiles!r}")
+    return EngineMemory(None if u is None else float(u), share_of, holds, chunk, profiles)
+
+
+def reserve_bytes(memory: EngineMemory, capacity, weights, activations):
+    """Bytes of device memory an engine keeps back from a model (``memory``, per device, arrays
+    broadcast): (1 - utilization) of the device's ``capacity``, or of what ``weights`` and
+    ``activations`` leave free (share_of 'free'), less the activations where they live in that
+    share (``reserve_holds_activations``); 0 without a utilization. A point fits when weights,
+    KV cache and activations fit in ``capacity`` less this."""
+    if memory.utilization is None:
+        return np.zeros(np.broadcast(capacity, weights, activations).shape) if np.ndim(capacity) else 0.0
+    base = np.asarray(capacity, dtype=float)
+    if memory.share_of == "free":
+        base = np.maximum(base - weights - activations, 0.0)
+    kept = (1.0 - memory.utilization) * base
+    if memory.reserve_holds_activations:
+        kept = np.maximum(kept - activations, 0.0)
+    return kept
+
+
+def chunked_prefill(memory: EngineMemory, tokens):
+    """Whether the engine prefills ``tokens`` prompt tokens of a batch in chunks (its
+    ``prefill_chunk`` is smaller), [P] bool or one bool."""
+    return (memory.prefill_chunk > 0) & (np.asarray(tokens) > memory.prefill_chunk)
 
 
 def engines() -> dict[str, Engine]:
@@ -114,9 +207,12 @@ def default_engine() -> str:
 
 
 def get_engine(name: str, what: str = "engine") -> Engine:
-    """The profile called ``name`` (``default``: the default engine); DseError naming the known ones."""
+    """The profile called ``name`` (``default``: the default engine's costs with the generic
+    footprint, ``GENERIC_MEMORY``: no engine named, no reserve); DseError naming the known ones."""
     key = str(name).strip().lower()
-    found = engines().get(default_engine() if key == "default" else key)
+    if key == "default":
+        return replace(engines()[default_engine()], memory=GENERIC_MEMORY)
+    found = engines().get(key)
     if found is None:
         why = (" (an empty name)" if not key else
                " (a path: an engine is a profile's name in configs/engines.yaml, see 'list engines', not a file)"
@@ -209,6 +305,11 @@ def attention_on(engine: Engine, onchip_buffer_bytes: float) -> tuple[Engine, st
 
 def describe(engine: Engine) -> str:
     """One line: the profile's name, label and what it does."""
+    mem = engine.memory
+    uses = ("all device memory" if mem.utilization is None else
+            f"{mem.utilization:.0%} of {'device' if mem.share_of == 'device' else 'free'} memory")
+    chunks = f", prefill in chunks of {mem.prefill_chunk:,} tokens" if mem.prefill_chunk else ""
     return (f"{engine.name}: {engine.label} — {engine.batching} batching, "
             f"{'graph-replayed' if engine.graphs else 'eager'} kernels, {engine.attention} attention, "
-            f"{'GQA-shared' if engine.gqa_kv_sharing else 'per-head'} K/V reads, all-reduce {engine.allreduce}")
+            f"{'GQA-shared' if engine.gqa_kv_sharing else 'per-head'} K/V reads, all-reduce {engine.allreduce}, "
+            f"uses {uses}{chunks}")

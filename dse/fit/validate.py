@@ -68,7 +68,16 @@ from basis.shipped import shipped_file
 from basis.units import bytes_text
 from dse.core.bands import band_for, covered, family_of_metric, shipped_bands
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
-from dse.core.engines import UNFUSED_FALLBACK, Engine, attention_on, engine_efficiency, engine_matching, get_engine
+from dse.core.engines import (
+    GENERIC_MEMORY,
+    UNFUSED_FALLBACK,
+    Engine,
+    attention_on,
+    default_engine,
+    engine_efficiency,
+    engine_matching,
+    get_engine,
+)
 from dse.present import display
 from dse.present.plots import validation_plot
 from dse.system.evaluator import METRICS as EVALUATOR_METRICS
@@ -647,7 +656,9 @@ def row_columns(row: MeasuredRow, engine: Engine) -> dict:
     engine that served prompt + generation past the config's ``max_position_embeddings``
     (GPT-J at 2048 + 128 in TensorRT-LLM's tables) ran it with a longer context. A continuous
     row adds its serving mode, load and engine settings."""
-    cols = {"model": row.model, "hardware": row.hardware, "engine": engine.name, "batch": row.batch, "prompt_len": row.prompt_len,
+    named = engine.name != default_engine() or engine.memory != GENERIC_MEMORY     # else: no engine matched
+    cols = {"model": row.model, "hardware": row.hardware, "engine": engine.name if named else "default",
+            "batch": row.batch, "prompt_len": row.prompt_len,
             "gen_len": row.gen_len, "weights": row.weights, "activations": row.activations, "kv": row.kv,
             "flash_attention": engine.flash_attention, "tp": row.tp, "pp": row.pp, "offload": "none",
             "max_context": row.prompt_len + row.gen_len}

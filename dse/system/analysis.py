@@ -66,7 +66,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         **{k: m[k] for k in SUMMARY_METRICS},
         "weights_bytes": m["weights_bytes"], "kv_cache_bytes": m["kv_cache_bytes"],
         "activation_bytes": m["activation_bytes"], "peak_memory_bytes": m["memory_bytes"],
-        "capacity_bytes": m["capacity_bytes"], "offload": policy_name(parse_policy(p["offload"])),
+        "capacity_bytes": m["capacity_bytes"], "engine_reserve_bytes": m["engine_reserve_bytes"],
+        "offload": policy_name(parse_policy(p["offload"])),
         "offloaded_bytes": m["offloaded_bytes"], **{k: m[k] for k in ENERGY_COST_METRICS},
         "fits": fits, "feasible": bool(ev.feasible[i]),
     }
@@ -81,6 +82,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         rate = float(p.get("request_rate") or 0.0)
         s.update({"concurrency": int(p.get("concurrency") or 0) or None, "request_rate": rate or None,
                   **{k: m[k] for k in SERVING_LOAD_METRICS}})
+        s["kv_pool_bytes"] = m["kv_pool_bytes"]
         s["lengths"] = p["lengths_name"]
         if p.get("lengths_clamped"):
             s["lengths_note"] = p["lengths_clamped"]

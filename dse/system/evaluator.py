@@ -46,6 +46,7 @@ from dse.system.feasibility import (
     GroupMemory,
     check_group,
     max_batch,
+    open_loop_kv_bytes,
     pool_layout,
     size_chips,
     speculation,
@@ -156,6 +157,7 @@ class Plan:
                     explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, eff, e, ideal,
                                                                                         self.hw, p)
         _unwritten_nan(out, written, set(base), n)
+        _open_loop_kv(out)
         nan = np.full(n, np.nan)
         nan.flags.writeable = False            # one read-only array for every metric no group wrote
         out = {k: out[k] if k in out else nan for k in METRICS}
@@ -269,6 +271,21 @@ def _in_order(a: np.ndarray, back: np.ndarray) -> np.ndarray:
     """``a`` (one entry per point, held order) in the caller's order: ``a[back]``, or ``a`` itself
     where every point holds the same value (the same in any order: no gather of every point)."""
     return a if len(a) and a.min() == a.max() else a[back]
+
+
+def _open_loop_kv(out: dict) -> None:
+    """An open loop's KV cache and memory (in place): what its steady state's running batch holds
+    (``open_loop_kv_bytes``), known only once priced."""
+    if "running_batch" not in out:             # no group was served
+        return
+    late = np.flatnonzero(np.isfinite(out["kv_request_bytes"]) & np.isfinite(out["running_batch"]))
+    if len(late):
+        for k in ("kv_cache_bytes", "memory_bytes"):      # base arrays may be read-only views: own them
+            out[k] = np.array(out[k], dtype=float)
+        kv = out["kv_cache_bytes"][late]
+        out["kv_cache_bytes"][late], out["memory_bytes"][late] = open_loop_kv_bytes(
+            out["running_batch"][late], out["kv_request_bytes"][late], out["kv_pool_bytes"][late],
+            out["memory_bytes"][late] - kv)
 
 
 def _unwritten_nan(out: dict, written: list, base: set, n: int) -> None:
@@ -399,7 +416,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w.quality_loss,
             **{k: np.full(n, np.nan) for k in (
-                "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes")}}
+                "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
+                "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
     base.update(die_area_mm2=hw.die_area_m2 * 1e6, build_cost_usd=devices * hw.build_cost_usd)
     groups = []
@@ -487,6 +505,9 @@ def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) 
     base["activation_bytes"][idx] = m.activation_bytes
     base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes
     base["offloaded_bytes"][idx] = m.offloaded_bytes
+    base["engine_reserve_bytes"][idx] = m.reserve_bytes
+    base["kv_pool_bytes"][idx] = m.kv_pool_bytes
+    base["kv_request_bytes"][idx] = m.kv_request_bytes
     memory_violation[idx] = m.violation
 
 

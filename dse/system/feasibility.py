@@ -1,7 +1,7 @@
 """Feasibility and layout of design points: the parallel layout of disaggregated pools, the chip
 count of capacity-sized classes (spatial), the largest batch that fits, and every check of a
-workload's points (context, CPU layer split, placement in device and host memory, formats,
-links, on-chip buffer, serving) turned into reason codes (``dse.system.reasons``), numeric
+workload's points (context, CPU layer split, placement in device and host memory less what the
+serving engine keeps back, formats, links, on-chip buffer, serving) turned into reason codes (``dse.system.reasons``), numeric
 memory violations and the group ready to price (``check_group``)."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.engines import EngineMemory, chunked_prefill, reserve_bytes
 from dse.core.roofline import _COL, OpArrays, SystemArrays
 from dse.system.columns import Columns, group
 from dse.system.grouping import CpuSplit, Group, Speculation, positions
@@ -18,10 +19,11 @@ from dse.system.inputs import WorkloadColumns
 from dse.system.layout import chip_layouts, chips_required, largest_fitting
 from dse.system.served import serving_inputs, speculative_serving
 from dse.system.techniques import draft_model
-from dse.system.workload import WorkloadTables, footprint_in_batch, tables
+from dse.system.workload import WorkloadBatch, WorkloadTables, footprint_in_batch, tables
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
+from workloads.footprint import chunk_activation_bytes, peak_activation_bytes
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads.optable import kv_heads_per_device
@@ -69,7 +71,7 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
     """Chip count and (tp, pp) of the spatial points ``sized`` (in place)."""
     idx_all = np.flatnonzero(sized)
     key = [getattr(w, k)[idx_all] for k in ("model", "batch", "prompt", "gen", "weights", "activations", "kv", "ep",
-                                   "flash", "tech")] + [np.where(w.flash, hw.buffer, 0.0)[idx_all]]
+                                   "flash", "tech", "engine")] + [np.where(w.flash, hw.buffer, 0.0)[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
         idx = idx_all[order[starts[g]:starts[g + 1]]]
@@ -80,8 +82,15 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
         flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
         tech = w.techniques[w.tech[i0]]
         cap = hw.system.capacity[idx]
+        memory_use = w.engines[w.engine[i0]].memory
+
+        def held(t):                      # (bytes the tables ``t`` hold per chip, what the engine lets them use)
+            act = static_activation_bytes(model, t, memory_use, buf)
+            fp = t.footprint
+            return fp.weights_bytes + fp.kv_cache_bytes + act, cap - reserve_bytes(memory_use, cap, fp.weights_bytes,
+                                                                                   act)
         try:
-            need = chips_required(tables(model, *args, 1, 1, 1, flash, buf, tech).footprint.total_bytes, cap)
+            need = chips_required(*held(tables(model, *args, 1, 1, 1, flash, buf, tech)))
         except DseError as e:
             fail("model_split", idx, str(e))
             continue
@@ -92,10 +101,10 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
             if not ok.any():
                 continue
             try:
-                total = tables(model, *args, t_, p_, int(w.ep[i0]), flash, buf, tech).footprint.total_bytes
+                total, usable = held(tables(model, *args, t_, p_, int(w.ep[i0]), flash, buf, tech))
             except DseError:
                 continue
-            ok &= fits_within(total, cap)
+            ok &= fits_within(total, usable)
             tp[idx[ok]], pp[idx[ok]] = t_, p_
             left &= ~ok
             if not left.any():
@@ -108,7 +117,7 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
     'does not fit') where even one sequence does not."""
     idx_all = np.flatnonzero(w.batch_max)
     key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "flash",
-                                   "policy", "cpu_layers", "tech")] + [tp[idx_all], pp[idx_all],
+                                   "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
                                                                np.where(w.flash, hw.buffer, 0.0)[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
@@ -122,19 +131,26 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
         try:
             fib = footprint_in_batch(model, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf,
                                      tech)
-            layer_w = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash,
-                             buf, tech).layer_weight_bytes
+            one = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf, tech)
         except DseError:
             continue                  # the layout does not divide the model: reported by the group check
+        layer_w, sc1 = one.layer_weight_bytes, one.scenario
         policy = w.policies[w.policy[i0]]
         share = w.cpu_layers[i0] / model.num_layers
         cap = hw.system.capacity[idx]
         hcap = _host_capacity(w, hw, policy, w.cpu_layers[idx], idx)
+        memory_use = w.engines[w.engine[i0]].memory
 
         def fits(b):
-            wb, kvb, ab = fib.at(np.broadcast_to(b, cap.shape))
-            pl = _placement(policy, wb, ab, kvb, cap, t_ * p_ * e_, share, layer_w)
-            return pl.device_fits(cap) & pl.host_fits(hcap)
+            b = np.broadcast_to(b, cap.shape)
+            wb, kvb, ab = fib.at(b)
+            if memory_use.prefill_chunk:
+                many = replace(sc1, batch=b.astype(np.int64), prompt_len=np.full(b.shape, sc1.prompt_len),
+                               gen_len=np.full(b.shape, sc1.gen_len))
+                ab = chunked_activation_bytes(model, many, memory_use, ab, buf)
+            usable = cap - reserve_bytes(memory_use, cap, wb, ab)
+            pl = _placement(policy, wb, ab, kvb, usable, t_ * p_ * e_, share, layer_w)
+            return pl.device_fits(usable) & pl.host_fits(hcap)
 
         best = largest_fitting(fits)
         batch[idx] = np.maximum(best, 1.0)
@@ -143,14 +159,20 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
 @dataclass(frozen=True)
 class GroupMemory:
     """What a group's points hold per device and how far they are from fitting: bytes of
-    weights, KV cache and activations (numbers, or [P] arrays), bytes placed in host memory
-    ([P]), and the memory violation ([P], <= 0 where everything fits, ``Placement.memory_violation``)."""
+    weights, KV cache (under continuous batching the requests' own, ``requests_kv_bytes``) and
+    activations (numbers, or [P] arrays), bytes placed in host memory ([P]), the memory violation
+    ([P], <= 0 where everything fits in device memory less the engine's reserve,
+    ``Placement.memory_violation``), the bytes the serving engine keeps back (``reserve_bytes``)
+    and, under continuous batching, the paged KV pool (NaN elsewhere)."""
 
     weights_bytes: object
     kv_cache_bytes: object
     activation_bytes: object
     offloaded_bytes: np.ndarray
     violation: np.ndarray
+    reserve_bytes: object = 0.0
+    kv_pool_bytes: object = np.nan
+    kv_request_bytes: object = np.nan    # an open loop's: KV bytes one request holds at its full length
 
 
 def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareArrays, i0: int, fail,
@@ -172,13 +194,20 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx) \
         if policy != "none" or share else 0.0
     continuous = bool(w.continuous[i0])
+    memory_use: EngineMemory = w.engines[w.engine[i0]].memory
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     act = fp.activation_bytes
     if continuous:
         _check_serving(mark, sc, policy, cpu_layers, spec, bool(w.disaggregated[i0]), sys, size)
         length_spec: LengthSpec = w.length_specs[w.lengths[i0]]
         limit = context_limit(model, int(w.max_context[i0])) or np.inf
         lengths = length_spec.classes(sc.prompt_len, sc.gen_len, limit)
-        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())))
+        act = _chunk_activation_bytes(model, sc, w, hw, i0, int(np.ceil(lengths.prompt.max())),
+                                      memory_use.profiles_chunk)
+    elif spec is None:
+        act = static_activation_bytes(model, t, memory_use, buffer)
+    reserve = reserve_bytes(memory_use, cap, fp.weights_bytes, act)
+    cap = cap - reserve                        # what the engine lets the model use
     pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
                     t.layer_weight_bytes)
     dev_ok = _check_memory(mark, pl, cap, hcap, hw.has_host[idx], share)
@@ -186,16 +215,18 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     sys = _check_device(mark, sys, sc, wanted, w, hw, idx, i0, pl, share, policy)
     cpu = _cpu_split(mark, model, t, wanted, hw, idx, i0, share) if share else None
     serving = None
-    kv = fp.kv_cache_bytes
+    kv, pool, per_request = fp.kv_cache_bytes, np.nan, np.nan
     if continuous:
-        serving, kv = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
+        serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
+        kv, per_request = requests_kv_bytes(serving, pool)
         if spec is not None and spec.tables is not None:
             serving = speculative_serving(serving, spec, sc, hw, i0)
         need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block)
         mark("device_memory", dev_ok & (serving.kv_blocks < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
              "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
-    memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap))
+    memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool,
+                         per_request)
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
     return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
                  w.engines[w.engine[i0]], float(kv_group), spec), memory
@@ -351,11 +382,88 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
     return Speculation(acceptance, int(w.spec_tokens[i0]), float(layout[0]), fp, tables=dt, model=dm)
 
 
-def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int) -> float:
+def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int,
+                            profiled: bool = False) -> float:
     """Peak activation bytes per device of continuous batching: a prefill of one iteration's
-    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking)."""
+    prompt tokens (the chunk budget, or the ``longest`` prompt without chunking; the whole budget
+    where the engine reserves it at start-up, ``profiled``), its queries attending up to the
+    ``longest`` prompt (``chunk_activation_bytes``), or one decode step."""
     budget = int(w.prefill_chunk[i0])
-    tokens = longest if budget == 0 else min(longest, budget)
-    return tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
-                  sc.ep, sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques
-                  ).footprint.activation_bytes
+    tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
+                 sc.ep, sc.flash_attention, buffer, sc.techniques)
+    return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
+                     peak_activation_bytes(one.decode_table)))
+
+
+def static_activation_bytes(model, t, memory: EngineMemory, buffer: float):
+    """Peak activation bytes per device of the static batch(es) of ``t`` (WorkloadTables, or a
+    WorkloadBatch: [P], worked out once per distinct workload) under the engine's ``memory``
+    (``chunked_activation_bytes``); the footprint's where the engine prefills whole prompts."""
+    whole = t.footprint.activation_bytes
+    if not isinstance(t, WorkloadBatch):
+        return chunked_activation_bytes(model, t.scenario, memory, whole, buffer)
+    parts = _chunked(model, t.distinct, memory, buffer)
+    if parts is None:
+        return whole
+    chunked, act, floor = parts
+    at = t.workload
+    return np.where(chunked[at], act[at] if np.ndim(act) else act, np.maximum(whole, floor))
+
+
+def chunked_activation_bytes(model, sc, memory: EngineMemory, whole, buffer: float):
+    """Peak activation bytes per device of static batches ``sc`` (one, or a scenario of many:
+    [P]) under an engine that prefills in chunks (``memory.prefill_chunk``): where a micro-batch's
+    prompt tokens exceed the chunk, one chunk's live set, its queries attending the whole prompt
+    (``chunk_activation_bytes``), or a decode step of the micro-batch, the larger; elsewhere (and
+    under an engine that does not chunk) the whole prefill's, ``whole`` (as the footprint has it),
+    but at least a whole chunk's where the engine reserves one at start-up (``profiles_chunk``)."""
+    parts = _chunked(model, sc, memory, buffer)
+    if parts is None:
+        return whole
+    chunked, act, floor = parts
+    act = np.where(chunked, act, np.maximum(whole, floor))
+    return float(act) if np.ndim(act) == 0 else act
+
+
+def _chunked(model, sc, memory: EngineMemory, buffer: float):
+    """(where ``sc``'s prefill is chunked, the chunked live set there, the live set the engine
+    reserves anyway: a whole chunk's where it profiles one, else 0), or None where the engine
+    neither chunks ``sc`` nor reserves a chunk (``chunked_activation_bytes``)."""
+    chunked = chunked_prefill(memory, sc.micro_batch * sc.prompt_len)
+    profiled = memory.profiles_chunk and memory.prefill_chunk > 0
+    if not np.any(chunked) and not profiled:
+        return None
+    floor = chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer) if profiled else 0.0
+    if not np.any(chunked):
+        return chunked, floor, floor
+    decode = peak_activation_bytes(optable.decode_step(model, replace(sc, batch=sc.micro_batch), sc.prompt_len,
+                                                       buffer))
+    return chunked, np.maximum(chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer, keys=sc.prompt_len),
+                               decode), floor
+
+
+def requests_kv_bytes(serving, pool):
+    """(KV-cache bytes per device the requests of continuous batching hold, [P]; an open loop's
+    bytes per request, [P], NaN for a closed loop): a closed loop's requests running at once (its
+    concurrency, at most max_running) times the pages each holds at its full length,
+    ceil((prompt + gen) / kv_block) averaged over the length classes, at most the whole paged pool
+    ``pool`` (bytes, ``kv_blocks`` pages); an open loop's at its ceiling (max_running), until the
+    steady state's running batch replaces it (``open_loop_kv_bytes``)."""
+    lengths, block = serving.lengths, serving.kv_block
+    pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
+    running = np.fmin(serving.concurrency, serving.max_running)       # NaN concurrency (open loop): max_running
+    held = np.minimum(running * pages, serving.kv_blocks)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        page_bytes = np.where(serving.kv_blocks > 0, pool / serving.kv_blocks, 0.0)
+    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes, np.nan)
+
+
+def open_loop_kv_bytes(running, per_request, pool, weights_activations):
+    """(KV-cache bytes per device an open loop's requests hold, the memory they and the weights and
+    activations take) where ``per_request`` is known (NaN elsewhere: left as they are): the
+    steady state's mean running batch ``running`` times the bytes one request holds at its full
+    length, at most the paged ``pool``."""
+    kv = np.minimum(running * per_request, pool)
+    return kv, weights_activations + kv

@@ -47,7 +47,7 @@ REASONS = (
     Reason(10, "device_memory", "does not fit in device memory",
            "does not fit in device memory: needs {memory_size} per device (weights {weights_size}, KV cache {kv_size}, "
            "activations {activations_size}) and {offloaded_size} of it on the host tier, but {hardware_name} has "
-           "{capacity_size}"),
+           "{capacity_size}, less {reserve_size} its serving engine keeps back"),
     Reason(11, "host_memory", "does not fit in device and host memory",
            "does not fit in host memory: the host part, {offloaded_size} per device over {devices} devices, exceeds the host memory of "
            "{hardware_name}"),
@@ -68,7 +68,7 @@ REASONS = (
 #: ``basis.units.bytes_text``): field -> metric
 SIZE_FIELDS = {"memory_size": "memory_bytes", "weights_size": "weights_bytes", "kv_size": "kv_cache_bytes",
                "activations_size": "activation_bytes", "capacity_size": "capacity_bytes",
-               "offloaded_size": "offloaded_bytes"}
+               "offloaded_size": "offloaded_bytes", "reserve_size": "engine_reserve_bytes"}
 CODE = {r.key: r.code for r in REASONS if r.key}
 #: codes that say "the footprint does not fit" (as opposed to "this cannot run at all")
 MEMORY_CODES = (CODE["device_memory"], CODE["host_memory"], CODE["no_chip_layout"])

@@ -22,7 +22,8 @@ from workloads.model import context_limit, load_model
 #: what every design point gets (SI units); the first ones are serving metrics
 METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
            "output_tokens_per_s_per_device", "prefill_tokens_per_s", "weights_bytes", "kv_cache_bytes",
-           "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "devices", "power_w",
+           "activation_bytes", "memory_bytes", "capacity_bytes", "offloaded_bytes", "engine_reserve_bytes",
+           "kv_pool_bytes", "devices", "power_w",
            "cost_usd", "system_tdp_w", "power_demand_w", "energy_per_token_j", "tokens_per_joule",
            "cost_per_million_tokens_usd", "die_area_mm2", "build_cost_usd", "batch_used", "tp_used", "pp_used", "chips_required", "requests_per_s", "total_tokens_per_s",
            "queue_s", "running_batch", "kv_utilization",
