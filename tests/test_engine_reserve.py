@@ -104,12 +104,13 @@ def test_default_is_the_default_engines_costs_with_the_generic_footprint():
     assert get_engine("vllm").memory.utilization == 0.9 and get_engine("vllm").memory.prefill_chunk == 8192
 
 
-def test_chips_sized_under_an_engine_are_sized_by_its_rule():
-    """Chips sized by capacity are sized by the same rule their check applies: under vLLM every
-    Groq chip would keep a whole 8,192-token chunk's activations back, the residual add's two
-    inputs and output beside the residual stream, 8,192 x 4 x 4,096 x 2 bytes = 256 MiB, more than
-    a 230 MiB chip holds, so no layout fits (not a layout the check then refuses); the generic
-    footprint and Groq's own profile lay it out."""
+def test_a_dataflow_machine_keeps_nothing_back_under_any_engine():
+    """A spatial chip runs a compiled program, not a serving engine: naming vLLM on Groq must not
+    keep a whole 8,192-token chunk's activations back (the residual add's two inputs and output
+    beside the residual stream, 8,192 x 4 x 4,096 x 2 bytes = 256 MiB, more than a 230 MiB chip
+    holds, which would leave no layout). Every engine lays it out on the same chips, sized by the
+    rule its check applies (both read ``feasibility.engine_memory``)."""
     ev = evaluate({"model": "llama-3.1-8b", "hardware": "groq-lpu", "batch": 1, "engine": ["vllm", "default", "groq"]})
     assert 8192 * 4 * 4096 * 2 == 256 * 2**20 > ev["capacity_bytes"][0]
-    assert ev.reason_key(0) == "no_chip_layout" and ev["feasible"][1] and ev["feasible"][2]
+    assert ev["feasible"].all()
+    assert len(set(ev["devices"].tolist())) == 1 and (ev["engine_reserve_bytes"] == 0).all()

@@ -67,6 +67,13 @@ def _placement(policy, wb, ab, kvb, cap, devices, cpu_share=0.0, layer_w=0.0):
     return place(policy, wb, ab, kvb, cap, devices)
 
 
+def engine_memory(w: WorkloadColumns, hw: HardwareArrays, i0: int) -> EngineMemory:
+    """The memory rule of the engine serving point ``i0``: its profile's, except on a dataflow class
+    (``hwmodels.classes.DeviceClass.dataflow``), which runs a compiled program and no serving
+    engine: nothing kept back, whole prompts (a neutral ``EngineMemory``)."""
+    return EngineMemory() if hw.dataflow[i0] else w.engines[w.engine[i0]].memory
+
+
 def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp, chips, fail) -> None:
     """Chip count and (tp, pp) of the spatial points ``sized`` (in place)."""
     idx_all = np.flatnonzero(sized)
@@ -82,7 +89,7 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
         flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
         tech = w.techniques[w.tech[i0]]
         cap = hw.system.capacity[idx]
-        memory_use = w.engines[w.engine[i0]].memory
+        memory_use = engine_memory(w, hw, i0)
 
         def held(t):                      # (bytes the tables ``t`` hold per chip, what the engine lets them use)
             act = static_activation_bytes(model, t, memory_use, buf)
@@ -139,7 +146,7 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
         share = w.cpu_layers[i0] / model.num_layers
         cap = hw.system.capacity[idx]
         hcap = _host_capacity(w, hw, policy, w.cpu_layers[idx], idx)
-        memory_use = w.engines[w.engine[i0]].memory
+        memory_use = engine_memory(w, hw, i0)
 
         def fits(b):
             b = np.broadcast_to(b, cap.shape)
@@ -194,7 +201,7 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     hcap = _host_capacity(w, hw, policy, np.full(size, float(cpu_layers if share else 0)), idx) \
         if policy != "none" or share else 0.0
     continuous = bool(w.continuous[i0])
-    memory_use: EngineMemory = w.engines[w.engine[i0]].memory
+    memory_use = engine_memory(w, hw, i0)
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     act = fp.activation_bytes
     if continuous:
