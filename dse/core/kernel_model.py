@@ -195,9 +195,10 @@ def gemm_time(m, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
     memory = nbytes / (prm["fm"] * _effective_bandwidth(nbytes, hw, prm))
     base = _softmax(compute, memory, prm["p"]) + _per_format(prm["t0"], codes)
     ideal_c, ideal_m = ops / peak, nbytes / hw.bandwidth
-    terms = [(_log2(ideal_c / ideal_m), -12, 12, 2), (_log2(m), 0, 15, 2), (_log2(n), 5, 16, 2), (_log2(k), 5, 16, 2),
-             (_log2(np.maximum(ideal_c, ideal_m)), -26, -2, 2), (_log2(nbytes / hw.l2_bytes), -10, 8, 1),
-             (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 10, 1)]
+    # flat beyond the sizes the tables hold densely, so that a huge GEMM is the base model's closed form
+    terms = [(_log2(ideal_c / ideal_m), -10, 4, 2), (_log2(m), 0, 13, 2), (_log2(n), 5, 14, 2), (_log2(k), 5, 14, 2),
+             (_log2(np.maximum(ideal_c, ideal_m)), -26, -8, 2), (_log2(nbytes / hw.l2_bytes), -10, 4, 1),
+             (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 6, 1)]
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
