@@ -155,3 +155,21 @@ def test_fractions_reproduce_the_kernel_time_in_the_roofline():
     fc, fm = km.achieved_fractions(ops, nbytes, hw.peak_16, hw.bandwidth, t)
     assert np.maximum(ops / (hw.peak_16 * fc), nbytes / (hw.bandwidth * fm)) == pytest.approx(t, rel=1e-12)
     assert np.all((fc <= 1) & (fm <= 1))
+
+
+@pytest.mark.parametrize("kind", ["gemm", "generation_attention", "context_attention", "collective"])
+def test_band_from_held_out_residuals_covers_the_sample(kind):
+    """The band (5th-95th percentile of measured / predicted over the leave-one-out rows) holds at
+    least 85 % of the sample's rows under the shipped model."""
+    low, high = km.band_of(kind, MODEL)
+    rows = _rows(kind)
+    ratio = rows.seconds.to_numpy() / kt.predict_rows(kind, rows, HW_TABLE, PRM[kind])
+    assert low < 1 < high
+    assert np.mean((ratio >= low) & (ratio <= high)) >= 0.85
+
+
+def test_refit_tool_refuses_a_folder_without_tables_in_one_line(tmp_path, capsys):
+    assert kt.main([str(tmp_path), "--out", str(tmp_path / "m.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "h100_sxm.yaml" in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "m.yaml").exists()

@@ -343,6 +343,13 @@ def source_of(preset: str | None, model: dict | None = None) -> str:
     return "learned transfer (physical features; no table of this hardware)"
 
 
+def band_of(kind: str, model: dict | None = None) -> tuple[float, float] | None:
+    """(low, high) factors on a kernel time of ``kind`` holding 90 % of the held-out rows (leave one
+    GPU out; collectives: one GPU count out), or None when the model has no band for it."""
+    b = ((model or load_kernel_model()).get("bands") or {}).get(kind)
+    return (float(b["low"]), float(b["high"])) if b else None
+
+
 def achieved_fractions(ops, nbytes, peak, bandwidth, time_s):
     """(compute fraction, memory fraction) that make the roofline max(ops / (peak f_c),
     bytes / (bandwidth f_m)) equal ``time_s``: each f = its ideal time / time_s, in (0, 1]

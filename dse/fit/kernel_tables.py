@@ -287,16 +287,26 @@ def leave_one_out(kind: str, df: pd.DataFrame, hw: pd.DataFrame, column: str, fi
     """Transfer figures of ``kind``: for each value of ``column`` (a GPU, a GPU count), fit on the
     other rows (at most ``fit_rows`` per GPU) and predict the held-out ones. {held out: figures,
     'all': figures of every held-out row together}."""
-    out, errs = {}, []
+    out, errs, ratios = {}, [], []
     for value in sorted(df[column].unique(), key=str):
         train = sample(df[df[column] != value], fit_rows, by=("gpu",))
         prm = fit_kind(kind, train, hw, start)
         test = sample(df[df[column] == value], EVAL_ROWS, seed=1)
-        e = ape(predict_rows(kind, test, hw, prm), test.seconds.to_numpy())
+        pred = predict_rows(kind, test, hw, prm)
+        e = ape(pred, test.seconds.to_numpy())
         out[str(value)] = _figures(e)
         errs.append(e)
+        ratios.append(test.seconds.to_numpy() / pred)
     out["all"] = _figures(np.concatenate(errs))
+    out["band"] = band(np.concatenate(ratios))
     return out
+
+
+def band(ratios: np.ndarray, coverage: float = 0.9) -> dict:
+    """The band {n, low, high} (factors on a prediction, ``dse.core.bands``' layout) holding the
+    central ``coverage`` of measured / predicted ``ratios``."""
+    lo, hi = np.percentile(ratios, [50 * (1 - coverage), 50 * (1 + coverage)])
+    return {"n": int(ratios.size), "low": round(float(lo), 4), "high": round(float(hi), 4)}
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -359,6 +369,7 @@ def main(argv=None) -> int:
                      for g, row in hw.iterrows()},
         "fit_error": record,
         **({"transfer": transfer} if transfer else {}),
+        **({"bands": {k.split(" ")[0]: dict(v["band"]) for k, v in transfer.items() if "band" in v}} if transfer else {}),
     }
     Path(a.out).write_text("# The kernel layer's fitted coefficients (dse.core.kernel_model), written by\n"
                            "# python -m dse.fit.kernel_tables. Do not edit by hand: refit.\n"
