@@ -173,3 +173,13 @@ def test_refit_tool_refuses_a_folder_without_tables_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "h100_sxm.yaml" in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "m.yaml").exists()
+
+
+@pytest.mark.parametrize("kind", ["gemm", "generation_attention", "context_attention", "collective"])
+def test_prediction_equals_the_fitted_design(kind):
+    """The predictor sums the correction one feature at a time; the fitter's design matrix times the
+    shipped weights gives the same times (to 1e-12)."""
+    rows = _rows(kind)
+    base, X = kt.predict_rows(kind, rows, HW_TABLE, {**PRM[kind], "design": True})
+    expected = base * np.exp(X @ np.asarray(PRM[kind]["correction"]))
+    assert kt.predict_rows(kind, rows, HW_TABLE, PRM[kind]) == pytest.approx(expected, rel=1e-12)

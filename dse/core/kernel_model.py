@@ -135,11 +135,26 @@ def _corrected(base_s: np.ndarray, terms, groups, n_groups: int, prm: dict) -> n
     w = prm.get("correction")
     if w is None:
         return base_s
+    # design . weights one feature column at a time (memory of a few [N] arrays, never [N, features]):
+    # the weight of a column is its shared weight plus its group's
     shape = np.shape(base_s)
-    terms = [(np.broadcast_to(t[0], shape), *t[1:]) for t in terms]
-    if groups is not None:
-        groups = np.broadcast_to(groups, shape)
-    return base_s * np.exp(_design(terms, groups, n_groups) @ np.asarray(w, dtype=float)).reshape(shape)
+    w = np.asarray(w, dtype=float)
+    width = 1 + sum(_hinges(np.zeros(1), *t[1:]).shape[1] for t in terms)
+    per_group = w[width:].reshape(n_groups, width) if groups is not None else None
+    g = np.broadcast_to(groups, shape) if groups is not None else None
+
+    def weight(j):
+        return w[j] if per_group is None else w[j] + per_group[:, j][g]
+    total = weight(0) + np.zeros(shape)
+    j = 1
+    for x, lo, hi, step in terms:
+        x = np.clip(np.broadcast_to(x, shape), lo, hi)
+        total = total + x * weight(j)
+        j += 1
+        for c in np.arange(lo + step, hi - step / 2, step):
+            total = total + np.maximum(x - c, 0.0) * weight(j)
+            j += 1
+    return base_s * np.exp(total)
 
 
 def _log2(x):
