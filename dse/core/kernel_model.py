@@ -46,6 +46,12 @@ Collectives (NCCL: all_reduce, all_gather, reduce_scatter, alltoall over n GPUs,
 
     bus      = {all_reduce: 2 (n - 1) / n, all_gather / reduce_scatter / alltoall: (n - 1) / n} bytes
     time     = bus / (f[op] link_bandwidth) + lat0[op] + lat_hop[op] (n - 1)
+
+Each of these is the kind's base; the time returned is base x exp(correction), the correction a
+linear function (fitted weights, shared plus one set per format or collective) of hinge features of
+the same physical quantities in log2 (arithmetic intensity over the ridge peak / bandwidth, sizes,
+the ideal time, bytes over the L2, work items per SM), each clipped to the range the tables cover
+so that the correction is flat beyond it (a huge GEMM keeps the base's closed form).
 """
 from __future__ import annotations
 
