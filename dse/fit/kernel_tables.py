@@ -8,7 +8,7 @@ version, Parquet files of measured kernel latencies in milliseconds
 and ``generation_attention_perf``, ``comm/nccl/<version>/nccl_perf``) and a ``<gpu>.yaml`` of the
 GPU's peaks, memory bandwidth and link bandwidth.
 
-    python -m dse.fit.kernel_tables AIC_SYSTEMS_DIR [--out configs/kernel_model.yaml] [--transfer]
+    python -m dse.fit.kernel_tables AIC_SYSTEMS_DIR [--out runs/kernel_model.yaml] [--transfer]
 
 refits the model on the chosen engine version (``ENGINE``: TensorRT-LLM 1.3.0rc20, the one
 version measured on the most GPUs: 8) and, with ``--transfer``, reports leave-one-GPU-out,
@@ -327,7 +327,9 @@ def fit_all(tables: dict, hw: pd.DataFrame, fit_rows: int = 6000) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dse.fit.kernel_tables", description=__doc__.split("\n\n")[0])
     ap.add_argument("systems", help="aiconfigurator_core/systems folder (the tables and the GPUs' YAML)")
-    ap.add_argument("--out", default=str(KERNEL_MODEL_FILE), help="where to write the fitted model (YAML)")
+    ap.add_argument("--out", default="runs/kernel_model.yaml",
+                    help=f"where to write the fitted model (YAML; default runs/kernel_model.yaml, the shipped one is "
+                         f"{KERNEL_MODEL_FILE.name} in configs/)")
     ap.add_argument("--transfer", action="store_true", help="also measure leave-one-GPU-out transfer (slow)")
     ap.add_argument("--fit-rows", type=int, default=6000, help="rows per GPU each fit uses (default 6000)")
     a = ap.parse_args(argv)
@@ -371,6 +373,7 @@ def main(argv=None) -> int:
         **({"transfer": transfer} if transfer else {}),
         **({"bands": {k.split(" ")[0]: dict(v["band"]) for k, v in transfer.items() if "band" in v}} if transfer else {}),
     }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text("# The kernel layer's fitted coefficients (dse.core.kernel_model), written by\n"
                            "# python -m dse.fit.kernel_tables. Do not edit by hand: refit.\n"
                            + yaml.safe_dump(doc, sort_keys=False, width=110))
