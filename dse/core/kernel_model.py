@@ -1,0 +1,381 @@
+"""The kernel layer: achieved time of each operator kind as a function of the hardware's physical
+description, with a few coefficients fitted on measured kernel tables (``dse.fit.kernel_tables``;
+the fitted coefficients ship as ``configs/kernel_model.yaml``).
+
+Every function is vectorized: its arguments are numpy arrays (or numbers) that broadcast together
+(operators x design points), and it returns seconds. No table is read at run time; a GPU nobody
+measured (a template design) is priced through its features alone:
+
+``Hardware`` (per design point)
+    peak_16, peak_8, peak_4   dense tensor peaks, ops/s, of 16-bit, 8-bit and 4-bit formats
+    bandwidth                 device-memory bandwidth, bytes/s
+    sms                       compute units (SMs) the work is spread over
+    l2_bytes                  on-chip last-level cache, bytes
+    link_bandwidth            scale-up link per direction, bytes/s
+    link_latency              link latency of one hop, s
+
+GEMM (m x k by k x n, format ``fmt``)::
+
+    tile_s   = clip(2^ceil(log2 min(m, n)), 16, 128), 128 across max(m, n)   (the tile a kernel picks)
+    tiles    = ceil(min(m, n) / tile_s) ceil(max(m, n) / 128)
+    splits   = max(1, min(floor(sms / tiles), floor(k / 512)))     (split-K when tiles cannot fill the SMs)
+    waves    = ceil(tiles splits / sms)
+    waste    = waves sms tile_s 128 / (m n splits)                 (>= 1: padding and the last wave)
+    compute  = 2 m n k / (peak[fmt] top[fmt]) waste^alpha + waves (k / splits) t_k
+    on-chip  = hit share of the bytes when they fit the cache: 1 / (1 + (bytes / (l2_share l2_bytes))^4)
+    memory   = bytes / (fm bandwidth (1 + hit (max(l2_ratio peak_16 / bandwidth, 1) - 1)))
+    time     = (compute^p + memory^p)^(1/p) + t0[fmt]
+
+Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of size d)::
+
+    bytes    = 2 b s hk d e_kv + 4 b h d e_act
+    units    = b hk ceil(s / split) / sms                         (work items per SM, split-K decoding)
+    memory   = bytes / (fm bandwidth)
+    compute  = 4 b h s d / (peak_16 top)
+    time     = (compute^p + memory^p)^(1/p) + t0 + ceil(units) t_cta    (each wave of work items' fixed cost)
+
+Prefill attention (causal over s tokens, window w: 0 for none)::
+
+    pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
+    tiles    = b h ceil(s / 128);  waste = ceil(tiles / sms) sms / tiles
+    compute  = 4 b h pairs d / (peak[fmt] top[fmt]) waste^alpha (1 + d_fill / d) (1 + s_fill / s)
+    memory   = b s (2 h + 2 hk) d e / (fm bandwidth)
+    time     = (compute^p + memory^p)^(1/p) + t0
+
+Collectives (NCCL: all_reduce, all_gather, reduce_scatter, alltoall over n GPUs, message bytes)::
+
+    bus      = {all_reduce: 2 (n - 1) / n, all_gather / reduce_scatter / alltoall: (n - 1) / n} bytes
+    time     = bus / (f[op] link_bandwidth) + lat0[op] + lat_hop[op] (n - 1)
+
+Each of these is the kind's base; the time returned is base x exp(correction), the correction a
+linear function (fitted weights, shared plus one set per format or collective) of hinge features of
+the same physical quantities in log2 (arithmetic intensity over the ridge peak / bandwidth, sizes,
+the ideal time, bytes over the L2, work items per SM), each clipped to the range the tables cover
+so that the correction is flat beyond it (a huge GEMM keeps the base's closed form).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from basis.errors import DseError
+from basis.shipped import shipped
+from basis.yamlfile import load_yaml
+
+#: the shipped fitted kernel model (package data: configs/kernel_model.yaml)
+KERNEL_MODEL_FILE = shipped("configs", "kernel_model.yaml")
+
+#: GEMM formats the model knows: (peak field, bytes per input element incl. scales)
+GEMM_FORMATS = {"bf16": ("peak_16", 2.0), "fp8": ("peak_8", 1.0), "fp8_block": ("peak_8", 1.0 + 4 / 128),
+                "nvfp4": ("peak_4", 0.5 + 1 / 16)}
+#: bytes of one output element (16-bit activations)
+OUT_BYTES = 2.0
+#: the tensor-core tile width across n, and the largest and smallest tile height across m
+TILE_N, TILE_M_MAX, TILE_M_MIN = 128, 128, 16
+#: the least depth (k) of one split of a split-K GEMM
+K_SPLIT = 512
+#: query rows per prefill-attention tile
+ATTN_TILE = 128
+#: the collectives the model prices, and the bytes each puts on the busiest link per byte of message
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
+KINDS = ("gemm", "generation_attention", "context_attention", "collective")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The physical description the kernel layer reads (see the module docstring), arrays that
+    broadcast over design points; SI units."""
+
+    peak_16: np.ndarray
+    peak_8: np.ndarray
+    peak_4: np.ndarray
+    bandwidth: np.ndarray
+    sms: np.ndarray
+    l2_bytes: np.ndarray
+    link_bandwidth: np.ndarray | float = np.nan
+    link_latency: np.ndarray | float = np.nan
+
+    @classmethod
+    def of(cls, **values) -> Hardware:
+        """A Hardware of the given fields as float arrays."""
+        return cls(**{k: np.asarray(v, dtype=float) for k, v in values.items()})
+
+
+def _softmax(a, b, p):
+    """(a^p + b^p)^(1/p): the larger of a and b, rounded where both are close (p large: max)."""
+    hi = np.maximum(a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo_over = np.where(hi > 0, np.minimum(a, b) / np.where(hi > 0, hi, 1.0), 0.0)
+    return hi * (1.0 + lo_over ** p) ** (1.0 / p)
+
+
+def _hinges(x, lo: float, hi: float, step: float) -> np.ndarray:
+    """[N, K] features of ``x`` clipped to [lo, hi] (the measured range: flat beyond it): x itself
+    and max(x - c, 0) at knots c from lo + step to hi - step."""
+    x = np.clip(np.ravel(x), lo, hi)
+    knots = np.arange(lo + step, hi - step / 2, step)
+    return np.column_stack([x] + [np.maximum(x - c, 0.0) for c in knots])
+
+
+def _design(terms, groups: np.ndarray | None, n_groups: int) -> np.ndarray:
+    """The correction's design matrix: a constant and the hinge features of ``terms`` ((log2 value,
+    lo, hi, step) each), repeated once more per group (format, collective) for rows of that group."""
+    base = np.column_stack([np.ones(np.size(terms[0][0]))] + [_hinges(*t) for t in terms])
+    if groups is None:
+        return base
+    g = np.ravel(groups)
+    return np.concatenate([base] + [base * (g == i)[:, None] for i in range(n_groups)], axis=1)
+
+
+def _corrected(base_s: np.ndarray, terms, groups, n_groups: int, prm: dict) -> np.ndarray:
+    """``base_s`` (seconds) times exp(design . weights) where ``prm`` has a fitted ``correction``
+    (its weights), else ``base_s`` as it is. With ``prm['design']`` true (the fitter's call): the
+    pair (base seconds, flattened, design matrix)."""
+    if prm.get("design"):
+        shape = np.shape(base_s)
+        terms = [(np.broadcast_to(t[0], shape), *t[1:]) for t in terms]
+        return np.ravel(base_s), _design(terms, None if groups is None else np.broadcast_to(groups, shape), n_groups)
+    w = prm.get("correction")
+    if w is None:
+        return base_s
+    # design . weights one feature column at a time (memory of a few [N] arrays, never [N, features]):
+    # the weight of a column is its shared weight plus its group's
+    shape = np.shape(base_s)
+    w = np.asarray(w, dtype=float)
+    width = 1 + sum(_hinges(np.zeros(1), *t[1:]).shape[1] for t in terms)
+    per_group = w[width:].reshape(n_groups, width) if groups is not None else None
+    g = np.broadcast_to(groups, shape) if groups is not None else None
+
+    def weight(j):
+        return w[j] if per_group is None else w[j] + per_group[:, j][g]
+    total = weight(0) + np.zeros(shape)
+    j = 1
+    for x, lo, hi, step in terms:
+        x = np.clip(np.broadcast_to(x, shape), lo, hi)
+        total = total + x * weight(j)
+        j += 1
+        for c in np.arange(lo + step, hi - step / 2, step):
+            total = total + np.maximum(x - c, 0.0) * weight(j)
+            j += 1
+    return base_s * np.exp(total)
+
+
+def _log2(x):
+    with np.errstate(divide="ignore"):
+        return np.log2(np.maximum(np.asarray(x, dtype=float), 1e-300))
+
+
+def _format_codes(fmt) -> np.ndarray:
+    """Index of each format in GEMM_FORMATS (array of names or codes); DseError on an unknown name."""
+    arr = np.asarray(fmt)
+    if arr.dtype.kind in "iu":
+        return arr
+    names = list(GEMM_FORMATS)
+    uniq, inv = np.unique(arr, return_inverse=True)
+    bad = [u for u in uniq if u not in GEMM_FORMATS]
+    if bad:
+        raise DseError(f"kernel model: unknown GEMM format {bad[0]!r}; known: {', '.join(names)}")
+    return np.array([names.index(u) for u in uniq])[inv].reshape(arr.shape)
+
+
+def _per_format(values: dict, codes: np.ndarray) -> np.ndarray:
+    """The per-format parameter ``values`` ({format: number}) at each format code."""
+    table = np.array([values.get(f, np.nan) for f in GEMM_FORMATS], dtype=float)
+    return table[codes]
+
+
+def _peak_of(hw: Hardware, codes: np.ndarray) -> np.ndarray:
+    """Dense peak ops/s of each format code on ``hw`` (broadcast)."""
+    peaks = {"peak_16": hw.peak_16, "peak_8": hw.peak_8, "peak_4": hw.peak_4}
+    out = np.zeros(np.broadcast_shapes(np.shape(codes), np.shape(hw.peak_16)))
+    for i, (field, _) in enumerate(GEMM_FORMATS.values()):
+        out = np.where(codes == i, peaks[field], out)
+    return out
+
+
+def gemm_time(m, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
+    """Seconds of one GEMM (m x k by k x n, 16-bit output) in format ``fmt`` (names of
+    GEMM_FORMATS or their codes) on ``hw``, with the fitted GEMM parameters ``prm``."""
+    m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+    codes = _format_codes(fmt)
+    e_in = np.array([b for _, b in GEMM_FORMATS.values()])[codes]
+    peak = _peak_of(hw, codes)
+    small, large = np.minimum(m, n), np.maximum(m, n)
+    tile_s = np.clip(2.0 ** np.ceil(np.log2(np.maximum(small, 1.0))), TILE_M_MIN, TILE_M_MAX)
+    tiles = np.ceil(small / tile_s) * np.ceil(large / TILE_N)
+    splits = np.maximum(1.0, np.minimum(np.floor(hw.sms / tiles), np.floor(k / K_SPLIT)))
+    waves = np.ceil(tiles * splits / hw.sms)
+    waste = waves * hw.sms * tile_s * TILE_N / (m * n * splits)
+    ops = 2.0 * m * n * k
+    top = _per_format(prm["top"], codes)
+    compute = ops / (peak * top) * waste ** prm["alpha"] + waves * k / splits * prm["t_k"]
+    nbytes = (m * k + k * n) * e_in + m * n * OUT_BYTES
+    memory = nbytes / (prm["fm"] * _effective_bandwidth(nbytes, hw, prm))
+    base = _softmax(compute, memory, prm["p"]) + _per_format(prm["t0"], codes)
+    ideal_c, ideal_m = ops / peak, nbytes / hw.bandwidth
+    # flat beyond the sizes the tables hold densely, so that a huge GEMM is the base model's closed form
+    terms = [(_log2(ideal_c / ideal_m), -10, 4, 2), (_log2(m), 0, 13, 2), (_log2(n), 5, 14, 2), (_log2(k), 5, 14, 2),
+             (_log2(np.maximum(ideal_c, ideal_m)), -26, -8, 2), (_log2(nbytes / hw.l2_bytes), -10, 4, 1),
+             (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 6, 1)]
+    return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
+
+
+def _effective_bandwidth(nbytes, hw: Hardware, prm: dict) -> np.ndarray:
+    """Bytes/s a kernel streaming ``nbytes`` reaches before its fraction: device-memory bandwidth,
+    raised toward the on-chip cache's (``l2_ratio`` x the 16-bit peak in bytes/s) when the bytes fit
+    the cache (a smooth hit share, half at ``l2_share`` x its size)."""
+    hit = 1.0 / (1.0 + (nbytes / (prm["l2_share"] * hw.l2_bytes)) ** 4)
+    ratio = np.maximum(prm["l2_ratio"] * hw.peak_16 / hw.bandwidth, 1.0)
+    return hw.bandwidth * (1.0 + hit * (ratio - 1.0))
+
+
+def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes, hw: Hardware, prm: dict,
+                              window=0) -> np.ndarray:
+    """Seconds of one decode-attention kernel: ``batch`` sequences of one new token attending to
+    ``kv_len`` cached tokens (a sliding ``window`` > 0 caps it), ``heads`` query and ``kv_heads``
+    K/V heads of ``head_dim``, ``kv_bytes`` per cached element."""
+    b, s, h, hk, d, e = (np.asarray(x, dtype=float) for x in (batch, kv_len, heads, kv_heads, head_dim, kv_bytes))
+    w = np.asarray(window, dtype=float)
+    s = np.where(w > 0, np.minimum(s, w), s)
+    s = np.maximum(s, 1.0)
+    nbytes = 2.0 * b * s * hk * d * e + 4.0 * b * h * d * OUT_BYTES
+    units = b * hk * np.ceil(s / prm["split"]) / hw.sms
+    memory = nbytes / (prm["fm"] * hw.bandwidth)
+    compute = 4.0 * b * h * s * d / (hw.peak_16 * prm["top"])
+    base = _softmax(compute, memory, prm["p"]) + prm["t0"] + np.ceil(units) * prm["t_cta"]
+    ideal = np.maximum(nbytes / hw.bandwidth, 4.0 * b * h * s * d / hw.peak_16)
+    terms = [(_log2(b), 0, 11, 1), (_log2(s), 0, 17, 1), (_log2(hk), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
+             (_log2(d), 6, 8, 1), (_log2(ideal), -26, -4, 2), (_log2(units), -8, 16, 2),
+             (_log2(nbytes / hw.l2_bytes), -12, 8, 2)]
+    return _corrected(base, terms, (e < 2).astype(int), 2, prm)
+
+
+def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: Hardware, prm: dict,
+                           window=0) -> np.ndarray:
+    """Seconds of one causal prefill-attention kernel over ``seq_len`` tokens of each of ``batch``
+    sequences (``window`` > 0: sliding), computing in ``fmt`` ('bf16' or 'fp8')."""
+    b, s, h, hk, d = (np.asarray(x, dtype=float) for x in (batch, seq_len, heads, kv_heads, head_dim))
+    w = np.asarray(window, dtype=float)
+    codes = _format_codes(fmt)
+    peak = _peak_of(hw, codes)
+    e = np.array([b_ for _, b_ in GEMM_FORMATS.values()])[codes]
+    wc = np.where((w > 0) & (w < s), w, s)
+    pairs = s * wc - wc * wc / 2.0
+    tiles = b * h * np.ceil(s / ATTN_TILE)
+    waste = np.ceil(tiles / hw.sms) * hw.sms / tiles
+    top = _per_format(prm["top"], codes)
+    compute = (4.0 * b * h * pairs * d / (peak * top) * waste ** prm["alpha"]
+               * (1.0 + prm["d_fill"] / d) * (1.0 + prm["s_fill"] / s))
+    memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * hw.bandwidth)
+    base = _softmax(compute, memory, prm["p"]) + prm["t0"]
+    ideal = np.maximum(4.0 * b * h * pairs * d / peak, b * s * (2.0 * h + 2.0 * hk) * d * e / hw.bandwidth)
+    terms = [(_log2(b), 0, 8, 1), (_log2(s), 0, 14, 1), (_log2(h), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
+             (_log2(d), 6, 8, 1), (_log2(ideal), -26, -2, 2), (_log2(tiles / hw.sms), -8, 14, 2),
+             (_log2(wc / s), -7, 0, 1)]
+    return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
+
+
+def collective_time(op, message_bytes, gpus, hw: Hardware, prm: dict) -> np.ndarray:
+    """Seconds of one NCCL-class collective ``op`` (COLLECTIVES) of ``message_bytes`` over
+    ``gpus`` devices joined by links of ``hw.link_bandwidth`` and ``hw.link_latency``."""
+    op = np.asarray(op)
+    nb, n = np.asarray(message_bytes, dtype=float), np.asarray(gpus, dtype=float)
+    out = np.full(np.broadcast_shapes(op.shape, nb.shape, n.shape, np.shape(hw.link_bandwidth)), np.nan)
+    for name in COLLECTIVES:
+        c = prm[name]
+        share = 2.0 * (n - 1) / n if name == "all_reduce" else (n - 1) / n
+        t = (share * nb / (c["f"] * hw.link_bandwidth) + c["lat0"]
+             + (n - 1) * (c["lat_hop"] + c["hop_links"] * hw.link_latency))
+        out = np.where(op == name, t, out)
+    ideal = nb / hw.link_bandwidth
+    codes = np.zeros(out.shape, dtype=int)
+    for i, name in enumerate(COLLECTIVES):
+        codes = np.where(op == name, i, codes)
+    terms = [(_log2(nb), 8, 29, 1), (_log2(ideal), -28, -6, 2)]
+    return _corrected(out, terms, codes, len(COLLECTIVES), prm)
+
+
+# ---- the shipped fitted model ------------------------------------------------------------------
+
+def load_kernel_model(path: str | Path | None = None) -> dict:
+    """The fitted kernel model (``configs/kernel_model.yaml`` or ``path``) as a dict; DseError
+    naming the file if it is missing or lacks an operator kind."""
+    p = Path(path) if path else KERNEL_MODEL_FILE
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise DseError(f"{p}: cannot read the kernel model: {e.strerror or e}") from None
+    return _load(str(p), st.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, mtime_ns: int) -> dict:
+    data = load_yaml(Path(path), "kernel model")
+    if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
+        raise DseError(f"{path}: expected a mapping with 'parameters: {{{', '.join(KINDS)}}}'")
+    missing = [k for k in KINDS if k not in data["parameters"]]
+    if missing:
+        raise DseError(f"{path}: parameters.{missing[0]}: missing; the kernel model needs {', '.join(KINDS)}")
+    return data
+
+
+def measured_hardware(name: str, model: dict | None = None) -> Hardware:
+    """The physical description of a GPU the tables measured (``hardware.<name>`` of the model)."""
+    model = model or load_kernel_model()
+    table = model.get("hardware") or {}
+    if name not in table:
+        raise DseError(f"kernel model: no measured GPU '{name}'; known: {', '.join(table)}")
+    h = table[name]
+    return Hardware.of(**{f: h[f] for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes",
+                                          "link_bandwidth", "link_latency")})
+
+
+# ---- for the evaluator ----------------------------------------------------------------------------
+
+#: dse hardware presets whose GPU the tables measured (preset name -> the tables' system name)
+MEASURED_PRESETS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200",
+                    "l40s": "l40s", "rtx-pro-6000": "rtx_pro_6000_server"}
+#: dense BF16 tensor ops/s of one SM, the estimate of the SM count of a design that gives none:
+#: H100 SXM5's 989.4e12 ops/s over its 132 SMs (both in configs/hardware/h100-sxm.yaml's sources and
+#: the H100 whitepaper), 7.5e12
+OPS_PER_SM = 989.4e12 / 132
+
+
+def hardware_of(peak_16, peak_8, peak_4, bandwidth, sms=None, l2_bytes=0.0, link_bandwidth=np.nan,
+                link_latency=np.nan) -> Hardware:
+    """A Hardware for design points (arrays over points): ``sms`` None estimates the SM count as
+    peak_16 / OPS_PER_SM; ``l2_bytes`` 0 (unknown) gives no cache hits (the conservative side)."""
+    p16 = np.asarray(peak_16, dtype=float)
+    sms = np.maximum(np.round(p16 / OPS_PER_SM), 1.0) if sms is None else sms
+    return Hardware.of(peak_16=p16, peak_8=peak_8, peak_4=peak_4, bandwidth=bandwidth, sms=sms,
+                       l2_bytes=np.maximum(np.asarray(l2_bytes, dtype=float), 1.0), link_bandwidth=link_bandwidth,
+                       link_latency=link_latency)
+
+
+def source_of(preset: str | None, model: dict | None = None) -> str:
+    """Which layer's values a prediction on ``preset`` uses: 'measured tables' when the tables
+    measured that GPU (the model was fitted on its rows), else 'learned transfer' (its features only)."""
+    model = model or load_kernel_model()
+    if preset in MEASURED_PRESETS:
+        return f"measured tables ({MEASURED_PRESETS[preset]}, {model.get('fitted_on', '').split(' tables')[0]})"
+    return "learned transfer (physical features; no table of this hardware)"
+
+
+def band_of(kind: str, model: dict | None = None) -> tuple[float, float] | None:
+    """(low, high) factors on a kernel time of ``kind`` holding 90 % of the held-out rows (leave one
+    GPU out; collectives: one GPU count out), or None when the model has no band for it."""
+    b = ((model or load_kernel_model()).get("bands") or {}).get(kind)
+    return (float(b["low"]), float(b["high"])) if b else None
+
+
+def achieved_fractions(ops, nbytes, peak, bandwidth, time_s):
+    """(compute fraction, memory fraction) that make the roofline max(ops / (peak f_c),
+    bytes / (bandwidth f_m)) equal ``time_s``: each f = its ideal time / time_s, in (0, 1]
+    (clipped: a kernel layer time below an ideal bound is read as the bound)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fc = np.clip(np.asarray(ops, float) / np.asarray(peak, float) / time_s, 1e-3, 1.0)
+        fm = np.clip(np.asarray(nbytes, float) / np.asarray(bandwidth, float) / time_s, 1e-3, 1.0)
+    return fc, fm

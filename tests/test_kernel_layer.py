@@ -1,0 +1,185 @@
+"""The kernel layer (dse.core.kernel_model, fitted by dse.fit.kernel_tables): the shipped model
+reproduces the closed forms it must (a huge GEMM is compute-bound, its time proportional to its ops
+and never faster than peak; a GEMV is bandwidth-bound, its time proportional to its bytes), grows
+with size, prices arrays of design points at once, and predicts measured kernel rows
+(tests/data/kernel_*.csv, a sample of NVIDIA's aiconfigurator-core tables, see
+tests/data/kernel_tables_sample.md) within the figures the README states, including a GPU the
+fit never saw."""
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dse.core import kernel_model as km
+from dse.fit import kernel_tables as kt
+
+DATA = Path(__file__).parent / "data"
+MODEL = km.load_kernel_model()
+PRM = MODEL["parameters"]
+GPUS = list(MODEL["hardware"])
+HW_TABLE = pd.read_csv(DATA / "kernel_hardware.csv").set_index("gpu")
+
+
+def _rows(kind: str) -> pd.DataFrame:
+    return pd.read_csv(DATA / f"kernel_{kind}.csv")
+
+
+def _fraction_of_peak(t, ops, peak):
+    return ops / (peak * t)
+
+
+#: L40S: the fit puts its huge BF16 GEMMs at ~0.83 of peak where the tables measure 0.55 (median); a
+#: 350 W card's clock under sustained tensor load is not among the model's features (known gap)
+_POWER_LIMITED = pytest.mark.xfail(strict=True, reason="power/clock limit not a feature of the kernel layer")
+
+
+@pytest.mark.parametrize("gpu", ["h100_sxm", "h200_sxm", "b200_sxm", "gb300", "rtx_pro_6000_server",
+                                 pytest.param("l40s", marks=_POWER_LIMITED)])
+def test_huge_gemm_is_compute_bound_near_the_measured_fraction(gpu):
+    """m = n = k from 16384 to 32768: time grows as the ops (8x), the implied fraction of peak is
+    at most 1 and within 15 % (about the GEMM fit's median error) of the median the tables measured on that GPU's BF16 GEMMs with
+    m, n, k >= 8192 (tests/data/kernel_gemm_large.csv: every such row of the tables)."""
+    hw = km.measured_hardware(gpu, MODEL)
+    size = np.array([16384.0, 32768.0])
+    t = km.gemm_time(size, size, size, "bf16", hw, PRM["gemm"])
+    assert t[1] / t[0] == pytest.approx(8.0, rel=0.05)
+    frac = _fraction_of_peak(t, 2 * size ** 3, float(hw.peak_16))
+    assert np.all(frac <= 1.0)
+    big = pd.read_csv(DATA / "kernel_gemm_large.csv")
+    big = big[big.gpu == gpu]
+    measured = np.median(_fraction_of_peak(big.seconds, 2 * big.m * big.n * big.k, HW_TABLE.loc[gpu, "peak_16"]))
+    assert frac[1] == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize("gpu", ["h100_sxm", "b200_sxm", "rtx_pro_6000_server"])
+def test_gemv_is_bandwidth_bound(gpu):
+    """One row times a 16k x 32k..16k x 64k BF16 weight (1-2 GiB, far above the L2): time grows as the
+    bytes (2x) and the achieved bandwidth is between half and all of the peak bandwidth."""
+    hw = km.measured_hardware(gpu, MODEL)
+    n = np.array([32768.0, 65536.0])
+    t = km.gemm_time(1.0, n, 16384.0, "bf16", hw, PRM["gemm"])
+    assert t[1] / t[0] == pytest.approx(2.0, rel=0.05)
+    achieved = 16384.0 * n * 2 / t / float(hw.bandwidth)
+    assert np.all((0.5 < achieved) & (achieved <= 1.0))
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_time_grows_with_size(gpu):
+    """More rows, a longer context or a longer prompt never makes a kernel faster (within 5 %,
+    the spread of neighbouring measured shapes: m and m + 1 differ by 3 % in the median)."""
+    hw = km.measured_hardware(gpu, MODEL)
+    m = 2.0 ** np.arange(0, 15)
+    for fmt in ("bf16", "fp8"):
+        for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
+            t = km.gemm_time(m, n, k, fmt, hw, PRM["gemm"])
+            assert np.all(t[1:] >= 0.95 * t[:-1]), (fmt, n, k, t)
+    s = 2.0 ** np.arange(4, 17)
+    t = km.generation_attention_time(8, s, 32, 8, 128, 2, hw, PRM["generation_attention"])
+    assert np.all(t[1:] >= 0.95 * t[:-1])
+    s = 2.0 ** np.arange(4, 15)
+    t = km.context_attention_time(1, s, 32, 8, 128, "bf16", hw, PRM["context_attention"])
+    assert np.all(t[1:] >= 0.95 * t[:-1])
+    size = 2.0 ** np.arange(10, 29)
+    t = km.collective_time("all_reduce", size, 8, hw, PRM["collective"])
+    assert np.all(t[1:] >= 0.95 * t[:-1])
+
+
+def test_priced_over_design_points_at_once():
+    """[points, operators] arrays give, element by element, what each point and operator gives alone."""
+    rng = np.random.default_rng(3)
+    peak = rng.uniform(3e14, 3e15, (5, 1))
+    hw = km.hardware_of(peak, 2 * peak, 4 * peak, rng.uniform(1e12, 8e12, (5, 1)), l2_bytes=5e7)
+    m = np.array([[1.0, 64.0, 4096.0]])
+    t = km.gemm_time(m, 8192, 8192, "fp8", hw, PRM["gemm"])
+    assert t.shape == (5, 3)
+    for i in range(5):
+        one = km.hardware_of(peak[i, 0], 2 * peak[i, 0], 4 * peak[i, 0], hw.bandwidth[i, 0], sms=hw.sms[i, 0],
+                             l2_bytes=5e7)
+        for j in range(3):
+            assert t[i, j] == pytest.approx(float(km.gemm_time(m[0, j], 8192, 8192, "fp8", one, PRM["gemm"])),
+                                            rel=1e-12)
+
+
+#: the shipped model on rows of the sample (same GPUs; most rows were not among those fitted):
+#: median and p90 APE at most (README 'Kernel layer', fit error, plus a margin for 150-250 rows per GPU)
+IN_SAMPLE = {"gemm": (12, 40), "generation_attention": (20, 70), "context_attention": (20, 60),
+             "collective": (25, 70)}
+
+
+@pytest.mark.parametrize("kind", list(IN_SAMPLE))
+def test_shipped_model_predicts_measured_rows(kind):
+    rows = _rows(kind)
+    e = kt.ape(kt.predict_rows(kind, rows, HW_TABLE, PRM[kind]), rows.seconds.to_numpy())
+    median, p90 = IN_SAMPLE[kind]
+    assert np.median(e) <= median and np.percentile(e, 90) <= p90, (np.median(e), np.percentile(e, 90))
+
+
+#: leave one GPU out on the sample: fit on the other GPUs' rows, predict the held-out GPU's
+#: (figures: README 'Kernel layer', leave-one-GPU-out, plus a margin for the small sample)
+TRANSFER = {("gemm", "b300_sxm"): (20, 50), ("context_attention", "h200_sxm"): (25, 70)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, held_out", list(TRANSFER))
+def test_transfer_to_a_gpu_the_fit_never_saw(kind, held_out):
+    rows = _rows(kind)
+    prm = kt.fit_kind(kind, rows[rows.gpu != held_out], HW_TABLE, start=PRM[kind])
+    test = rows[rows.gpu == held_out]
+    e = kt.ape(kt.predict_rows(kind, test, HW_TABLE, prm), test.seconds.to_numpy())
+    median, p90 = TRANSFER[(kind, held_out)]
+    assert np.median(e) <= median and np.percentile(e, 90) <= p90, (np.median(e), np.percentile(e, 90))
+
+
+def test_shipped_model_cites_its_hardware_and_source():
+    """Every measured GPU's physical description says where it comes from; the model says what it was
+    fitted on and when."""
+    assert "aiconfigurator-core" in MODEL["source"] and MODEL["date"] and MODEL["conditions"]
+    for name, h in MODEL["hardware"].items():
+        assert h["source"] and h["sms"] > 0 and h["bandwidth"] > 0, name
+
+
+def test_preset_with_tables_says_so():
+    assert km.source_of("h100-sxm", MODEL).startswith("measured tables (h100_sxm")
+    assert km.source_of("mi300x", MODEL).startswith("learned transfer")
+
+
+def test_fractions_reproduce_the_kernel_time_in_the_roofline():
+    """The fractions handed to the evaluator's roofline, max(ops / (peak f_c), bytes / (bw f_m)),
+    give back the kernel layer's time for a skinny and a square GEMM."""
+    hw = km.measured_hardware("h200_sxm", MODEL)
+    m = np.array([1.0, 8192.0])
+    n = k = 8192.0
+    t = km.gemm_time(m, n, k, "bf16", hw, PRM["gemm"])
+    ops, nbytes = 2 * m * n * k, (m * k + k * n) * 2 + m * n * 2
+    fc, fm = km.achieved_fractions(ops, nbytes, hw.peak_16, hw.bandwidth, t)
+    assert np.maximum(ops / (hw.peak_16 * fc), nbytes / (hw.bandwidth * fm)) == pytest.approx(t, rel=1e-12)
+    assert np.all((fc <= 1) & (fm <= 1))
+
+
+@pytest.mark.parametrize("kind", ["gemm", "generation_attention", "context_attention", "collective"])
+def test_band_from_held_out_residuals_covers_the_sample(kind):
+    """The band (5th-95th percentile of measured / predicted over the leave-one-out rows) holds at
+    least 85 % of the sample's rows under the shipped model."""
+    low, high = km.band_of(kind, MODEL)
+    rows = _rows(kind)
+    ratio = rows.seconds.to_numpy() / kt.predict_rows(kind, rows, HW_TABLE, PRM[kind])
+    assert low < 1 < high
+    assert np.mean((ratio >= low) & (ratio <= high)) >= 0.85
+
+
+def test_refit_tool_refuses_a_folder_without_tables_in_one_line(tmp_path, capsys):
+    assert kt.main([str(tmp_path), "--out", str(tmp_path / "m.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "h100_sxm.yaml" in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "m.yaml").exists()
+
+
+@pytest.mark.parametrize("kind", ["gemm", "generation_attention", "context_attention", "collective"])
+def test_prediction_equals_the_fitted_design(kind):
+    """The predictor sums the correction one feature at a time; the fitter's design matrix times the
+    shipped weights gives the same times (to 1e-12)."""
+    rows = _rows(kind)
+    base, X = kt.predict_rows(kind, rows, HW_TABLE, {**PRM[kind], "design": True})
+    expected = base * np.exp(X @ np.asarray(PRM[kind]["correction"]))
+    assert kt.predict_rows(kind, rows, HW_TABLE, PRM[kind]) == pytest.approx(expected, rel=1e-12)
