@@ -73,8 +73,10 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     if unlinked.any():             # priced on a stand-in link, then its figures dropped
         stand = replace(g, system=g.system.replaced(link_bandwidth=np.where(unlinked, 1e12, g.system.link_bandwidth)))
         out = price_served(stand, eff)
-        for k, v in out.items():      # the running batch stays: admission does not depend on the link
-            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape[:1] == unlinked.shape and "batch" not in k:
+        for k, v in out.items():      # admission's figures stay (batch, KV use, tokens a step), as a closed
+            #                           loop at fixed lengths gave them before; every timed figure is NaN
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape[:1] == unlinked.shape \
+                    and "batch" not in k and k not in ("kv_utilization", "tokens_per_target_step"):
                 v[unlinked] = np.nan
         return out
     s = g.serving
