@@ -272,3 +272,18 @@ def test_served_points_on_devices_without_a_link_are_infeasible_not_a_crash(load
     assert list(ev["feasible"]) == [True, False] and ev.reason_key(1) == "interconnect"
     assert math.isnan(ev["ttft_s"][1]) and math.isnan(ev["requests_per_s"][1])
     assert ev["ttft_s"][0] == pytest.approx(alone["ttft_s"][0], rel=1e-9) and np.isfinite(ev["ttft_s"][0])
+
+
+def test_run_refuses_more_workers_than_the_machine_can_use(capsys, tmp_path):
+    """An optuna study started one process per worker asked: --workers 100000 was a fork bomb. At most 8
+    processes a CPU (more only share the same CPUs), refused naming the flag and the bound."""
+    from dse.study.cli import MAX_WORKERS
+    refused(capsys, ["run", _study(tmp_path, TINY), "--workers", str(MAX_WORKERS + 1)], "--workers",
+            f"up to {MAX_WORKERS}")
+
+
+def test_a_layout_continuous_batching_does_not_model_names_the_hardware(capsys):
+    """Groq's LPU spreads a model over many chips (pipeline stages): under a load the refusal asked for
+    '--pp 1, --ep 1, --offload none' though none was given; it names the hardware that lays the point out so."""
+    refused(capsys, ["analyze", "--model", "llama-3.2-1b-instruct", "--hardware", "groq-lpu", "--request-rate", "0.01"],
+            "this point on 'groq-lpu' is laid out otherwise")

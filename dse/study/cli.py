@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import os
 import re
 import signal
 import sys
@@ -102,6 +103,12 @@ def flag_type(p: Param):
 
 #: the argparse ``type`` of a positive count that is no parameter (--trials, --workers)
 _positive_int = flag_type(Param("count", int, group="run"))
+#: the most worker processes ``run`` starts on this machine: 8 a CPU (more only share the same CPUs;
+#: an optuna study started one process per worker asked, so --workers 100000 was a fork bomb)
+MAX_WORKERS = 8 * (os.cpu_count() or 1)
+#: the argparse ``type`` of --workers
+_workers = flag_type(Param("workers", int, group="run", at_most=MAX_WORKERS,
+                           noun=f"worker processes on this machine's {os.cpu_count() or 1} CPU(s)"))
 #: the argparse ``type`` of --simulate: requests, at most what the simulator runs (``MAX_SIMULATED``;
 #: its lower bound, 10, is the simulator's own check)
 _requests = flag_type(Param("simulate", int, group="run", at_most=MAX_SIMULATED, noun="a number of requests"))
@@ -238,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the study's seed (0 to 2**32 - 1; default: the study's)")
     r.add_argument("--trials", type=_positive_int, default=None,
                    help="override the study's trials (optuna; default: the study's)")
-    r.add_argument("--workers", type=_positive_int, default=1,
+    r.add_argument("--workers", type=_workers, default=1,
                    help="worker processes on this machine: an optuna study's trials, or a sweep's chunks (the same "
                         "results as one)")
     r.add_argument("--storage", default=None,
