@@ -136,6 +136,10 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
     return Axis(name, (_cast(name, spec, w),))
 
 
+#: the study keys whose values name a preset or a config to load (or give its file's path)
+_LOADED = ("hardware", "model", "link", "host_tier", "host_cpu")
+
+
 def _named(e: DseError, value) -> str:
     """The message of a loader's error about a study's ``value``, quoting it back only where it is a
     short plain name or a file's path (which names that file): other text read from the study is
@@ -184,7 +188,7 @@ class DesignSpace:
                         if bad:
                             raise DseError(f"unknown compute format(s) {', '.join(bad)}; allowed: {', '.join(classes)}")
                 except DseError as e:
-                    raise DseError(f"{w}: {_named(e, v)}") from None
+                    raise DseError(f"{w}: {_named(e, v) if a.name in _LOADED else e}") from None
 
     @property
     def names(self) -> list[str]:
