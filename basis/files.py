@@ -216,6 +216,10 @@ class CsvRows:
             row = self._read(lambda: next(self._reader, None))
             if row is None:
                 return
+            if None in row:         # cells past the header's columns: they would be dropped without a word
+                raise DseError(f"{shown_path(self.path)}: line {self._reader.line_num}: {len(row[None])} more cell(s) "
+                               f"than the header's {len(self.fieldnames)} columns in this row of the {self.what}; "
+                               f"give each row one cell per column (quote a cell that holds a comma)")
             yield row
 
 
@@ -226,6 +230,10 @@ def read_csv(path: str | Path, what: str, limit: int = MAX_CSV_BYTES) -> tuple[l
     read, has no header or names a column twice (one column would silently replace the other)."""
     p = Path(path)
     text = read_input_text(p, what, limit, expected="CSV text")
+    nul = text.find("\x00")
+    if nul >= 0:                    # newer csv modules read a NUL as text: a cell would carry it on
+        raise DseError(f"{shown_path(p)}: line {text.count(chr(10), 0, nul) + 1}: a NUL byte, which no CSV text of "
+                       f"the {what} holds (a binary file?)")
     csv.field_size_limit(MAX_CSV_FIELD)
     rows = CsvRows(p, what, text.splitlines())
     header = [h.strip() if isinstance(h, str) else "" for h in rows.fieldnames]

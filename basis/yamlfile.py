@@ -101,6 +101,8 @@ def _yaml_message(e: yaml.YAMLError) -> str:
     """A PyYAML error as one line: its problem and where."""
     problem = getattr(e, "problem", None)
     mark = getattr(e, "problem_mark", None)
+    if problem and " tag" in problem and "appears twice" not in problem:   # PyYAML quotes the tag: the file's text
+        problem = "a tag (!...) that is not plain YAML; only plain values, lists and mappings are read"
     if problem:
         return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else str(problem)
     return " ".join(str(e).split())

@@ -130,7 +130,7 @@ def test_a_bad_row_is_reported_and_the_rest_go_on(tmp_path):
                  "A3,llama-2-7b,a100-80gb,1,8,512,,fp16,fp16,fp16,ttft_s,0.05\n")
     res = V.validate(p)
     assert [r["id"] for r in res.rows] == ["A1", "A3"]          # prefill-only metric without gen_len
-    assert any("line 3: value 'fast' is not a number" in b for b in res.bad)
+    assert any("line 3: value: expected a positive number, got text that is not a number" in b for b in res.bad)
     out = tmp_path / "v"
     r = run_cli("validate", "--measured", p, "--out", out)
     assert r.returncode == 0 and "bad row skipped" in r.stderr and "line 3" in r.stderr

@@ -94,10 +94,13 @@ def test_bad_csv_lists_every_bad_row(tmp_path):
     assert [r.id for r in table.rows] == ["A1"] and len(table.bad) == 4
     msg = "; ".join(table.bad)
     assert "m.csv" in msg and "\n" not in msg
-    for needle in ("line 3: unknown model 'llama-9'", "line 4: unknown hardware 'tpu-v99'",
-                   "line 5: devices 'one' is not a number", "value 'fast' is not a number",
-                   "line 6: unknown weights format 'fp12'", "unknown metric 'tokens'"):
+    for needle in ("line 3: model_slug: no model of that name", "line 4: hardware_slug: no hardware of that name",
+                   "line 5: devices: expected a positive integer, got text that is not a number",
+                   "value: expected a positive number, got text that is not a number",
+                   "line 6: weights: unknown format", "metric: unknown; allowed: ttft_s"):
         assert needle in msg, needle
+    for cell in ("llama-9", "tpu-v99", "'one'", "fast", "fp12", "'tokens'"):   # no cell quoted back
+        assert cell not in msg, cell
     assert "line 2" not in msg
 
 
@@ -110,8 +113,8 @@ def test_bad_csv_on_the_command_line(tmp_path):
     bad = _csv(tmp_path, [HAND_MADE[0].replace(",900,", ",n/a,"), HAND_MADE[1].replace(",4,1,", ",4,-1,")])
     r = run_cli("calibrate", "--measured", bad, "--out", tmp_path / "cal.yaml")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "m.csv: 2 bad row(s) and none to validate: line 2: value 'n/a' is not a number; line 3: batch must be a " \
-           "positive integer" in r.stderr
+    assert "m.csv: 2 bad row(s) and none to validate: line 2: value: expected a positive number, got text that is " \
+           "not a number; line 3: batch: expected a positive integer, got a negative number" in r.stderr
     r = run_cli("validate", "--measured", tmp_path / "nope.csv")
     assert r.returncode == 2 and "nope.csv: cannot read the measured-results CSV" in r.stderr
 

@@ -254,8 +254,8 @@ def _read_trace(path: str) -> LengthSpec:
     for line, row in enumerate(reader, start=2):
         for key, out in (("prompt_len", prompts), ("gen_len", gens)):
             raw = (row.get(key) or "").strip()
-            try:
-                v = float(raw)
+            try:        # ASCII only: float() also reads other scripts' digits ('١٠٠')
+                v = float(raw) if raw.isascii() else math.nan
             except ValueError:
                 v = math.nan
             if not (math.isfinite(v) and v >= 1 and v == int(v) and v <= 2**40):

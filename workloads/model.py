@@ -178,6 +178,10 @@ def context_error(m: ModelSpec, prompt_len: int, gen_len: int, max_context: int 
 MAX_SIZE = 2 ** 40
 """Upper bound on any count or size read from a config (no real model comes near it)."""
 _MAX_TEXT = "2**40"
+#: the most layers a config may give: tables of one entry per layer are built (sliding-window flags,
+#: per-layer operators), so 10^12 layers asked for 931 GiB before anything was checked; 10^5 is about
+#: 800 times the deepest config shipped (126 layers, llama-3.1-405b)
+MAX_LAYERS = 100_000
 _REQUIRED = object()
 
 
@@ -422,7 +426,7 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         return _fail(path, _named(cfg, key), problem)
 
     hidden = _int(cfg, path, "hidden_size", "n_embd", "n_embed", "d_model")
-    layers = _int(cfg, path, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    layers = _int(cfg, path, "num_hidden_layers", "n_layer", "num_layers", "n_layers", hi=MAX_LAYERS)
     heads = _int(cfg, path, "num_attention_heads", "n_head", "num_heads", "n_heads")
     vocab = _int(cfg, path, "vocab_size")
     max_pos = _int(cfg, path, "max_position_embeddings", "n_positions", "max_seq_len", default=0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from basis.errors import DseError, as_number
+from basis.errors import DseError, as_number, kind_of, name_or_kind
 from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, out_of_range
 from hwmodels.classes import device_class
 from hwmodels.formats import COMPUTE_CLASSES, get_format
@@ -136,6 +136,22 @@ def make_axis(name: str, spec, where: str = "space") -> Axis:
     return Axis(name, (_cast(name, spec, w),))
 
 
+#: the study keys whose values name a preset or a config to load (or give its file's path)
+_LOADED = ("hardware", "model", "link", "host_tier", "host_cpu")
+
+
+def _named(e: DseError, value) -> str:
+    """The message of a loader's error about a study's ``value``, quoting it back only where it is a
+    short plain name or a file's path (which names that file): other text read from the study is
+    described, never echoed (the first clause of what is allowed kept)."""
+    text = str(e)
+    if not isinstance(value, str) or name_or_kind(value) != kind_of(value) or "/" in value \
+            or value.endswith((".yaml", ".yml", ".json")):
+        return text
+    allowed = text.split("; ", 1)[1] if "; " in text else "a name or a path to a file"
+    return f"expected a name or a file's path, got {kind_of(value)} that is neither; {allowed}"
+
+
 class DesignSpace:
     """A product of axes (hardware template and workload parameters)."""
 
@@ -172,7 +188,7 @@ class DesignSpace:
                         if bad:
                             raise DseError(f"unknown compute format(s) {', '.join(bad)}; allowed: {', '.join(classes)}")
                 except DseError as e:
-                    raise DseError(f"{w}: {e}") from None
+                    raise DseError(f"{w}: {_named(e, v) if a.name in _LOADED else e}") from None
 
     @property
     def names(self) -> list[str]:

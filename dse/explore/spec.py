@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import DseError, kind_of, name_or_kind, shown_key
 from dse.explore.space import PARAMS, DesignSpace
 from dse.system.evaluator import METRICS
 
@@ -60,7 +60,7 @@ class SweepSpec:
     def __post_init__(self):
         where = self.where
         if self.method not in METHODS:
-            raise DseError(f"{where}: method: '{self.method}' is not one of {', '.join(METHODS)}")
+            raise DseError(f"{where}: method: expected one of {', '.join(METHODS)}, got {name_or_kind(self.method)}")
         for key, low, high in (("seed", 0, SEED_LIMIT - 1), ("chunk_size", 1, MAX_CHUNK), ("max_points", 1, None),
                                ("samples", 1, None), ("trials", 1, MAX_TRIALS), ("population", 2, MAX_CHUNK),
                                ("sample", 1, MAX_CHUNK)):
@@ -70,9 +70,9 @@ class SweepSpec:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low or (high and v > high):
                 name = "outputs.sample" if key == "sample" else key
                 raise DseError(f"{where}: {name}: expected an integer from {low:,}"
-                               f"{f' to {high:,}' if high else ' up'}, got {v!r}")
+                               f"{f' to {high:,}' if high else ' up'}, got {kind_of(v)}")
         if self.rows is not None and self.rows not in ROWS:
-            raise DseError(f"{where}: outputs.rows: expected one of {', '.join(ROWS)}, got {self.rows!r}")
+            raise DseError(f"{where}: outputs.rows: expected one of {', '.join(ROWS)}, got {name_or_kind(self.rows)}")
         if self.method == "optuna" and self.rows not in (None, "all"):
             raise DseError(f"{where}: outputs.rows: applies to sweeps (grid, random, sobol); an optuna study "
                            f"keeps every trial")
@@ -80,7 +80,7 @@ class SweepSpec:
             raise DseError(f"{where}: samples: a {self.method} sweep needs a positive number of samples")
         if self.method == "optuna":
             if self.sampler not in SAMPLERS:
-                raise DseError(f"{where}: sampler: '{self.sampler}' is not one of {', '.join(SAMPLERS)}")
+                raise DseError(f"{where}: sampler: expected one of {', '.join(SAMPLERS)}, got {name_or_kind(self.sampler)}")
             if not isinstance(self.trials, int) or self.trials < 1:
                 raise DseError(f"{where}: trials: an optuna study needs a positive number of trials")
             if not self.objectives:
@@ -88,16 +88,16 @@ class SweepSpec:
         self._check_objectives()
         for k, bound in self.constraints.items():
             if k not in METRICS:
-                raise DseError(f"{where}: constraints.{k}: unknown metric; allowed: {', '.join(METRICS)}")
+                raise DseError(f"{where}: constraints.{shown_key(k)}: unknown metric; allowed: {', '.join(METRICS)}")
             if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
-                raise DseError(f"{where}: constraints.{k}: expected {{min: x}} and/or {{max: x}}, got {bound!r}")
+                raise DseError(f"{where}: constraints.{k}: expected {{min: x}} and/or {{max: x}}, got {kind_of(bound)}")
             for s, v in list(bound.items()):
                 try:
                     bound[s] = float(v) if not isinstance(v, bool) else None
                 except (TypeError, ValueError, OverflowError):
                     bound[s] = None
                 if bound[s] is None or not math.isfinite(bound[s]):
-                    raise DseError(f"{where}: constraints.{k}.{s}: expected a finite number, got {v!r}")
+                    raise DseError(f"{where}: constraints.{k}.{s}: expected a finite number, got {kind_of(v)}")
             if "min" in bound and "max" in bound and bound["min"] > bound["max"]:
                 raise DseError(f"{where}: constraints.{k}: contradictory, min {bound['min']} > max {bound['max']}")
         if self.points > self.max_points:
@@ -127,9 +127,9 @@ class SweepSpec:
                                f"not; feasible designs are the ones ranked, and constraints narrow them); {allowed}")
             if not isinstance(k, str) or (k not in METRICS and k not in numeric):
                 what = "a name or a switch, which has no order" if k in PARAMS else "unknown metric or parameter"
-                raise DseError(f"{where}: objectives.{k}: {what}; {allowed}")
+                raise DseError(f"{where}: objectives.{shown_key(k)}: {what}; {allowed}")
             if sense not in ("min", "max"):
-                raise DseError(f"{where}: objectives.{k}: expected min or max, got {sense!r}")
+                raise DseError(f"{where}: objectives.{k}: expected min or max, got {name_or_kind(sense)}")
 
     @property
     def points(self) -> int:

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from basis.errors import DseError, shown_key
+from basis.errors import DseError
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
@@ -298,35 +298,56 @@ def is_latency(metric: str) -> bool:
 
 # --------------------------------------------------------------------------- reading
 
-def _int(text: str, what: str) -> int:
+def _cell(text: str) -> float:
+    """A cell as a number (ASCII only: Python's float() also reads other scripts' digits); ValueError
+    otherwise."""
+    if not isinstance(text, str) or not text.isascii():
+        raise ValueError
+    return float(text)
+
+
+def _got(text: str) -> str:
+    """What a cell that is not the number asked for holds, in words that never quote it: 'text that is
+    not a number', 'a number that is not finite', 'zero', 'a negative number', 'a fraction'."""
     try:
-        v = float(text)
+        v = _cell(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
-    if not math.isfinite(v) or v != int(v) or v <= 0:
-        raise ValueError(f"{what} must be a positive integer, got '{shown_key(text)}'")
+        return "text that is not a number" if text.strip() else "nothing"
+    if not math.isfinite(v):
+        return "a number that is not finite"
+    return "zero" if v == 0 else "a negative number" if v < 0 else "a fraction" if v != int(v) else "a number out of range"
+
+
+def _int(text: str, what: str) -> int:
+    """A positive integer; ValueError naming the column ``what`` and what is allowed (never the cell)."""
+    try:
+        v = _cell(text)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or v != int(v) or v <= 0 or v > 2**53:
+        raise ValueError(f"{what}: expected a positive integer, got {_got(text)}")
     return int(v)
 
 
 def _tokens(text: str, what: str) -> int:
     """A length of the gathered schema in tokens: a mean (non-integer) is rounded to the nearest token."""
     try:
-        v = float(text)
+        v = _cell(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
-    if not math.isfinite(v) or v < 0.5:
-        raise ValueError(f"{what} must be a positive number of tokens, got '{shown_key(text)}'")
+        v = math.nan
+    if not math.isfinite(v) or v < 0.5 or v > 2**53:
+        raise ValueError(f"{what}: expected a positive number of tokens, got {_got(text)}")
     return int(round(v))
 
 
 def _rate(text: str, what: str) -> float:
     """A request rate in requests/s: positive, or ``inf`` (every request sent at once)."""
     try:
-        v = float(text)
+        v = _cell(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{what} '{shown_key(text)}' is not a number") from None
+        v = math.nan
     if not v > 0:
-        raise ValueError(f"{what} must be a positive number or inf, got '{shown_key(text)}'")
+        raise ValueError(f"{what}: expected a positive number or inf, got {_got(text)}")
     return v
 
 
@@ -336,7 +357,7 @@ def _yes_no(text: str, what: str) -> bool:
         return True
     if t in ("no", "false", "0", "n"):
         return False
-    raise ValueError(f"{what} must be yes or no, got '{shown_key(text)}'")
+    raise ValueError(f"{what}: expected yes or no, got {_got(text)}")
 
 
 def schema_of(header: list[str]) -> str:
@@ -355,7 +376,8 @@ def metric_of(name: str) -> tuple[str | None, str]:
     if _PERCENTILE.fullmatch(target):
         return None, (f"percentile not modelled: '{name}' needs the evaluator's {target}, which it does not "
                       f"give (a median is not predicted by a mean)")
-    return None, f"unknown metric '{shown_key(name)}'"
+    return None, (f"metric: unknown; allowed: {', '.join(METRICS)}, a client's mean or median (ttft_mean_s, "
+                  f"ttft_median_s, ...) or a percentile (ttft_p90_s, ...)")
 
 
 def target_metric(name: str) -> str:
@@ -371,14 +393,20 @@ class _Reader:
         self.schema = schema
         self.known: dict[tuple[str, str], str | None] = {}
 
-    def check(self, kind: str, name: str, loader) -> str | None:
-        """None when preset or config ``name`` loads, else the first clause of its error."""
+    def check(self, kind: str, column: str, name: str, loader) -> str | None:
+        """None when preset or config ``name`` (the cell of ``column``) loads, else why not, in words
+        that never quote the cell: no such name, or (a path) the loader's first clause with the path
+        written as 'the file it names'."""
         if (kind, name) not in self.known:
             try:
                 loader(name)
                 self.known[kind, name] = None
             except DseError as e:
-                self.known[kind, name] = str(e).split(";")[0].replace(name, shown_key(name))   # a cell, cut
+                path_like = "/" in name or name.endswith((".yaml", ".yml", ".json"))
+                self.known[kind, name] = (
+                    f"{column}: {str(e).split(';')[0].replace(name, 'the file it names')}" if path_like else
+                    f"{column}: no {kind} of that name; allowed: the names of 'dse list "
+                    f"{'models' if kind == 'model' else kind}' or a path to a {kind} file")
         return self.known[kind, name]
 
     def read(self, r: dict, line: int) -> tuple[MeasuredRow | None, list[str], list[str]]:
@@ -423,9 +451,9 @@ class _Reader:
                                             ("hardware_slug", "hardware", "hardware", load_device)):
             if not r[key]:
                 said = r.get(text_key)
-                gaps.append(f"no {kind} preset for '{shown_key(said)}'" if said else f"{kind} not stated")
+                gaps.append(f"no {kind} preset for the {text_key} named (no {key})" if said else f"{kind} not stated")
                 continue
-            problem = self.check(kind, r[key], loader)
+            problem = self.check(kind, key, r[key], loader)
             if problem:
                 (gaps if self.schema == GATHERED else errors).append(problem)
 
@@ -458,26 +486,27 @@ class _Reader:
                 break               # the later formats' defaults follow from this one
             try:
                 get_format(name, f"{key} format")
-            except DseError as e:
-                (gaps if self.schema == GATHERED else errors).append(str(e).split(";")[0].replace(name, shown_key(name)))
+            except DseError:
+                (gaps if self.schema == GATHERED else errors).append(
+                    f"{key}: unknown format; allowed: the formats of 'dse list formats'")
         return names["weights"], names["activations"], names["kv"]
 
     def _measurement(self, r: dict, errors: list, gaps: list) -> tuple[str | None, float | None]:
         """(the evaluator metric, the measured value)."""
         metric, why = metric_of(r["metric"]) if r["metric"] else (None, "metric not stated")
         if why:
-            unknown = why.startswith("unknown") and self.schema == CALIBRATION
+            unknown = why.startswith("metric: unknown") and self.schema == CALIBRATION
             (errors if unknown else gaps).append(why)
         value = None
         if not r["value"]:
             gaps.append("value not stated")
             return metric, value
         try:
-            value = float(r["value"])
-            if not math.isfinite(value) or value <= 0:
-                errors.append(f"value must be a positive number, got '{shown_key(r['value'])}'")
+            value = _cell(r["value"])
         except ValueError:
-            errors.append(f"value '{shown_key(r['value'])}' is not a number")
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            errors.append(f"value: expected a positive number, got {_got(r['value'])}")
         return metric, value
 
     def _load(self, r: dict, take, gaps: list) -> dict:
@@ -528,7 +557,7 @@ class _Reader:
             if r["batching"] in ("static", "inflight"):
                 overrides["batching"] = r["batching"]
             else:
-                errors.append(f"batching must be static or inflight, got '{shown_key(r['batching'])}'")
+                errors.append(f"batching: expected static or inflight, got {_got(r['batching'])}")
         elif self.schema == GATHERED and r.get("serving"):
             overrides["batching"] = "static" if load["serving"] == "static" else "inflight"
         return overrides
@@ -549,7 +578,7 @@ def _setting(text: str, what: str) -> int:
 
 
 def _bad_choice(key: str, value: str, allowed: str):
-    raise ValueError(f"{key} must be {allowed}, got '{shown_key(value)}'")
+    raise ValueError(f"{key}: expected {allowed}, got {_got(value)}")
 
 
 def _engine_default_formats(names: dict) -> dict:
@@ -564,22 +593,31 @@ def _engine_default_formats(names: dict) -> dict:
 
 
 def _number(text: str) -> float:
-    """``text`` as a number, 0 when empty or not a number (for identifying a row only)."""
+    """``text`` as a finite number, 0 when empty, not a number or not finite (for identifying a row only)."""
     try:
-        return float(text or 0)
+        v = _cell(text or "0")
     except ValueError:
         return 0.0
+    return v if math.isfinite(v) and abs(v) < 2**53 else 0.0
 
 
-def _reference(r: dict, line: int) -> RowRef:
-    """What identifies a row that could not be read: its names, metric, value and load as written."""
+def _reference(r: dict, line: int, bad: frozenset = frozenset()) -> RowRef:
+    """What identifies a row that could not be read: its names, metric, value and load as written,
+    each cell of a column in ``bad`` (one that could not be read) shown as '?', never quoted."""
+    r = {k: ("?" if k in bad else v) for k, v in r.items()}
     value = _number(r.get("value")) or float("nan")
     conc, rate = _number(r.get("concurrency")), _number(r.get("request_rate"))
+    rate = math.inf if r.get("request_rate", "").strip().lower() == "inf" else rate    # all sent at once
     serving = r.get("serving", "").lower() or ("continuous" if conc or rate else "")
     conc = conc or (_number(r.get("batch")) if serving == "continuous" else 0)
     return RowRef(line, r.get("id") or f"line{line}", r.get("model_slug") or r.get("model", ""),
                   r.get("hardware_slug") or r.get("hardware", ""), r.get("devices", ""), r.get("metric", ""), value,
                   serving, load_text(serving, int(conc), rate, int(_number(r.get("num_prompts")))))
+
+
+def _columns_of(errors: list[str]) -> frozenset:
+    """The columns the errors of a row are about (each error starts with its column: 'devices: ...')."""
+    return frozenset(e.split(":", 1)[0] for e in errors if ":" in e)
 
 
 def read_table(path) -> Measured:
@@ -607,9 +645,10 @@ def read_table(path) -> Measured:
         row, errors, gaps = rd.read(r, i)
         if errors and schema == CALIBRATION:
             bad.append(f"line {i}: " + ", ".join(errors))
-            unpredictable.append((_reference(r, i), reason([f"bad row: {e}" for e in errors], ["bad row"] * len(errors))))
+            unpredictable.append((_reference(r, i, _columns_of(errors)),
+                                  reason([f"bad row: {e}" for e in errors], ["bad row"] * len(errors))))
         elif errors or gaps:
-            unpredictable.append((_reference(r, i), reason(errors + gaps)))
+            unpredictable.append((_reference(r, i, _columns_of(errors)), reason(errors + gaps)))
         else:
             rows.append(row)
     if bad and not rows:

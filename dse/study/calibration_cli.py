@@ -6,19 +6,38 @@ terminal (``--progress``: always; ``--quiet``: never); stdout carries only the r
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
+from basis.errors import DseError, shown_path
+from basis.files import exists, is_regular_file, output_file
 from dse.core.efficiency import CALIBRATION_ENV, calibration_file
 from dse.fit import calibrate as C
 from dse.fit import validate as V
 from dse.present import display
 
 
+def _csv_path(text: str) -> str:
+    """A measured CSV's path as given; ArgumentTypeError for an empty one (it would fall back to the
+    shipped files without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a CSV file's path, got an empty text (leave --measured out "
+                                         "for the measured results dse ships)")
+    return text
+
+
+def _out_file(text: str) -> str:
+    """The calibration file to write, as given; ArgumentTypeError for an empty text."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file name, got an empty text (leave --out out for {C.DEFAULT_OUT})")
+    return text
+
+
 def add_parsers(command) -> None:
     """Add the two subcommands; ``command(name, text)`` makes a subparser (with its examples)."""
     v = command("validate", "predict measured results (CSV) and report the error")
-    v.add_argument("--measured", default=None,
+    v.add_argument("--measured", default=None, type=_csv_path,
                    help="measured-results CSV (default: the measured results dse ships, "
                         "data/measured_calibration.csv, on which the shipped calibration was fitted)")
     v.add_argument("--out", default="runs/validate",
@@ -27,10 +46,10 @@ def add_parsers(command) -> None:
                    help="predict with the pure roofline bound and check that no measurement beats it")
     _progress_args(v)
     c = command("calibrate", "fit the efficiency parameters to measured results")
-    c.add_argument("--measured", default=None, nargs="+", metavar="CSV",
+    c.add_argument("--measured", default=None, nargs="+", metavar="CSV", type=_csv_path,
                    help="measured-results CSV file(s) (default: every measured file dse ships: "
                         "data/measured_calibration.csv and data/gathered/*.csv)")
-    c.add_argument("--out", default=None, metavar="FILE",
+    c.add_argument("--out", default=None, metavar="FILE", type=_out_file,
                    help=f"calibration file to write (default: {C.DEFAULT_OUT}); every command uses it when "
                         f"{CALIBRATION_ENV}=FILE is set (in a checkout, --out configs/calibration.yaml replaces "
                         "the shipped default)")
@@ -84,6 +103,11 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.out is not None:            # before the fit, not after minutes of it
+        out = output_file(args.out, "--out")
+        if exists(out) and not is_regular_file(out):
+            raise DseError(f"--out {shown_path(out)}: not a regular file (a device, a FIFO); give the name of a "
+                           f"calibration file to write")
     with progress_bar(args, "calibrate") as bar:
         cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar)
         bar.set_description("calibrate (validating the new calibration)")

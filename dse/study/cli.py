@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import os
 import re
 import signal
 import sys
@@ -102,6 +103,12 @@ def flag_type(p: Param):
 
 #: the argparse ``type`` of a positive count that is no parameter (--trials, --workers)
 _positive_int = flag_type(Param("count", int, group="run"))
+#: the most worker processes ``run`` starts on this machine: 8 a CPU (more only share the same CPUs;
+#: an optuna study started one process per worker asked, so --workers 100000 was a fork bomb)
+MAX_WORKERS = 8 * (os.cpu_count() or 1)
+#: the argparse ``type`` of --workers
+_workers = flag_type(Param("workers", int, group="run", at_most=MAX_WORKERS,
+                           noun=f"worker processes on this machine's {os.cpu_count() or 1} CPU(s)"))
 #: the argparse ``type`` of --simulate: requests, at most what the simulator runs (``MAX_SIMULATED``;
 #: its lower bound, 10, is the simulator's own check)
 _requests = flag_type(Param("simulate", int, group="run", at_most=MAX_SIMULATED, noun="a number of requests"))
@@ -238,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the study's seed (0 to 2**32 - 1; default: the study's)")
     r.add_argument("--trials", type=_positive_int, default=None,
                    help="override the study's trials (optuna; default: the study's)")
-    r.add_argument("--workers", type=_positive_int, default=1,
+    r.add_argument("--workers", type=_workers, default=1,
                    help="worker processes on this machine: an optuna study's trials, or a sweep's chunks (the same "
                         "results as one)")
     r.add_argument("--storage", default=None,
@@ -283,13 +290,27 @@ FLAGS = {p.name: p.flag for p in TABLE if p.flag and p.name not in _PROSE}
 _LEADING = {p.name: p.flag for p in TABLE if p.flag}
 
 
+#: the words messages use for parameters whose names are abbreviations: a message that starts with
+#: them ('tensor parallelism 3 does not divide ...') is about that flag
+_PROSE_FLAGS = {"tensor parallelism": "--tp", "pipeline parallelism": "--pp", "expert parallelism": "--ep"}
+
+
 def flagged(text: str) -> str:
     """``text`` with column names written as the command-line flags that set them (a name in
     backquotes, such as a study key `flash_attention: false`, stays as it is); a message that
-    starts with a parameter's name ('engine: ...') starts with its flag."""
+    starts with a parameter's name ('engine: ...') starts with its flag, one that starts with its
+    words ('tensor parallelism 3 ...') with the flag and a colon."""
+    lead = next((flag for words, flag in _PROSE_FLAGS.items() if text.startswith(words)), None)
+    if lead:
+        return f"{lead}: {_flag_words(text)}"
     head, sep, rest = text.partition(": ")
     if head in _LEADING:            # also a message cut where its verbatim part starts: 'engine'
         return _LEADING[head] + sep + flagged(rest)
+    return _flag_words(text)
+
+
+def _flag_words(text: str) -> str:
+    """``text`` with each column name written as its flag (``FLAGS``; not one in backquotes)."""
     return re.sub(r"(?<!`)\b(" + "|".join(FLAGS) + r")\b(?![-.\w])", lambda m: FLAGS[m.group(1)], text)
 
 
@@ -331,12 +352,17 @@ def check_contradictions(args) -> None:
 
 
 def check_named(args) -> None:
-    """DseError naming the flag of a preset that cannot be loaded (--host-cpu, --host-tier): the loaders'
-    own messages ('unknown hardware ...') do not say which flag gave the name, and --host-cpu names
-    hardware beside --hardware."""
-    for flag, name, load in (("--host-cpu", getattr(args, "host_cpu", None), load_device),
-                             ("--host-tier", getattr(args, "host_tier", None), load_tier)):
-        if name is not None:
+    """DseError naming the flag of a model or preset that cannot be loaded (--model, --hardware,
+    --host-cpu, --host-tier): the loaders' own messages ('unknown hardware ...') do not say which flag
+    gave the name, and --host-cpu names hardware beside --hardware."""
+    hardware = getattr(args, "hardware", None)
+    for flag, names, load in (("--model", [getattr(args, "model", None)], load_model),
+                              ("--hardware", hardware if isinstance(hardware, list) else [hardware], load_device),
+                              ("--host-cpu", [getattr(args, "host_cpu", None)], load_device),
+                              ("--host-tier", [getattr(args, "host_tier", None)], load_tier)):
+        for name in names:
+            if name is None:
+                continue
             try:
                 load(name)
             except DseError as e:
@@ -371,8 +397,13 @@ def _simulate(args) -> dict:
     never with ``--quiet`` (50,000 requests take minutes, the 1,000,000 allowed hours)."""
     with calibration_cli.progress_bar(args, "simulate", args.simulate) as bar:
         bar.unit = "request"
-        return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
-                              progress=bar.update)
+        try:
+            return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
+                                  progress=bar.update)
+        except DseError as e:               # the simulator's words, with the flag that asked for it
+            if type(e) is not DseError:
+                raise
+            raise DseError("--simulate: " + str(e).removeprefix("simulate: ")) from None
 
 
 def cmd_analyze(args) -> int:
@@ -500,7 +531,13 @@ def _table_report(res, display, asked_flash=None) -> str:
 
 
 def cmd_run(args) -> int:
-    data, spec = load_study(args.study, seed=args.seed, trials=args.trials, rows=args.rows)
+    data, spec = load_study(args.study, seed=args.seed, rows=args.rows)
+    for flag, given in (("--trials", args.trials), ("--storage", args.storage)):
+        if given is not None and spec.method != "optuna":    # an option of optuna studies, left unused
+            raise DseError(f"{flag}: applies to an optuna study, and {args.study} is a {spec.method} sweep; "
+                           f"leave {flag} out")
+    if args.trials is not None:
+        data, spec = load_study(args.study, seed=args.seed, trials=args.trials, rows=args.rows)
     if spec.method != "optuna" and args.workers > 1 and args.scheduler is None:
         start_server()                      # the workers' server starts while this process gets ready
     from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
@@ -793,15 +830,29 @@ def check_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     cmd = next((i for i, tok in enumerate(argv) if tok in commands), None)
     if cmd is None:
         return
-    known = [s for a in commands[argv[cmd]]._actions for s in a.option_strings]
+    actions = commands[argv[cmd]]._actions
+    known = [s for a in actions for s in a.option_strings]
+    given: dict[str, str] = {}          # each option's destination -> the flag that first set it
     for tok in argv[cmd + 1:]:
         if tok == "--":
             return
-        flag = tok.split("=", 1)[0]
+        flag, eq, value = tok.partition("=")
         if flag.startswith("--") and flag not in known and not any(k.startswith(flag) for k in known):
             near = difflib.get_close_matches(flag, known, n=1)
             raise DseError(f"{argv[cmd]}: unknown option {flag}" + (f"; did you mean {near[0]}?" if near else
                                                                       f"; allowed: {', '.join(sorted(known))}"))
+        if not flag.startswith("--"):
+            continue
+        if eq and value == "--":        # argparse would drop it and leave the option empty
+            raise DseError(f"{argv[cmd]}: {flag}: expected a value, got '--'")
+        hits = [a for a in actions if flag in a.option_strings] or [a for a in actions
+                                                                  if any(o.startswith(flag) for o in a.option_strings)]
+        if len(hits) == 1 and hits[0].dest != "help":
+            dest = hits[0].dest
+            if dest in given:           # argparse would keep the last one without a word
+                raise DseError(f"{argv[cmd]}: {flag} given twice: give it once" if flag == given[dest] else
+                               f"{argv[cmd]}: {given[dest]} and {flag} set the same option: give one of them")
+            given[dest] = flag
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -813,8 +864,8 @@ def main(argv: list[str] | None = None) -> int:
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
     except DseError as e:
-        from_signal = type(e).__name__ == "Interrupted"
-        print(f"dse.study: {'' if from_signal else 'error: '}{e}", file=sys.stderr)
+        from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
+        print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)
         return 130 if from_signal else 2
     except KeyboardInterrupt:
         print("dse.study: interrupted; finished chunks are kept: run the same command again to resume",

@@ -34,7 +34,7 @@ from basis.files import exists, is_regular_file
 from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
-from dse.explore.spec import SweepSpec
+from dse.explore.spec import METHODS, SweepSpec
 
 #: a study name: it is also the default output folder runs/<name>, so no paths
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -102,11 +102,28 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
     if "sampler" in data:
         ints["sampler"] = str(data["sampler"])
     ints.update(_outputs(path, data.get("outputs", {}), rows))
+    _check_method_keys(path, data)
     space = DesignSpace(data["space"], where=f"{path}: space")
     spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
                      constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
                      where=str(path), name=str(data.get("name") or path.stem), **ints)
     return data, spec
+
+
+#: the keys that apply to some methods only (a study giving one to another method would see it ignored)
+METHOD_KEYS = {"samples": ("random", "sobol"), "sampler": ("optuna",), "trials": ("optuna",), "population": ("optuna",)}
+
+
+def _check_method_keys(path: Path, data: dict) -> None:
+    """DseError naming the first key of ``METHOD_KEYS`` the study gives for a method it does not
+    apply to (``samples`` beside ``method: grid``, ``trials`` beside a sweep): it would be left unused."""
+    method = data.get("method", "grid")
+    if method not in METHODS:           # refused by SweepSpec, naming what is allowed
+        return
+    for key, methods in METHOD_KEYS.items():
+        if key in data and method not in methods:
+            raise DseError(f"{path}: {key}: applies to method {' or '.join(methods)}, and this study's method is "
+                           f"{method}, so it would be left unused; leave {key} out or change the method")
 
 
 def _outputs(path: Path, outputs, rows: str | None) -> dict:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from basis.errors import DseError
+from basis.errors import DseError, name_or_kind
 from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
@@ -162,12 +162,12 @@ def _pools(value) -> tuple[int, int] | None:
         return None
     head, sep, tail = text.partition(":")
     try:
-        pair = (int(head), int(tail)) if sep else None
+        pair = (int(head), int(tail)) if sep and text.isascii() else None   # int() reads '١' too
     except ValueError:
         pair = None
     if pair is None or min(pair) < 1 or max(pair) > MAX_COUNT:
         raise DseError(f"disaggregate: expected 'none' or 'P:D' (prefill devices : decode devices, positive "
-                       f"integers, e.g. '2:6'), got {value!r}")
+                       f"integers, e.g. '2:6'), got {name_or_kind(value)}")
     return pair
 
 

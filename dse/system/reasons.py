@@ -53,7 +53,9 @@ REASONS = (
            "{hardware_name}"),
     Reason(13, "serving", "continuous batching is not modelled for this layout",
            "continuous batching is modelled for tensor parallelism on one device group, without offload or a CPU "
-           "layer split: give pp 1, ep 1, offload none, cpu_layers 0 (or serving: static)"),
+           "layer split, and this point on '{hardware_name}' is laid out otherwise (pipeline stages across its chips, "
+           "expert groups, offload or CPU layers): give pp 1, ep 1, offload none, cpu_layers 0, hardware that holds "
+           "the model on one group (or serving: static)"),
     Reason(14, "saturated", "the request rate exceeds what the design serves",
            "the request rate {request_rate} requests/s exceeds what the design serves; its queue grows "
            "without bound"),

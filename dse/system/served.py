@@ -66,7 +66,19 @@ def _served_slice(g: Group, pos: np.ndarray) -> Group:
 
 def price_served(g: Group, eff: Efficiency) -> dict:
     """Serving metrics of a group's points under in-flight batching (``dse.core.serving``):
-    every iteration priced by the roofline (``step_time`` of the IterationModel's arrays)."""
+    every iteration priced by the roofline (``step_time`` of the IterationModel's arrays). A point
+    on several devices without a link between them (infeasible for ``interconnect``) has NaN
+    figures: the roofline cannot price its iterations, and the queueing model is not asked to."""
+    unlinked = (g.serving.devices > 1) & ~(np.isfinite(g.system.link_bandwidth) & (g.system.link_bandwidth > 0))
+    if unlinked.any():             # priced on a stand-in link, then its figures dropped
+        stand = replace(g, system=g.system.replaced(link_bandwidth=np.where(unlinked, 1e12, g.system.link_bandwidth)))
+        out = price_served(stand, eff)
+        for k, v in out.items():      # admission's figures stay (batch, KV use, tokens a step), as a closed
+            #                           loop at fixed lengths gave them before; every timed figure is NaN
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape[:1] == unlinked.shape \
+                    and "batch" not in k and k not in ("kv_utilization", "tokens_per_target_step"):
+                v[unlinked] = np.nan
+        return out
     s = g.serving
     spec = s.speculation
     pricer = iteration_pricer if spec is None else _speculative_pricer(spec)

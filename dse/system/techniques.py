@@ -141,6 +141,10 @@ def technique_columns(cols: Columns, w: dict) -> None:
     w["spec_tokens"] = cols.numbers("spec_tokens")
     w["spec_acceptance"] = cols.numbers("spec_acceptance")
     has_draft = per_code([d is not None for d in w["drafts"]], w["draft"])
+    given = [k for k in ("spec_tokens", "spec_acceptance") if cols.has(k)]
+    if given and not anywhere(has_draft):     # a grid may cross them with drafts; with none they do nothing
+        raise DseError(f"{cols.where}: {' and '.join(given)}: describe speculative decoding, and no point has a draft; "
+                       f"give spec_draft too (a model, or self:N), or leave {' and '.join(given)} out")
     if anywhere(pointwise(lambda d, t: d & ~(t > 0), has_draft, w["spec_tokens"])):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
