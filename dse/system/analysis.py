@@ -128,8 +128,9 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
     ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
     with the number of requests each simulated iteration finishes (``requests`` in all).
-    Returns the simulator's metrics (SI units; TTFT and end-to-end with the efficiency model's
-    request overhead, as ``evaluate`` reports them)."""
+    Returns the simulator's metrics (SI units; each request reaches the scheduler the efficiency
+    model's request overhead after it arrives, so TTFT and end-to-end include it as ``evaluate``
+    reports them, and a closed loop's throughput is its concurrency over that end-to-end)."""
     if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or not 10 <= requests <= MAX_SIMULATED:
         raise DseError(f"simulate: expected a number of requests from 10 to {MAX_SIMULATED:,}, got {requests!r}")
     point = serving_engine(prepare(columns), 0, efficiency=efficiency, ideal=ideal)
@@ -141,15 +142,13 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     if point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
-                       progress=progress)
+                       progress=progress, request_overhead_s=point.request_overhead_s)
     else:
         res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
-                                     arrivals=arrivals, progress=progress)
-    out = res.metrics()
-    for k in [k for k in out if k.startswith(("ttft_", "e2e_"))]:
-        out[k] += point.request_overhead_s
-    return out
+                                     arrivals=arrivals, progress=progress,
+                                     request_overhead_s=point.request_overhead_s)
+    return res.metrics()
 
 
 #: the most requests ``simulate_point`` runs (a reference run of minutes, not hours)
