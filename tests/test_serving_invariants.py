@@ -127,13 +127,23 @@ def test_no_throughput_above_the_compute_and_bandwidth_bounds(drawn):
 SHORT = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "fp8", "activations": "fp8", "kv": "fp8",
          "prompt_len": 1024}
 CLOSED = ([{**SHORT, "gen_len": g, "lengths": "fixed", "concurrency": n} for g in (1, 2, 4, 8, 16) for n in (12, 128)]
-          + [{**SHORT, "gen_len": g, "lengths": "lognormal", "concurrency": 128} for g in (1, 2, 8)])
+          + [{**SHORT, "gen_len": g, "lengths": "lognormal", "concurrency": n} for g in (1, 2, 4, 8, 16)
+             for n in (12, 128)])
 #: a closed loop whose waves of prompts fill the budget exactly but for the decoders' few tokens:
 #: the scheduler packs them whole, 7, 7 and 2 (the model's equal waves of 8 had TTFT 25 % high)
 EDGE = [{**SHORT, "gen_len": g, "lengths": "fixed", "concurrency": 16} for g in (4, 8, 16)]
 OPEN_LOOPS = [{**SHORT, "gen_len": g, "lengths": lengths, "request_rate": 30.0}
-        for lengths, g in (("fixed", 1), ("fixed", 2), ("fixed", 16), ("lognormal:sigma=0.5", 2),
-                           ("lognormal:sigma=0.5", 16))]
+              for lengths in ("fixed", "lognormal:sigma=0.5") for g in (1, 2, 4, 8, 16)]
+#: known gaps, measured against the simulator (1,500 requests), each a failure expected until the
+#: model is right there: lognormal lengths at 128 in flight and 16 output tokens, where the engine
+#: turns full (the queue keeps every iteration's budget full: TTFT is what Little's law leaves of
+#: N / X after 15 decode steps of a full iteration, 0.142 s where the simulator's engine, full
+#: only most of the time, waits 0.297 s, 0.234 s over 6,000 requests; throughput within 0.2 %);
+#: lognormal at 12 in flight and 1 output token (TPOT +23.5 %, over the few requests longer than
+#: one token); an open loop of lognormal lengths at 4 and 8 output tokens (TPOT -11.7 % and
+#: -13.5 %: the iterations a sequence decodes in are longer than the model's mean one)
+KNOWN = {"g16-lognormal-c128": "TTFT -52 %", "g1-lognormal-c12": "TPOT +23.5 %",
+         "g4-lognormal-r30": "TPOT -11.7 %", "g8-lognormal-r30": "TPOT -13.5 %"}
 CASES = CLOSED + EDGE + OPEN_LOOPS
 
 
@@ -143,7 +153,8 @@ def _name(c):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cols", CASES, ids=[_name(c) for c in CASES])
+@pytest.mark.parametrize("cols", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[_name(c)]))
+                                  if _name(c) in KNOWN else c for c in CASES], ids=[_name(c) for c in CASES])
 def test_short_outputs_agree_with_the_simulator(cols):
     """Outputs of 1-16 tokens, prompt 1,024: closed loops where the prompts' compute is the
     bottleneck (the issue's case: the model said TTFT 0.11 s where the simulator waits

@@ -837,29 +837,38 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     return out
 
 
-def with_request_overhead(out: dict, concurrency, overhead) -> dict:
-    """``out`` (``steady_state``'s metrics, or any engine's of that form, [P]) with a fixed
-    ``overhead`` (seconds [P] or scalar: the engine's own work per request before its scheduler
-    sees it) spent by every request, which the caller adds to TTFT and end-to-end. An open
-    loop (``concurrency`` NaN) is unchanged: its arrivals only come later. A closed loop keeps
-    Little's law with it: N requests in flight, each the overhead plus its time in the engine,
-    so X (overhead + end-to-end) = N. Where the engine holds all N (no queue) a request's
-    overhead is time the engine does not have it: X = N / (end-to-end + overhead), exact for one
-    request, and for a cohort the engine serves together and then waits for. Where requests
-    queue for admission, the overhead is spent in place of as much queueing (the engine stays
-    full: a saturated engine's throughput is unchanged): the queue's wait (N - running) / X
-    shrinks by up to the overhead. The throughputs scale as X; TTFT, end-to-end and queue
-    (means and percentiles) lose what queueing the overhead replaced."""
+def overhead_in_flight(concurrency, running, x, e2e, overhead) -> tuple[np.ndarray, np.ndarray]:
+    """(throughput scale, seconds of queueing replaced) of a fixed ``overhead`` (seconds) every
+    request spends before the scheduler sees it, arrays [P], for an engine serving ``x``
+    requests/s with ``running`` sequences and a mean end-to-end ``e2e`` (seconds, the overhead
+    excluded) at ``concurrency`` (NaN: an open loop, unchanged: its arrivals only come later).
+    A closed loop keeps Little's law with it: N requests in flight, each the overhead plus its
+    time in the engine. Where the engine holds all N (no queue) a request's overhead is time the
+    engine does not have it: X = N / (end-to-end + overhead), exact for one request and for a
+    cohort the engine serves together and then waits for. Where requests queue for admission,
+    the overhead is spent in place of as much queueing (the engine stays full: a saturated
+    engine's throughput is unchanged): the queue's wait (N - running) / X, up to the overhead,
+    is replaced. Arrivals are taken at iteration boundaries as without the overhead (the
+    simulator's ``request_overhead_s`` lands them inside iterations, a phase this leaves out)."""
     conc = np.asarray(concurrency, dtype=float)
     o = np.broadcast_to(np.asarray(overhead, dtype=float), conc.shape)
     closed = np.isfinite(conc) & (o > 0)
-    if not closed.any():
-        return out
-    x, e2e = out["requests_per_s"], out["e2e_latency_s"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        queued = np.maximum(conc - out["running_batch"], 0.0) / x
-        hidden = np.where(closed, np.minimum(o, np.nan_to_num(queued, nan=0.0, posinf=0.0)), 0.0)
+        queued = np.nan_to_num(np.maximum(conc - running, 0.0) / x, nan=0.0, posinf=0.0)
+        hidden = np.where(closed, np.minimum(o, queued), 0.0)
         scale = np.where(closed, e2e / (e2e + o - hidden), 1.0)
+    return scale, hidden
+
+
+def with_request_overhead(out: dict, concurrency, overhead) -> dict:
+    """``out`` (``steady_state``'s metrics, or any engine's of that form, [P]) with a fixed
+    ``overhead`` (seconds [P] or scalar) spent by every request (``overhead_in_flight``), which
+    the caller adds to TTFT and end-to-end: the throughputs scaled, TTFT, end-to-end and queue
+    (means and percentiles) less the queueing the overhead replaced."""
+    if not np.any(np.isfinite(np.asarray(concurrency, dtype=float)) & (np.asarray(overhead) > 0)):
+        return out
+    scale, hidden = overhead_in_flight(concurrency, out["running_batch"], out["requests_per_s"],
+                                       out["e2e_latency_s"], overhead)
     out = dict(out)
     for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
         out[k] = out[k] * scale
