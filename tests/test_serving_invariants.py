@@ -86,21 +86,15 @@ def test_throughput_never_falls_when_the_concurrency_doubles(drawn):
 
 @pytest.mark.slow
 def test_littles_law_holds_in_closed_loops(drawn):
-    """N requests in flight at X requests/s stay N / X each, from admission to their last
-    token. The reported latencies add the engine profile's fixed request overhead (a constant
-    of its engine and hardware, at most 50 ms in any calibration, outside the engine's
-    iterations: the simulator's metrics add it the same way), so end-to-end - N / X is that
-    one constant for every point of a system, within 2 % of the latency."""
+    """N requests in flight at X requests/s stay N / X each, from arrival to their last token,
+    the engine profile's fixed request overhead included (each request spends it in flight,
+    before the scheduler sees it; it was added to the latencies outside the loop, so that
+    X x end-to-end exceeded N by X x the overhead), within 2 %."""
     cols, system, ev = drawn
     closed = (cols["concurrency"] > 0) & ev["feasible"]
     assert closed.sum() >= 1000
-    gap = ev["e2e_latency_s"] - cols["concurrency"] / np.where(closed, ev["requests_per_s"], 1.0)
-    for i in range(len(SYSTEMS)):
-        at = closed & (system == i)
-        overhead = np.median(gap[at])
-        assert 0.0 <= overhead <= 0.05
-        err = (gap[at] - overhead) / ev["e2e_latency_s"][at]
-        assert np.all(np.abs(err) <= 0.02), (SYSTEMS[i], np.sort(np.abs(err))[-5:])
+    err = ev["requests_per_s"][closed] * ev["e2e_latency_s"][closed] / cols["concurrency"][closed] - 1
+    assert np.all(np.abs(err) <= 0.02), np.sort(np.abs(err))[-5:]
 
 
 @pytest.mark.slow
@@ -133,14 +127,23 @@ def test_no_throughput_above_the_compute_and_bandwidth_bounds(drawn):
 SHORT = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "fp8", "activations": "fp8", "kv": "fp8",
          "prompt_len": 1024}
 CLOSED = ([{**SHORT, "gen_len": g, "lengths": "fixed", "concurrency": n} for g in (1, 2, 4, 8, 16) for n in (12, 128)]
-          + [{**SHORT, "gen_len": g, "lengths": "lognormal", "concurrency": 128} for g in (1, 2, 8)])
+          + [{**SHORT, "gen_len": g, "lengths": "lognormal", "concurrency": n} for g in (1, 2, 4, 8, 16)
+             for n in (12, 128)])
 #: a closed loop whose waves of prompts fill the budget exactly but for the decoders' few tokens:
-#: the simulator staggers them into smaller groups (TTFT 20-24 % shorter, TPOT 10-14 % longer than
-#: the model's waves; throughput and end-to-end within 1 %)
-EDGE = [{**SHORT, "gen_len": g, "lengths": "fixed", "concurrency": 16} for g in (4, 16)]
+#: the scheduler packs them whole, 7, 7 and 2 (the model's equal waves of 8 had TTFT 25 % high)
+EDGE = [{**SHORT, "gen_len": g, "lengths": "fixed", "concurrency": 16} for g in (4, 8, 16)]
 OPEN_LOOPS = [{**SHORT, "gen_len": g, "lengths": lengths, "request_rate": 30.0}
-        for lengths, g in (("fixed", 1), ("fixed", 2), ("fixed", 16), ("lognormal:sigma=0.5", 2),
-                           ("lognormal:sigma=0.5", 16))]
+              for lengths in ("fixed", "lognormal:sigma=0.5") for g in (1, 2, 4, 8, 16)]
+#: known gaps, measured against the simulator (1,500 requests), each a failure expected until the
+#: model is right there: lognormal lengths at 128 in flight and 16 output tokens, where the engine
+#: turns full (the queue keeps every iteration's budget full: TTFT is what Little's law leaves of
+#: N / X after 15 decode steps of a full iteration, 0.142 s where the simulator's engine, full
+#: only most of the time, waits 0.297 s, 0.234 s over 6,000 requests; throughput within 0.2 %);
+#: lognormal at 12 in flight and 1 output token (TPOT +23.5 %, over the few requests longer than
+#: one token); an open loop of lognormal lengths at 4 and 8 output tokens (TPOT -11.7 % and
+#: -13.5 %: the iterations a sequence decodes in are longer than the model's mean one)
+KNOWN = {"g16-lognormal-c128": "TTFT -52 %", "g1-lognormal-c12": "TPOT +23.5 %",
+         "g4-lognormal-r30": "TPOT -11.7 %", "g8-lognormal-r30": "TPOT -13.5 %"}
 CASES = CLOSED + EDGE + OPEN_LOOPS
 
 
@@ -150,7 +153,8 @@ def _name(c):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cols", CASES, ids=[_name(c) for c in CASES])
+@pytest.mark.parametrize("cols", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN[_name(c)]))
+                                  if _name(c) in KNOWN else c for c in CASES], ids=[_name(c) for c in CASES])
 def test_short_outputs_agree_with_the_simulator(cols):
     """Outputs of 1-16 tokens, prompt 1,024: closed loops where the prompts' compute is the
     bottleneck (the issue's case: the model said TTFT 0.11 s where the simulator waits
@@ -158,8 +162,8 @@ def test_short_outputs_agree_with_the_simulator(cols):
     engine busy (the simulator's mean over two seeds: one seed's open loop moves by +-4 %).
     Throughput within 5 %, mean TPOT within 10 % and end-to-end latency within 10 %, mean
     TTFT within 12 % (an open loop's light load: an arrival finds the engine idle and starts
-    at once, the model lets it wait for the rest of an iteration, +5-12 %); the waves at the
-    budget's edge (``EDGE``) TTFT within 25 % and TPOT within 15 %."""
+    at once, the model lets it wait for the rest of an iteration, +5-12 %): the tolerances of
+    ``tests/test_serving.py``'s agreement test."""
     ev = evaluate(cols)
     seeds = (0,) if "concurrency" in cols else (0, 1)
     runs = [simulate_point(cols, 1500, seed=s) for s in seeds]
@@ -168,7 +172,5 @@ def test_short_outputs_agree_with_the_simulator(cols):
     if np.isfinite(sim["tpot_mean_s"]):
         pairs.append(("tpot_s", "tpot_mean_s"))
     err = {a: ev[a][0] / sim[b] - 1 for a, b in pairs}
-    edge = cols in EDGE
-    limits = {"requests_per_s": 0.05, "ttft_s": 0.25 if edge else 0.12, "tpot_s": 0.15 if edge else 0.10,
-              "e2e_latency_s": 0.10}
+    limits = {"requests_per_s": 0.05, "ttft_s": 0.12, "tpot_s": 0.10, "e2e_latency_s": 0.10}
     assert all(abs(err[k]) <= limits[k] for k in err), {k: f"{v:+.1%}" for k, v in err.items()}

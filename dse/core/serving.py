@@ -14,8 +14,9 @@ Two regimes:
 
 - **Waves** (a closed loop with every request of the same lengths): requests that finish
   together come back together and are prefilled together, as many to an iteration as the
-  budget holds beside the decoders; the cycle of prompt and decode iterations gives the
-  throughput by Little's law (``_waves``).
+  budget holds beside the decoders (whole prompts, packed greedily, where the cycle has room
+  for every wave); the cycle of prompt and decode iterations gives the throughput by Little's
+  law (``_waves``).
 - **Mixing** (an open loop at a Poisson rate, or a closed loop whose requests differ in
   length and so drift apart): an iteration prefills the prompts that arrived during the one
   before, a Poisson number of mean X T, beside the sequences decoding; a prompt of c
@@ -265,9 +266,37 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     ttft = np.where(ch, ttft, pf_ttft)
     e2e = ttft + steps * tpot                                # a cohort ends together
     two = np.ones((len(b), 2))
+    tpot_mean = tpot[:, None] * two
+    # chunked, with room for every wave's prompts in a cycle of one prompt iteration and G - 1
+    # decode iterations a request: requests come back as their wave ends, and an iteration takes
+    # the prompts waiting, whole, as many as fit beside the b - k others decoding (k c + b - k <=
+    # B), so waves are packed greedily, k = floor((B - b) / (c - 1)) and what is left (a prompt
+    # cut at the budget finishes an iteration later and falls into a later wave, until the
+    # waves hold whole prompts: the simulator settles at 7, 7, 2 for 16 prompts of 1,024 tokens
+    # in a budget of 8,192, where waves of equal size b / W would each spill a prompt)
+    fit = np.minimum(np.where(c > 1, np.floor((budget - b) / np.maximum(c - 1.0, 1.0)), np.where(budget >= b, b, 0)), b)
+    groups = np.ceil(b / np.maximum(fit, 1.0))
+    packed = np.flatnonzero(ch & (fit >= 1) & (groups >= 2) & (groups <= steps + 1))
+    if len(packed):
+        bp, kp, gp, sp, r = b[packed], fit[packed], groups[packed], steps[packed], rows[packed]
+        rest = bp - (gp - 1.0) * kp                           # the last wave
+        sizes = np.stack([kp, rest], 1)
+        t_k = _priced(iteration_time, r, bp[:, None] - sizes, (bp[:, None] - sizes) * ctx[packed, None],
+                      sizes * c[packed, None], sizes * (c * pair)[packed, None], sizes)
+        t_c = (gp - 1.0) * t_k[:, 0] + t_k[:, 1] + (sp + 1.0 - gp) * t_d[packed]
+        share = np.stack([(gp - 1.0) * kp, rest], 1) / bp[:, None]
+        t_cycle, cycle = t_cycle.copy(), cycle.copy()
+        t_cycle[packed], cycle[packed] = t_c, sp + 1.0
+        ttft, tpot, e2e = ttft.copy(), tpot.copy(), e2e.copy()
+        ttft[packed] = (share * t_k).sum(axis=1)
+        tpot[packed] = (t_c - ttft[packed]) / sp
+        e2e[packed] = t_c                                     # a request's life is the cycle
+        mean, weight, tpot_mean = mean.copy(), weight.copy(), tpot_mean.copy()
+        mean[packed], weight[packed] = t_k, share
+        tpot_mean[packed] = (t_c[:, None] - t_k) / sp[:, None]
     return {"x": b / t_cycle, "T": t_cycle / cycle, "ttft": ttft, "tpot": tpot,
             "ttft_mix": (mean, sd, weight),
-            "tpot_mix": (tpot[:, None] * two, tpot_sd[:, None] * two, weight),
+            "tpot_mix": (tpot_mean, tpot_sd[:, None] * two, weight),
             "e2e_mix": (e2e[:, None] * two, np.zeros_like(two), weight)}
 
 
@@ -805,6 +834,46 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         "saturated": saturated,
     }
     out.update(_percentiles(mix, saturated))
+    return out
+
+
+def overhead_in_flight(concurrency, running, x, e2e, overhead) -> tuple[np.ndarray, np.ndarray]:
+    """(throughput scale, seconds of queueing replaced) of a fixed ``overhead`` (seconds) every
+    request spends before the scheduler sees it, arrays [P], for an engine serving ``x``
+    requests/s with ``running`` sequences and a mean end-to-end ``e2e`` (seconds, the overhead
+    excluded) at ``concurrency`` (NaN: an open loop, unchanged: its arrivals only come later).
+    A closed loop keeps Little's law with it: N requests in flight, each the overhead plus its
+    time in the engine. Where the engine holds all N (no queue) a request's overhead is time the
+    engine does not have it: X = N / (end-to-end + overhead), exact for one request and for a
+    cohort the engine serves together and then waits for. Where requests queue for admission,
+    the overhead is spent in place of as much queueing (the engine stays full: a saturated
+    engine's throughput is unchanged): the queue's wait (N - running) / X, up to the overhead,
+    is replaced. Arrivals are taken at iteration boundaries as without the overhead (the
+    simulator's ``request_overhead_s`` lands them inside iterations, a phase this leaves out)."""
+    conc = np.asarray(concurrency, dtype=float)
+    o = np.broadcast_to(np.asarray(overhead, dtype=float), conc.shape)
+    closed = np.isfinite(conc) & (o > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        queued = np.nan_to_num(np.maximum(conc - running, 0.0) / x, nan=0.0, posinf=0.0)
+        hidden = np.where(closed, np.minimum(o, queued), 0.0)
+        scale = np.where(closed, e2e / (e2e + o - hidden), 1.0)
+    return scale, hidden
+
+
+def with_request_overhead(out: dict, concurrency, overhead) -> dict:
+    """``out`` (``steady_state``'s metrics, or any engine's of that form, [P]) with a fixed
+    ``overhead`` (seconds [P] or scalar) spent by every request (``overhead_in_flight``), which
+    the caller adds to TTFT and end-to-end: the throughputs scaled, TTFT, end-to-end and queue
+    (means and percentiles) less the queueing the overhead replaced."""
+    if not np.any(np.isfinite(np.asarray(concurrency, dtype=float)) & (np.asarray(overhead) > 0)):
+        return out
+    scale, hidden = overhead_in_flight(concurrency, out["running_batch"], out["requests_per_s"],
+                                       out["e2e_latency_s"], overhead)
+    out = dict(out)
+    for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+        out[k] = out[k] * scale
+    for k in [k for k in out if k.startswith(("ttft_", "e2e_latency_")) or k == "queue_s"]:
+        out[k] = out[k] - hidden
     return out
 
 

@@ -23,7 +23,8 @@ The engine runs in iterations (Orca's iteration-level scheduling). Each iteratio
 A sequence's first output token comes out of the iteration that finishes its prompt; the
 others one per decode iteration. Load is a closed loop (``concurrency`` requests always in
 flight: a finished request is replaced at once) or an open loop (requests arriving at given
-times). Everything is deterministic for given arrivals and lengths.
+times); a request reaches the scheduler a fixed ``request_overhead_s`` after it arrives (in
+flight all the while). Everything is deterministic for given arrivals and lengths.
 
 Prefix caching (``EngineConfig.prefix_tokens``, vLLM's automatic prefix caching): every
 prompt starts with the same prefix, whose *full* KV blocks are computed once and held for
@@ -67,8 +68,9 @@ from dse.core.metrics import steps_after_first
 #: (decode_seqs, decode_context, prefill_tokens, prefill_context, prompts_finished) -> seconds
 StepTime = Callable[[int, int, int, int, int], float]
 
-#: event kinds of the event loop: an iteration ends, a request's KV has been sent
-_ITERATION, _TRANSFER = 0, 1
+#: event kinds of the event loop: an iteration ends, a request's KV has been sent, a request
+#: reaches the scheduler (its fixed overhead spent)
+_ITERATION, _TRANSFER, _ENTER = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -208,10 +210,14 @@ class SimulationResult:
 
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-             warmup: float = 0.2, progress: Callable[[int], None] | None = None) -> SimulationResult:
+             warmup: float = 0.2, progress: Callable[[int], None] | None = None,
+             request_overhead_s: float = 0.0) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
-    given ``arrivals`` (seconds, non-decreasing). ``warmup``: the share of the first
+    given ``arrivals`` (seconds, non-decreasing). ``request_overhead_s``: seconds a request
+    spends after it arrives before the scheduler sees it (the engine's fixed work per request:
+    set-up, tokenizing, first scheduling), part of its TTFT and, in a closed loop, of the time
+    it is in flight (so that Little's law holds with it). ``warmup``: the share of the first
     requests (by arrival order) left out of the measured ones, and as many of the last
     (the drain), so that metrics describe the steady state. Prefix caching as
     ``engine.prefix_tokens`` says. ``progress`` (optional) is called with the number of
@@ -222,7 +228,8 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
     _check_fits(engine, prompts, prompts + gens, prefill=True)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
-    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress)
+    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress,
+                      delay=_overhead(request_overhead_s))
     loop.run(0.0, start)
     _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
     return _result(reqs, loop, loop.instances, warmup, concurrency)
@@ -232,7 +239,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            decode_engine: EngineConfig, prefill_instances: int, decode_instances: int,
                            transfer_s: Callable[[int], float], prompts: Sequence[int], gens: Sequence[int], *,
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-                           warmup: float = 0.2, progress: Callable[[int], None] | None = None) -> SimulationResult:
+                           warmup: float = 0.2, progress: Callable[[int], None] | None = None,
+                           request_overhead_s: float = 0.0) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -269,7 +277,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
 
     Closed loop (``concurrency``: a finished request is replaced at once by a new one
     dispatched to the prefill pool; the first ``concurrency`` dispatched one by one at 0)
-    or open loop (``arrivals``, seconds); ``warmup`` and ``progress`` as in ``simulate``.
+    or open loop (``arrivals``, seconds); ``warmup``, ``progress`` and ``request_overhead_s``
+    (before the prefill pool) as in ``simulate``.
     Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
     (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
     busy_s and preemptions summed over every instance; running and kv_used of the decode
@@ -288,10 +297,19 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
     pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
     dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
-    loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress)
+    loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
+                      delay=_overhead(request_overhead_s))
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
     return _result(reqs, loop, dec, warmup, concurrency)
+
+
+def _overhead(v) -> float:
+    """``request_overhead_s`` as seconds; DseError unless a finite number >= 0."""
+    a = np.asarray(v)
+    if isinstance(v, bool) or a.ndim != 0 or a.dtype.kind not in "iuf" or not (np.isfinite(a) and a >= 0):
+        raise DseError(f"simulator: request_overhead_s must be a finite number of seconds >= 0, got {v!r}")
+    return float(a)
 
 
 def _lengths(prompts, gens, concurrency, arrivals) -> tuple[np.ndarray, np.ndarray]:
@@ -432,12 +450,15 @@ class _EventLoop:
     requests finish. A prefill instance's finished prompts go over its link (``transfer``:
     seconds per prompt length) and are dispatched to the ``decode`` pool (empty for one
     colocated engine). A request entering a pool goes to its least-loaded instance (fewest
-    requests queued plus running; ties: the lowest index) and stays there. ``progress``, if
-    given, is called with the number of requests an iteration finishes."""
+    requests queued plus running; ties: the lowest index) and stays there. A new request
+    reaches the entry pool ``delay`` seconds after it arrives. ``progress``, if given, is
+    called with the number of requests an iteration finishes."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
-                 transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None):
+                 transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
+                 delay: float = 0.0):
         self.progress = progress
+        self.delay = delay
         self.instances = entry + decode
         self.entry = range(len(entry))
         self.decode = range(len(entry), len(self.instances))
@@ -453,11 +474,18 @@ class _EventLoop:
         i = min(pool, key=lambda i: (self.instances[i].engine.load, i))
         self.instances[i].engine.enqueue(r)
 
+    def _enter(self, t: float, r: _Request) -> None:
+        """``r`` arrives at ``t`` (s): dispatched now, or ``delay`` later (an event)."""
+        if self.delay > 0:
+            self._push(t + self.delay, _ENTER, -1, r)
+        else:
+            self._dispatch(self.entry, r)
+
     def run(self, t: float, start: Sequence[_Request] = ()) -> None:
-        """Run from time ``t`` (s), the requests ``start`` dispatched first, in order, until
+        """Run from time ``t`` (s), the requests ``start`` arriving first, in order, until
         no event is left."""
         for r in start:
-            self._dispatch(self.entry, r)
+            self._enter(t, r)
         self._start_idle(t)
         while True:
             t = self._next_time()
@@ -467,9 +495,11 @@ class _EventLoop:
                 when, _, kind, i, r = heapq.heappop(self.events)
                 if kind == _ITERATION:
                     self._end_iteration(i, when)
-                else:
+                elif kind == _TRANSFER:
                     self._end_transfer(i, r)
-            while self.arrivals and self.arrivals[0].arrival <= t:
+                else:
+                    self._dispatch(self.entry, r)
+            while self.arrivals and self.arrivals[0].arrival + self.delay <= t:
                 self._dispatch(self.entry, self.arrivals.popleft())
             self._start_idle(t)
 
@@ -477,7 +507,7 @@ class _EventLoop:
         """The time of the next event or arrival (s); None when there is none."""
         times = [self.events[0][0]] if self.events else []
         if self.arrivals:
-            times.append(self.arrivals[0].arrival)
+            times.append(self.arrivals[0].arrival + self.delay)
         return min(times) if times else None
 
     def _push(self, t: float, kind: int, i: int, r: _Request | None) -> None:
@@ -516,7 +546,7 @@ class _EventLoop:
             if self.replacements:                     # closed loop: the next request arrives now
                 nxt = self.replacements.popleft()
                 nxt.arrival = t
-                self._dispatch(self.entry, nxt)
+                self._enter(t, nxt)
         for r in sent:
             inst.link_free = max(t, inst.link_free) + self.transfer[r.prompt]
             self._push(inst.link_free, _TRANSFER, i, r)

@@ -15,7 +15,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
-from dse.core.serving import PERCENTILES
+from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system import reasons as R
 from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, evaluate, prepare, serving_engine
@@ -130,8 +130,9 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
     ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
     with the number of requests each simulated iteration finishes (``requests`` in all).
-    Returns the simulator's metrics (SI units; TTFT and end-to-end with the efficiency model's
-    request overhead, as ``evaluate`` reports them)."""
+    Returns the simulator's metrics (SI units; the efficiency model's request overhead applied
+    after the run as ``evaluate`` applies it, ``overhead_in_flight``: in TTFT and end-to-end, and
+    in a closed loop's throughput by Little's law)."""
     if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or not 10 <= requests <= MAX_SIMULATED:
         raise DseError(f"simulate: expected a number of requests from 10 to {MAX_SIMULATED:,}, got {requests!r}")
     point = serving_engine(prepare(columns), 0, efficiency=efficiency, ideal=ideal)
@@ -149,8 +150,16 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
                                      arrivals=arrivals, progress=progress)
     out = res.metrics()
+    # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
+    o = point.request_overhead_s
+    scale, hidden = (float(v[0]) for v in overhead_in_flight(
+        np.array([np.nan if point.concurrency is None else float(point.concurrency)]), np.array([out["running_mean"]]),
+        np.array([out["requests_per_s"]]), np.array([out["e2e_mean_s"]]), o))
+    for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+        out[k] *= scale
     for k in [k for k in out if k.startswith(("ttft_", "e2e_"))]:
-        out[k] += point.request_overhead_s
+        out[k] += o - hidden
+    out["queue_mean_s"] -= hidden
     return out
 
 

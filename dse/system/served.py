@@ -13,7 +13,7 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.metrics import rates_per_user_and_device
 from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
-from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state
+from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.simulator import EngineConfig
 from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.hardware import HardwareArrays
@@ -85,14 +85,15 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     iteration_time = pricer(s.iteration, g.system, eff)
     load = _load(s, g.system, eff)
     pooled = load.pools is not None
-    out = (disaggregated_state if pooled else steady_state)(load, iteration_time)
+    late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
+    out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
+                                load.concurrency, late)
     e = 1.0 if spec is None else spec.e
     if spec is not None:                       # a round of E tokens stood for one token: back to tokens
         out["tpot_s"] = out["tpot_s"] / e
         out.update({f"tpot_p{q}_s": out[f"tpot_p{q}_s"] / e for q in PERCENTILES})
         out["output_tokens_per_s"] = out["requests_per_s"] * spec.mean_gen
         out["total_tokens_per_s"] = out["requests_per_s"] * (spec.mean_gen + load.lengths.mean_prompt)
-    late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     slo = (s.slo_ttft > 0) | (s.slo_tpot > 0)
     good = np.full(len(slo), np.nan)
     priced = np.isfinite(out["requests_per_s"])   # NaN: an iteration the roofline cannot price (no link)
