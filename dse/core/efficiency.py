@@ -97,7 +97,18 @@ import numpy as np
 from basis.errors import MAX_FIGURE, DseError, as_number, shown_key, verbatim
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
+from dse.core.kernel_model import (
+    GEMM_FORMATS,
+    Hardware,
+    achieved_fractions,
+    context_attention_time,
+    gemm_time,
+    generation_attention_time,
+    hardware_of,
+    load_kernel_model,
+)
 from hwmodels.formats import COMPUTE_CLASSES
+from workloads.optable import SOFTMAX_OPS
 
 #: the shipped calibration (``configs/calibration.yaml``; package data in a wheel)
 CALIBRATION_FILE = shipped("configs", "calibration.yaml")
@@ -159,6 +170,7 @@ class Efficiency:
     prefill_decode_overlap: float = 0.0
     request_overhead_s: float = 0.0
     host_links_measured: bool = True
+    kernel: KernelHardware | None = None       # the kernel layer prices matmuls and attention (``kernel_fractions``)
 
     def __post_init__(self):
         for k in FRACTIONS:
@@ -208,9 +220,10 @@ class Efficiency:
                 rows = np.where(mem > 0, o * _ELEMENT_BYTES[column] / (2 * mem), np.inf)
             fraction = top * _saturating(o, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
             return np.maximum(fraction, top * _FLOOR)
-        return _matmuls_apart(ops, matmul, gemm, np.where(attention, self.resolved("attention_compute"),
-                                                          np.where(vector, self.resolved("vector_compute"),
-                                                                   self.compute)))
+        out = _matmuls_apart(ops, matmul, gemm, np.where(attention, self.resolved("attention_compute"),
+                                                         np.where(vector, self.resolved("vector_compute"),
+                                                                  self.compute)))
+        return out if self.kernel is None else _kernel_in(out, kernel_fractions(op, self)[0])
 
     def host_fraction(self, sys):
         """[P] the achieved fraction of the host link's peak on each point: the link's or tier's own
@@ -225,9 +238,96 @@ class Efficiency:
         def stream(cols):                    # saturating in the matmul's bytes
             return np.maximum(self.memory * _saturating(mem[..., cols], self.memory_half_bytes),
                               self.memory * _FLOOR)
-        return _matmuls_apart(mem, matmul, stream, np.where(
+        out = _matmuls_apart(mem, matmul, stream, np.where(
             attention, self.resolved("attention_memory") / self.attention_kv_reads ** self.kv_reread_exponent,
             self.memory))
+        return out if self.kernel is None else _kernel_in(out, kernel_fractions(op, self)[1])
+
+
+@dataclass(frozen=True)
+class KernelHardware:
+    """One hardware's physical description for the kernel layer (``dse.core.kernel_model``): the
+    peak of each peak column (ops/s, ``SystemArrays.peak``'s row), device-memory bandwidth (bytes/s),
+    SMs and last-level cache (bytes). Hashable: an Efficiency carrying it is a key of kept terms."""
+
+    peaks: tuple
+    bandwidth: float
+    sms: float
+    l2_bytes: float
+
+    def model_hardware(self) -> Hardware:
+        """The kernel model's Hardware of this one: 16-, 8- and 4-bit peaks of the bf16, fp8 and
+        fp4 columns."""
+        p = self.peaks
+        return hardware_of(p[_COLUMN_OF["bf16"]], p[_COLUMN_OF["fp8"]], p[_COLUMN_OF["fp4"]], self.bandwidth,
+                           sms=self.sms, l2_bytes=self.l2_bytes)
+
+
+#: index of each compute class among the peak columns
+_COLUMN_OF = {c: i for i, c in enumerate(COMPUTE_CLASSES)}
+#: the kernel model's GEMM format of each peak column: narrow classes of 8 bits and 6 at FP8, 4-bit
+#: ones at NVFP4, wider ones (and vector, none) at BF16
+_KERNEL_FORMAT = np.array([list(GEMM_FORMATS).index({"fp8": "fp8", "fp6": "fp8", "int8": "fp8", "fp4": "nvfp4",
+                                                     "int4": "nvfp4"}.get(c, "bf16")) for c in COMPUTE_CLASSES]
+                          + [0, 0])
+
+
+def _kernel_in(fractions: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """``fractions`` with the kernel layer's where it has one (not NaN)."""
+    return np.where(np.isnan(kernel), fractions, kernel)
+
+
+@lru_cache(maxsize=256)
+def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+    """(compute fraction, memory fraction), shaped as ``op.ops``, that make each matmul's and fused
+    attention's roofline time on ``eff.kernel`` equal the kernel layer's time of its shape
+    (``dse.core.kernel_model``: GEMM m x k by k x n; decode attention of shape_m sequences over
+    shape_n keys, or prefill attention over shape_n tokens; scaled by the operator's ops over those
+    of its shape, so that a scaled or pruned operator keeps its share), NaN where the operator has
+    no recorded shape (its own fractions stay). Kept per (operator arrays, Efficiency)."""
+    ops = np.asarray(op.ops, dtype=float)
+    nan = np.full(ops.shape, np.nan)
+    if op.shape_m is None:
+        return nan, nan
+    shape = [np.broadcast_to(np.asarray(getattr(op, f), dtype=float), ops.shape)
+             for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")]
+    m, n, k, h, hk = shape
+    col = np.broadcast_to(np.asarray(op.peak_column), ops.shape)
+    mem = np.asarray(op.memory_bytes, dtype=float) * np.ones(ops.shape)
+    kv = np.asarray(op.kv_bytes, dtype=float) * np.ones(ops.shape)
+    matmul = np.broadcast_to(_kinds(op)[0], ops.shape) & (h == 0)
+    attention = h > 0                           # a fused attention records its heads (its PIM role may be none)
+    hw = eff.kernel.model_hardware()
+    prm = load_kernel_model()["parameters"]
+    time = nan.copy()
+    ideal = nan.copy()
+    g = matmul & (m > 0) & (n > 0) & (k > 0) & (ops > 0)
+    if g.any():
+        time[g] = gemm_time(m[g], n[g], k[g], _KERNEL_FORMAT[col[g]], hw, prm["gemm"])
+        ideal[g] = 2 * m[g] * n[g] * k[g]
+    a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
+    if a.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            queries = ops[a] / ((4 * k[a] + SOFTMAX_OPS) * m[a] * h[a] * n[a])   # decode: query tokens a sequence
+        prefill = queries >= (n[a] + 1) / 2 * (1 - 1e-9)                           # causal: (n + 1) / 2 a query
+        e_kv = np.clip(np.where(kv[a] > 0, kv[a] / (2 * m[a] * n[a] * hk[a] * k[a]), 2.0), 0.5, 4.0)
+        decode_t = generation_attention_time(m[a] * np.maximum(np.round(queries), 1), n[a], h[a], hk[a], k[a], e_kv,
+                                             hw, prm["generation_attention"])
+        prefill_t = context_attention_time(m[a], n[a], h[a], hk[a], k[a], np.where(_KERNEL_FORMAT[col[a]] == 0, 0, 1),
+                                           hw, prm["context_attention"])
+        time[a] = np.where(prefill, prefill_t, decode_t)
+        ideal[a] = np.where(prefill, 2 * m[a] * h[a] * n[a] * (n[a] + 1) * k[a],
+                            4 * m[a] * np.maximum(np.round(queries), 1) * h[a] * n[a] * k[a])
+    priced = g | a
+    if not priced.any():
+        return nan, nan
+    peaks = np.asarray(eff.kernel.peaks, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time = time * (ops / ideal)                    # the operator's own work over its shape's
+    fc, fm = achieved_fractions(ops[priced], mem[priced], peaks[col[priced]], eff.kernel.bandwidth, time[priced])
+    out_c, out_m = nan.copy(), nan.copy()
+    out_c[priced], out_m[priced] = fc, fm
+    return out_c, out_m
 
 
 def _matmuls_apart(like: np.ndarray, matmul: np.ndarray, of_matmuls, others: np.ndarray) -> np.ndarray:
@@ -263,7 +363,7 @@ def _kinds(op):
     return matmul, attention, vector
 
 
-PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name", "host_links_measured"))
+PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name", "host_links_measured", "kernel"))
 
 IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=False)
 
