@@ -277,14 +277,16 @@ def _kernel_in(fractions: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(kernel), fractions, kernel)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8)
 def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     """(compute fraction, memory fraction), shaped as ``op.ops``, that make each matmul's and fused
     attention's roofline time on ``eff.kernel`` equal the kernel layer's time of its shape
-    (``dse.core.kernel_model``: GEMM m x k by k x n; decode attention of shape_m sequences over
-    shape_n keys, or prefill attention over shape_n tokens; scaled by the operator's ops over those
-    of its shape, so that a scaled or pruned operator keeps its share), NaN where the operator has
-    no recorded shape (its own fractions stay). Kept per (operator arrays, Efficiency)."""
+    (``dse.core.kernel_model``): a GEMM of its recorded n and k and the rows its ops imply (ops / 2 n k);
+    a fused attention over shape_n keys of shape_m sequences, decode when its ops are a whole number
+    of queries a sequence, causal prefill of shape_n tokens when (shape_n + 1) / 2 (its time scaled
+    by the operator's ops over its shape's: the softmax's). NaN where the operator has no recorded
+    shape or its amounts do not match one (an iteration mixing prompt chunks and decode tokens): its
+    own fractions stay. Kept for the last few (operator arrays, Efficiency)."""
     ops = np.asarray(op.ops, dtype=float)
     nan = np.full(ops.shape, np.nan)
     if op.shape_m is None:
@@ -301,15 +303,21 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     prm = load_kernel_model()["parameters"]
     time = nan.copy()
     ideal = nan.copy()
-    g = matmul & (m > 0) & (n > 0) & (k > 0) & (ops > 0)
+    g = matmul & (n > 0) & (k > 0) & (ops > 0)
     if g.any():
-        time[g] = gemm_time(m[g], n[g], k[g], _KERNEL_FORMAT[col[g]], hw, prm["gemm"])
-        ideal[g] = 2 * m[g] * n[g] * k[g]
+        # the rows from the operator's own ops (2 m n k): its tokens however the arrays were built (an
+        # iteration of continuous batching, a scaled or pruned step)
+        rows = ops[g] / (2 * n[g] * k[g])
+        time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw, prm["gemm"])
+        ideal[g] = ops[g]
     a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        queries = ops / ((4 * k + SOFTMAX_OPS) * m * h * n)       # decode: query tokens a sequence
+    prefill = np.abs(queries - (n + 1) / 2) <= 1e-6 * n           # causal prefill: (n + 1) / 2 a query
+    decode = (np.abs(queries - np.round(queries)) <= 1e-6 * queries) & (queries >= 1) & (queries <= n)
+    a &= prefill | decode          # else the shape does not describe these amounts (a mixed iteration): fractions stay
     if a.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            queries = ops[a] / ((4 * k[a] + SOFTMAX_OPS) * m[a] * h[a] * n[a])   # decode: query tokens a sequence
-        prefill = queries >= (n[a] + 1) / 2 * (1 - 1e-9)                           # causal: (n + 1) / 2 a query
+        queries, prefill = queries[a], prefill[a]
         e_kv = np.clip(np.where(kv[a] > 0, kv[a] / (2 * m[a] * n[a] * hk[a] * k[a]), 2.0), 0.5, 4.0)
         decode_t = generation_attention_time(m[a] * np.maximum(np.round(queries), 1), n[a], h[a], hk[a], k[a], e_kv,
                                              hw, prm["generation_attention"])
