@@ -276,6 +276,12 @@ class Plan:
 #: the bf16 peak column
 _BF16 = PEAK_COLUMNS.index("bf16")
 
+#: how far a point's 16-bit peak and bandwidth may sit from those of the GPU the kernel tables measured
+#: and its prediction still read as theirs ('measured tables'): presets round their datasheet figures
+#: differently from the tables' (RTX PRO 6000: 503.8 against 467.8 TFLOPS, 7.7 %); a design whose
+#: figures are changed further is a transfer
+MEASURED_SAME = 0.10
+
 #: which layer's values priced a point's operators (the ``kernel_source`` column): the kernel layer
 #: read on a GPU its tables measured, the kernel layer transferred through the physical features, the
 #: calibrated family fractions, a family's stated prior, or the ideal roofline
@@ -287,7 +293,9 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     not on the learned layer, and (points, ``e``, (KernelHardware, source code)) for each distinct
     physical description (peak columns, bandwidth, SMs and cache: ``np.unique`` over the points' rows)
     of the learned ones. SMs and cache are the kernel tables' own for a preset they measured, else
-    estimated from the 16-bit peak (``kernel_model.hardware_of``), cache unknown."""
+    estimated from the 16-bit peak (``kernel_model.hardware_of``), cache unknown; its source is 'measured
+    tables' where the point's peak and bandwidth are the tables' GPU's (``MEASURED_SAME``), else
+    'learned transfer'."""
     pos = positions(idx)
     local = pos - positions(g.index)[0]
     on = learned[pos]
@@ -298,8 +306,12 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     table = model.get("hardware") or {}
     sms = np.array([float(table[t]["sms"]) if t in table else np.nan for t in names])[hw.name[pos]]
     l2 = np.array([float(table[t]["l2_bytes"]) if t in table else 0.0 for t in names])[hw.name[pos]]
-    measured = np.isfinite(sms)
-    sms = np.where(measured, sms, np.maximum(np.round(g.system.peak[local, _BF16] / OPS_PER_SM), 1.0))
+    ref = np.array([[float(table[t][f]) if t in table else np.nan for f in ("peak_16", "bandwidth")]
+                    for t in names])[hw.name[pos]]
+    own = np.column_stack([g.system.peak[local, _BF16], g.system.bandwidth[local]])
+    with np.errstate(invalid="ignore"):       # the tables' GPU as measured: its preset, its figures unchanged
+        measured = np.all(np.abs(own / ref - 1.0) <= MEASURED_SAME, axis=1)
+    sms = np.where(np.isfinite(sms), sms, np.maximum(np.round(g.system.peak[local, _BF16] / OPS_PER_SM), 1.0))
     rows = np.column_stack([g.system.peak[local], g.system.bandwidth[local], sms, l2, measured])
     rows = np.where(np.isfinite(rows), rows, -1.0)
     out = [(pos[~on], e)] if (~on).any() else []
