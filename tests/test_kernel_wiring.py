@@ -18,6 +18,7 @@ from dse.core.kernel_model import (
     hardware_of,
     load_kernel_model,
 )
+from dse.system import evaluator
 
 #: Llama-3.1-8B (its config.json): hidden 4096, 32 query and 8 K/V heads of 128, MLP 14336, vocabulary 128256
 HIDDEN, HEADS, KV_HEADS, HEAD, MLP, VOCAB = 4096, 32, 8, 128, 14336, 128256
@@ -96,3 +97,20 @@ def test_the_kernel_layer_refuses_another_value_in_one_line():
                           "h100-sxm", "--kernel-layer", "measured"], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "--kernel-layer" in run.stderr and "'fitted', 'learned'" in run.stderr
+
+
+def test_a_sweep_of_many_designs_prices_as_one_design_at_a_time(monkeypatch):
+    # many distinct hardwares are priced at fractions per point and operator; few, one part each:
+    # the same figures either way
+    rng = np.random.default_rng(5)
+    n = 40
+    columns = {"hardware": "h100-sxm", "model": "llama-2-7b", "kernel_layer": "learned", "batch": rng.choice([1, 8, 64], n),
+               "prompt_len": rng.choice([128, 1024], n), "gen_len": 32,
+               "memory_bandwidth": rng.choice([2e12, 3.35e12, 8e12], n), "peak_fp16": rng.choice([5e14, 2e15], n)}
+    monkeypatch.setattr(evaluator, "KERNEL_SPLIT_POINTS", 10**9)
+    per_point = evaluate(columns)
+    monkeypatch.setattr(evaluator, "KERNEL_SPLIT_POINTS", 0)
+    one_by_one = evaluate(columns)
+    for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+        np.testing.assert_allclose(per_point[k], one_by_one[k], rtol=1e-9, err_msg=k)
+    assert per_point.labels["kernel_source"][0].tolist() == one_by_one.labels["kernel_source"][0].tolist()

@@ -244,23 +244,54 @@ class Efficiency:
         return out if self.kernel is None else _kernel_in(out, kernel_fractions(op, self)[1])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelHardware:
-    """One hardware's physical description for the kernel layer (``dse.core.kernel_model``): the
-    peak of each peak column (ops/s, ``SystemArrays.peak``'s row), device-memory bandwidth (bytes/s),
-    SMs and last-level cache (bytes). Hashable: an Efficiency carrying it is a key of kept terms."""
+    """The physical description the kernel layer (``dse.core.kernel_model``) reads: the peak of each
+    peak column (ops/s, ``SystemArrays.peak``'s row), device-memory bandwidth (bytes/s), SMs and
+    last-level cache (bytes): of one hardware (a tuple and numbers, compared and hashed by value: an
+    Efficiency carrying it is a key of kept terms), or of each of P points in order (``peaks`` [P, C],
+    the others [P] arrays: ``per_point``; compared and hashed by identity, one object a group)."""
 
-    peaks: tuple
-    bandwidth: float
-    sms: float
-    l2_bytes: float
+    peaks: tuple | np.ndarray
+    bandwidth: float | np.ndarray
+    sms: float | np.ndarray
+    l2_bytes: float | np.ndarray
+
+    @property
+    def per_point(self) -> bool:
+        """True when this describes each of several points (fractions [P, O])."""
+        return np.ndim(self.bandwidth) > 0
+
+    def _key(self):
+        return id(self) if self.per_point else (self.peaks, self.bandwidth, self.sms, self.l2_bytes)
+
+    def __eq__(self, other):
+        return isinstance(other, KernelHardware) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def at(self, j: int) -> KernelHardware:
+        """The hardware of point ``j`` (of a per-point description; this one otherwise)."""
+        if not self.per_point:
+            return self
+        return KernelHardware(tuple(float(x) for x in self.peaks[j]), float(self.bandwidth[j]), float(self.sms[j]),
+                              float(self.l2_bytes[j]))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(peaks [C] or [P, 1, C], bandwidth a number or [P, 1]): shaped to broadcast over operators."""
+        peaks, bw = np.asarray(self.peaks, dtype=float), np.asarray(self.bandwidth, dtype=float)
+        return (peaks[:, None, :], bw[:, None]) if self.per_point else (peaks, bw)
 
     def model_hardware(self) -> Hardware:
         """The kernel model's Hardware of this one: 16-, 8- and 4-bit peaks of the bf16, fp8 and
-        fp4 columns."""
-        p = self.peaks
-        return hardware_of(p[_COLUMN_OF["bf16"]], p[_COLUMN_OF["fp8"]], p[_COLUMN_OF["fp4"]], self.bandwidth,
-                           sms=self.sms, l2_bytes=self.l2_bytes)
+        fp4 columns (per point: [P, 1] arrays)."""
+        p, bw = self.arrays()
+        sms, l2 = (np.asarray(x, dtype=float) for x in (self.sms, self.l2_bytes))
+        if self.per_point:
+            sms, l2 = sms[:, None], l2[:, None]
+        return hardware_of(p[..., _COLUMN_OF["bf16"]], p[..., _COLUMN_OF["fp8"]], p[..., _COLUMN_OF["fp4"]], bw,
+                           sms=sms, l2_bytes=l2)
 
 
 #: index of each compute class among the peak columns
@@ -287,19 +318,25 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     by the operator's ops over its shape's: the softmax's). NaN where the operator has no recorded
     shape or its amounts do not match one (an iteration mixing prompt chunks and decode tokens): its
     own fractions stay. Kept for the last few (operator arrays, Efficiency)."""
+    hw_all = eff.kernel.model_hardware()
+    peaks, bandwidth = eff.kernel.arrays()
     ops = np.asarray(op.ops, dtype=float)
-    nan = np.full(ops.shape, np.nan)
+    shape = np.broadcast_shapes(ops.shape, np.shape(bandwidth))     # [O], or [P, O] (per point)
+    nan = np.full(shape, np.nan)
     if op.shape_m is None:
         return nan, nan
-    shape = [np.broadcast_to(np.asarray(getattr(op, f), dtype=float), ops.shape)
-             for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")]
-    m, n, k, h, hk = shape
-    col = np.broadcast_to(np.asarray(op.peak_column), ops.shape)
-    mem = np.asarray(op.memory_bytes, dtype=float) * np.ones(ops.shape)
-    kv = np.asarray(op.kv_bytes, dtype=float) * np.ones(ops.shape)
-    matmul = np.broadcast_to(_kinds(op)[0], ops.shape) & (h == 0)
+    ops = np.broadcast_to(ops, shape)
+    m, n, k, h, hk = (np.broadcast_to(np.asarray(getattr(op, f), dtype=float), shape)
+                      for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads"))
+    col = np.broadcast_to(np.asarray(op.peak_column), shape)
+    mem = np.broadcast_to(np.asarray(op.memory_bytes, dtype=float), shape)
+    kv = np.broadcast_to(np.asarray(op.kv_bytes, dtype=float), shape)
+    matmul = np.broadcast_to(_kinds(op)[0], shape) & (h == 0)
     attention = h > 0                           # a fused attention records its heads (its PIM role may be none)
-    hw = eff.kernel.model_hardware()
+
+    def hw(mask):                               # the hardware of the entries ``mask`` selects
+        return Hardware.of(**{f: np.broadcast_to(getattr(hw_all, f), shape)[mask]
+                              for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes")})
     prm = load_kernel_model()["parameters"]
     time = nan.copy()
     ideal = nan.copy()
@@ -308,7 +345,7 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
         # the rows from the operator's own ops (2 m n k): its tokens however the arrays were built (an
         # iteration of continuous batching, a scaled or pruned step)
         rows = ops[g] / (2 * n[g] * k[g])
-        time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw, prm["gemm"])
+        time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw(g), prm["gemm"])
         ideal[g] = ops[g]
     a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -317,22 +354,24 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     decode = (np.abs(queries - np.round(queries)) <= 1e-6 * queries) & (queries >= 1) & (queries <= n)
     a &= prefill | decode          # else the shape does not describe these amounts (a mixed iteration): fractions stay
     if a.any():
-        queries, prefill = queries[a], prefill[a]
+        queries, prefill, hw_a = queries[a], prefill[a], hw(a)
         e_kv = np.clip(np.where(kv[a] > 0, kv[a] / (2 * m[a] * n[a] * hk[a] * k[a]), 2.0), 0.5, 4.0)
         decode_t = generation_attention_time(m[a] * np.maximum(np.round(queries), 1), n[a], h[a], hk[a], k[a], e_kv,
-                                             hw, prm["generation_attention"])
+                                             hw_a, prm["generation_attention"])
         prefill_t = context_attention_time(m[a], n[a], h[a], hk[a], k[a], np.where(_KERNEL_FORMAT[col[a]] == 0, 0, 1),
-                                           hw, prm["context_attention"])
+                                           hw_a, prm["context_attention"])
         time[a] = np.where(prefill, prefill_t, decode_t)
         ideal[a] = np.where(prefill, 2 * m[a] * h[a] * n[a] * (n[a] + 1) * k[a],
                             4 * m[a] * np.maximum(np.round(queries), 1) * h[a] * n[a] * k[a])
     priced = g | a
     if not priced.any():
         return nan, nan
-    peaks = np.asarray(eff.kernel.peaks, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         time = time * (ops / ideal)                    # the operator's own work over its shape's
-    fc, fm = achieved_fractions(ops[priced], mem[priced], peaks[col[priced]], eff.kernel.bandwidth, time[priced])
+    # the peak of each operator's column: on its point's row of peaks where they are per point
+    peak = np.take_along_axis(peaks[:, 0, :], col, axis=1) if peaks.ndim > 1 else peaks[col]
+    fc, fm = achieved_fractions(ops[priced], mem[priced], peak[priced], np.broadcast_to(bandwidth, shape)[priced],
+                                time[priced])
     out_c, out_m = nan.copy(), nan.copy()
     out_c[priced], out_m[priced] = fc, fm
     return out_c, out_m

@@ -149,8 +149,9 @@ class Plan:
                 key = (g.family, id(g.engine), g.kv_group, id(e), ideal,
                        decoder_layers(g.tables) if g.device_class.dataflow else 0)   # dataflow: layers' latency
                 eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
-                if kernel is not None:
-                    eff = _interned(replace(eff, kernel=kernel[0]))
+                if kernel is not None:       # (a per-point description is one group's: not kept)
+                    eff = replace(eff, kernel=kernel[0]) if kernel[0].per_point else \
+                        _interned(replace(eff, kernel=kernel[0]))
                     source[idx] = kernel[1]
                 else:
                     source[idx] = KERNEL_SOURCES.index("prior" if eff.name.startswith("prior") else
@@ -169,8 +170,9 @@ class Plan:
                 for j in np.flatnonzero(np.isin(at, want)) if want is not None else ():
                     p = int(at[j])
                     one, k = (one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
-                    explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, eff, e, ideal,
-                                                                                        self.hw, p)
+                    one_eff = eff if eff.kernel is None else replace(eff, kernel=eff.kernel.at(j))  # its own hardware
+                    explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, one_eff, e,
+                                                                                        ideal, self.hw, p)
         _unwritten_nan(out, written, set(base), n)
         _open_loop_kv(out)
         nan = np.full(n, np.nan)
@@ -276,6 +278,13 @@ class Plan:
 #: the bf16 peak column
 _BF16 = PEAK_COLUMNS.index("bf16")
 
+#: points per distinct hardware below which the learned kernel layer prices a group's points in one
+#: part, at fractions per point and operator ([P, O], the reference's sums), instead of one part per
+#: distinct hardware (one row of fractions per workload, the speed layer's sums). Measured on 10^4-point
+#: sweeps of Llama-2-70B FP8 (this machine, 2 shared cores): a distinct hardware's part costs ~8 ms
+#: (50 hardwares of 8,000 points: 0.43 s), a point priced per point ~18 us (0.14 s): even at ~450 points
+KERNEL_SPLIT_POINTS = 512
+
 #: how far a point's 16-bit peak and bandwidth may sit from those of the GPU the kernel tables measured
 #: and its prediction still read as theirs ('measured tables'): presets round their datasheet figures
 #: differently from the tables' (RTX PRO 6000: 503.8 against 467.8 TFLOPS, 7.7 %); a design whose
@@ -317,6 +326,12 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     out = [(pos[~on], e)] if (~on).any() else []
     uniq, inv = np.unique(rows[on], axis=0, return_inverse=True)
     inv = np.ravel(inv)
+    if len(uniq) > 1 and len(uniq) * KERNEL_SPLIT_POINTS > len(inv):   # many designs: one part, [P, O]
+        at = local[on]
+        kernel = KernelHardware(np.asarray(g.system.peak[at], dtype=float), np.asarray(g.system.bandwidth[at], dtype=float),
+                                sms[on], l2[on])
+        src = np.where(measured[on], KERNEL_SOURCES.index("measured tables"), KERNEL_SOURCES.index("learned transfer"))
+        return [*out, (pos[on], e, (kernel, src))]
     peaks = g.system.peak[local[on]]
     first = np.unique(inv, return_index=True)[1]
     for u in range(len(uniq)):                 # one per distinct hardware, not per point
