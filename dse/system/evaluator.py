@@ -280,7 +280,8 @@ _BF16 = PEAK_COLUMNS.index("bf16")
 
 #: points per distinct hardware below which the learned kernel layer prices a group's points in one
 #: part, at fractions per point and operator ([P, O], the reference's sums), instead of one part per
-#: distinct hardware (one row of fractions per workload, the speed layer's sums). Measured on 10^4-point
+#: distinct hardware (one row of fractions per workload, the speed layer's sums; always so for continuous
+#: batching, a CPU layer split or speculative decoding, whose pricing takes rows of the points). Measured on 10^4-point
 #: sweeps of Llama-2-70B FP8 (this machine, 2 shared cores): a distinct hardware's part costs ~8 ms
 #: (50 hardwares of 8,000 points: 0.43 s), a point priced per point ~18 us (0.14 s): even at ~450 points
 KERNEL_SPLIT_POINTS = 512
@@ -326,7 +327,10 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     out = [(pos[~on], e)] if (~on).any() else []
     uniq, inv = np.unique(rows[on], axis=0, return_inverse=True)
     inv = np.ravel(inv)
-    if len(uniq) > 1 and len(uniq) * KERNEL_SPLIT_POINTS > len(inv):   # many designs: one part, [P, O]
+    # many designs: one part, [P, O]; not where pricing takes rows of the points' hardware (continuous
+    # batching's iterations, a CPU layer split's host, a draft model's steps): those go by distinct hardware
+    whole = g.serving is None and g.cpu is None and g.spec is None
+    if whole and len(uniq) > 1 and len(uniq) * KERNEL_SPLIT_POINTS > len(inv):
         at = local[on]
         kernel = KernelHardware(np.asarray(g.system.peak[at], dtype=float), np.asarray(g.system.bandwidth[at], dtype=float),
                                 sms[on], l2[on])
