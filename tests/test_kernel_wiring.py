@@ -44,6 +44,9 @@ def test_a_decode_steps_gemms_take_the_kernel_models_time_of_their_shapes():
                        ("down_proj", HIDDEN, MLP), ("lm_head", VOCAB, HIDDEN)):
         expected = float(gemm_time(8, n, k, "bf16", H100, prm))
         assert rows[name]["time_s"] == pytest.approx(expected, rel=1e-9), name
+    # a GEMM-dominated step: the weight matmuls take most of it
+    gemms = sum(r["total_time_s"] for name, r in rows.items() if name.endswith("_proj") or name == "lm_head")
+    assert gemms > 0.7 * sum(r["total_time_s"] for r in rows.values())
     # the same GEMM on the fitted layer is another figure (the family's fractions)
     fitted = {r["name"]: r for r in evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "batch": 8,
                                               "prompt_len": 1024, "gen_len": 2}, efficiency=BARE,
@@ -114,3 +117,17 @@ def test_a_sweep_of_many_designs_prices_as_one_design_at_a_time(monkeypatch):
     for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
         np.testing.assert_allclose(per_point[k], one_by_one[k], rtol=1e-9, err_msg=k)
     assert per_point.labels["kernel_source"][0].tolist() == one_by_one.labels["kernel_source"][0].tolist()
+
+
+def test_continuous_batching_over_many_designs_is_priced_design_by_design():
+    # an in-flight-batching engine prices iterations on rows of its points: never fractions of
+    # another row's hardware
+    rng = np.random.default_rng(2)
+    n = 30
+    columns = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "weights": "fp8", "kv": "fp8", "prompt_len": 1024,
+               "gen_len": 128, "serving": "continuous", "concurrency": rng.choice([1, 64], n),
+               "memory_bandwidth": rng.uniform(2e12, 8e12, n), "kernel_layer": "learned"}
+    ev = evaluate(columns)
+    assert np.all(np.isfinite(ev["tpot_s"]))
+    one = evaluate({k: (v[:1] if isinstance(v, np.ndarray) else v) for k, v in columns.items()})
+    assert one["tpot_s"][0] == pytest.approx(ev["tpot_s"][0], rel=1e-9)
