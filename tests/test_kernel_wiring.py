@@ -131,3 +131,17 @@ def test_continuous_batching_over_many_designs_is_priced_design_by_design():
     assert np.all(np.isfinite(ev["tpot_s"]))
     one = evaluate({k: (v[:1] if isinstance(v, np.ndarray) else v) for k, v in columns.items()})
     assert one["tpot_s"][0] == pytest.approx(ev["tpot_s"][0], rel=1e-9)
+
+
+def test_a_weight_only_quantized_gemv_streams_its_own_bytes():
+    # INT4 weights under 16-bit activations run a 16-bit GEMM (no W4A16 format in the tables): where
+    # memory binds, the kernel's time of the 16-bit shape scaled by the bytes the operator moves
+    prm = load_kernel_model()["parameters"]["gemm"]
+    bf16 = float(gemm_time(1, HIDDEN, HIDDEN, "bf16", H100, prm))
+    for weights in ("fp16", "int4"):
+        row = _rows("decode", model="llama-2-7b", batch=1, weights=weights)["q_proj"]
+        moved = (HIDDEN * HIDDEN + 2 * HIDDEN) * 2.0          # the 16-bit GEMM's weights, input and output
+        assert row["bound"] == "memory"
+        assert row["time_s"] == pytest.approx(bf16 * row["memory_bytes"] / moved, rel=1e-9)
+        if weights == "int4":                                   # about a quarter of the 16-bit time
+            assert 0.2 < row["time_s"] / bf16 < 0.3

@@ -99,6 +99,7 @@ from basis.shipped import shipped
 from basis.yamlfile import load_yaml
 from dse.core.kernel_model import (
     GEMM_FORMATS,
+    OUT_BYTES,
     Hardware,
     achieved_fractions,
     context_attention_time,
@@ -303,6 +304,10 @@ _KERNEL_FORMAT = np.array([list(GEMM_FORMATS).index({"fp8": "fp8", "fp6": "fp8",
                           + [0, 0])
 
 
+#: bytes of one input element of each kernel-model GEMM format (``GEMM_FORMATS``), by format code
+_FORMAT_BYTES = np.array([b for _, b in GEMM_FORMATS.values()])
+
+
 def _kernel_in(fractions: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     """``fractions`` with the kernel layer's where it has one (not NaN)."""
     return np.where(np.isnan(kernel), fractions, kernel)
@@ -340,6 +345,7 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     prm = load_kernel_model()["parameters"]
     time = nan.copy()
     ideal = nan.copy()
+    moved = mem.copy()        # the bytes the kernel's time is for: the model's of a GEMM's format, else the operator's
     g = matmul & (n > 0) & (k > 0) & (ops > 0)
     if g.any():
         # the rows from the operator's own ops (2 m n k): its tokens however the arrays were built (an
@@ -347,6 +353,8 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
         rows = ops[g] / (2 * n[g] * k[g])
         time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw(g), prm["gemm"])
         ideal[g] = ops[g]
+        fmt = _KERNEL_FORMAT[col[g]]
+        moved[g] = (rows * k[g] + k[g] * n[g]) * _FORMAT_BYTES[fmt] + rows * n[g] * OUT_BYTES
     a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         queries = ops / ((4 * k + SOFTMAX_OPS) * m * h * n)       # decode: query tokens a sequence
@@ -370,8 +378,13 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
         time = time * (ops / ideal)                    # the operator's own work over its shape's
     # the peak of each operator's column: on its point's row of peaks where they are per point
     peak = np.take_along_axis(peaks[:, 0, :], col, axis=1) if peaks.ndim > 1 else peaks[col]
-    fc, fm = achieved_fractions(ops[priced], mem[priced], peak[priced], np.broadcast_to(bandwidth, shape)[priced],
+    fc, fm = achieved_fractions(ops[priced], moved[priced], peak[priced], np.broadcast_to(bandwidth, shape)[priced],
                                 time[priced])
+    # the time's loss on the resource that binds (the larger ideal term), the other at its peak: the
+    # kernel's own shape takes its time either way, and an operator moving fewer bytes than the kernel's
+    # format (weight-only INT4 under a 16-bit GEMM) is faster by its bytes where memory binds
+    compute_bound = fc >= fm
+    fc, fm = np.where(compute_bound, fc, 1.0), np.where(compute_bound, 1.0, fm)
     out_c, out_m = nan.copy(), nan.copy()
     out_c[priced], out_m[priced] = fc, fm
     return out_c, out_m
