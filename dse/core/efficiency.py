@@ -313,7 +313,7 @@ def _kernel_in(fractions: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(kernel), fractions, kernel)
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=2)      # compute_fraction and memory_fraction ask in turn; [P, O] arrays are large
 def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     """(compute fraction, memory fraction), shaped as ``op.ops``, that make each matmul's and fused
     attention's roofline time on ``eff.kernel`` equal the kernel layer's time of its shape
@@ -322,7 +322,7 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
     of queries a sequence, causal prefill of shape_n tokens when (shape_n + 1) / 2 (its time scaled
     by the operator's ops over its shape's: the softmax's). NaN where the operator has no recorded
     shape or its amounts do not match one (an iteration mixing prompt chunks and decode tokens): its
-    own fractions stay. Kept for the last few (operator arrays, Efficiency)."""
+    own fractions stay. Kept for the last two (operator arrays, Efficiency)."""
     hw_all = eff.kernel.model_hardware()
     peaks, bandwidth = eff.kernel.arrays()
     ops = np.asarray(op.ops, dtype=float)
