@@ -171,6 +171,17 @@ def test_speed_layer_equals_reference(family, seed):
     _assert_same(fast, ref)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_speed_layer_equals_reference_on_the_learned_kernel_layer(family):
+    # kernel_layer=learned: a GPU's matmuls and attention at the kernel model's fractions of their
+    # shapes on each point's hardware; both paths read the same fractions
+    columns = {**FAMILIES[family](np.random.default_rng(11)), "kernel_layer": "learned"}
+    fast = evaluate(columns)
+    with reference_kernel():
+        ref = evaluate(columns)
+    _assert_same(fast, ref)
+
+
 def test_ideal_roofline_and_explained_operators_agree():
     # the ideal bound (efficiency 1, no overheads: ties between compute and memory are common)
     # and the per-operator tables of explain

@@ -85,6 +85,14 @@ class Operator:
     p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
     uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
+    # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
+    # rows (tokens, m), output columns (n) and depth (k); a fused attention's sequences (m), keys each
+    # query attends (n), head size (k) and query and K/V heads on this device
+    shape_m: float = 0.0
+    shape_n: float = 0.0
+    shape_k: float = 0.0
+    heads: float = 0.0
+    kv_heads: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -338,7 +346,8 @@ class _Builder:
     def linear(self, name, d_in, d_out, count, bias=False, kv_out=False, tokens=None, weight_rows=None):
         t = self.T if tokens is None else tokens
         w = d_in * d_out + (d_out if bias else 0)
-        kw = dict(ops=2 * t * d_in * d_out, weight=w if weight_rows is None else weight_rows, act_in=t * d_in)
+        kw = dict(ops=2 * t * d_in * d_out, weight=w if weight_rows is None else weight_rows, act_in=t * d_in,
+                  shape_m=t, shape_n=d_out, shape_k=d_in)
         kw["kv_out" if kv_out else "act_out"] = t * d_out
         self.add(name, "matmul", count, **kw)
 
@@ -373,7 +382,9 @@ class _Builder:
                 pairs = B * nh * S * L
                 kv_reads = B * L * (kv_qk + kv_sv)
             q = B * S * nh * d_qk
-            kw = {"ops": 2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs, "act_out": B * S * nh * d_v}
+            kw = {"ops": 2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs, "act_out": B * S * nh * d_v,
+                  "shape_m": B, "shape_n": L if self.stage == "decode" else S, "shape_k": d_qk, "heads": nh,
+                  "kv_heads": nkv}
             if kv_from_cache:
                 kw.update(act_in=q, kv_in=kv_reads)
             else:
@@ -516,7 +527,7 @@ class _Builder:
             self.norm("final_norm", h, 1, tokens=B)
         v = m.vocab_size / self.tp
         self.add("lm_head", "matmul", 1, ops=2 * B * h * v, weight=h * v + (v if m.lm_head_bias else 0),
-                 act_in=B * h, act_out=B * v)
+                 act_in=B * h, act_out=B * v, shape_m=B, shape_n=v, shape_k=h)
         return self._techniques(self.ops)
 
     # ---- techniques (``workloads.techniques``)

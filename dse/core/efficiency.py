@@ -97,7 +97,19 @@ import numpy as np
 from basis.errors import MAX_FIGURE, DseError, as_number, shown_key, verbatim
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
+from dse.core.kernel_model import (
+    GEMM_FORMATS,
+    OUT_BYTES,
+    Hardware,
+    achieved_fractions,
+    context_attention_time,
+    gemm_time,
+    generation_attention_time,
+    hardware_of,
+    load_kernel_model,
+)
 from hwmodels.formats import COMPUTE_CLASSES
+from workloads.optable import SOFTMAX_OPS
 
 #: the shipped calibration (``configs/calibration.yaml``; package data in a wheel)
 CALIBRATION_FILE = shipped("configs", "calibration.yaml")
@@ -159,6 +171,7 @@ class Efficiency:
     prefill_decode_overlap: float = 0.0
     request_overhead_s: float = 0.0
     host_links_measured: bool = True
+    kernel: KernelHardware | None = None       # the kernel layer prices matmuls and attention (``kernel_fractions``)
 
     def __post_init__(self):
         for k in FRACTIONS:
@@ -208,9 +221,10 @@ class Efficiency:
                 rows = np.where(mem > 0, o * _ELEMENT_BYTES[column] / (2 * mem), np.inf)
             fraction = top * _saturating(o, self.compute_half_ops) * _saturating(rows, self.compute_half_rows)
             return np.maximum(fraction, top * _FLOOR)
-        return _matmuls_apart(ops, matmul, gemm, np.where(attention, self.resolved("attention_compute"),
-                                                          np.where(vector, self.resolved("vector_compute"),
-                                                                   self.compute)))
+        out = _matmuls_apart(ops, matmul, gemm, np.where(attention, self.resolved("attention_compute"),
+                                                         np.where(vector, self.resolved("vector_compute"),
+                                                                  self.compute)))
+        return out if self.kernel is None else _kernel_in(out, kernel_fractions(op, self)[0])
 
     def host_fraction(self, sys):
         """[P] the achieved fraction of the host link's peak on each point: the link's or tier's own
@@ -225,9 +239,155 @@ class Efficiency:
         def stream(cols):                    # saturating in the matmul's bytes
             return np.maximum(self.memory * _saturating(mem[..., cols], self.memory_half_bytes),
                               self.memory * _FLOOR)
-        return _matmuls_apart(mem, matmul, stream, np.where(
+        out = _matmuls_apart(mem, matmul, stream, np.where(
             attention, self.resolved("attention_memory") / self.attention_kv_reads ** self.kv_reread_exponent,
             self.memory))
+        return out if self.kernel is None else _kernel_in(out, kernel_fractions(op, self)[1])
+
+
+@dataclass(frozen=True, eq=False)
+class KernelHardware:
+    """The physical description the kernel layer (``dse.core.kernel_model``) reads: the peak of each
+    peak column (ops/s, ``SystemArrays.peak``'s row), device-memory bandwidth (bytes/s), SMs and
+    last-level cache (bytes): of one hardware (a tuple and numbers, compared and hashed by value: an
+    Efficiency carrying it is a key of kept terms), or of each of P points in order (``peaks`` [P, C],
+    the others [P] arrays: ``per_point``; compared and hashed by identity, one object a group)."""
+
+    peaks: tuple | np.ndarray
+    bandwidth: float | np.ndarray
+    sms: float | np.ndarray
+    l2_bytes: float | np.ndarray
+
+    @property
+    def per_point(self) -> bool:
+        """True when this describes each of several points (fractions [P, O])."""
+        return np.ndim(self.bandwidth) > 0
+
+    def _key(self):
+        return id(self) if self.per_point else (self.peaks, self.bandwidth, self.sms, self.l2_bytes)
+
+    def __eq__(self, other):
+        return isinstance(other, KernelHardware) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def at(self, j: int) -> KernelHardware:
+        """The hardware of point ``j`` (of a per-point description; this one otherwise)."""
+        if not self.per_point:
+            return self
+        return KernelHardware(tuple(float(x) for x in self.peaks[j]), float(self.bandwidth[j]), float(self.sms[j]),
+                              float(self.l2_bytes[j]))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(peaks [C] or [P, 1, C], bandwidth a number or [P, 1]): shaped to broadcast over operators."""
+        peaks, bw = np.asarray(self.peaks, dtype=float), np.asarray(self.bandwidth, dtype=float)
+        return (peaks[:, None, :], bw[:, None]) if self.per_point else (peaks, bw)
+
+    def model_hardware(self) -> Hardware:
+        """The kernel model's Hardware of this one: 16-, 8- and 4-bit peaks of the bf16, fp8 and
+        fp4 columns (per point: [P, 1] arrays)."""
+        p, bw = self.arrays()
+        sms, l2 = (np.asarray(x, dtype=float) for x in (self.sms, self.l2_bytes))
+        if self.per_point:
+            sms, l2 = sms[:, None], l2[:, None]
+        return hardware_of(p[..., _COLUMN_OF["bf16"]], p[..., _COLUMN_OF["fp8"]], p[..., _COLUMN_OF["fp4"]], bw,
+                           sms=sms, l2_bytes=l2)
+
+
+#: index of each compute class among the peak columns
+_COLUMN_OF = {c: i for i, c in enumerate(COMPUTE_CLASSES)}
+#: the kernel model's GEMM format of each peak column: narrow classes of 8 bits and 6 at FP8, 4-bit
+#: ones at NVFP4, wider ones (and vector, none) at BF16
+_KERNEL_FORMAT = np.array([list(GEMM_FORMATS).index({"fp8": "fp8", "fp6": "fp8", "int8": "fp8", "fp4": "nvfp4",
+                                                     "int4": "nvfp4"}.get(c, "bf16")) for c in COMPUTE_CLASSES]
+                          + [0, 0])
+
+
+#: bytes of one input element of each kernel-model GEMM format (``GEMM_FORMATS``), by format code
+_FORMAT_BYTES = np.array([b for _, b in GEMM_FORMATS.values()])
+
+
+def _kernel_in(fractions: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """``fractions`` with the kernel layer's where it has one (not NaN)."""
+    return np.where(np.isnan(kernel), fractions, kernel)
+
+
+@lru_cache(maxsize=2)      # compute_fraction and memory_fraction ask in turn; [P, O] arrays are large
+def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
+    """(compute fraction, memory fraction), shaped as ``op.ops``, that make each matmul's and fused
+    attention's roofline time on ``eff.kernel`` equal the kernel layer's time of its shape
+    (``dse.core.kernel_model``): a GEMM of its recorded n and k and the rows its ops imply (ops / 2 n k);
+    a fused attention over shape_n keys of shape_m sequences, decode when its ops are a whole number
+    of queries a sequence, causal prefill of shape_n tokens when (shape_n + 1) / 2 (its time scaled
+    by the operator's ops over its shape's: the softmax's). NaN where the operator has no recorded
+    shape or its amounts do not match one (an iteration mixing prompt chunks and decode tokens): its
+    own fractions stay. Kept for the last two (operator arrays, Efficiency)."""
+    hw_all = eff.kernel.model_hardware()
+    peaks, bandwidth = eff.kernel.arrays()
+    ops = np.asarray(op.ops, dtype=float)
+    shape = np.broadcast_shapes(ops.shape, np.shape(bandwidth))     # [O], or [P, O] (per point)
+    nan = np.full(shape, np.nan)
+    if op.shape_m is None:
+        return nan, nan
+    ops = np.broadcast_to(ops, shape)
+    m, n, k, h, hk = (np.broadcast_to(np.asarray(getattr(op, f), dtype=float), shape)
+                      for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads"))
+    col = np.broadcast_to(np.asarray(op.peak_column), shape)
+    mem = np.broadcast_to(np.asarray(op.memory_bytes, dtype=float), shape)
+    kv = np.broadcast_to(np.asarray(op.kv_bytes, dtype=float), shape)
+    matmul = np.broadcast_to(_kinds(op)[0], shape) & (h == 0)
+    attention = h > 0                           # a fused attention records its heads (its PIM role may be none)
+
+    def hw(mask):                               # the hardware of the entries ``mask`` selects
+        return Hardware.of(**{f: np.broadcast_to(getattr(hw_all, f), shape)[mask]
+                              for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes")})
+    prm = load_kernel_model()["parameters"]
+    time = nan.copy()
+    ideal = nan.copy()
+    moved = mem.copy()        # the bytes the kernel's time is for: the model's of a GEMM's format, else the operator's
+    g = matmul & (n > 0) & (k > 0) & (ops > 0)
+    if g.any():
+        # the rows from the operator's own ops (2 m n k): its tokens however the arrays were built (an
+        # iteration of continuous batching, a scaled or pruned step)
+        rows = ops[g] / (2 * n[g] * k[g])
+        time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw(g), prm["gemm"])
+        ideal[g] = ops[g]
+        fmt = _KERNEL_FORMAT[col[g]]
+        moved[g] = (rows * k[g] + k[g] * n[g]) * _FORMAT_BYTES[fmt] + rows * n[g] * OUT_BYTES
+    a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        queries = ops / ((4 * k + SOFTMAX_OPS) * m * h * n)       # decode: query tokens a sequence
+    prefill = np.abs(queries - (n + 1) / 2) <= 1e-6 * n           # causal prefill: (n + 1) / 2 a query
+    decode = (np.abs(queries - np.round(queries)) <= 1e-6 * queries) & (queries >= 1) & (queries <= n)
+    a &= prefill | decode          # else the shape does not describe these amounts (a mixed iteration): fractions stay
+    if a.any():
+        queries, prefill, hw_a = queries[a], prefill[a], hw(a)
+        e_kv = np.clip(np.where(kv[a] > 0, kv[a] / (2 * m[a] * n[a] * hk[a] * k[a]), 2.0), 0.5, 4.0)
+        decode_t = generation_attention_time(m[a] * np.maximum(np.round(queries), 1), n[a], h[a], hk[a], k[a], e_kv,
+                                             hw_a, prm["generation_attention"])
+        prefill_t = context_attention_time(m[a], n[a], h[a], hk[a], k[a], np.where(_KERNEL_FORMAT[col[a]] == 0, 0, 1),
+                                           hw_a, prm["context_attention"])
+        time[a] = np.where(prefill, prefill_t, decode_t)
+        ideal[a] = np.where(prefill, 2 * m[a] * h[a] * n[a] * (n[a] + 1) * k[a],
+                            4 * m[a] * np.maximum(np.round(queries), 1) * h[a] * n[a] * k[a])
+    priced = g | a
+    if not priced.any():
+        return nan, nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        time = time * (ops / ideal)                    # the operator's own work over its shape's
+    # the peak of each operator's column: on its point's row of peaks where they are per point
+    peak = np.take_along_axis(peaks[:, 0, :], col, axis=1) if peaks.ndim > 1 else peaks[col]
+    fc, fm = achieved_fractions(ops[priced], moved[priced], peak[priced], np.broadcast_to(bandwidth, shape)[priced],
+                                time[priced])
+    # the time's loss on the resource that binds (the larger ideal term), the other at its peak: the
+    # kernel's own shape takes its time either way, and an operator moving fewer bytes than the kernel's
+    # format (weight-only INT4 under a 16-bit GEMM) is faster by its bytes where memory binds
+    compute_bound = fc >= fm
+    fc, fm = np.where(compute_bound, fc, 1.0), np.where(compute_bound, 1.0, fm)
+    out_c, out_m = nan.copy(), nan.copy()
+    out_c[priced], out_m[priced] = fc, fm
+    return out_c, out_m
 
 
 def _matmuls_apart(like: np.ndarray, matmul: np.ndarray, of_matmuls, others: np.ndarray) -> np.ndarray:
@@ -263,7 +423,7 @@ def _kinds(op):
     return matmul, attention, vector
 
 
-PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name", "host_links_measured"))
+PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name", "host_links_measured", "kernel"))
 
 IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=False)
 

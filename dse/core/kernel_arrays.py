@@ -20,6 +20,9 @@ PEAK_COLUMNS = COMPUTE_CLASSES + ("vector", "none")
 _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 
+#: the OpArrays fields holding an operator's shape for the kernel layer
+SHAPE_FIELDS = ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")
+
 #: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
 PIM_ROLES = ("attention", "gemv", "experts")
 
@@ -154,6 +157,13 @@ class OpArrays:
     sparse_ok: np.ndarray | None = None
     role: np.ndarray | None = None
     vector_ops: np.ndarray | None = None
+    # the shape the kernel layer prices (``workloads.optable.Operator``'s shape_m .. kv_heads), [O] or
+    # [W, O]; None: not recorded (the operators are priced by their fractions alone)
+    shape_m: np.ndarray | None = None
+    shape_n: np.ndarray | None = None
+    shape_k: np.ndarray | None = None
+    heads: np.ndarray | None = None
+    kv_heads: np.ndarray | None = None
 
     @cached_property
     def one_workload(self) -> bool:
@@ -194,7 +204,8 @@ class OpArrays:
                    table.p2p_bytes, cols, table.counts,
                    np.array([op.kind == "matmul" for op in table.operators], dtype=bool),
                    np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int),
-                   dequant if np.any(dequant) else None)
+                   dequant if np.any(dequant) else None,
+                   *(table.column(f) for f in SHAPE_FIELDS))
 
 
 @dataclass(frozen=True, eq=False)

@@ -43,6 +43,12 @@ def forget_kept() -> None:
         kept.cache_clear()
 
 
+def _per_point_kernel(eff: Efficiency) -> bool:
+    """True when ``eff`` prices operators at the kernel layer's fractions of each point's own
+    hardware ([P, O]): no per-workload constants to split off, the reference's [P, O] sums apply."""
+    return eff.kernel is not None and eff.kernel.per_point
+
+
 def _no_pim_work(op: OpArrays, sys: SystemArrays) -> bool:
     """True when no operator of ``op`` can run in memory: no PIM, or none has a PIM role (a
     prefill's, whose operators stay on the host): then the step is the host's own, priced by the
@@ -216,6 +222,8 @@ def _operators_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarr
 def step_time(op: OpArrays | Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     """Time of one step on every point, seconds, [P]: Σ count × per-instance time + step overhead
     (``operator_cost.step_time``, summed per workload where the step is separable)."""
+    if _per_point_kernel(eff):
+        return reference.step_time(op, sys, eff)
     if _stackable(op, sys):
         return _stacked_step(op, sys, eff) + eff.step_overhead_s
     return _operators_sum(per_point(op), sys, eff) + eff.step_overhead_s
@@ -421,6 +429,8 @@ def decode_total_time(op0: OpArrays, slope: OpArrays, steps, sys: SystemArrays, 
     cost does not change with the context cost steps x one step's (the separable O(P log O)
     path where it applies); without PIM, which places each operator for the whole generation.
     """
+    if _per_point_kernel(eff):
+        return reference.decode_total_time(op0, slope, steps, sys, eff)
     if _stackable(op0, sys):
         fixed, grow0, grow_slope = _recent_decode_split(op0.op, slope.op)
         n = np.asarray(steps, dtype=float)

@@ -522,6 +522,10 @@ def _table_report(res, display, asked_flash=None) -> str:
               "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note", "lengths_note"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
+    if s.get("kernel_source"):
+        out += ["", f"Kernel layer: {s['kernel_source']}"]
+        out += [f"  {kind:20s} x{low:.2f} .. x{high:.2f} (kernel time, 90 % of held-out rows)"
+                for kind, (low, high) in s.get("kernel_bands", {}).items()]
     if s.get("bands"):
         out += ["", f"Error bands: a measurement is expected within predicted x low .. x high ({100 * COVERAGE:.0f} % "
                     f"of cross-validated rows of engine {s['engine']}, this vendor and metric family)"]

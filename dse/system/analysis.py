@@ -15,6 +15,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
+from dse.core.kernel_model import band_of
 from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system import reasons as R
@@ -37,6 +38,9 @@ ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "pow
                        "cost_per_million_tokens_usd")
 #: the serving settings a summary names under continuous batching
 SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
+
+#: the operator kinds the kernel layer prices in a prediction, whose bands ``analyze`` shows
+KERNEL_BAND_KINDS = ("gemm", "generation_attention", "context_attention")
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     }
     s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
                   if np.isfinite(m[f"band_{fam}_low"])}
+    s["kernel_source"] = p.get("kernel_source_name", "")
+    if s["kernel_source"] in ("measured tables", "learned transfer"):   # the kernel layer's own bands
+        s["kernel_bands"] = {kind: list(band) for kind in KERNEL_BAND_KINDS if (band := band_of(kind))}
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):

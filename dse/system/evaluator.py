@@ -28,6 +28,7 @@ that ties them together, ``prepare`` and ``evaluate``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -36,7 +37,9 @@ from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_for, shipped_bands
 from dse.core.dataflow import decoder_layers
 from dse.core.economics import COST_COLUMNS, economics_defaults
-from dse.core.efficiency import Efficiency
+from dse.core.efficiency import Efficiency, KernelHardware
+from dse.core.kernel_arrays import PEAK_COLUMNS
+from dse.core.kernel_model import MEASURED_PRESETS, OPS_PER_SM, load_kernel_model
 from dse.core.metrics import cost_per_million_tokens_usd, system_figures
 from dse.core.roofline import KEPT
 from dse.system import reasons as R
@@ -65,7 +68,7 @@ from dse.system.grouping import (
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.inputs import WorkloadColumns, workload_columns
 from dse.system.layout import parallel_layout
-from dse.system.params import SERVING_MODES
+from dse.system.params import KERNEL_LAYERS, SERVING_MODES
 from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.served import ServedPoint, price_served_in_slices, served_point
@@ -132,14 +135,27 @@ class Plan:
             want = self.inverse[want]
         explained = {}
         resolved = {}          # the Efficiency of each (family, engine, ...) met: one lookup per run
+        learned = self._learned_points()
+        source = np.zeros(n, dtype=np.int64)     # kernel_source per point (held order), codes of KERNEL_SOURCES
         for g in self.groups:
             if g.tables is None:
                 continue
             parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
-            for idx, e in parts:
+            if learned is not None and g.family == "gpu" and not ideal and not g.device_class.dataflow:
+                parts = [piece for idx, e in parts for piece in _by_kernel_hardware(g, idx, e, learned, self.hw)]
+            for part in parts:
+                idx, e = part[:2]
+                kernel = part[2] if len(part) > 2 else None
                 key = (g.family, id(g.engine), g.kv_group, id(e), ideal,
                        decoder_layers(g.tables) if g.device_class.dataflow else 0)   # dataflow: layers' latency
                 eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
+                if kernel is not None:       # (a per-point description is one group's: not kept)
+                    eff = replace(eff, kernel=kernel[0]) if kernel[0].per_point else \
+                        _interned(replace(eff, kernel=kernel[0]))
+                    source[idx] = kernel[1]
+                else:
+                    source[idx] = KERNEL_SOURCES.index("prior" if eff.name.startswith("prior") else
+                                                       "ideal" if eff.name == "ideal" else "calibrated fractions")
                 if eff.name not in eff_names:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
@@ -154,8 +170,9 @@ class Plan:
                 for j in np.flatnonzero(np.isin(at, want)) if want is not None else ():
                     p = int(at[j])
                     one, k = (one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
-                    explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, eff, e, ideal,
-                                                                                        self.hw, p)
+                    one_eff = eff if eff.kernel is None else replace(eff, kernel=eff.kernel.at(j))  # its own hardware
+                    explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, one_eff, e,
+                                                                                        ideal, self.hw, p)
         _unwritten_nan(out, written, set(base), n)
         _open_loop_kv(out)
         nan = np.full(n, np.nan)
@@ -176,7 +193,8 @@ class Plan:
         reason = np.zeros(n, dtype=np.int16)
         for code in sorted(fails, key=R.rank, reverse=True):     # the first check failed, written last
             reason[fails[code]] = code
-        labels, details, flash = self.labels, self.details, self.flash
+        labels, details, flash = dict(self.labels), self.details, self.flash
+        labels["kernel_source"] = (source, list(KERNEL_SOURCES))
         if self.inverse is not None:                  # back to the caller's order
             back = self.inverse
             out = Reordered(out, back)
@@ -189,6 +207,21 @@ class Plan:
             flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
+
+    def _learned_points(self) -> np.ndarray | None:
+        """[n] bool, held order: the points whose ``kernel_layer`` is 'learned' (None: none is);
+        DseError naming the column and what it allows for any other value."""
+        if not self.columns.has("kernel_layer"):
+            return None
+        codes, names = self.columns.labels("kernel_layer")
+        bad = [v for v in names if v not in KERNEL_LAYERS]
+        if bad:
+            raise DseError(f"kernel_layer: expected one of {', '.join(KERNEL_LAYERS)}, got {str(bad[0])!r}")
+        want = np.array([v == "learned" for v in names])[np.asarray(codes)]
+        want = np.broadcast_to(want, (self.size,)) if want.ndim == 0 else want
+        if not want.any():
+            return None
+        return want if self.order is None else want[self.order]
 
     def _violations(self, out: dict, fails: dict) -> tuple[dict, list]:
         """(the violations of every point, held order: memory, support and each constraint, <= 0
@@ -240,6 +273,78 @@ class Plan:
                     else ends[j, pair]
                 if self.hw.dataflow.any():              # an engine's residuals say nothing of a dataflow machine
                     out[f"band_{fam}_{end}"] = np.where(self.hw.dataflow, np.nan, out[f"band_{fam}_{end}"])
+
+
+#: the bf16 peak column
+_BF16 = PEAK_COLUMNS.index("bf16")
+
+#: points per distinct hardware below which the learned kernel layer prices a group's points in one
+#: part, at fractions per point and operator ([P, O], the reference's sums), instead of one part per
+#: distinct hardware (one row of fractions per workload, the speed layer's sums; always so for continuous
+#: batching, a CPU layer split or speculative decoding, whose pricing takes rows of the points). Measured on 10^4-point
+#: sweeps of Llama-2-70B FP8 (this machine, 2 shared cores): a distinct hardware's part costs ~8 ms
+#: (50 hardwares of 8,000 points: 0.43 s), a point priced per point ~18 us (0.14 s): even at ~450 points
+KERNEL_SPLIT_POINTS = 512
+
+#: how far a point's 16-bit peak and bandwidth may sit from those of the GPU the kernel tables measured
+#: and its prediction still read as theirs ('measured tables'): presets round their datasheet figures
+#: differently from the tables' (RTX PRO 6000: 503.8 against 467.8 TFLOPS, 7.7 %); a design whose
+#: figures are changed further is a transfer
+MEASURED_SAME = 0.10
+
+#: which layer's values priced a point's operators (the ``kernel_source`` column): the kernel layer
+#: read on a GPU its tables measured, the kernel layer transferred through the physical features, the
+#: calibrated family fractions, a family's stated prior, or the ideal roofline
+KERNEL_SOURCES = ("calibrated fractions", "measured tables", "learned transfer", "prior", "ideal")
+
+
+def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArrays) -> list:
+    """The points ``idx`` of group ``g`` split by their kernel-layer hardware: (points, ``e``) for those
+    not on the learned layer, and (points, ``e``, (KernelHardware, source code)) for each distinct
+    physical description (peak columns, bandwidth, SMs and cache: ``np.unique`` over the points' rows)
+    of the learned ones. SMs and cache are the kernel tables' own for a preset they measured, else
+    estimated from the 16-bit peak (``kernel_model.hardware_of``), cache unknown; its source is 'measured
+    tables' where the point's peak and bandwidth are the tables' GPU's (``MEASURED_SAME``), else
+    'learned transfer'."""
+    pos = positions(idx)
+    local = pos - positions(g.index)[0]
+    on = learned[pos]
+    if not on.any():
+        return [(idx, e)]
+    model = load_kernel_model()
+    names = [MEASURED_PRESETS.get(nm) for nm in hw.names]
+    table = model.get("hardware") or {}
+    sms = np.array([float(table[t]["sms"]) if t in table else np.nan for t in names])[hw.name[pos]]
+    l2 = np.array([float(table[t]["l2_bytes"]) if t in table else 0.0 for t in names])[hw.name[pos]]
+    ref = np.array([[float(table[t][f]) if t in table else np.nan for f in ("peak_16", "bandwidth")]
+                    for t in names])[hw.name[pos]]
+    own = np.column_stack([g.system.peak[local, _BF16], g.system.bandwidth[local]])
+    with np.errstate(invalid="ignore"):       # the tables' GPU as measured: its preset, its figures unchanged
+        measured = np.all(np.abs(own / ref - 1.0) <= MEASURED_SAME, axis=1)
+    sms = np.where(np.isfinite(sms), sms, np.maximum(np.round(g.system.peak[local, _BF16] / OPS_PER_SM), 1.0))
+    rows = np.column_stack([g.system.peak[local], g.system.bandwidth[local], sms, l2, measured])
+    rows = np.where(np.isfinite(rows), rows, -1.0)
+    out = [(pos[~on], e)] if (~on).any() else []
+    uniq, inv = np.unique(rows[on], axis=0, return_inverse=True)
+    inv = np.ravel(inv)
+    # many designs: one part, [P, O]; not where pricing takes rows of the points' hardware (continuous
+    # batching's iterations, a CPU layer split's host, a draft model's steps): those go by distinct hardware
+    whole = g.serving is None and g.cpu is None and g.spec is None
+    if whole and len(uniq) > 1 and len(uniq) * KERNEL_SPLIT_POINTS > len(inv):
+        at = local[on]
+        kernel = KernelHardware(np.asarray(g.system.peak[at], dtype=float), np.asarray(g.system.bandwidth[at], dtype=float),
+                                sms[on], l2[on])
+        src = np.where(measured[on], KERNEL_SOURCES.index("measured tables"), KERNEL_SOURCES.index("learned transfer"))
+        return [*out, (pos[on], e, (kernel, src))]
+    peaks = g.system.peak[local[on]]
+    first = np.unique(inv, return_index=True)[1]
+    for u in range(len(uniq)):                 # one per distinct hardware, not per point
+        p0 = first[u]
+        kernel = KernelHardware(tuple(float(x) for x in peaks[p0]), float(g.system.bandwidth[local[on][p0]]),
+                                float(uniq[u, -3]), float(uniq[u, -2]))
+        src = KERNEL_SOURCES.index("measured tables" if uniq[u, -1] > 0 else "learned transfer")
+        out.append((pos[on][inv == u], e, (kernel, src)))
+    return out
 
 
 def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:

@@ -50,6 +50,10 @@ MAX_KV_BLOCK = 2**20
 MAX_SPEC_TOKENS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
+#: which layer prices a GPU's matmuls and attention (``kernel_layer``): the calibrated per-family
+#: fractions (``fitted``), or the kernel model's achieved time per operator shape (``learned``,
+#: ``dse.core.kernel_model``)
+KERNEL_LAYERS = ("fitted", "learned")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -270,6 +274,10 @@ TABLE: tuple[Param, ...] = (
                "attention kernel and batching of vllm, sglang, trt-llm, trt-llm-legacy, tgi, lmdeploy, "
                "mlc-llm, llama.cpp, gaudi, jetstream, neuron, ... (default: vllm, a modern engine: CUDA "
                "graphs, custom one-shot all-reduce, fused attention, continuous batching)"),
+    Param("kernel_layer", str, default="fitted", choices=KERNEL_LAYERS, flag="--kernel-layer",
+          help="how a GPU's matmuls and attention are priced: fitted (the calibrated family fractions) or "
+               "learned (the kernel layer's achieved time of each operator's shape on the point's hardware, "
+               "configs/kernel_model.yaml; other hardware classes keep their fractions) (default: fitted)"),
     Param("sparsity", str, default="none", flag="--sparsity",
           help="N:M structured weight sparsity, e.g. 2:4: weights stored compressed (kept values plus a "
                "ceil(log2 M)-bit index each), computed at the device's 2:4 sparse peak where it has one, "
@@ -351,5 +359,5 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 
 __all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
-           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES",
+           "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
            "UNITS", "GROUPS"]

@@ -178,6 +178,9 @@ class Evaluation:
             df[k] = v
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
+        if "kernel_source" in self.labels:        # which layer's values priced each point
+            codes, names = self.labels["kernel_source"]
+            df["kernel_source"] = np.asarray(names, dtype=object)[np.asarray(codes)]
         return df
 
 
