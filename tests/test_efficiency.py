@@ -124,14 +124,15 @@ def test_default_is_derated_from_the_ideal():
     sc = Scenario.make(batch=16, prompt_len=512, gen_len=64, weights="fp8", activations="fp8", kv="fp8",
                        flash_attention=True)
     ideal, default = analyze(m, d, sc, ideal=True).summary, analyze(m, d, sc).summary
-    assert default["efficiency"].startswith("calibrated gpu") and ideal["efficiency"] == "ideal"
+    assert default["efficiency"].startswith("prior gpu + calibrated engine vllm") and ideal["efficiency"] == "ideal"
+    assert default["efficiency_source"] == "kernel layer: prior gpu; engine layer: calibrated engine vllm"
     assert default["output_tokens_per_s"] < ideal["output_tokens_per_s"]
     assert default["ttft_s"] > ideal["ttft_s"] and default["tpot_s"] > ideal["tpot_s"]
 
 
 def test_family_defaults_never_borrow_another_familys_fit():
     assert efficiency_for(load_device("h100-sxm")) == efficiency_for("gpu")
-    assert efficiency_for("gpu").name == "calibrated gpu"
+    assert efficiency_for("gpu").name == "prior gpu"          # the kernel layer is never fitted end to end
     acc = efficiency_for("accelerator")               # its own prior, not the gpu fit
     assert acc.name == "prior accelerator" and (acc.compute, acc.memory) == (0.70, 0.90)
     assert efficiency_for("cpu").name == "prior cpu" and efficiency_for("cpu").memory == 0.70

@@ -15,6 +15,8 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
+from dse.core.bands import band_source
+from dse.core.engines import efficiency_source
 from dse.core.serving import PERCENTILES
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system import reasons as R
@@ -72,6 +74,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     }
     s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
                   if np.isfinite(m[f"band_{fam}_low"])}
+    s["efficiency_source"] = efficiency_source(s["efficiency"])       # which layer's values it used
+    s["band"] = band_source(s["efficiency"]) if s["bands"] else "none (the ideal bound or a given efficiency)"
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):
