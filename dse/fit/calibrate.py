@@ -393,41 +393,85 @@ def fits_to_run(cases: list[Case], cross_validation: bool, starts: int) -> int:
 
 
 def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts: int = 3,
-                   progress=None, warm: dict | None = None) -> tuple[np.ndarray, dict]:
+                   progress=None, warm: dict | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
     """(errors of every row predicted by a fit without its ``key`` group (``folds_of``; NaN where
     a row has none), each fold's record). ``warm``: the full fit's values, each fold's one start (a
     fold that drops a group's rows drops that group's values: its engine is then a prior engine,
     as an engine never measured). Every fold is counted: its record has its rows, the rows it
     predicted and, where some failed, how many and why (``failed``, ``why``: a fit that raised, or
-    the reasons the evaluator gave for the rows it did not predict); see ``fold_totals``."""
-    errors = np.full(len(cases), np.nan)
-    folds = {}
-    for g, idx in folds_of(cases, key).items():
-        held_set = set(idx)
-        train = [cases[i] for i in range(len(cases)) if i not in held_set]
-        held = [cases[i] for i in idx]
-        record: dict = {"rows": len(idx)}
+    the reasons the evaluator gave for the rows it did not predict); see ``fold_totals``.
+    ``workers`` > 1 fits the folds in that many processes (the same results)."""
+    return cross_validate_all(cases, params, keys=(key,), starts=starts, progress=progress, warm=warm,
+                              workers=workers)[key]
+
+
+def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: int = 3, progress=None,
+                       warm: dict | None = None, workers: int = 1) -> dict[str, tuple[np.ndarray, dict]]:
+    """``cross_validate`` for each of ``keys``: {key: (errors, fold records)}, every fold of every
+    key fitted in one pool of ``workers`` processes when it is more than 1 (forked: each worker
+    reads the rows it was forked with)."""
+    jobs = [(key, g, idx) for key in keys for g, idx in folds_of(cases, key).items()]
+    out = {key: (np.full(len(cases), np.nan), {}) for key in keys}
+
+    def take(key, g, idx, errs, record):
+        out[key][0][idx] = errs
+        out[key][1][g] = record
+        _advance(progress)
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        _FOLDS["state"] = (cases, params, starts, warm)
         try:
-            f = fit(Predictions(train), None, params, starts=starts, progress=progress, warm=warm)
-            model = Parameterisation(held, f.slots)
-            x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
-            pr = Predictions(held).predict(model.efficiencies(np.array(x)))
-        except (DseError, ValueError, np.linalg.LinAlgError) as e:
-            folds[g] = {**record, "predicted": 0, "failed": len(idx), "why": {f"the fit failed: {e}": len(idx)}}
-            continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            errors[idx] = pr.values / np.array([c.row.value for c in held]) - 1.0
-        ok = np.isfinite(errors[idx])
-        record.update(predicted=int(ok.sum()), **{k: _round(v) for k, v in ape_stats(np.abs(errors[idx][ok])).items()})
-        if not ok.all():
-            why: dict[str, int] = {}
-            for j in np.flatnonzero(~ok):
-                text = str(pr.why.get(int(j), "no finite prediction"))
-                text = text if len(text) <= 160 else text[:157] + "..."
-                why[text] = why.get(text, 0) + 1
-            record.update(failed=int((~ok).sum()), why=why)
-        folds[g] = record
-    return errors, folds
+            with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+                for (key, g, idx), (errs, record) in zip(jobs, pool.imap(_fold_job, jobs)):
+                    take(key, g, idx, errs, record)
+        finally:
+            _FOLDS.clear()
+    else:
+        for key, g, idx in jobs:
+            take(key, g, idx, *_fold(cases, idx, params, starts, warm))
+    for key in keys:                      # folds in their sorted order, as folds_of gives them
+        out[key] = (out[key][0], {g: out[key][1][g] for g in folds_of(cases, key)})
+    return out
+
+
+#: what a forked fold worker reads (``cross_validate_all``)
+_FOLDS: dict = {}
+
+
+def _fold_job(job) -> tuple[np.ndarray, dict]:
+    """``_fold`` of one (key, group, rows) job in a forked worker."""
+    cases, params, starts, warm = _FOLDS["state"]
+    return _fold(cases, job[2], params, starts, warm)
+
+
+def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None) -> tuple[np.ndarray, dict]:
+    """(errors of the rows ``idx`` predicted by a fit of the other rows, the fold's record: rows,
+    predicted, APE statistics and, where rows failed, ``failed`` and ``why``)."""
+    held_set = set(idx)
+    train = [cases[i] for i in range(len(cases)) if i not in held_set]
+    held = [cases[i] for i in idx]
+    record: dict = {"rows": len(idx)}
+    errors = np.full(len(idx), np.nan)
+    try:
+        f = fit(Predictions(train), None, params, starts=starts, warm=warm)
+        model = Parameterisation(held, f.slots)
+        x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
+        pr = Predictions(held).predict(model.efficiencies(np.array(x)))
+    except (DseError, ValueError, np.linalg.LinAlgError) as e:
+        return errors, {**record, "predicted": 0, "failed": len(idx), "why": {f"the fit failed: {e}": len(idx)}}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        errors = pr.values / np.array([c.row.value for c in held]) - 1.0
+    ok = np.isfinite(errors)
+    record.update(predicted=int(ok.sum()), **{k: _round(v) for k, v in ape_stats(np.abs(errors[ok])).items()})
+    if not ok.all():
+        why: dict[str, int] = {}
+        for j in np.flatnonzero(~ok):
+            text = str(pr.why.get(int(j), "no finite prediction"))
+            text = text if len(text) <= 160 else text[:157] + "..."
+            why[text] = why.get(text, 0) + 1
+        record.update(failed=int((~ok).sum()), why=why)
+    return errors, record
 
 
 def fold_totals(folds: dict) -> dict:
@@ -501,7 +545,7 @@ def _measured_files(measured) -> list[Path]:
 
 
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
-              params=None, progress=None) -> Calibration:
+              params=None, progress=None, workers: int = 1) -> Calibration:
     """Fit, cross-validate and write the calibration file ``out`` (default ``DEFAULT_OUT``, inside
     the run folder; never the shipped file unless asked for) from ``measured`` (a CSV or a list;
     default: every measured file dse ships). One fit of the engine layer with the kernel layer
@@ -511,7 +555,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     Cross-validation leaves out sources (in folds), vendors and engines, every fold counted
     (``fold_totals``); the leave-sources-out residuals give the error bands and the
     leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
-    the number of least-squares runs as its total (``reset``) and advances by one per run."""
+    the number of least-squares runs as its total (``reset``) and advances by one per run;
+    ``workers`` > 1 fits the cross-validation folds in that many processes (the same results)."""
     files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
     rows, cases, skipped, scored = [], [], [], 0
@@ -539,8 +584,9 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
            "per_engine": _stats_by(labelled, f.errors, "framework"),
            "per_hardware": _stats_by(rws, f.errors, "hardware"), "per_model": _stats_by(rws, f.errors, "model")}
     cv, res = {}, {"fit": f, "rows": rws, "cases": cases}
-    for key in (CV_KEYS if cross_validation else ()):
-        e, folds = cross_validate(cases, params, key=key, starts=starts, progress=progress, warm=f.params)
+    done = cross_validate_all(cases, params, keys=CV_KEYS if cross_validation else (), starts=starts,
+                              progress=progress, warm=f.params, workers=workers)
+    for key, (e, folds) in done.items():
         res[key] = e
         cv[f"leave_{key}s_out"] = {**_slice_stats(cases, e), "totals": fold_totals(folds), "folds": folds}
     note_err = (f"in-sample median APE {100 * ins['median_ape']:.1f} %, p90 {100 * ins['p90_ape']:.1f} % "
