@@ -232,7 +232,7 @@ class Fit:
 
 
 def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts: int = 3, progress=None,
-        slots: list[Slot] | None = None, warm: dict | None = None) -> Fit:
+        slots: list[Slot] | None = None, warm: dict | None = None, warm_nfev: int | None = None) -> Fit:
     """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured),
     bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
@@ -257,7 +257,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     best = None
     for start in _starts(x0, lo, hi, 1 if warm else starts):
         r = least_squares(resid, start, jac=resid.jacobian, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE,
-                          max_nfev=WARM_NFEV if warm else None)
+                          max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
         if best is None or r.cost < best.cost:
             best = r
         _advance(progress)
@@ -270,6 +270,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
 #: relative step of the forward differences of the Jacobian (in the fitted, possibly log, space)
 DIFF_STEP = 1e-3
 #: evaluations a warm-started fit (a cross-validation fold, starting at the full fit) may take
+#: (``calibrate --fold-evaluations``)
 WARM_NFEV = 40
 
 
@@ -385,15 +386,16 @@ def folds_of(cases: list[Case], key: str) -> dict[str, list[int]]:
     return {g: idx for g, idx in sorted(groups.items()) if len(idx) < len(cases)}
 
 
-def fits_to_run(cases: list[Case], cross_validation: bool, starts: int) -> int:
+def fits_to_run(cases: list[Case], cross_validation: bool, starts: int, keys=CV_KEYS) -> int:
     """How many least-squares runs ``calibrate`` makes: one fit and (cross-validating) one per
-    left-out group of each of ``CV_KEYS`` (the full fit with ``starts`` starts, each fold one warm start)."""
-    folds = sum(len(folds_of(cases, k)) for k in CV_KEYS) if cross_validation else 0
+    left-out group of each of ``keys`` (the full fit with ``starts`` starts, each fold one warm start)."""
+    folds = sum(len(folds_of(cases, k)) for k in keys) if cross_validation else 0
     return len(_starts(np.zeros(1), np.zeros(1), np.ones(1), starts)) + folds
 
 
 def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts: int = 3,
-                   progress=None, warm: dict | None = None, workers: int = 1) -> tuple[np.ndarray, dict]:
+                   progress=None, warm: dict | None = None, workers: int = 1,
+                   warm_nfev: int | None = None) -> tuple[np.ndarray, dict]:
     """(errors of every row predicted by a fit without its ``key`` group (``folds_of``; NaN where
     a row has none), each fold's record). ``warm``: the full fit's values, each fold's one start (a
     fold that drops a group's rows drops that group's values: its engine is then a prior engine,
@@ -402,11 +404,12 @@ def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts
     the reasons the evaluator gave for the rows it did not predict); see ``fold_totals``.
     ``workers`` > 1 fits the folds in that many processes (the same results)."""
     return cross_validate_all(cases, params, keys=(key,), starts=starts, progress=progress, warm=warm,
-                              workers=workers)[key]
+                              workers=workers, warm_nfev=warm_nfev)[key]
 
 
 def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: int = 3, progress=None,
-                       warm: dict | None = None, workers: int = 1) -> dict[str, tuple[np.ndarray, dict]]:
+                       warm: dict | None = None, workers: int = 1,
+                       warm_nfev: int | None = None) -> dict[str, tuple[np.ndarray, dict]]:
     """``cross_validate`` for each of ``keys``: {key: (errors, fold records)}, every fold of every
     key fitted in one pool of ``workers`` processes when it is more than 1 (forked: each worker
     reads the rows it was forked with)."""
@@ -420,7 +423,7 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
-        _FOLDS["state"] = (cases, params, starts, warm)
+        _FOLDS["state"] = (cases, params, starts, warm, warm_nfev)
         try:
             with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
                 for (key, g, idx), (errs, record) in zip(jobs, pool.imap(_fold_job, jobs)):
@@ -429,7 +432,7 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
             _FOLDS.clear()
     else:
         for key, g, idx in jobs:
-            take(key, g, idx, *_fold(cases, idx, params, starts, warm))
+            take(key, g, idx, *_fold(cases, idx, params, starts, warm, warm_nfev))
     for key in keys:                      # folds in their sorted order, as folds_of gives them
         out[key] = (out[key][0], {g: out[key][1][g] for g in folds_of(cases, key)})
     return out
@@ -441,11 +444,12 @@ _FOLDS: dict = {}
 
 def _fold_job(job) -> tuple[np.ndarray, dict]:
     """``_fold`` of one (key, group, rows) job in a forked worker."""
-    cases, params, starts, warm = _FOLDS["state"]
-    return _fold(cases, job[2], params, starts, warm)
+    cases, params, starts, warm, warm_nfev = _FOLDS["state"]
+    return _fold(cases, job[2], params, starts, warm, warm_nfev)
 
 
-def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None) -> tuple[np.ndarray, dict]:
+def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None,
+          warm_nfev: int | None = None) -> tuple[np.ndarray, dict]:
     """(errors of the rows ``idx`` predicted by a fit of the other rows, the fold's record: rows,
     predicted, APE statistics and, where rows failed, ``failed`` and ``why``)."""
     held_set = set(idx)
@@ -454,7 +458,7 @@ def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | N
     record: dict = {"rows": len(idx)}
     errors = np.full(len(idx), np.nan)
     try:
-        f = fit(Predictions(train), None, params, starts=starts, warm=warm)
+        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev)
         model = Parameterisation(held, f.slots)
         x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
         pr = Predictions(held).predict(model.efficiencies(np.array(x)))
@@ -545,7 +549,8 @@ def _measured_files(measured) -> list[Path]:
 
 
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
-              params=None, progress=None, workers: int = 1) -> Calibration:
+              params=None, progress=None, workers: int = 1, leave_out=CV_KEYS,
+              fold_evaluations: int | None = None) -> Calibration:
     """Fit, cross-validate and write the calibration file ``out`` (default ``DEFAULT_OUT``, inside
     the run folder; never the shipped file unless asked for) from ``measured`` (a CSV or a list;
     default: every measured file dse ships). One fit of the engine layer with the kernel layer
@@ -556,7 +561,10 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     (``fold_totals``); the leave-sources-out residuals give the error bands and the
     leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
     the number of least-squares runs as its total (``reset``) and advances by one per run;
-    ``workers`` > 1 fits the cross-validation folds in that many processes (the same results)."""
+    ``workers`` > 1 fits the cross-validation folds in that many processes (the same results);
+    ``leave_out``: the groupings cross-validated (default every one of ``CV_KEYS``; the band of
+    unseen engines needs 'engine'); ``fold_evaluations``: the evaluations each fold's warm fit may
+    take (default ``WARM_NFEV``)."""
     files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
     rows, cases, skipped, scored = [], [], [], 0
@@ -573,7 +581,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
     slots = slots_for(cases, params)
     if progress is not None:
-        progress.reset(total=fits_to_run(cases, cross_validation, starts))
+        progress.reset(total=fits_to_run(cases, cross_validation, starts, tuple(leave_out)))
     today = _dt.date.today().isoformat()
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
     f = fit(Predictions(cases), None, params, starts=starts, progress=progress, slots=slots)
@@ -584,8 +592,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
            "per_engine": _stats_by(labelled, f.errors, "framework"),
            "per_hardware": _stats_by(rws, f.errors, "hardware"), "per_model": _stats_by(rws, f.errors, "model")}
     cv, res = {}, {"fit": f, "rows": rws, "cases": cases}
-    done = cross_validate_all(cases, params, keys=CV_KEYS if cross_validation else (), starts=starts,
-                              progress=progress, warm=f.params, workers=workers)
+    done = cross_validate_all(cases, params, keys=tuple(leave_out) if cross_validation else (), starts=starts,
+                              progress=progress, warm=f.params, workers=workers, warm_nfev=fold_evaluations)
     for key, (e, folds) in done.items():
         res[key] = e
         cv[f"leave_{key}s_out"] = {**_slice_stats(cases, e), "totals": fold_totals(folds), "folds": folds}

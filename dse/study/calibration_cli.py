@@ -41,6 +41,12 @@ def add_parsers(command) -> None:
     c.add_argument("--workers", type=_whole(1, 64), default=1, metavar="N",
                    help="processes fitting the cross-validation folds at once (1-64; default 1); the results are "
                         "the same")
+    c.add_argument("--leave-out", nargs="+", choices=C.CV_KEYS, default=list(C.CV_KEYS), metavar="KEY",
+                   help=f"the groupings cross-validated, one group left out at a time ({', '.join(C.CV_KEYS)}; "
+                        "default all; the band of unseen engines needs 'engine')")
+    c.add_argument("--fold-evaluations", type=_whole(1, 1000), default=C.WARM_NFEV, metavar="N",
+                   help=f"evaluations each cross-validation fold's fit may take from the full fit's values "
+                        f"(1-1000; default {C.WARM_NFEV})")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="skip the cross-validation fits that leave out sources, vendors and engines (and the error bands they give; default: run them)")
     _progress_args(c)
@@ -106,7 +112,8 @@ def cmd_validate(args) -> int:
 def cmd_calibrate(args) -> int:
     with progress_bar(args, "calibrate") as bar:
         cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar,
-                          starts=args.starts, workers=args.workers)
+                          starts=args.starts, workers=args.workers, leave_out=tuple(args.leave_out),
+                          fold_evaluations=args.fold_evaluations)
         bar.set_description("calibrate (validating the new calibration)")
         files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
         rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]
