@@ -191,7 +191,9 @@ def test_fit_recovers_known_parameters_and_writes_notes(tmp_path, reference):
     # rows whose "measurements" are the predictions of known parameters
     values = V.Predictions(cases[:12]).values(truth)
     synthetic = [replace(c, row=replace(c.row, value=float(v))) for c, v in zip(cases[:12], values)]
-    params = [q for q in C.FIT if q.name in ("compute", "memory", "op_overhead_s")]
+    params = [C.Param("compute", 0.2, 1.0, False, 0.7, "GEMM fraction (a single Efficiency's field: the kernel "
+                      "layer is not in FIT)"), C.Param("memory", 0.3, 1.0, False, 0.85, "bandwidth fraction"),
+              next(q for q in C.FIT if q.name == "op_overhead_s")]
     f = C.fit(V.Predictions(synthetic), Efficiency(), params, starts=1)
     assert f.params["compute"] == pytest.approx(0.55, rel=1e-3) and f.params["memory"] == pytest.approx(0.8, rel=1e-3)
     assert np.max(np.abs(f.errors)) < 1e-4

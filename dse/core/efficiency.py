@@ -76,14 +76,16 @@ Prefill/decode overlap and the per-request overhead act on the serving metrics
 collective and point-to-point terms.
 
 Defaults per hardware family (``efficiency_for``; a preset's ``family``: gpu, tpu, gaudi, neuron,
-tenstorrent, apple, cpu, pim, groq, cerebras, sambanova): ``FAMILY_PRIORS`` are documented
-first-order figures of what the hardware reaches; the parameters ``dse.fit.calibrate`` fits are
-read from ``configs/calibration.yaml`` (``families``, with the file, date and error of the fit) and
-replace the priors of the families the measurements cover. A family is never given another
-family's fit: the Efficiency's name says whose values a prediction uses ("calibrated gpu",
-"prior tpu"). The software side (launch, all-reduce and scheduler costs, attention kernel,
-batching) is the engine's (``dse.core.engines.engine_efficiency``). ``--ideal`` keeps the pure
-bound.
+tenstorrent, apple, cpu, pim, groq, cerebras, sambanova) are the kernel layer: ``FAMILY_PRIORS``,
+cited figures of what the hardware and its kernel library reach, apart from any serving engine.
+``dse.fit.calibrate`` no longer fits them on end-to-end rows (it fits the engine layer with them
+held fixed); a calibration file written before that may still hold fitted ``families`` values,
+which then replace the priors of the families it covers. A family is never given another
+family's values: the Efficiency's name says whose values a prediction uses ("prior gpu",
+"calibrated gpu" for such an older file). The software side (launch, all-reduce and scheduler
+costs, the engine's share of the kernel layer's bandwidth and compute, overlap, attention kernel,
+batching) is the engine layer's (``dse.core.engines.engine_efficiency``). ``--ideal`` keeps the
+pure bound.
 """
 from __future__ import annotations
 
@@ -427,15 +429,20 @@ PARAM_NAMES = tuple(f.name for f in fields(Efficiency) if f.name not in ("name",
 
 IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=False)
 
-#: First-order defaults per hardware family, before calibration: what the hardware reaches (the
-#: software's costs are the engine's, ``dse.core.engines``). ``dse.study calibrate`` replaces the
-#: fitted parameters of the families its measurements cover. Sources:
-#: - gpu memory 0.90: memory-streaming microbenchmarks reach ~90 % of peak HBM bandwidth
-#:   (first-order; ``calibrate`` refits it on the decode rows of the measured data).
-#: - gpu compute 0.70: large tensor-core GEMMs sustain 60-80 % of dense peak; the maximum achievable
-#:   matmul FLOPS (MAMF, BF16, best shape) is 80.1 % of peak on H100 SXM, 85.9 % on A100 SXM, 77.6 % on
-#:   B200 and 60.1 % on MI300X (S. Bekman, Machine Learning Engineering, compute/accelerator/README.md,
-#:   'Maximum Achievable Matmul FLOPS comparison table').
+#: The kernel layer's values per hardware family: what the hardware and its kernel library reach,
+#: apart from any serving engine (the software's costs and shares are the engine layer's,
+#: ``dse.core.engines``, fitted by ``dse.study calibrate`` with these held fixed; since issue 42 no
+#: hardware fraction is fitted end to end). Sources:
+#: - gpu compute 0.80: the maximum achievable matmul FLOPS (MAMF, BF16, best shape) is 80.3 % of
+#:   dense peak on H100 SXM (794.5 of 989 TFLOPS), 85.9 % on A100 SXM, 77.6 % on B200 and 60.1 % on
+#:   MI300X (S. Bekman, Machine Learning Engineering, compute/accelerator/README.md, 'Maximum
+#:   Achievable Matmul FLOPS comparison table', read 2026-11); 0.80 is H100's, the device of most
+#:   measured rows; the spread over devices is in the bands.
+#: - gpu compute_half_rows 32: a Hopper tensor-core instruction multiplies a 64-row tile (PTX ISA,
+#:   wgmma.mma_async shapes .m64nNk*), so a GEMM of M < 64 rows fills about M / 64 of it; the
+#:   saturating shape term M / (M + 32) equals M / 64 at M = 32 (one half).
+#: - gpu memory 0.90: first-order (a streaming kernel's share of peak HBM bandwidth; no cited
+#:   microbenchmark table is at hand for it: the kernel layer's measured tables replace it).
 #: - collective 0.80: fraction of link bandwidth a ring all-reduce reaches (NCCL bus bandwidth is
 #:   typically 70-90 % of the link's).
 #: - gaudi compute 0.969 (BF16) and 0.955 (FP8): measured MAMF 418.7 of 432 TFLOPS BF16 and 826.5 of
@@ -462,7 +469,7 @@ IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=Fa
 #: - the device classes (accelerator, soc, spatial) are the fallback of a device built without a
 #:   family, with the figures of the family they describe.
 FAMILY_PRIORS: dict[str, dict] = {
-    "gpu": dict(compute=0.70, memory=0.90, collective=0.80),
+    "gpu": dict(compute=0.80, compute_half_rows=32.0, memory=0.90, collective=0.80),
     "tpu": dict(compute=0.70, memory=0.90, collective=0.80),
     "gaudi": dict(compute=0.969, compute_fp8=0.955, memory=0.90, collective=0.80),
     "neuron": dict(compute=0.70, memory=0.90, collective=0.80),
@@ -519,12 +526,13 @@ load_calibration.cache_clear = lambda: _load_calibration.cache_clear()   # noqa:
 #: allows (``launch``: the launch classes of ``dse.core.engines``; ``allreduce``: its all-reduce
 #: algorithms that cost a launch; ``engines``: the engine profiles of configs/engines.yaml)
 ENGINE_SIDE = {"launch": ("op_overhead_s",), "allreduce": ("collective_latency_s",),
-               "engines": ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale")}
+               "engines": ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale",
+                           "prefill_decode_overlap")}
 LAUNCH_CLASSES = ("eager", "graphs")
 ALLREDUCE_ALGORITHMS = ("one-shot", "ring")
 #: the sections ``calibrate`` writes that record how the fit was made (free-form mappings)
 RECORD_SECTIONS = ("fitted", "error", "cross_validation", "band_coverage", "not_fitted", "priors_kept",
-                   "unpredictable")
+                   "unpredictable", "at_bound", "prior_engines", "kernel_layer")
 #: every top-level section a calibration file may have (``classes``: ``families`` before families)
 SECTIONS = ("families", "classes", *ENGINE_SIDE, "bands", *RECORD_SECTIONS)
 
@@ -568,7 +576,10 @@ def _load_calibration(path: str, mtime_ns: int, size: int) -> dict:
     name = "families" if "families" in data or "classes" not in data else "classes"
     if name == "classes":                                  # written before hardware families
         data = {**data, "families": data["classes"]}
-    if not isinstance(data.get("families"), dict) or not (data["families"] or data.get("priors_kept")):
+    elif "families" not in data and any(data.get(k) for k in ENGINE_SIDE):   # the engine layer alone
+        data = {**data, "families": {}}
+    if not isinstance(data.get("families"), dict) or not (data["families"] or data.get("priors_kept")
+                                                          or any(data.get(k) for k in ENGINE_SIDE)):
         raise DseError(f"{p}: {name}: expected the fitted parameters of at least one hardware family "
                        f"({{<family>: {{<parameter>: {{value: NUMBER}}}}}}); known families: {', '.join(FAMILY_PRIORS)}")
     groups_of = {"families": tuple(FAMILY_PRIORS), "launch": LAUNCH_CLASSES, "allreduce": ALLREDUCE_ALGORITHMS,
@@ -672,10 +683,11 @@ def class_parameters(family: str, path: str | None = None) -> dict:
 
 
 def efficiency_for(device, path: str | None = None) -> Efficiency:
-    """The hardware-side Efficiency of a device (or a family name): its family's prior, replaced by
-    the calibrated values of ``configs/calibration.yaml`` (or ``path``) where the file fits that
-    family; never another family's. Its name says which ('calibrated gpu', 'prior tpu'). The
-    engine's costs come on top (``dse.core.engines.engine_efficiency``)."""
+    """The hardware-side (kernel layer) Efficiency of a device (or a family name): its family's
+    cited prior, replaced by fitted values only where ``configs/calibration.yaml`` (or ``path``), a
+    file written before the kernel layer was held fixed, fits that family; never another family's.
+    Its name says which ('prior gpu', 'calibrated gpu'). The engine layer comes on top
+    (``dse.core.engines.engine_efficiency``)."""
     fam = family_of(device)
     params, fitted = family_parameters(fam, path)
     try:
@@ -685,7 +697,7 @@ def efficiency_for(device, path: str | None = None) -> Efficiency:
 
 
 def __getattr__(name: str):
-    """``DEFAULT``: the calibrated gpu default, read when first asked for (so that a broken
+    """``DEFAULT``: the gpu family's default, read when first asked for (so that a broken
     calibration file does not stop ``import dse.core.efficiency``, and ``calibrate`` can rewrite it)."""
     if name == "DEFAULT":
         return efficiency_for("gpu")

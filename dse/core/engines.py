@@ -21,10 +21,15 @@ source, ``EngineMemory``): the share of device memory it lets itself use (vLLM's
 one keeps no reserve and prefills whole prompts, as does the engine a point gets without naming one
 (``default``: the generic footprint, the whole device memory).
 
-``engine_efficiency`` turns a hardware family's Efficiency (``dse.core.efficiency``) into the
-Efficiency of that hardware under one engine; it is the only place the two are combined. An
-engine without fitted values of its own takes its launch and all-reduce classes' and the default
-engine's scheduler costs, and its Efficiency's name says so.
+``engine_efficiency`` turns a hardware family's Efficiency (``dse.core.efficiency``: the kernel
+layer, never fitted end to end) into the Efficiency of that hardware under one engine (the engine
+layer); it is the only place the two are combined. An engine with fitted values of its own
+(``calibrate`` fits an engine with ``dse.fit.calibrate.MIN_ROWS`` rows or more) is a
+"calibrated engine"; any other is a "prior engine": neutral scales (1.0) and no scheduler or
+request cost beyond its launch and all-reduce classes' (``NEUTRAL``), its band the wide band of
+engines predicted without rows of their own (``dse.core.bands``). It never takes another engine's
+fit. The Efficiency's name says which ("prior gpu + calibrated engine vllm", "prior gpu + prior
+engine tgi"), and names an engine value that ended on its fit's bound (``at_bound`` section).
 """
 from __future__ import annotations
 
@@ -46,12 +51,17 @@ ATTENTION = ("fused", "unfused")
 ALLREDUCE = ("one-shot", "ring", "none")
 LAUNCH = ("graphs", "eager")
 #: parameters an engine fits for itself (``engines`` section of the calibration)
-ENGINE_PARAMS = ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale")
+ENGINE_PARAMS = ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale", "prefill_decode_overlap")
 #: the engine's costs that a family Efficiency may also carry (a calibration written before engine
 #: profiles fitted them per family): where no engine-side value is fitted, the family's stays
 COSTS = ("op_overhead_s", "collective_latency_s", "step_overhead_s", "request_overhead_s")
-#: the engine's shares of the hardware's achievable fractions when none is fitted
-NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0}
+#: a prior engine's values (no fit of its own): its kernels reach what the kernel layer says
+#: (scales 1.0), no scheduler or request cost beyond its launch and all-reduce classes', no
+#: prefill hidden under decode; its uncertainty is the band of unseen engines (``dse.core.bands``)
+NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0, "step_overhead_s": 0.0, "request_overhead_s": 0.0,
+           "prefill_decode_overlap": 0.0}
+#: the words an Efficiency's name uses for the engine layer's two kinds of values
+CALIBRATED, PRIOR = "calibrated engine", "prior engine"
 _KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources"}
 #: what a share of device memory is a share of: all of it, or what the weights and activations leave
 SHARE_OF = ("device", "free")
@@ -230,12 +240,13 @@ def engine_matching(text: str) -> Engine | None:
 
 
 def engine_parameters(engine: Engine, path: str | None = None, sections: dict | None = None) -> tuple[dict, list[str]]:
-    """(the engine-side parameters of ``engine``, where each came from when not its own fit):
-    the calibration's launch, all-reduce and engine sections (``sections``, else read from the
-    calibration ``path``: default the one in use); scheduler costs of an engine with no fit of its
-    own are the default engine's."""
+    """(the engine-side parameters of ``engine``, notes on them): the calibration's launch and
+    all-reduce classes and the engine's own fitted values (``sections``, else read from the
+    calibration ``path``: default the one in use). An engine without fitted values of its own gets
+    none here (``engine_efficiency`` gives it ``NEUTRAL``), never another engine's. Notes name
+    each of its values that ended on its fit's bound (the calibration's ``at_bound`` section)."""
     cal = sections if sections is not None else load_calibration(path)
-    out, borrowed = {}, []
+    out, notes = {}, []
 
     def value(node):
         return float(node["value"] if isinstance(node, dict) else node)
@@ -246,17 +257,33 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
         algo = (cal.get("allreduce") or {}).get(engine.allreduce) or {}
         if "collective_latency_s" in algo:
             out["collective_latency_s"] = value(algo["collective_latency_s"])
-    fitted = cal.get("engines") or {}
-    own = fitted.get(engine.name)
-    if not own and fitted:
-        own = fitted.get(default_engine()) or {}
-        own = {k: v for k, v in own.items() if k in ("step_overhead_s", "request_overhead_s")}
-        if own:
-            borrowed.append(f"scheduler costs of {default_engine()}")
-    for k, v in (own or {}).items():
+    for k, v in ((cal.get("engines") or {}).get(engine.name) or {}).items():
         if k in ENGINE_PARAMS:
             out[k] = value(v)
-    return out, borrowed
+    used = {f"launch.{engine.launch}", f"allreduce.{engine.allreduce}", f"engines.{engine.name}"}
+    for key, node in (cal.get("at_bound") or {}).items():
+        if key.rsplit(".", 1)[0] in used and isinstance(node, dict):
+            notes.append(f"{key.rsplit('.', 1)[1]} of {key.rsplit('.', 1)[0]} at its {node.get('bound')} bound "
+                         f"{node.get('limit')}")
+    return out, notes
+
+
+def efficiency_source(name: str) -> str:
+    """Which layer's values an Efficiency called ``name`` (``engine_efficiency``'s) uses, in words:
+    'kernel layer: prior gpu; engine layer: calibrated engine vllm' (with any value at its bound),
+    'ideal roofline (no efficiency)', or the name itself for an Efficiency given by the caller."""
+    if name == "ideal":
+        return "ideal roofline (no efficiency)"
+    hardware, _, engine = name.partition(" + ")
+    if not engine.startswith((CALIBRATED, PRIOR)):
+        return f"given: {name}"
+    return f"kernel layer: {hardware}; engine layer: {engine}"
+
+
+def is_calibrated(engine: Engine, path: str | None = None, sections: dict | None = None) -> bool:
+    """Whether ``engine`` has fitted values of its own in the calibration (else it is a prior engine)."""
+    cal = sections if sections is not None else load_calibration(path)
+    return bool((cal.get("engines") or {}).get(engine.name))
 
 
 def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *,
@@ -268,11 +295,12 @@ def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *
     Static engines hide nothing of prefill under decode. The ideal bound stays the ideal bound."""
     if base.name == "ideal":
         return base
-    borrowed = []
+    notes, kind = [], ""
     if parameters is None:
-        parameters, borrowed = engine_parameters(engine, path)
-    p = {**{k: getattr(base, k) for k in COSTS}, **NEUTRAL, **parameters}
-    name = f"{base.name} + {engine.name}" + (f" ({', '.join(borrowed)})" if borrowed else "")
+        parameters, notes = engine_parameters(engine, path)
+        kind = (CALIBRATED if any(k in parameters for k in ENGINE_PARAMS) else PRIOR) + " "
+    p = {**NEUTRAL, **{k: getattr(base, k) for k in (*COSTS, "prefill_decode_overlap")}, **parameters}
+    name = f"{base.name} + {kind}{engine.name}" + (f" ({'; '.join(notes)})" if notes else "")
     try:
         return replace(base, name=name, op_overhead_s=p["op_overhead_s"],
                        collective_latency_s=p["collective_latency_s"], step_overhead_s=p["step_overhead_s"],
@@ -284,7 +312,7 @@ def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *
                        **{k: None if getattr(base, k) is None else min(getattr(base, k) * p["compute_scale"], 1.0)
                           for k in ("compute_narrow", "compute_fp8", "compute_fp4", "compute_int8")},
                        attention_kv_reads=1.0 if engine.gqa_kv_sharing else max(kv_group, 1.0),
-                       prefill_decode_overlap=base.prefill_decode_overlap if engine.batching == "inflight" else 0.0)
+                       prefill_decode_overlap=p["prefill_decode_overlap"] if engine.batching == "inflight" else 0.0)
     except ValueError as e:
         raise DseError(f"engine {engine.name}: {e}") from None
 

@@ -1,12 +1,21 @@
-"""Fit the efficiency parameters to measured results.
+"""Fit the engine layer to measured end-to-end results, the kernel layer held fixed.
 
-``calibrate(measured_csv)`` predicts every predictable scored row (as ``dse.fit.validate``
-does: same batch, placement and engine profile), fits the parameters of ``FIT`` per
-hardware class with ``scipy.optimize.least_squares`` (robust ``soft_l1`` loss on the log
-of predicted / measured, parameters bounded, several starts), cross-validates the fit
-leaving one hardware and one model out at a time, and writes ``configs/calibration.yaml``
-(every fitted value with a note: fitted, from which file, when, with what error), which
-``dse.core.efficiency.efficiency_for`` then loads as the default.
+Two layers price an operator (``dse.core.efficiency``, ``dse.core.engines``): the kernel layer
+(what the hardware and its kernel library reach: per hardware family, cited priors until measured
+kernel tables replace them; never fitted here) and the engine layer (what a serving engine adds
+on top: launch or graph cost per operator, scheduler and sampling time per step, per-request
+cost, achieved prefill/decode overlap, and its achieved share of the kernel layer's bandwidth
+and compute). ``calibrate(measured_csv)`` predicts every predictable scored row (as
+``dse.fit.validate`` does: same batch, placement and engine profile), fits the engine layer's
+``FIT`` parameters with ``scipy.optimize.least_squares`` (robust ``soft_l1`` loss on the log of
+predicted / measured, parameters bounded, several starts), cross-validates the fit leaving
+sources, vendors and engines out, and writes ``configs/calibration.yaml`` (every fitted value
+with a note; values on a bound, prior engines and every cross-validation fold recorded), which
+``dse.core.engines.engine_efficiency`` then loads as the default.
+
+An engine with fewer than ``MIN_ROWS`` predictable rows is not fitted: it is a prior engine
+(neutral scales, ``dse.core.engines.NEUTRAL``) with the wide band of unseen engines, never
+another engine's fit.
 
 The fit prices one prepared plan of the rows (``dse.system.evaluator.prepare``: the same
 evaluator as every other prediction) under each trial efficiency; after writing, the new
@@ -24,9 +33,9 @@ import numpy as np
 from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
-from dse.core.bands import COVERAGE, band_for, bands_from, covered, family_of_metric
-from dse.core.efficiency import FAMILY_PRIORS, Efficiency, family_of, family_parameters, load_calibration
-from dse.core.engines import default_engine, engine_efficiency, engine_parameters
+from dse.core.bands import COVERAGE, UNSEEN, band_for, bands_from, covered, family_of_metric, unseen_bands
+from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
+from dse.core.engines import engine_efficiency, engine_parameters, engines
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
 from dse.present import display
 
@@ -34,7 +43,8 @@ from dse.present import display
 LOSS, F_SCALE = "soft_l1", 0.1
 #: where ``calibrate`` writes when no --out is given (use it with DSE_CALIBRATION=...)
 DEFAULT_OUT = Path("runs") / "calibrate" / "calibration.yaml"
-#: a hardware class is fitted only with at least this many predictable rows
+#: an engine (and a launch class) is fitted only with at least this many predictable rows; one
+#: with fewer is a prior engine
 MIN_ROWS = 8
 
 
@@ -51,22 +61,23 @@ class Param:
 
 
 FIT = (
-    Param("compute", 0.2, 1.0, False, 0.7, "fraction of peak of large GEMMs"),
-    Param("compute_half_rows", 0.1, 64.0, True, 8.0,
-          "GEMM rows (tokens) at half of the shape term; bounded so that batch-1 GEMVs stay memory-bound"),
-    Param("memory", 0.3, 1.0, False, 0.85, "fraction of memory (and host-link) bandwidth"),
-    Param("kv_reread_exponent", 0.0, 1.0, False, 0.9,
-          "share (as an exponent) of per-query-head K/V re-reads that reach DRAM (legacy GQA kernels)"),
-    Param("op_overhead_s", 1e-8, 1e-4, True, 5e-6, "fixed time per operator instance"),
-    Param("step_overhead_s", 1e-7, 5e-2, True, 1e-3, "fixed time per step"),
+    Param("op_overhead_s", 1e-8, 1e-4, True, 5e-6, "fixed time per operator instance (launch or graph node)"),
+    Param("step_overhead_s", 1e-7, 5e-2, True, 1e-3, "scheduler and sampling time per step"),
     Param("request_overhead_s", 1e-6, 5e-2, True, 1e-3, "fixed time per request (in TTFT)"),
-    Param("compute_fp8", 0.2, 1.0, False, 0.6, "fraction of peak of large FP8 GEMMs"),
     Param("collective_latency_s", 1e-8, 1e-3, True, 1e-5, "software latency per collective (one launch per all-reduce or hop)"),
-    Param("memory_scale", 0.3, 2.0, False, 1.0,
-          "an engine's achieved bandwidth relative to the default engine's on the same hardware family"),
-    Param("compute_scale", 0.3, 2.0, False, 1.0,
-          "an engine's achieved compute relative to the default engine's on the same hardware family"),
+    Param("memory_scale", 0.2, 1.25, False, 0.8,
+          "an engine's achieved bandwidth relative to the kernel layer's (hardware family prior)"),
+    Param("compute_scale", 0.2, 1.25, False, 0.8,
+          "an engine's achieved compute relative to the kernel layer's (hardware family prior)"),
+    Param("prefill_decode_overlap", 0.0, 1.0, False, 0.3,
+          "share of the shorter of prefill and decode an in-flight engine hides under the other"),
 )
+#: the kernel layer's parameters: held fixed at the hardware family's values (cited priors,
+#: ``dse.core.efficiency.FAMILY_PRIORS``, until measured kernel tables replace them), never
+#: fitted on end-to-end rows
+KERNEL_LAYER = ("compute", "compute_half_rows", "memory", "kv_reread_exponent", "compute_fp8", "compute_narrow",
+                "compute_fp4", "compute_int8", "attention_compute", "attention_memory", "vector_compute",
+                "collective", "compute_half_ops", "memory_half_bytes")
 
 #: why the other parameters keep their priors (found while building the model on
 #: data/measured_calibration.csv; see the closing note of issue 6)
@@ -91,18 +102,13 @@ NOT_FITTED = {
     "collective": "the measured collectives are latency-bound (at most a few MB per all-reduce over NVLink); a free "
                   "fit gives 0.30, standing in for the missing collective latency (it would slow every large "
                   "collective of a sweep), with mixed cross-validated changes; prior 0.80",
-    "prefill_decode_overlap": "the in-flight-batching rows (trtllm-bench) fit within 14 % with it at 0; a free fit "
-                              "gives 0.07 and a higher leave-one-hardware-out error; 0",
 }
 
 
 # --------------------------------------------------------------------------- fitting
 
-#: the parameters of a hardware family (``families`` section) and of the engine side (``launch``,
-#: ``allreduce``, ``engines`` sections, ``dse.core.engines``)
-FAMILY_PARAMS = ("compute", "compute_half_rows", "memory", "kv_reread_exponent", "compute_fp8")
-#: an engine-side group (a launch class, an all-reduce algorithm, an engine) is fitted only with at
-#: least this many rows that exercise it
+#: an engine-side group (an all-reduce algorithm) is fitted only with at least this many rows
+#: that exercise it (on more than one device)
 MIN_GROUP_ROWS = 3
 
 
@@ -128,33 +134,19 @@ def _from_x(p: Param, x: float) -> float:
 
 
 def slots_for(cases: list[Case], params=FIT) -> list[Slot]:
-    """The values the rows of ``cases`` can fit: each family parameter of a family with at least
-    ``MIN_ROWS`` rows (K/V re-reads only where an engine reads K/V per query head, an FP8 fraction
-    only with FP8 rows), each launch class and engine with at least ``MIN_ROWS`` rows, each
-    all-reduce algorithm with ``MIN_GROUP_ROWS`` rows over more than one device, and an engine's
-    per-request cost with ``MIN_ROWS`` TTFT rows (fewer let it stand in for the queueing of a few
-    loaded runs: vLLM's 4 TTFT rows put it at its 50 ms bound). An engine other than the default
-    gets its achieved bandwidth and compute relative to the default engine's (``memory_scale``,
-    ``compute_scale``) where ``MIN_ROWS`` of its rows run on a family with ``MIN_ROWS`` rows of the
-    default engine (elsewhere the family's own fractions absorb them)."""
+    """The engine-layer values the rows of ``cases`` can fit, the kernel layer held fixed: each
+    launch class with at least ``MIN_ROWS`` rows, each all-reduce algorithm with ``MIN_GROUP_ROWS``
+    rows over more than one device, and each engine with at least ``MIN_ROWS`` rows its scheduler
+    cost per step and its achieved bandwidth and compute relative to the kernel layer
+    (``memory_scale``, ``compute_scale``), its per-request cost with ``MIN_ROWS`` TTFT rows (fewer
+    let it stand in for the queueing of a few loaded runs) and, for an in-flight engine, its
+    prefill/decode overlap with ``MIN_ROWS`` continuous-serving rows. An engine with fewer rows is a
+    prior engine (``dse.core.engines.NEUTRAL``): nothing of it is fitted, nor borrowed."""
     out = []
     by = {p.name: p for p in params}
 
     def count(pred) -> int:
         return sum(1 for c in cases if pred(c))
-    families = sorted({family_of(c.device) for c in cases})
-    for fam in families:
-        mine = [c for c in cases if family_of(c.device) == fam]
-        if len(mine) < MIN_ROWS:
-            continue
-        for name in FAMILY_PARAMS:
-            if name not in by:
-                continue
-            if name == "kv_reread_exponent" and sum(not c.engine.gqa_kv_sharing for c in mine) < MIN_GROUP_ROWS:
-                continue
-            if name == "compute_fp8" and sum(c.row.activations == "fp8" for c in mine) < MIN_ROWS:
-                continue
-            out.append(Slot(by[name], "families", fam))
     if "op_overhead_s" in by:
         for launch in sorted({c.engine.launch for c in cases}):
             if count(lambda c: c.engine.launch == launch) >= MIN_ROWS:
@@ -163,20 +155,30 @@ def slots_for(cases: list[Case], params=FIT) -> list[Slot]:
         for algo in sorted({c.engine.allreduce for c in cases} - {"none"}):
             if count(lambda c: c.engine.allreduce == algo and c.row.tp > 1) >= MIN_GROUP_ROWS:
                 out.append(Slot(by["collective_latency_s"], "allreduce", algo))
-    reference = default_engine()
-    reference_families = {f for f in families
-                          if sum(c.engine.name == reference and family_of(c.device) == f for c in cases) >= MIN_ROWS}
     for eng in sorted({c.engine.name for c in cases}):
         mine = [c for c in cases if c.engine.name == eng]
-        if "step_overhead_s" in by and len(mine) >= MIN_ROWS:
-            out.append(Slot(by["step_overhead_s"], "engines", eng))
-        shared = sum(family_of(c.device) in reference_families for c in mine)
-        for name in ("memory_scale", "compute_scale"):
-            if name in by and eng != reference and shared >= MIN_ROWS:
+        if len(mine) < MIN_ROWS:
+            continue
+        for name in ("step_overhead_s", "memory_scale", "compute_scale"):
+            if name in by:
                 out.append(Slot(by[name], "engines", eng))
         if "request_overhead_s" in by and sum(c.row.metric.startswith("ttft") for c in mine) >= MIN_ROWS:
             out.append(Slot(by["request_overhead_s"], "engines", eng))
+        if ("prefill_decode_overlap" in by and mine[0].engine.batching == "inflight"
+                and sum(c.row.serving == "continuous" for c in mine) >= MIN_ROWS):
+            out.append(Slot(by["prefill_decode_overlap"], "engines", eng))
     return out
+
+
+def prior_engines(cases: list[Case]) -> dict[str, str]:
+    """{engine: why it is a prior engine} for every engine profile without ``MIN_ROWS`` predictable
+    rows in ``cases`` (its values are ``dse.core.engines.NEUTRAL``, its band the unseen engines')."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c.engine.name] = counts.get(c.engine.name, 0) + 1
+    return {name: f"{counts.get(name, 0)} predictable rows (fewer than {MIN_ROWS}): neutral scales 1.0, no "
+                  f"scheduler or request cost of its own, no overlap; band of unseen engines (leave-engines-out)"
+            for name in engines() if counts.get(name, 0) < MIN_ROWS}
 
 
 class Parameterisation:
@@ -230,7 +232,7 @@ class Fit:
 
 
 def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts: int = 3, progress=None,
-        slots: list[Slot] | None = None, warm: dict | None = None) -> Fit:
+        slots: list[Slot] | None = None, warm: dict | None = None, warm_nfev: int | None = None) -> Fit:
     """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured),
     bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
@@ -255,7 +257,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     best = None
     for start in _starts(x0, lo, hi, 1 if warm else starts):
         r = least_squares(resid, start, jac=resid.jacobian, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE,
-                          max_nfev=WARM_NFEV if warm else None)
+                          max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
         if best is None or r.cost < best.cost:
             best = r
         _advance(progress)
@@ -268,6 +270,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
 #: relative step of the forward differences of the Jacobian (in the fitted, possibly log, space)
 DIFF_STEP = 1e-3
 #: evaluations a warm-started fit (a cross-validation fold, starting at the full fit) may take
+#: (``calibrate --fold-evaluations``)
 WARM_NFEV = 40
 
 
@@ -383,41 +386,132 @@ def folds_of(cases: list[Case], key: str) -> dict[str, list[int]]:
     return {g: idx for g, idx in sorted(groups.items()) if len(idx) < len(cases)}
 
 
-def fits_to_run(cases: list[Case], cross_validation: bool, starts: int) -> int:
+def fits_to_run(cases: list[Case], cross_validation: bool, starts: int, keys=CV_KEYS) -> int:
     """How many least-squares runs ``calibrate`` makes: one fit and (cross-validating) one per
-    left-out group of each of ``CV_KEYS`` (the full fit with ``starts`` starts, each fold one warm start)."""
-    folds = sum(len(folds_of(cases, k)) for k in CV_KEYS) if cross_validation else 0
+    left-out group of each of ``keys`` (the full fit with ``starts`` starts, each fold one warm start)."""
+    folds = sum(len(folds_of(cases, k)) for k in keys) if cross_validation else 0
     return len(_starts(np.zeros(1), np.zeros(1), np.ones(1), starts)) + folds
 
 
 def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts: int = 3,
-                   progress=None, warm: dict | None = None) -> tuple[np.ndarray, dict]:
-    """Errors of every row predicted by a fit without its ``key`` group (``folds_of``), and the
-    size and error of each fold. ``warm``: the full fit's values, each fold's one start (a fold
-    that drops a group's rows drops that group's values). A group's own parameters are then not fitted (its family keeps its
-    prior, its engine takes the default engine's costs), as for hardware or engines never measured."""
-    errors = np.full(len(cases), np.nan)
-    folds = {}
-    for g, idx in folds_of(cases, key).items():
-        held_set = set(idx)
-        train = [cases[i] for i in range(len(cases)) if i not in held_set]
-        f = fit(Predictions(train), None, params, starts=starts, progress=progress, warm=warm)
-        held = [cases[i] for i in idx]
+                   progress=None, warm: dict | None = None, workers: int = 1,
+                   warm_nfev: int | None = None) -> tuple[np.ndarray, dict]:
+    """(errors of every row predicted by a fit without its ``key`` group (``folds_of``; NaN where
+    a row has none), each fold's record). ``warm``: the full fit's values, each fold's one start (a
+    fold that drops a group's rows drops that group's values: its engine is then a prior engine,
+    as an engine never measured). Every fold is counted: its record has its rows, the rows it
+    predicted and, where some failed, how many and why (``failed``, ``why``: a fit that raised, or
+    the reasons the evaluator gave for the rows it did not predict); see ``fold_totals``.
+    ``workers`` > 1 fits the folds in that many processes (the same results)."""
+    return cross_validate_all(cases, params, keys=(key,), starts=starts, progress=progress, warm=warm,
+                              workers=workers, warm_nfev=warm_nfev)[key]
+
+
+def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: int = 3, progress=None,
+                       warm: dict | None = None, workers: int = 1,
+                       warm_nfev: int | None = None) -> dict[str, tuple[np.ndarray, dict]]:
+    """``cross_validate`` for each of ``keys``: {key: (errors, fold records)}, every fold of every
+    key fitted in one pool of ``workers`` processes when it is more than 1 (forked: each worker
+    reads the rows it was forked with)."""
+    jobs = [(key, g, idx) for key in keys for g, idx in folds_of(cases, key).items()]
+    out = {key: (np.full(len(cases), np.nan), {}) for key in keys}
+
+    def take(key, g, idx, errs, record):
+        out[key][0][idx] = errs
+        out[key][1][g] = record
+        _advance(progress)
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        _FOLDS["state"] = (cases, params, starts, warm, warm_nfev)
+        try:
+            with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+                for (key, g, idx), (errs, record) in zip(jobs, pool.imap(_fold_job, jobs)):
+                    take(key, g, idx, errs, record)
+        finally:
+            _FOLDS.clear()
+    else:
+        for key, g, idx in jobs:
+            take(key, g, idx, *_fold(cases, idx, params, starts, warm, warm_nfev))
+    for key in keys:                      # folds in their sorted order, as folds_of gives them
+        out[key] = (out[key][0], {g: out[key][1][g] for g in folds_of(cases, key)})
+    return out
+
+
+#: what a forked fold worker reads (``cross_validate_all``)
+_FOLDS: dict = {}
+
+
+def _fold_job(job) -> tuple[np.ndarray, dict]:
+    """``_fold`` of one (key, group, rows) job in a forked worker."""
+    cases, params, starts, warm, warm_nfev = _FOLDS["state"]
+    return _fold(cases, job[2], params, starts, warm, warm_nfev)
+
+
+def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None,
+          warm_nfev: int | None = None) -> tuple[np.ndarray, dict]:
+    """(errors of the rows ``idx`` predicted by a fit of the other rows, the fold's record: rows,
+    predicted, APE statistics and, where rows failed, ``failed`` and ``why``)."""
+    held_set = set(idx)
+    train = [cases[i] for i in range(len(cases)) if i not in held_set]
+    held = [cases[i] for i in idx]
+    record: dict = {"rows": len(idx)}
+    errors = np.full(len(idx), np.nan)
+    try:
+        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev)
         model = Parameterisation(held, f.slots)
         x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
-        pred = Predictions(held).values(model.efficiencies(np.array(x)))
-        errors[idx] = pred / np.array([c.row.value for c in held]) - 1.0
-        folds[g] = {"rows": len(idx), **{k: _round(v) for k, v in ape_stats(np.abs(errors[idx])).items()}}
-    return errors, folds
+        pr = Predictions(held).predict(model.efficiencies(np.array(x)))
+    except (DseError, ValueError, np.linalg.LinAlgError) as e:
+        return errors, {**record, "predicted": 0, "failed": len(idx), "why": {f"the fit failed: {e}": len(idx)}}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        errors = pr.values / np.array([c.row.value for c in held]) - 1.0
+    ok = np.isfinite(errors)
+    record.update(predicted=int(ok.sum()), **{k: _round(v) for k, v in ape_stats(np.abs(errors[ok])).items()})
+    if not ok.all():
+        why: dict[str, int] = {}
+        for j in np.flatnonzero(~ok):
+            text = str(pr.why.get(int(j), "no finite prediction"))
+            text = text if len(text) <= 160 else text[:157] + "..."
+            why[text] = why.get(text, 0) + 1
+        record.update(failed=int((~ok).sum()), why=why)
+    return errors, record
+
+
+def fold_totals(folds: dict) -> dict:
+    """{folds, failed_folds, rows, predicted_rows, failed_rows, why} of one cross-validation's fold
+    records: a fold fails when it predicted none of its rows; every failed row is counted with why."""
+    why: dict[str, int] = {}
+    for rec in folds.values():
+        for text, n in (rec.get("why") or {}).items():
+            why[text] = why.get(text, 0) + n
+    return {"folds": len(folds), "failed_folds": sum(rec.get("predicted", 0) == 0 for rec in folds.values()),
+            "rows": sum(rec["rows"] for rec in folds.values()),
+            "predicted_rows": sum(rec.get("predicted", 0) for rec in folds.values()),
+            "failed_rows": sum(rec.get("failed", 0) for rec in folds.values()), "why": why}
 
 
 def _at_bound(v: float, lo: float, hi: float) -> str:
-    """' (at its lower bound)' when a fitted value sits on a bound of its box, else ''."""
+    """'lower' or 'upper' when a fitted value sits on that bound of its box (within 0.1 % of
+    the box in the fitted space), else ''."""
     if v <= lo * (1 + 1e-3) + 1e-12 * (lo == 0):
-        return f" (at its lower bound {lo:g}: the data ask for less)"
+        return "lower"
     if v >= hi * (1 - 1e-3):
-        return f" (at its upper bound {hi:g})"
+        return "upper"
     return ""
+
+
+def at_bound(f: "Fit") -> dict[str, dict]:
+    """{slot key: {value, bound ('lower' or 'upper'), limit}} of the fitted values of ``f`` that
+    ended on a bound of their box (``calibrate`` prints and records each)."""
+    out = {}
+    for slot in f.slots:
+        v = f.params[slot.key]
+        side = _at_bound(v, slot.param.lo, slot.param.hi)
+        if side:
+            out[slot.key] = {"value": _round(v, 6), "bound": side,
+                             "limit": slot.param.lo if side == "lower" else slot.param.hi}
+    return out
 
 
 def _round(v, digits: int = 4):
@@ -455,14 +549,22 @@ def _measured_files(measured) -> list[Path]:
 
 
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
-              params=None, progress=None) -> Calibration:
+              params=None, progress=None, workers: int = 1, leave_out=CV_KEYS,
+              fold_evaluations: int | None = None) -> Calibration:
     """Fit, cross-validate and write the calibration file ``out`` (default ``DEFAULT_OUT``, inside
     the run folder; never the shipped file unless asked for) from ``measured`` (a CSV or a list;
-    default: every measured file dse ships). One joint fit: per hardware family its achieved
-    fractions, per launch class, all-reduce algorithm and engine its costs (``slots_for``).
-    Cross-validation leaves out sources (in folds), vendors and engines; the leave-sources-out
-    residuals give the error bands (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
-    the number of least-squares runs as its total (``reset``) and advances by one per run."""
+    default: every measured file dse ships). One fit of the engine layer with the kernel layer
+    held fixed: per launch class, all-reduce algorithm and engine with enough rows its costs,
+    scales and overlap (``slots_for``); an engine with fewer rows is a prior engine
+    (``prior_engines``). A value that ends on its bound is recorded (``at_bound``).
+    Cross-validation leaves out sources (in folds), vendors and engines, every fold counted
+    (``fold_totals``); the leave-sources-out residuals give the error bands and the
+    leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
+    the number of least-squares runs as its total (``reset``) and advances by one per run;
+    ``workers`` > 1 fits the cross-validation folds in that many processes (the same results);
+    ``leave_out``: the groupings cross-validated (default every one of ``CV_KEYS``; the band of
+    unseen engines needs 'engine'); ``fold_evaluations``: the evaluations each fold's warm fit may
+    take (default ``WARM_NFEV``)."""
     files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
     rows, cases, skipped, scored = [], [], [], 0
@@ -479,7 +581,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
     slots = slots_for(cases, params)
     if progress is not None:
-        progress.reset(total=fits_to_run(cases, cross_validation, starts))
+        progress.reset(total=fits_to_run(cases, cross_validation, starts, tuple(leave_out)))
     today = _dt.date.today().isoformat()
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
     f = fit(Predictions(cases), None, params, starts=starts, progress=progress, slots=slots)
@@ -490,55 +592,83 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
            "per_engine": _stats_by(labelled, f.errors, "framework"),
            "per_hardware": _stats_by(rws, f.errors, "hardware"), "per_model": _stats_by(rws, f.errors, "model")}
     cv, res = {}, {"fit": f, "rows": rws, "cases": cases}
-    for key in (CV_KEYS if cross_validation else ()):
-        e, folds = cross_validate(cases, params, key=key, starts=starts, progress=progress, warm=f.params)
+    done = cross_validate_all(cases, params, keys=tuple(leave_out) if cross_validation else (), starts=starts,
+                              progress=progress, warm=f.params, workers=workers, warm_nfev=fold_evaluations)
+    for key, (e, folds) in done.items():
         res[key] = e
-        cv[f"leave_{key}s_out"] = {**_slice_stats(cases, e), "folds": folds}
+        cv[f"leave_{key}s_out"] = {**_slice_stats(cases, e), "totals": fold_totals(folds), "folds": folds}
     note_err = (f"in-sample median APE {100 * ins['median_ape']:.1f} %, p90 {100 * ins['p90_ape']:.1f} % "
                 f"over {ins['n']} rows")
     if cv:
         note_err += "; cross-validated " + ", ".join(
             f"{n.replace('_', '-')} {100 * v['all']['median_ape']:.1f} % / {100 * v['all']['p90_ape']:.1f} %"
             for n, v in cv.items())
+    bounded = at_bound(f)
     sections: dict[str, dict] = {"families": {}, "launch": {}, "allreduce": {}, "engines": {}}
     for slot in f.slots:
         v = f.params[slot.key]
+        side = bounded.get(slot.key)
         sections[slot.section].setdefault(slot.group, {})[slot.param.name] = {
             "value": _round(v, 6),
             "note": f"fitted by 'python -m dse.study calibrate' on {today}"
-                    f"{_at_bound(v, slot.param.lo, slot.param.hi)}; {note_err}"}
+                    + (f" (AT ITS {side['bound'].upper()} BOUND {side['limit']:g})" if side else "")
+                    + f"; {note_err}"}
+    priors = prior_engines(cases)
+    labels = [c.engine.name if c.engine.name not in priors else "(prior)" for c in cases]
+    vendors = [group_of(c, "vendor") for c in cases]
+    metric_families = [family_of_metric(c.row.metric) for c in cases]
     residual = res.get("source", f.errors)
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = -np.log1p(residual)            # log(measured / predicted)
-    bands = bands_from(logs, [c.engine.name for c in cases], [group_of(c, "vendor") for c in cases],
-                       [family_of_metric(c.row.metric) for c in cases])
-    low_high = [band_for(bands, c.engine.name, group_of(c, "vendor"), family_of_metric(c.row.metric))
-                for c in cases]
+        unseen_logs = -np.log1p(res["engine"]) if "engine" in res else None
+    bands = bands_from(logs, labels, vendors, metric_families)
+    if unseen_logs is not None:
+        bands.update(unseen_bands(unseen_logs, metric_families))
+    low_high = [band_for(bands, e, v, m) for e, v, m in zip(labels, vendors, metric_families)]
     predicted_cv = np.array([c.row.value for c in cases]) * (1 + residual)
     inside = covered([c.row.value for c in cases], predicted_cv, [b[0] for b in low_high], [b[1] for b in low_high])
-    fams = sorted({family_of(c.device) for c in cases})
+    scored_band = np.isfinite(predicted_cv) & np.isfinite([b[0] for b in low_high])
+    coverage = {"method": "share of rows whose measurement lies within the band of their slice around "
+                          "their leave-sources-out prediction (rows without a prediction or a band count as "
+                          "not covered)" if cross_validation else "in-sample (no cross-validation run)",
+                "target": COVERAGE, "covered": _round(float(np.mean(inside))) if len(inside) else None,
+                "rows": int(len(inside)), "rows_with_band": int(scored_band.sum())}
+    if unseen_logs is not None:
+        pred_eng = np.array([c.row.value for c in cases]) * (1 + res["engine"])
+        unseen = [band_for(bands, UNSEEN, v, m) for v, m in zip(vendors, metric_families)]
+        coverage["unseen_engines"] = {
+            "method": "the unseen engines' band around each row's leave-engines-out prediction",
+            "covered": _round(float(np.mean(covered([c.row.value for c in cases], pred_eng,
+                                                    [b[0] for b in unseen], [b[1] for b in unseen])))),
+            "rows": len(cases)}
     data = {
         "fitted": {
             "by": "python -m dse.study calibrate", "measured": [_display_path(p) for p in files], "sha256": digest,
             "date": today,
             "rows": {"scored": scored, "predicted": len(cases), "unpredictable": len(skipped)},
             "method": f"scipy.optimize.least_squares, loss {LOSS} (f_scale {F_SCALE}) on log(predicted / measured), "
-                      f"bounded parameters, best of {starts} starts; one joint fit of every family, launch class, "
-                      f"all-reduce algorithm and engine with enough rows (dse.fit.calibrate.slots_for)",
+                      f"bounded parameters, best of {starts} starts; the engine layer alone (launch classes, "
+                      f"all-reduce algorithms, engines with {MIN_ROWS} rows or more: dse.fit.calibrate.slots_for) "
+                      f"with the kernel layer held fixed (kernel_layer)",
             "parameters": {p.name: {"what": p.what, "bounds": [p.lo, p.hi]} for p in params},
         },
         **sections,
         "error": err,
         "cross_validation": cv,
         "bands": bands,
-        "band_coverage": {"method": "share of rows whose measurement lies within the band of their slice around "
-                                    "their leave-sources-out prediction" if cross_validation else
-                                    "in-sample (no cross-validation run)",
-                          "target": COVERAGE, "covered": _round(float(np.mean(inside))) if len(inside) else None,
-                          "rows": int(len(inside))},
+        "band_coverage": coverage,
+        "at_bound": {k: {**v, "note": f"{k.split('.', 1)[1]} ended on its {v['bound']} bound {v['limit']:g}: "
+                                      f"the rows ask for a value beyond the range the fit allows; predictions "
+                                      f"using it are likely off by more than their band"}
+                     for k, v in bounded.items()},
+        "prior_engines": priors,
+        "kernel_layer": {
+            "held_fixed": list(KERNEL_LAYER),
+            "note": "hardware (kernel) fractions are not fitted on end-to-end rows: each family keeps its cited "
+                    "prior (dse.core.efficiency.FAMILY_PRIORS) until measured kernel tables replace it",
+            "families": {fam: {k: _round(v) for k, v in family_parameters(fam, fitted={})[0].items()}
+                         for fam in sorted({family_of(c.device) for c in cases})}},
         "not_fitted": dict(NOT_FITTED),
-        "priors_kept": {fam: "fewer than {MIN_ROWS} predictable rows: prior kept".format(MIN_ROWS=MIN_ROWS)
-                        for fam in FAMILY_PRIORS if fam not in sections["families"] and fam in fams},
         "unpredictable": {r.id: str(why) for r, why in skipped},
     }
     write_calibration(dest, data)
@@ -560,11 +690,12 @@ def _slice_stats(cases: list[Case], errors: np.ndarray) -> dict:
 
 
 def _runnable(cases: list[Case]) -> tuple[list[Case], list]:
-    """(the cases the efficiency in use predicts, the others with the reason): an open loop the
-    design does not serve (saturated) has no prediction to fit."""
+    """(the cases the kernel layer under neutral engines predicts, the others with the reason): an
+    open loop the design does not serve (saturated) has no prediction to fit. The choice does not
+    depend on the calibration in use, so that calibrating again fits the same rows."""
     if not cases:
         return cases, []
-    why = Predictions(cases).predict().why
+    why = Predictions(cases).predict(Parameterisation(cases, []).efficiencies(np.zeros(0))).why
     return [c for i, c in enumerate(cases) if i not in why], [(cases[i].row, why[i]) for i in sorted(why)]
 
 
@@ -578,10 +709,12 @@ def _display_path(p: Path) -> str:
 
 
 HEADER = """\
-# Efficiency parameters fitted to measured results by `python -m dse.study calibrate`.
-# dse.core.efficiency (`families`) and dse.core.engines (`launch`, `allreduce`, `engines`) read the
-# fitted values, the defaults of `analyze`, `validate` and sweeps; `bands` gives the error bands
-# (dse.core.bands); the other sections record how, when and how well they were fitted.
+# The engine layer fitted to measured end-to-end results by `python -m dse.study calibrate`, with the
+# kernel layer (hardware fractions: dse.core.efficiency.FAMILY_PRIORS, cited) held fixed.
+# dse.core.engines reads `launch`, `allreduce` and `engines` (an engine not listed there is a prior
+# engine: `prior_engines`); `bands` gives the error bands (dse.core.bands); `at_bound` lists every
+# value that ended on its fit's bound; the other sections record how, when and how well they were
+# fitted (every cross-validation fold counted: cross_validation.*.totals).
 # Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
 """
 
@@ -600,6 +733,10 @@ def write_calibration(path: Path, data: dict) -> None:
 def _value_text(name: str, v: float) -> str:
     """A fitted parameter in its unit ('12.5 us' for a time), a fraction as a plain number."""
     return display.quantity_text(name, v) if display.kind_of(name) else f"{v:.4g}"
+
+
+#: what a calibration section's group is, in the AT BOUND lines
+_GROUP_WORD = {"engines": "engine", "launch": "launch class", "allreduce": "all-reduce", "families": "family"}
 
 
 def report_text(cal: Calibration) -> str:
@@ -621,10 +758,28 @@ def report_text(cal: Calibration) -> str:
         for group in ("per_engine", "per_vendor", "per_metric_family"):
             for k, s in cv[group].items():
                 out.append(line(f"  {group[4:]} {k}", s))
+    for name, cv in cal.data.get("cross_validation", {}).items():
+        t = cv.get("totals") or {}
+        out.append(f"\n{name.replace('_', '-')}: {t.get('folds', 0)} folds, {t.get('failed_folds', 0)} failed; "
+                   f"{t.get('predicted_rows', 0)} of {t.get('rows', 0)} held-out rows predicted, "
+                   f"{t.get('failed_rows', 0)} failed")
+        out += [f"  {n} row(s): {why}" for why, n in (t.get("why") or {}).items()]
     cov = cal.data.get("band_coverage", {})
     if cov.get("covered") is not None:
         out.append(f"\nerror bands: {100 * cov['covered']:.0f} % of {cov['rows']} rows within their band "
                    f"(target {100 * cov['target']:.0f} %; {cov['method']})")
+        unseen = cov.get("unseen_engines")
+        if unseen:
+            out.append(f"  unseen engines' band: {100 * unseen['covered']:.0f} % of {unseen['rows']} rows "
+                       f"({unseen['method']})")
+    priors = cal.data.get("prior_engines") or {}
+    if priors:
+        out.append(f"\nprior engines (fewer than {MIN_ROWS} rows: neutral scale 1.0, not fitted, never another "
+                   f"engine's fit): {', '.join(priors)}")
+    for key, b in (cal.data.get("at_bound") or {}).items():
+        section, group, name = key.split(".")
+        out.append(f"AT BOUND: {_GROUP_WORD[section]} {group}: {name} = {_value_text(name, b['value'])} is on its "
+                   f"{b['bound']} bound {_value_text(name, b['limit'])}")
     if cal.unpredictable:
         out.append(f"\nunpredictable rows (not fitted): {len(cal.unpredictable)}")
         out += [f"  {r.id} (line {r.line}): {why}" for r, why in cal.unpredictable[:40]]

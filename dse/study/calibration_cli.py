@@ -53,9 +53,34 @@ def add_parsers(command) -> None:
                    help=f"calibration file to write (default: {C.DEFAULT_OUT}); every command uses it when "
                         f"{CALIBRATION_ENV}=FILE is set (in a checkout, --out configs/calibration.yaml replaces "
                         "the shipped default)")
+    c.add_argument("--starts", type=_whole(1, 3), default=3, metavar="N",
+                   help="starting points of the full fit, the best kept (1-3; default 3: the documented start, then "
+                        "the low and high quarters of the box); each cross-validation fold starts once, at the full fit")
+    c.add_argument("--workers", type=_whole(1, 64), default=1, metavar="N",
+                   help="processes fitting the cross-validation folds at once (1-64; default 1); the results are "
+                        "the same")
+    c.add_argument("--leave-out", nargs="+", choices=C.CV_KEYS, default=list(C.CV_KEYS), metavar="KEY",
+                   help=f"the groupings cross-validated, one group left out at a time ({', '.join(C.CV_KEYS)}; "
+                        "default all; the band of unseen engines needs 'engine')")
+    c.add_argument("--fold-evaluations", type=_whole(1, 1000), default=C.WARM_NFEV, metavar="N",
+                   help=f"evaluations each cross-validation fold's fit may take from the full fit's values "
+                        f"(1-1000; default {C.WARM_NFEV})")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="skip the cross-validation fits that leave out sources, vendors and engines (and the error bands they give; default: run them)")
     _progress_args(c)
+
+
+def _whole(lo: int, hi: int):
+    """An argparse type: a whole number from ``lo`` to ``hi`` (an error naming the range otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {v}")
+        return v
+    return parse
 
 
 def _progress_args(p) -> None:
@@ -109,7 +134,9 @@ def cmd_calibrate(args) -> int:
             raise DseError(f"--out {shown_path(out)}: not a regular file (a device, a FIFO); give the name of a "
                            f"calibration file to write")
     with progress_bar(args, "calibrate") as bar:
-        cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar)
+        cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar,
+                          starts=args.starts, workers=args.workers, leave_out=tuple(args.leave_out),
+                          fold_evaluations=args.fold_evaluations)
         bar.set_description("calibrate (validating the new calibration)")
         files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
         rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]

@@ -531,6 +531,9 @@ def _table_report(res, display, asked_flash=None) -> str:
                     f"of cross-validated rows of engine {s['engine']}, this vendor and metric family)"]
         for fam, (low, high) in s["bands"].items():
             out.append(f"  {fam:10s} x{low:.2f} .. x{high:.2f}")
+        out.append(f"  ({s['band']})")
+    if s.get("efficiency_source"):
+        out.append(f"Values used: {s['efficiency_source']}")
     return "\n".join(out)
 
 

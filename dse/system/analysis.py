@@ -15,6 +15,8 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
+from dse.core.bands import band_source
+from dse.core.engines import efficiency_source
 from dse.core.kernel_model import band_of
 from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
@@ -80,6 +82,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     s["kernel_source"] = p.get("kernel_source_name", "")
     if s["kernel_source"] in ("measured tables", "learned transfer"):   # the kernel layer's own bands
         s["kernel_bands"] = {kind: list(band) for kind in KERNEL_BAND_KINDS if (band := band_of(kind))}
+    s["efficiency_source"] = efficiency_source(s["efficiency"])       # which layer's values it used
+    s["band"] = band_source(s["efficiency"]) if s["bands"] else "none (the ideal bound or a given efficiency)"
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):

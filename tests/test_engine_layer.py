@@ -1,0 +1,131 @@
+"""The engine layer apart from the kernel layer (issue 42): what ``calibrate`` fits, what an
+engine without enough rows gets, values on their bound, every cross-validation fold counted, and
+which layer's values a prediction says it used."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from dse.core import bands as B
+from dse.core.efficiency import Efficiency, efficiency_for
+from dse.core.engines import efficiency_source, engine_efficiency, engine_parameters, get_engine
+from dse.fit import calibrate as C
+
+
+def _case(engine: str, *, metric="output_tokens_per_s", serving="static", tp=1, source="s1", value=100.0):
+    """A stand-in for a measured row made ready to predict: what ``slots_for`` and the folds read."""
+    row = SimpleNamespace(metric=metric, serving=serving, tp=tp, source=source, id=source, value=value,
+                          vendor="nvidia", activations="fp16")
+    return SimpleNamespace(engine=get_engine(engine), row=row, device=SimpleNamespace(efficiency_family="gpu"),
+                           kv_group=1.0)
+
+
+def _calibration(tmp_path, **sections) -> str:
+    p = tmp_path / "cal.yaml"
+    p.write_text(yaml.safe_dump({"families": {}, **sections}))
+    return str(p)
+
+
+def test_no_hardware_fraction_is_fitted_and_few_rows_fit_nothing_of_an_engine():
+    """The slots are engine-layer values only; an engine with MIN_ROWS - 1 rows gets none (it is a
+    prior engine), one with MIN_ROWS rows gets its step cost and both scales."""
+    n = C.MIN_ROWS
+    cases = [_case("vllm", serving="continuous") for _ in range(n)] + [_case("tgi") for _ in range(n - 1)]
+    slots = C.slots_for(cases)
+    assert {s.section for s in slots} <= {"launch", "allreduce", "engines"}
+    assert not {s.param.name for s in slots} & set(C.KERNEL_LAYER)
+    mine = {s.param.name for s in slots if s.group == "vllm"}
+    assert {"step_overhead_s", "memory_scale", "compute_scale", "prefill_decode_overlap"} <= mine
+    assert not [s for s in slots if s.group == "tgi"]
+    priors = C.prior_engines(cases)
+    assert "tgi" in priors and f"{n - 1} predictable rows" in priors["tgi"] and "vllm" not in priors
+
+
+def test_a_prior_engine_gets_neutral_values_never_another_engines_fit(tmp_path):
+    path = _calibration(tmp_path, engines={"vllm": {"memory_scale": {"value": 0.6}, "compute_scale": {"value": 0.5},
+                                                     "step_overhead_s": {"value": 3e-3}}})
+    base = efficiency_for("gpu", path)
+    vllm = engine_efficiency(base, get_engine("vllm"), path=path)
+    tgi = engine_efficiency(base, get_engine("tgi"), path=path)
+    assert vllm.memory == pytest.approx(0.6 * base.memory) and vllm.step_overhead_s == 3e-3
+    assert (tgi.memory, tgi.compute, tgi.step_overhead_s, tgi.request_overhead_s) == \
+           (base.memory, base.compute, 0.0, 0.0)
+    assert "prior engine tgi" in tgi.name and "calibrated engine vllm" in vllm.name
+    assert efficiency_source(tgi.name) == "kernel layer: prior gpu; engine layer: prior engine tgi"
+    assert "engines predicted without rows of their own" in B.band_source(tgi.name)
+
+
+def test_the_kernel_layer_is_the_cited_prior():
+    """gpu: the MAMF of H100 SXM BF16 (794.5 of 989 TFLOPS), FP8 from the measured FP8/BF16 ratio."""
+    gpu = Efficiency(name="x", **C.family_parameters("gpu", fitted={})[0])
+    assert gpu.compute == pytest.approx(794.5 / 989, abs=0.005)
+    assert gpu.resolved("compute_fp8") == pytest.approx(0.80 * 0.914, rel=1e-9)
+
+
+def test_a_value_on_its_bound_is_recorded_and_its_predictions_band_says_so(tmp_path):
+    hi = next(p for p in C.FIT if p.name == "compute_scale")
+    slot = C.Slot(hi, "engines", "trt-llm-legacy")
+    f = C.Fit({slot.key: hi.hi}, np.zeros(1), 0.0, 1, [slot])
+    bounded = C.at_bound(f)
+    assert bounded == {"engines.trt-llm-legacy.compute_scale": {"value": hi.hi, "bound": "upper", "limit": hi.hi}}
+    path = _calibration(tmp_path, engines={"trt-llm-legacy": {"compute_scale": {"value": hi.hi}}},
+                        at_bound=bounded)
+    params, notes = engine_parameters(get_engine("trt-llm-legacy"), path)
+    assert params["compute_scale"] == hi.hi and notes and "upper bound" in notes[0]
+    eff = engine_efficiency(efficiency_for("gpu", path), get_engine("trt-llm-legacy"), path=path)
+    assert "WARNING" in B.band_source(eff.name) and "compute_scale" in B.band_source(eff.name)
+    inside = C.Fit({slot.key: 1.0}, np.zeros(1), 0.0, 1, [slot])
+    assert C.at_bound(inside) == {}
+
+
+def test_every_fold_is_counted_and_a_failed_one_says_why(monkeypatch):
+    """Three sources: one fold's fit raises, one predicts a row NaN (with the evaluator's reason), one
+    predicts everything; the totals count three folds, one failed, and both failed rows' reasons."""
+    cases = [_case("vllm", source=s) for s in ("a", "a", "b", "b", "c")]
+
+    def fake_fit(pred, base, params, **kw):
+        if any(c.row.source == "a" for c in cases if c not in pred.cases):   # the fold without 'a' (held 'a')
+            raise ValueError("x0 is infeasible")
+        return C.Fit({}, np.zeros(0), 0.0, 1, [])
+
+    class FakePredictions:
+        def __init__(self, held):
+            self.cases = held
+
+        def predict(self, effs):
+            values = np.array([np.nan if c.row.source == "b" and i == 0 else c.row.value
+                               for i, c in enumerate(self.cases)])
+            return SimpleNamespace(values=values, why={0: "saturated: the load exceeds what it serves"}
+                                   if self.cases[0].row.source == "b" else {})
+
+    class FakeModel:
+        def __init__(self, held, slots):
+            self.held = held
+
+        def efficiencies(self, x):
+            return [None] * len(self.held)
+    monkeypatch.setattr(C, "fit", fake_fit)
+    monkeypatch.setattr(C, "Predictions", FakePredictions)
+    monkeypatch.setattr(C, "Parameterisation", FakeModel)
+    errors, folds = C.cross_validate(cases, key="source")
+    t = C.fold_totals(folds)
+    assert (t["folds"], t["failed_folds"], t["rows"], t["predicted_rows"], t["failed_rows"]) == (3, 1, 5, 2, 3)
+    assert any("the fit failed: x0 is infeasible" in w for w in t["why"])
+    assert t["why"]["saturated: the load exceeds what it serves"] == 1
+    assert np.isnan(errors).sum() == 3 and np.nanmax(np.abs(errors)) == 0.0
+
+
+def test_an_engine_without_a_slice_takes_the_unseen_engines_band():
+    rng = np.random.default_rng(2)
+    seen = rng.normal(0.0, 0.1, 200)
+    unseen = rng.normal(0.0, 0.5, 200)
+    bands = B.bands_from(seen, ["vllm"] * 200, ["nvidia"] * 200, ["throughput"] * 200)
+    bands.update(B.unseen_bands(unseen, ["throughput"] * 200))
+    lo, hi, where = B.band_for(bands, "tgi", "nvidia", "throughput")
+    assert where == "engine=unseen family=throughput"
+    assert (lo, hi) == pytest.approx(tuple(np.exp(np.quantile(unseen, (0.05, 0.95)))), rel=1e-3)
+    assert B.band_for(bands, "vllm", "nvidia", "throughput")[2] == "engine=vllm vendor=nvidia family=throughput"
+    assert 0.85 <= B.covered(np.exp(unseen), 1.0, lo, hi).mean() <= 0.95
