@@ -707,6 +707,51 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
 
 
+def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
+    """A closed loop of ``running`` requests [A] (chunked prefill) with prompts waiting most
+    of the time, their lengths spread: an iteration takes its d decoders and what it can of
+    the prompt tokens S the other N - d requests still hold, p = min(S, B - d). S is taken
+    normal (mean (N - d) c, variance (N - d) Var(c): the prompts' spread), and the decoders
+    follow the prompts finished, d = s p / c (s: decode steps a request), solved for the mean
+    p by bisection (p - E[min(S, B - d)] grows with p). The engine is then full (p = B - d)
+    with the probability P(S >= B - d), else it holds the rest of the backlog: both iterations
+    priced, the mean T = their mix. Returns x ((p / c) / T, requests/s), T (seconds: what a
+    decoder waits a token), b (``running``) and steps (s), as ``_full``, and full (the share
+    of full iterations, P(S >= B - d) at the mean p, [A]); with no spread and
+    N past the full engine's d + p / c it is ``_full``'s engine."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    w = cls.weight
+    c = np.maximum(cls.work @ w, 1e-300)
+    s = cls.steps @ w
+    var = np.maximum((cls.work ** 2) @ w - c ** 2, 0.0) + cls.prompt_var @ w
+    budget = load.token_budget
+    n = np.asarray(running, dtype=float)
+
+    def backlog(p):
+        d = s * p / c
+        m = np.maximum(n - d, 0.0)
+        return d, budget - d, m * c, m * var
+
+    lo, hi = np.zeros_like(n), budget * c / (c + s)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        _, room, mean, v = backlog(mid)
+        short = mid < mean * (1.0 - _overflow(mean, v, room))
+        lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+    p = 0.5 * (lo + hi)
+    d, room, mean, v = backlog(p)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        full = np.where(v > 0, ndtr((mean - room) / np.sqrt(v)), (mean >= room).astype(float))
+    full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
+    part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
+    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
+    pair = (cls.pairs @ w) / c
+    toks = np.stack([room, part], 1)
+    t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
+    t = full * t[:, 0] + (1.0 - full) * t[:, 1]
+    return {"x": (p / c) / t, "T": t, "b": n, "steps": s, "full": full}
+
+
 def _full_mixtures(f: dict, cls: _Classes) -> dict:
     """Means and mixtures (mean, sd, weight) [A, K] of the full engine (``_full``) with its
     ``b`` sequences in it (before any queue): by Little's law a request stays b / x in the
@@ -737,26 +782,43 @@ def _little(out: dict, running, cls: _Classes) -> dict:
 def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
     """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing;
     chunked, never more than the full engine serves (``_full``), and where ``running`` is
-    more than a full engine holds, the full engine (the rest wait). Returns x (requests/s),
-    b (sequences running), ttft and tpot means (before any queue) and their mixtures."""
-    if len(cls.weight) == 1:
-        out = _waves(running, load, cls, iteration_time, rows)
-    else:
+    more than a full engine holds, the full engine (the rest wait). Lengths spread (mixing),
+    where the mixing regime would serve more than the full engine, the engine is busy
+    (``_busy``): full a share phi of its iterations, mixing the rest; its latencies are that
+    mix (the latency mixtures' components weighted phi and 1 - phi) and Little's law gives
+    the throughput. Returns x (requests/s), b (sequences running), ttft and tpot means
+    (before any queue) and their mixtures."""
+    spread = len(cls.weight) > 1
+    if spread:
         m = _mixed(load, cls, iteration_time, rows, cap, running=running)
         out = {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+    else:
+        out = _waves(running, load, cls, iteration_time, rows)
     f = _full(load, cls, iteration_time, rows)
     ch = load.chunked
+    turn = ch & ((running >= f["b"]) | spread & (out["x"] >= f["x"]))
     out["x"] = np.where(ch, np.minimum(out["x"], f["x"]), out["x"])
     out = _little(out, running, cls)
     out["b"] = np.asarray(running, dtype=float)
-    full = np.flatnonzero(ch & (running >= f["b"]))
-    if len(full):
-        part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
-        for k in ("x", "b", "ttft", "tpot"):
-            out[k] = out[k].copy()
-            out[k][full] = part[k]
-        for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
-            out[k] = _assign(out[k], full, part[k])
+    full = np.flatnonzero(turn)
+    if not len(full):
+        return out
+    if spread:
+        f = _busy(running, load, cls, iteration_time, rows)
+    part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
+    phi = f["full"][full] if spread else np.ones(len(full))
+    steps = cls.mean(cls.steps)[full]
+    ttft = phi * part["ttft"] + (1.0 - phi) * out["ttft"][full]
+    tpot = phi * part["tpot"] + (1.0 - phi) * out["tpot"][full]
+    x = part["b"] / (ttft + steps * tpot) if spread else part["x"]
+    for k, v in (("x", x), ("b", part["b"]), ("ttft", ttft), ("tpot", tpot)):
+        out[k] = out[k].copy()
+        out[k][full] = v
+    for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
+        mine = tuple(v[full] for v in out[k])
+        both = tuple(np.concatenate([a, b], axis=1) for a, b in zip(mine, part[k]))
+        both = (both[0], both[1], np.concatenate([mine[2] * (1.0 - phi)[:, None], part[k][2] * phi[:, None]], axis=1))
+        out[k] = _assign(out[k], full, both)
     return out
 
 
