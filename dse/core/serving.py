@@ -22,7 +22,8 @@ Two regimes:
   before, a Poisson number of mean X T, beside the sequences decoding; a prompt of c
   computed tokens takes n = ceil(c / budget) iterations; a request's TTFT is the rest of the
   iteration it arrives in (length-biased) plus its prompt's iterations; TPOT the mean
-  iteration. Solved for the mean iteration T together with the running batch (open loop:
+  iteration, but for an open loop's first decode iterations after one's own prompt: longer,
+  as a long iteration gathers more prompts for the next, relaxing to the mean step by step. Solved for the mean iteration T together with the running batch (open loop:
   b = X x residence time) or the throughput (closed loop: X = b / residence time)
   (``_mixed``).
 - **Full** (chunked prefill, a closed loop with more requests than a full engine holds): a
@@ -32,6 +33,10 @@ Two regimes:
   concurrency (``_full``). This bounds both regimes above: short outputs (few decode steps
   a request) make the prompts' compute, not the KV cache, the bottleneck; the requests past
   the d + p / c + 1 the engine holds wait for admission.
+- **Busy** (chunked, a closed loop whose lengths spread, where mixing would outrun the full
+  engine): the prompt backlog of the requests not decoding fills the budget only by chance;
+  a share phi of the iterations full, the rest mixing (``_busy``), so that the latencies pass
+  from mixing to full without a jump.
 
 Closed loops keep Little's law: a request stays (running batch) / throughput from admission
 to its last token; what the latencies leave of that it waits for its first token.
@@ -378,7 +383,8 @@ class _Mixing:
     ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K];
     ``first_decode`` [A]: the mean length of a request's first decode iteration (an open loop's
     follows its own prompt iteration and carries the prompts that arrived during it; else
-    tpot)."""
+    tpot); ``relax`` [A]: the share of the first decode iteration's excess over tpot that
+    the next one keeps (0: none))."""
 
     x: np.ndarray
     b: np.ndarray
@@ -398,6 +404,7 @@ class _Mixing:
     n: np.ndarray
     closed: bool = False
     first_decode: np.ndarray | None = None
+    relax: np.ndarray | None = None
 
 
 class _Chain:
@@ -544,7 +551,15 @@ class _Chain:
         # decode step is mostly such an iteration)
         after = (_poisson(x * mean_own, kmax) * tau).sum(axis=1)
         first_decode = np.where(pf | closed, tpot, after)
-        return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
+        # ... and the next ones relax to the mean: an iteration of length L gathers Poisson(X L)
+        # prompts for the next, so each carries the ratio r of the last one's excess over the mean
+        # (r = (f(first) - f(t1)) / (first - t1), f(L) the mean iteration after one of length L)
+        relax = np.zeros(a)
+        if not closed:
+            f_first, f_mean = ((_poisson(x * v, kmax) * tau).sum(axis=1) for v in (after, t1))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                relax = np.where(pf, 0.0, np.clip(np.nan_to_num((f_first - f_mean) / (after - t1)), 0.0, 0.95))
+        return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "relax": relax, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
                 "own_k": own, "own2_k": own2, "wait": wait, "wait2": wait2, "slope": slope,
                 "longest": tau.max(axis=1)}
 
@@ -601,7 +616,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
     st = chain.state(np.arange(a), x, b, t, longest, not given_rate)   # the settled state, all points
     return _Mixing(x, b, st["t1"], st["t2"], st["tpot"], st["landing"], st["tau"], st["tau_var"], st["own_k"],
                    st["own2_k"], st["wait"], st["wait2"], chain.tok,
-                   st["slope"], chain.chunk_var, chain.n, not given_rate, st["first_decode"])
+                   st["slope"], chain.chunk_var, chain.n, not given_rate, st["first_decode"], st["relax"])
 
 
 def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
@@ -650,7 +665,12 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     tpot_sd = np.sqrt(var_t[:, None] / np.maximum(cls.steps, 1.0))
     # the first decode iteration (``first_decode``), then the mean one
     first = m.tpot if m.first_decode is None else m.first_decode
-    decode_k = np.minimum(cls.steps, 1.0) * first[:, None] + np.maximum(cls.steps - 1.0, 0.0) * m.tpot[:, None]
+    # the i-th decode iteration: tpot + (first - tpot) r^(i - 1) (``relax``), summed over s_k
+    # (linear between whole numbers of steps: a share of a step is that share of its iteration)
+    r = (np.zeros_like(first) if m.relax is None else m.relax)[:, None]
+    whole = np.floor(cls.steps)
+    excess = (first - m.tpot)[:, None] * ((1.0 - r ** whole) / (1.0 - r) + (cls.steps - whole) * r ** whole)
+    decode_k = cls.steps * m.tpot[:, None] + np.where(cls.steps > 0, excess, 0.0)
     tpot_k = np.where(cls.steps > 0, decode_k / np.maximum(cls.steps, 1e-300), m.tpot[:, None])
     tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
     tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
