@@ -737,7 +737,8 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
     with the probability P(S >= B - d), else it holds the rest of the backlog: both iterations
     priced, the mean T = their mix. Returns x ((p / c) / T, requests/s), T (seconds: what a
     decoder waits a token), b (``running``) and steps (s), as ``_full``, and full (the share
-    of full iterations, P(S >= B - d) at the mean p, [A]); with no spread and
+    of the time in full iterations: P(S >= B - d) at the mean p, weighted by their length,
+    [A]); with no spread and
     N past the full engine's d + p / c it is ``_full``'s engine."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     w = cls.weight
@@ -768,8 +769,8 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
     pair = (cls.pairs @ w) / c
     toks = np.stack([room, part], 1)
     t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
-    t = full * t[:, 0] + (1.0 - full) * t[:, 1]
-    return {"x": (p / c) / t, "T": t, "b": n, "steps": s, "full": full}
+    mean = full * t[:, 0] + (1.0 - full) * t[:, 1]
+    return {"x": (p / c) / mean, "T": mean, "b": n, "steps": s, "full": full * t[:, 0] / mean}
 
 
 def _full_mixtures(f: dict, cls: _Classes) -> dict:
@@ -804,10 +805,11 @@ def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTi
     chunked, never more than the full engine serves (``_full``), and where ``running`` is
     more than a full engine holds, the full engine (the rest wait). Lengths spread (mixing),
     where the mixing regime would serve more than the full engine, the engine is busy
-    (``_busy``): full a share phi of its iterations, mixing the rest; its latencies are that
-    mix (the latency mixtures' components weighted phi and 1 - phi) and Little's law gives
-    the throughput. Returns x (requests/s), b (sequences running), ttft and tpot means
-    (before any queue) and their mixtures."""
+    (``_busy``): full a share phi of its time, mixing the rest (held to the busy engine's
+    throughput, which rises with the concurrency); its latencies are that mix (the latency
+    mixtures' components weighted phi and 1 - phi) and Little's law gives the throughput.
+    Returns x (requests/s), b (sequences running), ttft and tpot means (before any queue) and
+    their mixtures."""
     spread = len(cls.weight) > 1
     if spread:
         m = _mixed(load, cls, iteration_time, rows, cap, running=running)
@@ -816,15 +818,17 @@ def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTi
         out = _waves(running, load, cls, iteration_time, rows)
     f = _full(load, cls, iteration_time, rows)
     ch = load.chunked
-    turn = ch & ((running >= f["b"]) | spread & (out["x"] >= f["x"]))
-    out["x"] = np.where(ch, np.minimum(out["x"], f["x"]), out["x"])
+    ceiling, holds = f["x"], f["b"]
+    if spread:
+        f = _busy(running, load, cls, iteration_time, rows)
+        ceiling = np.minimum(ceiling, f["x"])
+    turn = ch & ((running >= holds) | spread & (out["x"] >= ceiling))
+    out["x"] = np.where(ch, np.minimum(out["x"], ceiling), out["x"])
     out = _little(out, running, cls)
     out["b"] = np.asarray(running, dtype=float)
     full = np.flatnonzero(turn)
     if not len(full):
         return out
-    if spread:
-        f = _busy(running, load, cls, iteration_time, rows)
     part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
     phi = f["full"][full] if spread else np.ones(len(full))
     steps = cls.mean(cls.steps)[full]
