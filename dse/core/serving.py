@@ -22,7 +22,8 @@ Two regimes:
   before, a Poisson number of mean X T, beside the sequences decoding; a prompt of c
   computed tokens takes n = ceil(c / budget) iterations; a request's TTFT is the rest of the
   iteration it arrives in (length-biased) plus its prompt's iterations; TPOT the mean
-  iteration. Solved for the mean iteration T together with the running batch (open loop:
+  iteration, but for an open loop's first decode iterations after one's own prompt: longer,
+  as a long iteration gathers more prompts for the next, relaxing to the mean step by step. Solved for the mean iteration T together with the running batch (open loop:
   b = X x residence time) or the throughput (closed loop: X = b / residence time)
   (``_mixed``).
 - **Full** (chunked prefill, a closed loop with more requests than a full engine holds): a
@@ -32,6 +33,10 @@ Two regimes:
   concurrency (``_full``). This bounds both regimes above: short outputs (few decode steps
   a request) make the prompts' compute, not the KV cache, the bottleneck; the requests past
   the d + p / c + 1 the engine holds wait for admission.
+- **Busy** (chunked, a closed loop whose lengths spread, where mixing would outrun the full
+  engine): the prompt backlog of the requests not decoding fills the budget only by chance;
+  a share phi of the iterations full, the rest mixing (``_busy``), so that the latencies pass
+  from mixing to full without a jump.
 
 Closed loops keep Little's law: a request stays (running batch) / throughput from admission
 to its last token; what the latencies leave of that it waits for its first token.
@@ -378,7 +383,8 @@ class _Mixing:
     ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K];
     ``first_decode`` [A]: the mean length of a request's first decode iteration (an open loop's
     follows its own prompt iteration and carries the prompts that arrived during it; else
-    tpot)."""
+    tpot); ``relax`` [A]: the share of the first decode iteration's excess over tpot that
+    the next one keeps (0: none))."""
 
     x: np.ndarray
     b: np.ndarray
@@ -398,6 +404,7 @@ class _Mixing:
     n: np.ndarray
     closed: bool = False
     first_decode: np.ndarray | None = None
+    relax: np.ndarray | None = None
 
 
 class _Chain:
@@ -544,7 +551,15 @@ class _Chain:
         # decode step is mostly such an iteration)
         after = (_poisson(x * mean_own, kmax) * tau).sum(axis=1)
         first_decode = np.where(pf | closed, tpot, after)
-        return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
+        # ... and the next ones relax to the mean: an iteration of length L gathers Poisson(X L)
+        # prompts for the next, so each carries the ratio r of the last one's excess over the mean
+        # (r = (f(first) - f(t1)) / (first - t1), f(L) the mean iteration after one of length L)
+        relax = np.zeros(a)
+        if not closed:
+            f_first, f_mean = ((_poisson(x * v, kmax) * tau).sum(axis=1) for v in (after, t1))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                relax = np.where(pf, 0.0, np.clip(np.nan_to_num((f_first - f_mean) / (after - t1)), 0.0, 0.95))
+        return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "relax": relax, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
                 "own_k": own, "own2_k": own2, "wait": wait, "wait2": wait2, "slope": slope,
                 "longest": tau.max(axis=1)}
 
@@ -601,7 +616,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
     st = chain.state(np.arange(a), x, b, t, longest, not given_rate)   # the settled state, all points
     return _Mixing(x, b, st["t1"], st["t2"], st["tpot"], st["landing"], st["tau"], st["tau_var"], st["own_k"],
                    st["own2_k"], st["wait"], st["wait2"], chain.tok,
-                   st["slope"], chain.chunk_var, chain.n, not given_rate, st["first_decode"])
+                   st["slope"], chain.chunk_var, chain.n, not given_rate, st["first_decode"], st["relax"])
 
 
 def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
@@ -650,7 +665,12 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     tpot_sd = np.sqrt(var_t[:, None] / np.maximum(cls.steps, 1.0))
     # the first decode iteration (``first_decode``), then the mean one
     first = m.tpot if m.first_decode is None else m.first_decode
-    decode_k = np.minimum(cls.steps, 1.0) * first[:, None] + np.maximum(cls.steps - 1.0, 0.0) * m.tpot[:, None]
+    # the i-th decode iteration: tpot + (first - tpot) r^(i - 1) (``relax``), summed over s_k
+    # (linear between whole numbers of steps: a share of a step is that share of its iteration)
+    r = (np.zeros_like(first) if m.relax is None else m.relax)[:, None]
+    whole = np.floor(cls.steps)
+    excess = (first - m.tpot)[:, None] * ((1.0 - r ** whole) / (1.0 - r) + (cls.steps - whole) * r ** whole)
+    decode_k = cls.steps * m.tpot[:, None] + np.where(cls.steps > 0, excess, 0.0)
     tpot_k = np.where(cls.steps > 0, decode_k / np.maximum(cls.steps, 1e-300), m.tpot[:, None])
     tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
     tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
@@ -707,6 +727,52 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
 
 
+def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
+    """A closed loop of ``running`` requests [A] (chunked prefill) with prompts waiting most
+    of the time, their lengths spread: an iteration takes its d decoders and what it can of
+    the prompt tokens S the other N - d requests still hold, p = min(S, B - d). S is taken
+    normal (mean (N - d) c, variance (N - d) Var(c): the prompts' spread), and the decoders
+    follow the prompts finished, d = s p / c (s: decode steps a request), solved for the mean
+    p by bisection (p - E[min(S, B - d)] grows with p). The engine is then full (p = B - d)
+    with the probability P(S >= B - d), else it holds the rest of the backlog: both iterations
+    priced, the mean T = their mix. Returns x ((p / c) / T, requests/s), T (seconds: what a
+    decoder waits a token), b (``running``) and steps (s), as ``_full``, and full (the share
+    of the time in full iterations: P(S >= B - d) at the mean p, weighted by their length,
+    [A]); with no spread and
+    N past the full engine's d + p / c it is ``_full``'s engine."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    w = cls.weight
+    c = np.maximum(cls.work @ w, 1e-300)
+    s = cls.steps @ w
+    var = np.maximum((cls.work ** 2) @ w - c ** 2, 0.0) + cls.prompt_var @ w
+    budget = load.token_budget
+    n = np.asarray(running, dtype=float)
+
+    def backlog(p):
+        d = s * p / c
+        m = np.maximum(n - d, 0.0)
+        return d, budget - d, m * c, m * var
+
+    lo, hi = np.zeros_like(n), budget * c / (c + s)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        _, room, mean, v = backlog(mid)
+        short = mid < mean * (1.0 - _overflow(mean, v, room))
+        lo, hi = np.where(short, mid, lo), np.where(short, hi, mid)
+    p = 0.5 * (lo + hi)
+    d, room, mean, v = backlog(p)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        full = np.where(v > 0, ndtr((mean - room) / np.sqrt(v)), (mean >= room).astype(float))
+    full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
+    part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
+    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
+    pair = (cls.pairs @ w) / c
+    toks = np.stack([room, part], 1)
+    t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
+    mean = full * t[:, 0] + (1.0 - full) * t[:, 1]
+    return {"x": (p / c) / mean, "T": mean, "b": n, "steps": s, "full": full * t[:, 0] / mean}
+
+
 def _full_mixtures(f: dict, cls: _Classes) -> dict:
     """Means and mixtures (mean, sd, weight) [A, K] of the full engine (``_full``) with its
     ``b`` sequences in it (before any queue): by Little's law a request stays b / x in the
@@ -737,26 +803,46 @@ def _little(out: dict, running, cls: _Classes) -> dict:
 def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
     """A closed loop at ``running`` sequences [A]: waves for one length class, else mixing;
     chunked, never more than the full engine serves (``_full``), and where ``running`` is
-    more than a full engine holds, the full engine (the rest wait). Returns x (requests/s),
-    b (sequences running), ttft and tpot means (before any queue) and their mixtures."""
-    if len(cls.weight) == 1:
-        out = _waves(running, load, cls, iteration_time, rows)
-    else:
+    more than a full engine holds, the full engine (the rest wait). Lengths spread (mixing),
+    where the mixing regime would serve more than the full engine, the engine is busy
+    (``_busy``): full a share phi of its time, mixing the rest (held to the busy engine's
+    throughput, which rises with the concurrency); its latencies are that mix (the latency
+    mixtures' components weighted phi and 1 - phi) and Little's law gives the throughput.
+    Returns x (requests/s), b (sequences running), ttft and tpot means (before any queue) and
+    their mixtures."""
+    spread = len(cls.weight) > 1
+    if spread:
         m = _mixed(load, cls, iteration_time, rows, cap, running=running)
         out = {"x": m.x, **_mixing_mixtures(m, cls, 0.0)}
+    else:
+        out = _waves(running, load, cls, iteration_time, rows)
     f = _full(load, cls, iteration_time, rows)
     ch = load.chunked
-    out["x"] = np.where(ch, np.minimum(out["x"], f["x"]), out["x"])
+    ceiling, holds = f["x"], f["b"]
+    if spread:
+        f = _busy(running, load, cls, iteration_time, rows)
+        ceiling = np.minimum(ceiling, f["x"])
+    turn = ch & ((running >= holds) | spread & (out["x"] >= ceiling))
+    out["x"] = np.where(ch, np.minimum(out["x"], ceiling), out["x"])
     out = _little(out, running, cls)
     out["b"] = np.asarray(running, dtype=float)
-    full = np.flatnonzero(ch & (running >= f["b"]))
-    if len(full):
-        part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
-        for k in ("x", "b", "ttft", "tpot"):
-            out[k] = out[k].copy()
-            out[k][full] = part[k]
-        for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
-            out[k] = _assign(out[k], full, part[k])
+    full = np.flatnonzero(turn)
+    if not len(full):
+        return out
+    part = _full_mixtures({k: v[full] for k, v in f.items()}, cls.take(full))
+    phi = f["full"][full] if spread else np.ones(len(full))
+    steps = cls.mean(cls.steps)[full]
+    ttft = phi * part["ttft"] + (1.0 - phi) * out["ttft"][full]
+    tpot = phi * part["tpot"] + (1.0 - phi) * out["tpot"][full]
+    x = part["b"] / (ttft + steps * tpot) if spread else part["x"]
+    for k, v in (("x", x), ("b", part["b"]), ("ttft", ttft), ("tpot", tpot)):
+        out[k] = out[k].copy()
+        out[k][full] = v
+    for k in ("ttft_mix", "tpot_mix", "e2e_mix"):
+        mine = tuple(v[full] for v in out[k])
+        both = tuple(np.concatenate([a, b], axis=1) for a, b in zip(mine, part[k]))
+        both = (both[0], both[1], np.concatenate([mine[2] * (1.0 - phi)[:, None], part[k][2] * phi[:, None]], axis=1))
+        out[k] = _assign(out[k], full, both)
     return out
 
 

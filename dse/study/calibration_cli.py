@@ -18,13 +18,17 @@ from dse.fit import validate as V
 from dse.present import display
 
 
-def _csv_path(text: str) -> str:
-    """A measured CSV's path as given; ArgumentTypeError for an empty one (it would fall back to the
-    shipped files without a word)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a CSV file's path, got an empty text (leave --measured out "
-                                         "for the measured results dse ships)")
-    return text
+def nonempty_path(what: str, instead: str):
+    """An argparse type for a path given as is: ArgumentTypeError for an empty text, which would
+    otherwise fall back to ``instead`` without a word."""
+    def path(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected {what}, got an empty text (leave the flag out for {instead})")
+        return text
+    return path
+
+
+_csv_path = nonempty_path("a CSV file's path", "the measured results dse ships")
 
 
 def _out_file(text: str) -> str:

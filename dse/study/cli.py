@@ -124,13 +124,7 @@ def _seed(text: str) -> int:
     return v
 
 
-def _folder(text: str) -> str:
-    """An output folder's path as given; ArgumentTypeError for an empty one (it would fall back to the
-    default folder without a word)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a folder path, got an empty text (leave --out out for "
-                                         "runs/<study name>)")
-    return text
+_folder = calibration_cli.nonempty_path("a folder path", "runs/<study name>")
 
 
 def _shown(value) -> str:

@@ -141,7 +141,8 @@ def technique_columns(cols: Columns, w: dict) -> None:
     w["spec_tokens"] = cols.numbers("spec_tokens")
     w["spec_acceptance"] = cols.numbers("spec_acceptance")
     has_draft = per_code([d is not None for d in w["drafts"]], w["draft"])
-    given = [k for k in ("spec_tokens", "spec_acceptance") if cols.has(k)]
+    # set to other than their defaults (0: no speculation), as a table of every parameter gives them
+    given = [k for k in ("spec_tokens", "spec_acceptance") if cols.has(k) and np.any(np.asarray(w[k]) != DEFAULTS[k])]
     if given and not anywhere(has_draft):     # a grid may cross them with drafts; with none they do nothing
         raise DseError(f"{cols.where}: {' and '.join(given)}: describe speculative decoding, and no point has a draft; "
                        f"give spec_draft too (a model, or self:N), or leave {' and '.join(given)} out")
