@@ -3,6 +3,7 @@ engine without enough rows gets, values on their bound, every cross-validation f
 which layer's values a prediction says it used."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from dse.core import bands as B
-from dse.core.efficiency import Efficiency, efficiency_for
+from dse.core.efficiency import FAMILY_PRIORS, Efficiency, efficiency_for, load_calibration
 from dse.core.engines import efficiency_source, engine_efficiency, engine_parameters, get_engine
 from dse.fit import calibrate as C
 
@@ -102,7 +103,7 @@ def test_every_fold_is_counted_and_a_failed_one_says_why(monkeypatch):
                                    if self.cases[0].row.source == "b" else {})
 
     class FakeModel:
-        def __init__(self, held, slots):
+        def __init__(self, held, slots, covered=None):
             self.held = held
 
         def efficiencies(self, x):
@@ -129,3 +130,50 @@ def test_an_engine_without_a_slice_takes_the_unseen_engines_band():
     assert (lo, hi) == pytest.approx(tuple(np.exp(np.quantile(unseen, (0.05, 0.95)))), rel=1e-3)
     assert B.band_for(bands, "vllm", "nvidia", "throughput")[2] == "engine=vllm vendor=nvidia family=throughput"
     assert 0.85 <= B.covered(np.exp(unseen), 1.0, lo, hi).mean() <= 0.95
+
+
+def test_an_engines_fitted_values_hold_only_on_the_families_its_rows_covered(tmp_path):
+    """vLLM fitted on GPU rows only: on a GPU it is the calibrated engine; on a CPU a prior engine
+    (neutral scales: the CPU's fractions are its family prior, no scheduler cost), its name says
+    so and its band is the unseen engines'. A file written before ``engine_families`` applies the
+    values to every family, as then."""
+    own = {"vllm": {"memory_scale": {"value": 0.6}, "compute_scale": {"value": 0.5},
+                    "step_overhead_s": {"value": 3e-3}}}
+    path = _calibration(tmp_path, engines=own, engine_families={"vllm": ["gpu"]})
+    vllm = get_engine("vllm")
+    gpu = engine_efficiency(efficiency_for("gpu", path), vllm, path=path, family="gpu")
+    cpu = engine_efficiency(efficiency_for("cpu", path), vllm, path=path, family="cpu")
+    assert gpu.memory == pytest.approx(0.6 * FAMILY_PRIORS["gpu"]["memory"]) and gpu.step_overhead_s == 3e-3
+    assert (cpu.memory, cpu.compute, cpu.step_overhead_s) == \
+           (FAMILY_PRIORS["cpu"]["memory"], FAMILY_PRIORS["cpu"]["compute"], 0.0)
+    assert "calibrated engine vllm" in gpu.name
+    assert "prior engine vllm" in cpu.name and "fitted on gpu only" in cpu.name
+    assert "engines predicted without rows of their own" in B.band_source(cpu.name)
+    old = str(tmp_path / "old.yaml")
+    Path(old).write_text(yaml.safe_dump({"families": {}, "engines": own}))
+    before = engine_efficiency(efficiency_for("cpu", old), vllm, path=old, family="cpu")
+    assert before.memory == pytest.approx(0.6 * FAMILY_PRIORS["cpu"]["memory"])
+
+
+def test_calibrate_records_the_families_each_fitted_engines_rows_covered():
+    """Eight vLLM rows, six on GPUs and two on a CPU, and three TGI rows (a prior engine): vLLM's
+    values hold on both families, TGI is not listed (it has no values to hold)."""
+    cases = [_case("vllm") for _ in range(6)] + [_case("vllm") for _ in range(2)] + [_case("tgi") for _ in range(3)]
+    for c in cases[6:8]:
+        c.device = SimpleNamespace(efficiency_family="cpu")
+    assert C.engine_families(cases, C.slots_for(cases)) == {"vllm": ["cpu", "gpu"]}
+
+
+def test_the_shipped_calibration_says_where_each_fitted_engine_holds():
+    """Every engine with fitted values in configs/calibration.yaml lists its families; under the
+    default engine (vLLM, fitted on GPU rows only) a Xeon keeps its family prior and an H100 gets
+    vLLM's fitted scale."""
+    cal = load_calibration()
+    assert set(cal["engine_families"]) == set(cal["engines"])
+    assert all(set(f) <= set(FAMILY_PRIORS) for f in cal["engine_families"].values())
+    assert "cpu" not in cal["engine_families"]["vllm"]
+    default = get_engine("default")
+    cpu = engine_efficiency(efficiency_for("cpu"), default, family="cpu")
+    gpu = engine_efficiency(efficiency_for("gpu"), default, family="gpu")
+    assert cpu.memory == FAMILY_PRIORS["cpu"]["memory"] and cpu.compute == FAMILY_PRIORS["cpu"]["compute"]
+    assert gpu.memory == pytest.approx(FAMILY_PRIORS["gpu"]["memory"] * cal["engines"]["vllm"]["memory_scale"]["value"])

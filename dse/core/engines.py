@@ -30,6 +30,12 @@ request cost beyond its launch and all-reduce classes' (``NEUTRAL``), its band t
 engines predicted without rows of their own (``dse.core.bands``). It never takes another engine's
 fit. The Efficiency's name says which ("prior gpu + calibrated engine vllm", "prior gpu + prior
 engine tgi"), and names an engine value that ended on its fit's bound (``at_bound`` section).
+
+An engine's fitted values hold only on the hardware families its calibration rows covered (the
+calibration's ``engine_families`` section, ``{engine: [family, ...]}``, written by ``calibrate``):
+on any other family the engine is a prior engine there ("prior cpu + prior engine vllm (fitted on
+gpu only)"): vLLM's scales fitted on GPU rows never derate a CPU. A calibration file without the
+section (written before it) applies each engine's values to every family, as it did then.
 """
 from __future__ import annotations
 
@@ -239,14 +245,38 @@ def engine_matching(text: str) -> Engine | None:
     return next((e for e in engines().values() if e.match and re.search(e.match, text)), None)
 
 
-def engine_parameters(engine: Engine, path: str | None = None, sections: dict | None = None) -> tuple[dict, list[str]]:
+def covered_families(engine: Engine, path: str | None = None, sections: dict | None = None) -> tuple[str, ...] | None:
+    """The hardware families whose rows fitted ``engine``'s values (the calibration's
+    ``engine_families`` section, from ``sections`` or the file ``path``: default the one in use);
+    () for an engine the section does not list; None when the calibration has no such section (a
+    file written before it: the engine's values apply to every family). DseError naming the key
+    when the section is not a mapping of engines to lists of family names."""
+    cal = sections if sections is not None else load_calibration(path)
+    table = cal.get("engine_families")
+    if table is None:
+        return None
+    where = f"{path or 'the calibration file'}: engine_families"
+    if not isinstance(table, dict):
+        raise DseError(f"{where}: expected a mapping of engine names to lists of hardware families")
+    found = table.get(engine.name, [])
+    if not isinstance(found, list) or not all(isinstance(f, str) for f in found):
+        raise DseError(f"{where}.{engine.name}: expected a list of hardware family names")
+    return tuple(found)
+
+
+def engine_parameters(engine: Engine, path: str | None = None, sections: dict | None = None,
+                      family: str | None = None) -> tuple[dict, list[str]]:
     """(the engine-side parameters of ``engine``, notes on them): the calibration's launch and
     all-reduce classes and the engine's own fitted values (``sections``, else read from the
     calibration ``path``: default the one in use). An engine without fitted values of its own gets
-    none here (``engine_efficiency`` gives it ``NEUTRAL``), never another engine's. Notes name
-    each of its values that ended on its fit's bound (the calibration's ``at_bound`` section)."""
+    none here (``engine_efficiency`` gives it ``NEUTRAL``), never another engine's; nor does one
+    whose rows did not cover the hardware ``family`` (``covered_families``; None: any family), and
+    a note says on which families it was fitted. Notes name each of its values that ended on its
+    fit's bound (the calibration's ``at_bound`` section)."""
     cal = sections if sections is not None else load_calibration(path)
     out, notes = {}, []
+    covered = covered_families(engine, path, cal) if family is not None else None
+    foreign = covered is not None and family not in covered
 
     def value(node):
         return float(node["value"] if isinstance(node, dict) else node)
@@ -257,10 +287,13 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
         algo = (cal.get("allreduce") or {}).get(engine.allreduce) or {}
         if "collective_latency_s" in algo:
             out["collective_latency_s"] = value(algo["collective_latency_s"])
-    for k, v in ((cal.get("engines") or {}).get(engine.name) or {}).items():
+    own = {} if foreign else (cal.get("engines") or {}).get(engine.name) or {}
+    for k, v in own.items():
         if k in ENGINE_PARAMS:
             out[k] = value(v)
-    used = {f"launch.{engine.launch}", f"allreduce.{engine.allreduce}", f"engines.{engine.name}"}
+    if foreign and (cal.get("engines") or {}).get(engine.name):
+        notes.append(f"fitted on {', '.join(covered) or 'no family'} only")
+    used = {f"launch.{engine.launch}", f"allreduce.{engine.allreduce}"} | (set() if foreign else {f"engines.{engine.name}"})
     for key, node in (cal.get("at_bound") or {}).items():
         if key.rsplit(".", 1)[0] in used and isinstance(node, dict):
             notes.append(f"{key.rsplit('.', 1)[1]} of {key.rsplit('.', 1)[0]} at its {node.get('bound')} bound "
@@ -287,9 +320,11 @@ def is_calibrated(engine: Engine, path: str | None = None, sections: dict | None
 
 
 def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *,
-                      parameters: dict | None = None, path: str | None = None) -> Efficiency:
-    """The Efficiency of hardware whose family efficiency is ``base`` under ``engine``: its launch,
-    all-reduce and scheduler costs (``parameters``, default ``engine_parameters``), its share of
+                      parameters: dict | None = None, path: str | None = None,
+                      family: str | None = None) -> Efficiency:
+    """The Efficiency of hardware of ``family`` whose family efficiency is ``base`` under ``engine``:
+    its launch, all-reduce and scheduler costs (``parameters``, default ``engine_parameters``: the
+    engine's fitted values only where its rows covered ``family``; None: any family), its share of
     the achievable bandwidth and compute, and its attention kernel (``kv_group``: query heads per
     K/V head on one device; decode attention without GQA sharing reads K/V once per query head).
     Static engines hide nothing of prefill under decode. The ideal bound stays the ideal bound."""
@@ -297,7 +332,7 @@ def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *
         return base
     notes, kind = [], ""
     if parameters is None:
-        parameters, notes = engine_parameters(engine, path)
+        parameters, notes = engine_parameters(engine, path, family=family)
         kind = (CALIBRATED if any(k in parameters for k in ENGINE_PARAMS) else PRIOR) + " "
     p = {**NEUTRAL, **{k: getattr(base, k) for k in (*COSTS, "prefill_decode_overlap")}, **parameters}
     name = f"{base.name} + {kind}{engine.name}" + (f" ({'; '.join(notes)})" if notes else "")

@@ -181,14 +181,29 @@ def prior_engines(cases: list[Case]) -> dict[str, str]:
             for name in engines() if counts.get(name, 0) < MIN_ROWS}
 
 
+def engine_families(cases: list[Case], slots: list[Slot]) -> dict[str, list[str]]:
+    """{engine: the hardware families of its rows in ``cases``, sorted} for every engine with
+    fitted values among ``slots``: the families its values hold on (the calibration's
+    ``engine_families``; on any other family it is a prior engine, ``dse.core.engines``)."""
+    fitted = {s.group for s in slots if s.section == "engines"}
+    out: dict[str, set] = {}
+    for c in cases:
+        if c.engine.name in fitted:
+            out.setdefault(c.engine.name, set()).add(family_of(c.device))
+    return {name: sorted(fams) for name, fams in sorted(out.items())}
+
+
 class Parameterisation:
     """Maps a vector of fitted values (``slots``) to every row's Efficiency: its family's prior with
     the family's fitted values, under its engine with the fitted launch, all-reduce and engine
     costs (``engine_efficiency``; an engine without its own scheduler fit takes the default
-    engine's, as predictions do). ``base`` (optional) is one family Efficiency for every row."""
+    engine's, as predictions do). ``base`` (optional) is one family Efficiency for every row;
+    ``covered`` (optional, ``engine_families``): the families each engine's values hold on (a
+    row of another family runs its engine as a prior engine; None: every family)."""
 
-    def __init__(self, cases: list[Case], slots: list[Slot], base: Efficiency | None = None):
-        self.cases, self.slots, self.base = cases, list(slots), base
+    def __init__(self, cases: list[Case], slots: list[Slot], base: Efficiency | None = None,
+                 covered: dict | None = None):
+        self.cases, self.slots, self.base, self.covered = cases, list(slots), base, covered
 
     def values(self, x) -> dict[str, float]:
         return {s.key: _from_x(s.param, v) for s, v in zip(self.slots, x)}
@@ -216,7 +231,10 @@ class Parameterisation:
         if self.base is None:
             params, _ = family_parameters(fam, fitted=(sections.get("families") or {}).get(fam, {}))
             base = Efficiency(name=f"fit {fam}", **params)
-        return engine_efficiency(base, engine, kv_group, parameters=engine_parameters(engine, sections=sections)[0])
+        if self.covered is not None:
+            sections["engine_families"] = self.covered
+        return engine_efficiency(base, engine, kv_group,
+                                 parameters=engine_parameters(engine, sections=sections, family=fam)[0])
 
 
 @dataclass
@@ -300,7 +318,7 @@ class _Residuals:
             part = [cases[i] for i in idx]
             block = Predictions(part) if len(idx) < len(cases) else predictors
             self.blocks.append((np.array(idx), np.flatnonzero(uses[idx[0]]),
-                                type(model)(part, slots, model.base), block))
+                                type(model)(part, slots, model.base, model.covered), block))
         self._last = (None, None)
 
     def _block(self, b, x) -> np.ndarray:
@@ -459,7 +477,7 @@ def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | N
     errors = np.full(len(idx), np.nan)
     try:
         f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev)
-        model = Parameterisation(held, f.slots)
+        model = Parameterisation(held, f.slots, covered=engine_families(train, f.slots))
         x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
         pr = Predictions(held).predict(model.efficiencies(np.array(x)))
     except (DseError, ValueError, np.linalg.LinAlgError) as e:
@@ -548,6 +566,20 @@ def _measured_files(measured) -> list[Path]:
     return [Path(m) for m in (measured if isinstance(measured, (list, tuple)) else [measured])]
 
 
+def read_cases(files: list[Path]) -> tuple[list[Case], list, int]:
+    """(the predictable rows of the measured ``files`` ready to fit, the others with the reason,
+    the number of scored rows): the rows ``calibrate`` fits."""
+    cases, skipped, scored = [], [], 0
+    for src in files:
+        table = read_table(src)
+        cs, sk = prepare_all(table.rows)
+        cs, late = _runnable(cs)
+        cases += cs
+        skipped += sorted(table.unpredictable + sk + late, key=lambda t: t[0].line)
+        scored += len(table.rows) + len(table.unpredictable)
+    return cases, skipped, scored
+
+
 def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts: int = 3,
               params=None, progress=None, workers: int = 1, leave_out=CV_KEYS,
               fold_evaluations: int | None = None) -> Calibration:
@@ -556,7 +588,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     default: every measured file dse ships). One fit of the engine layer with the kernel layer
     held fixed: per launch class, all-reduce algorithm and engine with enough rows its costs,
     scales and overlap (``slots_for``); an engine with fewer rows is a prior engine
-    (``prior_engines``). A value that ends on its bound is recorded (``at_bound``).
+    (``prior_engines``). A value that ends on its bound is recorded (``at_bound``), and the hardware
+    families each fitted engine's rows covered (``engine_families``: its values hold there only).
     Cross-validation leaves out sources (in folds), vendors and engines, every fold counted
     (``fold_totals``); the leave-sources-out residuals give the error bands and the
     leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
@@ -567,15 +600,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     take (default ``WARM_NFEV``)."""
     files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
-    rows, cases, skipped, scored = [], [], [], 0
-    for src in files:
-        table = read_table(src)
-        cs, sk = prepare_all(table.rows)
-        cs, late = _runnable(cs)
-        rows += table.rows
-        cases += cs
-        skipped += sorted(table.unpredictable + sk + late, key=lambda t: t[0].line)
-        scored += len(table.rows) + len(table.unpredictable)
+    cases, skipped, scored = read_cases(files)
     params = tuple(params or FIT)
     if len(cases) < MIN_ROWS:
         raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
@@ -653,6 +678,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
             "parameters": {p.name: {"what": p.what, "bounds": [p.lo, p.hi]} for p in params},
         },
         **sections,
+        "engine_families": engine_families(cases, f.slots),
         "error": err,
         "cross_validation": cv,
         "bands": bands,
@@ -712,8 +738,10 @@ HEADER = """\
 # The engine layer fitted to measured end-to-end results by `python -m dse.study calibrate`, with the
 # kernel layer (hardware fractions: dse.core.efficiency.FAMILY_PRIORS, cited) held fixed.
 # dse.core.engines reads `launch`, `allreduce` and `engines` (an engine not listed there is a prior
-# engine: `prior_engines`); `bands` gives the error bands (dse.core.bands); `at_bound` lists every
-# value that ended on its fit's bound; the other sections record how, when and how well they were
+# engine: `prior_engines`; an engine's values hold only on the hardware families its rows covered,
+# `engine_families`, and it is a prior engine elsewhere); `bands` gives the error bands
+# (dse.core.bands); `at_bound` lists every value that ended on its fit's bound; the other sections
+# record how, when and how well they were
 # fitted (every cross-validation fold counted: cross_validation.*.totals).
 # Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
 """

@@ -255,7 +255,8 @@ class Case:
         bound stays the ideal bound."""
         if eff is IDEAL or eff.name == "ideal":
             return eff
-        return engine_efficiency(eff, self.engine, self.kv_group, parameters=parameters)
+        return engine_efficiency(eff, self.engine, self.kv_group, parameters=parameters,
+                                 family=self.device.efficiency_family)
 
 
 @dataclass
@@ -834,10 +835,11 @@ class Predictions:
         path = str(calibration) if calibration else None
         for c in self.cases:
             base = eff or efficiency_for(c.device, path)
-            key = (id(base), c.engine, c.kv_group)
+            key = (id(base), c.engine, c.kv_group, c.device.efficiency_family)
             if key not in memo:
                 memo[key] = (c.efficiency(base, {}) if eff is not None else
-                             engine_efficiency(base, c.engine, c.kv_group, path=path))
+                             engine_efficiency(base, c.engine, c.kv_group, path=path,
+                                               family=c.device.efficiency_family))
             effs.append(memo[key])
         return effs
 

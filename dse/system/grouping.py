@@ -132,7 +132,7 @@ class Group:
             return choose(self.family, given, ideal)
         if self.device_class.dataflow:
             return dataflow_efficiency(efficiency_for(self.family), decoder_layers(self.tables), self.family)
-        return engine_efficiency(efficiency_for(self.family), self.engine, self.kv_group)
+        return engine_efficiency(efficiency_for(self.family), self.engine, self.kv_group, family=self.family)
 
 
 def positions(index) -> np.ndarray:
