@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from dse import evaluate
 from dse.core import bands as B
 from dse.core.efficiency import FAMILY_PRIORS, Efficiency, efficiency_for, load_calibration
 from dse.core.engines import efficiency_source, engine_efficiency, engine_parameters, get_engine
@@ -177,3 +178,16 @@ def test_the_shipped_calibration_says_where_each_fitted_engine_holds():
     gpu = engine_efficiency(efficiency_for("gpu"), default, family="gpu")
     assert cpu.memory == FAMILY_PRIORS["cpu"]["memory"] and cpu.compute == FAMILY_PRIORS["cpu"]["compute"]
     assert gpu.memory == pytest.approx(FAMILY_PRIORS["gpu"]["memory"] * cal["engines"]["vllm"]["memory_scale"]["value"])
+
+
+def test_a_prior_engine_on_a_family_its_rows_never_covered_takes_the_unseen_engines_band():
+    """The default engine (vLLM, fitted on GPU rows only): an H100's band is vLLM's slice, a Xeon's
+    the unseen engines' slice of the calibration (the widest evidence: leave-engines-out)."""
+    bands = B.shipped_bands()
+    ev = evaluate({"hardware": ["xeon-spr", "h100-sxm"], "model": "llama-3.1-8b", "batch": 4,
+                   "prompt_len": 256, "gen_len": 16})
+    low, high = np.asarray(ev["band_throughput_low"]), np.asarray(ev["band_throughput_high"])
+    unseen = bands[B.slice_key(B.UNSEEN, "", "", "throughput")]
+    assert (low[0], high[0]) == (unseen["low"], unseen["high"])
+    assert (low[1], high[1]) == B.band_for(bands, "vllm", "nvidia", "throughput")[:2]
+    assert (low[0], high[0]) != (low[1], high[1])

@@ -95,6 +95,14 @@ def band_for(bands: dict, engine: str, vendor: str, family: str) -> tuple[float,
     return float("nan"), float("nan"), ""
 
 
+def band_engine(efficiency_name: str, engine: str) -> str:
+    """The engine whose slices give the band of a prediction made under ``engine`` with the
+    Efficiency called ``efficiency_name`` (``dse.core.engines.engine_efficiency``'s): ``UNSEEN``
+    where it runs the engine as a prior engine (not fitted, or not fitted on that hardware family:
+    its engine's slices describe other hardware; ``dse.core.engines.runs_as_prior``), else ``engine``."""
+    return UNSEEN if efficiency_name.partition(" + ")[2].startswith(PRIOR) else engine
+
+
 def shipped_bands(path: str | None = None) -> dict:
     """The ``bands`` section of the calibration in use (or ``path``); {} when it has none."""
     return load_calibration(path).get("bands") or {}

@@ -264,6 +264,21 @@ def covered_families(engine: Engine, path: str | None = None, sections: dict | N
     return tuple(found)
 
 
+def _foreign(engine: Engine, family: str | None, path: str | None, cal: dict) -> bool:
+    """Whether the calibration ``cal`` says ``engine``'s rows never covered hardware ``family``
+    (False for family None or a calibration without ``engine_families``)."""
+    covered = covered_families(engine, path, cal) if family is not None else None
+    return covered is not None and family not in covered
+
+
+def runs_as_prior(engine: Engine, family: str, path: str | None = None, sections: dict | None = None) -> bool:
+    """Whether ``engine`` runs as a prior engine on hardware ``family`` (``engine_efficiency``): it
+    has no fitted values of its own, or its rows never covered ``family``; such a prediction takes
+    the band of unseen engines (``dse.core.bands``)."""
+    cal = sections if sections is not None else load_calibration(path)
+    return not is_calibrated(engine, path, cal) or _foreign(engine, family, path, cal)
+
+
 def engine_parameters(engine: Engine, path: str | None = None, sections: dict | None = None,
                       family: str | None = None) -> tuple[dict, list[str]]:
     """(the engine-side parameters of ``engine``, notes on them): the calibration's launch and
@@ -275,8 +290,7 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
     fit's bound (the calibration's ``at_bound`` section)."""
     cal = sections if sections is not None else load_calibration(path)
     out, notes = {}, []
-    covered = covered_families(engine, path, cal) if family is not None else None
-    foreign = covered is not None and family not in covered
+    foreign = _foreign(engine, family, path, cal)
 
     def value(node):
         return float(node["value"] if isinstance(node, dict) else node)
@@ -292,7 +306,7 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
         if k in ENGINE_PARAMS:
             out[k] = value(v)
     if foreign and (cal.get("engines") or {}).get(engine.name):
-        notes.append(f"fitted on {', '.join(covered) or 'no family'} only")
+        notes.append(f"fitted on {', '.join(covered_families(engine, path, cal)) or 'no family'} only")
     used = {f"launch.{engine.launch}", f"allreduce.{engine.allreduce}"} | (set() if foreign else {f"engines.{engine.name}"})
     for key, node in (cal.get("at_bound") or {}).items():
         if key.rsplit(".", 1)[0] in used and isinstance(node, dict):

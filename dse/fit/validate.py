@@ -66,7 +66,7 @@ from basis.errors import DseError
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
-from dse.core.bands import band_for, band_source, covered, family_of_metric, shipped_bands
+from dse.core.bands import band_engine, band_for, band_source, covered, family_of_metric, shipped_bands
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.core.engines import (
     GENERIC_MEMORY,
@@ -957,7 +957,8 @@ def result_row(case: Case, predicted: float, eff_name: str = "", *, running: flo
     err = predicted / r.value - 1.0
     continuous = r.serving == "continuous"
     vendor = r.vendor or getattr(case.device, "vendor", "") or ""
-    low, high, _ = (band_for(shipped_bands(), case.engine.name, vendor, family_of_metric(r.metric))
+    low, high, _ = (band_for(shipped_bands(), band_engine(eff_name, case.engine.name), vendor,
+                             family_of_metric(r.metric))
                     if band_source(eff_name) else (math.nan, math.nan, ""))
     load = r.load + (f" (saturated: as a closed loop at {r.num_prompts})" if burst else "")
     return {

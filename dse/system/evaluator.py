@@ -34,10 +34,11 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
-from dse.core.bands import band_for, shipped_bands
+from dse.core.bands import UNSEEN, band_for, shipped_bands
 from dse.core.dataflow import decoder_layers
 from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.efficiency import Efficiency, KernelHardware
+from dse.core.engines import get_engine, runs_as_prior
 from dse.core.kernel_arrays import PEAK_COLUMNS
 from dse.core.kernel_model import MEASURED_PRESETS, OPS_PER_SM, load_kernel_model
 from dse.core.metrics import cost_per_million_tokens_usd, system_figures
@@ -255,11 +256,19 @@ class Plan:
     def _bands(self, out: dict) -> None:
         """The error band of every point's default prediction (``dse.core.bands``: factors on the
         predicted value, from the calibration's cross-validated residuals of its engine, vendor
-        and metric family), held order."""
+        and metric family; the unseen engines' where the engine runs as a prior engine on the
+        point's hardware family: ``dse.core.engines.runs_as_prior``), held order."""
         bands = shipped_bands()
         if not bands:
             return
         engine, names = self.labels["engine"]
+        families = self.hw.families
+        combo = np.asarray(engine, dtype=np.int64) * len(families) + self.hw.family
+        prior = np.zeros(int(combo.max()) + 1, dtype=bool)
+        for k in np.unique(combo):                      # the (engine, family) pairs present
+            prior[k] = runs_as_prior(get_engine(names[k // len(families)]), families[k % len(families)])
+        if prior[combo].any():                          # a prior engine there: the unseen engines' slices
+            engine, names = np.where(prior[combo], len(names), engine), [*names, UNSEEN]
         vendors = self.hw.vendors                       # of each base device (``hw.name`` codes)
         pair = np.asarray(engine, dtype=np.int64) * len(vendors) + self.hw.name
         used = np.flatnonzero(np.bincount(pair))        # the (engine, device) pairs present
