@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from basis.errors import DseError
 from dse import evaluate
 from dse.core import bands as B
 from dse.core.efficiency import FAMILY_PRIORS, Efficiency, efficiency_for, load_calibration
@@ -191,3 +192,11 @@ def test_a_prior_engine_on_a_family_its_rows_never_covered_takes_the_unseen_engi
     assert (low[0], high[0]) == (unseen["low"], unseen["high"])
     assert (low[1], high[1]) == B.band_for(bands, "vllm", "nvidia", "throughput")[:2]
     assert (low[0], high[0]) != (low[1], high[1])
+
+
+@pytest.mark.parametrize("bad", [["gpuu"], "gpu", {"gpu": 1}])
+def test_an_engine_families_entry_that_is_not_a_list_of_known_families_is_refused_in_one_line(tmp_path, bad):
+    path = _calibration(tmp_path, engines={"vllm": {"memory_scale": {"value": 0.6}}}, engine_families={"vllm": bad})
+    with pytest.raises(DseError) as e:
+        engine_efficiency(efficiency_for("cpu", path), get_engine("vllm"), path=path, family="cpu")
+    assert "engine_families.vllm" in str(e.value) and "known: gpu" in str(e.value) and "\n" not in str(e.value)

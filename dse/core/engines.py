@@ -48,7 +48,7 @@ import numpy as np
 from basis.errors import DseError
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
-from dse.core.efficiency import Efficiency, load_calibration
+from dse.core.efficiency import FAMILY_PRIORS, Efficiency, calibration_file, load_calibration
 
 #: the shipped engine profiles (package data in a wheel)
 ENGINES_FILE = shipped("configs", "engines.yaml")
@@ -255,12 +255,13 @@ def covered_families(engine: Engine, path: str | None = None, sections: dict | N
     table = cal.get("engine_families")
     if table is None:
         return None
-    where = f"{path or 'the calibration file'}: engine_families"
+    where = f"{path or calibration_file()}: engine_families"
     if not isinstance(table, dict):
         raise DseError(f"{where}: expected a mapping of engine names to lists of hardware families")
     found = table.get(engine.name, [])
-    if not isinstance(found, list) or not all(isinstance(f, str) for f in found):
-        raise DseError(f"{where}.{engine.name}: expected a list of hardware family names")
+    if not isinstance(found, list) or not all(isinstance(f, str) and f in FAMILY_PRIORS for f in found):
+        raise DseError(f"{where}.{engine.name}: expected a list of hardware families; known: "
+                       f"{', '.join(FAMILY_PRIORS)}")
     return tuple(found)
 
 
