@@ -93,10 +93,19 @@ def test_other_hardware_classes_keep_todays_path():
         np.testing.assert_array_equal(fitted[k], learned[k], err_msg=k)
 
 
-def test_the_kernel_layer_refuses_another_value_in_one_line():
+def test_the_kernel_layer_refuses_another_value_in_one_line(tmp_path):
+    """evaluate names where the columns came from (as for serving, engine ...); a study file's
+    refusal names the file."""
     with pytest.raises(DseError) as e:
         evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "kernel_layer": "measured"})
-    assert str(e.value) == "kernel_layer: expected one of fitted, learned, got 'measured'"
+    assert str(e.value) == "columns: kernel_layer: expected one of fitted, learned, got 'measured'"
+    study = tmp_path / "s.yaml"
+    study.write_text("name: s\nspace:\n  hardware: h100-sxm\n  model: llama-3.2-1b-instruct\n  batch: 1\n"
+                     "  kernel_layer: [fitted, nope]\nobjectives:\n  tpot_s: min\nmethod: grid\n")
+    said = subprocess.run([sys.executable, "-m", "dse.study", "run", str(study), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert said.returncode == 2 and said.stderr.strip().endswith(
+        f"{study}: space: kernel_layer: expected one of fitted, learned, got 'nope'")
     run = subprocess.run([sys.executable, "-m", "dse.study", "analyze", "--model", "llama-3.1-8b", "--hardware",
                           "h100-sxm", "--kernel-layer", "measured"], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr

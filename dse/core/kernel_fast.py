@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from dse.core import operator_cost as reference
+from dse.core.collectives import allreduce_share
 from dse.core.efficiency import Efficiency
 from dse.core.kernel_arrays import _COL, OpArrays, Stacked, SystemArrays, _row_link_totals, per_point, subset
 from dse.core.operator_cost import has_work, message_s, ring_allreduce_s
@@ -325,7 +326,7 @@ def _dynamic_energy(work: tuple, op_j, bit_j, tp):
     of device-memory traffic; ``tp``: the tensor-parallel ranks (read where bytes cross a link)."""
     classes, ops, mem, comm, p2p, vector = work
     if _nonzero(comm) or _nonzero(p2p):
-        bits = 8.0 * (mem + 2.0 * (2.0 * (tp - 1.0) / tp * comm + p2p))
+        bits = 8.0 * (mem + 2.0 * (allreduce_share(tp) * comm + p2p))
     else:                                  # nothing crosses a link: the memory traffic alone
         bits = 8.0 * mem
     total = op_j(classes[0]) * ops[..., 0]

@@ -64,6 +64,7 @@ import numpy as np
 from basis.errors import DseError
 from basis.shipped import shipped
 from basis.yamlfile import load_yaml
+from dse.core.collectives import allreduce_share
 
 #: the shipped fitted kernel model (package data: configs/kernel_model.yaml)
 KERNEL_MODEL_FILE = shipped("configs", "kernel_model.yaml")
@@ -286,7 +287,7 @@ def collective_time(op, message_bytes, gpus, hw: Hardware, prm: dict) -> np.ndar
     out = np.full(np.broadcast_shapes(op.shape, nb.shape, n.shape, np.shape(hw.link_bandwidth)), np.nan)
     for name in COLLECTIVES:
         c = prm[name]
-        share = 2.0 * (n - 1) / n if name == "all_reduce" else (n - 1) / n
+        share = allreduce_share(n) if name == "all_reduce" else (n - 1) / n
         t = (share * nb / (c["f"] * hw.link_bandwidth) + c["lat0"]
              + (n - 1) * (c["lat_hop"] + c["hop_links"] * hw.link_latency))
         out = np.where(op == name, t, out)

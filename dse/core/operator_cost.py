@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.core.collectives import allreduce_share
 from dse.core.efficiency import IDEAL, Efficiency
 from dse.core.kernel_arrays import _COL, OpArrays, OpCost, Stacked, SystemArrays, per_point, subset
 from dse.core.pim_dispatch import dispatch, pim_eligible
@@ -138,7 +139,7 @@ def ring_allreduce_s(message_bytes, instances, n, bandwidth, latency, eff: Effic
     each all-reduce pays ``ring_latency``. The one all-reduce cost: one instance (``instances``
     1) or a step's sum (Σ count x bytes, Σ count). Broadcasts."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return 2 * (n - 1) / n * message_bytes / (bandwidth * eff.collective) + ring_latency(n, latency, eff) * instances
+        return allreduce_share(n) * message_bytes / (bandwidth * eff.collective) + ring_latency(n, latency, eff) * instances
 
 
 def message_s(nbytes, instances, bandwidth, latency, eff: Efficiency):
@@ -364,7 +365,7 @@ def operator_energy_j(op: OpArrays, classes_of: OpArrays, sys: SystemArrays) -> 
     if op.vector_ops is not None:
         e = e + op_j[:, _COL["vector"]][:, None] * op.vector_ops
     tp = np.asarray(sys.tp, dtype=float)[:, None]
-    link_bytes = 2.0 * (2.0 * (tp - 1.0) / tp * op.comm_bytes + op.p2p_bytes)
+    link_bytes = 2.0 * (allreduce_share(tp) * op.comm_bytes + op.p2p_bytes)
     return e + 8.0 * (op.memory_bytes + link_bytes) * np.asarray(sys.energy_bit_j, dtype=float)[:, None]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 
@@ -67,9 +68,9 @@ from dse.system.grouping import (
     workload_order,
 )
 from dse.system.hardware import HardwareArrays, assemble
-from dse.system.inputs import WorkloadColumns, workload_columns
+from dse.system.inputs import WorkloadColumns, resolved_column, workload_columns
 from dse.system.layout import parallel_layout
-from dse.system.params import KERNEL_LAYERS, SERVING_MODES
+from dse.system.params import SERVING_MODES, checked_choice
 from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.served import ServedPoint, price_served_in_slices, served_point
@@ -214,10 +215,7 @@ class Plan:
         DseError naming the column and what it allows for any other value."""
         if not self.columns.has("kernel_layer"):
             return None
-        codes, names = self.columns.labels("kernel_layer")
-        bad = [v for v in names if v not in KERNEL_LAYERS]
-        if bad:
-            raise DseError(f"kernel_layer: expected one of {', '.join(KERNEL_LAYERS)}, got {str(bad[0])!r}")
+        codes, names = resolved_column(self.columns, "kernel_layer", partial(checked_choice, "kernel_layer"))
         want = np.array([v == "learned" for v in names])[np.asarray(codes)]
         want = np.broadcast_to(want, (self.size,)) if want.ndim == 0 else want
         if not want.any():

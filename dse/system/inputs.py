@@ -4,6 +4,7 @@ techniques; DseError naming the column for an unknown name or an invalid combina
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from basis.errors import DseError, name_or_kind
 from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
-from dse.system.params import MAX_COUNT, SERVING_MODES
+from dse.system.params import MAX_COUNT, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
@@ -85,36 +86,36 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     """Per-point workload arrays (``WorkloadColumns``), every name resolved (DseError naming the
     column)."""
     w = {}
-    base_codes, base_models = _resolved(cols, "model", resolve_model)
+    base_codes, base_models = resolved_column(cols, "model", resolve_model)
     w["model"], w["models"] = pruned_models(cols, base_codes, base_models)
     technique_columns(cols, w)
     for k in ("weights", "activations", "kv"):
-        w[k], formats = _resolved(cols, k, lambda v, k=k: get_format(str(v), f"{k} format"))
+        w[k], formats = resolved_column(cols, k, lambda v, k=k: get_format(str(v), f"{k} format"))
         w[k + "_names"] = [f.name for f in formats]
     quality_columns(cols, base_codes, base_models, w)
-    w["policy"], w["policies"] = _resolved(cols, "offload", parse_policy)
+    w["policy"], w["policies"] = resolved_column(cols, "offload", parse_policy)
     w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
     w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
-    w["engine"], w["engines"] = _resolved(cols, "engine", get_engine)
+    w["engine"], w["engines"] = resolved_column(cols, "engine", get_engine)
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
         fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
         w["flash"] = pointwise(lambda f, b, u: f & (b > 0) & u, w["flash"], hw.buffer, fuses)
     w["batch"], w["batch_max"] = cols.batch()
-    w["serving"], modes = _resolved(cols, "serving", _serving_mode)
+    w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
-    w["lengths"], w["length_specs"] = _resolved(cols, "lengths", parse_lengths)
+    w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
     _trace_lengths(w)
     for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
         w[k] = cols.numbers(k)
     if anywhere(pointwise(lambda r, a, b: (r > 0) & ~(a > 0) & ~(b > 0), w["target_rate"], w["slo_ttft"], w["slo_tpot"])):
         raise DseError(f"{cols.where}: target_rate: the engines a service needs follow from its goodput under SLOs; "
                        f"give slo_ttft and/or slo_tpot too")
-    codes, pools = _resolved(cols, "disaggregate", _pools)
+    codes, pools = resolved_column(cols, "disaggregate", _pools)
     w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
@@ -180,14 +181,7 @@ def _trace_lengths(w: dict) -> None:
             w["prompt"][at], w["gen"][at] = spec.trace_means()
 
 
-def _serving_mode(value) -> str:
-    """A serving mode name (``SERVING_MODES``); DseError naming what is allowed."""
-    if value not in SERVING_MODES:
-        raise DseError(f"serving: expected one of {', '.join(SERVING_MODES)}, got {value!r}")
-    return value
-
-
-def _resolved(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
+def resolved_column(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
     """(code per point, each distinct value of column ``key`` resolved); DseError naming the column."""
     codes, values = cols.labels(key)
     try:

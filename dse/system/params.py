@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from basis.errors import MAX_FIGURE
+from basis.errors import MAX_FIGURE, DseError
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
@@ -351,13 +351,22 @@ DERIVED_FROM = {p.name: p.derived_from for p in TABLE if p.derived_from}
 UNITS = {p.name: p.unit for p in TABLE}
 
 
+def checked_choice(name: str, value) -> str:
+    """``value`` when it is one of parameter ``name``'s declared ``choices``; DseError naming the
+    parameter and what it allows otherwise."""
+    allowed = SPEC[name].choices
+    if value not in allowed:
+        raise DseError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
 def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
     """(True where an entry of numeric parameter ``name`` is not allowed, a phrase saying
     what is): ``Param.out_of_range`` of its declaration."""
     return SPEC[name].out_of_range(values)
 
 
-__all__ = ["Param", "TABLE", "SPEC", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
+__all__ = ["Param", "TABLE", "SPEC", "checked_choice", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
            "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
            "UNITS", "GROUPS"]
