@@ -209,7 +209,8 @@ def test_a_calibration_file_is_refused_naming_the_key(tmp_path, text, where):
 
 def test_well_formed_calibration_files_are_read(tmp_path):
     load_calibration.cache_clear()
-    assert load_calibration()["families"]                       # the shipped one
+    shipped = load_calibration()         # the engine layer alone: the family fractions kept at their priors
+    assert shipped["families"] == {} and shipped["engines"] and set(shipped["engine_families"]) <= set(shipped["engines"])
     assert load_calibration(str(FIXED_CALIBRATION))["families"]  # written before families (classes)
     p = _cal(tmp_path, yaml.safe_dump({**GOOD, "bands": {"all": {"n": 9, "low": 0.7, "high": 1.6}},
                                        "engines": {"vllm": {"step_overhead_s": {"value": 1e-3, "note": "x"}}}}))

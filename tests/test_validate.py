@@ -209,3 +209,23 @@ def test_validation_modules_import_light():
             "sys.stderr.write(repr(sorted(heavy)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stderr.strip() == "[]", r.stderr
+
+
+def test_kernel_layer_prices_every_gpu_row_and_no_other(reference):
+    """``validate --kernel-layer learned`` prices each GPU row's matmuls and attention by the kernel
+    tables' model, so its prediction moves; a row on another family (the CPU of a FlexGen offload
+    run's host tier, a non-GPU device) keeps the family's own physics, and the ideal bound ignores
+    the layer entirely."""
+    path, cases, skipped = reference
+    fitted = {r["id"]: r["predicted"] for r in V.validate(path, cases=cases, skipped=skipped).rows}
+    learned = {r["id"]: r["predicted"] for r in
+               V.validate(path, cases=cases, skipped=skipped, kernel_layer="learned").rows}
+    family = {c.row.id: c.device.efficiency_family for c in cases}
+    gpu = [i for i in fitted if i in learned and family[i] == "gpu"]
+    assert len(gpu) >= 30
+    assert sum(abs(learned[i] / fitted[i] - 1) > 1e-6 for i in gpu) >= 0.9 * len(gpu)
+    assert all(learned[i] == fitted[i] for i in fitted if i in learned and family[i] != "gpu")
+    ideal = {r["id"]: r["predicted"] for r in V.validate(path, ideal=True, cases=cases, skipped=skipped,
+                                                       kernel_layer="learned").rows}
+    assert ideal == {r["id"]: r["predicted"] for r in V.validate(path, ideal=True, cases=cases,
+                                                                   skipped=skipped).rows}

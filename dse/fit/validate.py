@@ -915,17 +915,27 @@ class Validation:
 VALIDATE_STEPS = 2
 
 
+def with_kernel_layer(case: Case, layer: str) -> Case:
+    """``case`` with its design point (and its closed-loop twin) priced by the kernel layer
+    ``layer`` (``kernel_layer``: 'fitted' or 'learned')."""
+    burst = None if case.burst_columns is None else {**case.burst_columns, "kernel_layer": layer}
+    return replace(case, columns={**case.columns, "kernel_layer": layer}, burst_columns=burst)
+
+
 def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = None,
              cases: list[Case] | None = None, skipped=None, calibration: Path | None = None,
-             progress=None) -> Validation:
+             progress=None, kernel_layer: str | None = None) -> Validation:
     """Predict every scored row of ``path`` (default: ``default_measured()``) under ``efficiency``,
-    else the class defaults of the calibration file ``calibration`` (default: the one in use).
+    else the class defaults of the calibration file ``calibration`` (default: the one in use),
+    each row's kernels priced by ``kernel_layer`` (None: the parameter's default).
     ``progress`` (a tqdm-like object, optional) is advanced by one per step (``VALIDATE_STEPS``).
     Returns a Validation: one result dict per predicted row, the others with their reason."""
     p = Path(path) if path else default_measured()
     measured = read_table(p)
     if cases is None:
         cases, skipped = prepare_all(measured.rows)
+    if kernel_layer is not None:
+        cases = [with_kernel_layer(c, kernel_layer) for c in cases]
     _advance(progress)
     out, late = [], []
     if cases:

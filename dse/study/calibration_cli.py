@@ -16,6 +16,7 @@ from dse.core.efficiency import CALIBRATION_ENV, calibration_file
 from dse.fit import calibrate as C
 from dse.fit import validate as V
 from dse.present import display
+from dse.system.params import SPEC
 
 
 def nonempty_path(what: str, instead: str):
@@ -48,6 +49,9 @@ def add_parsers(command) -> None:
                    help="folder for validation.csv, summary.md and predicted_vs_measured.png")
     v.add_argument("--ideal", action="store_true",
                    help="predict with the pure roofline bound and check that no measurement beats it")
+    v.add_argument(SPEC["kernel_layer"].flag, choices=SPEC["kernel_layer"].choices, default=None,
+                   help="which layer prices every row's GPU matmuls and attention: fitted (the calibrated family "
+                  "fractions) or learned (the measured kernel tables); default: the parameter's default, fitted")
     _progress_args(v)
     c = command("calibrate", "fit the efficiency parameters to measured results")
     c.add_argument("--measured", default=None, nargs="+", metavar="CSV", type=_csv_path,
@@ -106,7 +110,7 @@ def progress_bar(args, what: str, total: int = 1):
 
 def cmd_validate(args) -> int:
     with progress_bar(args, "validate", V.VALIDATE_STEPS + 1) as bar:
-        res = V.validate(args.measured, ideal=args.ideal, progress=bar)
+        res = V.validate(args.measured, ideal=args.ideal, progress=bar, kernel_layer=args.kernel_layer)
         stats = V.summarize(res.rows)
         paths = V.write_outputs(res, Path(args.out), stats)
         bar.update(1)
