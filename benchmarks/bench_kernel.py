@@ -7,7 +7,10 @@ the memory footprint, feasibility and the serving metrics (``from dse import eva
 Every metric is computed; the benchmark reads ``READ`` and feasibility (a metric is put back in
 the caller's order when read: ``dse.system.evaluator.Reordered``; ``--read-all`` reads all).
 
-    python benchmarks/bench_kernel.py [points] [--read-all] [--default-malloc]
+    python benchmarks/bench_kernel.py [points] [--read-all] [--default-malloc] [--kernel-layer=learned]
+
+``--kernel-layer=learned`` prices the GPU matmuls and attention by the kernel layer's model of the
+measured tables (each point a GPU design of its own: 'learned transfer'); default: the parameter's.
 
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
 frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
@@ -24,12 +27,15 @@ from dse import evaluate, keep_freed_memory
 READ = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "memory_bytes")
 
 
-def main(points: int = 1_000_000, chunk: int = 1_000_000, repeats: int = 5, read_all: bool = False):
+def main(points: int = 1_000_000, chunk: int = 1_000_000, repeats: int = 5, read_all: bool = False,
+         kernel_layer: str | None = None):
     rng = np.random.default_rng(0)
     cols_all = dict(batch=rng.integers(1, 257, points), memory_bandwidth=rng.uniform(1e12, 1.6e13, points),
                     memory_capacity=rng.uniform(4e10, 4e11, points), peak_fp8=rng.uniform(2.5e14, 1e16, points))
     fixed = dict(hardware="h100-sxm", model="llama-2-70b", weights="fp8", activations="fp8", kv="fp8",
                  prompt_len=2048, gen_len=256, flash_attention=True)
+    if kernel_layer:
+        fixed["kernel_layer"] = kernel_layer
     evaluate({**fixed, **{k: v[:1000] for k, v in cols_all.items()}})      # warm the table cache
     times = []
     for _ in range(repeats):
@@ -44,11 +50,13 @@ def main(points: int = 1_000_000, chunk: int = 1_000_000, repeats: int = 5, read
     best, median = min(times), sorted(times)[len(times) // 2]
     print(f"{points:,} design points (256 batch sizes x GPU designs), {repeats} runs: best {best:.2f} s = "
           f"{points / best:,.0f} points/s, median {median:.2f} s = {points / median:,.0f} points/s "
-          f"({feasible:,} feasible; {'every metric' if read_all else ', '.join(READ)} read)")
+          f"({feasible:,} feasible; {'every metric' if read_all else ', '.join(READ)} read; kernel layer "
+          f"{kernel_layer or 'default'})")
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     if "--default-malloc" not in sys.argv:
         keep_freed_memory()
-    main(int(args[0]) if args else 1_000_000, read_all="--read-all" in sys.argv)
+    layer = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--kernel-layer=")), None)
+    main(int(args[0]) if args else 1_000_000, read_all="--read-all" in sys.argv, kernel_layer=layer)

@@ -126,7 +126,8 @@ def test_default_is_derated_from_the_ideal():
                        flash_attention=True)
     ideal, default = analyze(m, d, sc, ideal=True).summary, analyze(m, d, sc).summary
     assert default["efficiency"].startswith("prior gpu + calibrated engine vllm") and ideal["efficiency"] == "ideal"
-    assert default["efficiency_source"] == "kernel layer: prior gpu; engine layer: calibrated engine vllm"
+    # a fitted value on its bound is named after the layer (the shipped fit has some: calibrate's AT BOUND)
+    assert default["efficiency_source"].startswith("kernel layer: prior gpu; engine layer: calibrated engine vllm")
     assert default["output_tokens_per_s"] < ideal["output_tokens_per_s"]
     assert default["ttft_s"] > ideal["ttft_s"] and default["tpot_s"] > ideal["tpot_s"]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dse import evaluate
+from dse.core.efficiency import DEFAULT
 from dse.core.roofline import OpArrays
 from dse.core.simulator import EngineConfig, simulate
 from dse.system.analysis import simulate_point
@@ -184,3 +185,17 @@ def test_a_cache_that_holds_no_request_and_a_budget_below_the_running_limit_are_
     assert ev["feasible"][0] and ev.reason_key(1) == "device_memory" and "less than one request" in ev.reason_text(1)
     with pytest.raises(DseError, match=r"study\.yaml: space: prefill_chunk: .*\(512\) must be at least max_running"):
         evaluate({**SMALL, "concurrency": 4, "prefill_chunk": 512}, where="study.yaml: space")
+
+
+def test_one_request_cannot_hide_its_prefill_under_its_own_decode():
+    """A static batch of one request under an engine that hides half of the shorter phase runs
+    prefill then decode: the end-to-end latency is their sum; of 8 requests, 7 can decode while
+    another prefills, so a batch of 8 hides 7/8 of that half."""
+    point = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "prompt_len": 1024, "gen_len": 256}
+    eff = replace(DEFAULT, prefill_decode_overlap=0.5)
+    one = evaluate({**point, "batch": 1}, efficiency=eff)
+    assert one["e2e_latency_s"][0] == pytest.approx(one["ttft_s"][0] + one["tpot_s"][0] * 255, rel=1e-12)
+    eight = evaluate({**point, "batch": 8}, efficiency=eff)
+    ttft, decode = eight["ttft_s"][0], eight["tpot_s"][0] * 255
+    hidden = ttft + decode - eight["e2e_latency_s"][0]
+    assert hidden == pytest.approx(0.5 * 7 / 8 * min(ttft, decode), rel=1e-9)

@@ -14,6 +14,15 @@ def steps_after_first(gen_len):
     return np.maximum(gen_len - 1, 1)
 
 
+def static_overlap(overlap, batch) -> np.ndarray:
+    """The share of the shorter of prefill and decode a static batch of ``batch`` requests can hide
+    under the other, of an engine whose in-flight scheduler hides ``overlap`` (unitless, in [0, 1]):
+    a request's own decode cannot start before its prefill ends, so of ``batch`` requests at most
+    ``batch - 1`` decode under another's prefill: ``overlap x (batch - 1) / batch`` (0 for one request)."""
+    batch = np.asarray(batch, dtype=float)
+    return np.asarray(overlap, dtype=float) * np.maximum(batch - 1.0, 0.0) / np.maximum(batch, 1.0)
+
+
 def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devices, *,
                     overlap=0.0, request_overhead_s=0.0) -> dict[str, np.ndarray]:
     """Return TTFT, TPOT, end-to-end latency and throughputs (arrays over points).
@@ -28,7 +37,8 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     tokenization, sampling set-up) adds to TTFT and to the end-to-end latency.
     ``overlap`` in [0, 1] is the share of the shorter of prefill and decode hidden under
     the other when a scheduler mixes new prefills into running decode batches (in-flight
-    batching): the run lasts prefill + decode - overlap x min(prefill, decode). It
+    batching): the run lasts prefill + decode - h x min(prefill, decode), with h the part of
+    ``overlap`` a batch of ``batch`` can hide (``static_overlap``: none for one request). It
     shortens the run (throughput, end-to-end latency) but not TTFT or TPOT; 0 (static
     batches) by default.
 
@@ -41,7 +51,7 @@ def serving_metrics(prefill_s, decode_total_s, batch, prompt_len, gen_len, devic
     tpot = decode_total_s / steps
     dec = np.where(gen > 1, decode_total_s, 0.0)
     prefill_s = np.asarray(prefill_s, dtype=float) + request_overhead_s
-    e2e = prefill_s + dec - overlap * np.minimum(prefill_s, dec)
+    e2e = prefill_s + dec - static_overlap(overlap, batch) * np.minimum(prefill_s, dec)
     out_tps = batch * gen / e2e
     n = np.broadcast(out_tps, batch).shape
     return {

@@ -16,6 +16,7 @@ from dse.core.metrics import (
     pipelined_prefill_s,
     power_demand_w,
     serving_metrics,
+    static_overlap,
     steps_after_first,
 )
 from dse.core.operator_cost import link_transfer_s
@@ -210,7 +211,7 @@ def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
     e_dec, f_dec = (np.where(ran, x, 0.0) for x in (e_dec, f_dec))
     decode_s = np.where(ran, decode, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):  # both phases at once while they overlap
-        both = eff.prefill_decode_overlap * np.minimum(prefill, decode_s)
+        both = static_overlap(eff.prefill_decode_overlap, sc.batch) * np.minimum(prefill, decode_s)
         share = [np.where(t > 0, both / t, 0.0) for t in (prefill, decode_s)]
     out.update(power_and_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
                                 sc.devices, sys, [(f_pre, prefill), (f_dec, decode_s),
