@@ -214,7 +214,10 @@ def test_request_overhead_and_overlap_in_metrics():
     base = serving_metrics(np.array([2.0]), np.array([6.0]), 4, 100, 4, 1)
     req = serving_metrics(np.array([2.0]), np.array([6.0]), 4, 100, 4, 1, request_overhead_s=0.5)
     assert req["ttft_s"][0] == 2.5 and req["e2e_latency_s"][0] == 8.5 and req["tpot_s"][0] == base["tpot_s"][0]
+    # full overlap: of 4 requests, 3 decode under another's prefill, so 3/4 of the 2 s prefill is hidden
     full = serving_metrics(np.array([2.0]), np.array([6.0]), 4, 100, 4, 1, overlap=1.0)
-    assert full["e2e_latency_s"][0] == 6.0 and full["ttft_s"][0] == 2.0
-    assert full["output_tokens_per_s"][0] == pytest.approx(16 / 6.0)
+    assert full["e2e_latency_s"][0] == 6.5 and full["ttft_s"][0] == 2.0
+    assert full["output_tokens_per_s"][0] == pytest.approx(16 / 6.5)
+    alone = serving_metrics(np.array([2.0]), np.array([6.0]), 1, 100, 4, 1, overlap=1.0)
+    assert alone["e2e_latency_s"][0] == 8.0          # one request: nothing to hide its prefill under
     assert base["e2e_latency_s"][0] == 8.0
