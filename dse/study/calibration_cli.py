@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from basis import progress
 from basis.errors import DseError, shown_path
 from basis.files import exists, is_regular_file, output_file
 from dse.core.efficiency import CALIBRATION_ENV, calibration_file
@@ -68,15 +69,11 @@ def _progress_args(p) -> None:
                    help="progress on stderr even when it is not a terminal (default: only on a terminal)")
 
 
-def progress_bar(args, what: str, total: int = 1):
-    """A tqdm progress bar of ``total`` steps with the time left on stderr: shown on a terminal or
-    with ``--progress``, never with ``--quiet``. The work may set its total (``reset(total=n)``)."""
-    from tqdm import tqdm  # an Optuna dependency; imported when validate or calibrate runs
-
-    shown = not args.quiet and (args.progress or sys.stderr.isatty())
-    return tqdm(desc=what, total=total, file=sys.stderr, disable=not shown, unit="step", dynamic_ncols=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit}s "
-                           "[{elapsed} elapsed, {remaining} left]")
+def progress_bar(args, what: str, total: int | None = 1, unit: str = "step"):
+    """A tqdm progress bar of ``total`` ``unit``s with the time left on stderr: shown on a terminal
+    or with ``--progress``, never with ``--quiet`` (``basis.progress``). The work may set its
+    total (``reset(total=n)``)."""
+    return progress.progress_bar(what, total, unit=unit, shown=progress.progress_shown(args.quiet, args.progress))
 
 
 def cmd_validate(args) -> int:

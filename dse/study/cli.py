@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a uniform sample (sample.parquet, outputs.sample rows) or none (default: the study's "
                         "outputs.rows, else all up to 10,000,000 points and sample above)")
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    r.add_argument("--progress", action="store_true", help="an optuna study's progress bar on stderr even when it is not a terminal (default: only on a terminal)")
     c = command("compare", "the same workload on several hardware presets, side by side")
     _add_workload_args(c)
     add_flag(c, SPEC["hardware"], nargs="+", help="hardware presets (see 'list hardware') or preset YAML paths")
@@ -583,7 +584,7 @@ def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Draw
     from dse.explore.study import run_study
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
-                      scheduler=args.scheduler)
+                      scheduler=args.scheduler, progress=args.progress)
     dt = time.perf_counter() - t0
     if spec.method == "optuna":
         counts = trial_counts(args.storage, out, spec)
