@@ -387,14 +387,23 @@ def point_columns(args, hardware) -> dict:
 
 
 def _simulate(args) -> dict:
-    """``--simulate N``: the simulator's metrics of the point, its progress (requests finished,
-    the time left) on stderr as ``validate`` shows it: on a terminal or with ``--progress``,
+    """``--simulate N``: the simulator's metrics of the point, its progress (output tokens
+    produced of all the requests' from the first iteration on, requests finished, the time
+    left) on stderr as ``validate`` shows it: on a terminal or with ``--progress``,
     never with ``--quiet`` (50,000 requests take minutes, the 1,000,000 allowed hours)."""
-    with calibration_cli.progress_bar(args, "simulate", args.simulate) as bar:
-        bar.unit = "request"
+    with calibration_cli.progress_bar(args, "simulate", None, unit="output token") as bar:
+        finished = [0]
+
+        def requests(n: int) -> None:
+            finished[0] += n
+            bar.set_postfix_str(f"{finished[0]:,}/{args.simulate:,} requests", refresh=False)
+
+        def tokens(n: int, total: int) -> None:
+            bar.total = total
+            bar.update(n)
         try:
             return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
-                                  progress=bar.update)
+                                  progress=requests, tokens=tokens)
         except DseError as e:               # the simulator's words, with the flag that asked for it
             if type(e) is not DseError:
                 raise
