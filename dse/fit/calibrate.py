@@ -235,8 +235,9 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
     result is keyed by parameter name; else ``slots`` (default ``slots_for``) are fitted per family,
-    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` advances by one per
-    start."""
+    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` (optional): told
+    of every evaluation (``update(1)``: the residuals or their Jacobian priced once) and of
+    every start's end (``run_done(warm)``)."""
     from scipy.optimize import least_squares
 
     cases = predictors.cases
@@ -254,11 +255,12 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     x0 = np.clip([_to_x(s.param, (warm or {}).get(s.key, s.param.start)) for s in slots], lo, hi)
     best = None
     for start in _starts(x0, lo, hi, 1 if warm else starts):
-        r = least_squares(resid, start, jac=resid.jacobian, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE,
-                          max_nfev=WARM_NFEV if warm else None)
+        r = least_squares(_counted(resid, progress), start, jac=_counted(resid.jacobian, progress), bounds=(lo, hi),
+                          loss=LOSS, f_scale=F_SCALE, max_nfev=WARM_NFEV if warm else None)
         if best is None or r.cost < best.cost:
             best = r
-        _advance(progress)
+        if progress is not None:
+            progress.run_done(bool(warm))
     values = model.values(best.x)
     if base is not None:
         values = {k.split(".")[-1]: val for k, val in values.items()}
@@ -347,9 +349,16 @@ def _starts(x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: int) -> list
     return [x0, lo + 0.25 * (hi - lo), lo + 0.75 * (hi - lo)][:max(starts, 1)]
 
 
-def _advance(progress, n: int = 1) -> None:
-    if progress is not None:
-        progress.update(n)
+def _counted(f, progress):
+    """``f``, advancing ``progress`` by one evaluation per call (``f`` itself without one)."""
+    if progress is None:
+        return f
+
+    def counted(*args):
+        out = f(*args)
+        progress.update(1)
+        return out
+    return counted
 
 
 #: the groupings cross-validation leaves out, one group at a time (sources: in SOURCE_FOLDS folds)
@@ -461,8 +470,9 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     default: every measured file dse ships). One joint fit: per hardware family its achieved
     fractions, per launch class, all-reduce algorithm and engine its costs (``slots_for``).
     Cross-validation leaves out sources (in folds), vendors and engines; the leave-sources-out
-    residuals give the error bands (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
-    the number of least-squares runs as its total (``reset``) and advances by one per run."""
+    residuals give the error bands (``dse.core.bands``). ``progress`` (optional) is told the
+    least-squares runs to come (``plan(cold, warm)``: cold starts of the full fit, warm-started
+    cross-validation folds), then of every evaluation and every run's end as ``fit`` says."""
     files = _measured_files(measured)
     dest = Path(out) if out else DEFAULT_OUT
     rows, cases, skipped, scored = [], [], [], 0
@@ -479,7 +489,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
     slots = slots_for(cases, params)
     if progress is not None:
-        progress.reset(total=fits_to_run(cases, cross_validation, starts))
+        cold = fits_to_run(cases, False, starts)
+        progress.plan(cold, fits_to_run(cases, cross_validation, starts) - cold)
     today = _dt.date.today().isoformat()
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
     f = fit(Predictions(cases), None, params, starts=starts, progress=progress, slots=slots)

@@ -109,3 +109,31 @@ def test_the_simulator_reports_every_output_token_once(disaggregate):
         assert {total for _, total in calls} == {30 * 17} and all(n >= 0 for n, _ in calls)
         # the first request needs 17 iterations: its tokens are reported before it finishes
         assert order.index("token") < order.index("request")
+
+
+def test_calibrate_estimates_its_evaluations_as_runs_finish():
+    """The total of calibrate's bar: unknown until a run finishes, then the evaluations done
+    plus each run to come at the mean of the finished runs of its kind; done/done at the end."""
+    from tqdm import tqdm
+
+    from dse.study.calibration_cli import FitProgress
+    bar = tqdm(total=None, disable=True)
+    p = FitProgress(bar)
+    p.plan(3, 2)                     # 3 cold starts, 2 warm folds
+    p.update(4)
+    assert bar.total is None         # nothing finished: no estimate
+    p.update(6)
+    p.run_done(False)                # a cold start of 10 evaluations
+    assert bar.total == 10 + 2 * 10 + 2 * 10       # folds at the cold mean until one finishes
+    for n in (20, 30):
+        p.update(n)
+        p.run_done(False)            # cold starts of 10, 20, 30: mean 20
+    assert bar.total == 60 + 2 * 20
+    p.update(5)
+    p.run_done(True)                 # a fold of 5
+    assert bar.total == 65 + 5
+    p.update(7)
+    assert bar.total == 65 + 5       # within the last fold: still the estimate
+    p.run_done(True)
+    p.close()
+    assert p.done == bar.total == 72
