@@ -116,16 +116,14 @@ class FitProgress:
         mean = {k: sum(v) / len(v) for k, v in self.runs.items() if v}
         mean.setdefault(True, mean.get(False))
         if any(self.left[k] and mean.get(k) is None for k in self.left):
-            self.bar.total = None
+            progress.set_total(self.bar, None)
         else:
             ahead = sum(self.left[k] * mean[k] for k in self.left if self.left[k])
-            self.bar.total = max(self.done, round(self.done - self.current + ahead))
-        self.bar.refresh()
+            progress.set_total(self.bar, max(self.done, round(self.done - self.current + ahead)))
 
     def close(self) -> None:
         """The work is done: the total is what was done."""
-        self.bar.total = self.done
-        self.bar.refresh()
+        progress.set_total(self.bar, self.done)
 
 
 def cmd_validate(args) -> int:
@@ -165,7 +163,7 @@ def cmd_calibrate(args) -> int:
         progress = FitProgress(bar)
         cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=progress)
         progress.close()
-        bar.set_description("calibrate (validating the new calibration)")
+        bar.set_description_str("calibrate (validating the new calibration)")
         files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
         rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]
     print(C.report_text(cal))

@@ -21,6 +21,7 @@ import numpy as np
 from basis.errors import MAX_FIGURE, DseError, shown_path
 from basis.files import output_folder, write_error_cause
 from basis.memory import free_nothing_at_exit, keep_freed_memory
+from basis.progress import set_total
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
@@ -399,7 +400,8 @@ def _simulate(args) -> dict:
             bar.set_postfix_str(f"{finished[0]:,}/{args.simulate:,} requests", refresh=False)
 
         def tokens(n: int, total: int) -> None:
-            bar.total = total
+            if bar.total != total:
+                set_total(bar, total)
             bar.update(n)
         try:
             return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
