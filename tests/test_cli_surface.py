@@ -5,6 +5,7 @@ resume). Expected figures are read from the shipped YAML/JSON here, not from the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -291,9 +292,11 @@ def test_calibrate_progress_counts_its_fits(tmp_path, capsys):
     assert rc == 0, err
     final = err.replace("\r", "\n").strip().splitlines()
     done = [ln for ln in final if "100%" in ln]
-    assert done and "left" in done[-1]
-    # one class with enough rows (gpu), one fit of 3 starts without cross-validation
-    assert "3/3" in done[-1]
+    assert done and "left" in done[-1] and "? left" not in done[-1]
+    # one fit of 3 starts without cross-validation, counted in evaluations: n/n at the end
+    assert "3/3 least-squares runs" in done[-1]
+    n = re.search(r"(\d+)/(\d+) evaluations", done[-1])
+    assert n and n[1] == n[2] and int(n[1]) > 3
     assert "%|" not in out and out.startswith("Calibrated on")
 
 

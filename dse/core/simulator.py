@@ -211,7 +211,7 @@ class SimulationResult:
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
              warmup: float = 0.2, progress: Callable[[int], None] | None = None,
-             request_overhead_s: float = 0.0) -> SimulationResult:
+             request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
     given ``arrivals`` (seconds, non-decreasing). ``request_overhead_s``: seconds a request
@@ -221,7 +221,9 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     requests (by arrival order) left out of the measured ones, and as many of the last
     (the drain), so that metrics describe the steady state. Prefix caching as
     ``engine.prefix_tokens`` says. ``progress`` (optional) is called with the number of
-    requests each iteration finishes (it only observes). Returns a SimulationResult; DseError
+    requests each iteration finishes, ``tokens`` (optional) with the output tokens each
+    iteration produces and those of all the requests (``sum(gens)``: the calls' first
+    arguments add up to it); both only observe. Returns a SimulationResult; DseError
     when a request can never be admitted (its prompt needs more blocks than exist beside the
     shared prefix's).
     """
@@ -229,7 +231,7 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     _check_fits(engine, prompts, prompts + gens, prefill=True)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
     loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress,
-                      delay=_overhead(request_overhead_s))
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
     loop.run(0.0, start)
     _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
     return _result(reqs, loop, loop.instances, warmup, concurrency)
@@ -240,7 +242,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            transfer_s: Callable[[int], float], prompts: Sequence[int], gens: Sequence[int], *,
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
-                           request_overhead_s: float = 0.0) -> SimulationResult:
+                           request_overhead_s: float = 0.0,
+                           tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -277,8 +280,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
 
     Closed loop (``concurrency``: a finished request is replaced at once by a new one
     dispatched to the prefill pool; the first ``concurrency`` dispatched one by one at 0)
-    or open loop (``arrivals``, seconds); ``warmup``, ``progress`` and ``request_overhead_s``
-    (before the prefill pool) as in ``simulate``.
+    or open loop (``arrivals``, seconds); ``warmup``, ``progress``, ``tokens`` and
+    ``request_overhead_s`` (before the prefill pool) as in ``simulate``.
     Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
     (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
     busy_s and preemptions summed over every instance; running and kv_used of the decode
@@ -298,10 +301,18 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
     dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
-                      delay=_overhead(request_overhead_s))
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
     return _result(reqs, loop, dec, warmup, concurrency)
+
+
+def _token_hook(tokens: Callable[[int, int], None] | None, gens: np.ndarray) -> Callable[[int], None] | None:
+    """``tokens`` called with an iteration's output tokens and those of every request (``gens``)."""
+    if tokens is None:
+        return None
+    total = int(np.sum(gens))
+    return lambda n: tokens(n, total)
 
 
 def _overhead(v) -> float:
@@ -452,12 +463,14 @@ class _EventLoop:
     colocated engine). A request entering a pool goes to its least-loaded instance (fewest
     requests queued plus running; ties: the lowest index) and stays there. A new request
     reaches the entry pool ``delay`` seconds after it arrives. ``progress``, if given, is
-    called with the number of requests an iteration finishes."""
+    called with the number of requests an iteration finishes, ``tokens`` with the output
+    tokens it produces."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
-                 delay: float = 0.0):
+                 delay: float = 0.0, tokens: Callable[[int], None] | None = None):
         self.progress = progress
+        self.tokens = tokens
         self.delay = delay
         self.instances = entry + decode
         self.entry = range(len(entry))
@@ -539,9 +552,14 @@ class _EventLoop:
         on its link."""
         inst = self.instances[i]
         plan, inst.plan = inst.plan, None
+        if self.tokens is not None:
+            seqs = plan[0] + [r for r, _ in plan[1]]
+            before = sum(r.generated for r in seqs)
         finished, sent = inst.engine.advance(t, *plan)
         if finished and self.progress is not None:
             self.progress(len(finished))
+        if self.tokens is not None:
+            self.tokens(sum(r.generated for r in seqs) - before)
         for _ in finished:
             if self.replacements:                     # closed loop: the next request arrives now
                 nxt = self.replacements.popleft()

@@ -28,6 +28,12 @@ dse's vectorized evaluation, summed over workers), ``evaluation_share`` (evaluat
 wall_s times the worker processes) and ``journal_write_s`` (writing and fsyncing the
 journal file; None for other storages).
 
+Progress. A tqdm bar on stderr (``basis.progress``: on a terminal, or with ``progress``;
+never ``quiet``) counts the study's complete trials against ``trials`` with the time left:
+one worker moves it after each population; with worker processes the parent reads the
+count from the storage (every worker's trials, and other machines' on a shared one) at
+most once a second, waking only when a worker exits or every ``workers.TICK_S`` seconds.
+
 Storage: by default a journal file inside the run folder (``optuna.journal``, no
 server, opens in optuna-dashboard); ``--storage`` takes any SQLAlchemy URL (SQLite
 file, PostgreSQL) so that worker processes on many machines share one study.
@@ -86,6 +92,7 @@ import numpy as np
 import pandas as pd
 
 from basis.errors import DseError
+from basis.progress import progress_bar, progress_shown
 from dse.explore.optuna_journal import batching_enabled
 from dse.explore.optuna_study import (
     LEGACY_STUDY_NAME,
@@ -95,7 +102,7 @@ from dse.explore.optuna_study import (
     stored_study_name,
     study_name,
 )
-from dse.explore.runio import Progress, write_atomic
+from dse.explore.runio import write_atomic
 from dse.explore.storage import (
     GRACE_S,
     HEARTBEAT_S,
@@ -111,6 +118,7 @@ from dse.explore.storage import (
     optuna_quiet,
     remove_stale_lock,
     repair_journal,
+    storage_errors,
     study_id,
 )
 from dse.explore.sweep import evaluate_columns
@@ -193,10 +201,11 @@ class _Searcher:
             clock.set("journal_writes", self.journal_writes + self.journal.writes)
 
 
-def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, quiet: bool = True,
+def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: int, bar=None,
                say: bool = True, clock: WorkerClock | None = None) -> int:
     """Run trials of the study until it has ``spec.trials`` complete ones; return how many
-    this worker completed. ``say``: this worker tells stderr why it waits, if it waits.
+    this worker completed. ``bar`` (a tqdm bar, optional) follows the study's complete trials
+    (``_show_complete``). ``say``: this worker tells stderr why it waits, if it waits.
     ``clock``: receives the seconds spent evaluating and writing the journal, and the study."""
     from optuna.trial import TrialState
     clock = clock if clock is not None else WorkerClock()
@@ -211,8 +220,7 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
     chunk_dir.mkdir(parents=True, exist_ok=True)
     batch_size = spec.population or 50
     done_here = 0
-    progress = Progress(spec.trials, quiet, "optuna " + spec.sampler, unit="trials")
-    progress.resume(_count(here.study, (TrialState.COMPLETE,)))
+    t0 = time.perf_counter()
     seen: set = set()
     waiting_since = None
     told_wait = False
@@ -222,6 +230,7 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
         while not stop.requested:
             study = here.study
             n_complete = _count(study, (TrialState.COMPLETE,))
+            _show_complete(bar, n_complete)
             room = spec.trials - n_complete - _count(study, (TrialState.RUNNING,))
             if room <= 0:
                 if n_complete >= spec.trials or beats is None:
@@ -252,12 +261,40 @@ def run_worker(spec, out: Path, storage_url: str | None, study_name: str, seed: 
             conflicts = 0
             if n_told:
                 done_here += n_told
-                wall = time.perf_counter() - progress.t0
-                progress.update(n_told, f", evaluation {clock.values['evaluation_s'] / wall:.0%} of the time"
-                                if wall > 0 else "")
+                wall = time.perf_counter() - t0
+                if bar is not None and wall > 0:
+                    bar.set_postfix_str(f"evaluation {clock.values['evaluation_s'] / wall:.0%} of the time",
+                                        refresh=False)
         if stop.requested:
             raise interrupted(_count(here.study, (TrialState.COMPLETE,)), spec.trials)
     return done_here
+
+
+def _show_complete(bar, complete: int) -> None:
+    """Move ``bar`` (a tqdm bar, or None) up to ``complete`` trials."""
+    if bar is not None and complete > bar.n:
+        bar.update(complete - bar.n)
+
+
+class _CompletePoll:
+    """Moves ``bar`` to the study's complete trials, read from its storage (every worker's,
+    and other machines' on a shared storage) at most once per ``every`` seconds: the parent
+    of worker processes calls it each time it wakes (``run_workers``'s ``on_tick``)."""
+
+    def __init__(self, study, bar, every: float = 1.0):
+        self.study, self.bar, self.every = study, bar, every
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        from optuna.trial import TrialState
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        try:
+            _show_complete(self.bar, _count(self.study, (TrialState.COMPLETE,)))
+        except storage_errors():         # a busy database, a blip: the next tick reads it
+            pass
 
 
 def _population(spec, here: _Searcher, out: Path, batch_size: int, dists: dict, fixed: dict,
@@ -433,17 +470,19 @@ def trial_counts(storage_url: str | None, out: Path, study=LEGACY_STUDY_NAME) ->
 
 
 def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1, quiet: bool = True,
-               study_name: str | None = None) -> pd.DataFrame:
+               study_name: str | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Run (or resume) an Optuna study with ``workers`` processes; merge the rows of its
     complete trials into ``out/results.parquet`` and return them. ``study_name``: the
     Optuna study's name; None: ``stored_study_name`` (the study's own name, or the name a
-    study of the same space was created under before studies were named).
+    study of the same space was created under before studies were named). ``progress``:
+    the bar of complete trials even when stderr is not a terminal (``quiet``: never).
 
     ``rows.attrs["trials"]`` is ``trial_counts`` after the run plus ``asked`` (``spec.trials``)
     and the run's time: ``wall_s``, ``evaluation_s``, ``evaluation_share``, ``journal_write_s``
     (see the module's docstring). Raises Interrupted on SIGINT/SIGTERM (partial results
     written), DseError if a worker failed or the study ended short of its target."""
     optuna = optuna_quiet()
+    from optuna.trial import TrialState
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     if study_name is None:
@@ -458,24 +497,29 @@ def run_search(spec, out: Path, storage_url: str | None = None, workers: int = 1
     study = open_study(spec, opened.storage, study_name, spec.seed)     # schema and study exist before workers
     reap_stale(study, heartbeat_storage(opened.storage), set())
     stopped, failed = False, []
-    if workers <= 1:
-        clock = WorkerClock()
-        try:
-            run_worker(spec, out, storage_url, study_name, spec.seed, quiet, clock=clock)
-        except Interrupted:
-            stopped = True
-        spent = dict(clock.values)
-        study = clock.study if clock.study is not None else \
-            optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
-    else:
-        on_failure = (lambda: remove_stale_lock(out / (JOURNAL + ".lock"))) if storage_url is None else None
-        stopped, failed, spent = run_workers(
-            run_worker, lambda i: (spec, out, storage_url, study_name, spec.seed + i, True, i == 0), workers,
-            on_failure)     # a killed worker may hold the journal lock
-        if storage_url is None and (stopped or failed):
-            fail_stale(study_name, out)         # all of this run's workers are gone
-        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
-    all_trials = study.get_trials(deepcopy=False)
+    shown = progress_shown(quiet, progress)
+    bar = progress_bar(f"optuna {spec.sampler}", spec.trials, unit="trial", shown=shown,
+                       initial=min(_count(study, (TrialState.COMPLETE,)), spec.trials))
+    with bar:
+        if workers <= 1:
+            clock = WorkerClock()
+            try:
+                run_worker(spec, out, storage_url, study_name, spec.seed, bar, clock=clock)
+            except Interrupted:
+                stopped = True
+            spent = dict(clock.values)
+            study = clock.study if clock.study is not None else \
+                optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
+        else:
+            on_failure = (lambda: remove_stale_lock(out / (JOURNAL + ".lock"))) if storage_url is None else None
+            stopped, failed, spent = run_workers(
+                run_worker, lambda i: (spec, out, storage_url, study_name, spec.seed + i, None, i == 0), workers,
+                on_failure, _CompletePoll(study, bar) if shown else None)  # a killed worker may hold the journal lock
+            if storage_url is None and (stopped or failed):
+                fail_stale(study_name, out)         # all of this run's workers are gone
+            study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, out))
+        all_trials = study.get_trials(deepcopy=False)
+        _show_complete(bar, sum(t.state == TrialState.COMPLETE for t in all_trials))
     rows = _merge_rows(out, all_trials)
     write_atomic(rows, out / "results.parquet")
     counts = {**_state_counts(all_trials), "rows": len(rows)}

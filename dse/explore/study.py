@@ -19,11 +19,12 @@ from dse.explore.sweep import front_of, run_sweep, unvalued
 
 
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
-              quiet: bool = True, scheduler: str | None = None) -> pd.DataFrame:
+              quiet: bool = True, scheduler: str | None = None, progress: bool | None = None) -> pd.DataFrame:
     """Run a sweep or an Optuna search into ``out`` (resuming), write ``pareto.csv`` and
     ``best.json`` (the best design per objective, explained), and return the Pareto front.
     ``workers``: processes of this machine (an Optuna search's trials, a sweep's chunks);
-    ``scheduler``: a Dask scheduler's address that runs a sweep's chunks instead.
+    ``scheduler``: a Dask scheduler's address that runs a sweep's chunks instead. ``progress``:
+    an Optuna search's bar even when stderr is not a terminal.
     The front's ``attrs["front_note"]`` says why it is smaller or empty than its designs
     would make it (some have no value, NaN, of an objective: ``pareto.front_note``), else
     None; it is said on stderr (``quiet`` silences progress only).
@@ -40,7 +41,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
         if spec.method != "optuna":
             front = run_sweep(spec, out, quiet=quiet, workers=workers, scheduler=scheduler)[1]
         else:
-            rows = run_search(spec, out, storage, workers, quiet)
+            rows = run_search(spec, out, storage, workers, quiet, progress=progress)
             front = front_of(rows, spec.objectives).reset_index(drop=True) if len(rows) else rows
             write_atomic(front[pareto_columns(front.columns, spec.objectives, "trial")], out / "pareto.csv", "csv")
             front.attrs["front_note"] = front_note(unvalued(rows, spec.objectives), int(rows["feasible"].sum())

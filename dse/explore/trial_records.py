@@ -10,7 +10,9 @@
   system attr ``constraints``: a list of violations, <= 0 satisfied, the format Optuna's
   ``constraints_func`` writes and optuna-dashboard reads; the study user attr
   ``constraint_names`` names its entries. Every sampler reads them through
-  ``FrozenTrial.constraints``, so infeasible designs are never in ``study.best_trials``.
+  ``FrozenTrial.constraints``, so infeasible designs are never in ``study.best_trials``
+  (optuna-dashboard's "Best Trials" card computes its own front, constraints ignored: the
+  README says how the fronts differ).
 - Objective values (``objective_value``): an infeasible design keeps its own (finite)
   values; NaN or infinite ones become a very bad finite value.
 

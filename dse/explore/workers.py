@@ -29,6 +29,7 @@ from basis.errors import DseError
 from dse.explore.storage import storage_errors
 
 STOP_WAIT_S = 20.0     # how long a stop may take before workers are killed / exit hard
+TICK_S = 0.2           # how often the parent of worker processes wakes while they run (s)
 _EXIT_INTERRUPTED, _EXIT_ERROR, _EXIT_ORPHANED = 130, 2, 143
 
 
@@ -221,14 +222,16 @@ def worker_main(target, args: tuple, parent_pid: int | None = None, shared=None,
         os._exit(_EXIT_ERROR)
 
 
-def run_workers(target, args_of, workers: int, on_failure=None):
+def run_workers(target, args_of, workers: int, on_failure=None, on_tick=None):
     """Run ``workers`` spawned processes, worker ``i`` running ``target(*args_of(i), clock=...)``
     (``worker_main``), to the end or until a stop; return (whether SIGINT/SIGTERM stopped
     them, the exit codes of workers that failed, their ``WorkerClock`` totals). On a stop or
     a failure the others are sent SIGTERM (they finish their batch) and killed after
     ``STOP_WAIT_S``; ``on_failure()`` runs first after a failure (a killed worker may hold
-    a lock). Workers are started by this thread: PR_SET_PDEATHSIG fires when it exits, so
-    call this from the thread that lives as long as the run."""
+    a lock). ``on_tick()`` (e.g. progress) runs each time this thread wakes while they run:
+    when one exits, else every ``TICK_S`` seconds. Workers are started by this thread:
+    PR_SET_PDEATHSIG fires when it exits, so call this from the thread that lives as long as
+    the run."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
     ctx = mp.get_context("spawn")
@@ -248,7 +251,9 @@ def run_workers(target, args_of, workers: int, on_failure=None):
                 alive = [p for p in started if p.exitcode is None]
                 if not alive:
                     break
-                wait([p.sentinel for p in alive], timeout=0.2)
+                wait([p.sentinel for p in alive], timeout=TICK_S)
+                if on_tick is not None:
+                    on_tick()
                 for p in started:
                     stopped_by_us = stopping_since is not None and p.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
                     if p.exitcode not in (None, 0, _EXIT_INTERRUPTED) and not stopped_by_us \

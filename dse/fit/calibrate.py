@@ -255,8 +255,9 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
     result is keyed by parameter name; else ``slots`` (default ``slots_for``) are fitted per family,
-    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` advances by one per
-    start."""
+    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` (optional): told
+    of every evaluation (``update(1)``: the residuals or their Jacobian priced once) and of
+    every start's end (``run_done(warm)``)."""
     from scipy.optimize import least_squares
 
     cases = predictors.cases
@@ -274,11 +275,12 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     x0 = np.clip([_to_x(s.param, (warm or {}).get(s.key, s.param.start)) for s in slots], lo, hi)
     best = None
     for start in _starts(x0, lo, hi, 1 if warm else starts):
-        r = least_squares(resid, start, jac=resid.jacobian, bounds=(lo, hi), loss=LOSS, f_scale=F_SCALE,
-                          max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
+        r = least_squares(_counted(resid, progress), start, jac=_counted(resid.jacobian, progress), bounds=(lo, hi),
+                          loss=LOSS, f_scale=F_SCALE, max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
         if best is None or r.cost < best.cost:
             best = r
-        _advance(progress)
+        if progress is not None:
+            progress.run_done(bool(warm))
     values = model.values(best.x)
     if base is not None:
         values = {k.split(".")[-1]: val for k, val in values.items()}
@@ -368,9 +370,16 @@ def _starts(x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: int) -> list
     return [x0, lo + 0.25 * (hi - lo), lo + 0.75 * (hi - lo)][:max(starts, 1)]
 
 
-def _advance(progress, n: int = 1) -> None:
-    if progress is not None:
-        progress.update(n)
+def _counted(f, progress):
+    """``f``, advancing ``progress`` by one evaluation per call (``f`` itself without one)."""
+    if progress is None:
+        return f
+
+    def counted(*args):
+        out = f(*args)
+        progress.update(1)
+        return out
+    return counted
 
 
 #: the groupings cross-validation leaves out, one group at a time (sources: in SOURCE_FOLDS folds)
@@ -434,18 +443,20 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
     jobs = [(key, g, idx) for key in keys for g, idx in folds_of(cases, key).items()]
     out = {key: (np.full(len(cases), np.nan), {}) for key in keys}
 
-    def take(key, g, idx, errs, record):
+    def take(key, g, idx, errs, record, evaluations):
         out[key][0][idx] = errs
         out[key][1][g] = record
-        _advance(progress)
+        if progress is not None:          # a fold's evaluations, counted where it ran, told at its end
+            progress.update(evaluations)
+            progress.run_done(True)
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
         _FOLDS["state"] = (cases, params, starts, warm, warm_nfev)
         try:
             with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-                for (key, g, idx), (errs, record) in zip(jobs, pool.imap(_fold_job, jobs)):
-                    take(key, g, idx, errs, record)
+                for (key, g, idx), done in zip(jobs, pool.imap(_fold_job, jobs)):
+                    take(key, g, idx, *done)
         finally:
             _FOLDS.clear()
     else:
@@ -460,28 +471,44 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
 _FOLDS: dict = {}
 
 
-def _fold_job(job) -> tuple[np.ndarray, dict]:
+def _fold_job(job) -> tuple[np.ndarray, dict, int]:
     """``_fold`` of one (key, group, rows) job in a forked worker."""
     cases, params, starts, warm, warm_nfev = _FOLDS["state"]
     return _fold(cases, job[2], params, starts, warm, warm_nfev)
 
 
+class _Tally:
+    """Counts a fit's evaluations (``fit``'s progress protocol: ``update``, ``run_done``)."""
+
+    def __init__(self):
+        self.evaluations = 0
+
+    def update(self, n: int = 1) -> None:
+        self.evaluations += n
+
+    def run_done(self, warm: bool) -> None:
+        pass
+
+
 def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None,
-          warm_nfev: int | None = None) -> tuple[np.ndarray, dict]:
+          warm_nfev: int | None = None) -> tuple[np.ndarray, dict, int]:
     """(errors of the rows ``idx`` predicted by a fit of the other rows, the fold's record: rows,
-    predicted, APE statistics and, where rows failed, ``failed`` and ``why``)."""
+    predicted, APE statistics and, where rows failed, ``failed`` and ``why``; the evaluations the
+    fold's fit took)."""
     held_set = set(idx)
     train = [cases[i] for i in range(len(cases)) if i not in held_set]
     held = [cases[i] for i in idx]
     record: dict = {"rows": len(idx)}
     errors = np.full(len(idx), np.nan)
+    tally = _Tally()
     try:
-        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev)
+        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev, progress=tally)
         model = Parameterisation(held, f.slots, covered=engine_families(train, f.slots))
         x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
         pr = Predictions(held).predict(model.efficiencies(np.array(x)))
     except (DseError, ValueError, np.linalg.LinAlgError) as e:
-        return errors, {**record, "predicted": 0, "failed": len(idx), "why": {f"the fit failed: {e}": len(idx)}}
+        return errors, {**record, "predicted": 0, "failed": len(idx), "why": {f"the fit failed: {e}": len(idx)}}, \
+            tally.evaluations
     with np.errstate(divide="ignore", invalid="ignore"):
         errors = pr.values / np.array([c.row.value for c in held]) - 1.0
     ok = np.isfinite(errors)
@@ -493,7 +520,7 @@ def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | N
             text = text if len(text) <= 160 else text[:157] + "..."
             why[text] = why.get(text, 0) + 1
         record.update(failed=int((~ok).sum()), why=why)
-    return errors, record
+    return errors, record, tally.evaluations
 
 
 def fold_totals(folds: dict) -> dict:
@@ -592,8 +619,10 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     families each fitted engine's rows covered (``engine_families``: its values hold there only).
     Cross-validation leaves out sources (in folds), vendors and engines, every fold counted
     (``fold_totals``); the leave-sources-out residuals give the error bands and the
-    leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress`` (tqdm-like, optional) gets
-    the number of least-squares runs as its total (``reset``) and advances by one per run;
+    leave-engines-out residuals the band of unseen engines (``dse.core.bands``). ``progress``
+    (optional, ``calibration_cli.FitProgress``) is told the least-squares runs to come
+    (``plan(cold, warm)``: cold starts of the full fit, warm-started cross-validation folds), then
+    of every evaluation and every run's end (a fold's once it finished, in whichever process);
     ``workers`` > 1 fits the cross-validation folds in that many processes (the same results);
     ``leave_out``: the groupings cross-validated (default every one of ``CV_KEYS``; the band of
     unseen engines needs 'engine'); ``fold_evaluations``: the evaluations each fold's warm fit may
@@ -606,7 +635,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         raise DseError(f"{', '.join(map(str, files))}: {len(cases)} predictable rows; a fit needs {MIN_ROWS} or more")
     slots = slots_for(cases, params)
     if progress is not None:
-        progress.reset(total=fits_to_run(cases, cross_validation, starts, tuple(leave_out)))
+        cold = fits_to_run(cases, False, starts)
+        progress.plan(cold, fits_to_run(cases, cross_validation, starts, tuple(leave_out)) - cold)
     today = _dt.date.today().isoformat()
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
     f = fit(Predictions(cases), None, params, starts=starts, progress=progress, slots=slots)

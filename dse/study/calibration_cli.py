@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from basis import progress
 from basis.errors import DseError, shown_path
 from basis.files import exists, is_regular_file, output_file
 from dse.core.efficiency import CALIBRATION_ENV, calibration_file
@@ -97,15 +98,61 @@ def _progress_args(p) -> None:
                    help="progress on stderr even when it is not a terminal (default: only on a terminal)")
 
 
-def progress_bar(args, what: str, total: int = 1):
-    """A tqdm progress bar of ``total`` steps with the time left on stderr: shown on a terminal or
-    with ``--progress``, never with ``--quiet``. The work may set its total (``reset(total=n)``)."""
-    from tqdm import tqdm  # an Optuna dependency; imported when validate or calibrate runs
+def progress_bar(args, what: str, total: int | None = 1, unit: str = "step"):
+    """A tqdm progress bar of ``total`` ``unit``s with the time left on stderr: shown on a terminal
+    or with ``--progress``, never with ``--quiet`` (``basis.progress``). The work may set its
+    total (``reset(total=n)``)."""
+    return progress.progress_bar(what, total, unit=unit, shown=progress.progress_shown(args.quiet, args.progress))
 
-    shown = not args.quiet and (args.progress or sys.stderr.isatty())
-    return tqdm(desc=what, total=total, file=sys.stderr, disable=not shown, unit="step", dynamic_ncols=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit}s "
-                           "[{elapsed} elapsed, {remaining} left]")
+
+class FitProgress:
+    """``calibrate``'s progress on a tqdm ``bar`` in evaluations (the measured rows priced once:
+    the residuals or their Jacobian, in a least-squares run). Runs differ (a cold start of the
+    full fit takes many evaluations, a warm-started cross-validation fold a few), so the total
+    is estimated as they finish: the evaluations done, plus each run to come at the mean of the
+    finished runs of its kind (a fold before any fold finished: at the cold starts' mean).
+    Unknown (``?``) until the first run finishes; exact (done/done) at the end (``close``)."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.left = {False: 0, True: 0}             # runs to come, the current one included
+        self.runs: dict[bool, list[int]] = {False: [], True: []}   # evaluations of each finished run
+        self.current = 0                            # evaluations of the current run so far
+        self.done = 0                               # evaluations so far
+
+    def plan(self, cold: int, warm: int) -> None:
+        """The runs to come: ``cold`` starts, ``warm`` folds."""
+        self.left = {False: cold, True: warm}
+        self.bar.set_postfix_str(f"{cold + warm} least-squares runs", refresh=False)
+        self._estimate()
+
+    def update(self, n: int = 1) -> None:
+        """``n`` evaluations done."""
+        self.current += n
+        self.done += n
+        self.bar.update(n)
+
+    def run_done(self, warm: bool) -> None:
+        """A least-squares run (a fold if ``warm``) finished."""
+        self.runs[warm].append(self.current)
+        self.current = 0
+        self.left[warm] = max(self.left[warm] - 1, 0)
+        done = sum(map(len, self.runs.values()))
+        self.bar.set_postfix_str(f"{done}/{done + sum(self.left.values())} least-squares runs", refresh=False)
+        self._estimate()
+
+    def _estimate(self) -> None:
+        mean = {k: sum(v) / len(v) for k, v in self.runs.items() if v}
+        mean.setdefault(True, mean.get(False))
+        if any(self.left[k] and mean.get(k) is None for k in self.left):
+            progress.set_total(self.bar, None)
+        else:
+            ahead = sum(self.left[k] * mean[k] for k in self.left if self.left[k])
+            progress.set_total(self.bar, max(self.done, round(self.done - self.current + ahead)))
+
+    def close(self) -> None:
+        """The work is done: the total is what was done."""
+        progress.set_total(self.bar, self.done)
 
 
 def cmd_validate(args) -> int:
@@ -141,11 +188,13 @@ def cmd_calibrate(args) -> int:
         if exists(out) and not is_regular_file(out):
             raise DseError(f"--out {shown_path(out)}: not a regular file (a device, a FIFO); give the name of a "
                            f"calibration file to write")
-    with progress_bar(args, "calibrate") as bar:
-        cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=bar,
+    with progress_bar(args, "calibrate", None, unit="evaluation") as bar:
+        progress = FitProgress(bar)
+        cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=progress,
                           starts=args.starts, workers=args.workers, leave_out=tuple(args.leave_out),
                           fold_evaluations=args.fold_evaluations)
-        bar.set_description("calibrate (validating the new calibration)")
+        progress.close()
+        bar.set_description_str("calibrate (validating the new calibration)")
         files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
         rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]
     print(C.report_text(cal))

@@ -21,6 +21,7 @@ import numpy as np
 from basis.errors import MAX_FIGURE, DseError, shown_path
 from basis.files import output_folder, write_error_cause
 from basis.memory import free_nothing_at_exit, keep_freed_memory
+from basis.progress import set_total
 from basis.units import axis_scale
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a uniform sample (sample.parquet, outputs.sample rows) or none (default: the study's "
                         "outputs.rows, else all up to 10,000,000 points and sample above)")
     r.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    r.add_argument("--progress", action="store_true", help="an optuna study's progress bar on stderr even when it is not a terminal (default: only on a terminal)")
     c = command("compare", "the same workload on several hardware presets, side by side")
     _add_workload_args(c)
     add_flag(c, SPEC["hardware"], nargs="+", help="hardware presets (see 'list hardware') or preset YAML paths")
@@ -386,14 +388,24 @@ def point_columns(args, hardware) -> dict:
 
 
 def _simulate(args) -> dict:
-    """``--simulate N``: the simulator's metrics of the point, its progress (requests finished,
-    the time left) on stderr as ``validate`` shows it: on a terminal or with ``--progress``,
+    """``--simulate N``: the simulator's metrics of the point, its progress (output tokens
+    produced of all the requests' from the first iteration on, requests finished, the time
+    left) on stderr as ``validate`` shows it: on a terminal or with ``--progress``,
     never with ``--quiet`` (50,000 requests take minutes, the 1,000,000 allowed hours)."""
-    with calibration_cli.progress_bar(args, "simulate", args.simulate) as bar:
-        bar.unit = "request"
+    with calibration_cli.progress_bar(args, "simulate", None, unit="output token") as bar:
+        finished = [0]
+
+        def requests(n: int) -> None:
+            finished[0] += n
+            bar.set_postfix_str(f"{finished[0]:,}/{args.simulate:,} requests", refresh=False)
+
+        def tokens(n: int, total: int) -> None:
+            if bar.total != total:
+                set_total(bar, total)
+            bar.update(n)
         try:
             return simulate_point(point_columns(args, args.hardware), args.simulate, ideal=args.ideal,
-                                  progress=bar.update)
+                                  progress=requests, tokens=tokens)
         except DseError as e:               # the simulator's words, with the flag that asked for it
             if type(e) is not DseError:
                 raise
@@ -586,7 +598,7 @@ def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Draw
     from dse.explore.study import run_study
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
-                      scheduler=args.scheduler)
+                      scheduler=args.scheduler, progress=args.progress)
     dt = time.perf_counter() - t0
     if spec.method == "optuna":
         counts = trial_counts(args.storage, out, spec)

@@ -134,13 +134,15 @@ def analyze_point(columns: dict, *, ideal: bool = False, efficiency=None) -> tup
 
 
 def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool = False,
-                   efficiency=None, progress: Callable[[int], None] | None = None) -> dict[str, float]:
+                   efficiency=None, progress: Callable[[int], None] | None = None,
+                   tokens: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """The serving metrics of the design point ``columns`` (continuous batching) from the
     discrete-event simulator (``dse.core.simulator``): ``requests`` requests, their lengths
     drawn from the point's length distribution and, for an open loop, Poisson arrivals (their
     gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
     ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
-    with the number of requests each simulated iteration finishes (``requests`` in all).
+    with the number of requests each simulated iteration finishes (``requests`` in all),
+    ``tokens`` (optional) with the output tokens it produces and those of all the requests.
     Returns the simulator's metrics (SI units; the efficiency model's request overhead applied
     after the run as ``evaluate`` applies it, ``overhead_in_flight``: in TTFT and end-to-end, and
     in a closed loop's throughput by Little's law)."""
@@ -155,11 +157,11 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     if point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
-                       progress=progress)
+                       progress=progress, tokens=tokens)
     else:
         res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
-                                     arrivals=arrivals, progress=progress)
+                                     arrivals=arrivals, progress=progress, tokens=tokens)
     out = res.metrics()
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s

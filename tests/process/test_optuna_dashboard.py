@@ -67,9 +67,10 @@ def _run(*args):
     assert rc == 0
 
 
-def _front(rows: pd.DataFrame) -> set[int]:
-    """Trial numbers of the non-dominated feasible rows (output_tokens_per_s max, tpot_s min)."""
-    feas = rows[rows.feasible]
+def _front(rows: pd.DataFrame, feasible_only: bool = True) -> set[int]:
+    """Trial numbers of the non-dominated rows (output_tokens_per_s max, tpot_s min) among the
+    feasible ones, or among all (``feasible_only`` False: as optuna-dashboard's "Best Trials")."""
+    feas = rows[rows.feasible] if feasible_only else rows
     pts = list(zip(feas.trial, feas.output_tokens_per_s, feas.tpot_s))
     front = set()
     for n, tok, tpot in pts:
@@ -119,7 +120,17 @@ def test_a_run_reads_in_optuna_as_the_study_declares(tmp_path, keep_signals):
     assert infeasible and len(infeasible) < len(trials)       # the test needs both kinds
     best = {t.number for t in study.best_trials}
     assert best and not best & infeasible
+    assert rows.loc[sorted(best), "feasible"].all()      # per the run's own feasibility column
     assert best == _front(rows)            # Optuna's best trials: the feasible non-dominated rows
+
+    # the three fronts as the README counts them: pareto.csv lists each design of Optuna's best
+    # trials once (a design sampled twice is two best trials); optuna-dashboard's "Best Trials"
+    # is the front of every complete trial, constraints ignored: its feasible ones are best trials
+    pareto = pd.read_csv(out / "pareto.csv")
+    assert set(pareto.trial) <= best
+    assert len(pareto) == len({tuple(sorted(t.params.items())) for t in study.best_trials})
+    everything = _front(rows, feasible_only=False)
+    assert everything - infeasible <= best
 
     # distributions as the study declares them
     dists = {}
