@@ -84,7 +84,7 @@ class Design:
     kv_block: tokens per KV page; weights, activations, kv: format names; spec_draft,
     spec_tokens, draft_checkpoint: speculative decoding ('none', 0, '' when off);
     max_context: context limit in tokens (0: the model's); replicas: engines the service needs;
-    engine_profile: the engine the design was evaluated with; unexpressed: (column, words) of
+    unexpressed: (column, words) of
     settings no engine flag expresses (techniques, offload, disaggregation), each a note."""
     model: str
     checkpoint: str
@@ -105,7 +105,6 @@ class Design:
     draft_checkpoint: str = ""
     max_context: int = 0
     replicas: int = 1
-    engine_profile: str = ""
     unexpressed: tuple = ()
 
     @property
@@ -379,9 +378,6 @@ def launch(design: Design, engine: str) -> Launch:
     if design.devices > 8:
         notes.append(f"{design.devices} GPUs in one pod: more than an 8-GPU node holds; a multi-node launch "
                      f"(LeaderWorkerSet, Ray) is not written here")
-    if design.engine_profile and design.engine_profile != engine:
-        notes.append(f"the design was evaluated with the {design.engine_profile} engine profile, not {engine}'s: "
-                     f"give --engine {engine} to evaluate (and rank) it as {engine} runs it")
     return Launch(out.engine, out.argv, tuple(notes), out.files, out.source, out.env)
 
 

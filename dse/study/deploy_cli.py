@@ -55,6 +55,9 @@ def add_parsers(command, hooks: Hooks) -> None:
     for a in d._actions:                  # --model and --hardware: not with --run
         if a.dest in ("model", "hardware"):
             a.required = False
+        if a.dest == "engine":
+            a.help = ("the engine to deploy with, vllm, sglang or trtllm (trt-llm), whose profile the design is "
+                      "evaluated with (default: vllm; with --run, the engine the run evaluated it with)")
     d.add_argument("--run", default=None, metavar="FOLDER",
                    help="a run folder 'dse run' wrote (runs/<study name>): deploy its design --point instead of "
                         "the workload flags")
@@ -192,6 +195,9 @@ def design_of(row: dict, engine: str | None, checkpoint: str | None, draft_check
         raise DseError(f"the design is not feasible: {ev.reason_text(0)}; nothing to deploy")
     profile = str(s.get("engine") or cols.get("engine") or default_engine())
     profile = default_engine() if profile == "default" else profile
+    if engine is None and D.ENGINE_ALIASES.get(profile, profile) not in D.ENGINES:
+        raise DseError(f"the design was evaluated with the {profile} engine profile; give --engine vllm, sglang or "
+                       f"trtllm to deploy it (and evaluate it again) with one of those")
     target = engine or D.engine_name(profile)
     model = str(cols["model"])
     ckpt = checkpoint or D.HF_REPOS.get(model)
@@ -216,7 +222,8 @@ def design_of(row: dict, engine: str | None, checkpoint: str | None, draft_check
         unexpressed.append(("serving", f"a static batch of {batch}; the engines batch continuously, so "
                                        f"the running sequences are capped at {batch}"))
     stored = str(row.get("engine", "default"))
-    if engine is not None and stored not in ("default", engine):
+    stored = default_engine() if stored == "default" else stored
+    if engine is not None and stored != engine:
         unexpressed.append(("engine", f"the run evaluated it as {stored}; evaluated again as {engine}"))
     if s.get("flash_attention") is False:
         unexpressed.append(("flash_attention", "off: the engines run fused attention kernels; left out"))
@@ -233,7 +240,7 @@ def design_of(row: dict, engine: str | None, checkpoint: str | None, draft_check
         kv_block=int(_value(cols, "kv_block")), weights=str(s["weights"]), activations=str(s["activations"]),
         kv=str(s["kv"]), spec_draft=draft, spec_tokens=int(_value(cols, "spec_tokens")),
         draft_checkpoint=draft_ckpt, max_context=int(_value(cols, "max_context")), replicas=max(replicas, 1),
-        engine_profile="" if engine else profile, unexpressed=tuple(unexpressed))
+        unexpressed=tuple(unexpressed))
     return design, target
 
 
