@@ -233,8 +233,8 @@ def _vllm(design: Design) -> Launch:
     if design.batched_tokens:
         argv += [f["batched_tokens"], str(design.batched_tokens)]
     else:
-        argv += [f["chunked"], "False"]
-    argv += _kv_flags(design, f["kv"], VLLM_KV, "vllm", notes)
+        argv += [f["chunked"], "false"]
+    argv += _kv_flags(design, f["kv"], VLLM_KV, "vLLM", notes)
     if design.kv_block in VLLM_BLOCKS:
         argv += [f["kv_block"], str(design.kv_block)]
     else:

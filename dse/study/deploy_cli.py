@@ -189,6 +189,9 @@ def design_of(row: dict, engine: str | None, checkpoint: str | None, draft_check
     cols = {k: v for k, v in row.items() if k in PARAMS}
     if engine is not None:
         cols["engine"] = engine
+    if str(cols.get("spec_draft", "none")).lower() == "none":   # a swept row without a draft: its gamma unused
+        cols.pop("spec_tokens", None)
+        cols.pop("spec_acceptance", None)
     res, ev = analyze_point(cols)
     s = res.summary
     if not ev.feasible[0]:
