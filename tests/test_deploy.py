@@ -248,3 +248,31 @@ def test_bad_inputs_are_one_line(tmp_path, capsys):
     assert "TensorRT-LLM runs on NVIDIA" in one_line_error(capsys, ["deploy", "--model", "llama-3.1-8b", "--hardware",
                                                                     "mi300x", "--engine", "trtllm"])
     assert "--model" in one_line_error(capsys, ["deploy", "--run", str(run), "--point", "0", "--model", "llama-2-7b"])
+
+
+def test_what_an_engine_cannot_express_is_said(tmp_path):
+    """int4 weights (no vLLM flag: a pre-quantized checkpoint), an int8 KV cache (not among
+    --kv-cache-dtype's choices) and 256-token pages (not among --block-size's) each get a note in
+    launch.sh and manifest.yaml, and no flag of theirs is written."""
+    argv = ["--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--weights", "int4", "--kv", "int8",
+            "--kv-block", "256", "--concurrency", "8"]
+    docs, script, _ = deploy(tmp_path, argv, "vllm")
+    f = flags_of(container_argv(docs), "vllm")
+    assert "--quantization" not in f and "--kv-cache-dtype" not in f and "--block-size" not in f
+    manifest = next((tmp_path).glob("vllm-*/manifest.yaml")).read_text()
+    for words in ("weights int4", "kv int8", "kv_block 256"):
+        assert f"left out / mapped: {words}" in script and f"left out / mapped: {words}" in manifest
+
+
+def test_stored_row_from_the_runs_rows(tmp_path):
+    """A design off the Pareto front is read from the rows the run kept (results.parquet)."""
+    import pandas as pd
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pareto.csv").write_text('"point","hardware","model","devices"\n0,"h100-sxm","llama-3.1-8b",1\n')
+    pd.DataFrame({"point": [0, 1, 2], "hardware": ["h100-sxm"] * 3, "model": ["llama-3.1-8b"] * 3,
+                  "devices": [1, 2, 4], "kv": ["fp16", "fp16", "fp8"]}).to_parquet(run / "results.parquet")
+    docs, _, _ = deploy(tmp_path, ["--run", str(run), "--point", "2"], "sglang")
+    check_deployment(docs, gpus=4)
+    f = flags_of(container_argv(docs), "sglang")
+    assert (f["--tp-size"], f["--kv-cache-dtype"]) == ("4", "fp8_e4m3")
