@@ -30,7 +30,7 @@ from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
-from dse.study import calibration_cli
+from dse.study import calibration_cli, deploy_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import (
     ENERGY_COST_METRICS,
@@ -194,6 +194,10 @@ EXAMPLES = {
     "show": ("dse show hardware h100-sxm", "dse show model deepseek-v3",
              "dse show study gpu-sweep-1m --format json"),
     "validate": ("dse validate", "dse validate --ideal", "dse validate --measured my-measurements.csv --out runs/mine"),
+    "deploy": ("dse deploy --model llama-3.1-70b --hardware h100-sxm --tp 8 --weights fp8 --activations fp8 --kv fp8 "
+               "--concurrency 64 --engine vllm",
+               "dse deploy --run runs/capacity-planning --point 61 --engine sglang --out deploy/",
+               "dse deploy --model mixtral-8x7b --hardware h100-sxm --tp 2 --ep 4 --engine trtllm --manifest llm-d"),
     "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
                   "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
 }
@@ -271,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--format", choices=("table", "json"), default="table",
                     help="table (units) or json (SI units)")
     calibration_cli.add_parsers(command)
+    deploy_cli.add_parsers(command, deploy_cli.Hooks(lambda p: (_add_workload_args(p), add_flag(p, SPEC["hardware"])),
+                                                     point_columns, (check_contradictions, check_named), cli_words))
     return ap
 
 
@@ -875,7 +881,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
-                "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
+                "compare": cmd_compare, **calibration_cli.COMMANDS,
+                **deploy_cli.COMMANDS}[args.command](args)
     except DseError as e:
         from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
         print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)
