@@ -54,6 +54,7 @@ from dse.explore.runio import (
 )
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
+from dse.system.hardware import design_codes
 
 #: metrics that are whole numbers of devices or sequences (stored as integers)
 COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
@@ -72,6 +73,8 @@ def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str 
         data[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
     data["feasible"] = ev.feasible
     data["reason"] = ev.reason_labels()
+    if (designs := design_codes(ev.labels)) is not None:      # a derived design's own name, never its preset's
+        data["hardware"] = pd.Categorical.from_codes(*designs)
     return pd.DataFrame(data, copy=False), ev
 
 

@@ -66,6 +66,7 @@ def table_text(rows: list[dict]) -> str:
             f"activations {first['activations']} / KV {first['kv']}, {_flash_text(rows)}, "
             f"{first['efficiency']} roofline")
     notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
+    notes += [f"  {r['hardware']}: {r['hardware_note']}" for r in rows if r.get("hardware_note")]
     return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
 
 

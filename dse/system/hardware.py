@@ -8,6 +8,14 @@ links, host tier, PIM, power and price. Work asking for a compute class runs on 
 narrowest wider class the point has (``hwmodels.formats.widening_choice``); 2:4 sparse
 peaks apply as the preset's sparse/dense ratio of that class, on top of the point's
 own dense peak.
+
+A derived design's name (``hwmodels.derived``: ``h100-sxm+bw6.7T+fp8x0.5``) is its base preset
+and override columns (``expanded``). Every point whose chip differs from its preset's (an override
+of ``hwmodels.derived.DESIGN_PARAMS``, by name or by column) is named as what it is
+(``HardwareArrays.designs``), and its die area, build cost and TDP are those of its preset's
+template built to its figures (``hwmodels.template.with_figures``), or unknown (NaN, with the
+reason in ``notes``) where the preset has no template or the template does not model a figure
+changed; its price is unknown unless given (``price_usd``): a derived design is not a product.
 """
 from __future__ import annotations
 
@@ -21,12 +29,22 @@ from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, constant, factorize, group, per_code, pointwise
 from dse.system.params import PARAMS
 from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
+from hwmodels.derived import BY_KEY, DESIGN_PARAMS, design_name, is_derived, overrides, parse_design, terms_of
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import host_link_fraction, load_link
 from hwmodels.presets import load_device
-from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
+from hwmodels.template import (
+    FIGURE_PARAMS,
+    TEMPLATE_COLUMNS,
+    TEMPLATES,
+    base_template,
+    physical_figures,
+    template_device,
+    varied,
+    with_figures,
+)
 from hwmodels.tiers import with_host_tier
 
 _C = len(COMPUTE_CLASSES)
@@ -51,6 +69,9 @@ class HardwareArrays:
     host_cpu: [P] index into ``cpus`` (the CPU preset computing CPU layers; -1: none).
     die_area_m2, build_cost_usd: [P] the template's die area per die and build cost of its priced
         parts (``hwmodels.template.physical_figures``; NaN for presets without a template).
+    design: [P] index into ``designs``, the name of each point's design (its preset's name, or a
+        derived design's canonical name, ``hwmodels.derived.design_name``); ``notes``: per design, why
+        its price, die area or TDP is unknown ("" when nothing is).
     """
 
     system: SystemArrays
@@ -74,6 +95,9 @@ class HardwareArrays:
     build_cost_usd: np.ndarray
     host_cpu: np.ndarray
     cpus: list
+    design: np.ndarray | None = None
+    designs: list | None = None
+    notes: list | None = None
 
     def used(self, i: int) -> np.ndarray:
         """[C] the class that runs each class's work at point ``i``."""
@@ -112,6 +136,163 @@ def resolve_device(value) -> Device:
     if not isinstance(value, str):
         raise DseError(f"hardware: expected a preset name, a preset YAML path or a Device, got {value!r}")
     return load_device(value)
+
+
+def check_design(value) -> Device:
+    """The base preset of a hardware name (a preset, a YAML path, or a derived design's name,
+    ``hwmodels.derived``), its terms checked against it; DseError naming the bad part."""
+    base, terms = parse_design(value) if is_derived(value) else (value, ())
+    d = resolve_device(base)
+    overrides(terms, d)
+    return d
+
+
+#: why a derived design has no price (``HardwareArrays.notes``)
+PRICE_UNKNOWN = ("price unknown: a derived design is not a product with a market price (give one: price_usd / "
+                 "--price-usd); build_cost_usd is its template's die and memory cost, packaging unpriced")
+
+
+def expanded(cols: Columns) -> tuple[Columns, tuple | None]:
+    """(``cols`` with each derived design's name in ``hardware`` split into its base preset and
+    the override columns its terms set (``hwmodels.derived.overrides``): the one override path; the
+    names as given, (code per point, names), or None when none is derived). Where a point gives a
+    column its name also sets, both must agree; DseError naming the column otherwise, or naming
+    the bad part of a name."""
+    codes, names = cols.labels("hardware")
+    if not any(is_derived(x) for x in names):
+        return cols, None
+    where = f"{cols.where}: hardware"
+    bases, values = [], []
+    for x in names:
+        base, terms = parse_design(x, where) if is_derived(x) else (x, ())
+        bases.append(base)
+        values.append(overrides(terms, resolve_device(base), where) if terms else {})
+    given = dict(cols.given)
+    one = len(names) == 1
+    given["hardware"] = bases[0] if one else np.array(bases, dtype=object)[codes]
+    for p in DESIGN_PARAMS:
+        if not any(p in v for v in values):
+            continue
+        if PARAMS[p] is str:
+            term = np.array([v.get(p, "") for v in values], dtype=object)[codes]
+            if p == "native_formats" and not cols.has(p):      # the others' own native formats
+                own = np.array([",".join(c for c, x in resolve_device(b).peak_ops_per_s.items() if x > 0)
+                                for b in bases], dtype=object)[codes]
+            else:
+                own = np.asarray(cols.labels(p)[1], dtype=object)[cols.labels(p)[0]] if cols.has(p) \
+                    else np.full(cols.n, "", dtype=object)
+            clash = (term != "") & (own != "") & (term != own)
+            merged = np.where(term != "", term, own)
+        else:
+            term = np.array([v.get(p, np.nan) for v in values], dtype=float)[codes]
+            own = cols.numbers(p) if cols.has(p) else np.full(cols.n, np.nan)
+            with np.errstate(invalid="ignore"):
+                clash = ~np.isnan(term) & ~np.isnan(own) & (term != own)
+            merged = np.where(np.isnan(term), own, term)
+        if np.any(clash):
+            i = int(np.flatnonzero(clash)[0])
+            raise DseError(f"{where}: {names[int(codes[i])]} sets {p} (key '{_key(p)}') and the column {p} gives "
+                           f"another value at point {i}; give it once")
+        given[p] = merged[0] if one and np.ndim(cols.raw(p)) == 0 else merged
+    return Columns(given, cols.where), (codes, names)
+
+
+def design_codes(labels: dict) -> tuple[np.ndarray, list] | None:
+    """(code per point, distinct names) of the designs of an evaluation's points (its ``labels``'
+    ``hardware``), for the ``hardware`` column of a results table; None where no design is derived
+    (the column as given stands)."""
+    codes, names = labels["hardware"]
+    if not any(is_derived(x) for x in names):
+        return None
+    uniq, back = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+    return back.ravel()[np.asarray(codes)], [str(u) for u in uniq]
+
+
+def _key(param: str) -> str:
+    """The notation's key of override parameter ``param``."""
+    return next(k for k, v in BY_KEY.items() if v.param == param)
+
+
+@dataclass(frozen=True)
+class _Designs:
+    """The design of every point: code [P] into ``names``, and per design whether it is derived,
+    its die area per die (m^2), build cost (USD), TDP (W) and why any is unknown."""
+
+    code: np.ndarray
+    names: list
+    derived: np.ndarray
+    die_area_m2: np.ndarray
+    build_cost_usd: np.ndarray
+    tdp_w: np.ndarray
+    notes: list
+
+
+def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> _Designs | None:
+    """The designs of the points of ``cols`` (expanded; ``spelled``: the hardware names as given)
+    and their figures (``_derived_figures``); None where every point is its preset."""
+    present = [p for p in DESIGN_PARAMS if cols.has(p)]
+    if not present and spelled is None:
+        return None
+    hw_codes, hw_names = cols.labels("hardware")
+    parts = {p: cols.labels(p) if PARAMS[p] is str else _factorize_numbers(cols.numbers(p)) for p in present}
+    keys = [hw_codes, *([spelled[0]] if spelled is not None else []), *(parts[p][0] for p in present)]
+    code, order, starts = group(keys, cols.n)
+    names, derived, area, build, tdp, notes = [], [], [], [], [], []
+    for g in range(len(starts) - 1):
+        i = int(order[starts[g]])
+        base = hw_names[int(hw_codes[i])]
+        values = {p: _value(parts[p], i) for p in present}
+        values = {p: v for p, v in values.items() if v is not None}
+        named = ()
+        if spelled is not None:
+            given = spelled[1][int(spelled[0][i])]
+            named = parse_design(given)[1] if is_derived(given) else ()
+        spelled_params = {BY_KEY[t.key].param for t in named}
+        device = devices[int(inv[i])]
+        own = resolve_device(base) if isinstance(base, str) else base
+        terms = [t for t in (*named, *terms_of({p: v for p, v in values.items() if p not in spelled_params}))
+                 if not _own_figure(t, own, values)]
+        values = {p: v for p, v in values.items() if p in {BY_KEY[t.key].param for t in terms}}
+        label = base if isinstance(base, str) else device.name
+        names.append(design_name(label, terms))
+        derived.append(bool(terms))
+        fig = _derived_figures(base, values, device) if terms else (np.nan, np.nan, np.nan, "")
+        area.append(fig[0])
+        build.append(fig[1])
+        tdp.append(fig[2])
+        notes.append(fig[3])
+    return _Designs(code, names, np.array(derived), np.array(area, dtype=float), np.array(build, dtype=float),
+                    np.array(tdp, dtype=float), notes)
+
+
+def _own_figure(t, device: Device, values: dict) -> bool:
+    """True when term ``t`` sets its parameter to ``device``'s own figure (``values``: the point's
+    values of the override parameters): the chip is unchanged by it, and its name says nothing of it."""
+    spec = BY_KEY[t.key]
+    if spec.figure is None or spec.kind == "name":
+        return False
+    own = spec.figure(device)
+    return own is not None and values.get(spec.param) == own
+
+
+def _derived_figures(base, values: dict, device: Device) -> tuple[float, float, float, str]:
+    """(die area per die m^2, build cost USD, TDP W, why unknown) of the preset ``base`` changed by
+    the override parameters ``values``: its template built to them (the template's columns, then
+    its figures: ``hwmodels.template.varied``, ``with_figures``), the TDP its power limit; NaN where
+    the preset has no template or the template does not model a parameter changed (a TDP given,
+    ``tdp_w``, is the TDP still)."""
+    given_tdp = values.get("tdp_w", np.nan)
+    unmodelled = sorted(set(values) - set(TEMPLATE_COLUMNS) - set(FIGURE_PARAMS))
+    if not (isinstance(base, str) and base in TEMPLATES):
+        why = f"'{device.name}' has no template (hwmodels/template.py: {', '.join(TEMPLATES)})"
+    elif unmodelled:
+        why = f"the template of '{base}' does not model {', '.join(unmodelled)}"
+    else:
+        t = varied(base_template(base), **{f: values.get(k) for k, f in TEMPLATE_COLUMNS.items()})
+        t = with_figures(t, **{k: v for k, v in values.items() if k in FIGURE_PARAMS})
+        f = physical_figures(t)
+        return f["die_area_m2"], f["build_cost_usd"], (t.power_limit_w or np.nan), PRICE_UNKNOWN
+    return np.nan, np.nan, given_tdp, f"price, die area{'' if values.get('tdp_w') else ' and TDP'} unknown: {why}"
 
 
 def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
@@ -182,8 +363,12 @@ def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
 
 def assemble(cols: Columns) -> HardwareArrays:
     """The HardwareArrays of every point of ``cols`` (see the module docstring)."""
+    cols, spelled = expanded(cols)
     n = cols.n
     inv, devices, physical = _bases(cols)
+    designs = _designs(cols, spelled, inv, devices)
+    if designs is not None and not designs.derived.any():
+        designs = None
 
     def field(key, get, default=np.nan):
         own = _per_device(devices, inv, get, default)
@@ -275,6 +460,16 @@ def assemble(cols: Columns) -> HardwareArrays:
 
     energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
     tdp = field("tdp_w", lambda d: d.tdp_w)
+    price = field("price_usd", lambda d: d.price_usd)
+    die_area = _per_device(physical, inv, lambda f: f["die_area_m2"])
+    build_cost = _per_device(physical, inv, lambda f: f["build_cost_usd"])
+    if designs is not None:             # a derived design: its template's figures, never its preset's
+        own = designs.derived[designs.code]
+        tdp = np.where(own, designs.tdp_w[designs.code], tdp)
+        given = cols.numbers("price_usd") if cols.has("price_usd") else np.full(n, np.nan)
+        price = np.where(own & np.isnan(given), np.nan, price)
+        die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
+        build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
                           host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float))
@@ -288,10 +483,11 @@ def assemble(cols: Columns) -> HardwareArrays:
         name=inv, names=[d.name for d in devices], vendors=[getattr(d, "vendor", "") or "" for d in devices],
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
-        die_area_m2=_per_device(physical, inv, lambda f: f["die_area_m2"]),
-        build_cost_usd=_per_device(physical, inv, lambda f: f["build_cost_usd"]),
-        tdp_w=tdp, price_usd=field("price_usd", lambda d: d.price_usd),
-        host_cpu=cpu_idx, cpus=cpus)
+        die_area_m2=die_area, build_cost_usd=build_cost, tdp_w=tdp, price_usd=price,
+        host_cpu=cpu_idx, cpus=cpus,
+        design=inv if designs is None else designs.code,
+        designs=[d.name for d in devices] if designs is None else designs.names,
+        notes=[""] * len(devices) if designs is None else designs.notes)
 
 
 def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> dict:
@@ -378,4 +574,4 @@ def system_arrays(devices, tp=1) -> SystemArrays:
     return sys.replaced(tp=np.broadcast_to(np.asarray(tp, dtype=float), (sys.size,)).copy())
 
 
-__all__ = ["HardwareArrays", "assemble", "resolve_device", "cpu_system", "system_arrays", "factorize"]
+__all__ = ["HardwareArrays", "assemble", "resolve_device", "check_design", "expanded", "design_codes", "PRICE_UNKNOWN", "cpu_system", "system_arrays", "factorize"]
