@@ -634,12 +634,7 @@ def physical_figures(t: AcceleratorTemplate, tech: Technology | None = None) -> 
     bound, and NaN where the memory has no price either). The die's figures are worked out once
     per distinct die (``DIE_FIELDS``): designs differing in clocks, pin rate or capacity share them."""
     tc = _tech(tech)
-    key = (id(tc), *(_hashable(getattr(t, f)) for f in DIE_FIELDS))
-    die = _DIES.get(key)
-    if die is None:
-        if len(_DIES) >= 4096:
-            _DIES.clear()
-        die = _DIES[key] = (die_area(t, tc).per_die_m2, float(exceeds_reticle(t, tc)), die_cost_usd(t, tc), tc)
+    die = _die(t, tc)
     price = tc.memory_tech(t.memory_type).price_usd_per_byte
     memory = None if price is None else memory_capacity_bytes(t, tc) * price
     return {"die_area_m2": die[0], "exceeds_reticle": die[1],
@@ -655,6 +650,18 @@ DIE_FIELDS = ("node", "cores_on_die", "lanes_per_core", "vector_width", "matrix_
               "link_type", "link_count", "host_link_type", "host_lanes", "chiplets")
 #: (technology, die fields) -> (area per die m^2, exceeds reticle, die cost USD, the technology kept alive)
 _DIES: dict = {}
+
+
+def _die(t: AcceleratorTemplate, tc: Technology) -> tuple:
+    """(area per die m^2, exceeds the reticle 1/0, die cost USD, the technology) of ``t``'s die,
+    worked out once per distinct die (``DIE_FIELDS``)."""
+    key = (id(tc), *(_hashable(getattr(t, f)) for f in DIE_FIELDS))
+    die = _DIES.get(key)
+    if die is None:
+        if len(_DIES) >= 4096:
+            _DIES.clear()
+        die = _DIES[key] = (die_area(t, tc).per_die_m2, float(exceeds_reticle(t, tc)), die_cost_usd(t, tc), tc)
+    return die
 
 
 def _hashable(v):
@@ -708,3 +715,33 @@ def with_figures(t: AcceleratorTemplate, tech: Technology | None = None, **figur
     if "tdp_w" in kw:
         change["power_limit_w"] = kw["tdp_w"]
     return replace(t, name=f"{t.name}*", matrix_macs_per_cycle_per_core=macs, vector_lanes_per_core=lanes, **change)
+
+
+#: the figures of ``FIGURE_PARAMS`` that change the die (``DIE_FIELDS``: MACs and vector lanes);
+#: the others set the pin rate, the capacity per stack, the link rate or the power limit
+DIE_PARAMS = (*(f"peak_{c}" for c in COMPUTE_CLASSES), "compute_scale", "vector_ops_per_s")
+
+
+def figures_of_many(t: AcceleratorTemplate, tech: Technology | None = None, **figures) -> dict[str, np.ndarray]:
+    """``physical_figures`` and the TDP (W) of ``t`` built to each of many designs' figures
+    (``with_figures``; arrays of ``FIGURE_PARAMS``, NaN: kept), as arrays: the die's figures once per
+    distinct die (``DIE_PARAMS``), the memory's cost that of each design's capacity, the TDP each
+    design's power limit (NaN without one)."""
+    tc = _tech(tech)
+    arrays = {k: np.asarray(v, dtype=float) for k, v in figures.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 1
+    die_keys = [k for k in DIE_PARAMS if k in arrays]
+    rows = np.column_stack([np.nan_to_num(arrays[k], nan=-1.0) for k in die_keys]) if die_keys else np.zeros((n, 1))
+    uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    area, die_usd = np.empty(len(uniq)), np.empty(len(uniq))
+    for u, row in enumerate(uniq):
+        tu = with_figures(t, tc, **{k: (None if v < 0 else float(v)) for k, v in zip(die_keys, row)})
+        area[u], _, die_usd[u], _ = _die(tu, tc)
+    inv = np.ravel(inv)
+    price = tc.memory_tech(t.memory_type).price_usd_per_byte
+    capacity = arrays.get("memory_capacity", np.full(n, np.nan))
+    capacity = np.where(np.isnan(capacity), memory_capacity_bytes(t, tc), capacity)
+    build = die_usd[inv] + capacity * price if price is not None else np.full(n, np.nan)
+    tdp = arrays.get("tdp_w", np.full(n, np.nan))
+    tdp = np.where(np.isnan(tdp), np.nan if t.power_limit_w is None else t.power_limit_w, tdp)
+    return {"die_area_m2": area[inv], "build_cost_usd": build, "tdp_w": tdp}

@@ -13,7 +13,7 @@ A derived design's name (``hwmodels.derived``: ``h100-sxm+bw6.7T+fp8x0.5``) is i
 and override columns (``expanded``). Every point whose chip differs from its preset's (an override
 of ``hwmodels.derived.DESIGN_PARAMS``, by name or by column) is named as what it is
 (``HardwareArrays.designs``), and its die area, build cost and TDP are those of its preset's
-template built to its figures (``hwmodels.template.with_figures``), or unknown (NaN, with the
+template built to its figures (``hwmodels.template.figures_of_many``), or unknown (NaN, with the
 reason in ``notes``) where the preset has no template or the template does not model a figure
 changed; its price is unknown unless given (``price_usd``): a derived design is not a product.
 """
@@ -29,7 +29,18 @@ from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, constant, factorize, group, per_code, pointwise
 from dse.system.params import PARAMS
 from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
-from hwmodels.derived import BY_KEY, DESIGN_PARAMS, design_name, is_derived, overrides, parse_design, terms_of
+from hwmodels.derived import (
+    BY_KEY,
+    BY_PARAM,
+    DESIGN_PARAMS,
+    Term,
+    design_name,
+    is_derived,
+    overrides,
+    parse_design,
+    term_text,
+    terms_of,
+)
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
@@ -40,10 +51,10 @@ from hwmodels.template import (
     TEMPLATE_COLUMNS,
     TEMPLATES,
     base_template,
+    figures_of_many,
     physical_figures,
     template_device,
     varied,
-    with_figures,
 )
 from hwmodels.tiers import with_host_tier
 
@@ -148,8 +159,8 @@ def check_design(value) -> Device:
 
 
 #: why a derived design has no price (``HardwareArrays.notes``)
-PRICE_UNKNOWN = ("price unknown: a derived design is not a product with a market price (give one: price_usd / "
-                 "--price-usd); build_cost_usd is its template's die and memory cost, packaging unpriced")
+PRICE_UNKNOWN = ("price unknown: a derived design is not a product with a market price; give one (price_usd / "
+                 "--price-usd); its die area and TDP are its template's")
 
 
 def expanded(cols: Columns) -> tuple[Columns, tuple | None]:
@@ -229,7 +240,10 @@ class _Designs:
 
 def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> _Designs | None:
     """The designs of the points of ``cols`` (expanded; ``spelled``: the hardware names as given)
-    and their figures (``_derived_figures``); None where every point is its preset."""
+    and their figures (``_figures``); None where no point has a design parameter. A design is a
+    base preset and its values of ``hwmodels.derived.DESIGN_PARAMS``; a value equal to the preset's
+    own figure leaves the chip unchanged and is not in its name. Worked out per distinct design,
+    column by column (no Python step per design but for names given with terms)."""
     present = [p for p in DESIGN_PARAMS if cols.has(p)]
     if not present and spelled is None:
         return None
@@ -237,62 +251,107 @@ def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> 
     parts = {p: cols.labels(p) if PARAMS[p] is str else _factorize_numbers(cols.numbers(p)) for p in present}
     keys = [hw_codes, *([spelled[0]] if spelled is not None else []), *(parts[p][0] for p in present)]
     code, order, starts = group(keys, cols.n)
-    names, derived, area, build, tdp, notes = [], [], [], [], [], []
+    first = order[starts[:-1]]                     # one point of each design
+    base = np.asarray(hw_codes)[first]
+    own = [resolve_device(b) if isinstance(b, str) else b for b in hw_names]
+    values = {}                                    # each design's value of each parameter ("" / NaN: its preset's)
+    for p in present:
+        codes, distinct = parts[p]
+        if PARAMS[p] is str:
+            values[p] = np.array(["" if v is None else str(v) for v in distinct], dtype=object)[np.asarray(codes)[first]]
+            continue
+        v = np.asarray(distinct, dtype=float)[np.asarray(codes)[first]]
+        if BY_PARAM[p].figure is not None:
+            figure = np.array([np.nan if (x := BY_PARAM[p].figure(d)) is None else x for d in own], dtype=float)
+            v = np.where(v == figure[base], np.nan, v)
+        values[p] = v
+    tail = np.full(len(first), "", dtype=object)   # the terms of each design, in the canonical order
+    for p in present:
+        tail = tail + _texts(p, values[p])
+    if spelled is not None:                        # a derived name as given: its own terms (factors kept)
+        _spelled_terms(tail, np.asarray(spelled[0])[first], spelled[1], values)
+    derived = tail != ""
+    labels = np.array([b if isinstance(b, str) else d.name for b, d in zip(hw_names, own)], dtype=object)
+    names = labels[base] + tail
+    area, build, tdp, notes = _figures(cols, first, base, hw_names, own, values, derived)
+    return _Designs(code, list(names), derived, area, build, tdp, notes)
+
+
+def _texts(param: str, values: np.ndarray) -> np.ndarray:
+    """'+TERM' of parameter ``param`` at each design (``hwmodels.derived.term_text``; "" where not
+    given), worked out once per distinct value."""
+    key = BY_PARAM[param].key
+    if PARAMS[param] is str:
+        return np.array(["" if not v else f"+{term_text(Term(key, v))}" for v in values], dtype=object)
+    uniq, back = np.unique(values, return_inverse=True)
+    text = np.array(["" if np.isnan(v) else f"+{term_text(Term(key, float(v)))}" for v in uniq], dtype=object)
+    return text[np.ravel(back)]
+
+
+def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: dict) -> None:
+    """Rewrite in place the terms (``tail``) of the designs whose hardware was given as a derived
+    name (``spelled``: its code per design into ``names``): that name's terms, a factor kept as
+    written, and the columns' terms for the other parameters; a term equal to the preset's own
+    figure (its value "" / NaN in ``values``) left out."""
+    for s in np.unique(spelled):
+        if not is_derived(names[s]):
+            continue
+        named = parse_design(names[s])[1]
+        params = {BY_KEY[t.key].param for t in named}
+        for d in np.flatnonzero(spelled == s):
+            mine = [t for t in named if _given(values[BY_KEY[t.key].param][d])]
+            rest = terms_of({p: v[d] for p, v in values.items() if p not in params})
+            tail[d] = design_name("", (*mine, *rest))
+
+
+def _given(v) -> bool:
+    """True for a design's value of a parameter that is given (not "" or NaN)."""
+    return bool(v) if isinstance(v, str) else not np.isnan(v)
+
+
+def _figures(cols: Columns, first, base, hw_names, own, values: dict, derived) -> tuple:
+    """(die area per die m^2, build cost USD, TDP W, why unknown) of each design: NaN and "" for a
+    preset (its own figures stand); a derived design's from its preset's template built to its
+    values (``hwmodels.template.varied``, then ``figures_of_many``), else NaN with the reason: the
+    preset has no template, or the template does not model a parameter changed (a TDP given,
+    ``tdp_w``, is the TDP still). Its price is unknown unless given (``PRICE_UNKNOWN``)."""
+    d = len(first)
+    area, build = np.full(d, np.nan), np.full(d, np.nan)
+    tdp = values["tdp_w"].copy() if "tdp_w" in values else np.full(d, np.nan)
+    notes = np.full(d, "", dtype=object)
+    priced = ~np.isnan(cols.numbers("price_usd")[first]) if cols.has("price_usd") else np.zeros(d, dtype=bool)
+    unmodelled = [p for p in values if p not in TEMPLATE_COLUMNS and p not in FIGURE_PARAMS]
+    template_cols = [p for p in values if p in TEMPLATE_COLUMNS]
+    keys = [base, *(np.unique(values[p].astype(str), return_inverse=True)[1].ravel() for p in template_cols)]
+    _, order, starts = group(keys, d)
     for g in range(len(starts) - 1):
-        i = int(order[starts[g]])
-        base = hw_names[int(hw_codes[i])]
-        values = {p: _value(parts[p], i) for p in present}
-        values = {p: v for p, v in values.items() if v is not None}
-        named = ()
-        if spelled is not None:
-            given = spelled[1][int(spelled[0][i])]
-            named = parse_design(given)[1] if is_derived(given) else ()
-        spelled_params = {BY_KEY[t.key].param for t in named}
-        device = devices[int(inv[i])]
-        own = resolve_device(base) if isinstance(base, str) else base
-        terms = [t for t in (*named, *terms_of({p: v for p, v in values.items() if p not in spelled_params}))
-                 if not _own_figure(t, own, values)]
-        values = {p: v for p, v in values.items() if p in {BY_KEY[t.key].param for t in terms}}
-        label = base if isinstance(base, str) else device.name
-        names.append(design_name(label, terms))
-        derived.append(bool(terms))
-        fig = _derived_figures(base, values, device) if terms else (np.nan, np.nan, np.nan, "")
-        area.append(fig[0])
-        build.append(fig[1])
-        tdp.append(fig[2])
-        notes.append(fig[3])
-    return _Designs(code, names, np.array(derived), np.array(area, dtype=float), np.array(build, dtype=float),
-                    np.array(tdp, dtype=float), notes)
-
-
-def _own_figure(t, device: Device, values: dict) -> bool:
-    """True when term ``t`` sets its parameter to ``device``'s own figure (``values``: the point's
-    values of the override parameters): the chip is unchanged by it, and its name says nothing of it."""
-    spec = BY_KEY[t.key]
-    if spec.figure is None or spec.kind == "name":
-        return False
-    own = spec.figure(device)
-    return own is not None and values.get(spec.param) == own
-
-
-def _derived_figures(base, values: dict, device: Device) -> tuple[float, float, float, str]:
-    """(die area per die m^2, build cost USD, TDP W, why unknown) of the preset ``base`` changed by
-    the override parameters ``values``: its template built to them (the template's columns, then
-    its figures: ``hwmodels.template.varied``, ``with_figures``), the TDP its power limit; NaN where
-    the preset has no template or the template does not model a parameter changed (a TDP given,
-    ``tdp_w``, is the TDP still)."""
-    given_tdp = values.get("tdp_w", np.nan)
-    unmodelled = sorted(set(values) - set(TEMPLATE_COLUMNS) - set(FIGURE_PARAMS))
-    if not (isinstance(base, str) and base in TEMPLATES):
-        why = f"'{device.name}' has no template (hwmodels/template.py: {', '.join(TEMPLATES)})"
-    elif unmodelled:
-        why = f"the template of '{base}' does not model {', '.join(unmodelled)}"
-    else:
-        t = varied(base_template(base), **{f: values.get(k) for k, f in TEMPLATE_COLUMNS.items()})
-        t = with_figures(t, **{k: v for k, v in values.items() if k in FIGURE_PARAMS})
-        f = physical_figures(t)
-        return f["die_area_m2"], f["build_cost_usd"], (t.power_limit_w or np.nan), PRICE_UNKNOWN
-    return np.nan, np.nan, given_tdp, f"price, die area{'' if values.get('tdp_w') else ' and TDP'} unknown: {why}"
+        at = order[starts[g]:starts[g + 1]]
+        at = at[derived[at]]
+        if not len(at):
+            continue
+        name, device = hw_names[int(base[at[0]])], own[int(base[at[0]])]
+        if not (isinstance(name, str) and name in TEMPLATES):
+            why = f"'{device.name}' has no template (hwmodels/template.py: {', '.join(TEMPLATES)})"
+            notes[at] = [f"price, die area{'' if np.isfinite(t) else ' and TDP'} unknown: {why}" for t in tdp[at]]
+            continue
+        odd = np.zeros(len(at), dtype=bool)
+        for p in unmodelled:
+            odd |= np.array([_given(v) for v in values[p][at]], dtype=bool)
+        for j in np.flatnonzero(odd):
+            which = [p for p in unmodelled if _given(values[p][at[j]])]
+            notes[at[j]] = (f"price, die area{'' if np.isfinite(tdp[at[j]]) else ' and TDP'} unknown: the template "
+                            f"of '{name}' does not model {', '.join(which)}")
+        at = at[~odd]
+        if not len(at):
+            continue
+        i = int(at[0])
+        t = varied(base_template(name), **{TEMPLATE_COLUMNS[p]: (values[p][i] or None) if PARAMS[p] is str
+                                          else (None if np.isnan(values[p][i]) else float(values[p][i]))
+                                          for p in template_cols})
+        f = figures_of_many(t, **{p: values[p][at] for p in values if p in FIGURE_PARAMS})
+        area[at], build[at], tdp[at] = f["die_area_m2"], f["build_cost_usd"], f["tdp_w"]
+        notes[at] = np.where(priced[at], "", PRICE_UNKNOWN)
+    return area, build, tdp, list(notes)
 
 
 def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
