@@ -174,3 +174,32 @@ def test_compare_names_both_designs_and_their_prices():
     assert r.returncode == 0, r.stderr
     assert "h100-sxm+bw6.7T+fp8x0.5" in r.stdout and "$25,000" in r.stdout
     assert "h100-sxm+bw6.7T+fp8x0.5: price unknown" in r.stdout
+
+
+def test_the_template_built_to_a_design_has_its_figures():
+    """The template a derived design is priced with computes the design's own peaks, bandwidth,
+    capacity and link rate back (so its area, cost and power are those of that design)."""
+    from hwmodels.template import (
+        link_bandwidth_bytes_per_s,
+        memory_bandwidth_bytes_per_s,
+        memory_capacity_bytes,
+        peak_ops_per_s,
+        with_figures,
+    )
+    t = with_figures(h100(), memory_bandwidth=6.7e12, memory_capacity=141e9, peak_fp8=989.5e12,
+                     link_bandwidth=900e9, tdp_w=1000.0)
+    assert memory_bandwidth_bytes_per_s(t) == pytest.approx(6.7e12, rel=1e-12)
+    assert memory_capacity_bytes(t) == pytest.approx(141e9, rel=1e-12)
+    assert peak_ops_per_s(t)["fp8"] == pytest.approx(989.5e12, rel=1e-12)
+    assert link_bandwidth_bytes_per_s(t) == pytest.approx(900e9, rel=1e-12)
+    assert t.power_limit_w == 1000.0
+    with pytest.raises(DseError, match="onchip_buffer_bytes"):
+        with_figures(h100(), onchip_buffer_bytes=1e6)
+
+
+def test_a_figure_the_template_does_not_model_leaves_the_figures_unknown():
+    ev = _point(["h100-sxm+buf1Mi", "mi300x+bw8T+tdp1k"])
+    assert np.isnan([ev["die_area_mm2"][0], ev["system_tdp_w"][0], ev["cost_usd"][0]]).all()
+    assert "does not model onchip_buffer_bytes" in ev.point(0)["hardware_note_name"]
+    assert ev["system_tdp_w"][1] == 1000.0            # a TDP given is the TDP still
+    assert ev.point(1)["hardware_note_name"].startswith("price, die area unknown")
