@@ -732,7 +732,11 @@ def figures_of_many(t: AcceleratorTemplate, tech: Technology | None = None, **fi
     n = len(next(iter(arrays.values()))) if arrays else 1
     die_keys = [k for k in DIE_PARAMS if k in arrays]
     rows = np.column_stack([np.nan_to_num(arrays[k], nan=-1.0) for k in die_keys]) if die_keys else np.zeros((n, 1))
-    uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    if rows.shape[1] == 1:                 # one column: a plain sort, not a row-wise one
+        uniq, inv = np.unique(rows[:, 0], return_inverse=True)
+        uniq = uniq[:, None]
+    else:
+        uniq, inv = np.unique(rows, axis=0, return_inverse=True)
     area, die_usd = np.empty(len(uniq)), np.empty(len(uniq))
     for u, row in enumerate(uniq):
         tu = with_figures(t, tc, **{k: (None if v < 0 else float(v)) for k, v in zip(die_keys, row)})

@@ -74,7 +74,7 @@ def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str 
     data["feasible"] = ev.feasible
     data["reason"] = ev.reason_labels()
     if (designs := design_codes(ev.labels)) is not None:      # a derived design's own name, never its preset's
-        data["hardware"] = pd.Categorical.from_codes(*designs)
+        data["hardware"] = np.asarray(designs[1], dtype=object)[designs[0]]
     return pd.DataFrame(data, copy=False), ev
 
 

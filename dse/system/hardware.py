@@ -215,8 +215,7 @@ def design_codes(labels: dict) -> tuple[np.ndarray, list] | None:
     codes, names = labels["hardware"]
     if not any(is_derived(x) for x in names):
         return None
-    uniq, back = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
-    return back.ravel()[np.asarray(codes)], [str(u) for u in uniq]
+    return np.asarray(codes), list(names)          # (the names of designs are distinct: ``_designs``)
 
 
 def _key(param: str) -> str:
@@ -248,44 +247,50 @@ def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> 
     if not present and spelled is None:
         return None
     hw_codes, hw_names = cols.labels("hardware")
-    parts = {p: cols.labels(p) if PARAMS[p] is str else _factorize_numbers(cols.numbers(p)) for p in present}
-    keys = [hw_codes, *([spelled[0]] if spelled is not None else []), *(parts[p][0] for p in present)]
-    code, order, starts = group(keys, cols.n)
-    first = order[starts[:-1]]                     # one point of each design
-    base = np.asarray(hw_codes)[first]
+    hw_codes = np.asarray(hw_codes)
     own = [resolve_device(b) if isinstance(b, str) else b for b in hw_names]
-    values = {}                                    # each design's value of each parameter ("" / NaN: its preset's)
+    parts = {}                       # each point's value of each parameter (code, distinct; ""/NaN: its preset's)
     for p in present:
-        codes, distinct = parts[p]
         if PARAMS[p] is str:
-            values[p] = np.array(["" if v is None else str(v) for v in distinct], dtype=object)[np.asarray(codes)[first]]
+            codes, distinct = cols.labels(p)
+            distinct = ["" if v is None else str(v) for v in distinct]
+            parts[p] = (np.asarray(codes), np.array(distinct, dtype=object))
             continue
-        v = np.asarray(distinct, dtype=float)[np.asarray(codes)[first]]
+        v = cols.numbers(p)
         if BY_PARAM[p].figure is not None:
             figure = np.array([np.nan if (x := BY_PARAM[p].figure(d)) is None else x for d in own], dtype=float)
-            v = np.where(v == figure[base], np.nan, v)
-        values[p] = v
+            v = np.where(v == figure[hw_codes], np.nan, v)
+        parts[p] = _factorize_numbers(v)
+    # a design: a base, its name as given and its values (one equal to its preset's leaves it as it is)
+    keys = [hw_codes, *([spelled[0]] if spelled is not None else []), *(c for c, _ in parts.values())]
+    code, order, starts = group(keys, cols.n)
+    first = order[starts[:-1]]                     # one point of each design
+    base = hw_codes[first]
+    values = {p: distinct[codes[first]] for p, (codes, distinct) in parts.items()}
     tail = np.full(len(first), "", dtype=object)   # the terms of each design, in the canonical order
-    for p in present:
-        tail = tail + _texts(p, values[p])
+    for p, (codes, distinct) in parts.items():
+        tail = tail + _texts(p, distinct)[codes[first]]
     if spelled is not None:                        # a derived name as given: its own terms (factors kept)
         _spelled_terms(tail, np.asarray(spelled[0])[first], spelled[1], values)
     derived = tail != ""
     labels = np.array([b if isinstance(b, str) else d.name for b, d in zip(hw_names, own)], dtype=object)
-    names = labels[base] + tail
+    names = (labels[base] + tail).tolist()
     area, build, tdp, notes = _figures(cols, first, base, hw_names, own, values, derived)
-    return _Designs(code, list(names), derived, area, build, tdp, notes)
+    if spelled is not None:                        # two spellings of one design (a term, a column): one name
+        index: dict = {}
+        again = np.array([index.setdefault(x, len(index)) for x in names], dtype=np.int64)
+        keep = np.unique(again, return_index=True)[1]
+        code, names, derived, area, build, tdp = again[code], list(index), derived[keep], area[keep], build[keep], tdp[keep]
+        notes = [notes[k] for k in keep]
+    return _Designs(code, names, derived, area, build, tdp, notes)
 
 
-def _texts(param: str, values: np.ndarray) -> np.ndarray:
-    """'+TERM' of parameter ``param`` at each design (``hwmodels.derived.term_text``; "" where not
-    given), worked out once per distinct value."""
+def _texts(param: str, distinct) -> np.ndarray:
+    """'+TERM' of parameter ``param`` for each of its ``distinct`` values
+    (``hwmodels.derived.term_text``; "" for one not given: NaN or empty)."""
     key = BY_PARAM[param].key
-    if PARAMS[param] is str:
-        return np.array(["" if not v else f"+{term_text(Term(key, v))}" for v in values], dtype=object)
-    uniq, back = np.unique(values, return_inverse=True)
-    text = np.array(["" if np.isnan(v) else f"+{term_text(Term(key, float(v)))}" for v in uniq], dtype=object)
-    return text[np.ravel(back)]
+    return np.array(["" if not _given(v) else f"+{term_text(Term(key, v if isinstance(v, str) else float(v)))}"
+                     for v in distinct], dtype=object)
 
 
 def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: dict) -> None:
@@ -350,7 +355,8 @@ def _figures(cols: Columns, first, base, hw_names, own, values: dict, derived) -
                                           for p in template_cols})
         f = figures_of_many(t, **{p: values[p][at] for p in values if p in FIGURE_PARAMS})
         area[at], build[at], tdp[at] = f["die_area_m2"], f["build_cost_usd"], f["tdp_w"]
-        notes[at] = np.where(priced[at], "", PRICE_UNKNOWN)
+        notes[at] = PRICE_UNKNOWN
+        notes[at[priced[at]]] = ""
     return area, build, tdp, list(notes)
 
 
