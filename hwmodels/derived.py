@@ -42,7 +42,8 @@ from hwmodels.formats import COMPUTE_CLASSES
 class Key:
     """One key of the notation: the override parameter it sets, what its value is (``number``:
     a figure in SI units; ``count``: a whole number; ``name``: a name), whether a byte count
-    (binary prefixes may be shorter), and the base's own figure (None: only an absolute value)."""
+    (binary prefixes may be shorter), and the base's own figure (None: none; a number's may be
+    multiplied, ``x<factor>``; a name's, the native formats, is what the preset has unchanged)."""
 
     key: str
     param: str
@@ -67,7 +68,8 @@ KEYS: tuple[Key, ...] = (
     Key("linkbw", "link_bandwidth", figure=lambda d: d.interconnect.bandwidth_bytes_per_s if d.interconnect else None),
     Key("pim", "pim_multiple", figure=lambda d: d.pim.internal_bandwidth_multiple if d.pim else None),
     Key("pimpeak", "pim_peak"),
-    Key("formats", "native_formats", kind="name"),
+    Key("formats", "native_formats", kind="name",
+        figure=lambda d: ",".join(c for c in COMPUTE_CLASSES if d.peak_ops_per_s.get(c, 0) > 0)),
     Key("tdp", "tdp_w", figure=lambda d: d.tdp_w),
     Key("cores", "cores", kind="count"),
     Key("clock", "clock_hz"),

@@ -203,3 +203,14 @@ def test_a_figure_the_template_does_not_model_leaves_the_figures_unknown():
     assert "does not model onchip_buffer_bytes" in ev.point(0)["hardware_note_name"]
     assert ev["system_tdp_w"][1] == 1000.0            # a TDP given is the TDP still
     assert ev.point(1)["hardware_note_name"].startswith("price, die area unknown")
+
+
+def test_formats_and_template_names_mix_with_presets():
+    ev = _point(["h100-sxm", "h100-sxm+stacks6+memtype=hbm3e", "a100-80gb+formats=fp16,bf16",
+                 "h100-sxm+formats=int8,fp32,tf32,bf16,fp16,fp8"])
+    names = [ev.point(i)["hardware_name"] for i in range(4)]
+    # the H100's own formats in another order are the H100 itself
+    assert names == ["h100-sxm", "h100-sxm+stacks6+memtype=hbm3e", "a100-80gb+formats=fp16,bf16", "h100-sxm"]
+    assert ev["cost_usd"][3] == 25000.0 and np.isnan(ev["cost_usd"][1])
+    # six HBM3E stacks: more bandwidth than five HBM3 stacks, so a faster memory-bound decode
+    assert ev["tpot_s"][1] < ev["tpot_s"][0]

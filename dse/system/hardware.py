@@ -186,14 +186,13 @@ def expanded(cols: Columns) -> tuple[Columns, tuple | None]:
             continue
         if PARAMS[p] is str:
             term = np.array([v.get(p, "") for v in values], dtype=object)[codes]
-            if p == "native_formats" and not cols.has(p):      # the others' own native formats
-                own = np.array([",".join(c for c, x in resolve_device(b).peak_ops_per_s.items() if x > 0)
-                                for b in bases], dtype=object)[codes]
-            else:
-                own = np.asarray(cols.labels(p)[1], dtype=object)[cols.labels(p)[0]] if cols.has(p) \
-                    else np.full(cols.n, "", dtype=object)
+            own = np.asarray(cols.labels(p)[1], dtype=object)[cols.labels(p)[0]] if cols.has(p) \
+                else np.full(cols.n, "", dtype=object)
             clash = (term != "") & (own != "") & (term != own)
             merged = np.where(term != "", term, own)
+            if p == "native_formats" and not cols.has(p):      # the other points: their preset's own formats
+                native = np.array([BY_PARAM[p].figure(resolve_device(b)) for b in bases], dtype=object)[codes]
+                merged = np.where(merged == "", native, merged)
         else:
             term = np.array([v.get(p, np.nan) for v in values], dtype=float)[codes]
             own = cols.numbers(p) if cols.has(p) else np.full(cols.n, np.nan)
@@ -253,8 +252,14 @@ def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> 
     for p in present:
         if PARAMS[p] is str:
             codes, distinct = cols.labels(p)
-            distinct = ["" if v is None else str(v) for v in distinct]
-            parts[p] = (np.asarray(codes), np.array(distinct, dtype=object))
+            codes, distinct = np.asarray(codes), ["" if v is None else str(v) for v in distinct]
+            if BY_PARAM[p].figure is not None:     # the preset's own native formats, in any order: not given
+                pair = codes * len(own) + hw_codes
+                same = [k for k in np.unique(pair) if set(distinct[k // len(own)].split(","))
+                        == set(BY_PARAM[p].figure(own[k % len(own)]).split(","))]
+                codes = np.where(np.isin(pair, same), len(distinct), codes)
+                distinct.append("")
+            parts[p] = (codes, np.array(distinct, dtype=object))
             continue
         v = cols.numbers(p)
         if BY_PARAM[p].figure is not None:
