@@ -209,8 +209,8 @@ def expanded(cols: Columns) -> tuple[Columns, tuple | None]:
 
 def design_codes(labels: dict) -> tuple[np.ndarray, list] | None:
     """(code per point, distinct names) of the designs of an evaluation's points (its ``labels``'
-    ``hardware``), for the ``hardware`` column of a results table; None where no design is derived
-    (the column as given stands)."""
+    ``hardware``), for the ``design`` column of a results table, beside ``hardware`` (the preset
+    as given); None where no design is derived (no such column)."""
     codes, names = labels["hardware"]
     if not any(is_derived(x) for x in names):
         return None

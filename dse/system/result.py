@@ -177,8 +177,8 @@ class Evaluation:
             df[k] = v if np.ndim(v) or hasattr(v, "codes") else [v] * len(self) if not np.isscalar(v) else v
         for k, v in self.metrics.items():
             df[k] = v
-        if (designs := design_codes(self.labels)) is not None:     # a derived design's own name
-            df["hardware"] = pd.Categorical.from_codes(*designs)
+        if (designs := design_codes(self.labels)) is not None:     # beside its preset, what each design is
+            df.insert(list(df.columns).index("hardware") + 1, "design", pd.Categorical.from_codes(*designs))
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
         if "kernel_source" in self.labels:        # which layer's values priced each point
