@@ -631,8 +631,121 @@ def template_device(device: Device, t: AcceleratorTemplate, tech: Technology | N
 def physical_figures(t: AcceleratorTemplate, tech: Technology | None = None) -> dict[str, float]:
     """Die area per die (m^2), whether it exceeds the reticle (1/0), and the build cost (USD) of
     the parts with a published price (die and memory; packaging has none, so this is a lower
-    bound, and NaN where the memory has no price either)."""
+    bound, and NaN where the memory has no price either). The die's figures are worked out once
+    per distinct die (``DIE_FIELDS``): designs differing in clocks, pin rate or capacity share them."""
     tc = _tech(tech)
-    parts = cost(t, tc)
-    return {"die_area_m2": die_area(t, tc).per_die_m2, "exceeds_reticle": float(exceeds_reticle(t, tc)),
-            "build_cost_usd": parts.die_usd + parts.memory_usd if parts.memory_usd is not None else float("nan")}
+    die = _die(t, tc)
+    price = tc.memory_tech(t.memory_type).price_usd_per_byte
+    memory = None if price is None else memory_capacity_bytes(t, tc) * price
+    return {"die_area_m2": die[0], "exceeds_reticle": die[1],
+            "build_cost_usd": die[2] + memory if memory is not None else float("nan")}
+
+
+#: the fields of a template that ``die_area`` and ``die_cost_usd`` read (the physical die: node, cores
+#: and lanes on the die, matrix and vector units, register files, SRAM, memory, link and host
+#: interfaces, chiplets); clocks, pin rate, capacity per stack, power and energy figures are not read
+DIE_FIELDS = ("node", "cores_on_die", "lanes_per_core", "vector_width", "matrix_macs_per_cycle_per_core",
+              "vector_lanes_per_core", "register_file_bytes_per_core", "register_file_ports",
+              "local_sram_bytes_per_core", "global_sram_bytes_on_die", "memory_type", "memory_phys_on_die",
+              "link_type", "link_count", "host_link_type", "host_lanes", "chiplets")
+#: (technology, die fields) -> (area per die m^2, exceeds reticle, die cost USD, the technology kept alive)
+_DIES: dict = {}
+
+
+def _die(t: AcceleratorTemplate, tc: Technology) -> tuple:
+    """(area per die m^2, exceeds the reticle 1/0, die cost USD, the technology) of ``t``'s die,
+    worked out once per distinct die (``DIE_FIELDS``)."""
+    key = (id(tc), *(_hashable(getattr(t, f)) for f in DIE_FIELDS))
+    die = _DIES.get(key)
+    if die is None:
+        if len(_DIES) >= 4096:
+            _DIES.clear()
+        die = _DIES[key] = (die_area(t, tc).per_die_m2, float(exceeds_reticle(t, tc)), die_cost_usd(t, tc), tc)
+    return die
+
+
+def _hashable(v):
+    return tuple(sorted(v.items())) if isinstance(v, Mapping) else v
+
+
+#: the figures of a design point a template expresses (``with_figures``), besides its own
+#: columns (``TEMPLATE_COLUMNS``)
+FIGURE_PARAMS = ("memory_bandwidth", "memory_capacity", *(f"peak_{c}" for c in COMPUTE_CLASSES), "compute_scale",
+                 "vector_ops_per_s", "link_bandwidth", "tdp_w")
+
+
+def with_figures(t: AcceleratorTemplate, tech: Technology | None = None, **figures) -> AcceleratorTemplate:
+    """``t`` built to the figures of a design point (``FIGURE_PARAMS``, SI units; None: kept):
+    ``memory_bandwidth`` through the per-pin rate of the same stacks, ``memory_capacity`` through
+    the capacity per stack, ``peak_<class>`` through that class's MACs per cycle per core at the
+    matrix clock, ``vector_ops_per_s`` through the FP32 lanes per core, ``compute_scale`` on every
+    class's MACs and the vector lanes (after the peaks given, as the design point applies it),
+    ``link_bandwidth`` per link over the same links, ``tdp_w`` as the power limit. So its peaks,
+    bandwidth and capacity are the point's, and its area, cost and power follow from them.
+    DseError naming any other figure (the template does not model it)."""
+    kw = {f: v for f, v in figures.items() if v is not None}
+    other = sorted(set(kw) - set(FIGURE_PARAMS))
+    if other:
+        raise DseError(f"template {t.name}: {', '.join(other)}: not a figure the template models; "
+                       f"allowed: {', '.join(FIGURE_PARAMS)}")
+    if not kw:
+        return t
+    tc = _tech(tech)
+    mclk = t.matrix_clock_hz or t.clock_hz
+    macs = dict(t.matrix_macs_per_cycle_per_core)
+    lanes = dict(t.vector_lanes_per_core)
+    change = {}
+    for c in COMPUTE_CLASSES:
+        if f"peak_{c}" in kw:
+            macs[c] = kw[f"peak_{c}"] / (2.0 * t.cores * mclk)
+    if "vector_ops_per_s" in kw:
+        lanes["fp32"] = kw["vector_ops_per_s"] / (2.0 * t.cores * t.clock_hz)
+    if "compute_scale" in kw:
+        macs = {c: m * kw["compute_scale"] for c, m in macs.items()}
+        lanes = {k: v * kw["compute_scale"] for k, v in lanes.items()}
+    if "memory_bandwidth" in kw:
+        width = _need(tc.memory_tech(t.memory_type).width_bits, f"memory.{t.memory_type} width", tc)
+        change["memory_pin_rate_bps"] = kw["memory_bandwidth"] * 8.0 / (t.memory_stacks * width)
+    if "memory_capacity" in kw:
+        change["memory_capacity_per_stack_bytes"] = kw["memory_capacity"] / t.memory_stacks
+    if "link_bandwidth" in kw:
+        if not t.link_count:
+            raise DseError(f"template {t.name}: link_bandwidth: the template has no scale-up links")
+        change["link_bandwidth_bytes_per_s"] = kw["link_bandwidth"] / t.link_count
+    if "tdp_w" in kw:
+        change["power_limit_w"] = kw["tdp_w"]
+    return replace(t, name=f"{t.name}*", matrix_macs_per_cycle_per_core=macs, vector_lanes_per_core=lanes, **change)
+
+
+#: the figures of ``FIGURE_PARAMS`` that change the die (``DIE_FIELDS``: MACs and vector lanes);
+#: the others set the pin rate, the capacity per stack, the link rate or the power limit
+DIE_PARAMS = (*(f"peak_{c}" for c in COMPUTE_CLASSES), "compute_scale", "vector_ops_per_s")
+
+
+def figures_of_many(t: AcceleratorTemplate, tech: Technology | None = None, **figures) -> dict[str, np.ndarray]:
+    """``physical_figures`` and the TDP (W) of ``t`` built to each of many designs' figures
+    (``with_figures``; arrays of ``FIGURE_PARAMS``, NaN: kept), as arrays: the die's figures once per
+    distinct die (``DIE_PARAMS``), the memory's cost that of each design's capacity, the TDP each
+    design's power limit (NaN without one)."""
+    tc = _tech(tech)
+    arrays = {k: np.asarray(v, dtype=float) for k, v in figures.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 1
+    die_keys = [k for k in DIE_PARAMS if k in arrays]
+    rows = np.column_stack([np.nan_to_num(arrays[k], nan=-1.0) for k in die_keys]) if die_keys else np.zeros((n, 1))
+    if rows.shape[1] == 1:                 # one column: a plain sort, not a row-wise one
+        uniq, inv = np.unique(rows[:, 0], return_inverse=True)
+        uniq = uniq[:, None]
+    else:
+        uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    area, die_usd = np.empty(len(uniq)), np.empty(len(uniq))
+    for u, row in enumerate(uniq):
+        tu = with_figures(t, tc, **{k: (None if v < 0 else float(v)) for k, v in zip(die_keys, row)})
+        area[u], _, die_usd[u], _ = _die(tu, tc)
+    inv = np.ravel(inv)
+    price = tc.memory_tech(t.memory_type).price_usd_per_byte
+    capacity = arrays.get("memory_capacity", np.full(n, np.nan))
+    capacity = np.where(np.isnan(capacity), memory_capacity_bytes(t, tc), capacity)
+    build = die_usd[inv] + capacity * price if price is not None else np.full(n, np.nan)
+    tdp = arrays.get("tdp_w", np.full(n, np.nan))
+    tdp = np.where(np.isnan(tdp), np.nan if t.power_limit_w is None else t.power_limit_w, tdp)
+    return {"die_area_m2": area[inv], "build_cost_usd": build, "tdp_w": tdp}

@@ -190,8 +190,9 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
 
 def pareto_columns(columns, objectives, id_name: str = "point") -> list[str]:
     """The columns of pareto.csv among ``columns`` (in their order): the id (``point`` of a
-    sweep, ``trial`` of a search), the parameters, the objectives and ``FRONT_METRICS``."""
-    keep = {id_name, *PARAMS, *objectives, *FRONT_METRICS}
+    sweep, ``trial`` of a search), the parameters, the design's name (``design``, where some point's
+    chip differs from its preset: ``dse.system.hardware``), the objectives and ``FRONT_METRICS``."""
+    keep = {id_name, *PARAMS, "design", *objectives, *FRONT_METRICS}
     return [c for c in columns if c in keep]
 
 

@@ -18,7 +18,7 @@ from basis.errors import DseError
 from dse.explore.space import PARAMS
 from dse.explore.spec import SAMPLERS
 from dse.explore.storage import optuna_quiet, study_id
-from hwmodels.presets import load_device
+from dse.system.hardware import check_design
 
 #: the Optuna name of a study with no ``name`` (a SweepSpec built in Python), and of every
 #: study created before studies were named; such a run folder or storage still resumes
@@ -67,7 +67,7 @@ def baselines(space) -> list[tuple[str, dict]]:
     hw = next(a for a in space.axes if a.name == "hardware")
     out = []
     for name in hw.values:
-        d = load_device(name)
+        d = check_design(name)           # a derived design's base preset
         own = {"memory_bandwidth": d.memory.bandwidth_bytes_per_s, "memory_capacity": d.memory.capacity_bytes,
                **{f"peak_{c}": v for c, v in d.peak_ops_per_s.items()}}
         p = {"hardware": name} if len(hw.values) > 1 else {}

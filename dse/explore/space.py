@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError, as_number, kind_of, name_or_kind
+from dse.system.hardware import check_design
 from dse.system.params import BATCH_MAX, DEFAULTS, HARDWARE_PARAMS, PARAMS, WORKLOAD_PARAMS, out_of_range
 from hwmodels.classes import device_class
 from hwmodels.formats import COMPUTE_CLASSES, get_format
@@ -175,7 +176,7 @@ class DesignSpace:
         def cpu(name):
             if not device_class(load_device(name).device_class).hosts_layers:
                 raise DseError(f"'{name}' is a {load_device(name).device_class} preset, not a cpu preset")
-        check = {"hardware": load_device, "model": load_model, "weights": get_format, "activations": get_format,
+        check = {"hardware": check_design, "model": load_model, "weights": get_format, "activations": get_format,
                  "kv": get_format, "link": load_link, "host_tier": load_tier, "host_cpu": cpu, "offload": parse_policy}
         for a in self.axes:
             for i, v in enumerate(a.values):

@@ -54,6 +54,7 @@ from dse.explore.runio import (
 )
 from dse.explore.spec import SweepSpec
 from dse.system.evaluator import METRICS, evaluate
+from dse.system.hardware import design_codes
 
 #: metrics that are whole numbers of devices or sequences (stored as integers)
 COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
@@ -72,6 +73,10 @@ def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str 
         data[name] = v.astype(np.int32) if name in COUNTS else v.astype(np.float32) if name == "chips_required" else v
     data["feasible"] = ev.feasible
     data["reason"] = ev.reason_labels()
+    if "hardware" in data and (designs := design_codes(ev.labels)) is not None:   # beside its preset, what it is
+        at = list(data).index("hardware") + 1
+        data = dict([*list(data.items())[:at], ("design", np.asarray(designs[1], dtype=object)[designs[0]]),
+                     *list(data.items())[at:]])
     return pd.DataFrame(data, copy=False), ev
 
 

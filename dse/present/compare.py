@@ -43,7 +43,8 @@ def compare_rows(ev) -> list[dict]:
 
 def table_text(rows: list[dict]) -> str:
     """Metrics as rows, hardware as columns."""
-    fmt = {"fits": lambda v: "yes" if v else "NO", "decode_bound_share": lambda v: f"{100 * v:.0f} %"}
+    fmt = {"fits": lambda v: "yes" if v else "NO", "decode_bound_share": lambda v: f"{100 * v:.0f} %",
+           "cost_usd": lambda v: "unknown" if v != v else display.quantity_text("cost_usd", v)}
     label = {"peak_memory_bytes": "memory per device", "capacity_bytes": "capacity per device",
              "decode_bound_share": "decode time on that bound", "output_tokens_per_s": "tokens/s",
              "output_tokens_per_s_per_user": "tokens/s per user",
@@ -66,6 +67,7 @@ def table_text(rows: list[dict]) -> str:
             f"activations {first['activations']} / KV {first['kv']}, {_flash_text(rows)}, "
             f"{first['efficiency']} roofline")
     notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
+    notes += [f"  {r['hardware']}: {r['hardware_note']}" for r in rows if r.get("hardware_note")]
     return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
 
 

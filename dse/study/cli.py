@@ -41,6 +41,7 @@ from dse.system.analysis import (
     simulate_point,
 )
 from dse.system.evaluator import evaluate
+from dse.system.hardware import check_design
 from dse.system.params import SPEC, TABLE, Param
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import FORMATS
@@ -359,7 +360,7 @@ def check_named(args) -> None:
     gave the name, and --host-cpu names hardware beside --hardware."""
     hardware = getattr(args, "hardware", None)
     for flag, names, load in (("--model", [getattr(args, "model", None)], load_model),
-                              ("--hardware", hardware if isinstance(hardware, list) else [hardware], load_device),
+                              ("--hardware", hardware if isinstance(hardware, list) else [hardware], check_design),
                               ("--host-cpu", [getattr(args, "host_cpu", None)], load_device),
                               ("--host-tier", [getattr(args, "host_tier", None)], load_tier)):
         for name in names:
@@ -531,7 +532,7 @@ def _table_report(res, display, asked_flash=None) -> str:
               "weights_bytes", "kv_cache_bytes", "kv_pool_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS,
-              "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note", "lengths_note"):
+              "quality_loss", "quality_source", "chips_required", "fits", "why", "energy_note", "hardware_note", "lengths_note"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
     if s.get("kernel_source"):

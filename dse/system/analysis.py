@@ -103,6 +103,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     note = unknown_energy_note(m)
     if note:
         s["energy_note"] = note
+    if p.get("hardware_note_name"):          # a derived design: why its price, die area or TDP is unknown
+        s["hardware_note"] = p["hardware_note_name"]
     if not ev.feasible[i]:
         s["why"] = ev.reason_text(i)
         s["reason"] = ev.reason_key(i)

@@ -25,6 +25,18 @@ from dse.system.params import (
 )
 
 
+def _given(v) -> np.ndarray | bool:
+    """Where a column's entries are given (not NaN, None or empty text): True for a scalar that is."""
+    a = np.asarray(v, dtype=object) if _is_array(v) else np.array([v], dtype=object)
+    return np.array([not (x is None or x == "" or (isinstance(x, float) and math.isnan(x))) for x in a.reshape(-1)])
+
+
+def _overlap(a, b) -> bool:
+    """True when two columns are both given at some point (a scalar given is given at every one)."""
+    x, y = _given(a), _given(b)
+    return bool(np.any(x & y) if len(x) == len(y) else (x.any() and y.any()))
+
+
 def _is_array(v) -> bool:
     return hasattr(v, "codes") or (np.ndim(v) > 0 and not isinstance(v, (str, bytes)))
 
@@ -42,8 +54,9 @@ class Columns:
             if key not in columns:
                 raise DseError(f"{where}: '{key}' is required")
         for figure, sources in DERIVED_FROM.items():      # two spellings of one figure: one would win unsaid
-            both = [s for s in sources if s in columns]
-            if figure in columns and both:
+            both = [s for s in sources if s in columns and _overlap(columns[figure], columns[s])] \
+                if figure in columns else []
+            if both:
                 raise DseError(f"{where}: {figure} and {both[0]}: two spellings of one figure: {both[0]} sets "
                                f"{figure} through the preset's template, and {figure} gives it; give one of them")
         self.where = where

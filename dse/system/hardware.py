@@ -8,6 +8,14 @@ links, host tier, PIM, power and price. Work asking for a compute class runs on 
 narrowest wider class the point has (``hwmodels.formats.widening_choice``); 2:4 sparse
 peaks apply as the preset's sparse/dense ratio of that class, on top of the point's
 own dense peak.
+
+A derived design's name (``hwmodels.derived``: ``h100-sxm+bw6.7T+fp8x0.5``) is its base preset
+and override columns (``expanded``). Every point whose chip differs from its preset's (an override
+of ``hwmodels.derived.DESIGN_PARAMS``, by name or by column) is named as what it is
+(``HardwareArrays.designs``), and its die area, build cost and TDP are those of its preset's
+template built to its figures (``hwmodels.template.figures_of_many``), or unknown (NaN, with the
+reason in ``notes``) where the preset has no template or the template does not model a figure
+changed; its price is unknown unless given (``price_usd``): a derived design is not a product.
 """
 from __future__ import annotations
 
@@ -21,12 +29,33 @@ from dse.core.roofline import PEAK_COLUMNS, PIM_ROLES, SystemArrays
 from dse.system.columns import Columns, constant, factorize, group, per_code, pointwise
 from dse.system.params import PARAMS
 from hwmodels.classes import CLASSES, DEVICE_CLASSES, DeviceClass, device_class
+from hwmodels.derived import (
+    BY_KEY,
+    BY_PARAM,
+    DESIGN_PARAMS,
+    Term,
+    design_name,
+    is_derived,
+    overrides,
+    parse_design,
+    term_text,
+    terms_of,
+)
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import host_link_fraction, load_link
 from hwmodels.presets import load_device
-from hwmodels.template import TEMPLATE_COLUMNS, TEMPLATES, base_template, physical_figures, template_device, varied
+from hwmodels.template import (
+    FIGURE_PARAMS,
+    TEMPLATE_COLUMNS,
+    TEMPLATES,
+    base_template,
+    figures_of_many,
+    physical_figures,
+    template_device,
+    varied,
+)
 from hwmodels.tiers import with_host_tier
 
 _C = len(COMPUTE_CLASSES)
@@ -51,6 +80,9 @@ class HardwareArrays:
     host_cpu: [P] index into ``cpus`` (the CPU preset computing CPU layers; -1: none).
     die_area_m2, build_cost_usd: [P] the template's die area per die and build cost of its priced
         parts (``hwmodels.template.physical_figures``; NaN for presets without a template).
+    design: [P] index into ``designs``, the name of each point's design (its preset's name, or a
+        derived design's canonical name, ``hwmodels.derived.design_name``); ``notes``: per design, why
+        its price, die area or TDP is unknown ("" when nothing is).
     """
 
     system: SystemArrays
@@ -74,6 +106,9 @@ class HardwareArrays:
     build_cost_usd: np.ndarray
     host_cpu: np.ndarray
     cpus: list
+    design: np.ndarray | None = None
+    designs: list | None = None
+    notes: list | None = None
 
     def used(self, i: int) -> np.ndarray:
         """[C] the class that runs each class's work at point ``i``."""
@@ -112,6 +147,222 @@ def resolve_device(value) -> Device:
     if not isinstance(value, str):
         raise DseError(f"hardware: expected a preset name, a preset YAML path or a Device, got {value!r}")
     return load_device(value)
+
+
+def check_design(value) -> Device:
+    """The base preset of a hardware name (a preset, a YAML path, or a derived design's name,
+    ``hwmodels.derived``), its terms checked against it; DseError naming the bad part."""
+    base, terms = parse_design(value) if is_derived(value) else (value, ())
+    d = resolve_device(base)
+    overrides(terms, d)
+    return d
+
+
+#: why a derived design has no price (``HardwareArrays.notes``)
+PRICE_UNKNOWN = ("price unknown: a derived design is not a product with a market price; give one (price_usd / "
+                 "--price-usd); its die area and TDP are its template's")
+
+
+def expanded(cols: Columns) -> tuple[Columns, tuple | None]:
+    """(``cols`` with each derived design's name in ``hardware`` split into its base preset and
+    the override columns its terms set (``hwmodels.derived.overrides``): the one override path; the
+    names as given, (code per point, names), or None when none is derived). Where a point gives a
+    column its name also sets, both must agree; DseError naming the column otherwise, or naming
+    the bad part of a name."""
+    codes, names = cols.labels("hardware")
+    if not any(is_derived(x) for x in names):
+        return cols, None
+    where = f"{cols.where}: hardware"
+    bases, values = [], []
+    for x in names:
+        base, terms = parse_design(x, where) if is_derived(x) else (x, ())
+        bases.append(base)
+        values.append(overrides(terms, resolve_device(base), where) if terms else {})
+    given = dict(cols.given)
+    one = len(names) == 1
+    given["hardware"] = bases[0] if one else np.array(bases, dtype=object)[codes]
+    for p in DESIGN_PARAMS:
+        if not any(p in v for v in values):
+            continue
+        if PARAMS[p] is str:
+            term = np.array([v.get(p, "") for v in values], dtype=object)[codes]
+            own = np.asarray(cols.labels(p)[1], dtype=object)[cols.labels(p)[0]] if cols.has(p) \
+                else np.full(cols.n, "", dtype=object)
+            clash = (term != "") & (own != "") & (term != own)
+            merged = np.where(term != "", term, own)
+            if p == "native_formats" and not cols.has(p):      # the other points: their preset's own formats
+                native = np.array([BY_PARAM[p].figure(resolve_device(b)) for b in bases], dtype=object)[codes]
+                merged = np.where(merged == "", native, merged)
+        else:
+            term = np.array([v.get(p, np.nan) for v in values], dtype=float)[codes]
+            own = cols.numbers(p) if cols.has(p) else np.full(cols.n, np.nan)
+            with np.errstate(invalid="ignore"):
+                clash = ~np.isnan(term) & ~np.isnan(own) & (term != own)
+            merged = np.where(np.isnan(term), own, term)
+        if np.any(clash):
+            i = int(np.flatnonzero(clash)[0])
+            raise DseError(f"{where}: {names[int(codes[i])]} sets {p} (key '{_key(p)}') and the column {p} gives "
+                           f"another value at point {i}; give it once")
+        given[p] = merged[0] if one and np.ndim(cols.raw(p)) == 0 else merged
+    return Columns(given, cols.where), (codes, names)
+
+
+def design_codes(labels: dict) -> tuple[np.ndarray, list] | None:
+    """(code per point, distinct names) of the designs of an evaluation's points (its ``labels``'
+    ``hardware``), for the ``design`` column of a results table, beside ``hardware`` (the preset
+    as given); None where no design is derived (no such column)."""
+    codes, names = labels["hardware"]
+    if not any(is_derived(x) for x in names):
+        return None
+    return np.asarray(codes), list(names)          # (the names of designs are distinct: ``_designs``)
+
+
+def _key(param: str) -> str:
+    """The notation's key of override parameter ``param``."""
+    return next(k for k, v in BY_KEY.items() if v.param == param)
+
+
+@dataclass(frozen=True)
+class _Designs:
+    """The design of every point: code [P] into ``names``, and per design whether it is derived,
+    its die area per die (m^2), build cost (USD), TDP (W) and why any is unknown."""
+
+    code: np.ndarray
+    names: list
+    derived: np.ndarray
+    die_area_m2: np.ndarray
+    build_cost_usd: np.ndarray
+    tdp_w: np.ndarray
+    notes: list
+
+
+def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> _Designs | None:
+    """The designs of the points of ``cols`` (expanded; ``spelled``: the hardware names as given)
+    and their figures (``_figures``); None where no point has a design parameter. A design is a
+    base preset and its values of ``hwmodels.derived.DESIGN_PARAMS``; a value equal to the preset's
+    own figure leaves the chip unchanged and is not in its name. Worked out per distinct design,
+    column by column (no Python step per design but for names given with terms)."""
+    present = [p for p in DESIGN_PARAMS if cols.has(p)]
+    if not present and spelled is None:
+        return None
+    hw_codes, hw_names = cols.labels("hardware")
+    hw_codes = np.asarray(hw_codes)
+    own = [resolve_device(b) if isinstance(b, str) else b for b in hw_names]
+    parts = {}                       # each point's value of each parameter (code, distinct; ""/NaN: its preset's)
+    for p in present:
+        if PARAMS[p] is str:
+            codes, distinct = cols.labels(p)
+            codes, distinct = np.asarray(codes), ["" if v is None else str(v) for v in distinct]
+            if BY_PARAM[p].figure is not None:     # the preset's own native formats, in any order: not given
+                pair = codes * len(own) + hw_codes
+                same = [k for k in np.unique(pair) if set(distinct[k // len(own)].split(","))
+                        == set(BY_PARAM[p].figure(own[k % len(own)]).split(","))]
+                codes = np.where(np.isin(pair, same), len(distinct), codes)
+                distinct.append("")
+            parts[p] = (codes, np.array(distinct, dtype=object))
+            continue
+        v = cols.numbers(p)
+        if BY_PARAM[p].figure is not None:
+            figure = np.array([np.nan if (x := BY_PARAM[p].figure(d)) is None else x for d in own], dtype=float)
+            v = np.where(v == figure[hw_codes], np.nan, v)
+        parts[p] = _factorize_numbers(v)
+    # a design: a base, its name as given and its values (one equal to its preset's leaves it as it is)
+    keys = [hw_codes, *([spelled[0]] if spelled is not None else []), *(c for c, _ in parts.values())]
+    code, order, starts = group(keys, cols.n)
+    first = order[starts[:-1]]                     # one point of each design
+    base = hw_codes[first]
+    values = {p: distinct[codes[first]] for p, (codes, distinct) in parts.items()}
+    tail = np.full(len(first), "", dtype=object)   # the terms of each design, in the canonical order
+    for p, (codes, distinct) in parts.items():
+        tail = tail + _texts(p, distinct)[codes[first]]
+    if spelled is not None:                        # a derived name as given: its own terms (factors kept)
+        _spelled_terms(tail, np.asarray(spelled[0])[first], spelled[1], values)
+    derived = tail != ""
+    labels = np.array([b if isinstance(b, str) else d.name for b, d in zip(hw_names, own)], dtype=object)
+    names = (labels[base] + tail).tolist()
+    area, build, tdp, notes = _figures(cols, first, base, hw_names, own, values, derived)
+    if spelled is not None:                        # two spellings of one design (a term, a column): one name
+        index: dict = {}
+        again = np.array([index.setdefault(x, len(index)) for x in names], dtype=np.int64)
+        keep = np.unique(again, return_index=True)[1]
+        code, names, derived, area, build, tdp = again[code], list(index), derived[keep], area[keep], build[keep], tdp[keep]
+        notes = [notes[k] for k in keep]
+    return _Designs(code, names, derived, area, build, tdp, notes)
+
+
+def _texts(param: str, distinct) -> np.ndarray:
+    """'+TERM' of parameter ``param`` for each of its ``distinct`` values
+    (``hwmodels.derived.term_text``; "" for one not given: NaN or empty)."""
+    key = BY_PARAM[param].key
+    return np.array(["" if not _given(v) else f"+{term_text(Term(key, v if isinstance(v, str) else float(v)))}"
+                     for v in distinct], dtype=object)
+
+
+def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: dict) -> None:
+    """Rewrite in place the terms (``tail``) of the designs whose hardware was given as a derived
+    name (``spelled``: its code per design into ``names``): that name's terms, a factor kept as
+    written, and the columns' terms for the other parameters; a term equal to the preset's own
+    figure (its value "" / NaN in ``values``) left out."""
+    for s in np.unique(spelled):
+        if not is_derived(names[s]):
+            continue
+        named = parse_design(names[s])[1]
+        params = {BY_KEY[t.key].param for t in named}
+        for d in np.flatnonzero(spelled == s):
+            mine = [t for t in named if _given(values[BY_KEY[t.key].param][d])]
+            rest = terms_of({p: v[d] for p, v in values.items() if p not in params})
+            tail[d] = design_name("", (*mine, *rest))
+
+
+def _given(v) -> bool:
+    """True for a design's value of a parameter that is given (not "" or NaN)."""
+    return bool(v) if isinstance(v, str) else not np.isnan(v)
+
+
+def _figures(cols: Columns, first, base, hw_names, own, values: dict, derived) -> tuple:
+    """(die area per die m^2, build cost USD, TDP W, why unknown) of each design: NaN and "" for a
+    preset (its own figures stand); a derived design's from its preset's template built to its
+    values (``hwmodels.template.varied``, then ``figures_of_many``), else NaN with the reason: the
+    preset has no template, or the template does not model a parameter changed (a TDP given,
+    ``tdp_w``, is the TDP still). Its price is unknown unless given (``PRICE_UNKNOWN``)."""
+    d = len(first)
+    area, build = np.full(d, np.nan), np.full(d, np.nan)
+    tdp = values["tdp_w"].copy() if "tdp_w" in values else np.full(d, np.nan)
+    notes = np.full(d, "", dtype=object)
+    priced = ~np.isnan(cols.numbers("price_usd")[first]) if cols.has("price_usd") else np.zeros(d, dtype=bool)
+    unmodelled = [p for p in values if p not in TEMPLATE_COLUMNS and p not in FIGURE_PARAMS]
+    template_cols = [p for p in values if p in TEMPLATE_COLUMNS]
+    keys = [base, *(np.unique(values[p].astype(str), return_inverse=True)[1].ravel() for p in template_cols)]
+    _, order, starts = group(keys, d)
+    for g in range(len(starts) - 1):
+        at = order[starts[g]:starts[g + 1]]
+        at = at[derived[at]]
+        if not len(at):
+            continue
+        name, device = hw_names[int(base[at[0]])], own[int(base[at[0]])]
+        if not (isinstance(name, str) and name in TEMPLATES):
+            why = f"'{device.name}' has no template (hwmodels/template.py: {', '.join(TEMPLATES)})"
+            notes[at] = [f"price, die area{'' if np.isfinite(t) else ' and TDP'} unknown: {why}" for t in tdp[at]]
+            continue
+        odd = np.zeros(len(at), dtype=bool)
+        for p in unmodelled:
+            odd |= np.array([_given(v) for v in values[p][at]], dtype=bool)
+        for j in np.flatnonzero(odd):
+            which = [p for p in unmodelled if _given(values[p][at[j]])]
+            notes[at[j]] = (f"price, die area{'' if np.isfinite(tdp[at[j]]) else ' and TDP'} unknown: the template "
+                            f"of '{name}' does not model {', '.join(which)}")
+        at = at[~odd]
+        if not len(at):
+            continue
+        i = int(at[0])
+        t = varied(base_template(name), **{TEMPLATE_COLUMNS[p]: (values[p][i] or None) if PARAMS[p] is str
+                                          else (None if np.isnan(values[p][i]) else float(values[p][i]))
+                                          for p in template_cols})
+        f = figures_of_many(t, **{p: values[p][at] for p in values if p in FIGURE_PARAMS})
+        area[at], build[at], tdp[at] = f["die_area_m2"], f["build_cost_usd"], f["tdp_w"]
+        notes[at] = PRICE_UNKNOWN
+        notes[at[priced[at]]] = ""
+    return area, build, tdp, list(notes)
 
 
 def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
@@ -182,8 +433,12 @@ def _per_device(devices, inv, get, default=np.nan) -> np.ndarray:
 
 def assemble(cols: Columns) -> HardwareArrays:
     """The HardwareArrays of every point of ``cols`` (see the module docstring)."""
+    cols, spelled = expanded(cols)
     n = cols.n
     inv, devices, physical = _bases(cols)
+    designs = _designs(cols, spelled, inv, devices)
+    if designs is not None and not designs.derived.any():
+        designs = None
 
     def field(key, get, default=np.nan):
         own = _per_device(devices, inv, get, default)
@@ -275,6 +530,16 @@ def assemble(cols: Columns) -> HardwareArrays:
 
     energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
     tdp = field("tdp_w", lambda d: d.tdp_w)
+    price = field("price_usd", lambda d: d.price_usd)
+    die_area = _per_device(physical, inv, lambda f: f["die_area_m2"])
+    build_cost = _per_device(physical, inv, lambda f: f["build_cost_usd"])
+    if designs is not None:             # a derived design: its template's figures, never its preset's
+        own = designs.derived[designs.code]
+        tdp = np.where(own, designs.tdp_w[designs.code], tdp)
+        given = cols.numbers("price_usd") if cols.has("price_usd") else np.full(n, np.nan)
+        price = np.where(own & np.isnan(given), np.nan, price)
+        die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
+        build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
                           host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float))
@@ -288,10 +553,11 @@ def assemble(cols: Columns) -> HardwareArrays:
         name=inv, names=[d.name for d in devices], vendors=[getattr(d, "vendor", "") or "" for d in devices],
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
-        die_area_m2=_per_device(physical, inv, lambda f: f["die_area_m2"]),
-        build_cost_usd=_per_device(physical, inv, lambda f: f["build_cost_usd"]),
-        tdp_w=tdp, price_usd=field("price_usd", lambda d: d.price_usd),
-        host_cpu=cpu_idx, cpus=cpus)
+        die_area_m2=die_area, build_cost_usd=build_cost, tdp_w=tdp, price_usd=price,
+        host_cpu=cpu_idx, cpus=cpus,
+        design=inv if designs is None else designs.code,
+        designs=[d.name for d in devices] if designs is None else designs.names,
+        notes=[""] * len(devices) if designs is None else designs.notes)
 
 
 def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> dict:
@@ -378,4 +644,4 @@ def system_arrays(devices, tp=1) -> SystemArrays:
     return sys.replaced(tp=np.broadcast_to(np.asarray(tp, dtype=float), (sys.size,)).copy())
 
 
-__all__ = ["HardwareArrays", "assemble", "resolve_device", "cpu_system", "system_arrays", "factorize"]
+__all__ = ["HardwareArrays", "assemble", "resolve_device", "check_design", "expanded", "design_codes", "PRICE_UNKNOWN", "cpu_system", "system_arrays", "factorize"]

@@ -14,6 +14,7 @@ from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.serving import PERCENTILES
 from dse.system import reasons as R
 from dse.system.columns import Columns
+from dse.system.hardware import design_codes
 from dse.system.params import PARAMS
 from hwmodels.formats import get_format, matmul_compute_class
 from workloads.lengths import FIXED, parse_lengths
@@ -176,6 +177,8 @@ class Evaluation:
             df[k] = v if np.ndim(v) or hasattr(v, "codes") else [v] * len(self) if not np.isscalar(v) else v
         for k, v in self.metrics.items():
             df[k] = v
+        if (designs := design_codes(self.labels)) is not None:     # beside its preset, what each design is
+            df.insert(list(df.columns).index("hardware") + 1, "design", pd.Categorical.from_codes(*designs))
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
         if "kernel_source" in self.labels:        # which layer's values priced each point
