@@ -155,17 +155,57 @@ def candidate_columns(ask: PlanAsk) -> dict:
     return cols
 
 
+#: the metrics that need a price (``price_usd``), and those that need an energy figure (a measured
+#: energy profile and a static power); $ per million tokens needs both
+PRICED = ("cost_usd", "service_cost_usd", "cost_per_million_tokens_usd")
+ENERGISED = ("power_w", "power_demand_w", "energy_per_token_j", "tokens_per_joule", "service_power_w",
+             "cost_per_million_tokens_usd")
+
+
+def objective_gaps(given: dict, hardware, metric: str, devices: int = 1, ideal: bool = False) -> dict:
+    """{hardware: why ``metric`` is unknown on it} for the ``hardware`` (names) where ``metric``,
+    one of ``PRICED`` or ``ENERGISED``, has no value: one static batch-1 point each on ``devices``
+    devices with the scalar columns of ``given`` that say what the hardware costs and draws (its
+    hardware and cost groups; the model), evaluated at once (a price and an energy figure do not
+    depend on the layout, and an infeasible point keeps them). Empty for any other metric."""
+    if metric not in PRICED and metric not in ENERGISED:
+        return {}
+    cols = {k: v for k, v in given.items() if k in SPEC and (SPEC[k].group in ("hardware", "cost") or k == "model")}
+    names = list(dict.fromkeys(hardware))
+    ev = evaluate({**cols, "hardware": np.array(names, dtype=object), "devices": devices}, ideal=ideal)
+    out = {}
+    for i, h in enumerate(names):
+        m = {k: ev[k][i:i + 1] for k in ("power_demand_w", "energy_per_token_j", "cost_per_million_tokens_usd")}
+        if metric in ("cost_usd", "service_cost_usd") and np.isnan(ev["cost_usd"][i]):
+            out[h] = "the device has no cited price; give one (price_usd / --price-usd)"
+        elif metric in ENERGISED and np.isnan(ev[metric][i] if metric in ev else m["power_demand_w"][0]):
+            out[h] = unknown_energy_note(m) or "its energy is not modelled"
+    return out
+
+
 def cost_gaps(ask: PlanAsk) -> dict:
-    """{hardware: why its $ per million tokens is unknown} (``unknown_energy_note``) for the
-    hardware of ``ask`` whose cost cannot be known: one static batch-1 point each on
-    ``max_devices`` devices, evaluated at once (a price and an energy figure do not depend on
-    the layout)."""
-    given = {k: v for k, v in ask.base.items() if SPEC[k].group in ("hardware", "cost") or k == "model"}
-    ev = evaluate({**given, "hardware": np.array(ask.hardware, dtype=object), "devices": ask.max_devices},
-                  ideal=ask.ideal)
-    return {h: unknown_energy_note({k: ev[k][i:i + 1] for k in ("power_demand_w", "energy_per_token_j",
-                                                                 "cost_per_million_tokens_usd")})
-            for i, h in enumerate(ask.hardware) if np.isnan(ev["cost_per_million_tokens_usd"][i])}
+    """{hardware: why its $ per million tokens is unknown} for the hardware of ``ask``
+    (``objective_gaps`` on ``max_devices`` devices)."""
+    return objective_gaps(ask.base, ask.hardware, "cost_per_million_tokens_usd", ask.max_devices, ask.ideal)
+
+
+def empty_objectives(space, objectives: dict, where: str, ideal: bool = False) -> None:
+    """DseError, one line, when an objective of a study can have no value at any of its designs:
+    every hardware of its ``space`` (a ``DesignSpace``) lacks the price or the energy figure the
+    objective needs (the front and its plots would be empty). The space's first value of each other
+    column stands for all (a price and an energy figure do not depend on them)."""
+    axes = {a.name: a for a in space.axes}
+    if "hardware" not in axes or "model" not in axes:
+        return
+    first = {k: a.values[0] if a.values else a.low for k, a in axes.items() if k != "hardware"}
+    hardware = [str(h) for h in axes["hardware"].values]
+    for metric in objectives:
+        gaps = objective_gaps(first, hardware, metric, ideal=ideal)
+        if gaps and len(gaps) == len(set(hardware)):
+            h, why = next(iter(gaps.items()))
+            raise DseError(f"{where}: objectives.{metric}: no design can have a value: "
+                           f"{'every hardware lacks it' if len(gaps) > 1 else h + ' lacks it'} ({h}: {why}); "
+                           f"give what it needs in space, or rank by another objective")
 
 
 def percentile_column(metric: str, percentile: float) -> str:
@@ -314,5 +354,5 @@ def closest_miss(ev, ask: PlanAsk, pct: float) -> str:
             f"SLOs at any rate: {'; '.join(parts)}")
 
 
-__all__ = ["PlanAsk", "Plan", "plan", "ask_from_study", "STUDY_KEYS", "layouts", "candidate_columns", "cost_gaps", "check_ask", "CANDIDATES",
+__all__ = ["PlanAsk", "Plan", "plan", "ask_from_study", "STUDY_KEYS", "layouts", "candidate_columns", "cost_gaps", "objective_gaps", "empty_objectives", "check_ask", "CANDIDATES",
            "ENUMERATED", "OBJECTIVES", "ROW_KEYS", "MAX_DEVICES"]

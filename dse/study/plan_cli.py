@@ -43,6 +43,10 @@ def add_parsers(command, workload_args, point_columns) -> None:
     p = command("plan", "the fewest devices and the cheapest fleet per hardware that serve --request-rate "
                         "within the SLOs, with layout, formats, engine settings and error band")
     workload_args(p)
+    for action in p._actions:       # --study gives the model instead
+        if action.dest == "model":
+            action.required = False
+            action.help += " (required unless --study)"
     p.add_argument("--hardware", nargs="+", default=None, metavar="HW",
                    help="hardware presets to consider (see 'list hardware'); required unless --study")
     p.add_argument("--objective", nargs="+", choices=OBJECTIVES, default=["devices"],
@@ -67,6 +71,8 @@ def ask_from_args(args) -> PlanAsk:
         if name in typed and name != "target_rate":
             raise DseError(f"plan: {flag}: a plan chooses the load and the devices of each replica itself "
                            f"(from --request-rate and --max-devices); leave {flag} out")
+    if not args.model:
+        raise DseError("plan: --model: give the model to serve (see 'list models'), or --study FILE")
     if not args.hardware:
         raise DseError("plan: --hardware: give the presets to consider (see 'list hardware'), or --study FILE")
     if not args.request_rate:
