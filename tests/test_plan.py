@@ -9,6 +9,7 @@ from conftest import run_cli
 
 from basis.errors import DseError
 from dse import evaluate
+from dse.core.economics import economics_defaults
 from dse.explore.plan import ROW_KEYS, PlanAsk, plan
 
 pytestmark = pytest.mark.usefixtures("fixed_calibration")
@@ -75,6 +76,10 @@ def test_cost_ranks_by_price_and_energy_where_given():
                                                     * 3600 / 1e6)
     assert c["output_tokens_per_s"] == pytest.approx(30.0 * 128, rel=1e-6)   # the service's rate x answer length
     assert c["fleet_price_usd"] == pytest.approx(25000.0 * c["devices"])
+    # the fleet's price spread over its life (configs/economics.yaml) is a floor of its $/h: electricity adds to it
+    years = economics_defaults()["amortization_years"]
+    capital = c["fleet_price_usd"] / (years * 365.25 * 24)
+    assert capital < c["fleet_usd_per_hour"] < capital + c["devices"] * 0.7 * 1.0   # at most 700 W TDP at $1/kWh
 
 
 def test_json_keys_are_stable():
