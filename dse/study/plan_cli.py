@@ -174,7 +174,8 @@ def plan_text(answer: Plan, ask: PlanAsk, seconds: float) -> str:
                   "formats": f"{r['weights']}/{r['activations']}/{r['kv']}"} for r in rows]
         out.append(display.text_table(shown, cols, left=("layout", "formats")))
     f = answer.fewest
-    out += ["", f"Answer: fewest devices: {f['devices']} x {f['hardware']} ({f['replicas']} replicas of "
+    out += ["", f"Answer: fewest devices: {f['devices']} x {f['hardware']} ({f['replicas']} "
+                f"replica{'s' if f['replicas'] != 1 else ''} of "
                 f"TP{f['tp']} x PP{f['pp']}, {f['weights']}/{f['activations']}/{f['kv']}, {f['engine']} "
                 f"max_running {f['max_running']}, prefill chunk {f['prefill_chunk']}; {f['efficiency']}, TPOT band "
                 f"{_band(f['band_tpot'])})"]
