@@ -12,6 +12,7 @@ from basis.files import output_folder
 from dse.explore.best import explain_best
 from dse.explore.online import pareto_columns
 from dse.explore.pareto import front_note
+from dse.explore.plan import empty_objectives
 from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.spec import SweepSpec
@@ -28,7 +29,8 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
     The front's ``attrs["front_note"]`` says why it is smaller or empty than its designs
     would make it (some have no value, NaN, of an objective: ``pareto.front_note``), else
     None; it is said on stderr (``quiet`` silences progress only).
-    The folder is locked for the run: a second run on it is refused (DseError)."""
+    The folder is locked for the run: a second run on it is refused (DseError), and so is a study
+    whose objective no design can have a value of (no price, no energy figure: ``empty_objectives``)."""
     if spec.method != "optuna" and storage is not None:
         raise DseError("--storage applies to optuna studies (method: optuna)")
     if spec.method == "optuna" and scheduler is not None:
@@ -36,6 +38,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
                        "trials through --storage")
     if scheduler is not None and workers != 1:
         raise DseError("give --workers (processes of this machine) or --scheduler (a Dask cluster), not both")
+    empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)  # an empty front, refused before the run
     out = output_folder(out)
     with RunLock(out):
         if spec.method != "optuna":

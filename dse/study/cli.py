@@ -30,7 +30,7 @@ from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
-from dse.study import calibration_cli, deploy_cli
+from dse.study import calibration_cli, deploy_cli, plan_cli
 from dse.study.studyfile import available_studies, load_study
 from dse.system.analysis import (
     ENERGY_COST_METRICS,
@@ -75,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
-            message = "choose a command: analyze, compare, run, validate, calibrate, list, show (see --help)"
+            message = "choose a command: analyze, compare, plan, run, validate, calibrate, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
@@ -199,6 +199,10 @@ EXAMPLES = {
                "--concurrency 64 --engine vllm",
                "dse deploy --run runs/capacity-planning --point 61 --engine sglang --out deploy/",
                "dse deploy --model mixtral-8x7b --hardware h100-sxm --tp 2 --ep 4 --engine trtllm --manifest llm-d"),
+    "plan": ("dse plan --model llama-3.1-70b --hardware h100-sxm mi300x --request-rate 20 --prompt-len 2048 "
+             "--gen-len 256 --slo-ttft 1 --slo-tpot 0.05",
+             "dse plan --model llama-3.1-8b --hardware l40s h100-sxm --request-rate 50 --slo-tpot 0.03 --format json",
+             "dse plan --study plan-llama70b"),
     "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
                   "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
 }
@@ -278,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibration_cli.add_parsers(command)
     deploy_cli.add_parsers(command, deploy_cli.Hooks(lambda p: (_add_workload_args(p), add_flag(p, SPEC["hardware"])),
                                                      point_columns, (check_contradictions, check_named), cli_words))
+    plan_cli.add_parsers(command, _add_workload_args, point_columns)
     return ap
 
 
@@ -552,6 +557,9 @@ def _table_report(res, display, asked_flash=None) -> str:
 
 def cmd_run(args) -> int:
     data, spec = load_study(args.study, seed=args.seed, rows=args.rows)
+    if plan_cli.is_plan_study(data):        # a plan study: its answer, not a sweep (dse.study.plan_cli)
+        name = str(data.get("name") or Path(args.study).stem)
+        return plan_cli.run_plan_study(data, name, output_folder(args.out or Path("runs") / name))
     for flag, given in (("--trials", args.trials), ("--storage", args.storage)):
         if given is not None and spec.method != "optuna":    # an option of optuna studies, left unused
             raise DseError(f"{flag}: applies to an optuna study, and {args.study} is a {spec.method} sweep; "
@@ -883,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
         args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS,
-                **deploy_cli.COMMANDS}[args.command](args)
+                **deploy_cli.COMMANDS, **plan_cli.COMMANDS}[args.command](args)
     except DseError as e:
         from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
         print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)
