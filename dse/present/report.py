@@ -87,7 +87,7 @@ from dse.present.plots import (
     sweep_plot,
     words_of,
 )
-from dse.present.report_spec import ReportSpec, answer_rows, comparison_rows, report_spec
+from dse.present.report_spec import ReportSpec, answer_rows, chooser, comparison_rows, report_spec
 from dse.system.analysis import Analysis
 from dse.system.reasons import describe
 
@@ -546,7 +546,6 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
         written.append(out / "sweep_seq.png")
 
     # ---- e. the comparisons the study declares (report.compare), each a PNG and a chart
-    first_sense = objectives.get(first, "max") if first else "max"
     for i, c in enumerate(declared.compare, 1):
         fname = f"compare_{i}.png"
         missing = [col for col in c.columns if col not in df]
@@ -554,16 +553,17 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
             plots[fname] = {"kind": "comparison", "skipped": f"no figure: the rows read lack {', '.join(missing)}"
                             if missing else f"no figure: {_NO_ROWS}"}
             continue
-        sub, left = comparison_rows(df, c, varied, first, first_sense)
+        by = chooser(c, objectives)
+        sub, left = comparison_rows(df, c, varied, by)
         if not len(sub) or not np.isfinite(sub[list(c.ys)].to_numpy(float)).any():
             plots[fname] = {"kind": "comparison", "skipped": "no figure: no design with the fixed values "
                             + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in c.fixed) + " has a value of "
                             + ", ".join(c.ys)}
             continue
-        title = _comparison_title(name, c, left, first)
+        title = _comparison_title(name, c, left, by)
         panels = _comparison_panels(sub, c)
         plots[fname] = draw(comparison_plot, out / fname, panels, title, c.kind).then(functools.partial(
-            _updated, fixed={k: list(v) for k, v in c.fixed}, left=list(left), best_by=first if left else None,
+            _updated, fixed={k: list(v) for k, v in c.fixed}, left=list(left), best_by=list(by) if left and by else None,
             colour=c.colour, facet=c.facet, declared=i)).then(rows)
         charts[fname] = panels_chart(panels, hover, title, c.kind)
         written.append(out / fname)
@@ -851,16 +851,17 @@ def _comparison_panels(sub, c) -> list[dict]:
     return out
 
 
-def _comparison_title(name: str, c, left: tuple, first: str | None) -> str:
+def _comparison_title(name: str, c, left: tuple, by: tuple[str, str] | None) -> str:
     """The words of a declared comparison: its own title, or what it draws; what it fixes;
-    how it chose among the parameters it leaves (the best ``first`` at each point)."""
+    how it chose among the parameters it leaves (``by``: the column and sense of the best)."""
     what = c.title or (f"{', '.join(words_of(y) for y in c.ys)} against {words_of(c.x)}"
                        + (f" by {c.colour}" if c.colour else "") + (f", per {c.facet}" if c.facet else ""))
     parts = [f"{name}: {what}"]
     if c.fixed:
         parts.append(", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in c.fixed))
-    if left:
-        parts.append(f"each point the feasible design with the best {first} over {', '.join(left)}")
+    if left and by:
+        parts.append(f"each point the feasible design with the {'least' if by[1] == 'min' else 'most'} {by[0]} "
+                     f"over {', '.join(left)}")
     return "; ".join(parts)
 
 

@@ -6,7 +6,8 @@
           y: [ttft_s, activation_bytes]       # one panel row per y
           colour: flash_attention # one line per value (legend toggles it in report.html)
           facet: hardware         # one panel column per value
-          fixed: {batch: 1}       # rows kept: these parameters at these values (a value or a list)
+          fixed: {batch: 1}       # rows kept: these columns at these values (a value or a list)
+          best: {ttft_s: min}     # optional: how a point is chosen among the parameters left free
           kind: line              # line (points joined along x) | scatter
           title: text             # optional: what the figure shows
       answer:                     # the table that answers the question
@@ -17,9 +18,11 @@
         title: text               # optional: the question, as the heading's words
       metrics: [service_devices, goodput]      # optional: the metrics named for each best design
 
-Every parameter of the space not drawn as x, colour or facet, nor ``fixed``, is left to the
-figure: at each (facet, colour, x) it shows the feasible design best in the study's first
-objective (the record in plots.json and the caption say so). A study with no ``report:``
+Every varied parameter of the space not drawn as x, colour or facet, nor ``fixed``, is left
+free: at each (facet, colour, x) the figure shows the one feasible design best by ``best``
+(by default the first y that is an objective, in its sense, else the study's first objective
+other than x; the record in plots.json and the caption say so). ``fixed`` on a drawn column
+narrows the values drawn. A study with no ``report:``
 gets the generic plots alone (``dse.present.report``).
 
 :func:`report_spec` checks the section when the study file is read, before any work: an
@@ -38,7 +41,7 @@ from dse.system.evaluator import METRICS
 
 #: the keys of ``report``, of one comparison and of the answer
 REPORT_KEYS = ("compare", "answer", "metrics")
-COMPARE_KEYS = ("x", "y", "colour", "facet", "fixed", "kind", "title")
+COMPARE_KEYS = ("x", "y", "colour", "facet", "fixed", "best", "kind", "title")
 ANSWER_KEYS = ("best_per", "rank", "fixed", "columns", "title")
 #: how a comparison joins its points
 KINDS = ("line", "scatter")
@@ -53,7 +56,8 @@ MAX_COMPARISONS = 8
 class Comparison:
     """One declared figure: ``ys`` against ``x``, a line (or points) per ``colour`` value,
     a panel column per ``facet`` value, the rows with the ``fixed`` parameters at their
-    values (name -> tuple of allowed values)."""
+    values (name -> tuple of allowed values); ``best``: (column, 'min' | 'max') choosing a
+    point among the parameters left free (None: the report's default)."""
     x: str
     ys: tuple[str, ...]
     colour: str | None = None
@@ -61,12 +65,13 @@ class Comparison:
     fixed: tuple[tuple[str, tuple], ...] = ()
     kind: str = "line"
     title: str = ""
+    best: tuple[str, str] | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the figure reads."""
         return tuple(dict.fromkeys([self.x, *self.ys, *(c for c in (self.colour, self.facet) if c),
-                                    *(k for k, _ in self.fixed)]))
+                                    *(k for k, _ in self.fixed), *(self.best[:1] if self.best else ())]))
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def _column(where: str, key: str, value, names=None) -> str:
     if not isinstance(value, str):
         raise DseError(f"{where}: {key}: expected a column name, got {kind_of(value)}; "
                        f"allowed: {_allowed_columns(names)}")
-    if value not in COLUMNS or (names is not None and value in PARAMS and value not in names):
+    if value not in COLUMNS or (names is not None and value not in names and value not in METRICS
+                                and value not in ROW_COLUMNS):
         raise DseError(f"{where}: {key}: '{shown_key(value)}' is not a column of this study's results; "
                        f"allowed: {_allowed_columns(names)}")
     return value
@@ -175,12 +181,24 @@ def _comparison(where: str, key: str, raw, names) -> Comparison:
         raise DseError(f"{where}: {key}.kind: '{shown_key(kind)}' is not a kind of figure; allowed: "
                        f"{', '.join(KINDS)}")
     fixed = _fixed(where, f"{key}.fixed", raw["fixed"], names) if "fixed" in raw else ()
-    drawn = [x, *ys, colour, facet]
-    twice = next((k for k, _ in fixed if k in drawn), None)
-    if twice:
-        raise DseError(f"{where}: {key}.fixed.{twice}: also drawn (x, y, colour or facet); fix it or draw it, "
-                       f"not both")
-    return Comparison(x, ys, colour, facet, fixed, kind, _text(where, f"{key}.title", raw.get("title", "")))
+    best = _ranking(where, f"{key}.best", raw["best"], names) if "best" in raw else ()
+    if len(best) > 1:
+        raise DseError(f"{where}: {key}.best: expected one column and its sense ({{ttft_s: min}}), got {len(best)}")
+    return Comparison(x, ys, colour, facet, fixed, kind, _text(where, f"{key}.title", raw.get("title", "")),
+                      best[0] if best else None)
+
+
+def _ranking(where: str, key: str, raw, names) -> tuple[tuple[str, str], ...]:
+    """``{column: min | max, ...}`` as ((column, sense), ...), in the file's order; DseError naming the key."""
+    out = []
+    for c, s in _mapping(where, key, raw).items():
+        _column(where, key, c, names)
+        if s not in SENSES:
+            raise DseError(f"{where}: {key}.{shown_key(c)}: expected min or max, got {kind_of(s)}")
+        out.append((c, s))
+    if not out:
+        raise DseError(f"{where}: {key}: expected a mapping of columns to min or max, got an empty one")
+    return tuple(out)
 
 
 def _answer(where: str, key: str, raw, names) -> Answer:
@@ -189,14 +207,7 @@ def _answer(where: str, key: str, raw, names) -> Answer:
         if need not in raw:
             raise DseError(f"{where}: {key}: missing '{need}'; keys: {', '.join(ANSWER_KEYS)}")
     best_per = _columns(where, f"{key}.best_per", raw["best_per"], names)
-    rank = []
-    for c, s in _mapping(where, f"{key}.rank", raw["rank"]).items():
-        _column(where, f"{key}.rank", c, names)
-        if s not in SENSES:
-            raise DseError(f"{where}: {key}.rank.{shown_key(c)}: expected min or max, got '{shown_key(s)}'")
-        rank.append((c, s))
-    if not rank:
-        raise DseError(f"{where}: {key}.rank: expected a mapping of columns to min or max, got an empty one")
+    rank = _ranking(where, f"{key}.rank", raw["rank"], names)
     fixed = _fixed(where, f"{key}.fixed", raw["fixed"], names) if "fixed" in raw else ()
     cols = _columns(where, f"{key}.columns", raw["columns"], names) if "columns" in raw else ()
     return Answer(best_per, tuple(rank), fixed, cols, _text(where, f"{key}.title", raw.get("title", "")))
@@ -237,17 +248,28 @@ def _matching(df, fixed) -> np.ndarray:
     return mask
 
 
-def comparison_rows(df, c: Comparison, varied, first: str | None, sense: str) -> tuple:
+def chooser(c: Comparison, objectives: dict) -> tuple[str, str] | None:
+    """How comparison ``c`` chooses a point among the parameters it leaves free: its ``best``;
+    else its first y that is one of the study's ``objectives`` ({name: sense}); else the
+    first objective that is not its x; None when there is none."""
+    if c.best:
+        return c.best
+    y = next((y for y in c.ys if y in objectives), None) or next((o for o in objectives if o != c.x), None)
+    return (y, objectives[y]) if y else None
+
+
+def comparison_rows(df, c: Comparison, varied, best: tuple[str, str] | None) -> tuple:
     """(rows, left) that the declared comparison ``c`` draws from ``df`` (the run's rows, with
     ``point`` and ``feasible``): the rows with its ``fixed`` values; when the study varies
     parameters the figure neither draws nor fixes (``left``, a tuple of names), at each
-    (facet, colour, x) only the feasible row best in ``first`` (``sense`` 'min' or 'max';
-    rows with no value of it dropped), else every row, feasible or not."""
+    (facet, colour, x) only the feasible row best by ``best`` ((column, 'min' | 'max'); rows
+    with no value of it dropped; ties: the lowest ``point``), else every row, feasible or not."""
     sub = df[_matching(df, c.fixed)]
     drawn = {c.x, c.colour, c.facet, *(k for k, _ in c.fixed)}
     left = tuple(v for v in varied if v not in drawn)
-    if not left or first is None or first not in sub:
+    if not left or best is None or best[0] not in sub:
         return sub, left
+    first, sense = best
     ok = sub[sub["feasible"].to_numpy(bool) & sub[first].notna().to_numpy(bool)]
     keys = [k for k in (c.facet, c.colour, c.x) if k]
     order = ok.sort_values([first, "point"], ascending=[sense == "min", True], kind="stable")
