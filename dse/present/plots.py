@@ -1247,7 +1247,8 @@ def comparison_plot(path: Path, panels: list[dict], title: str, kind: str = "lin
     fig, axes = _figure(ncols=ncols, nrows=nrows, width=4.8 if ncols > 1 else 7.0, height=3.8 if nrows > 1 else 4.6,
                         layout="constrained")
     colour_col = next((p["colour"] for p in panels if p["colour"]), None)
-    values = sorted({_plain(v) for p in panels if p["colour"] for v in p["data"][p["colour"]].unique()}, key=str)
+    values = sorted({_plain(v) for p in panels if p["colour"] for v in p["data"][p["colour"]].unique()},
+                    key=lambda v: (isinstance(v, str), v if isinstance(v, (int, float)) else 0, str(v)))
     pal = dict(zip(values, _palette(len(values)))) if colour_col else {}
     marks = {v: _MARKERS[i % len(_MARKERS)] for i, v in enumerate(values)}
     record = {"kind": "comparison", "title": title, "traces": [], "panels": []}
@@ -1298,7 +1299,7 @@ def comparison_plot(path: Path, panels: list[dict], title: str, kind: str = "lin
     if handles:
         fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="small",
                    title=colour_col)
-    fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize="medium")
+    fig.suptitle("\n".join(textwrap.wrap(title, 70 if ncols == 1 else 55 * ncols)), fontsize="medium")
     _save(fig, path)
     record["legend"] = list(handles)
     return record

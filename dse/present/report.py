@@ -478,7 +478,7 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
             cover = df.loc[feas, [*cols, x]].groupby(cols, observed=True, sort=False)[x].nunique()
             cand = cover[cover == cover.max()].index.to_frame(index=False)
             same = sum((cand[v] == base[v]).to_numpy(int) for v in cols)
-            far = sum(np.abs(np.log(cand[v].to_numpy(float) / float(base[v]))) for v in cols
+            far = sum(np.abs(np.log(np.maximum(cand[v].to_numpy(float) / float(base[v]), 1e-300))) for v in cols
                       if pd.api.types.is_numeric_dtype(cand[v]) and float(base[v]) > 0)
             pick = cand.iloc[int(np.lexsort((far + np.zeros(len(cand)), -same))[0])]   # most equal, then nearest
             fixed = {v: pick[v].item() if hasattr(pick[v], "item") else pick[v] for v in cols}
