@@ -12,10 +12,12 @@ group, and dragging zooms.
 from __future__ import annotations
 
 import functools
-from importlib import resources
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
+from basis.errors import DseError
 from dse.present.plots import axis_unit, label_of, wide
 
 #: at most this many feasible designs of a Pareto plot's cloud are drawn in its chart (a
@@ -33,8 +35,17 @@ CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
 
 @functools.cache
 def plotly_js() -> str:
-    """The plotly.js library (minified JavaScript text) shipped with the plotly package."""
-    return resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
+    """The plotly.js library (minified JavaScript text) shipped with the plotly package (found,
+    not imported: the Python package is not needed); DseError when plotly is not installed."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise DseError("report.html: its charts need plotly.js, from the plotly package, which is not installed "
+                       "(pip install plotly)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DseError(f"{path}: cannot read plotly.js for report.html's charts: {e.strerror or e}") from None
 
 
 def _values(a) -> list:

@@ -153,6 +153,12 @@ def test_every_shipped_studys_report_is_interactive_offline_and_answers(name, ch
     assert sorted(traces) == charted and charted
     assert all(n > 0 for n in traces.values()), traces
     assert any(r["kind"] == "comparison" for r in plots.values()), "the study's declared figures are drawn"
+    # a declared figure's chart holds the designs its PNG drew (plots.json), no more, no fewer
+    drawn = dict(chromium.js("Array.from(document.querySelectorAll('.chart'), d => [d.id, d._fullData.filter("
+                             "t => t.name !== 'infeasible').reduce((n, t) => n + t.x.length, 0)])"))
+    for f, r in plots.items():
+        if r["kind"] == "comparison":
+            assert drawn["chart-" + Path(f).stem] == sum(len(t["points"]) for t in r["traces"]), f
 
     # hovering a design names it and shows its parameters, as results.parquet holds them
     res = pd.read_parquet(out / "results.parquet")
