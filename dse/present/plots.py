@@ -1299,7 +1299,8 @@ def comparison_plot(path: Path, panels: list[dict], title: str, kind: str = "lin
     if handles:
         fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="small",
                    title=colour_col)
-    fig.suptitle("\n".join(textwrap.wrap(title, 70 if ncols == 1 else 55 * ncols)), fontsize="medium")
+    width = fig.get_size_inches()[0]             # about 8 characters of the title an inch
+    fig.suptitle("\n".join(textwrap.wrap(title, int(8 * width))), fontsize="medium")
     _save(fig, path)
     record["legend"] = list(handles)
     return record

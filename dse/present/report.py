@@ -450,7 +450,7 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
                                      encode.get("hue"), hover, f"{name}: {words_of(y)} vs {words_of(x)}")
         written.append(out / fname)
 
-    if objectives and n_feas and not any(r.get("kind") == "pareto" for r in plots.values()):   # say why none
+    if objectives and n_feas and not plots:          # no Pareto plot asked nor left out: say why none
         y0 = thr[0] if thr else first
         unknown = [o for o in objectives if o in background and not np.isfinite(background[o].to_numpy(float)).any()]
         plots[f"pareto_{y0}.png"] = {"kind": "pareto", "x": None, "y": y0, "skipped": _empty_front(
