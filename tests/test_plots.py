@@ -259,7 +259,7 @@ def test_sequence_sweep_covers_the_swept_axis_with_few_series(report):
 
 # --------------------------------------------------------------------------- declared comparisons and charts
 
-def _designs():
+def _flash_designs():
     """12 designs: 2 GPUs x FlashAttention on/off x 3 prompt lengths, the longest unfused ones infeasible."""
     d = pd.DataFrame({"point": np.arange(12), "hardware": np.repeat(["a", "b"], 6),
                       "flash_attention": np.tile(np.repeat([True, False], 3), 2),
@@ -271,7 +271,7 @@ def _designs():
 
 
 def test_a_comparison_draws_a_panel_per_y_and_facet_and_a_line_per_colour(tmp_path):
-    d = _designs()
+    d = _flash_designs()
     panels = [{"data": d[d["hardware"] == h], "x": "prompt_len", "y": "ttft_s", "colour": "flash_attention",
                "row": 1, "col": i, "label": f"hardware = {h}"} for i, h in enumerate(["a", "b"], 1)]
     rec = plots.comparison_plot(tmp_path / "c.png", panels, "t")
@@ -287,7 +287,7 @@ def test_a_comparison_draws_a_panel_per_y_and_facet_and_a_line_per_colour(tmp_pa
 
 def test_a_chart_hover_shows_each_designs_parameters_in_display_units():
     from dse.present.interactive import panels_chart, pareto_chart
-    d = _designs()
+    d = _flash_designs()
     chart = pareto_chart(d[d["feasible"]], d.iloc[[0, 6]], "memory_bandwidth", "ttft_s", "hardware",
                          ["point", "hardware", "memory_bandwidth"], "t")
     front = [t for t in chart["data"] if t["name"].startswith("hardware = ")]
