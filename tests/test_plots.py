@@ -255,3 +255,49 @@ def test_sequence_sweep_covers_the_swept_axis_with_few_series(report):
         pts = res.loc[line["points"] + line["infeasible_points"]]
         assert (pts["hardware"] == line["hue"]).all()
         assert all((pts[k] == v).all() for k, v in rec["fixed"].items())
+
+
+# --------------------------------------------------------------------------- declared comparisons and charts
+
+def _flash_designs():
+    """12 designs: 2 GPUs x FlashAttention on/off x 3 prompt lengths, the longest unfused ones infeasible."""
+    d = pd.DataFrame({"point": np.arange(12), "hardware": np.repeat(["a", "b"], 6),
+                      "flash_attention": np.tile(np.repeat([True, False], 3), 2),
+                      "prompt_len": np.tile([1024, 4096, 16384], 4),
+                      "memory_bandwidth": np.repeat([2.0e12, 3.35e12], 6)})
+    d["ttft_s"] = d["prompt_len"] * np.where(d["flash_attention"], 1e-5, 1.5e-5)
+    d["feasible"] = ~((~d["flash_attention"]) & (d["prompt_len"] == 16384))
+    return d
+
+
+def test_a_comparison_draws_a_panel_per_y_and_facet_and_a_line_per_colour(tmp_path):
+    d = _flash_designs()
+    panels = [{"data": d[d["hardware"] == h], "x": "prompt_len", "y": "ttft_s", "colour": "flash_attention",
+               "row": 1, "col": i, "label": f"hardware = {h}"} for i, h in enumerate(["a", "b"], 1)]
+    rec = plots.comparison_plot(tmp_path / "c.png", panels, "t")
+    assert (tmp_path / "c.png").stat().st_size > 5_000
+    assert [p["label"] for p in rec["panels"]] == ["hardware = a", "hardware = b"]
+    lines = {(t["panel"], t["colour"]): t for t in rec["traces"]}
+    assert len(lines) == 4
+    # a line holds the feasible designs of its panel and colour, along x; the infeasible ones are crosses
+    assert lines[("hardware = a", False)]["points"] == [3, 4] and lines[("hardware = b", True)]["points"] == [6, 7, 8]
+    assert lines[("hardware = a", True)]["y_values"] == pytest.approx([0.01024, 0.04096, 0.16384])
+    assert rec["legend"] == ["flash_attention = False", "flash_attention = True", "infeasible"]
+
+
+def test_a_chart_hover_shows_each_designs_parameters_in_display_units():
+    from dse.present.interactive import panels_chart, pareto_chart
+    d = _flash_designs()
+    chart = pareto_chart(d[d["feasible"]], d.iloc[[0, 6]], "memory_bandwidth", "ttft_s", "hardware",
+                         ["point", "hardware", "memory_bandwidth"], "t")
+    front = [t for t in chart["data"] if t["name"].startswith("hardware = ")]
+    assert [t["name"] for t in front] == ["hardware = a", "hardware = b"]
+    assert front[1]["customdata"] == [[6, "b", 3.35]]                  # TB/s, as the axis
+    assert front[1]["hovertemplate"].split("<br>")[2] == "memory_bandwidth: %{customdata[2]:.4~g} TB/s<extra></extra>"
+    assert chart["layout"]["xaxis"]["title"]["text"] == "memory bandwidth (TB/s)"
+    panels = [{"data": d, "x": "prompt_len", "y": "ttft_s", "colour": "flash_attention", "row": 1, "col": 1,
+               "label": ""}]
+    traces = panels_chart(panels, ["point"], "t")["data"]
+    crosses = [t for t in traces if t["name"] == "infeasible"]
+    assert len(crosses) == 1 and [c[0] for c in crosses[0]["customdata"]] == [5, 11]
+    assert sum(len(t["x"]) for t in traces) == len(d)                 # every design once

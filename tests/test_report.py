@@ -236,7 +236,7 @@ def test_summary_sizes_and_rates_follow_the_unit_policy(run):
     section = text.split("### output_tokens_per_s (maximize)")[1].split("###")[0]
     assert f"memory_bytes {bytes_text(best['memory_bytes'])}," in section and " GB," not in section
     header, *rows = _md_rows(text, "## Pareto front")
-    assert header[:3] == ["point", "batch", "prompt_len"]
+    assert header[:4] == ["point", "hardware", "batch", "prompt_len"]      # hardware kept, varied or not
     assert "memory_bandwidth (GB/s)" in header and "output_tokens_per_s (tokens/s)" in header
     col = header.index("memory_bandwidth (GB/s)")
     by_id = results.set_index("point")
@@ -254,17 +254,30 @@ def _html_table(page: str, table_id: str) -> list[list[str]]:
 
 def test_report_html_is_self_contained(run):
     page = run["html"]
-    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "<link" not in page
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
-    assert not re.search(r"url\(", page)                           # no fonts or images from CSS
-    assert "Content-Security-Policy" in page
-    srcs = re.findall(r'<img src="([^"]+)"', page)
+    assert page.startswith("<!DOCTYPE html>") and "<link" not in page
+    # scripts: plotly.js inlined once in the head, one inline script per chart, none with a source
+    assert not re.search(r"<script[^>]*\ssrc", page)
+    head, body = page.split("</head>", 1)
+    assert head.count("<script>") == 1 and "plotly.js v" in head and "<script>" not in body.split("<main>")[0]
     plots = [f for f, rec in run["plots"].items() if "skipped" not in rec]     # the plots drawn
-    assert len(srcs) == len(plots)
+    charted = [f for f in plots if run["plots"][f]["kind"] in ("pareto", "sweep", "comparison")]
+    assert charted and body.count("<script>") == len(charted)
+    for name in charted:
+        assert f'<div id="chart-{name[:-4]}" class="chart"></div><script>Plotly.newPlot("chart-{name[:-4]}",' in body
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", body, re.I)
+    assert "cdn.plot.ly" not in body          # (the library names its CDN for maps, which no chart draws)
+    assert not re.search(r"url\(", page.split("<script>", 1)[0])       # no fonts or images from CSS
+    # the policy allows the page's own scripts alone, by hash: nothing fetched, nothing injected runs
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1)
+    assert html.unescape(policy).startswith("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+                                            "script-src 'sha256-")
+    assert html.unescape(policy).count("'sha256-") == 1 + len(charted)
+    srcs = re.findall(r'<img src="([^"]+)"', page)
+    assert len(srcs) == len(plots) - len(charted)
     for s in srcs:
         assert s.startswith("data:image/png;base64,")
     # each image is the PNG file of that name, byte for byte
-    for name in plots:
+    for name in (f for f in plots if f not in charted):
         fig = re.search(rf'<figure id="plot-{re.escape(name[:-4])}"><img src="data:image/png;base64,([^"]+)"', page)
         assert base64.b64decode(fig.group(1)) == (run["out"] / name).read_bytes()
 
@@ -286,7 +299,7 @@ def test_report_html_holds_what_the_summary_holds(run):
     rows = _html_table(page, "pareto-front")
     assert sorted(int(r[0]) for r in rows) == sorted(front["point"])
     # best first output_tokens_per_s first
-    tput = [float(r[4].replace(",", "")) for r in rows]
+    tput = [float(r[5].replace(",", "")) for r in rows]
     assert tput == sorted(tput, reverse=True)
     # how to reproduce
     assert re.search(r"<pre><code>dse run \S+study.yaml --out \S+/out</code></pre>", page)

@@ -16,14 +16,19 @@ a title and a list of :class:`Section` s; a section holds blocks:
 A block or section with ``only="markdown"`` or ``only="html"`` appears in that rendering
 alone (the summary shows 10 Pareto designs spread over the front, the page all of them).
 
-The HTML page needs nothing at view time: CSS inline, images embedded, no script, and a
+The HTML page needs nothing at view time: CSS inline, images embedded, and a
 Content-Security-Policy that forbids every fetch but ``data:`` images, so a page that asked
-the network for anything would be refused by the browser (and show it in its console).
+the network for anything would be refused by the browser (and show it in its console). A
+figure with a chart (``Figure.chart``) is drawn by the document's library (plotly.js),
+inlined once in the page's head; the policy allows the page's own scripts alone, each by its
+SHA-256.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,9 +66,12 @@ class Table:
 
 @dataclass(frozen=True)
 class Figure:
-    """A PNG file of the run folder (``file``: its name) and what it shows."""
+    """A PNG file of the run folder (``file``: its name) and what it shows; ``chart``: the
+    same figure as an interactive chart (``dse.present.interactive``: {"data", "layout",
+    "config"}), shown in HTML instead of the image."""
     file: str
     caption: str
+    chart: dict | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,12 @@ class Section:
 
 @dataclass
 class Document:
-    """A report: its title (the study's name) and sections, in reading order."""
+    """A report: its title (the study's name) and sections, in reading order; ``library``:
+    the JavaScript the HTML page's charts are drawn with (plotly.js), inlined once in the
+    page when a figure has a chart."""
     title: str
     sections: list[Section]
+    library: str = ""
 
 
 def _shown(x, where: str) -> bool:
@@ -134,7 +145,8 @@ def markdown(doc: Document) -> str:
 
 # --------------------------------------------------------------------------- HTML
 
-#: every fetch refused but images written into the page and its own style sheet
+#: every fetch refused but images written into the page and its own style sheet (and, with
+#: charts, its own scripts, each allowed by its SHA-256: ``script-src``)
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 _CSS = """
@@ -147,6 +159,7 @@ th,td{border:1px solid #d0d0d0;padding:.25rem .5rem;text-align:left;white-space:
 caption{text-align:left;font-style:italic;padding:.2rem 0}th{background:#f0f0f0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}tbody tr:nth-child(even){background:#fafafa}
 figure{margin:1rem 0 2rem}figure img{max-width:100%;height:auto;border:1px solid #eee}
+.chart{width:100%;min-height:420px;border:1px solid #eee}
 figcaption{font-size:.9rem;color:#444}code{background:#f3f3f3;padding:0 .2rem;border-radius:3px}
 pre{background:#f3f3f3;padding:.6rem;overflow-x:auto}
 """.strip()
@@ -184,7 +197,18 @@ def _png_uri(folder: Path, name: str) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _html_block(b, folder: Path) -> str:
+def _chart(f: Figure, scripts: list[str]) -> str:
+    """A figure's chart: a div and the script that draws it (appended to ``scripts``, whose
+    hashes the page's policy allows)."""
+    div = "chart-" + re.sub(r"[^A-Za-z0-9_-]", "-", Path(f.file).stem)
+    code = (f"Plotly.newPlot({json.dumps(div)},{json.dumps(f.chart['data'], allow_nan=False)},"
+            f"{json.dumps(f.chart['layout'], allow_nan=False)},{json.dumps(f.chart.get('config', {}))});")
+    code = code.replace("</", "<\\/")
+    scripts.append(code)
+    return f'<div id="{div}" class="chart"></div><script>{code}</script>'
+
+
+def _html_block(b, folder: Path, scripts: list[str]) -> str:
     if isinstance(b, str):
         return f"<p>{inline_html(b)}</p>"
     if isinstance(b, Bullets):
@@ -198,32 +222,46 @@ def _html_block(b, folder: Path) -> str:
         return f"<table{_attr('id', b.id)}>{caption}<thead>{head}</thead><tbody>{body}</tbody></table>"
     if isinstance(b, Figures):
         return "".join(
-            f'<figure{_attr("id", "plot-" + Path(f.file).stem)}><img src="{_png_uri(folder, f.file)}"'
-            f'{_attr("alt", f.caption)}><figcaption><code>{html.escape(f.file)}</code>: '
-            f"{inline_html(f.caption)}</figcaption></figure>" for f in b.items)
+            f'<figure{_attr("id", "plot-" + Path(f.file).stem)}>'
+            + (_chart(f, scripts) if f.chart else f'<img src="{_png_uri(folder, f.file)}"{_attr("alt", f.caption)}>')
+            + f"<figcaption><code>{html.escape(f.file)}</code>: {inline_html(f.caption)}"
+            + (" (interactive: hover a design for its parameters, click the legend to hide a group, drag to zoom, "
+               "double-click to reset)" if f.chart else "") + "</figcaption></figure>" for f in b.items)
     raise TypeError(f"not a document block: {b!r}")
 
 
+def _sha256(code: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(code.encode()).digest()).decode() + "'"
+
+
 def html_page(doc: Document, folder: Path) -> str:
-    """The document as one self-contained HTML page; figures are read from ``folder``."""
+    """The document as one self-contained HTML page; figures are read from ``folder``. With
+    charts, ``doc.library`` is inlined once in the head, and the policy allows exactly the
+    page's scripts (by their SHA-256), nothing fetched."""
     folder = Path(folder)
     sections = [s for s in doc.sections if _shown(s, HTML)]
     nav = "".join(f'<li><a href="#{html.escape(s.id)}">{inline_html(s.title)}</a></li>'
                   for s in sections if s.title and s.id and s.level == 2)
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f'<meta http-equiv="Content-Security-Policy" content="{html.escape(CSP)}">',
-             f"<title>{html.escape(doc.title)} — dse report</title>", f"<style>{_CSS}</style></head>",
-             f"<body><header><h1>{html.escape(doc.title)}</h1></header>"]
+    scripts: list[str] = []
+    body = [f"<body><header><h1>{html.escape(doc.title)}</h1></header>"]
     if nav:
-        parts.append(f'<nav aria-label="contents"><ol>{nav}</ol></nav>')
-    parts.append("<main>")
+        body.append(f'<nav aria-label="contents"><ol>{nav}</ol></nav>')
+    body.append("<main>")
     for s in sections:
-        parts.append(f"<section{_attr('id', s.id)}>")
+        body.append(f"<section{_attr('id', s.id)}>")
         if s.title:
             level = min(max(s.level, 2), 6)
-            parts.append(f"<h{level}>{inline_html(s.title)}</h{level}>")
-        parts += [_html_block(b, folder) for b in s.blocks if _shown(b, HTML)]
-        parts.append("</section>")
-    parts.append("</main></body></html>")
-    return "\n".join(parts) + "\n"
+            body.append(f"<h{level}>{inline_html(s.title)}</h{level}>")
+        body += [_html_block(b, folder, scripts) for b in s.blocks if _shown(b, HTML)]
+        body.append("</section>")
+    body.append("</main></body></html>")
+    if scripts and not doc.library:
+        raise DseError("report.html: its charts need their library (plotly.js), and the document holds none")
+    library = [doc.library.replace("</script", "<\\/script")] if scripts else []
+    csp = CSP + ("; script-src " + " ".join(map(_sha256, dict.fromkeys(library + scripts))) if scripts else "")
+    head = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f'<meta http-equiv="Content-Security-Policy" content="{html.escape(csp)}">',
+            f"<title>{html.escape(doc.title)} — dse report</title>", f"<style>{_CSS}</style>",
+            *(f"<script>{c}</script>" for c in library), "</head>"]
+    return "\n".join(head + body) + "\n"

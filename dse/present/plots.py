@@ -449,11 +449,14 @@ def _tick_text(t: float, _pos=None) -> str:
     return f"{t:.3g}"
 
 
-def _wide(values, ratio: float = 30.0) -> bool:
+def wide(values, ratio: float = 30.0) -> bool:
     """Whether positive ``values`` span more than ``ratio`` (then an axis is logarithmic)."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     return bool(len(v) and v.max() / v.min() > ratio)
+
+
+_wide = wide
 
 
 def _log_axis(ax, axis: str, values) -> None:
@@ -1016,6 +1019,26 @@ def breakdown_plot(path: Path, designs: list[dict], min_share: float = 0.03) -> 
 
 # --------------------------------------------------------------------------- sweep curves
 
+def _swept_axis(ax, xv, most: int) -> None:
+    """The x axis of a swept parameter's values ``xv``: logarithmic in base 2 when more than
+    two positive values span 8x or more, ticked at the values (at most ``most`` labels, else
+    every other power of 2 within the range)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    xv = np.asarray(xv, dtype=float)
+    xv = xv[np.isfinite(xv)]
+    if not (len(np.unique(xv)) > 2 and xv.min() > 0 and xv.max() / xv.min() >= 8):
+        return
+    ax.set_xscale("log", base=2)
+    ticks = np.unique(xv)
+    if len(ticks) > most:
+        ticks = 2.0 ** np.arange(math.floor(math.log2(xv.min())), math.ceil(math.log2(xv.max())) + 1)
+        while len(ticks) > most:
+            ticks = ticks[::2]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(_tick_text))
+
+
 @_styled
 def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
     """Curves against a swept parameter. Each panel is a dict with ``data`` (rows with
@@ -1025,7 +1048,7 @@ def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
     every axes, and one legend beside the figure names them; infeasible points are grey
     crosses."""
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    from matplotlib.ticker import FuncFormatter
     n_ax = sum(len(p["ys"]) for p in panels)
     fig, axes = _figure(ncols=n_ax, width=4.6 if n_ax > 2 else 5.4 if n_ax > 1 else 7.0, height=4.4)
     it = iter(axes)
@@ -1061,18 +1084,7 @@ def sweep_plot(path: Path, panels: list[dict], title: str) -> dict:
                                      "x_values": [float(v) for v in ok[x]], "y_values": [float(v) for v in ok[y]]})
             ax.set_xlabel(label_of(x))
             ax.set_ylabel(label_of(y, uy))
-            xv = data[x].to_numpy(float)
-            if len(np.unique(xv)) > 2 and xv.min() > 0 and xv.max() / xv.min() >= 8:
-                ax.set_xscale("log", base=2)
-                ticks = np.unique(xv)
-                most = 9 if n_ax == 1 else 5             # labels that fit side by side
-                if len(ticks) > most:        # every other power of 2 within the range
-                    ticks = 2.0 ** np.arange(math.floor(math.log2(xv.min())), math.ceil(math.log2(xv.max())) + 1)
-                    while len(ticks) > most:
-                        ticks = ticks[::2]
-                ax.xaxis.set_major_locator(FixedLocator(ticks))
-                ax.xaxis.set_minor_locator(NullLocator())
-                ax.xaxis.set_major_formatter(FuncFormatter(_tick_text))
+            _swept_axis(ax, data[x].to_numpy(float), 9 if n_ax == 1 else 5)   # labels that fit side by side
             yv = data[y].to_numpy(float) / sy
             if p.get("log_y") and _wide(yv, 10.0) or _wide(yv):
                 _log_axis(ax, "y", yv)
@@ -1216,3 +1228,79 @@ def compare_plot(path: Path, rows: list[dict]) -> dict:
                  " (hatched: does not fit)", fontsize="medium")
     _save(fig, path)
     return {"kind": "compare", "hardware": names, "metrics": metrics, "y_labels": labels, "y_units": units}
+
+
+# --------------------------------------------------------------------------- declared comparisons
+
+@_styled
+def comparison_plot(path: Path, panels: list[dict], title: str, kind: str = "line") -> dict:
+    """A study's declared comparison (``report.compare``): a grid of panels, each a dict with
+    ``data`` (rows with point and feasible), ``x``, ``y``, ``colour`` (a column: one line per
+    value, or None), ``row`` and ``col`` (1-based) and ``label`` (its title: the facet value).
+    Feasible designs are joined along x (``kind`` line) or drawn as points (scatter), a colour
+    value keeping its colour in every panel; infeasible designs are grey crosses. Laid out by
+    matplotlib's constrained layout, one legend beside the grid. Returns the record: per
+    trace its panel, y, colour value and the ``point`` ids and values drawn (SI)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
+    nrows, ncols = max(p["row"] for p in panels), max(p["col"] for p in panels)
+    fig, axes = _figure(ncols=ncols, nrows=nrows, width=4.8 if ncols > 1 else 7.0, height=3.8 if nrows > 1 else 4.6,
+                        layout="constrained")
+    colour_col = next((p["colour"] for p in panels if p["colour"]), None)
+    values = sorted({_plain(v) for p in panels if p["colour"] for v in p["data"][p["colour"]].unique()},
+                    key=lambda v: (isinstance(v, str), v if isinstance(v, (int, float)) else 0, str(v)))
+    pal = dict(zip(values, _palette(len(values)))) if colour_col else {}
+    marks = {v: _MARKERS[i % len(_MARKERS)] for i, v in enumerate(values)}
+    record = {"kind": "comparison", "title": title, "traces": [], "panels": []}
+    handles: dict[str, object] = {}
+    for ax in axes:
+        ax.set_visible(False)
+    for p in panels:
+        ax = axes[(p["row"] - 1) * ncols + p["col"] - 1]
+        ax.set_visible(True)
+        d, x, y, colour = p["data"], p["x"], p["y"], p["colour"]
+        ok = d["feasible"].to_numpy(bool)
+        categorical = d[x].dtype.kind not in "fiub"
+        sy, uy, _ = axis_unit(y, d[y].to_numpy(float))
+        sx, ux, _ = axis_unit(x, d[x].to_numpy(float)) if not categorical else (1.0, "", "")
+        groups = [(None, d[ok])] if colour is None else list(d[ok].groupby(colour, sort=True, observed=True))
+        for value, g in groups:
+            value = _plain(value)
+            g = g.sort_values(x, kind="stable")
+            c, mk = (pal[value], marks[value]) if colour else ("#4c72b0", "o")
+            xs = g[x].astype(str).to_numpy() if categorical else g[x].to_numpy(float) / sx
+            ax.plot(xs, g[y].to_numpy(float) / sy, marker=mk, ms=5, color=c, lw=1.6 if kind == "line" else 0,
+                    alpha=0.9)
+            name = f"{colour} = {value}" if colour else words_of(y)
+            handles.setdefault(name, Line2D([], [], marker=mk, ms=5, color=c, label=name))
+            record["traces"].append({"panel": p.get("label", ""), "x": x, "y": y, "colour": value,
+                                     "points": _ids(g), "x_values": g[x].tolist(),
+                                     "y_values": [float(v) for v in g[y].to_numpy(float)]})
+        bad = d[~ok]
+        if len(bad):
+            xs = bad[x].astype(str).to_numpy() if categorical else bad[x].to_numpy(float) / sx
+            ax.scatter(xs, bad[y].to_numpy(float) / sy, marker="x", color="0.6", s=20, zorder=3)
+            handles.setdefault("infeasible", Line2D([], [], ls="", marker="x", color="0.6",
+                                                    label="infeasible (not fitting, or an SLO missed)"))
+        ax.set_xlabel(label_of(x, ux) if not categorical else words_of(x))
+        ax.set_ylabel(label_of(y, uy))
+        if not categorical:
+            _swept_axis(ax, d[x].to_numpy(float) / sx, 5 if ncols > 1 else 9)
+        if _wide(d[y].to_numpy(float) / sy, 10.0):
+            _log_axis(ax, "y", d[y].to_numpy(float) / sy)
+        else:
+            ax.yaxis.set_major_formatter(FuncFormatter(_tick_text))
+        if p.get("label"):
+            ax.set_title(p["label"], fontsize="medium")
+        record["panels"].append({"label": p.get("label", ""), "x": x, "y": y, "x_label": ax.get_xlabel(),
+                                 "y_label": ax.get_ylabel(), "points": _ids(d)})
+    if "infeasible" in handles:
+        handles["infeasible"] = handles.pop("infeasible")
+    if handles:
+        fig.legend(handles=list(handles.values()), loc="outside right center", fontsize="small",
+                   title=colour_col)
+    width = fig.get_size_inches()[0]             # about 8 characters of the title an inch
+    fig.suptitle("\n".join(textwrap.wrap(title, int(8 * width))), fontsize="medium")
+    _save(fig, path)
+    record["legend"] = list(handles)
+    return record

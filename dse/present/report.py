@@ -76,7 +76,18 @@ from dse.present.document import (
     markdown,
 )
 from dse.present.drawing import Drawer, Drawn
-from dse.present.plots import THROUGHPUT, breakdown_plot, human, pareto_plot, roofline_plot, sweep_plot, words_of
+from dse.present.interactive import panels_chart, pareto_chart, plotly_js
+from dse.present.plots import (
+    THROUGHPUT,
+    breakdown_plot,
+    comparison_plot,
+    human,
+    pareto_plot,
+    roofline_plot,
+    sweep_plot,
+    words_of,
+)
+from dse.present.report_spec import ReportSpec, answer_rows, chooser, comparison_rows, report_spec
 from dse.system.analysis import Analysis
 from dse.system.reasons import describe
 
@@ -343,6 +354,7 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
     name = str(study.get("name") or out.name)
     names = list(dict.fromkeys([*res.names, *map(str, front.columns)]))     # columns of the rows or the front
     varied = _varied(spec, names)
+    declared = report_spec(study.get("report"), str(spec.where), spec.space.names)   # the study's own plots, answer
 
     # ---- the columns worth reading
     hw_axes = [c for c in names if c in HARDWARE_AXES or c.startswith("peak_")]
@@ -356,6 +368,8 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
     p0 = best.get(first) if first else None
     best_plots = _best_plots(out, draw, name, key or "point", first, best, full, analyses)
     want = ([key] if key else []) + ["feasible", *objectives, *varied, *hw_axes, *TABLE_METRICS]
+    want += [c for c in (*declared.columns, "hardware", *(("reason",) if declared.compare else ()))
+             if c in names and c not in ("point", "trial")]
     if any(v in varied for v in ("batch", "prompt_len", "gen_len", *LOAD_AXES)):
         want += list(sweep_metrics) + ["batch_used"]
     df = res.columns(want)
@@ -376,6 +390,8 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
 
     written: list[Path] = []
     plots: dict[str, dict] = {}
+    charts: dict[str, dict] = {}         # the interactive version of a plot, by its file
+    hover = [c for c in dict.fromkeys([key, "hardware", *varied]) if c in df or c in front_df]
 
     # ---- background sample of feasible points
     feas_pos = np.flatnonzero(feas)
@@ -430,7 +446,16 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
                             title=f"{name}: {words_of(y)} vs {words_of(x)}",
                             note="; ".join(t for t in (_cloud_note(kept, cloud), note) if t), **encode
                             ).then(rows)
+        charts[fname] = pareto_chart(bg, front_df[np.isfinite(front_df[[x, y]].to_numpy(float)).all(axis=1)], x, y,
+                                     encode.get("hue"), hover, f"{name}: {words_of(y)} vs {words_of(x)}")
         written.append(out / fname)
+
+    if objectives and n_feas and not plots:          # no Pareto plot asked nor left out: say why none
+        y0 = thr[0] if thr else first
+        unknown = [o for o in objectives if o in background and not np.isfinite(background[o].to_numpy(float)).any()]
+        plots[f"pareto_{y0}.png"] = {"kind": "pareto", "x": None, "y": y0, "skipped": _empty_front(
+            y0, y0, objectives, background) if unknown else "no plot: no hardware figure or second objective varies "
+            "over the feasible designs"}
 
     # ---- b. roofline and c. per-operator breakdown of the best designs (drawn already)
     plots.update(best_plots)
@@ -460,7 +485,7 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
             cover = df.loc[feas, [*cols, x]].groupby(cols, observed=True, sort=False)[x].nunique()
             cand = cover[cover == cover.max()].index.to_frame(index=False)
             same = sum((cand[v] == base[v]).to_numpy(int) for v in cols)
-            far = sum(np.abs(np.log(cand[v].to_numpy(float) / float(base[v]))) for v in cols
+            far = sum(np.abs(np.log(np.maximum(cand[v].to_numpy(float) / float(base[v]), 1e-300))) for v in cols
                       if pd.api.types.is_numeric_dtype(cand[v]) and float(base[v]) > 0)
             pick = cand.iloc[int(np.lexsort((far + np.zeros(len(cand)), -same))[0])]   # most equal, then nearest
             fixed = {v: pick[v].item() if hasattr(pick[v], "item") else pick[v] for v in cols}
@@ -497,20 +522,20 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
         # batch: max is drawn at the batch it resolved to
         bx = "batch" if pd.api.types.is_numeric_dtype(df["batch"]) else "batch_used"
         title = title_of("batch sweep", fixed, mode)
-        plots["sweep_batch.png"] = draw(
-            sweep_plot, out / "sweep_batch.png",
-            [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}], title
-        ).then(functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
+        panels = [{"data": sub, "x": bx, "ys": ["output_tokens_per_s", "tpot_s"], "hue": hue}]
+        plots["sweep_batch.png"] = draw(sweep_plot, out / "sweep_batch.png", panels, title).then(
+            functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
+        charts["sweep_batch.png"] = panels_chart(_sweep_panels(panels), hover, title)
         written.append(out / "sweep_batch.png")
     load = next((v for v in LOAD_AXES if v in varied), None)
     if "sweep_load.png" in sweeps:
         sub, hue, fixed, mode = sweep_slice(load)
         title = title_of(f"serving curve ({load.replace('_', ' ')})", fixed, mode)
-        plots["sweep_load.png"] = draw(
-            sweep_plot, out / "sweep_load.png",
-            [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue, "log_y": True}],
-            title
-        ).then(functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
+        panels = [{"data": sub, "x": load, "ys": ["output_tokens_per_s", "tpot_s", "ttft_s"], "hue": hue,
+                   "log_y": True}]
+        plots["sweep_load.png"] = draw(sweep_plot, out / "sweep_load.png", panels, title).then(
+            functools.partial(_updated, mode=mode, fixed=plain(fixed), base_point=p0, title=title)).then(rows)
+        charts["sweep_load.png"] = panels_chart(_sweep_panels(panels), hover, title)
         written.append(out / "sweep_load.png")
     seq = [v for v in ("prompt_len", "gen_len") if v in varied]
     if "sweep_seq.png" in sweeps:
@@ -524,7 +549,31 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
         title = title_of("time vs sequence length", fixed_all, modes[0])
         plots["sweep_seq.png"] = draw(sweep_plot, out / "sweep_seq.png", panels, title).then(functools.partial(
             _updated, mode=modes, fixed=plain(fixed_all), base_point=p0, title=title)).then(rows)
+        charts["sweep_seq.png"] = panels_chart(_sweep_panels(panels), hover, title)
         written.append(out / "sweep_seq.png")
+
+    # ---- e. the comparisons the study declares (report.compare), each a PNG and a chart
+    for i, c in enumerate(declared.compare, 1):
+        fname = f"compare_{i}.png"
+        missing = [col for col in c.columns if col not in df]
+        if missing or not len(df):
+            plots[fname] = {"kind": "comparison", "skipped": f"no figure: the rows read lack {', '.join(missing)}"
+                            if missing else f"no figure: {_NO_ROWS}"}
+            continue
+        by = chooser(c, objectives)
+        sub, left = comparison_rows(df, c, varied, by)
+        if not len(sub) or not np.isfinite(sub[list(c.ys)].to_numpy(float)).any():
+            plots[fname] = {"kind": "comparison", "skipped": "no figure: no design with the fixed values "
+                            + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in c.fixed) + " has a value of "
+                            + ", ".join(c.ys)}
+            continue
+        title = _comparison_title(name, c, left, by)
+        panels = _comparison_panels(sub, c)
+        plots[fname] = draw(comparison_plot, out / fname, panels, title, c.kind).then(functools.partial(
+            _updated, fixed={k: list(v) for k, v in c.fixed}, left=list(left), best_by=list(by) if left and by else None,
+            colour=c.colour, facet=c.facet, declared=i)).then(rows)
+        charts[fname] = panels_chart(panels, hover, title, c.kind)
+        written.append(out / fname)
 
     # ---- summary.md and report.html: one document, two renderings
     drawer.finish()
@@ -533,7 +582,7 @@ def write_report(out_dir, study: dict, spec, front=None, drawer: Drawer | None =
         rec["id"] = key          # the column naming the highlighted and analyzed designs
     doc = _document(out, name, study, spec, df, key=key, objectives=objectives, best=best, full=full,
                     analyses=analyses, front_df=front_df, totals=totals, plots=plots, varied=varied,
-                    kept=kept, cloud=cloud)
+                    kept=kept, cloud=cloud, declared=declared, charts=charts)
     write_text_atomic(out / "summary.md", markdown(doc))
     write_text_atomic(out / REPORT_HTML, html_page(doc, out))
     written[:0] = [out / "summary.md", out / REPORT_HTML]
@@ -663,7 +712,7 @@ def _reproduce(spec, out: Path, name: str) -> Section:
 
 def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectives: dict, best: dict, full: dict,
               analyses: dict, front_df, totals: dict, plots: dict, varied: list[str], kept: str,
-              cloud: str) -> Document:
+              cloud: str, declared: ReportSpec = ReportSpec(), charts: dict | None = None) -> Document:
     """The report of a run as a document (``summary.md`` and ``report.html`` render it):
     the study and its question, counts, the rows kept (a streamed sweep's), infeasible
     points by reason, the best design per objective with its bottleneck, the Pareto front,
@@ -692,6 +741,15 @@ def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectiv
         facts.append("Constraints: " + ", ".join(f"{k} {'≥' if s == 'min' else '≤'} {_value_text(k, v)}"
                                                  for k, b in spec.constraints.items() for s, v in b.items()))
     sections = [Section("", intro + [Bullets(facts)])]
+    charts = charts or {}
+    if declared.answer is not None:
+        sections.append(_answer_section(declared.answer, df, key, kept, cloud))
+    declared_figs = [f for f, rec in plots.items() if rec.get("kind") == "comparison"]
+    if declared_figs:
+        sections.append(Section("The study's comparisons", [
+            Figures([Figure(f, _describe(plots[f]), charts.get(f)) for f in declared_figs
+                     if "skipped" not in plots[f]])]
+            + [f"{f}: {plots[f]['skipped']}." for f in declared_figs if "skipped" in plots[f]], id="comparisons"))
     if kept != "all":
         sections.append(_rows_section(kept, cloud, plots))
 
@@ -734,12 +792,13 @@ def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectiv
             s.blocks += [f"Best: **{_value_text(k, row[k])}** at {key} {ident(p)}.",
                          "Parameters: " + ", ".join(f"{c} {_value_text(c, row[c])}" for c in spec.space.names
                                                     if c in row),
-                         "Metrics: " + ", ".join(f"{m} {_value_text(m, row[m])}" for m in _SUMMARY_METRICS
+                         "Metrics: " + ", ".join(f"{m} {_value_text(m, row[m])}" for m in
+                                                 (declared.metrics or _SUMMARY_METRICS)
                                                  if m in row and row[m] is not None),
                          f"Bottleneck — decode: {bottleneck(an.decode)['text']}; "
                          f"prefill: {bottleneck(an.prefill)['text']}."]
 
-        fronts = [Figure(f, _describe(rec)) for f, rec in plots.items()
+        fronts = [Figure(f, _describe(rec), charts.get(f)) for f, rec in plots.items()
                   if rec.get("kind") == "pareto" and "skipped" not in rec]
         blocks = [f"{len(front_df):,} feasible designs that no other design beats on every objective "
                   f"({', '.join(f'{k} {v}' for k, v in objectives.items())})."]
@@ -754,7 +813,7 @@ def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectiv
         if fronts:
             blocks.append(Figures(fronts))
         if len(front_df):
-            cols = [key] + params + [o for o in objectives if o not in params]
+            cols = [key, "hardware"] + params + [o for o in objectives if o not in params]
             cols += [m for m in TABLE_METRICS if m not in cols]
             cols = [c for c in cols if c in front_df]
             sense = objectives.get(first, "max")
@@ -768,12 +827,74 @@ def _document(out: Path, name: str, study: dict, spec, df, *, key: str, objectiv
                                              only=where, caption=caption + f", best {first} first:"))
         sections.append(Section("Pareto front", blocks, id="pareto"))
 
-    others = [Figure(f, _describe(rec)) for f, rec in plots.items()
-              if rec.get("kind") != "pareto" and "skipped" not in rec]
+    others = [Figure(f, _describe(rec), charts.get(f)) for f, rec in plots.items()
+              if rec.get("kind") not in ("pareto", "comparison") and "skipped" not in rec]
     if others:
         sections.append(Section("Plots", [Figures(others)], id="plots"))
     sections.append(_reproduce(spec, out, name))
-    return Document(name, sections)
+    shown = any(f.chart for s in sections for b in s.blocks if isinstance(b, Figures) for f in b.items)
+    return Document(name, sections, library=plotly_js() if shown else "")
+
+
+def _sweep_panels(panels: list[dict]) -> list[dict]:
+    """The panels of a sweep plot (each: data, x, ys, hue) as the chart's grid: one panel per y, in a row."""
+    out = []
+    for p in panels:
+        for y in p["ys"]:
+            out.append({"data": p["data"], "x": p["x"], "y": y, "colour": p["hue"], "row": 1, "col": len(out) + 1,
+                        "label": ""})
+    return out
+
+
+def _comparison_panels(sub, c) -> list[dict]:
+    """The grid of a declared comparison: a row per y, a column per facet value (sorted)."""
+    facets = [None] if c.facet is None else sorted(sub[c.facet].unique().tolist(), key=str)
+    out = []
+    for r, y in enumerate(c.ys, 1):
+        for k, f in enumerate(facets, 1):
+            data = sub if f is None else sub[(sub[c.facet] == f).to_numpy(bool)]
+            out.append({"data": data, "x": c.x, "y": y, "colour": c.colour, "row": r, "col": k,
+                        "label": "" if f is None else f"{c.facet} = {f}"})
+    return out
+
+
+def _comparison_title(name: str, c, left: tuple, by: tuple[str, str] | None) -> str:
+    """The words of a declared comparison: its own title, or what it draws; what it fixes;
+    how it chose among the parameters it leaves (``by``: the column and sense of the best)."""
+    what = c.title or (f"{', '.join(words_of(y) for y in c.ys)} against {words_of(c.x)}"
+                       + (f" by {c.colour}" if c.colour else "") + (f", per {c.facet}" if c.facet else ""))
+    parts = [f"{name}: {what}"]
+    if c.fixed:
+        parts.append(", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in c.fixed))
+    if left and by:
+        parts.append(f"each point the feasible design with the {'least' if by[1] == 'min' else 'most'} {by[0]} "
+                     f"over {', '.join(left)}")
+    return "; ".join(parts)
+
+
+def _answer_section(a, df, key: str, kept: str, cloud: str) -> Section:
+    """The table the study declares as its answer (``report.answer``): per value of its
+    ``best_per`` the best feasible design by its ranking, and the values with none."""
+    title = a.title or (f"the best design per {', '.join(a.best_per)} by "
+                        + ", then ".join(f"{c} ({s})" for c, s in a.rank))
+    missing_cols = [c for c in a.reads if c not in df]
+    if missing_cols or not len(df):
+        return Section(f"The study's answer: {title}", [
+            "No answer table: " + (f"the rows read lack {', '.join(missing_cols)}" if missing_cols else _NO_ROWS)
+            + "."], id="answer")
+    best, missing = answer_rows(df, a)
+    cols = list(dict.fromkeys([*a.best_per, *(c for c, _ in a.rank), *a.columns, key]))
+    table = _columns_table(cols, _rows(best, np.arange(len(best)), cols), key, table_id="answer-table",
+                           caption=f"Per {', '.join(a.best_per)}, best first"
+                           + (f" (among the rows with {', '.join(f'{k} {chr(47).join(map(str, v))}' for k, v in a.fixed)})"
+                              if a.fixed else "") + ":")
+    blocks = [table]
+    if missing:
+        blocks.append("No feasible design with a value of " + a.rank[0][0] + " for "
+                      + "; ".join(", ".join(f"{c} {v}" for c, v in zip(a.best_per, g)) for g in missing) + ".")
+    if kept != "all":
+        blocks.append(f"Drawn from {cloud} (outputs.rows: {kept}), not every row: a group's best may be missing.")
+    return Section(f"The study's answer: {title}", blocks, id="answer")
 
 
 def _describe(rec: dict) -> str:
@@ -786,6 +907,9 @@ def _describe(rec: dict) -> str:
         return f"operators of {rec['id']} {rec['point']} by arithmetic intensity and attained performance"
     if k == "breakdown":
         return "per-operator time of the best designs (prefill, one decode step)"
+    if k == "comparison":
+        text = rec.get("title", "")
+        return text + (f" (drawn from {rec['rows_note']})" if "rows_note" in rec else "")
     if k == "sweep":
         return "; ".join(f"{', '.join(p['ys'])} against {p['x']}" + (f" by {p['hue']}" if p["hue"] else "")
                          for p in rec["panels"]) + (f" (drawn from {rec['rows_note']})" if "rows_note" in rec else "")

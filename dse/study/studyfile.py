@@ -21,6 +21,7 @@
       rows: all       # all: results.parquet | sample: sample.parquet, a uniform sample | none
                       # (default: all up to 10,000,000 points, sample above)
       sample: 100000  # rows in the sample
+    report:           # the figures and the answer table the report draws (dse.present.report_spec)
 
 Everything is validated before any work starts; an error names the file and the key.
 """
@@ -35,13 +36,14 @@ from basis.shipped import shipped, shipped_folder
 from basis.yamlfile import load_yaml
 from dse.explore.space import DesignSpace
 from dse.explore.spec import METHODS, SweepSpec
+from dse.present.report_spec import report_spec
 
 #: a study name: it is also the default output folder runs/<name>, so no paths
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: the shipped studies (``studies/``; package data in a wheel)
 STUDY_DIR = shipped("studies")
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
-        "chunk_size", "ideal", "sampler", "trials", "population", "outputs", "plan"}
+        "chunk_size", "ideal", "sampler", "trials", "population", "outputs", "plan", "report"}
 #: the keys of ``outputs``
 OUTPUT_KEYS = ("rows", "sample")
 
@@ -104,6 +106,7 @@ def load_study(name_or_path: str, seed: int | None = None, trials: int | None = 
     ints.update(_outputs(path, data.get("outputs", {}), rows))
     _check_method_keys(path, data)
     space = DesignSpace(data["space"], where=f"{path}: space")
+    report_spec(data.get("report"), str(path), space.names)        # its plots and answer: checked before any work
     spec = SweepSpec(space, method=str(data.get("method", "grid")), objectives=data.get("objectives") or {},
                      constraints=data.get("constraints") or {}, ideal=bool(data.get("ideal", False)),
                      where=str(path), name=str(data.get("name") or path.stem), **ints)
