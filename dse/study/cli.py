@@ -22,6 +22,7 @@ from basis.errors import MAX_FIGURE, DseError, shown_path
 from basis.files import output_folder, write_error_cause
 from basis.memory import free_nothing_at_exit, keep_freed_memory
 from basis.units import axis_scale
+from dse.app import cli as app_cli
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
 from dse.explore.executors import start_server
@@ -195,6 +196,7 @@ EXAMPLES = {
     "validate": ("dse validate", "dse validate --ideal", "dse validate --measured my-measurements.csv --out runs/mine"),
     "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
                   "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
+    "explore": ("dse explore", "dse explore runs/quant-roofline", "dse explore runs/gpu-sweep-1m --port 8051"),
 }
 EXAMPLES["top"] = (EXAMPLES["analyze"][0], EXAMPLES["compare"][0], EXAMPLES["run"][0], "dse list hardware")
 
@@ -269,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--format", choices=("table", "json"), default="table",
                     help="table (units) or json (SI units)")
     calibration_cli.add_parsers(command)
+    app_cli.add_parsers(command)
     return ap
 
 
@@ -860,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
-                "compare": cmd_compare, **calibration_cli.COMMANDS}[args.command](args)
+                "compare": cmd_compare, **calibration_cli.COMMANDS, **app_cli.COMMANDS}[args.command](args)
     except DseError as e:
         from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
         print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)
