@@ -19,6 +19,7 @@ from dse.app.data import ON_FRONT, Run, control_values, filter_mask, open_run, p
 from dse.app.figures import (
     breakdown_figure,
     empty_figure,
+    html_table,
     memory_figure,
     operator_rows,
     roofline_figure,
@@ -26,9 +27,14 @@ from dse.app.figures import (
     summary_rows,
 )
 from dse.present.display import quantity_text
-from dse.system.analysis import analyze_point
+from dse.system.analysis import ROW_KEYS, analyze_point
 from dse.system.reasons import MEMORY_CODES
 
+#: the columns of the operator table: (key, title)
+OPERATOR_COLUMNS = [("stage", "stage"), *((k, k) for k in ROW_KEYS)]
+#: the columns of the summary and of a hovered design
+SUMMARY_COLUMNS = [("figure", "figure"), ("value", "value")]
+DESIGN_COLUMNS = [("column", "column"), ("value", "value")]
 #: at most this many designs are kept selected for the side-by-side comparison
 MAX_SELECTED = 8
 
@@ -155,7 +161,8 @@ def _failed(e: Exception) -> str:
 
 def register(app) -> None:
     """Wire the page's controls (``dse.app.layout``) to the functions above."""
-    @app.callback(Output("point-message", "children"), Output("op-table", "data"), Output("summary-table", "data"),
+    @app.callback(Output("point-message", "children"), Output("op-table", "children"),
+                  Output("summary-table", "children"),
                   Output("roofline", "figure"), Output("breakdown", "figure"), Output("memory", "figure"),
                   Input({"type": PARAM, "name": ALL}, "value"), Input("ideal", "value"))
     def _point(_values, ideal):
@@ -165,7 +172,8 @@ def register(app) -> None:
         except Exception as e:    # a bug shown as one line in the page, not a failed request
             blank = empty_figure(_failed(e))
             return _failed(e), [], [], blank, blank, blank
-        return v["message"], v["rows"], v["summary"], v["roofline"], v["breakdown"], v["memory"]
+        return (v["message"], html_table(v["rows"], OPERATOR_COLUMNS), html_table(v["summary"], SUMMARY_COLUMNS),
+                v["roofline"], v["breakdown"], v["memory"])
 
     @app.callback(Output("x", "options"), Output("y", "options"), Output("colour", "options"),
                   Output("facet", "options"), Output("x", "value"), Output("y", "value"), Output("colour", "value"),
@@ -200,7 +208,7 @@ def register(app) -> None:
         except Exception as e:
             return empty_figure(_failed(e)), _failed(e)
 
-    @app.callback(Output("run-hover", "data"), Output("run-hover-title", "children"),
+    @app.callback(Output("run-hover", "children"), Output("run-hover-title", "children"),
                   Input("run-graph", "hoverData"), State("run-folder", "value"))
     def _hover(hover, folder):
         ident = _ident(hover)
@@ -208,7 +216,7 @@ def register(app) -> None:
             return no_update, no_update
         try:
             run = get_run(folder)
-            return design_text(run, ident), f"hovered: {run.key} {ident}"
+            return html_table(design_text(run, ident), DESIGN_COLUMNS), f"hovered: {run.key} {ident}"
         except Exception as e:
             return [], _failed(e)
 
@@ -220,16 +228,17 @@ def register(app) -> None:
         ident = _ident(click)
         return no_update if ident is None else toggled(selected, ident)
 
-    @app.callback(Output("compare-table", "data"), Output("compare-table", "columns"), Output("explain-pick", "options"),
+    @app.callback(Output("compare-table", "children"), Output("explain-pick", "options"),
                   Output("explain-pick", "value"), Input("selected", "data"), State("run-folder", "value"))
     def _compare(selected, folder):
         if not selected or not folder:
-            return [], [{"name": "column", "id": "column"}], [], None
+            return [], [], None
         try:
             rows, cols = compare_table(get_run(folder), selected)
         except Exception as e:
-            return [{"column": _failed(e)}], [{"name": "column", "id": "column"}], [], None
-        return rows, cols, [{"label": f"design {i}", "value": i} for i in selected], selected[-1]
+            return _failed(e), [], None
+        return (html_table(rows, [(c["id"], c["name"]) for c in cols]),
+                [{"label": f"design {i}", "value": i} for i in selected], selected[-1])
 
     @app.callback(Output({"type": PARAM, "name": ALL}, "value"), Output("ideal", "value"), Output("view", "value"),
                   Output("explain-message", "children"),

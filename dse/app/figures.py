@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from dash import html
 
 from dse.present.display import json_text, quantity_text
 from dse.present.plots import op_colour, words_of
@@ -39,6 +40,28 @@ def summary_rows(summary: dict) -> list[dict]:
     """The summary of an analysis as (figure, value in its unit) rows; nested figures left out."""
     return [{"figure": k, "value": quantity_text(k, v)} for k, v in summary.items()
             if not isinstance(v, (dict, list, tuple))]
+
+
+def cell_text(v) -> str:
+    """A table cell: a number to 4 significant digits ('' for None), anything else as text."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+#: the style of the app's tables
+TABLE_STYLE = {"borderCollapse": "collapse", "fontSize": "12px"}
+_CELL = {"border": "1px solid #ccc", "padding": "1px 4px"}
+
+
+def html_table(rows: list[dict], columns: list[tuple[str, str]]) -> html.Table:
+    """``rows`` as an HTML table: a header of ``columns``' titles, then one row per row, each
+    cell of a column's key (``cell_text``)."""
+    head = html.Thead(html.Tr([html.Th(title, style=_CELL) for _, title in columns]))
+    body = html.Tbody([html.Tr([html.Td(cell_text(r.get(k)), style=_CELL) for k, _ in columns]) for r in rows])
+    return html.Table([head, body], style=TABLE_STYLE)
 
 
 def _attained(r: dict) -> float | None:

@@ -7,12 +7,11 @@ endpoint off: the page makes no request outside the server it came from.
 """
 from __future__ import annotations
 
-from dash import Dash, Input, Output, dash_table, dcc, html
+from dash import Dash, Input, Output, dcc, html
 
 from dse.app.callbacks import PARAM, register
 from dse.app.data import FOLDED, SECTION_ORDER, Control, controls, run_folders
 from dse.app.figures import GRAPH_CONFIG
-from dse.system.analysis import ROW_KEYS
 
 #: the page's own styles (inline: no stylesheet is fetched)
 STYLE = {"fontFamily": "sans-serif", "fontSize": "13px", "margin": "8px"}
@@ -47,14 +46,6 @@ def _controls_panel() -> html.Div:
     return html.Div(sections)
 
 
-def _operator_table() -> dash_table.DataTable:
-    cols = [{"name": "stage", "id": "stage"}] + [
-        {"name": k, "id": k, "type": "numeric", "format": {"specifier": ".4~g"}} if k not in (
-            "name", "place", "compute_format", "bound") else {"name": k, "id": k} for k in ROW_KEYS]
-    return dash_table.DataTable(id="op-table", columns=cols, data=[], sort_action="native", page_action="none",
-                                style_table={"overflowX": "auto"}, style_cell={"fontSize": "12px", "padding": "2px"})
-
-
 def _point_view() -> html.Div:
     return html.Div(id="point-view", children=[
         _controls_panel(),
@@ -62,12 +53,10 @@ def _point_view() -> html.Div:
         html.Div([dcc.Graph(id="roofline", config=GRAPH_CONFIG, style={"flex": "3"}),
                   dcc.Graph(id="memory", config=GRAPH_CONFIG, style={"flex": "1"})], style=_SIDE),
         html.H3("operators (per device; time of one instance, x count per step)"),
-        _operator_table(),
+        html.Div(id="op-table", style={"overflowX": "auto"}),
         dcc.Graph(id="breakdown", config=GRAPH_CONFIG),
         html.H3("summary"),
-        dash_table.DataTable(id="summary-table", columns=[{"name": "figure", "id": "figure"},
-                                                          {"name": "value", "id": "value"}], data=[],
-                             style_cell={"fontSize": "12px", "textAlign": "left"}),
+        html.Div(id="summary-table"),
     ])
 
 
@@ -86,16 +75,13 @@ def _run_view(run_dir: str | None) -> html.Div:
         html.Div(id="run-count", style={"margin": "4px 0"}),
         html.Div([dcc.Graph(id="run-graph", config=GRAPH_CONFIG, style={"flex": "3"}),
                   html.Div([html.B(id="run-hover-title", children="hover a dot for its parameters"),
-                            dash_table.DataTable(id="run-hover", columns=[{"name": "column", "id": "column"},
-                                                                          {"name": "value", "id": "value"}], data=[],
-                                                 style_cell={"fontSize": "12px", "textAlign": "left"})],
+                            html.Div(id="run-hover")],
                            style={"flex": "1"})], style=_SIDE),
         html.H3("selected designs (click a dot to add or remove it)"),
         html.Div([dcc.Dropdown(id="explain-pick", placeholder="a selected design", style={"minWidth": "200px"}),
                   html.Button("explain in the design-point view", id="explain"), html.Button("clear", id="clear"),
                   html.Span(id="explain-message")], style=_SIDE),
-        dash_table.DataTable(id="compare-table", columns=[{"name": "column", "id": "column"}], data=[],
-                             style_cell={"fontSize": "12px", "textAlign": "left"}),
+        html.Div(id="compare-table", style={"overflowX": "auto"}),
         dcc.Store(id="selected", data=[]),
     ])
 
