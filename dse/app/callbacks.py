@@ -27,6 +27,7 @@ from dse.app.figures import (
     summary_rows,
 )
 from dse.present.display import quantity_text
+from dse.present.plots import THROUGHPUT
 from dse.system.analysis import ROW_KEYS, analyze_point
 from dse.system.reasons import MEMORY_CODES
 
@@ -77,10 +78,10 @@ def get_run(folder: str) -> Run:
 
 
 def axis_defaults(run: Run) -> dict:
-    """The starting x, y, colour and facet of a run: the first objective on y against the second
+    """The starting x, y, colour and facet of a run: the first objective (a throughput first) on y against the second
     (or the first parameter that varies); colour: the Pareto designs."""
     numeric = run.numeric()
-    objectives = [o for o in run.objectives if o in numeric]
+    objectives = sorted((o for o in run.objectives if o in numeric), key=lambda o: o not in THROUGHPUT)
     y = objectives[0] if objectives else next((c for c in ("output_tokens_per_s", *numeric) if c in numeric), None)
     varied = [c for c in run.params if c in numeric and run.columns([c])[c].nunique() > 1]
     x = next((c for c in [*objectives[1:], *varied, *numeric] if c != y), y)

@@ -5,6 +5,7 @@ Dash, Plotly and pandas are imported when ``explore`` runs, so that the ``analyz
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 
@@ -46,8 +47,12 @@ def cmd_explore(args) -> int:
     _check_free(args.host, args.port)
     app = make_app(args.run)
     print(f"dse explore: serving on http://{args.host}:{args.port}/ (Ctrl-C to stop)", file=sys.stderr)
-    app.run(host=args.host, port=args.port, debug=False, dev_tools_ui=False, dev_tools_hot_reload=False,
-            dev_tools_disable_version_check=True)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)    # no line per request on the terminal
+    try:
+        app.run(host=args.host, port=args.port, debug=False, dev_tools_ui=False, dev_tools_hot_reload=False,
+                dev_tools_disable_version_check=True)
+    except KeyboardInterrupt:
+        pass                                                   # Ctrl-C: the server stops, nothing to keep
     return 0
 
 
