@@ -140,3 +140,20 @@ def test_a_bad_run_folder_is_one_line_and_exit_2(tmp_path, capsys, make):
 def test_an_unusable_port_is_one_line_and_exit_2(capsys):
     assert main(["explore", "--port", "0"]) == 2
     assert "--port: expected a TCP port" in capsys.readouterr().err
+
+
+def test_a_large_run_draws_a_uniform_sample_and_says_so(tmp_path):
+    # a run that kept its Pareto designs alone (pareto.csv), 25,000 of them, a tenth without a TPOT
+    rng = np.random.default_rng(1)
+    n = 25_000
+    tpot = rng.uniform(0.01, 0.1, n)
+    tpot[::10] = np.nan
+    pd.DataFrame({"point": np.arange(n), "weights": np.where(np.arange(n) % 2, "fp8", "fp16"),
+                  "output_tokens_per_s": rng.uniform(10, 1000, n), "tpot_s": tpot}).to_csv(tmp_path / "pareto.csv",
+                                                                                         index=False)
+    r = get_run(str(tmp_path))
+    fig, text = run_points(r, "tpot_s", "output_tokens_per_s", "weights", None, {}, {})
+    ids = np.concatenate([np.asarray(t.customdata)[:, 0] for t in fig.data]).astype(int)
+    assert len(ids) == 20_000 == len(set(ids)) and not np.isin(ids, np.arange(0, n, 10)).any()
+    assert text == ("20,000 designs drawn (a uniform sample of 22,500); 25,000 of the 25,000 rows in pareto.csv pass "
+                    "the filters, 2,500 of them without a value of tpot_s or output_tokens_per_s")

@@ -95,10 +95,11 @@ def run_points(run: Run, x: str, y: str, colour: str | None, facet: str | None, 
         return empty_figure("choose x and y"), "choose x and y"
     df = run.columns([x, y, *(c for c in (colour, facet) if c), *categories, *ranges, *shown_columns(run)])
     keep = filter_mask(df, categories, ranges)
-    fig, drawn, sampled = scatter_figure(df[keep], x, y, colour, facet, run.key, shown_columns(run))
-    text = (f"{drawn:,} designs drawn" + (f" (a uniform sample of the {int(keep.sum()):,} that pass the filters)"
-                                          if sampled else "") +
-            f"; {int(keep.sum()):,} of the {run.rows:,} rows in {run.source} pass the filters")
+    fig, drawn, drawable = scatter_figure(df[keep], x, y, colour, facet, run.key, shown_columns(run))
+    passed = int(keep.sum())
+    text = (f"{drawn:,} designs drawn" + (f" (a uniform sample of {drawable:,})" if drawn < drawable else "")
+            + f"; {passed:,} of the {run.rows:,} rows in {run.source} pass the filters"
+            + (f", {passed - drawable:,} of them without a value of {x} or {y}" if passed > drawable else ""))
     return fig, text
 
 

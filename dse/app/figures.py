@@ -149,19 +149,19 @@ def empty_figure(text: str) -> go.Figure:
 
 
 def scatter_figure(df: pd.DataFrame, x: str, y: str, colour: str | None, facet: str | None, key: str,
-                   hover: list[str]) -> tuple[go.Figure, int, bool]:
+                   hover: list[str]) -> tuple[go.Figure, int, int]:
     """The rows of ``df`` with a finite ``x`` and ``y`` as dots (one trace per colour value, one
     panel per facet value), each dot carrying its design id (``key``) as customdata and the
     columns ``hover`` in its hover text. Above ``BACKGROUND_SAMPLE`` rows, a uniform sample of
-    them (seed ``SEED``, as the report draws its clouds). Returns (figure, dots drawn, sampled)."""
+    them (seed ``SEED``, as the report draws its clouds). Returns (figure, dots drawn, rows with both values)."""
     import plotly.express as px
     ok = np.isfinite(df[x].to_numpy(float)) & np.isfinite(df[y].to_numpy(float)) if len(df) else np.zeros(0, bool)
     d = df[ok]
-    sampled = len(d) > BACKGROUND_SAMPLE
-    if sampled:
-        d = d.iloc[np.sort(np.random.default_rng(SEED).choice(len(d), BACKGROUND_SAMPLE, replace=False))]
+    drawable = len(d)
+    if drawable > BACKGROUND_SAMPLE:
+        d = d.iloc[np.sort(np.random.default_rng(SEED).choice(drawable, BACKGROUND_SAMPLE, replace=False))]
     if not len(d):
-        return empty_figure("no design passes the filters with a value of both axes"), 0, False
+        return empty_figure("no design passes the filters with a value of both axes"), 0, 0
     d = d.copy()
     for c in {colour, facet} - {None}:
         d[c] = d[c].astype(str)
@@ -170,4 +170,4 @@ def scatter_figure(df: pd.DataFrame, x: str, y: str, colour: str | None, facet: 
                      custom_data=[key], hover_data={c: True for c in hover} | {key: True},
                      render_mode="webgl" if len(d) > 5_000 else "svg")
     fig.update_layout(height=520, margin={"l": 60, "r": 10, "t": 40, "b": 50}, clickmode="event+select")
-    return fig, len(d), sampled
+    return fig, len(d), drawable
