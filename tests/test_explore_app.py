@@ -73,7 +73,8 @@ def test_a_point_that_cannot_run_shows_its_reason_not_a_traceback():
     assert bad["rows"] == []
     layout = design_point(_values(model="llama-3.1-8b", hardware="h100-sxm", tp=3))
     assert "3" in layout["message"] and layout["message"].startswith("infeasible: ")
-    assert design_point(_values(hardware="h100-sxm", model=None))["message"]   # no model: said, not raised
+    assert design_point(_values(hardware="h100-sxm", model=None))["message"] == (
+        "choose the model: every design point names one")
 
 
 @pytest.fixture(scope="module")

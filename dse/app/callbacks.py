@@ -29,6 +29,7 @@ from dse.app.figures import (
 from dse.present.display import quantity_text
 from dse.present.plots import THROUGHPUT
 from dse.system.analysis import ROW_KEYS, analyze_point
+from dse.system.params import REQUIRED
 from dse.system.reasons import MEMORY_CODES
 
 #: the columns of the operator table: (key, title)
@@ -48,7 +49,11 @@ def design_point(values: dict, ideal: bool = False) -> dict:
     'rows' (``operator_rows``: the numbers ``dse analyze --format json`` prints), 'summary'
     (figure, value rows), and the 'roofline', 'breakdown' and 'memory' figures."""
     try:
-        analysis, ev = analyze_point(point_columns(values), ideal=ideal)
+        cols = point_columns(values)
+        missing = [p for p in REQUIRED if p not in cols]
+        if missing:
+            raise DseError(f"choose the {' and the '.join(missing)}: every design point names one")
+        analysis, ev = analyze_point(cols, ideal=ideal)
     except DseError as e:
         blank = empty_figure("no design point: " + str(e))
         return {"message": str(e), "rows": [], "summary": [], "roofline": blank, "breakdown": blank, "memory": blank}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,9 +205,15 @@ class Run:
     ideal: bool
     front_ids: np.ndarray
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the server answers callbacks in threads: one reads columns into ``frame`` at a time
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def columns(self, cols) -> pd.DataFrame:
         """The rows' columns ``cols`` (those the run holds; ``ON_FRONT`` included), read once."""
+        with self.lock:
+            return self._columns(cols)
+
+    def _columns(self, cols) -> pd.DataFrame:
         want = [c for c in dict.fromkeys(cols) if c in self.names or c == ON_FRONT]
         missing = [c for c in dict.fromkeys([self.key, *want]) if c not in self.frame and c != ON_FRONT]
         if missing:
