@@ -23,6 +23,7 @@ from basis.files import output_folder, write_error_cause
 from basis.memory import free_nothing_at_exit, keep_freed_memory
 from basis.progress import set_total
 from basis.units import axis_scale
+from dse.app import cli as app_cli
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
 from dse.explore.executors import start_server
@@ -205,6 +206,7 @@ EXAMPLES = {
              "dse plan --study plan-llama70b"),
     "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
                   "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
+    "explore": ("dse explore", "dse explore runs/quant-roofline", "dse explore runs/gpu-sweep-1m --port 8051"),
 }
 EXAMPLES["top"] = (EXAMPLES["analyze"][0], EXAMPLES["compare"][0], EXAMPLES["run"][0], "dse list hardware")
 
@@ -283,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy_cli.add_parsers(command, deploy_cli.Hooks(lambda p: (_add_workload_args(p), add_flag(p, SPEC["hardware"])),
                                                      point_columns, (check_contradictions, check_named), cli_words))
     plan_cli.add_parsers(command, _add_workload_args, point_columns)
+    app_cli.add_parsers(command)
     return ap
 
 
@@ -891,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
         args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS,
-                **deploy_cli.COMMANDS, **plan_cli.COMMANDS}[args.command](args)
+                **deploy_cli.COMMANDS, **plan_cli.COMMANDS, **app_cli.COMMANDS}[args.command](args)
     except DseError as e:
         from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
         print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)
