@@ -4,7 +4,7 @@
 
 Runs each shipped study (``studies/*.yaml``; ``--studies`` picks some) with this checkout's
 ``python -m dse.study run NAME --out OUT/NAME`` and, with ``--against``, compares its
-``results.parquet`` (a file, or a folder of chunks for a sweep) with ``BASE/NAME/results.parquet`` (the same command run at an earlier
+``results.parquet`` (a file, or a folder of chunks for a sweep; a plan study's ``plan.csv``) with ``BASE/NAME``'s (the same command run at an earlier
 commit): the same columns in the same order, the same rows, every value equal (floats exactly,
 NaN equal to NaN). Prints one line per study (``same``, or what differs) and the wall time of
 each run; exits 1 if any study differs or fails.
@@ -39,9 +39,19 @@ def run_study(name: str, out: Path) -> tuple[int, float, str]:
     return done.returncode, time.perf_counter() - start, tail
 
 
+#: what a run keeps of its rows, in the order compared: a sweep's or search's results, a plan's answer
+RESULTS = ("results.parquet", "plan.csv")
+
+
+def results_file(run: Path) -> Path:
+    """The file of ``run`` that holds its rows (``RESULTS``; the first name if it has none)."""
+    return next((run / n for n in RESULTS if (run / n).exists()), run / RESULTS[0])
+
+
 def difference(a: Path, b: Path) -> str:
     """'' where the two results files hold the same table, else a phrase saying what differs."""
-    x, y = pd.read_parquet(a), pd.read_parquet(b)
+    read = pd.read_csv if a.suffix == ".csv" else pd.read_parquet
+    x, y = read(a), read(b)
     if list(x.columns) != list(y.columns):
         return f"columns differ: only here {sorted(set(x.columns) - set(y.columns))}, " \
                f"only there {sorted(set(y.columns) - set(x.columns))}"
@@ -69,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         line = f"{name:28s} {wall:6.2f} s"
         if args.against is not None:
-            base = args.against / name / "results.parquet"
+            here = results_file(args.out / name)
+            base = args.against / name / here.name
             if not base.exists():
                 line += f"  no {base}"
                 failed += 1
             else:
-                diff = difference(args.out / name / "results.parquet", base)
+                diff = difference(here, base)
                 line += "  same" if not diff else f"  DIFFERS: {diff}"
                 failed += bool(diff)
         print(line, flush=True)

@@ -23,7 +23,7 @@ from dse.system.params import DEFAULTS
 ROOT = Path(__file__).resolve().parents[1]
 HW = ROOT / "configs" / "hardware"
 MODELS = ROOT / "configs" / "models"
-COMMANDS = ("analyze", "compare", "run", "list", "show", "validate", "calibrate")
+COMMANDS = ("analyze", "compare", "plan", "deploy", "explore", "run", "list", "show", "validate", "calibrate")
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -403,3 +403,8 @@ def test_flags_and_point_columns_come_from_the_declarations():
     assert set(cols) == {"model", "hardware", "request_rate", "utilization",
                          *(p.name for p in TABLE if p.flag and p.flag_default)}
     assert cols["request_rate"] == 2.0 and cols["utilization"] == 0.5 and cols["batch"] == DEFAULTS["batch"]
+
+
+def test_no_command_lists_every_command(capsys):
+    rc, _, err = cli(capsys)
+    assert rc == 2 and all(c in err for c in COMMANDS), err

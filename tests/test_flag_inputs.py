@@ -166,6 +166,7 @@ def test_an_empty_or_path_like_engine_says_why_and_lists_the_engines(name, why):
     ({}, "objectives: none given"),
     ({"speed": "max"}, "objectives.speed: unknown metric or parameter"),
     ({"hardware": "min"}, "objectives.hardware: a name or a switch"),
+    ({"peak_fp8": "max"}, "objectives.peak_fp8: a parameter the space does not set"),   # was a KeyError traceback
     ({1: "max"}, "objectives.1: unknown metric"),
 ])
 def test_a_study_objective_that_ranks_nothing_is_refused_naming_the_file_key_and_metrics(objectives, words):

@@ -1,6 +1,5 @@
 """Issue 41 regressions: tracebacks and wrong numbers in evaluation and plotting, each with the
 right answer and why."""
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -175,20 +174,18 @@ method: grid
 """
 
 
-def test_an_empty_front_skips_its_plot_and_the_report_says_why(tmp_path):
-    """No design has a cost per token, so none is on the front: the Pareto plot has nothing to
-    show and is skipped, its record and the report naming the objective that emptied the front
-    (before: ZeroDivisionError in pareto_plot, three categorical parameters asking for panels of
-    no value)."""
+def test_an_objective_no_design_can_have_is_refused_before_the_run(tmp_path):
+    """No design can have a cost per token (no preset has an energy profile and a price): the study
+    is refused up front, in one line naming the file, the objective and what each hardware lacks
+    (issue 43; before issue 43 it ran to an empty front, and before issue 41 it ended in a
+    ZeroDivisionError in pareto_plot). Nothing is written."""
     study = tmp_path / "empty.yaml"
     study.write_text(EMPTY_FRONT_STUDY)
     done = _cli("run", str(study), "--out", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    plots = json.loads((tmp_path / "out" / "plots.json").read_text())
-    pareto = [rec for rec in plots.values() if rec.get("kind") == "pareto"]
-    assert pareto and all("cost_per_million_tokens_usd" in rec["skipped"] for rec in pareto)
-    summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "the Pareto front is empty, since no feasible design has a value of cost_per_million_tokens_usd" in summary
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    line = done.stderr.strip()
+    assert "\n" not in line and "empty.yaml: objectives.cost_per_million_tokens_usd: no design can have a value" in line
+    assert not (tmp_path / "out" / "results.parquet").exists()
 
 
 def test_pareto_plot_of_designs_without_values_draws_an_empty_panel(tmp_path):

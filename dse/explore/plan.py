@@ -202,10 +202,13 @@ def empty_objectives(space, objectives: dict, where: str, ideal: bool = False) -
     for metric in objectives:
         gaps = objective_gaps(first, hardware, metric, ideal=ideal)
         if gaps and len(gaps) == len(set(hardware)):
-            h, why = next(iter(gaps.items()))
+            by_reason: dict[str, list[str]] = {}
+            for h, why in gaps.items():
+                by_reason.setdefault(why, []).append(h)
+            said = "; ".join(f"{', '.join(hs)}: {why}" for why, hs in by_reason.items())
             raise DseError(f"{where}: objectives.{metric}: no design can have a value: "
-                           f"{'every hardware lacks it' if len(gaps) > 1 else h + ' lacks it'} ({h}: {why}); "
-                           f"give what it needs in space, or rank by another objective")
+                           f"{'every hardware lacks it' if len(gaps) > 1 else next(iter(gaps)) + ' lacks it'} "
+                           f"({said}); give what it needs in space, or rank by another objective")
 
 
 def percentile_column(metric: str, percentile: float) -> str:

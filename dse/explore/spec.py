@@ -128,6 +128,9 @@ class SweepSpec:
             if not isinstance(k, str) or (k not in METRICS and k not in numeric):
                 what = "a name or a switch, which has no order" if k in PARAMS else "unknown metric or parameter"
                 raise DseError(f"{where}: objectives.{shown_key(k)}: {what}; {allowed}")
+            if k not in METRICS and k not in self.space.names:
+                raise DseError(f"{where}: objectives.{k}: a parameter the space does not set (it has no value to "
+                               f"rank by); give space.{k} a value or a range, or rank by a metric ({allowed})")
             if sense not in ("min", "max"):
                 raise DseError(f"{where}: objectives.{k}: expected min or max, got {name_or_kind(sense)}")
 

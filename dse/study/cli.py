@@ -27,6 +27,7 @@ from dse.app import cli as app_cli
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
 from dse.explore.executors import start_server
+from dse.explore.plan import empty_objectives
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -76,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
-            message = "choose a command: analyze, compare, plan, run, validate, calibrate, list, show (see --help)"
+            message = "choose a command: analyze, compare, plan, deploy, explore, run, validate, calibrate, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
@@ -577,6 +578,7 @@ def cmd_run(args) -> int:
         raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
                        "--storage (or delete that study there) instead")
     name = str(data.get("name") or Path(args.study).stem)
+    empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)   # refused before its folder is made
     out = output_folder(args.out or Path("runs") / name)
     signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops a run as Ctrl-C does: work done is kept
     with RunLock(out):
