@@ -144,7 +144,12 @@ def test_a_plan_study_runs_into_plan_json_and_answers_as_the_command(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert (tmp_path / "out" / "plan.csv").read_text().startswith(",".join(ROW_KEYS))
-    assert "## Plan" in (tmp_path / "out" / "summary.md").read_text()
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    fewest = doc["hardware"]["h100-sxm"]["fewest_devices"]
+    # the answer table: the fewest devices of each hardware, as plan.json has them
+    assert "## The study's answer: the fewest devices per hardware" in summary
+    assert f"| h100-sxm | {fewest['devices']} | {fewest['replicas']} |" in summary
+    assert "answer-table" in (tmp_path / "out" / "report.html").read_text()
     same = json.loads(run_cli("plan", "--study", study, "--format", "json", timeout=180).stdout)
     assert same == doc
     direct = plan(small(hardware=("h100-sxm",)))

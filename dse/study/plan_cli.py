@@ -21,6 +21,7 @@ from dse.explore.plan import (
     plan,
 )
 from dse.present import display
+from dse.present.document import Bullets, Code, Document, Section, Table, html_page, markdown
 from dse.study.studyfile import study_path
 from hwmodels.presets import load_device
 
@@ -125,13 +126,39 @@ def run_plan_study(data: dict, name: str, out: Path, quiet: bool = False) -> int
     dt = time.perf_counter() - t0
     out = output_folder(out)
     text = plan_text(answer, ask, dt)
+    doc = plan_document(name, str(data.get("description", "")), answer, text)
     for fname, body in (("plan.json", display.json_text(answer.as_dict()) + "\n"),
                         ("plan.csv", display.csv_text(csv_rows(answer), list(ROW_KEYS))),
-                        ("summary.md", f"# {name}\n\n{data.get('description', '')}\n\n## Plan\n\n```\n{text}\n```\n")):
+                        ("summary.md", markdown(doc)), ("report.html", html_page(doc, out))):
         atomic_write(out / fname, lambda tmp, body=body: Path(tmp).write_text(body))
     print(text)
-    print(f"  plan:    {out / 'plan.json'}\n  csv:     {out / 'plan.csv'}\n  summary: {out / 'summary.md'}")
+    print(f"  plan:    {out / 'plan.json'}\n  csv:     {out / 'plan.csv'}\n  summary: {out / 'summary.md'}\n"
+          f"  report:  {out / 'report.html'}")
     return 0
+
+
+def plan_document(name: str, description: str, answer: Plan, text: str) -> Document:
+    """A plan study's report (summary.md and report.html): its question, the answer (the fewest
+    devices of each hardware, ``answer-table``), the answer lines and notes, and every layout shown."""
+    q = answer.percentile
+    header = ["hardware", "devices", "replicas", "replica", "w/a/kv", "max running", "prefill chunk",
+              f"TTFT p{q:g}", f"TPOT p{q:g}", "$ per million tokens"]
+    rows = []
+    for h, layouts in answer.layouts.items():
+        if not layouts:
+            rows.append([h, "none meets the SLOs"] + [""] * (len(header) - 2))
+            continue
+        r = layouts[0]
+        rows.append([h, str(r["devices"]), str(r["replicas"]),
+                     f"TP{r['tp']} x PP{r['pp']}" + (f" x EP{r['ep']}" if r["ep"] > 1 else ""),
+                     f"{r['weights']}/{r['activations']}/{r['kv']}", str(r["max_running"]), str(r["prefill_chunk"]),
+                     display.si(r["ttft_s"], "s"), display.si(r["tpot_s"], "s"), _money(r["cost_per_million_tokens_usd"])])
+    lines = [ln.strip() for ln in text.splitlines() if ln.startswith(("Answer:", "        cheapest", "  note:"))]
+    return Document(name, [
+        Section("", [description] if description else []),
+        Section("The study's answer: the fewest devices per hardware", [
+            Table(header, rows, id="answer-table"), Bullets([ln.removeprefix("note: ") for ln in lines])], id="answer"),
+        Section("Every layout that meets the SLOs", [Code(text)], id="layouts")])
 
 
 def csv_rows(answer: Plan) -> list[dict]:

@@ -18,6 +18,7 @@ import pytest
 from browser import BROWSERS, Browser, find_browser, page_errors
 
 from dse.study.cli import main
+from dse.study.plan_cli import is_plan_study
 from dse.study.studyfile import STUDY_DIR, load_study
 
 STUDIES = sorted(p.stem for p in STUDY_DIR.glob("*.yaml"))
@@ -144,6 +145,11 @@ def test_every_shipped_studys_report_is_interactive_offline_and_answers(name, ch
     urls = [e["params"]["request"]["url"] for e in chromium.events if e["method"] == "Network.requestWillBeSent"]
     assert urls[0] == (out / "report.html").as_uri()
     assert all(u.startswith("data:image/png;base64,") for u in urls[1:]), [u[:80] for u in urls]
+    if is_plan_study(data):                 # a plan's answer: the fewest devices of each hardware, no figure
+        assert chromium.js("document.querySelector('#answer h2').textContent").startswith("The study's answer")
+        cells = chromium.js("Array.from(document.querySelectorAll('#answer-table tbody tr'), r => r.cells[0].textContent)")
+        assert cells == list(data["space"]["hardware"])
+        return
 
     # every pareto, sweep and declared figure is a chart with data
     plots = {f: r for f, r in json.loads((out / "plots.json").read_text()).items() if "skipped" not in r}
