@@ -11,6 +11,7 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.core.economics import economics_defaults
 from dse.explore.plan import ROW_KEYS, PlanAsk, plan
+from dse.study.cli import main
 
 pytestmark = pytest.mark.usefixtures("fixed_calibration")
 
@@ -179,3 +180,14 @@ def test_a_study_whose_objective_no_design_can_have_is_refused_before_it_runs(tm
                                     "objectives": {"cost_per_million_tokens_usd": "min"}}))
     r = run_cli("run", path, "--out", tmp_path / "o2", timeout=180)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("key, value", [("max_devices", 0), ("top", -3), ("top", float("nan")),
+                                        ("max_devices", float("inf")), ("top", 10 ** 6), ("max_devices", True)])
+def test_a_plan_studys_bad_count_is_refused_naming_the_file_before_its_folder(tmp_path, capsys, key, value):
+    study = _study(tmp_path, **{key: value})
+    out = tmp_path / "out"
+    assert main(["run", study, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"plan-small.yaml: plan: {key}: expected an integer from 1 to 1024" in err
+    assert not out.exists()

@@ -95,26 +95,38 @@ class Plan:
                 "candidates": self.candidates, "slo_percentile": self.percentile, "notes": list(self.notes)}
 
 
-def check_ask(ask: PlanAsk) -> None:
-    """DseError, one line, for a question no plan answers: no hardware, a rate or SLO that is not
-    a positive finite number, no SLO at all, an unknown objective."""
+#: the most devices a replica may span, and the most layouts a plan shows per hardware
+MAX_COUNT = 1024
+
+
+def _count_ok(v) -> bool:
+    """True for an integer (not a switch) from 1 to ``MAX_COUNT``."""
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_COUNT
+
+
+def check_ask(ask: PlanAsk, where: str = "plan") -> None:
+    """DseError, one line starting with ``where`` (the command, or a study file and its section),
+    for a question no plan answers: no hardware, a rate or SLO that is not a positive finite
+    number, no SLO at all, an unknown objective, a device cap or a count of layouts shown that is
+    not an integer from 1 to ``MAX_COUNT``."""
     if not ask.hardware:
-        raise DseError("plan: hardware: give at least one preset to consider")
+        raise DseError(f"{where}: hardware: give at least one preset to consider")
     if not (isinstance(ask.rate, (int, float)) and math.isfinite(ask.rate) and ask.rate > 0):
-        raise DseError(f"plan: the request rate the service must carry: expected requests per second > 0, "
+        raise DseError(f"{where}: the request rate the service must carry: expected requests per second > 0, "
                        f"got {ask.rate!r}")
     for k in ("slo_ttft", "slo_tpot"):
         v = ask.base.get(k, 0)
         if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise DseError(f"plan: {k}: expected seconds > 0, got {v!r}")
+            raise DseError(f"{where}: {k}: expected seconds > 0, got {v!r}")
     if not (ask.base.get("slo_ttft") or ask.base.get("slo_tpot")):
-        raise DseError("plan: the SLOs: give slo_ttft and/or slo_tpot (seconds): the engines a service needs "
+        raise DseError(f"{where}: the SLOs: give slo_ttft and/or slo_tpot (seconds): the engines a service needs "
                        "follow from its goodput under them")
     bad = [o for o in ask.objectives if o not in OBJECTIVES]
     if bad or not ask.objectives:
-        raise DseError(f"plan: objectives: expected some of {', '.join(OBJECTIVES)}, got {', '.join(bad) or 'none'}")
-    if not (isinstance(ask.max_devices, int) and ask.max_devices >= 1):
-        raise DseError(f"plan: max_devices: expected a positive integer, got {ask.max_devices!r}")
+        raise DseError(f"{where}: objectives: expected some of {', '.join(OBJECTIVES)}, got {', '.join(bad) or 'none'}")
+    for key, value in (("max_devices", ask.max_devices), ("top", ask.top)):
+        if not _count_ok(value):
+            raise DseError(f"{where}: {key}: expected an integer from 1 to {MAX_COUNT}, got {value!r}")
 
 
 def layouts(model: str, max_devices: int, fixed: dict) -> list[dict]:
@@ -337,8 +349,10 @@ def ask_from_study(data: dict, where: str) -> PlanAsk:
         raise DseError(f"{where}: space.target_rate: a plan study gives the requests/s its service must carry")
     objectives = section.get("objectives", ["devices"])
     objectives = tuple(objectives) if isinstance(objectives, list) else (objectives,)
-    return PlanAsk(base, hardware, rate, fixed, objectives, section.get("max_devices", MAX_DEVICES),
-                   section.get("top", 5), bool(data.get("ideal", False)))
+    ask = PlanAsk(base, hardware, rate, fixed, objectives, section.get("max_devices", MAX_DEVICES),
+                  section.get("top", 5), bool(data.get("ideal", False)))
+    check_ask(ask, f"{where}: plan")
+    return ask
 
 
 def closest_miss(ev, ask: PlanAsk, pct: float) -> str:

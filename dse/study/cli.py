@@ -33,7 +33,7 @@ from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
 from dse.study import calibration_cli, deploy_cli, plan_cli
-from dse.study.studyfile import available_studies, load_study
+from dse.study.studyfile import available_studies, load_study, study_path
 from dse.system.analysis import (
     ENERGY_COST_METRICS,
     MAX_SIMULATED,
@@ -563,7 +563,7 @@ def cmd_run(args) -> int:
     data, spec = load_study(args.study, seed=args.seed, rows=args.rows)
     if plan_cli.is_plan_study(data):        # a plan study: its answer, not a sweep (dse.study.plan_cli)
         name = str(data.get("name") or Path(args.study).stem)
-        return plan_cli.run_plan_study(data, name, output_folder(args.out or Path("runs") / name))
+        return plan_cli.run_plan_study(data, name, args.out or Path("runs") / name, where=str(study_path(args.study)))
     for flag, given in (("--trials", args.trials), ("--storage", args.storage)):
         if given is not None and spec.method != "optuna":    # an option of optuna studies, left unused
             raise DseError(f"{flag}: applies to an optuna study, and {args.study} is a {spec.method} sweep; "

@@ -3,6 +3,7 @@ within latency SLOs (``dse.explore.plan``), as tables, JSON or CSV; and a study 
 the same (a ``plan:`` section), run by ``dse run`` into plan.json, plan.csv and summary.md."""
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from basis.files import atomic_write, output_folder
 from basis.yamlfile import load_yaml
 from dse.explore.plan import (
     ENUMERATED,
+    MAX_COUNT,
     MAX_DEVICES,
     OBJECTIVES,
     ROW_KEYS,
@@ -33,8 +35,9 @@ _SET_BY_PLAN = {"batch": "--batch", "concurrency": "--concurrency", "devices": "
 
 
 def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and 0 < int(text) <= 1024):
-        raise ValueError(text)
+    """An argparse type: an integer from 1 to ``MAX_COUNT``."""
+    if not (text.isascii() and text.isdigit() and 0 < int(text) <= MAX_COUNT):
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_COUNT}, got {text!r}")
     return int(text)
 
 
@@ -118,13 +121,14 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def run_plan_study(data: dict, name: str, out: Path, quiet: bool = False) -> int:
-    """``dse run`` of a plan study: plan.json, plan.csv and summary.md in ``out``; the answer printed."""
-    ask = ask_from_study(data, name)
+def run_plan_study(data: dict, name: str, out: Path, quiet: bool = False, where: str | None = None) -> int:
+    """``dse run`` of a plan study: plan.json, plan.csv, summary.md and report.html in ``out``; the
+    answer printed. ``where``: the study file, as messages name it (default ``name``)."""
+    ask = ask_from_study(data, where or name)       # checked before its folder is made
+    out = output_folder(out)
     t0 = time.perf_counter()
     answer = plan(ask)
     dt = time.perf_counter() - t0
-    out = output_folder(out)
     text = plan_text(answer, ask, dt)
     doc = plan_document(name, str(data.get("description", "")), answer, text)
     for fname, body in (("plan.json", display.json_text(answer.as_dict()) + "\n"),
