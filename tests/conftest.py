@@ -1,3 +1,4 @@
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,12 @@ def fixed_calibration():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DSE_CALIBRATION", str(FIXED_CALIBRATION))
         yield FIXED_CALIBRATION
+
+
+@pytest.fixture
+def keep_signals():
+    """`dse run` installs its SIGTERM handler in the test's process: put the old handlers back."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)

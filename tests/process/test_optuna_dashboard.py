@@ -5,7 +5,6 @@ infeasible designs out of the best trials, no phantom failed trials from racing 
 declared distributions; several studies in one shared storage; a study created before
 studies were named still resumes."""
 import math
-import signal
 
 import optuna
 import pandas as pd
@@ -46,14 +45,6 @@ seed: 0
 """
 OBJECTIVES = ["output_tokens_per_s", "tpot_s"]
 
-
-@pytest.fixture
-def keep_signals():
-    """`dse.study run` installs its SIGTERM handler in this process: put the old one back."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
 
 
 def _study_file(tmp_path, name, trials=40, tpot=0.05):

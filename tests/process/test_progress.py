@@ -6,7 +6,6 @@ estimate; ``--quiet`` leaves stderr empty. The counts are checked against what t
 from __future__ import annotations
 
 import re
-import signal
 
 import pytest
 
@@ -38,14 +37,6 @@ seed: 0
 #: a frame of a bar: done/total unit(s) [elapsed, time left ...]
 FRAME = re.compile(r"(\d+)/(\d+) ([a-z ]+?)s? \[(\d\d:\d\d) elapsed, (\d\d:\d\d|\?) left")
 
-
-@pytest.fixture
-def keep_signals():
-    """`dse run` installs its SIGTERM handler in this process: put the old one back."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in old.items():
-        signal.signal(s, h)
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
