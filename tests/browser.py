@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 #: where Debian's and other distributions' packages put Chromium (or Chrome)
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 #: headless, and no connection of its own (this machine refuses them; a report needs none)
@@ -28,6 +30,15 @@ def find_browser() -> str | None:
     """The Chromium (or Chrome) binary to drive: $DSE_TEST_CHROMIUM, else the first of ``BROWSERS`` on PATH; None if none."""
     found = os.environ.get("DSE_TEST_CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
     return found if found and os.access(found, os.X_OK) else None
+
+
+def browser_or_skip() -> str:
+    """``find_browser``'s binary; the calling test skips, saying why, on a machine without one."""
+    binary = find_browser()
+    if binary is None:
+        pytest.skip(f"no Chromium binary ({', '.join(BROWSERS)} not on PATH; set DSE_TEST_CHROMIUM or "
+                    f"apt-get install chromium)")
+    return binary
 
 
 class Browser:

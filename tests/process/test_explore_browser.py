@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from browser import BROWSERS, Browser, find_browser, page_errors
+from browser import Browser, browser_or_skip, page_errors
 from werkzeug.serving import make_server
 
 from dse.app.layout import make_app
@@ -35,10 +35,7 @@ WORDS = ("stage", "name", "place", "compute_format", "bound")
 def app(tmp_path_factory):
     """(browser, base URL, run folder): a quant-roofline run served by ``dse explore``'s app
     from a thread on a free port, and a headless Chromium on its page."""
-    binary = find_browser()
-    if binary is None:
-        pytest.skip(f"no Chromium binary ({', '.join(BROWSERS)} not on PATH; set DSE_TEST_CHROMIUM or "
-                    f"apt-get install chromium)")
+    binary = browser_or_skip()
     tmp = tmp_path_factory.mktemp("explore-browser")
     out = tmp / "quant-roofline"
     assert main(["run", "quant-roofline", "--out", str(out), "--quiet"]) == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from browser import BROWSERS, Browser, find_browser, page_errors
+from browser import Browser, browser_or_skip, page_errors
 
 from dse.study.cli import main
 from dse.study.plan_cli import is_plan_study
@@ -32,10 +32,7 @@ CHARTED = ("pareto", "sweep", "comparison")
 def page(tmp_path_factory):
     """A shipped study run into a fresh folder and its report.html loaded in Chromium:
     (run folder, browser, seconds to run the study, seconds to start the browser and load)."""
-    binary = find_browser()
-    if binary is None:
-        pytest.skip(f"no Chromium binary ({', '.join(BROWSERS)} not on PATH; set DSE_TEST_CHROMIUM or "
-                    f"apt-get install chromium)")
+    binary = browser_or_skip()
     tmp = tmp_path_factory.mktemp("browser")
     out = tmp / "run"
     t0 = time.perf_counter()
@@ -119,9 +116,7 @@ HOVER_ALL = """Promise.all(Array.from(document.querySelectorAll('.chart'), gd =>
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory):
     """One headless Chromium for the every-study test."""
-    binary = find_browser()
-    if binary is None:
-        pytest.skip(f"no Chromium binary ({', '.join(BROWSERS)} not on PATH; set DSE_TEST_CHROMIUM)")
+    binary = browser_or_skip()
     tmp = tmp_path_factory.mktemp("chromium")
     browser = Browser(binary, Path(tempfile.mkdtemp(dir=tmp, prefix="profile-")))
     yield browser
