@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 from test_model_config_validation import SHIPPED, assert_one_line, bad_ints, write
+from test_models_2026 import PUBLISHED_2026
 
 from basis.errors import DseError
 from dse import evaluate
@@ -71,7 +72,7 @@ def non_embedding(m) -> float:
 # ------------------------------------------------------------------------------ shipped configs
 
 def test_every_shipped_config_is_covered_and_cited():
-    assert set(available_models()) == set(SHIPPED) | set(PUBLISHED)
+    assert set(available_models()) == set(SHIPPED) | set(PUBLISHED) | set(PUBLISHED_2026)
     sources = (MODELS_DIR / "SOURCES.md").read_text()
     for name in PUBLISHED:
         assert f"`{name}.json`" in sources, name
@@ -175,7 +176,7 @@ def test_bad_window_fields_are_one_line(change, key, words, tmp_path):
 
 
 def test_unknown_model_type_is_refused_in_one_line(tmp_path):
-    for mt in ("foo_moe", "mamba", "Llama4"):
+    for mt in ("foo_moe", "mamba", "Llama5"):
         p = write(tmp_path / mt / "config.json", {**cfg_of("qwen3-8b"), "model_type": mt})
         with pytest.raises(DseError) as e:
             load_model(str(p))

@@ -15,7 +15,27 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   and ``mlp_only_layers``), qwen3_moe, gpt_oss (biases on attention, router and experts; the
   per-head attention sinks, 64 numbers a layer, are left out), dbrx (nested ``attn_config`` and
   ``ffn_config``, LayerNorm without bias), deepseek_v2 / deepseek_v3 (MLA + MoE with shared
-  experts).
+  experts), llama4 (read from its ``text_config``, or llama4_text: see below).
+- aliases (``ALIASES``): a model_type named there is read as the family it names, and only when
+  ``architectures`` lists that family's architecture: kimi_k2 (Kimi-K2, DeepseekV3ForCausalLM) is
+  read as deepseek_v3. Any other model_type is refused.
+- llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config`` only; the vision encoder
+  (``vision_config``) and its projector are not modelled, which the loaded model says in ``notes``.
+  MoE layers are ``moe_layers``, else every ``interleave_moe_layer_step``-th layer (from layer
+  step - 1); the others are dense with a gated MLP of ``intermediate_size_mlp``. An MoE layer has
+  ``num_local_experts`` routed experts of width ``intermediate_size`` (top-k
+  ``num_experts_per_tok``, a sigmoid router without bias) and one shared expert of the same width.
+  Chunked attention: a RoPE layer (``no_rope_layers[i]`` = 1; when the list is absent or empty all
+  but every ``no_rope_layer_interval``-th layer) attends within its chunk of
+  ``attention_chunk_size`` tokens; the NoPE layers attend to the whole context. A chunked layer is
+  priced by the sliding-window rule below with the chunk as the window (``chunked_attention``): its
+  cache and keys are bounded by the chunk as a window's are, an upper bound on its keys (a query at
+  position i attends i mod C + 1 <= C keys, about C/2 on average). Scout's ``use_qk_norm`` (an L2
+  norm of q and k without weights, on RoPE layers) is left out: no parameters, ~4 vector ops per
+  element. Defaults of keys a config leaves out: Llama4TextConfig (``_DEFAULTS``).
+- deepseek_v32 (DeepSeek-V3.2, DeepSeek Sparse Attention: a lightning indexer selects
+  ``index_topk`` tokens per query) is refused: sparse attention is not modelled yet, and it is never
+  read as deepseek_v3.
 - gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
   positions), bloom (GeLU, ALiBi).
 
@@ -88,7 +108,8 @@ class ModelSpec:
     shared_expert_gate: bool = False  # a sigmoid gate (hidden -> 1) on the shared expert (Qwen-MoE)
     router_bias: bool = False         # a bias per routed expert (gpt-oss; DeepSeek-V3's score correction)
     first_dense_layers: int = 0       # MoE models: layers with a dense MLP (DeepSeek's first_k_dense_replace;
-    #                                   Qwen-MoE's mlp_only_layers and layers off decoder_sparse_step)
+    #                                   Qwen-MoE's mlp_only_layers and layers off decoder_sparse_step; Llama 4's
+    #                                   layers between interleave_moe_layer_step's MoE layers)
     # Multi-head latent attention (DeepSeek)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -99,6 +120,9 @@ class ModelSpec:
     sliding_window: int = 0           # tokens a sliding layer attends to and caches (0: no sliding layers)
     sliding_layers: tuple = ()        # indices (from 0) of the layers with the window
     max_position_embeddings: int = 0  # the longest context (prompt + generation); 0: not given
+    chunked_attention: bool = False   # the windowed layers attend within fixed chunks of sliding_window
+    #                                   tokens (Llama 4), priced as a sliding window of that size
+    notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
 
     @property
@@ -308,7 +332,18 @@ FAMILIES = {
     "gemma2": False, "gemma3": False, "gemma3_text": False,
     "gptj": False, "falcon": False, "opt": False, "bloom": False,
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
-    "deepseek_v2": True, "deepseek_v3": True,
+    "deepseek_v2": True, "deepseek_v3": True, "llama4": True, "llama4_text": True,
+    "kimi_k2": True,
+}
+#: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
+#: configs whose model_type names a model but whose architecture is a family's (Kimi-K2's config
+#: declares DeepseekV3ForCausalLM, the DeepSeek-V3 decoder)
+ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
+#: model_type -> why this reader refuses it (a known model whose attention it does not model yet)
+NOT_MODELLED = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (DeepSeek Sparse Attention: a lightning indexer of "
+                    "index_n_heads x index_head_dim selecting index_topk tokens per query) is not modelled yet; "
+                    "it is not read as deepseek_v3",
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 #: keys that give a number of routed experts in some family's config
@@ -323,6 +358,11 @@ _DEFAULTS = {
     "gemma3_text": {"vocab_size": 262_208, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
                     "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    # Llama4TextConfig, src/transformers/models/llama4/configuration_llama4.py at
+    # 008e574391258935f3ecc3035c882e73bbcac419 (attention_chunk_size: null there means no chunking)
+    "llama4_text": {"intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_experts_per_tok": 1,
+                    "num_local_experts": 16, "interleave_moe_layer_step": 1, "no_rope_layer_interval": 4,
+                    "attention_chunk_size": 8192, "tie_word_embeddings": False},
 }
 #: Qwen2/Qwen3 (and MoE) config classes: layers from max_window_layers on slide when use_sliding_window
 _QWEN_MAX_WINDOW_LAYERS = 28
@@ -338,6 +378,8 @@ def _model_type(cfg: dict, path) -> str:
         raise _fail(path, _named(cfg, "model_type"), f"{what}; {allowed}")
     if not isinstance(v, str):
         raise _fail(path, _named(cfg, "model_type"), f"got {_show(v)}; expected a string")
+    if v.lower() in NOT_MODELLED:
+        raise _fail(path, _named(cfg, "model_type"), f"got '{v.lower()}': {NOT_MODELLED[v.lower()]}; {allowed}")
     if v.lower() not in FAMILIES:
         raise _fail(path, _named(cfg, "model_type"), f"got {_show(v)}, a model family this reader does not "
                     f"know (it is not read as another family); {allowed}")
@@ -371,16 +413,23 @@ def _index_list(cfg: dict, path, key: str, layers: int) -> set:
 def _sliding(cfg: dict, path, mt: str, layers: int, max_pos: int) -> tuple[int, tuple]:
     """(window, indices of the sliding layers) of the config (see the module docstring)."""
     types = cfg.get("layer_types")
+    chunked = mt == "llama4_text"          # Llama 4's chunks are priced as windows (the module docstring)
+    kinds = _LAYER_TYPES + (("chunked_attention",) if chunked else ())
+    window_key = "attention_chunk_size" if chunked else "sliding_window"
+    if chunked and cfg.get(window_key) is None:     # null: no chunked layers (Llama4TextConfig)
+        return 0, ()
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             got = f"{len(types)} entries" if isinstance(types, list) else _show(types)
             raise _fail(path, _named(cfg, "layer_types"), f"got {got}; expected a list of one entry per layer "
-                        f"({layers}, num_hidden_layers), each one of {', '.join(_LAYER_TYPES)}")
+                        f"({layers}, num_hidden_layers), each one of {', '.join(kinds)}")
         for i, t in enumerate(types):
-            if t not in _LAYER_TYPES:
+            if t not in kinds:
                 raise _fail(path, f"{_named(cfg, 'layer_types')}[{i}]", f"got {_show(t)}, a kind of layer this "
-                            f"reader does not model; expected one of {', '.join(_LAYER_TYPES)}")
-        sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+                            f"reader does not model; expected one of {', '.join(kinds)}")
+        sliding = [i for i, t in enumerate(types) if t in ("sliding_attention", "chunked_attention")]
+    elif chunked:
+        sliding = [i for i, rope in enumerate(_rope_layers(cfg, path, layers)) if rope]
     elif mt in ("gemma2", "gpt_oss"):
         sliding = list(range(0, layers, 2))
     elif mt == "gemma3_text":
@@ -395,10 +444,29 @@ def _sliding(cfg: dict, path, mt: str, layers: int, max_pos: int) -> tuple[int, 
         sliding = []
     if not sliding:
         return 0, ()
-    window = _int(cfg, path, "sliding_window")
+    window = _int(cfg, path, window_key)
     if max_pos and window >= max_pos:      # the window never binds
         return 0, ()
     return window, tuple(sliding)
+
+
+def _rope_layers(cfg: dict, path, layers: int) -> list[bool]:
+    """Llama 4: whether each layer uses RoPE (and so attends within its chunk): ``no_rope_layers``
+    (one 0 or 1 per layer); when absent, null or empty, all but every ``no_rope_layer_interval``-th."""
+    flags = cfg.get("no_rope_layers")
+    if not flags:
+        interval = _int(cfg, path, "no_rope_layer_interval")
+        return [(i + 1) % interval != 0 for i in range(layers)]
+    key = _named(cfg, "no_rope_layers")
+    if not isinstance(flags, list) or len(flags) < layers:
+        got = f"{len(flags)} entries" if isinstance(flags, list) else _show(flags)
+        raise _fail(path, key, f"got {got}; expected a list of at least one entry per layer ({layers}, "
+                    "num_hidden_layers), each 1 (RoPE, chunked attention) or 0 (NoPE, global attention)")
+    for i, x in enumerate(flags[:layers]):
+        if isinstance(x, bool) or x not in (0, 1):
+            raise _fail(path, f"{key}[{i}]", f"got {_show(x)}; expected 1 (RoPE, chunked attention) or 0 "
+                        "(NoPE, global attention)")
+    return [x == 1 for x in flags[:layers]]
 
 
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
@@ -408,11 +476,27 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
     if not isinstance(cfg, dict):
         raise _fail(path, "(top level)", f"got {_show(cfg)}; expected a JSON object {{...}} of config fields")
     mt = _model_type(cfg, path)
+    notes: list[str] = []
     if mt == "gemma3" and cfg.get("text_config") is not None:     # multimodal: the text decoder's fields
         cfg = _section(cfg, path, "text_config")
         mt = "gemma3" if cfg.get("model_type") is None else _model_type(cfg, path)
         if mt not in ("gemma3", "gemma3_text"):
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(mt)}; expected gemma3_text")
+    elif mt == "llama4":        # multimodal: the text decoder's fields; the vision tower is not modelled
+        cfg = _section(cfg, path, "text_config")
+        if cfg.get("model_type") is not None and _model_type(cfg, path) != "llama4_text":
+            raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected llama4_text")
+        mt = "llama4_text"
+        notes.append("text decoder only: the vision encoder (vision_config) and its projector are not modelled")
+    elif mt in ALIASES:
+        family, arch = ALIASES[mt]
+        archs = cfg.get("architectures")
+        if not isinstance(archs, list) or arch not in archs:
+            got = "config.json is missing 'architectures'" if "architectures" not in cfg else f"got {_show(archs)}"
+            raise _fail(path, "architectures", f"{got}; model_type '{mt}' is read as {family} only when "
+                        f"architectures lists {arch}")
+        notes.append(f"model_type '{mt}' read as {family} (architectures: {arch})")
+        mt = family
     mt = "gemma3_text" if mt == "gemma3" else mt
     if mt in _DEFAULTS:
         cfg = _Section({**_DEFAULTS[mt], **cfg}, getattr(cfg, "prefix", ""))
@@ -431,7 +515,7 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
     vocab = _int(cfg, path, "vocab_size")
     max_pos = _int(cfg, path, "max_position_embeddings", "n_positions", "max_seq_len", default=0)
     kw: dict = dict(name=name, model_type=mt, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                    vocab_size=vocab, source=path, max_position_embeddings=max_pos,
+                    vocab_size=vocab, source=path, max_position_embeddings=max_pos, notes=tuple(notes),
                     tie_word_embeddings=_flag(cfg, path, "tie_word_embeddings", mt in ("opt", "bloom", "falcon")))
     head_dim = _int(cfg, path, "head_dim", default=None)
     kv_cfg, kv_key, kv_default = cfg, "num_key_value_heads", heads
@@ -511,6 +595,16 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_experts"),
                       num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared,
                       shared_expert_gate=bool(shared), first_dense_layers=layers - moe_layers)
+        elif mt == "llama4_text":   # MoE layers with a shared expert, between dense layers of their own width
+            experts = _int(cfg, path, "num_local_experts")
+            step = _int(cfg, path, "interleave_moe_layer_step", hi=layers, hi_name="num_hidden_layers")
+            moe_layers = (_index_list(cfg, path, "moe_layers", layers) if cfg.get("moe_layers") is not None
+                          else set(range(step - 1, layers, step)))
+            kw.update(intermediate_size=_int(cfg, path, "intermediate_size_mlp"), num_experts=experts,
+                      experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts,
+                                             hi_name="num_local_experts"),
+                      moe_intermediate_size=inter, num_shared_experts=1, shared_expert_intermediate_size=inter,
+                      first_dense_layers=layers - len(moe_layers))
         elif mt in ("deepseek_v2", "deepseek_v3"):
             experts = _int(cfg, path, "n_routed_experts")
             moe_inter = _int(cfg, path, "moe_intermediate_size")
@@ -534,6 +628,10 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                 head_dim = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
     window, sliding = _sliding(cfg, path, mt, layers, max_pos)
     kw.update(sliding_window=window, sliding_layers=sliding)
+    if mt == "llama4_text" and sliding:
+        kw.update(chunked_attention=True, notes=(*kw["notes"], (
+            f"chunked attention ({len(sliding)} of {layers} layers, chunks of {window} tokens) priced as a sliding "
+            "window of the chunk (an upper bound on the keys read)")))
     if head_dim is None:
         if hidden % heads:
             raise fail("num_attention_heads", f"hidden_size ({hidden}) is not a multiple of "

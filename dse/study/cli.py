@@ -434,6 +434,8 @@ def cmd_analyze(args) -> int:
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
     check_unused(args, [res.summary.get("serving")])
+    for note in load_model(args.model).notes:      # what of the model is not modelled, or read as another family
+        print(f"dse.study: note: model {args.model}: {note}", file=sys.stderr)
     saturated = ev.reason_key(0) == "saturated"
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
         raise DseError(flagged(ev.reason_text(0)))
