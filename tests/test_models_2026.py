@@ -11,6 +11,11 @@ from conftest import run_cli
 from test_model_config_validation import assert_one_line, write
 
 from basis.errors import DseError
+from dse import evaluate
+from dse.core.efficiency import IDEAL
+from dse.core.roofline import OpArrays, step_time
+from dse.system.hardware import system_arrays
+from hwmodels.presets import load_device
 from workloads import optable
 from workloads.footprint import active_parameter_count, kv_cache_bytes_per_sequence, parameter_count
 from workloads.model import MODELS_DIR, load_model
@@ -125,6 +130,21 @@ def test_chunked_attention_bounds_decode_kv_reads_and_cache():
     per_token = 2 * kv_heads * d * 2                                                # K and V, fp16
     assert kv_cache_bytes_per_sequence(m, sc, 20_000) == (12 * 20_000 + 36 * 8192) * per_token
     assert kv_cache_bytes_per_sequence(m, sc, 5_000) == 48 * 5_000 * per_token      # under the chunk: every token
+
+
+def test_decode_across_the_chunk_is_the_sum_of_its_steps():
+    # a decode from 8,180 to 8,219 keys: the chunked layers stop growing at 8,192, the closed form
+    # (two affine pieces) equals pricing every step
+    m, d = load_model(SCOUT), load_device("h200")
+    prompt, gen = 8180, 40
+    sc = Scenario.make(batch=4, prompt_len=prompt, gen_len=gen, flash_attention=True, tp=2)
+    sys = system_arrays([d], 2)
+    steps = [step_time(OpArrays.from_table(optable.decode_step(m, sc, prompt + 1 + j, d.onchip_buffer_bytes)),
+                       sys, IDEAL)[0] for j in range(gen - 1)]
+    ev = evaluate({"model": SCOUT, "hardware": "h200", "devices": 2, "tp": 2, "batch": 4, "prompt_len": prompt,
+                   "gen_len": gen, "flash_attention": True}, ideal=True)
+    assert ev["tpot_s"][0] * (gen - 1) == pytest.approx(sum(steps), rel=1e-9)
+    assert len(optable.decode_pieces(m, sc, prompt + 1, d.onchip_buffer_bytes)) == 2
 
 
 @pytest.mark.parametrize("change, key", [
