@@ -454,7 +454,7 @@ def _rope_layers(cfg: dict, path, layers: int) -> list[bool]:
     """Llama 4: whether each layer uses RoPE (and so attends within its chunk): ``no_rope_layers``
     (one 0 or 1 per layer); when absent, null or empty, all but every ``no_rope_layer_interval``-th."""
     flags = cfg.get("no_rope_layers")
-    if not flags:
+    if flags is None or flags == []:
         interval = _int(cfg, path, "no_rope_layer_interval")
         return [(i + 1) % interval != 0 for i in range(layers)]
     key = _named(cfg, "no_rope_layers")
