@@ -221,3 +221,13 @@ def test_redundant_experts_are_held_in_memory():
     h, w = m.hidden_size, m.moe_intermediate_size
     extra = m.num_moe_layers * 32 / 8 * 3 * h * w            # 4 more experts a rank, 3 matrices, 1 byte each
     assert b["weights_bytes"][0] - a["weights_bytes"][0] == pytest.approx(extra, rel=1e-12)
+
+
+def test_a_sweep_over_routing_equals_each_point_alone():
+    skew, redundant = [0.0, 0.5, 1.0, 0.5, 0.0], [0, 0, 32, 32, 32]
+    point = {"model": "deepseek-v3", "hardware": "h200", "ep": 8, "tp": 1, **FP8}
+    ev = evaluate({**point, "moe_skew": skew, "redundant_experts": redundant, "batch": [16, 64, 16, 64, 256]})
+    for i, (s, r, b) in enumerate(zip(skew, redundant, [16, 64, 16, 64, 256])):
+        one = evaluate({**point, "moe_skew": s, "redundant_experts": r, "batch": b})
+        for k in ("tpot_s", "ttft_s", "moe_imbalance", "weights_bytes"):
+            assert ev[k][i] == pytest.approx(one[k][0], rel=1e-12), (i, k)
