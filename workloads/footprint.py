@@ -163,12 +163,14 @@ def weight_bytes(m: ModelSpec, sc: Scenario) -> float:
     """Bytes of the weights one device holds: its parameters in the weights format, the layers'
     stored compressed under weight sparsity (``Techniques.weight_storage_factor``; norms and
     biases with them, a negligible share) and with their first and last layer at their own bits,
-    plus Deja Vu's predictors under contextual sparsity."""
+    plus Deja Vu's predictors under contextual sparsity and the replicas of redundant experts."""
     t = sc.techniques
     total = parameter_count(m, sc.tp, sc.pp, sc.ep)
     layers = (parameter_count(m, sc.tp, 1, sc.ep) - sum(_outer_parameters(m, sc.tp))) / sc.pp
     stored = total - layers + layers * t.layer_weight_factor(sc.weights.bits, m.num_layers)
     if t.activation_density < 1.0:
         stored += m.num_layers / sc.pp * predictor_parameter_count(m, sc.tp)
+    if m.is_moe and t.routing.redundant:               # EPLB's replicas: (E + r)/ep experts a rank
+        stored += m.num_moe_layers / sc.pp * t.routing.redundant / sc.ep * expert_parameter_count(m, sc.tp)
     return stored * sc.weights.bytes
 

@@ -44,6 +44,12 @@ Conventions (documented so a reader can check them):
   expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
   dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
   group, split over its tp devices (costed as point-to-point traffic per device).
+- MoE routing other than uniform (``Techniques.routing``, ``workloads.routing``: a Zipf skew, a
+  measured histogram, redundant experts, a capacity factor): the expert matmuls and the dispatch and
+  combine are the busiest rank's, T ep k x its share of the kept token-slots (T k x imbalance x
+  (1 - dropped)), the busiest rank receiving (dispatch) and sending back (combine) its tokens; the
+  weights read are the most distinct experts (replicas) any rank's tokens touch. Shared experts stay
+  balanced.
 - Operator roles (``OpTable.roles``) name what a near-memory unit may run in a decode
   step: 'attention' (the attention core), 'experts' (routed-expert matmuls), 'gemv'
   (other weight matmuls), '' for the rest and for every prefill operator.
@@ -57,6 +63,7 @@ import numpy as np
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
 from workloads.model import ModelSpec
+from workloads.routing import expert_load
 from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
@@ -464,8 +471,14 @@ class _Builder:
         gates = E + (1 if m.shared_expert_gate else 0)      # routed experts' logits and the shared expert's gate
         self.add("router", "matmul", count, ops=2 * T * h * gates, weight=h * gates + (E if m.router_bias else 0),
                  act_in=T * h, act_out=T * gates)
-        touched = expected_experts_touched(E, k, T * self.ep) / self.ep
-        routed = T * k
+        routing = self.tech.routing
+        if routing.uniform:
+            touched = expected_experts_touched(E, k, T * self.ep) / self.ep
+            routed = T * k
+        else:                                               # the busiest rank's tokens and experts
+            load = expert_load(routing, E, k, self.ep, m.name)
+            touched = load.experts_touched(T * self.ep)
+            routed = T * self.ep * k * load.busiest
         a2a = routed * h * (self.ep - 1) / self.ep / self.tp
         if self.ep > 1:
             self.add("moe_dispatch", "collective", count, p2p=a2a)

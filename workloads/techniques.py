@@ -32,6 +32,9 @@
 - **KV token budget** (``kv_budget``, H2O / StreamingLLM / SnapKV): each sequence keeps at most k
   tokens of K and V per layer; a decode step attends to min(context, k) keys and the cache holds
   as many. The prefill attends to the whole prompt (the scores choose what to keep).
+- **MoE routing** (``routing``, ``workloads.routing``): the experts' popularity (uniform, a Zipf skew or
+  a measured histogram), redundant experts and a capacity factor; the expert step waits for the
+  busiest expert-parallel rank.
 - **Query tokens per decode step** (``query_tokens``): a decode step processes q tokens of each
   sequence at once (speculative decoding's verification of q - 1 drafted tokens and the bonus
   one): q times the matmul work and logits, K and V read once per sequence.
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import DseError
+from workloads.routing import UNIFORM, Routing
 
 #: rank of Deja Vu's low-rank predictors (FMInference/DejaVu sparse_predictor, ``--D`` default 1000)
 PREDICTOR_RANK = 1000
@@ -63,6 +67,7 @@ class Techniques:
     kv_budget: int = 0
     query_tokens: int = 1
     edge_bits: float = 0.0
+    routing: Routing = UNIFORM
 
     def __post_init__(self):
         for name in ("weight_density", "activation_density", "layers_used"):

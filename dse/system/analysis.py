@@ -76,6 +76,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "offload": policy_name(parse_policy(p["offload"])),
         "offloaded_bytes": m["offloaded_bytes"], **{k: m[k] for k in ENERGY_COST_METRICS},
         "fits": fits, "feasible": bool(ev.feasible[i]),
+        **{k: m[k] for k in ("moe_imbalance", "moe_dropped_fraction") if np.isfinite(m[k])},   # MoE models
     }
     s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
                   if np.isfinite(m[f"band_{fam}_low"])}

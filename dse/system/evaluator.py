@@ -70,6 +70,7 @@ from dse.system.grouping import (
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.inputs import WorkloadColumns, resolved_column, workload_columns
 from dse.system.layout import parallel_layout
+from dse.system.moe import moe_figures
 from dse.system.params import SERVING_MODES, checked_choice
 from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
@@ -527,6 +528,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     memory_violation = np.full(n, np.inf)
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w.quality_loss,
+            **dict(zip(("moe_imbalance", "moe_dropped_fraction"), moe_figures(w.models, w.model, w.ep, w.techniques,
+                                                                                 w.tech))),
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
                 "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes")}}

@@ -48,6 +48,12 @@ MAX_KV_BLOCK = 2**20
 #: practice (Medusa's and EAGLE's hold tens of candidates), and small enough that a step's token counts stay
 #: exact in the operator tables' integer arithmetic
 MAX_SPEC_TOKENS = 4096
+#: the largest Zipf exponent of the experts' popularity (``moe_skew``): at 100 the second expert already
+#: gets 2^-100 of the first's tokens (every token's top-k is then the first k experts); larger adds nothing
+MAX_MOE_SKEW = 100.0
+#: the most redundant expert replicas (``redundant_experts``): far above DeepSeek's 32 for 256 experts
+#: (DeepSeek-V3 Technical Report, arXiv 2412.19437, Sec. 3.4.1), and few enough to place at once
+MAX_REDUNDANT_EXPERTS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: which layer prices a GPU's matmuls and attention (``kernel_layer``): the calibrated per-family
@@ -308,6 +314,24 @@ TABLE: tuple[Param, ...] = (
     Param("weights_edge", str, default="none", flag="--weights-edge",
           help="mixed precision by layer: the format of the first and the last layer's weights, e.g. int8 "
                "around --weights int4 (default: none, every layer in --weights)"),
+    # ---- MoE routing (``workloads.routing``): how the routed tokens spread over the experts and the EP ranks
+    Param("moe_skew", float, default=0.0, zero_allowed=True, at_most=MAX_MOE_SKEW, flag="--moe-skew",
+          noun="a Zipf exponent",
+          help="MoE models: Zipf skew s of the experts' popularity, p_i proportional to i^-s over expert ids "
+               "(0: uniform; expert 0 the hottest, so contiguous placement puts the hot experts on one rank); "
+               "the expert step waits for the busiest expert-parallel rank (default: 0)"),
+    Param("redundant_experts", int, default=0, zero_allowed=True, at_most=MAX_REDUNDANT_EXPERTS,
+          flag="--redundant-experts",
+          noun="a number of expert replicas",
+          help="MoE models: extra replicas of the hottest experts, packed onto the EP ranks to balance their "
+               "load (DeepSeek's EPLB); experts plus replicas must divide over --ep (default: 0)"),
+    Param("capacity_factor", float, default=0.0, zero_allowed=True, flag="--capacity-factor",
+          noun="a capacity factor",
+          help="MoE models: an expert takes at most this many times the mean tokens per expert, the rest are "
+               "dropped (moe_dropped_fraction) (default: 0, no dropping)"),
+    Param("expert_histogram", str, default="none", flag="--expert-histogram", metavar="FILE",
+          help="MoE models: measured tokens per expert, a CSV file with a header 'expert,count' or "
+               "'layer,expert,count' (experts numbered from 0), instead of --moe-skew (default: none)"),
     # ---- the cost of serving (``dse.core.economics``); left out, the cited defaults of configs/economics.yaml
     _cost("electricity_usd_per_kwh", f"electricity price for $ per million tokens {_CONFIG_ECONOMICS}",
           flag="--electricity-usd-per-kwh", noun="an amount in $"),

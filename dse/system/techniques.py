@@ -32,6 +32,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system.columns import Columns, anywhere, group, per_code, pointwise
+from dse.system.moe import ROUTING_COLUMNS, routing_columns
 from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
@@ -42,7 +43,7 @@ from workloads.techniques import Techniques, parse_sparsity, sparsity_text
 
 #: columns that set a point's Techniques
 TECHNIQUE_COLUMNS = ("sparse", "sparsity", "weight_density", "activation_sparsity", "layers_used", "kv_budget",
-                     "spec_tokens", "spec_draft", "weights_edge")
+                     "spec_tokens", "spec_draft", "weights_edge", *ROUTING_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ def technique_columns(cols: Columns, w: dict) -> None:
                          for v in evalues], ecodes)
     except DseError as e:
         raise DseError(f"{cols.where}: weights_edge: {e}") from None
-    keys = [sparsity, *numbers.values(), query, edge]
+    rcodes, routings = routing_columns(cols)
+    keys = [sparsity, *numbers.values(), query, edge, rcodes]
     inv, order, starts = group(keys, cols.n)
     techniques = []
     for g in range(len(starts) - 1):
@@ -173,7 +175,7 @@ def technique_columns(cols: Columns, w: dict) -> None:
                 sparsity=pairs[sparsity[i]], weight_density=float(numbers["weight_density"][i]),
                 activation_density=float(numbers["activation_sparsity"][i]),
                 layers_used=float(numbers["layers_used"][i]), kv_budget=int(numbers["kv_budget"][i]),
-                query_tokens=int(query[i]), edge_bits=float(edge[i])))
+                query_tokens=int(query[i]), edge_bits=float(edge[i]), routing=routings[rcodes[i]]))
         except DseError as e:
             raise DseError(f"{cols.where}: {e}") from None
     w["tech"], w["techniques"] = inv, techniques

@@ -1,0 +1,69 @@
+"""MoE routing columns -> each design point's Routing (``workloads.routing``), and the routing figures
+every point reports: ``moe_imbalance`` (the busiest expert-parallel rank's routed tokens over the mean
+rank's) and ``moe_dropped_fraction`` (the share of routed token-slots over the capacity factor); NaN for
+a dense model or a layout that does not divide the experts."""
+from __future__ import annotations
+
+import numpy as np
+
+from basis.errors import DseError
+from dse.system.columns import Columns, group
+from workloads.routing import Routing, expert_load, load_histogram
+
+#: the columns that set a point's Routing
+ROUTING_COLUMNS = ("moe_skew", "redundant_experts", "capacity_factor", "expert_histogram")
+
+
+def routing_columns(cols: Columns) -> tuple[np.ndarray, list]:
+    """(code per point, the Routing of each code) of the routing columns; each histogram file read
+    once; DseError naming the column (or the file) and what is allowed."""
+    numbers = [cols.numbers(k) for k in ROUTING_COLUMNS[:3]]
+    hcodes, files = cols.labels("expert_histogram")
+    histograms = [None if str(f).strip().lower() == "none" else _histogram(cols, str(f)) for f in files]
+    inv, order, starts = group([*numbers, hcodes], cols.n)
+    routings = []
+    for g in range(len(starts) - 1):
+        i = int(order[starts[g]])
+        hist = histograms[hcodes[i]]
+        try:
+            routings.append(Routing(skew=float(numbers[0][i]), redundant=int(numbers[1][i]),
+                                    capacity=float(numbers[2][i]), histogram=hist or (),
+                                    source=str(files[hcodes[i]]) if hist else ""))
+        except DseError as e:
+            raise DseError(f"{cols.where}: {e}") from None
+    return inv, routings
+
+
+def _histogram(cols: Columns, path: str) -> tuple:
+    if not path.strip():
+        raise DseError(f"{cols.where}: expert_histogram: expected 'none' or a CSV file path, got an empty text")
+    try:
+        return load_histogram(path)
+    except DseError as e:
+        raise DseError(f"{cols.where}: {e}") from None
+
+
+def moe_figures(models: list, model: np.ndarray, ep: np.ndarray, techniques: list, tech: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(moe_imbalance, moe_dropped_fraction) of every point [P], from its model (codes ``model`` into
+    ``models``), expert parallelism ``ep`` and Techniques (codes ``tech`` into ``techniques``, whose
+    ``routing`` it reads); NaN for a dense model or experts that do not divide over the ranks (the
+    point is refused for that)."""
+    n = len(model)
+    imbalance, dropped = np.full(n, np.nan), np.full(n, np.nan)
+    inv, order, starts = group([model, ep, tech], n)
+    for g in range(len(starts) - 1):
+        i = int(order[starts[g]])
+        m = models[model[i]]
+        if not m.is_moe:
+            continue
+        at = order[starts[g]:starts[g + 1]]
+        try:
+            load = expert_load(techniques[tech[i]].routing, m.num_experts, m.experts_per_token, int(ep[i]), m.name)
+        except DseError:
+            continue
+        imbalance[at], dropped[at] = load.imbalance, load.dropped
+    return imbalance, dropped
+
+
+__all__ = ["ROUTING_COLUMNS", "routing_columns", "moe_figures"]

@@ -1,0 +1,283 @@
+"""MoE routing: how a step's routed tokens spread over the experts and the expert-parallel ranks.
+
+``Routing`` says where the tokens go; ``expert_load`` turns it into what the operator tables need
+for a model with E routed experts, top-k routing and ``ep`` ranks (``ExpertLoad``).
+
+- **Popularity.** Each expert's share of the routed token-slots, in expert-id order: uniform
+  (skew 0), a Zipf power law p_i proportional to i^-s over the expert ids (expert 0 the hottest:
+  with contiguous placement the adversarial ordering, every hot expert on rank 0), or a measured
+  histogram of tokens per expert (per layer, optional: ``load_histogram``).
+- **Selection probabilities.** A token picks k distinct experts, so expert i is chosen by a token
+  with probability pi_i <= 1, sum pi_i = k. From the shares p: pi_i = min(1, c p_i), c such that
+  the sum is k (water-filling; pi = k p where no expert saturates).
+- **Capacity factor** c_f (0: none): an expert takes at most c_f x (mean tokens per expert); the
+  rest are dropped (GShard: Lepikhin et al., "GShard", ICLR 2021, Sec. 2.2, "expert capacity").
+  Expected over the popularity: dropped share = sum_i max(0, pi_i / k - c_f / E).
+- **Placement.** Without redundant experts the E experts sit contiguously, E/ep per rank (how the
+  engines place them by default). With r redundant experts (DeepSeek's EPLB, github.com/deepseek-ai/
+  EPLB, README: "duplicate heavy-loaded experts" then "heuristically pack the duplicated experts to
+  GPUs"): each of r extra replicas goes in turn to the expert with the highest load per replica, a
+  replica taking an equal part of its expert's load; then the E + r physical experts are packed, the
+  heaviest first, each onto the least loaded rank with a free slot, (E + r)/ep slots per rank.
+- **Imbalance.** The step waits for the busiest rank (most routed tokens) of each layer: the
+  imbalance factor is its load over the mean rank load, averaged over layers (the expert time of a
+  layer is proportional to its busiest rank's tokens). This is the **popularity-only** factor: the
+  expected loads, without the extra spread a finite batch of T tokens adds by chance (the expected
+  maximum of a multinomial has no closed form; it is left out). The weights a rank reads are the
+  distinct experts (replicas) its tokens touch, expected sum over its replicas of
+  1 - (1 - pi_i / n_i)^T_total for T_total tokens over every rank (independent tokens;
+  E/ep (1 - (1 - k/E)^T_total) when uniform); the step reads the most any rank reads. Under skew a
+  cold rank may read more experts than the busiest computes with: taking both maxima bounds the
+  slowest rank's roofline time from above, and equals it when one rank has both.
+
+Every function here is pure; loops run over experts or replicas, never over design points.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from basis.errors import DseError
+
+#: the most rows an expert histogram file may hold (layers x experts): far above any shipped model's
+#: (DeepSeek-V3: 58 MoE layers x 256 experts)
+MAX_HISTOGRAM_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where a MoE step's routed tokens go (module docstring): ``skew`` the Zipf exponent s >= 0 of
+    the experts' popularity (0: uniform), ``redundant`` the extra expert replicas (EPLB), ``capacity``
+    the capacity factor (0: no dropping), ``histogram`` measured tokens per expert, one tuple per layer
+    (() none; then ``skew`` is 0), ``source`` the file it came from (for messages)."""
+
+    skew: float = 0.0
+    redundant: int = 0
+    capacity: float = 0.0
+    histogram: tuple = ()
+    source: str = ""
+
+    def __post_init__(self):
+        if not (math.isfinite(self.skew) and self.skew >= 0):
+            raise DseError(f"moe_skew: expected a finite number >= 0, got {self.skew!r}")
+        if isinstance(self.redundant, bool) or not isinstance(self.redundant, int) or self.redundant < 0:
+            raise DseError(f"redundant_experts: expected a non-negative integer, got {self.redundant!r}")
+        if not (math.isfinite(self.capacity) and self.capacity >= 0):
+            raise DseError(f"capacity_factor: expected a finite number > 0, or 0 for none, got {self.capacity!r}")
+        if self.histogram and self.skew:
+            raise DseError(f"moe_skew and expert_histogram: two popularities of the experts ({self.source}); "
+                           f"give one of them")
+
+    @property
+    def uniform(self) -> bool:
+        """True when the routing is the uniform expectation with nothing dropped, replicated or skewed:
+        the operator tables are then priced as without routing (bit for bit)."""
+        return self.skew == 0 and not self.histogram and self.redundant == 0 and \
+            (self.capacity == 0 or self.capacity >= 1)
+
+
+UNIFORM = Routing()
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    """How the routed tokens of a MoE layer land on the ranks (``expert_load``); shares are of the
+    routed token-slots of a step (T_total k), averaged over layers where the popularity is per layer.
+
+    ``imbalance``: the busiest rank's kept tokens over the mean rank's (>= 1). ``dropped``: the share
+    of routed token-slots over capacity. ``busiest``: the busiest rank's share of all routed
+    token-slots (kept), so its tokens are T_total k ``busiest``. ``picks`` [L, ep, (E + r)/ep]: the
+    probability one token picks each replica, by layer and rank."""
+
+    imbalance: float
+    dropped: float
+    busiest: float
+    picks: np.ndarray
+
+    def experts_touched(self, tokens):
+        """Expected distinct experts (replicas) the rank that reads the most reads when ``tokens`` tokens
+        (a number or an array, over every rank) are routed, averaged over layers: the most over the ranks
+        of the sum over a rank's replicas of 1 - (1 - q)^tokens."""
+        t = np.asarray(tokens, dtype=float)
+        total = 0.0
+        for row in self.picks:                       # a loop over layers, each over the points at once
+            total = total + (1.0 - (1.0 - row) ** t[..., None, None]).sum(axis=-1).max(axis=-1)
+        out = total / len(self.picks)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+def zipf_shares(num_experts: int, skew: float) -> np.ndarray:
+    """[E] each expert's share of the routed token-slots under a Zipf popularity: i^-s / sum_j j^-s
+    for expert ids i = 1 .. E (s = 0: 1/E each)."""
+    w = np.arange(1, num_experts + 1, dtype=float) ** -float(skew)
+    return w / w.sum()
+
+
+def selection_probabilities(shares: np.ndarray, top_k: int) -> np.ndarray:
+    """[L, E] the probability a token picks each expert, pi = min(1, c p) with sum pi = k per layer
+    (water-filling; pi = k p where no k p exceeds 1), from shares ``p`` [L, E] (rows summing to 1).
+    DseError when a layer has fewer than k experts with tokens (no k distinct picks)."""
+    p = np.asarray(shares, dtype=float)
+    if np.any((p > 0).sum(axis=1) < top_k):
+        raise DseError(f"expert popularity: a layer has fewer than top_k ({top_k}) experts with tokens")
+    order = np.argsort(-p, axis=1, kind="stable")
+    s = np.take_along_axis(p, order, axis=1)
+    tail = np.cumsum(s[:, ::-1], axis=1)[:, ::-1]       # sum of the sorted shares from m on
+    m = np.arange(top_k)                                 # experts saturated (pi = 1): fewer than k
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = (top_k - m) / tail[:, :top_k]                # scale of the others with m saturated
+        fits = c * s[:, :top_k] <= 1.0 + 1e-12           # the (m+1)-th hottest not saturated
+    first = np.argmax(fits, axis=1)
+    scale = c[np.arange(len(p)), first]
+    pi = np.minimum(1.0, scale[:, None] * p)
+    return pi
+
+
+def replicas(loads: np.ndarray, redundant: int) -> np.ndarray:
+    """[L, E] replicas of each expert (>= 1) after ``redundant`` extra ones, each given in turn to
+    the expert with the highest load per replica (EPLB; ties to the lowest id)."""
+    n = np.ones(loads.shape, dtype=np.int64)
+    rows = np.arange(len(loads))
+    for _ in range(redundant):
+        n[rows, np.argmax(loads / n, axis=1)] += 1
+    return n
+
+
+def packed_ranks(slot_loads: np.ndarray, ranks: int) -> np.ndarray:
+    """[L, S] the rank of each replica (S of them a layer, ``slot_loads`` [L, S]) packed onto ``ranks``
+    ranks of S/ranks slots each: the heaviest first, each onto the least loaded rank with a free slot."""
+    layers, slots = slot_loads.shape
+    per = slots // ranks
+    order = np.argsort(-slot_loads, axis=1, kind="stable")
+    rank_load = np.zeros((layers, ranks))
+    used = np.zeros((layers, ranks), dtype=np.int64)
+    out = np.empty((layers, slots), dtype=np.int64)
+    rows = np.arange(layers)
+    for j in range(slots):
+        slot = order[:, j]
+        r = np.argmin(np.where(used < per, rank_load, np.inf), axis=1)
+        out[rows, slot] = r
+        rank_load[rows, r] += slot_loads[rows, slot]
+        used[rows, r] += 1
+    return out
+
+
+def popularity(routing: Routing, num_experts: int, model: str = "") -> np.ndarray:
+    """[L, E] each expert's share of the routed token-slots, per layer (L = 1 but for a histogram
+    by layer); DseError naming the histogram file when its experts are not the model's."""
+    if not routing.histogram:
+        return zipf_shares(num_experts, routing.skew)[None, :]
+    counts = np.array(routing.histogram, dtype=float)
+    if counts.shape[1] != num_experts:
+        raise DseError(f"expert_histogram {routing.source}: counts {counts.shape[1]} experts a layer; model "
+                       f"'{model}' has {num_experts} routed experts")
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+@lru_cache(maxsize=256)
+def expert_load(routing: Routing, num_experts: int, top_k: int, ep: int, model: str = "") -> ExpertLoad:
+    """The ExpertLoad of ``routing`` for E = ``num_experts`` routed experts, top-``top_k`` routing
+    and ``ep`` expert-parallel ranks (module docstring). DseError when the experts and their replicas
+    do not divide over the ranks, or a histogram's experts are not the model's."""
+    E, r = num_experts, routing.redundant
+    if E % ep or (E + r) % ep:
+        raise DseError(f"redundant_experts {r}: the {E} experts and {r} replicas must divide over expert "
+                       f"parallelism {ep}" if r else f"expert parallelism {ep} does not divide num_experts ({E})")
+    pi = selection_probabilities(popularity(routing, E, model), top_k)      # [L, E]
+    share = pi / top_k
+    kept = np.minimum(share, routing.capacity / E) if routing.capacity > 0 else share
+    dropped = np.maximum(1.0 - kept.sum(axis=1), 0.0) if routing.capacity > 0 else np.zeros(len(pi))   # [L]
+    n = replicas(kept, r)
+    slot_expert = np.repeat(np.arange(E)[None, :], len(pi), axis=0) if not r else \
+        np.stack([np.repeat(np.arange(E), row) for row in n])               # [L, S]
+    rows = np.arange(len(pi))[:, None]
+    slot_load = kept[rows, slot_expert] / n[rows, slot_expert]
+    slot_pick = pi[rows, slot_expert] / n[rows, slot_expert]
+    rank = np.repeat(np.arange(ep), (E + r) // ep)[None, :].repeat(len(pi), axis=0) if not r else \
+        packed_ranks(slot_load, ep)
+    rank_load = np.zeros((len(pi), ep))
+    np.add.at(rank_load, (np.broadcast_to(rows, rank.shape), rank), slot_load)
+    by_rank = np.argsort(rank, axis=1, kind="stable")                      # every rank holds (E + r)/ep
+    picks = np.take_along_axis(slot_pick, by_rank, axis=1).reshape(len(pi), ep, (E + r) // ep)
+    busiest = float(rank_load.max(axis=1).mean())
+    mean_kept = float((1.0 - dropped).mean())
+    return ExpertLoad(imbalance=busiest * ep / mean_kept, dropped=float(dropped.mean()), busiest=busiest,
+                      picks=picks)
+
+
+def _where(path: str) -> str:
+    return f"expert_histogram {path}"
+
+
+def load_histogram(path: str) -> tuple:
+    """The tokens per expert of a CSV file, one tuple per layer (in layer order): a header with columns
+    ``expert`` and ``count`` (and ``layer`` where the counts are per layer), then one row per expert
+    (of each layer), the experts of a layer numbered 0 .. E-1, each once. DseError in one line naming
+    the file and what is wrong (never its content)."""
+    where = _where(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields = [c.strip().lower() for c in (reader.fieldnames or [])]
+            for key in ("expert", "count"):
+                if key not in fields:
+                    raise DseError(f"{where}: no '{key}' column; expected a header 'expert,count' or "
+                                   f"'layer,expert,count'")
+            reader.fieldnames = fields
+            by_layer: dict[int, dict[int, float]] = {}
+            for n, row in enumerate(reader, start=2):
+                if n > MAX_HISTOGRAM_ROWS + 1:
+                    raise DseError(f"{where}: more than {MAX_HISTOGRAM_ROWS:,} rows")
+                layer = _integer(row.get("layer", "0") if "layer" in fields else "0", where, n, "layer")
+                expert = _integer(row.get("expert"), where, n, "expert")
+                count = _count(row.get("count"), where, n)
+                experts = by_layer.setdefault(layer, {})
+                if expert in experts:
+                    raise DseError(f"{where}: line {n}: expert {expert} of layer {layer} given twice")
+                experts[expert] = count
+    except OSError as e:
+        raise DseError(f"{where}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except (UnicodeDecodeError, csv.Error):
+        raise DseError(f"{where}: not a CSV text file") from None
+    if not by_layer:
+        raise DseError(f"{where}: no rows of counts")
+    sizes = {len(v) for v in by_layer.values()}
+    if len(sizes) != 1:
+        raise DseError(f"{where}: the layers count different numbers of experts ({min(sizes)} to {max(sizes)})")
+    size = sizes.pop()
+    out = []
+    for layer in sorted(by_layer):
+        experts = by_layer[layer]
+        if set(experts) != set(range(size)):
+            raise DseError(f"{where}: layer {layer}: experts must be numbered 0 .. {size - 1}, each once")
+        counts = tuple(experts[i] for i in range(size))
+        if not sum(counts) > 0:
+            raise DseError(f"{where}: layer {layer}: the counts sum to 0")
+        out.append(counts)
+    return tuple(out)
+
+
+def _integer(text, where: str, line: int, key: str) -> int:
+    t = (text or "").strip()
+    if not (t.isascii() and t.isdigit() and len(t) <= 9):
+        raise DseError(f"{where}: line {line}: '{key}' must be a non-negative integer")
+    return int(t)
+
+
+def _count(text, where: str, line: int) -> float:
+    t = (text or "").strip()
+    try:
+        v = float(t) if t.isascii() else math.nan
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise DseError(f"{where}: line {line}: 'count' must be a finite number >= 0")
+    return v
+
+
+__all__ = ["Routing", "UNIFORM", "ExpertLoad", "expert_load", "zipf_shares", "selection_probabilities", "replicas",
+           "packed_ranks", "popularity", "load_histogram", "MAX_HISTOGRAM_ROWS"]
