@@ -964,6 +964,9 @@ HEADER = """\
 # record how, when and how well they were
 # fitted (every cross-validation fold counted: cross_validation.*.totals).
 # Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
+# The per-row residuals the bands are made from are in NAME_residuals.csv beside this file (NAME: its
+# name without .yaml); python -m dse.study calibrate --bands-only --out THIS_FILE recomputes `bands`
+# and `band_coverage` from them without a refit.
 """
 
 

@@ -554,6 +554,8 @@ def _table_report(res, display, asked_flash=None) -> str:
         for fam, (low, high) in s["bands"].items():
             out.append(f"  {fam:10s} x{low:.2f} .. x{high:.2f}")
         out.append(f"  ({s['band']})")
+    elif s.get("band", "").startswith("none:"):
+        out += ["", f"Error bands: {s['band']}"]
     if s.get("efficiency_source"):
         out.append(f"Values used: {s['efficiency_source']}")
     return "\n".join(out)
