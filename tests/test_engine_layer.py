@@ -14,7 +14,7 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.core import bands as B
 from dse.core.efficiency import FAMILY_PRIORS, Efficiency, efficiency_for, load_calibration
-from dse.core.engines import efficiency_source, engine_efficiency, engine_parameters, get_engine
+from dse.core.engines import PRIOR, efficiency_source, engine_efficiency, engine_parameters, get_engine
 from dse.fit import calibrate as C
 
 
@@ -127,9 +127,11 @@ def test_an_engine_without_a_slice_takes_the_unseen_engines_band():
     unseen = rng.normal(0.0, 0.5, 200)
     bands = B.bands_from(seen, ["vllm"] * 200, ["nvidia"] * 200, ["throughput"] * 200)
     bands.update(B.unseen_bands(unseen, ["throughput"] * 200))
-    lo, hi, where = B.band_for(bands, "tgi", "nvidia", "throughput")
+    tgi = B.band_engine(f"prior gpu + {PRIOR} tgi", "tgi")     # a prior engine's predictions: unseen engines
+    lo, hi, where = B.band_for(bands, tgi, "nvidia", "throughput")
     assert where == "engine=unseen family=throughput"
-    assert (lo, hi) == pytest.approx(tuple(np.exp(np.quantile(unseen, (0.05, 0.95)))), rel=1e-3)
+    k = int(np.ceil(201 * 0.95))                 # the conformal rank: the k-th residual from each end
+    assert (lo, hi) == pytest.approx((np.exp(np.sort(unseen)[200 - k]), np.exp(np.sort(unseen)[k - 1])), rel=1e-3)
     assert B.band_for(bands, "vllm", "nvidia", "throughput")[2] == "engine=vllm vendor=nvidia family=throughput"
     assert 0.85 <= B.covered(np.exp(unseen), 1.0, lo, hi).mean() <= 0.95
 

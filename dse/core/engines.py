@@ -323,6 +323,9 @@ def efficiency_source(name: str) -> str:
     if name == "ideal":
         return "ideal roofline (no efficiency)"
     hardware, _, engine = name.partition(" + ")
+    if " dataflow" in hardware:                    # dse.core.dataflow.dataflow_efficiency's name: no engine runs
+        family, _, latency = hardware.partition(" dataflow")
+        return f"kernel layer: {family}; dataflow layer: compiler-scheduled, no engine{latency}"
     if not engine.startswith((CALIBRATED, PRIOR)):
         return f"given: {name}"
     return f"kernel layer: {hardware}; engine layer: {engine}"

@@ -23,8 +23,10 @@ defaults are validated through the same evaluator, so the reported error is the 
 """
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import hashlib
+import io
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,11 +35,26 @@ import numpy as np
 from basis.errors import DseError
 from basis.files import write_text_atomic
 from basis.shipped import shipped
-from dse.core.bands import COVERAGE, UNSEEN, band_for, bands_from, covered, family_of_metric, unseen_bands
+from dse.core.bands import (
+    COVERAGE,
+    DATAFLOW,
+    PRIOR_LABEL,
+    bands_from,
+    family_of_metric,
+    held_out_coverage,
+    oriented,
+    slice_key,
+    small_sample_band,
+    unseen_bands,
+)
+from dse.core.bands import MIN_ROWS as BAND_MIN_ROWS
 from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
 from dse.core.engines import engine_efficiency, engine_parameters, engines
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
 from dse.present import display
+from dse.system.evaluator import evaluate
+from hwmodels.classes import device_class
+from hwmodels.presets import load_device
 
 #: robust loss and its scale (log error ~10 % where it turns from quadratic to linear)
 LOSS, F_SCALE = "soft_l1", 0.1
@@ -669,33 +686,13 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
                     + (f" (AT ITS {side['bound'].upper()} BOUND {side['limit']:g})" if side else "")
                     + f"; {note_err}"}
     priors = prior_engines(cases)
-    labels = [c.engine.name if c.engine.name not in priors else "(prior)" for c in cases]
-    vendors = [group_of(c, "vendor") for c in cases]
-    metric_families = [family_of_metric(c.row.metric) for c in cases]
-    residual = res.get("source", f.errors)
     with np.errstate(divide="ignore", invalid="ignore"):
-        logs = -np.log1p(residual)            # log(measured / predicted)
-        unseen_logs = -np.log1p(res["engine"]) if "engine" in res else None
-    bands = bands_from(logs, labels, vendors, metric_families)
-    if unseen_logs is not None:
-        bands.update(unseen_bands(unseen_logs, metric_families))
-    low_high = [band_for(bands, e, v, m) for e, v, m in zip(labels, vendors, metric_families)]
-    predicted_cv = np.array([c.row.value for c in cases]) * (1 + residual)
-    inside = covered([c.row.value for c in cases], predicted_cv, [b[0] for b in low_high], [b[1] for b in low_high])
-    scored_band = np.isfinite(predicted_cv) & np.isfinite([b[0] for b in low_high])
-    coverage = {"method": "share of rows whose measurement lies within the band of their slice around "
-                          "their leave-sources-out prediction (rows without a prediction or a band count as "
-                          "not covered)" if cross_validation else "in-sample (no cross-validation run)",
-                "target": COVERAGE, "covered": _round(float(np.mean(inside))) if len(inside) else None,
-                "rows": int(len(inside)), "rows_with_band": int(scored_band.sum())}
-    if unseen_logs is not None:
-        pred_eng = np.array([c.row.value for c in cases]) * (1 + res["engine"])
-        unseen = [band_for(bands, UNSEEN, v, m) for v, m in zip(vendors, metric_families)]
-        coverage["unseen_engines"] = {
-            "method": "the unseen engines' band around each row's leave-engines-out prediction",
-            "covered": _round(float(np.mean(covered([c.row.value for c in cases], pred_eng,
-                                                    [b[0] for b in unseen], [b[1] for b in unseen])))),
-            "rows": len(cases)}
+        logs = {key: -np.log1p(e) for key, e in (("log_lso", res.get("source")), ("log_leo", res.get("engine")),
+                                                  ("log_in_sample", f.errors)) if e is not None}
+    table = residual_rows(cases, priors, logs) + dataflow_residual_rows()
+    write_residuals(residuals_path(dest), table)
+    bands, coverage = band_sections(table)
+    coverage["residuals"] = residuals_path(dest).name
     data = {
         "fitted": {
             "by": "python -m dse.study calibrate", "measured": [_display_path(p) for p in files], "sha256": digest,
@@ -729,6 +726,199 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
     }
     write_calibration(dest, data)
     return Calibration(files[0] if len(files) == 1 else files, dest, res, skipped, data)
+
+
+#: the columns of the residual file ``calibrate`` writes beside its calibration (``residuals_path``):
+#: a row's id and source, its engine and the engine whose band it takes (``band_engine``: the engine,
+#: ``(prior)`` for a prior engine's row, ``dataflow`` on a spatial machine), its vendor, hardware
+#: family and metric family, which layer's fit left the residual (``engine`` or ``dataflow``), the
+#: measured value, and its log residuals log(measured / predicted) in the metric family's sense
+#: (``dse.core.bands.oriented``) leaving its sources out, its engine out, and in sample (empty where
+#: none)
+RESIDUAL_COLUMNS = ("id", "source", "engine", "band_engine", "vendor", "hardware_family", "family", "layer",
+                    "measured", "log_lso", "log_leo", "log_in_sample")
+#: the vendor rows ``dse.core.dataflow.LAYER_LATENCY_S`` is fitted on (data/gathered/spatial.csv)
+#: and the format each is priced at: Groq's rows state none (INT8 assumed, as in the fit: the
+#: 70B model's weights fit the LPUs' SRAM so), Cerebras's state 16-bit weights; at the fit's
+#: batch 1, prompt 512 and 256 generated tokens, chips sized by capacity
+DATAFLOW_FIT_ROWS = {"S001": "int8", "S002": "int8", "S003": "fp16", "S004": "fp16"}
+DATAFLOW_LENGTHS = (512, 256)
+
+
+def residuals_path(calibration: Path) -> Path:
+    """The residual file beside the calibration file ``calibration``: NAME_residuals.csv."""
+    calibration = Path(calibration)
+    return calibration.with_name(f"{calibration.stem}_residuals.csv")
+
+
+def band_label(case: Case, priors: dict) -> str:
+    """The engine whose bands a row's prediction takes: ``DATAFLOW`` on a spatial machine (no
+    engine runs there), ``PRIOR_LABEL`` for a prior engine, else its engine."""
+    if device_class(case.device.device_class).dataflow:
+        return DATAFLOW
+    return PRIOR_LABEL if case.engine.name in priors else case.engine.name
+
+
+def residual_rows(cases: list[Case], priors: dict, logs: dict) -> list[dict]:
+    """One ``RESIDUAL_COLUMNS`` row per case: ``logs`` {column: log(measured / predicted) per
+    case} (a column absent or NaN: empty), oriented to the metric family's sense."""
+    metrics = [c.row.metric for c in cases]
+    sensed = {k: oriented(v, metrics) for k, v in logs.items()}
+    return [{"id": c.row.id, "source": c.row.source or "", "engine": c.engine.name, "band_engine": band_label(c, priors),
+             "vendor": group_of(c, "vendor"), "hardware_family": family_of(c.device),
+             "family": family_of_metric(c.row.metric), "layer": "engine", "measured": c.row.value,
+             **{k: (sensed[k][i] if k in sensed else np.nan) for k in ("log_lso", "log_leo", "log_in_sample")}}
+            for i, c in enumerate(cases)]
+
+
+def dataflow_residual_rows() -> list[dict]:
+    """The in-sample residuals the dataflow layer's per-layer latency (``LAYER_LATENCY_S``) leaves on
+    the vendor rows it is fitted on (``DATAFLOW_FIT_ROWS``), each predicted by the one evaluator at
+    the fit's conditions: ``RESIDUAL_COLUMNS`` rows, layer 'dataflow', metric family TPOT (the rows
+    are tokens/s per user)."""
+    with shipped("data", "gathered", "spatial.csv").open(encoding="utf-8") as fh:
+        rows = {r["id"]: r for r in csv.DictReader(fh) if r.get("id") in DATAFLOW_FIT_ROWS}
+    out = []
+    for rid, fmt in DATAFLOW_FIT_ROWS.items():
+        r = rows.get(rid)
+        if r is None:
+            continue
+        cols = dict(model=r["model_slug"], hardware=r["hardware_slug"], weights=fmt, activations=fmt, kv=fmt,
+                    batch=1, prompt_len=DATAFLOW_LENGTHS[0], gen_len=DATAFLOW_LENGTHS[1])
+        metric = r["metric"]
+        predicted = float(np.asarray(evaluate(cols)[metric])[0])
+        measured = float(r["value"])
+        device = load_device(r["hardware_slug"])
+        log = float(oriented([np.log(measured / predicted)], [metric])[0])
+        out.append({"id": rid, "source": r["source_url"], "engine": r["engine"], "band_engine": DATAFLOW,
+                    "vendor": getattr(device, "vendor", "") or r["vendor"], "hardware_family": device.efficiency_family, "family": family_of_metric(metric),
+                    "layer": DATAFLOW, "measured": measured, "log_lso": np.nan, "log_leo": np.nan,
+                    "log_in_sample": log})
+    return out
+
+
+def dataflow_bands(rows: list[dict]) -> dict:
+    """{slice: {n, low, high}} of the dataflow layer (``slice_key(DATAFLOW, vendor, ...)``) per metric
+    family with rows: the small-sample normal prediction interval (``small_sample_band``) of the
+    in-sample residuals of the dataflow rows of every spatial vendor pooled (one fitted value, a
+    layer latency, per vendor), given to each vendor with rows of its own (a vendor without rows
+    has no fitted latency, and no band)."""
+    out = {}
+    mine = [r for r in rows if r["layer"] == DATAFLOW and np.isfinite(r["log_in_sample"])]
+    for fam in sorted({r["family"] for r in mine}):
+        part = [r for r in mine if r["family"] == fam]
+        vendors = sorted({r["vendor"] for r in part})
+        band = small_sample_band([r["log_in_sample"] for r in part], fitted=len(vendors))
+        if band is not None:
+            for vendor in vendors:
+                out[slice_key(DATAFLOW, "", vendor, fam)] = {"n": len(part), "low": float(f"{band[0]:.4g}"),
+                                                             "high": float(f"{band[1]:.4g}")}
+    return out
+
+
+def band_sections(rows: list[dict]) -> tuple[dict, dict]:
+    """(the calibration's ``bands``, its ``band_coverage``) from residual rows (``RESIDUAL_COLUMNS``):
+    the conformal bands of the engine layer's leave-sources-out residuals per slice and of its
+    leave-engines-out residuals for unseen engines, the dataflow layer's bands, and their coverage
+    of rows each band did not see (``dse.core.bands.held_out_coverage``; in sample where the rows
+    have no leave-sources-out residuals)."""
+    eng = [r for r in rows if r["layer"] == "engine"]
+    cv = any(np.isfinite(r["log_lso"]) for r in eng)
+    lso = np.array([r["log_lso" if cv else "log_in_sample"] for r in eng], dtype=float)
+    leo = np.array([r["log_leo"] for r in eng], dtype=float)
+    labels, vendors, fams = ([r[k] for r in eng] for k in ("band_engine", "vendor", "family"))
+    flow = dataflow_bands(rows)
+    bands = bands_from(lso, labels, vendors, fams)
+    bands.update(unseen_bands(np.where(np.array(labels) == DATAFLOW, np.nan, leo), fams))
+    bands.update(flow)
+    cover = held_out_coverage(lso, leo, labels, vendors, fams, extra=flow)
+    unseen = cover.pop("unseen_engines", None)
+    coverage = {
+        "method": (f"split-conformal bands ({100 * COVERAGE:.0f} %: the ceil((n + 1) x 0.95)-th residual from each "
+                   f"end of a slice of n >= {BAND_MIN_ROWS} rows, else the next slice); covered: the share of rows "
+                   f"whose measurement lies within the band of their slice computed without that row, around their "
+                   + ("leave-sources-out prediction" if cv else "in-sample prediction (no cross-validation run)")
+                   + " (rows without a prediction or a band count as not covered); median_width: the median over "
+                     "rows of high / low"),
+        "target": COVERAGE, **cover}
+    if unseen is not None:
+        coverage["unseen_engines"] = {
+            "method": "the unseen engines' band, computed without the row, around each row's leave-engines-out "
+                      "prediction", **unseen}
+    dataflow_rows = [r for r in rows if r["layer"] == DATAFLOW]
+    if dataflow_rows:
+        coverage["dataflow"] = {
+            "method": "spatial machines' band (layer=dataflow): a normal prediction interval with Student's t "
+                      "quantile of the in-sample residuals the per-layer latency (dse.core.dataflow) leaves on the "
+                      "vendor rows it is fitted on, one latency per hardware family; with so few rows it is wide, "
+                      "and not checked on rows it did not see",
+            "rows": len(dataflow_rows), "families": sorted({r["hardware_family"] for r in dataflow_rows})}
+    return bands, coverage
+
+
+def write_residuals(path: Path, rows: list[dict]) -> None:
+    """Write residual rows (``RESIDUAL_COLUMNS``) to ``path`` as CSV, so that bands can be
+    recomputed without a refit (``calibrate --bands-only``)."""
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return f"{float(v):.6g}" if np.isfinite(v) else ""
+        return str(v)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(RESIDUAL_COLUMNS)
+    for r in rows:
+        w.writerow([cell(r[k]) for k in RESIDUAL_COLUMNS])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DseError(f"cannot write residual file {path}: {e.strerror}") from None
+    write_text_atomic(path, buf.getvalue())
+
+
+def read_residuals(path: Path) -> list[dict]:
+    """The residual rows of ``path`` (``write_residuals``'s CSV): numbers as floats (NaN where
+    empty); DseError naming the file and what is wrong."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise DseError(f"{path}: cannot read the residual file: {e.strerror or e} (written by 'calibrate' beside "
+                       f"its calibration file)") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [k for k in RESIDUAL_COLUMNS if k not in (reader.fieldnames or [])]
+    if missing:
+        raise DseError(f"{path}: column {missing[0]!r} is missing; expected {', '.join(RESIDUAL_COLUMNS)}")
+    out = []
+    for line, r in enumerate(reader, start=2):
+        row = {k: r[k] for k in RESIDUAL_COLUMNS}
+        for k in ("measured", "log_lso", "log_leo", "log_in_sample"):
+            try:
+                row[k] = float(r[k]) if r[k] else np.nan
+            except ValueError:
+                raise DseError(f"{path}: line {line}: {k}: expected a number or nothing") from None
+        if row["layer"] not in ("engine", DATAFLOW):
+            raise DseError(f"{path}: line {line}: layer: expected engine or {DATAFLOW}")
+        out.append(row)
+    return out
+
+
+def recompute_bands(calibration: Path) -> dict:
+    """Recompute the ``bands`` and ``band_coverage`` of the calibration file ``calibration`` from
+    the residual file beside it (``residuals_path``) without a refit, the dataflow layer's rows
+    priced again (the current ``LAYER_LATENCY_S``), and write both files back; returns the new
+    calibration data."""
+    import yaml
+
+    calibration = Path(calibration)
+    load_calibration(str(calibration))                  # a calibration file, checked
+    data = yaml.safe_load(calibration.read_text(encoding="utf-8"))
+    rows = [r for r in read_residuals(residuals_path(calibration)) if r["layer"] == "engine"]
+    rows += dataflow_residual_rows()
+    bands, coverage = band_sections(rows)
+    coverage["residuals"] = residuals_path(calibration).name
+    data["bands"], data["band_coverage"] = bands, coverage
+    write_residuals(residuals_path(calibration), rows)
+    write_calibration(calibration, data)
+    return data
 
 
 def _slice_stats(cases: list[Case], errors: np.ndarray) -> dict:
@@ -774,6 +964,9 @@ HEADER = """\
 # record how, when and how well they were
 # fitted (every cross-validation fold counted: cross_validation.*.totals).
 # Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
+# The per-row residuals the bands are made from are in NAME_residuals.csv beside this file (NAME: its
+# name without .yaml); python -m dse.study calibrate --bands-only --out THIS_FILE recomputes `bands`
+# and `band_coverage` from them without a refit.
 """
 
 
@@ -795,6 +988,29 @@ def _value_text(name: str, v: float) -> str:
 
 #: what a calibration section's group is, in the AT BOUND lines
 _GROUP_WORD = {"engines": "engine", "launch": "launch class", "allreduce": "all-reduce", "families": "family"}
+
+
+def bands_text(data: dict) -> list[str]:
+    """The lines saying how well a calibration's bands cover rows they did not see, and how wide
+    they are (its ``band_coverage``; none without one)."""
+    cov = data.get("band_coverage") or {}
+    if cov.get("covered") is None:
+        return []
+
+    def width(c):
+        return f", median width x{c['median_width']:.2f} (high / low)" if c.get("median_width") else ""
+    out = [f"\nerror bands: {100 * cov['covered']:.0f} % of {cov['rows']} rows within their band "
+           f"(target {100 * cov['target']:.0f} %){width(cov)}; {cov['method']}"]
+    unseen = cov.get("unseen_engines")
+    if unseen:
+        out.append(f"  unseen engines' band: {100 * unseen['covered']:.0f} % of {unseen['rows']} rows{width(unseen)} "
+                   f"({unseen['method']})")
+    flow = cov.get("dataflow")
+    if flow:
+        shown = ", ".join(f"{k} x{b['low']:.2f} .. x{b['high']:.2f} ({b['n']} rows)"
+                          for k, b in (data.get("bands") or {}).items() if k.startswith(f"layer={DATAFLOW}"))
+        out.append(f"  spatial machines: {shown or 'no band'} ({flow['method']})")
+    return out
 
 
 def report_text(cal: Calibration) -> str:
@@ -822,14 +1038,7 @@ def report_text(cal: Calibration) -> str:
                    f"{t.get('predicted_rows', 0)} of {t.get('rows', 0)} held-out rows predicted, "
                    f"{t.get('failed_rows', 0)} failed")
         out += [f"  {n} row(s): {why}" for why, n in (t.get("why") or {}).items()]
-    cov = cal.data.get("band_coverage", {})
-    if cov.get("covered") is not None:
-        out.append(f"\nerror bands: {100 * cov['covered']:.0f} % of {cov['rows']} rows within their band "
-                   f"(target {100 * cov['target']:.0f} %; {cov['method']})")
-        unseen = cov.get("unseen_engines")
-        if unseen:
-            out.append(f"  unseen engines' band: {100 * unseen['covered']:.0f} % of {unseen['rows']} rows "
-                       f"({unseen['method']})")
+    out += bands_text(cal.data)
     priors = cal.data.get("prior_engines") or {}
     if priors:
         out.append(f"\nprior engines (fewer than {MIN_ROWS} rows: neutral scale 1.0, not fitted, never another "

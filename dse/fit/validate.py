@@ -66,7 +66,7 @@ from basis.errors import DseError
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
-from dse.core.bands import band_engine, band_for, band_source, covered, family_of_metric, shipped_bands
+from dse.core.bands import band_engine, band_for, band_on, band_source, covered, family_of_metric, shipped_bands
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.core.engines import (
     GENERIC_MEMORY,
@@ -970,6 +970,7 @@ def result_row(case: Case, predicted: float, eff_name: str = "", *, running: flo
     low, high, _ = (band_for(shipped_bands(), band_engine(eff_name, case.engine.name), vendor,
                              family_of_metric(r.metric))
                     if band_source(eff_name) else (math.nan, math.nan, ""))
+    low, high = band_on(r.metric, low, high)          # a band on TPOT is one on 1 / tokens per second per user
     load = r.load + (f" (saturated: as a closed loop at {r.num_prompts})" if burst else "")
     return {
         "id": r.id, "line": r.line, "model": r.model, "hardware": r.hardware, "devices": r.devices,

@@ -74,6 +74,10 @@ def add_parsers(command) -> None:
     c.add_argument("--fold-evaluations", type=_whole(1, 1000), default=C.WARM_NFEV, metavar="N",
                    help=f"evaluations each cross-validation fold's fit may take from the full fit's values "
                         f"(1-1000; default {C.WARM_NFEV})")
+    c.add_argument("--bands-only", action="store_true",
+                   help=f"no fit: recompute the error bands and their coverage of the calibration file (--out, "
+                        f"default {C.DEFAULT_OUT}) from the residuals calibrate stored beside it "
+                        f"(NAME_residuals.csv), and write both files back")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="skip the cross-validation fits that leave out sources, vendors and engines (and the error bands they give; default: run them)")
     _progress_args(c)
@@ -183,6 +187,12 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.bands_only:
+        out = Path(args.out) if args.out is not None else C.DEFAULT_OUT
+        data = C.recompute_bands(out)
+        print(f"Bands of {out} recomputed from {C.residuals_path(out)} (no refit)")
+        print("\n".join(C.bands_text(data)).lstrip("\n"))
+        return 0
     if args.out is not None:            # before the fit, not after minutes of it
         out = output_file(args.out, "--out")
         if exists(out) and not is_regular_file(out):

@@ -553,10 +553,12 @@ def _table_report(res, display, asked_flash=None) -> str:
                 for kind, (low, high) in s.get("kernel_bands", {}).items()]
     if s.get("bands"):
         out += ["", f"Error bands: a measurement is expected within predicted x low .. x high ({100 * COVERAGE:.0f} % "
-                    f"of cross-validated rows of engine {s['engine']}, this vendor and metric family)"]
+                    f"of rows like it; where the band comes from below)"]
         for fam, (low, high) in s["bands"].items():
             out.append(f"  {fam:10s} x{low:.2f} .. x{high:.2f}")
         out.append(f"  ({s['band']})")
+    elif s.get("band", "").startswith("none:"):
+        out += ["", f"Error bands: {s['band']}"]
     if s.get("efficiency_source"):
         out.append(f"Values used: {s['efficiency_source']}")
     return "\n".join(out)

@@ -15,7 +15,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
-from dse.core.bands import band_source
+from dse.core.bands import band_source, is_dataflow
 from dse.core.engines import efficiency_source
 from dse.core.kernel_model import band_of
 from dse.core.serving import PERCENTILES, overhead_in_flight
@@ -84,7 +84,9 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     if s["kernel_source"] in ("measured tables", "learned transfer"):   # the kernel layer's own bands
         s["kernel_bands"] = {kind: list(band) for kind in KERNEL_BAND_KINDS if (band := band_of(kind))}
     s["efficiency_source"] = efficiency_source(s["efficiency"])       # which layer's values it used
-    s["band"] = band_source(s["efficiency"]) if s["bands"] else "none (the ideal bound or a given efficiency)"
+    s["band"] = band_source(s["efficiency"]) if s["bands"] else (
+        "none: no published row of this spatial machine is predicted (dataflow layer)" if is_dataflow(s["efficiency"])
+        else "none (the ideal bound or a given efficiency)")
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):

@@ -34,8 +34,8 @@ from functools import partial
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.bands import DATAFLOW, UNSEEN, band_for, shipped_bands
 from dse.core.bands import FAMILIES as BAND_FAMILIES
-from dse.core.bands import UNSEEN, band_for, shipped_bands
 from dse.core.dataflow import decoder_layers
 from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.efficiency import Efficiency, KernelHardware
@@ -279,8 +279,9 @@ class Plan:
             for j, end in enumerate(("low", "high")):    # one pair: one value for every point, read-only
                 out[f"band_{fam}_{end}"] = constant(ends[j, used[0]], len(pair)) if len(used) == 1 \
                     else ends[j, pair]
-                if self.hw.dataflow.any():              # an engine's residuals say nothing of a dataflow machine
-                    out[f"band_{fam}_{end}"] = np.where(self.hw.dataflow, np.nan, out[f"band_{fam}_{end}"])
+                if self.hw.dataflow.any():              # a dataflow machine: its layer's band, never an engine's
+                    flow = np.array([band_for(bands, DATAFLOW, v, fam)[j] for v in vendors])
+                    out[f"band_{fam}_{end}"] = np.where(self.hw.dataflow, flow[self.hw.name], out[f"band_{fam}_{end}"])
 
 
 #: the bf16 peak column
