@@ -185,3 +185,11 @@ def tiers_label(devices: int, topology: Topology, up_link: str | None = None) ->
     k = math.ceil(devices / topology.scale_up.size)
     per = devices / k
     return f"{up} {per:g} + {_link_words(topology.scale_out.link.name)} x{k}"
+
+
+def topology_rows() -> list[dict]:
+    """One row per shipped topology for 'list topologies': name, devices per domain, shape, the
+    scale-out NIC (its links.yaml name, '-' where none is cited) and the hardware it is the default of."""
+    return [{"name": n, "scale_up_size": t.scale_up.size, "shape": t.scale_up.shape,
+             "scale_out": t.scale_out.link.name if t.scale_out else "-", "hardware": ", ".join(t.hardware)}
+            for n, t in sorted(_all().items())]
