@@ -177,13 +177,16 @@ def _link_words(name: str | None) -> str:
 
 def tiers_label(devices: int, topology: Topology, up_link: str | None = None) -> str:
     """The tiers a group of ``devices`` crosses, in words: 'NVSwitch H100 8' inside one domain,
-    'NVSwitch H100 8 + IB NDR x2' across two (``up_link``: the device's own scale-up link name, used
-    where the topology names none)."""
-    up = _link_words(topology.scale_up.link or up_link)
-    if devices <= topology.scale_up.size or topology.scale_out is None:
+    'NVSwitch H100 8 + IB NDR x2' across two (``up_link``: the point's own scale-up link name where
+    it replaces the topology's, else the topology's link, else the domain's shape)."""
+    name = up_link or topology.scale_up.link
+    up = _link_words(name) if name else topology.scale_up.shape
+    if devices <= topology.scale_up.size:
         return f"{up} {devices}"
     k = math.ceil(devices / topology.scale_up.size)
     per = devices / k
+    if topology.scale_out is None:
+        return f"{up} {per:g} x{k} (no scale-out tier cited: priced on the scale-up link)"
     return f"{up} {per:g} + {_link_words(topology.scale_out.link.name)} x{k}"
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from dse import evaluate
 from dse.core import kernel_fast, operator_cost
+from dse.core.collectives import ring_one_shot_crossover_bytes
 from dse.core.efficiency import IDEAL
 from dse.core.kernel_arrays import OpArrays, SystemArrays
 from dse.core.roofline import PEAK_COLUMNS
@@ -178,3 +179,25 @@ def test_analyze_prints_the_tiers_each_collective_crosses(capsys):
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("Collectives:"))
     assert "tp 16: all-reduce hierarchical" in line and "NVSwitch h100 8 + IB NDR x2" in line
+
+
+def test_the_tuner_switches_the_inter_domain_algorithm_at_the_closed_form_size():
+    """tp 32 on 8-GPU domains (4 domains): the 1/8 shard's all-reduce across the domains is a
+    one-shot below the ring/one-shot crossover of 4 devices at the crossing latency (scale-up +
+    scale-out), S = (2k - 3) k c B / ((k - 1)(k - 2)) = 10/3 c B, and a ring above it."""
+    c, bw = 1.5e-6 + 150e-9, 50e9
+    shard = 10 / 3 * c * bw
+    assert ring_one_shot_crossover_bytes(4, bw, c) == pytest.approx(shard)
+    sys = _system(32, 8, bw, 150e-9, n=2)
+    message = np.array([0.9, 1.1]) * shard * 8
+    ar, _ = operator_cost.collective_algorithms(message, np.zeros(2), sys, IDEAL)
+    assert ar == ["hierarchical/one-shot", "hierarchical/ring"]
+
+
+def test_fast_decode_equals_the_reference_across_domains():
+    sys = _system(16, 8, 50e9, 150e-9, n=3)
+    op0, slope = _ops(comm=8e6, p2p=1e5), _ops()
+    steps = np.array([1.0, 10.0, 100.0])
+    fast = kernel_fast.decode_total_time(op0, slope, steps, sys, IDEAL)
+    ref = operator_cost.decode_total_time(op0, slope, steps, sys, IDEAL)
+    assert np.allclose(fast, ref, rtol=1e-12)

@@ -25,6 +25,7 @@ from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, e
 from dse.system.params import DEFAULTS
 from dse.system.techniques import settings_text
 from hwmodels.placement import parse_policy, policy_name
+from hwmodels.presets import load_device
 from hwmodels.topology import system_topology, tiers_label
 
 ROW_KEYS = EXPLAIN_KEYS
@@ -132,8 +133,21 @@ def collectives_line(p: dict, s: dict, algorithms: dict | None) -> str:
         text = (next(iter(used.values())) if len(set(used.values())) == 1
                 else ", ".join(f"{a} ({stage})" for stage, a in used.items()))
         group = f"tp {s['tp']}" if k == 0 else f"ep {s['ep']} x tp {s['tp']}"
-        parts.append(f"{group}: {name} {text}, {tiers_label(int(width), top)}")
+        own = str(p["link"]) if p.get("link") else (None if top.scale_up.link else _own_link(p))
+        parts.append(f"{group}: {name} {text}, {tiers_label(int(width), top, own)}")
     return f"{top.name}: " + "; ".join(parts) if parts else ""
+
+
+def _own_link(p: dict) -> str | None:
+    """The name of the point's hardware preset's scale-up link (None where it has none or the
+    hardware is not a preset)."""
+    hw = p.get("hardware")
+    try:
+        device = load_device(hw) if isinstance(hw, str) else hw
+    except DseError:
+        return None
+    link = getattr(device, "interconnect", None)
+    return link.name if link is not None else None
 
 
 def unknown_energy_note(m: dict) -> str:
