@@ -70,7 +70,8 @@ def ring_allreduce_wire_s(message, n, bw, lat):
     """Seconds of a ring all-reduce of ``message`` bytes over ``n`` devices: 2 (n - 1) / n x
     message / bw + 2 (n - 1) lat; 0 for one device. Broadcasts."""
     n = _f(n)
-    return allreduce_share(n) * _div(message, bw) + 2 * (n - 1) * _f(lat)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return allreduce_share(n) * _f(message) / _f(bw) + 2 * (n - 1) * _f(lat)
 
 
 def one_shot_allreduce_s(message, n, bw, lat):

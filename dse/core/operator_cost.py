@@ -57,6 +57,7 @@ from dse.core.collectives import (
     allreduce_two_tier,
     alltoall_two_tier,
     choose,
+    ring_allreduce_wire_s,
 )
 from dse.core.efficiency import IDEAL, Efficiency
 from dse.core.kernel_arrays import _COL, OpArrays, OpCost, Stacked, SystemArrays, per_point, subset
@@ -145,8 +146,8 @@ def ring_allreduce_s(message_bytes, instances, n, bandwidth, latency, eff: Effic
     sends 2 (n - 1) / n of the bytes, 2 (n - 1) / n x bytes / (bandwidth x eff.collective), and
     each all-reduce pays ``ring_latency``. The one all-reduce cost: one instance (``instances``
     1) or a step's sum (Σ count x bytes, Σ count). Broadcasts."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return allreduce_share(n) * message_bytes / (bandwidth * eff.collective) + ring_latency(n, latency, eff) * instances
+    return (ring_allreduce_wire_s(message_bytes, n, np.asarray(bandwidth, dtype=float) * eff.collective, 0.0)
+            + ring_latency(n, latency, eff) * instances)
 
 
 def message_s(nbytes, instances, bandwidth, latency, eff: Efficiency):
