@@ -8,6 +8,11 @@ where an all-reduce (ring over ``tp`` devices, ``ring_allreduce_s``) costs
 2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency
 + eff.collective_latency_s, and a point-to-point transfer (pipeline hop, expert all-to-all,
 ``message_s``) bytes / (link bandwidth * eff.collective) + link latency + eff.collective_latency_s.
+Where a tensor-parallel group (``tp``) or an expert all-to-all's group (``ep`` x ``tp``) is larger
+than its scale-up domain (``SystemArrays.scale_up_size``) and a scale-out tier joins the domains,
+the collective takes the fastest two-tier algorithm of ``dse.core.collectives`` for its message
+(hierarchical or flat), never less than the same group inside one domain
+(``allreduce_across_domains_s``, ``alltoall_across_domains_s``).
 A step is Σ count x time + eff.step_overhead_s; a decode of n steps, each operator's time summed
 exactly over the steps (closed form: step j of an operator costs op0 + j x slope, and its
 max(compute, memory) is split at the single crossing of two linear functions).
