@@ -62,6 +62,12 @@ class SystemArrays:
              (charged in energy_op_j at a wider class's): what that work costs at least.
     static_w: [P] static (idle) power of one device, W (NaN where unknown).
     tdp_w: [P] power limit (TDP) of one device, W (NaN where unknown).
+    scale_up_size: [P] devices per scale-up domain (``hwmodels.topology``; inf: one domain holds
+             every device, the one-link system); None: inf everywhere.
+    scale_out_bandwidth, scale_out_latency: [P] each device's scale-out NIC, bytes/s per direction
+             and s per switch hop (NaN / 0 where the topology has no scale-out tier: a group beyond
+             the domain then stays on the scale-up link); None: no scale-out tier.
+    ep: [P] expert-parallel ranks (each of ``tp`` devices) an all-to-all spans; None: 1.
     """
 
     peak: np.ndarray
@@ -86,6 +92,10 @@ class SystemArrays:
     tdp_w: np.ndarray | None = None
     host_fraction: np.ndarray | None = None
     host_latency: np.ndarray | None = None
+    scale_up_size: np.ndarray | None = None
+    scale_out_bandwidth: np.ndarray | None = None
+    scale_out_latency: np.ndarray | None = None
+    ep: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]

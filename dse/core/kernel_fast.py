@@ -61,14 +61,16 @@ def _stackable(op, sys: SystemArrays) -> bool:
     """True when ``op`` is ``Stacked`` and the points' costs split into per-workload constants
     and per-point rates (``_separable``'s conditions but one workload per point's row)."""
     return (isinstance(op, Stacked) and sys.offload is None and _no_pim_work(op.op, sys) and sys.sparse_gain is None
-            and op.op.vector_ops is None)
+            and op.op.vector_ops is None and not reference.spans_domains(sys))
 
 
 def _separable(op: OpArrays, sys: SystemArrays) -> bool:
     """True when a step's cost splits into per-operator constants and per-point rates:
-    one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization."""
+    one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization,
+    and no collective crossing the scale-out tier (whose algorithm, chosen per message size, makes
+    the link time no longer a sum of the step's totals: the reference prices those per operator)."""
     return (sys.offload is None and _no_pim_work(op, sys) and sys.sparse_gain is None and op.vector_ops is None
-            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
+            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1 and not reference.spans_domains(sys))
 
 
 def _ridge_tables(ops, mem, count, column) -> tuple:

@@ -8,6 +8,11 @@ where an all-reduce (ring over ``tp`` devices, ``ring_allreduce_s``) costs
 2 (tp - 1) / tp * bytes / (link bandwidth * eff.collective) + 2 (tp - 1) * link latency
 + eff.collective_latency_s, and a point-to-point transfer (pipeline hop, expert all-to-all,
 ``message_s``) bytes / (link bandwidth * eff.collective) + link latency + eff.collective_latency_s.
+Where a tensor-parallel group (``tp``) or an expert all-to-all's group (``ep`` x ``tp``) is larger
+than its scale-up domain (``SystemArrays.scale_up_size``) and a scale-out tier joins the domains,
+the collective takes the fastest two-tier algorithm of ``dse.core.collectives`` for its message
+(hierarchical or flat), never less than the same group inside one domain
+(``allreduce_across_domains_s``, ``alltoall_across_domains_s``).
 A step is Σ count x time + eff.step_overhead_s; a decode of n steps, each operator's time summed
 exactly over the steps (closed form: step j of an operator costs op0 + j x slope, and its
 max(compute, memory) is split at the single crossing of two linear functions).
@@ -50,7 +55,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dse.core.collectives import allreduce_share
+from dse.core.collectives import (
+    TWO_TIER_ALLREDUCE,
+    TWO_TIER_ALLTOALL,
+    allreduce_share,
+    allreduce_two_tier,
+    alltoall_two_tier,
+    choose,
+    ring_allreduce_wire_s,
+)
 from dse.core.efficiency import IDEAL, Efficiency
 from dse.core.kernel_arrays import _COL, OpArrays, OpCost, Stacked, SystemArrays, per_point, subset
 from dse.core.pim_dispatch import dispatch, pim_eligible
@@ -138,8 +151,8 @@ def ring_allreduce_s(message_bytes, instances, n, bandwidth, latency, eff: Effic
     sends 2 (n - 1) / n of the bytes, 2 (n - 1) / n x bytes / (bandwidth x eff.collective), and
     each all-reduce pays ``ring_latency``. The one all-reduce cost: one instance (``instances``
     1) or a step's sum (Σ count x bytes, Σ count). Broadcasts."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return allreduce_share(n) * message_bytes / (bandwidth * eff.collective) + ring_latency(n, latency, eff) * instances
+    return (ring_allreduce_wire_s(message_bytes, n, np.asarray(bandwidth, dtype=float) * eff.collective, 0.0)
+            + ring_latency(n, latency, eff) * instances)
 
 
 def message_s(nbytes, instances, bandwidth, latency, eff: Efficiency):
@@ -160,15 +173,113 @@ def transfer_time(nbytes, bandwidth, latency, eff: Efficiency):
 
 
 def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
-    """Point-to-point transfer time per instance over the scale-up link, [P, O] (``transfer_time``)."""
-    return transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    """Point-to-point transfer time per instance, [P, O]: over the scale-up link
+    (``transfer_time``); where the expert-parallel group spans scale-up domains
+    (``ep_spans``), the fastest two-tier all-to-all (``alltoall_across_domains_s``)."""
+    t = transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    span = ep_spans(sys)
+    if span is None:
+        return t
+    b = np.broadcast_to(np.asarray(p2p_bytes, dtype=float), t.shape)
+    return np.where(span[:, None] & (b > 0), alltoall_across_domains_s(b, sys, eff)[0], t)
 
 
 def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
-    """Ring all-reduce time per instance, [P, O] (``ring_allreduce_s`` of one; 0 without a message)."""
+    """All-reduce time per instance, [P, O] (0 without a message): the ring over the scale-up link
+    (``ring_allreduce_s`` of one) inside one domain; where the tensor-parallel group spans scale-up
+    domains (``tp_spans``), the fastest two-tier algorithm (``allreduce_across_domains_s``)."""
     comm = np.asarray(comm_bytes, dtype=float)
     t = ring_allreduce_s(comm, 1.0, sys.tp[:, None], sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    span = tp_spans(sys)
+    if span is not None:
+        t = np.where(span[:, None], allreduce_across_domains_s(np.broadcast_to(comm, t.shape), sys, eff)[0], t)
     return np.where(comm > 0, t, 0.0)
+
+
+def _has_scale_out(sys: SystemArrays) -> np.ndarray:
+    return np.isfinite(sys.scale_out_bandwidth) & (sys.scale_out_bandwidth > 0)
+
+
+def tp_spans(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the tensor-parallel group is larger than a scale-up domain and a scale-out tier
+    joins the domains; None where no point has a topology (``SystemArrays.scale_up_size``)."""
+    if sys.scale_up_size is None or sys.scale_out_bandwidth is None:
+        return None
+    span = (sys.tp > sys.scale_up_size) & _has_scale_out(sys)
+    return span if span.any() else None
+
+
+def ep_spans(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the expert-parallel group (ep ranks of tp devices) is larger than a scale-up
+    domain and a scale-out tier joins the domains; None where none is."""
+    if sys.scale_up_size is None or sys.scale_out_bandwidth is None or sys.ep is None:
+        return None
+    span = (sys.ep > 1) & (sys.ep * sys.tp > sys.scale_up_size) & _has_scale_out(sys)
+    return span if span.any() else None
+
+
+def spans_domains(sys: SystemArrays) -> bool:
+    """True when some point's tensor- or expert-parallel group crosses the scale-out tier."""
+    return tp_spans(sys) is not None or ep_spans(sys) is not None
+
+
+def _two_tiers(sys: SystemArrays, eff: Efficiency, col):
+    """(scale-up bandwidth, latency, scale-out bandwidth, latency) of each point, bandwidths at
+    the achieved collective fraction, indexed by ``col``."""
+    return (sys.link_bandwidth[col] * eff.collective, sys.link_latency[col],
+            sys.scale_out_bandwidth[col] * eff.collective, sys.scale_out_latency[col])
+
+
+def allreduce_across_domains_s(message_bytes, sys: SystemArrays, eff: Efficiency) -> tuple:
+    """(seconds, index into ``collectives.TWO_TIER_ALLREDUCE``) of one all-reduce of
+    ``message_bytes`` ([P, O] or [P]) over each point's ``tp`` devices on domains of
+    ``scale_up_size``: the fastest of the flat ring and the hierarchical algorithms, plus the
+    software latency once (eff.collective_latency_s, the engine's fitted figure); never less than
+    the same group's ring inside one domain (``ring_allreduce_s``): inside a domain the calibrated
+    model is the ring alone, so a group gains nothing by leaving its domain (the hierarchical
+    algorithms' fewer latency hops are not credited where the ring's were fitted)."""
+    m = np.asarray(message_bytes, dtype=float)
+    col = (slice(None), None) if m.ndim == 2 else slice(None)
+    up_bw, up_lat, out_bw, out_lat = _two_tiers(sys, eff, col)
+    t, algo = choose(allreduce_two_tier(m, sys.tp[col], sys.scale_up_size[col], up_bw, up_lat, out_bw, out_lat))
+    one_domain = ring_allreduce_s(m, 1.0, sys.tp[col], sys.link_bandwidth[col], sys.link_latency[col], eff)
+    return np.maximum(t + eff.collective_latency_s, one_domain), algo
+
+
+def alltoall_across_domains_s(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> tuple:
+    """(seconds, index into ``collectives.TWO_TIER_ALLTOALL``) of one expert all-to-all in which
+    each device sends ``p2p_bytes`` ((ep - 1) / ep of what it holds) to the other ranks of its
+    ``ep`` ranks ([P, O] or [P]), placed floor(scale_up_size / tp) ranks to a domain: the faster of flat and
+    hierarchical, plus the software latency once; never less than the same message inside one
+    domain (``message_s``)."""
+    b = np.asarray(p2p_bytes, dtype=float)
+    col = (slice(None), None) if b.ndim == 2 else slice(None)
+    ep = sys.ep[col]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        held = np.where(ep > 1, b * ep / (ep - 1), 0.0)
+    per_domain = np.maximum(np.floor(sys.scale_up_size[col] / sys.tp[col]), 1.0)
+    t, algo = choose(alltoall_two_tier(held, ep, per_domain, *_two_tiers(sys, eff, col)))
+    one_domain = message_s(b, 1.0, sys.link_bandwidth[col], sys.link_latency[col], eff)
+    return np.maximum(t + eff.collective_latency_s, one_domain), algo
+
+
+def collective_algorithms(comm_bytes, p2p_bytes, sys: SystemArrays, eff: Efficiency) -> tuple[list, list]:
+    """(all-reduce algorithm, all-to-all algorithm) each point runs for a message of
+    ``comm_bytes`` / ``p2p_bytes`` ([P]): 'ring' inside one domain, the chosen two-tier algorithm
+    across domains ('' where the point has no such collective)."""
+    comm, p2p = np.asarray(comm_bytes, dtype=float), np.asarray(p2p_bytes, dtype=float)
+    ar = ["ring" if (t > 1 and c > 0) else "" for t, c in zip(sys.tp, comm)]
+    a2a = ["point-to-point" if (e > 1 and b > 0) else ""
+           for e, b in zip(np.ones(sys.size) if sys.ep is None else sys.ep, p2p)]
+    span = tp_spans(sys)
+    if span is not None:
+        algo = allreduce_across_domains_s(comm, sys, eff)[1]
+        ar = [TWO_TIER_ALLREDUCE[a] if s and c > 0 else r for a, s, c, r in zip(algo, span, comm, ar)]
+    span = ep_spans(sys)
+    if span is not None:
+        algo = alltoall_across_domains_s(p2p, sys, eff)[1]
+        a2a = [TWO_TIER_ALLTOALL[a] if s and b > 0 else r for a, s, b, r in zip(algo, span, p2p, a2a)]
+    return ar, a2a
 
 
 def link_time(op: OpArrays, sys: SystemArrays, eff: Efficiency):

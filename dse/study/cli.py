@@ -51,6 +51,7 @@ from hwmodels.links import available_links, load_link
 from hwmodels.presets import available_hardware, load_device
 from hwmodels.template import template_figures
 from hwmodels.tiers import available_tiers, load_tier
+from hwmodels.topology import topology_rows
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
 
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     c.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the comparison as bar charts (default: no plot)")
-    ls = command("list", "list models, hardware, formats, links, tiers or studies with their key figures")
+    ls = command("list", "list models, hardware, formats, links, topologies, tiers or studies with their key figures")
     ls.add_argument("what", choices=tuple(LISTS))
     ls.add_argument("--format", choices=LIST_FORMATS, default="table",
                     help="table of key figures, bare names (one a line), or json/csv rows in SI units")
@@ -533,7 +534,8 @@ def _table_report(res, display, asked_flash=None) -> str:
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
             f"{flash_note(s, asked_flash)}, {s['efficiency']} roofline")
     words = ("place", "compute_format", "bound")
-    out = [head, "", "Prefill (per device; rows are one instance, 'x' instances per step)",
+    out = [head, *([f"Collectives: {s['collectives']}"] if s.get("collectives") else []), "",
+           "Prefill (per device; rows are one instance, 'x' instances per step)",
            display.text_table(res.prefill, cols, left=words), "",
            f"Decode step attending to {s['prompt_len']} cached tokens",
            display.text_table(res.decode, cols, left=words), "", "Summary"]
@@ -791,6 +793,9 @@ LISTS = {
               [("name", "link", str),
                ("bandwidth_bytes_per_s", "bandwidth per direction", lambda v: display.fixed_text(v, 1e9, "GB/s")),
                ("latency_s", "latency", lambda v: display.quantity_text("latency_s", v))], ("name",)),
+    "topologies": (topology_rows, [("name", "topology", str), ("scale_up_size", "domain", lambda v: f"{v:g}"),
+                                   ("shape", "shape", str), ("scale_out", "scale-out", str),
+                                   ("hardware", "default of", str)], ("name", "shape", "scale_out", "hardware")),
     "tiers": (lambda: [{"name": n, "capacity_bytes": load_tier(n).capacity_bytes,
                         "bandwidth_bytes_per_s": load_tier(n).bandwidth_bytes_per_s,
                         "latency_s": load_tier(n).latency_s} for n in available_tiers()],

@@ -25,6 +25,8 @@ from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, e
 from dse.system.params import DEFAULTS
 from dse.system.techniques import settings_text
 from hwmodels.placement import parse_policy, policy_name
+from hwmodels.presets import load_device
+from hwmodels.topology import system_topology, tiers_label
 
 ROW_KEYS = EXPLAIN_KEYS
 
@@ -78,6 +80,9 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "fits": fits, "feasible": bool(ev.feasible[i]),
         **{k: m[k] for k in ("moe_imbalance", "moe_dropped_fraction") if np.isfinite(m[k])},   # MoE models
     }
+    line = collectives_line(p, s, (ev.explained.get(i) or {}).get("collectives"))
+    if line:
+        s["collectives"] = line
     s["bands"] = {fam: [m[f"band_{fam}_low"], m[f"band_{fam}_high"]] for fam in BAND_FAMILIES
                   if np.isfinite(m[f"band_{fam}_low"])}
     s["kernel_source"] = p.get("kernel_source_name", "")
@@ -112,6 +117,40 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s["why"] = ev.reason_text(i)
         s["reason"] = ev.reason_key(i)
     return s
+
+
+def collectives_line(p: dict, s: dict, algorithms: dict | None) -> str:
+    """The collectives of the point's layout in words, with the tiers each crosses: 'tp 16:
+    all-reduce hierarchical/ring (prefill), hierarchical/one-shot (decode), NVSwitch H100 8 + IB NDR
+    x2' ("" for one device or without its explanation)."""
+    if not algorithms:
+        return ""
+    size = p.get("scale_up_size")
+    top = system_topology(p.get("hardware"), p.get("topology") or None,
+                          None if size is None or np.isnan(float(size)) else float(size), p.get("scale_out") or None)
+    parts = []
+    for k, (name, width) in enumerate((("all-reduce", s["tp"]), ("all-to-all", s["tp"] * s["ep"]))):
+        used = {stage: algos[k] for stage, algos in algorithms.items() if algos[k]}
+        if not used:
+            continue
+        text = (next(iter(used.values())) if len(set(used.values())) == 1
+                else ", ".join(f"{a} ({stage})" for stage, a in used.items()))
+        group = f"tp {s['tp']}" if k == 0 else f"ep {s['ep']} x tp {s['tp']}"
+        own = str(p["link"]) if p.get("link") else (None if top.scale_up.link else _own_link(p))
+        parts.append(f"{group}: {name} {text}, {tiers_label(int(width), top, own)}")
+    return f"{top.name}: " + "; ".join(parts) if parts else ""
+
+
+def _own_link(p: dict) -> str | None:
+    """The name of the point's hardware preset's scale-up link (None where it has none or the
+    hardware is not a preset)."""
+    hw = p.get("hardware")
+    try:
+        device = load_device(hw) if isinstance(hw, str) else hw
+    except DseError:
+        return None
+    link = getattr(device, "interconnect", None)
+    return link.name if link is not None else None
 
 
 def unknown_energy_note(m: dict) -> str:

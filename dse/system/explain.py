@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from dse.core.efficiency import Efficiency
+from dse.core.operator_cost import collective_algorithms
 from dse.core.roofline import PEAK_COLUMNS, SystemArrays, op_costs
 from dse.system.grouping import Group
 from dse.system.hardware import HardwareArrays
@@ -43,7 +44,20 @@ def explain_point(g: Group, j: int, eff: Efficiency, given, ideal: bool, hw: Har
             rows = (_rows(op, table, one, eff, used, "device", dev.count)
                     + _rows(op, table, cpu_sys, ceff, cpu_used, "cpu", cpu.count))
             stages[stage] = [r for r in rows if r["count"] > 0]
-    return {**stages, "memory_bandwidth": float(one.bandwidth[0])}
+    return {**stages, "memory_bandwidth": float(one.bandwidth[0]),
+            "collectives": {stage: _algorithms(op, one, eff) for stage, op in (("prefill", t.prefill),
+                                                                                ("decode", t.decode))}}
+
+
+def _algorithms(op, sys: SystemArrays, eff: Efficiency) -> tuple[str, str]:
+    """(all-reduce algorithm, all-to-all algorithm) a step's collectives run on the one point of
+    ``sys``, for the message of its first operator of each kind ('' where it has none)."""
+    def first(x):
+        x = np.ravel(np.asarray(x, dtype=float))
+        nz = x[x > 0]
+        return np.array([nz[0] if nz.size else 0.0])
+    ar, a2a = collective_algorithms(first(op.comm_bytes), first(op.p2p_bytes), sys, eff)
+    return ar[0], a2a[0]
 
 
 def _rows(op, table, sys: SystemArrays, eff: Efficiency, used: np.ndarray, place_name: str, counts) -> list[dict]:

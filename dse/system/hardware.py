@@ -44,7 +44,7 @@ from hwmodels.derived import (
 from hwmodels.device import Device
 from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
-from hwmodels.links import host_link_fraction, load_link
+from hwmodels.links import available_links, host_link_fraction, load_link
 from hwmodels.presets import load_device
 from hwmodels.template import (
     FIGURE_PARAMS,
@@ -57,6 +57,7 @@ from hwmodels.template import (
     varied,
 )
 from hwmodels.tiers import with_host_tier
+from hwmodels.topology import system_topology
 
 _C = len(COMPUTE_CLASSES)
 #: [classes] whether each hardware class sizes its chip count from capacity (by class code)
@@ -410,6 +411,42 @@ def _bases(cols: Columns) -> tuple[np.ndarray, list[Device], list[dict]]:
     return inv, devices, physical
 
 
+def point_topologies(cols: Columns) -> tuple[np.ndarray, list]:
+    """(code per point, distinct ``hwmodels.topology.Topology``) of the points of ``cols``: the
+    ``topology`` column's preset or the hardware preset's own, with ``scale_up_size`` and
+    ``scale_out`` where given; DseError naming the column and what it allows."""
+    keys, parts = [], {}
+    for k in ("hardware", "topology", "scale_up_size", "scale_out"):
+        if cols.raw(k) is not None:
+            parts[k] = cols.labels(k) if PARAMS[k] is str else _factorize_numbers(cols.numbers(k))
+            keys.append(parts[k][0])
+    inv, order, starts = group(keys, cols.n)
+    out = []
+    for g in range(len(starts) - 1):
+        i = order[starts[g]]
+        hw = parts["hardware"][1][parts["hardware"][0][i]] if "hardware" in parts else None
+        topo, size, link = (_value(parts[k], i) if k in parts else None for k in ("topology", "scale_up_size", "scale_out"))
+        if link is not None and str(link) not in available_links():
+            raise DseError(f"{cols.where}: scale_out: '{str(link)[:40]}' is not one of configs/links.yaml's links; "
+                           f"allowed: {', '.join(available_links())}")
+        try:
+            out.append(system_topology(hw, None if topo is None else str(topo), size,
+                                       None if link is None else str(link)))
+        except DseError as e:
+            raise DseError(f"{cols.where}: {e}") from None
+    return inv, out
+
+
+def topology_arrays(cols: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[P] devices per scale-up domain (inf: one domain), scale-out bandwidth per direction
+    (NaN: no scale-out tier) and its switch-hop latency, of every point of ``cols``."""
+    inv, tops = point_topologies(cols)
+    size = np.array([t.scale_up.size for t in tops], dtype=float)
+    bw = np.array([t.scale_out.link.bandwidth_bytes_per_s if t.scale_out else np.nan for t in tops])
+    lat = np.array([t.scale_out.link.latency_s if t.scale_out else 0.0 for t in tops])
+    return per_code(size, inv), per_code(bw, inv), per_code(lat, inv)
+
+
 def _factorize_numbers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(code per point, distinct values) of a numeric column, NaN ("not given") one value."""
     given = ~np.isnan(x)
@@ -540,9 +577,11 @@ def assemble(cols: Columns) -> HardwareArrays:
         price = np.where(own & np.isnan(given), np.nan, price)
         die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
         build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
+    up_size, out_bw, out_lat = topology_arrays(cols)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
-                          host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float))
+                          host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float),
+                          scale_up_size=up_size, scale_out_bandwidth=out_bw, scale_out_latency=out_lat)
     dev_class = per_code(np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64), inv)
     family_names = list(dict.fromkeys(family_of(d) for d in devices))
     family = per_code(np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64), inv)

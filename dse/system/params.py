@@ -175,6 +175,14 @@ TABLE: tuple[Param, ...] = (
               flag="--link"),
     _hardware("link_bandwidth", float, "scale-up link bandwidth per direction, bytes/s", unit="bytes_per_s"),
     _hardware("link_latency", float, "scale-up link latency, seconds", zero_allowed=True, unit="seconds"),
+    _hardware("topology", str, "system topology preset (configs/topologies.yaml: devices per scale-up domain, its "
+              "shape, each device's scale-out NIC; default: the hardware preset's own, else one scale-up link for "
+              "every device)", flag="--topology", metavar="NAME"),
+    _hardware("scale_up_size", int, "devices per scale-up domain; a tensor- or expert-parallel group larger than it "
+              "pays the scale-out tier for its inter-domain part (default: the topology's)", flag="--scale-up-size",
+              noun="a device count"),
+    _hardware("scale_out", str, "each device's scale-out NIC, a configs/links.yaml name such as ib-ndr (default: "
+              "the topology's)", flag="--scale-out", metavar="LINK"),
     _hardware("host_tier", str, "offload to this tier instead of host DRAM (see 'list tiers': CXL expanders, NVMe; "
               "default: the preset's host memory)", flag="--host-tier"),
     _hardware("host_link_bandwidth", float, "bandwidth of the link to the host tier, bytes/s", unit="bytes_per_s"),
