@@ -201,3 +201,14 @@ def test_fast_decode_equals_the_reference_across_domains():
     fast = kernel_fast.decode_total_time(op0, slope, steps, sys, IDEAL)
     ref = operator_cost.decode_total_time(op0, slope, steps, sys, IDEAL)
     assert np.allclose(fast, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ep", [16, 32, 64])
+def test_a_larger_domain_of_the_same_links_never_slows_the_expert_all_to_all(ep):
+    """The engine may exchange in sub-groups of a domain (their crossings over the NICs), so the
+    all-to-all of ep ranks on domains of 8, 16, 32, 72 GPUs never grows with the domain; a small
+    decode message (latency-bound), where per-peer hops decide, and a large one."""
+    for b in (64 * 2**10, 16 * 2**20):
+        times = [float(operator_cost.p2p_time(np.array([b]), _system(1, d, 50e9, 150e-9, ep=ep), IDEAL)[0, 0])
+                 for d in (8, 16, 32, 72)]
+        assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:])), times

@@ -246,11 +246,18 @@ def allreduce_across_domains_s(message_bytes, sys: SystemArrays, eff: Efficiency
     return np.maximum(t + eff.collective_latency_s, one_domain), algo
 
 
+#: an all-to-all across domains also tries sub-groups of 1/2, 1/4, ... of a domain's ranks (down to
+#: one rank: 2^7 = 128 covers the largest cited domain, 72)
+SUBGROUP_HALVINGS = 7
+
+
 def alltoall_across_domains_s(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> tuple:
     """(seconds, index into ``collectives.TWO_TIER_ALLTOALL``) of one expert all-to-all in which
     each device sends ``p2p_bytes`` ((ep - 1) / ep of what it holds) to the other ranks of its
-    ``ep`` ranks ([P, O] or [P]), placed floor(scale_up_size / tp) ranks to a domain: the faster of flat and
-    hierarchical, plus the software latency once; never less than the same message inside one
+    ``ep`` ranks ([P, O] or [P]), placed floor(scale_up_size / tp) ranks to a domain: the fastest of flat and
+    hierarchical, on whole domains or on sub-groups of 1/2, 1/4, ... of a domain's ranks whose
+    crossings go over the NICs (``SUBGROUP_HALVINGS``; so a larger domain of the same links is
+    never slower), plus the software latency once; never less than the same message inside one
     domain (``message_s``)."""
     b = np.asarray(p2p_bytes, dtype=float)
     col = (slice(None), None) if b.ndim == 2 else slice(None)
@@ -258,7 +265,15 @@ def alltoall_across_domains_s(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> 
     with np.errstate(divide="ignore", invalid="ignore"):
         held = np.where(ep > 1, b * ep / (ep - 1), 0.0)
     per_domain = np.maximum(np.floor(sys.scale_up_size[col] / sys.tp[col]), 1.0)
-    t, algo = choose(alltoall_two_tier(held, ep, per_domain, *_two_tiers(sys, eff, col)))
+    tiers = _two_tiers(sys, eff, col)
+    t, algo = choose(alltoall_two_tier(held, ep, per_domain, *tiers))
+    # the engine may also exchange in sub-groups of a domain (halving down to one rank), their
+    # crossings over the NICs: a larger domain is never slower than a smaller one of the same links
+    for halvings in range(1, SUBGROUP_HALVINGS + 1):
+        sub = np.maximum(np.floor(per_domain / 2 ** halvings), 1.0)
+        t_sub, a_sub = choose(alltoall_two_tier(held, ep, sub, *tiers))
+        algo = np.where(t_sub < t, a_sub, algo)
+        t = np.minimum(t, t_sub)
     one_domain = message_s(b, 1.0, sys.link_bandwidth[col], sys.link_latency[col], eff)
     return np.maximum(t + eff.collective_latency_s, one_domain), algo
 
