@@ -16,7 +16,7 @@ from dse.core import kernel_fast, operator_cost
 from dse.core.collectives import ring_one_shot_crossover_bytes
 from dse.core.efficiency import IDEAL
 from dse.core.kernel_arrays import OpArrays, SystemArrays
-from dse.core.roofline import PEAK_COLUMNS
+from dse.core.roofline import PEAK_COLUMNS, reference_kernel
 from dse.study.cli import main
 from hwmodels.presets import load_device
 from hwmodels.topology import SHAPES, available_topologies, load_topology, system_topology, tiers_label
@@ -201,3 +201,16 @@ def test_fast_decode_equals_the_reference_across_domains():
     fast = kernel_fast.decode_total_time(op0, slope, steps, sys, IDEAL)
     ref = operator_cost.decode_total_time(op0, slope, steps, sys, IDEAL)
     assert np.allclose(fast, ref, rtol=1e-12)
+
+
+def test_a_sweep_mixing_spanning_and_local_groups_equals_the_reference_kernel():
+    """Several workloads (batch, prompt) and layouts in one evaluate, some tp groups inside the
+    DGX H100 node and some over two: the fast kernel's numbers equal the per-operator reference's."""
+    cols = {"model": "llama-3.1-70b", "hardware": "h100-sxm", "tp": [8, 16, 16, 4, 16], "batch": [8, 8, 32, 16, 1],
+            "prompt_len": [512, 512, 1024, 256, 2048], "gen_len": 32,
+            "scale_out": ["ib-ndr", "ib-ndr", "ethernet-100g", "ib-ndr", "ib-xdr"]}
+    fast = evaluate(cols)
+    with reference_kernel():
+        ref = evaluate(cols)
+    for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+        assert np.allclose(fast.metrics[k], ref.metrics[k], rtol=1e-9), k
