@@ -16,7 +16,7 @@ from dse.core import kernel_fast, operator_cost
 from dse.core.collectives import ring_one_shot_crossover_bytes
 from dse.core.efficiency import IDEAL
 from dse.core.kernel_arrays import OpArrays, SystemArrays
-from dse.core.roofline import PEAK_COLUMNS
+from dse.core.roofline import PEAK_COLUMNS, reference_kernel
 from dse.study.cli import main
 from hwmodels.presets import load_device
 from hwmodels.topology import SHAPES, available_topologies, load_topology, system_topology, tiers_label
@@ -212,3 +212,16 @@ def test_a_larger_domain_of_the_same_links_never_slows_the_expert_all_to_all(ep)
         times = [float(operator_cost.p2p_time(np.array([b]), _system(1, d, 50e9, 150e-9, ep=ep), IDEAL)[0, 0])
                  for d in (8, 16, 32, 72)]
         assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:])), times
+
+
+def test_a_sweep_mixing_spanning_and_local_groups_equals_the_reference_kernel():
+    """Several workloads (batch, prompt) and layouts in one evaluate, some tp groups inside the
+    DGX H100 node and some over two: the fast kernel's numbers equal the per-operator reference's."""
+    cols = {"model": "llama-3.1-70b", "hardware": "h100-sxm", "tp": [8, 16, 16, 4, 16], "batch": [8, 8, 32, 16, 1],
+            "prompt_len": [512, 512, 1024, 256, 2048], "gen_len": 32,
+            "scale_out": ["ib-ndr", "ib-ndr", "ethernet-100g", "ib-ndr", "ib-xdr"]}
+    fast = evaluate(cols)
+    with reference_kernel():
+        ref = evaluate(cols)
+    for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+        assert np.allclose(fast.metrics[k], ref.metrics[k], rtol=1e-9), k

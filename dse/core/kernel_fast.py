@@ -61,16 +61,14 @@ def _stackable(op, sys: SystemArrays) -> bool:
     """True when ``op`` is ``Stacked`` and the points' costs split into per-workload constants
     and per-point rates (``_separable``'s conditions but one workload per point's row)."""
     return (isinstance(op, Stacked) and sys.offload is None and _no_pim_work(op.op, sys) and sys.sparse_gain is None
-            and op.op.vector_ops is None and not reference.spans_domains(sys))
+            and op.op.vector_ops is None)
 
 
 def _separable(op: OpArrays, sys: SystemArrays) -> bool:
     """True when a step's cost splits into per-operator constants and per-point rates:
-    one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization,
-    and no collective crossing the scale-out tier (whose algorithm, chosen per message size, makes
-    the link time no longer a sum of the step's totals: the reference prices those per operator)."""
+    one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization."""
     return (sys.offload is None and _no_pim_work(op, sys) and sys.sparse_gain is None and op.vector_ops is None
-            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1 and not reference.spans_domains(sys))
+            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
 
 
 def _ridge_tables(ops, mem, count, column) -> tuple:
@@ -177,8 +175,9 @@ def _stacked_step(st: Stacked, sys: SystemArrays, eff: Efficiency) -> np.ndarray
     """``_separable_step`` of every point with its workload's row of ``st``, seconds, [P]."""
     tables, overhead, links = _stacked_terms(st.op, eff)
     rows = st.rows
-    return _roofline_sum(tables, sys, rows) + _link_sum_of(tuple(x[rows] for x in links), sys, eff) \
-        + overhead[rows]
+    link = _link_sum_per_operator(st.expanded(), sys, eff) if reference.spans_domains(sys) \
+        else _link_sum_of(tuple(x[rows] for x in links), sys, eff)
+    return _roofline_sum(tables, sys, rows) + link + overhead[rows]
 
 
 @lru_cache(maxsize=KEPT)
@@ -193,7 +192,16 @@ def _separable_terms(op: OpArrays, eff: Efficiency) -> tuple:
 
 def _link_sum(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
     """Σ count x (collective + point-to-point time) of a step, seconds, [P] (0.0 if none)."""
+    if reference.spans_domains(sys):
+        return _link_sum_per_operator(op, sys, eff)
     return _link_sum_of(op.link_totals, sys, eff)
+
+
+def _link_sum_per_operator(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
+    """``_link_sum`` operator by operator (``operator_cost.link_time``): where a collective
+    crosses the scale-out tier its algorithm is chosen per message size, so the step's link time
+    is no longer a function of its totals."""
+    return (reference.link_time(op, sys, eff) * op.count).sum(axis=-1)
 
 
 def _link_sum_of(totals: tuple, sys: SystemArrays, eff: Efficiency) -> np.ndarray | float:
