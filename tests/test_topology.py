@@ -225,3 +225,18 @@ def test_a_sweep_mixing_spanning_and_local_groups_equals_the_reference_kernel():
         ref = evaluate(cols)
     for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
         assert np.allclose(fast.metrics[k], ref.metrics[k], rtol=1e-9), k
+
+
+def test_compare_prints_each_designs_layout_and_the_tiers_it_crosses(capsys):
+    """compare, as analyze: TP x PP x EP of each design on more than one device and its
+    collectives' tiers (two 8-GPU DGX nodes for tp 16 on H100; an 8-GPU MI300X platform without a
+    cited scale-out tier); none for a single device."""
+    rc = main(["compare", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "mi300x", "--tp", "16", "--batch", "8"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    layout = out.split("Layout:\n", 1)[1].splitlines()
+    assert layout[0].startswith("  h100-sxm: TP 16 x PP 1 x EP 1; dgx-h100: tp 16: all-reduce hierarchical")
+    assert "NVSwitch h100 8 + IB NDR x2" in layout[0]
+    assert layout[1].startswith("  mi300x: TP 16 x PP 1 x EP 1; mi300x-platform: tp 16: all-reduce ring")
+    assert main(["compare", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "mi300x"]) == 0
+    assert "Layout:" not in capsys.readouterr().out

@@ -68,7 +68,19 @@ def table_text(rows: list[dict]) -> str:
             f"{first['efficiency']} roofline")
     notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
     notes += [f"  {r['hardware']}: {r['hardware_note']}" for r in rows if r.get("hardware_note")]
-    return "\n".join([head, ""] + lines + ([""] + notes if notes else []))
+    layout = _layout_lines(rows)
+    return "\n".join([head, ""] + lines + ([""] + layout if layout else []) + ([""] + notes if notes else []))
+
+
+def _layout_lines(rows: list[dict]) -> list[str]:
+    """'Layout:' and, for each compared design on more than one device, its TP x PP x EP and the
+    collectives it runs with the tiers each crosses (analyze's line); [] where every design is one
+    device."""
+    many = [r for r in rows if r["devices"] > 1]
+    if not many:
+        return []
+    return ["Layout:"] + [f"  {r['hardware']}: TP {r['tp']} x PP {r['pp']} x EP {r['ep']}"
+                          + (f"; {r['collectives']}" if r.get("collectives") else "") for r in many]
 
 
 def _flash_text(rows: list[dict]) -> str:
