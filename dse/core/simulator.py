@@ -211,7 +211,8 @@ class SimulationResult:
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
              warmup: float = 0.2, progress: Callable[[int], None] | None = None,
-             request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
+             request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None,
+             stages: int = 1, ranks: int = 1) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
     given ``arrivals`` (seconds, non-decreasing). ``request_overhead_s``: seconds a request
@@ -223,18 +224,26 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     ``engine.prefix_tokens`` says. ``progress`` (optional) is called with the number of
     requests each iteration finishes, ``tokens`` (optional) with the output tokens each
     iteration produces and those of all the requests (``sum(gens)``: the calls' first
-    arguments add up to it); both only observe. Returns a SimulationResult; DseError
-    when a request can never be admitted (its prompt needs more blocks than exist beside the
-    shared prefix's).
+    arguments add up to it); both only observe. ``stages`` (pipeline parallelism): that many
+    micro-batch streams, each an engine of its own, share the pipeline's stages (``_EventLoop``);
+    ``ranks`` (expert parallelism): each stream is that many attention data-parallel ranks run in
+    lock-step (``_LockStep``), ``engine`` being one rank's (its KV blocks its own). Returns a
+    SimulationResult; DseError when a request can never be admitted (its prompt needs more blocks
+    than exist beside the shared prefix's).
     """
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
     _check_fits(engine, prompts, prompts + gens, prefill=True)
+    stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
-    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress,
-                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
+    streams = [_Instance(_LockStep(engine, ranks) if ranks > 1 else _Engine(engine), step_time)
+               for _ in range(stages)]
+    loop = _EventLoop(streams, [], future, spare, progress=progress,
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)
     _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
-    return _result(reqs, loop, loop.instances, warmup, concurrency)
+    res = _result(reqs, loop, loop.instances, warmup, concurrency)
+    res.running *= stages                   # the trace's mean is a stream's: the engine runs them all
+    return res
 
 
 def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefill_engine: EngineConfig,
@@ -313,6 +322,13 @@ def _token_hook(tokens: Callable[[int, int], None] | None, gens: np.ndarray) -> 
         return None
     total = int(np.sum(gens))
     return lambda n: tokens(n, total)
+
+
+def _positive(key: str, v) -> int:
+    """``v`` as a positive integer; DseError naming ``key`` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
+    return int(v)
 
 
 def _overhead(v) -> float:
@@ -464,11 +480,15 @@ class _EventLoop:
     requests queued plus running; ties: the lowest index) and stays there. A new request
     reaches the entry pool ``delay`` seconds after it arrives. ``progress``, if given, is
     called with the number of requests an iteration finishes, ``tokens`` with the output
-    tokens it produces."""
+    tokens it produces. With ``stages`` > 1 the instances are the micro-batch streams of one
+    pipeline: an iteration of ``dt`` seconds passes its stages in turn, ``dt / stages`` on each,
+    each stage taking one iteration at a time in the order they start (so ``stages`` streams
+    interleave, and an iteration's stage waits while another stream's holds it)."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
-                 delay: float = 0.0, tokens: Callable[[int], None] | None = None):
+                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1):
+        self.stage_free = [0.0] * stages        # when each pipeline stage is next free (s)
         self.progress = progress
         self.tokens = tokens
         self.delay = delay
@@ -535,16 +555,26 @@ class _EventLoop:
     def _start(self, i: int, t: float) -> None:
         """Instance ``i`` schedules an iteration at ``t`` (s) if it has work."""
         inst = self.instances[i]
-        decode_now, chunks = inst.engine.schedule(t)
-        if not decode_now and not chunks:
+        plan = inst.engine.schedule(t)
+        if not inst.engine.has_work(plan):
             return
-        dt = _price(inst.step_time, decode_now, chunks)
-        cfg = inst.engine.config
-        inst.trace.append((t, dt, len(inst.engine.running), (cfg.kv_blocks - inst.engine.free) / cfg.kv_blocks))
-        inst.plan = (decode_now, chunks)
+        dt = inst.engine.price(inst.step_time, plan)
+        inst.trace.append((t, dt, len(inst.engine.running), inst.engine.kv_share))
+        inst.plan = plan
         self.steps += 1
         self.busy_s += dt
-        self._push(t + dt, _ITERATION, i, None)
+        self._push(self._through_stages(t, dt), _ITERATION, i, None)
+
+    def _through_stages(self, t: float, dt: float) -> float:
+        """When an iteration of ``dt`` seconds started at ``t`` (s) leaves the pipeline: ``t +
+        dt`` on one stage; else each stage in turn for ``dt / stages``, once it is free."""
+        if len(self.stage_free) == 1:
+            return t + dt
+        per = dt / len(self.stage_free)
+        for s, free in enumerate(self.stage_free):
+            t = max(t, free) + per
+            self.stage_free[s] = t
+        return t
 
     def _end_iteration(self, i: int, t: float) -> None:
         """Instance ``i``'s iteration ends at ``t`` (s): finished requests are replaced (closed
@@ -553,9 +583,9 @@ class _EventLoop:
         inst = self.instances[i]
         plan, inst.plan = inst.plan, None
         if self.tokens is not None:
-            seqs = plan[0] + [r for r, _ in plan[1]]
+            seqs = inst.engine.sequences(plan)
             before = sum(r.generated for r in seqs)
-        finished, sent = inst.engine.advance(t, *plan)
+        finished, sent = inst.engine.apply(t, plan)
         if finished and self.progress is not None:
             self.progress(len(finished))
         if self.tokens is not None:
@@ -596,9 +626,31 @@ class _Engine:
         """Requests on this instance, the dispatch's measure: queued plus running."""
         return len(self.waiting) + len(self.running)
 
+    @property
+    def kv_share(self) -> float:
+        """Share of the KV blocks in use."""
+        return (self.config.kv_blocks - self.free) / self.config.kv_blocks
+
     def enqueue(self, r: _Request) -> None:
         """``r`` is dispatched here: it waits at the tail of the queue."""
         self.waiting.append(r)
+
+    # an iteration's plan is (decode_now, chunks) (``schedule``); a group of ranks has its own
+    # (``_LockStep``): the event loop asks the engine about its plans through these four
+    @staticmethod
+    def has_work(plan) -> bool:
+        return bool(plan[0] or plan[1])
+
+    @staticmethod
+    def price(step_time: StepTime, plan) -> float:
+        return _price(step_time, *plan)
+
+    @staticmethod
+    def sequences(plan) -> list[_Request]:
+        return plan[0] + [r for r, _ in plan[1]]
+
+    def apply(self, t: float, plan) -> tuple[list[_Request], list[_Request]]:
+        return self.advance(t, *plan)
 
     def _own(self, r: _Request, tokens: int) -> int:
         """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens."""
@@ -711,6 +763,59 @@ class _Engine:
         """Free ``r``'s blocks."""
         self.free += r.blocks
         r.blocks = 0
+
+
+class _LockStep:
+    """An expert-parallel group's attention data-parallel ranks (SGLang's DP attention, DeepSeek's
+    decode instances): each rank an _Engine of its own (scheduler, queue, KV blocks), every
+    iteration run by all of them together, since each layer's expert all-to-all joins them: it
+    lasts as long as its slowest rank's (each rank's priced by ``step_time`` on its own counts; a
+    rank with nothing to do waits). A request dispatched to the group goes to its least-loaded
+    rank (fewest queued plus running; ties: the lowest index) and stays there."""
+
+    def __init__(self, config: EngineConfig, ranks: int):
+        self.config = config
+        self.ranks = [_Engine(config) for _ in range(ranks)]
+
+    @property
+    def load(self) -> int:
+        return sum(e.load for e in self.ranks)
+
+    @property
+    def running(self) -> list[_Request]:
+        return [r for e in self.ranks for r in e.running]
+
+    @property
+    def kv_share(self) -> float:
+        return float(np.mean([e.kv_share for e in self.ranks]))
+
+    @property
+    def preemptions(self) -> int:
+        return sum(e.preemptions for e in self.ranks)
+
+    def enqueue(self, r: _Request) -> None:
+        min(self.ranks, key=lambda e: e.load).enqueue(r)
+
+    def schedule(self, t: float) -> list:
+        return [e.schedule(t) for e in self.ranks]
+
+    @staticmethod
+    def has_work(plan) -> bool:
+        return any(_Engine.has_work(p) for p in plan)
+
+    @staticmethod
+    def price(step_time: StepTime, plan) -> float:
+        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p))
+
+    @staticmethod
+    def sequences(plan) -> list[_Request]:
+        return [r for p in plan for r in _Engine.sequences(p)]
+
+    def apply(self, t: float, plan) -> tuple[list[_Request], list[_Request]]:
+        finished = []
+        for e, p in zip(self.ranks, plan):
+            finished += e.apply(t, p)[0]
+        return finished, []
 
 
 class _PrefillEngine(_Engine):

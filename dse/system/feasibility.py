@@ -282,8 +282,11 @@ def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, 
                    sys: SystemArrays, size: int) -> None:
     """Mark what continuous batching does not model (``serving``) and disaggregated pools without
     a link to send the KV cache over (``interconnect``)."""
-    if sc.pp > 1 or sc.ep > 1 or policy != "none" or cpu_layers:
+    if policy != "none" or cpu_layers:
         mark("serving", np.ones(size, dtype=bool))
+    if (sc.pp > 1 or sc.ep > 1) and disaggregated:
+        mark("serving", np.ones(size, dtype=bool), "disaggregated pools run instances of one tensor-parallel "
+                                                   "group; pp and ep are modelled on one pool (not disaggregated)")
     if spec is not None and (spec.heads is not None or disaggregated):
         mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
                                                    "with a draft model or self:N on one pool (not Medusa heads, "
@@ -458,14 +461,18 @@ def requests_kv_bytes(serving, pool):
     concurrency, at most max_running) times the pages each holds at its full length,
     ceil((prompt + gen) / kv_block) averaged over the length classes, at most the whole paged pool
     ``pool`` (bytes, ``kv_blocks`` pages); an open loop's at its ceiling (max_running), until the
-    steady state's running batch replaces it (``open_loop_kv_bytes``)."""
+    steady state's running batch replaces it (``open_loop_kv_bytes``). Under pipeline or expert
+    parallelism each of the engine's streams (``ServingInputs.streams``) holds its share of the
+    concurrency in its own ``kv_blocks``, and a stage's device holds the pages of all its stages'
+    streams."""
     lengths, block = serving.lengths, serving.kv_block
     pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
-    running = np.fmin(serving.concurrency, serving.max_running)       # NaN concurrency (open loop): max_running
-    held = np.minimum(running * pages, serving.kv_blocks)
+    running = np.fmin(serving.concurrency / serving.streams, serving.max_running)   # NaN (open loop): max_running
+    held = np.minimum(running * pages, serving.kv_blocks) * serving.stages
     with np.errstate(invalid="ignore", divide="ignore"):
-        page_bytes = np.where(serving.kv_blocks > 0, pool / serving.kv_blocks, 0.0)
-    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes, np.nan)
+        page_bytes = np.where(serving.kv_blocks > 0, pool / (serving.kv_blocks * serving.stages), 0.0)
+    # an open loop's request lives on one attention rank: per device, 1 / ranks of its pages
+    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes / serving.ranks, np.nan)
 
 
 def open_loop_kv_bytes(running, per_request, pool, weights_activations):

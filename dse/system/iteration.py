@@ -140,12 +140,16 @@ def _fit_points(prompt_len: int) -> tuple[int, int, int]:
 
 @lru_cache(maxsize=1024)
 def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations: str, kv: str, tp: int,
-                    flash_attention: bool, buffer: float, techniques: Techniques = NONE) -> IterationModel:
+                    flash_attention: bool, buffer: float, techniques: Techniques = NONE, pp: int = 1,
+                    ep: int = 1) -> IterationModel:
     """The IterationModel of ``model`` on ``tp`` devices with these formats, read off the
-    operator tables at the prompt length ``prompt_len`` (tokens); DseError when ``tp`` does
-    not divide the model."""
+    operator tables at the prompt length ``prompt_len`` (tokens); DseError when the layout does
+    not divide the model. With ``pp`` stages the iteration is one micro-batch's pass through the
+    whole pipeline (every stage's operators on one tp group, and the ``pp - 1`` hops between
+    them); with ``ep`` it is one attention data-parallel rank's: its own tokens through attention,
+    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
-                       tp=tp, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
     keys = prompt_len + 1
     t1 = optable.decode_step(model, sc, keys, buffer)
     d1 = OpArrays.from_table(t1)
