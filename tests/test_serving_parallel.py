@@ -93,16 +93,17 @@ def test_balanced_ranks_match_the_simulator_exactly():
 
 
 #: the matrix over layouts and loads, with its measured agreement (model / simulator - 1):
-#: throughput within 5 % except the pipeline's closed loop, whose prompt iterations leave the
-#: other streams' stages idle (a bubble the model does not price: +7 to +13 %); TTFT and TPOT
-#: within 10 % except an open loop at half the capacity (-10 to -19 %: ranks in lock-step wait
-#: for each other's prompts more often than the mean iteration says) and the pipeline's closed
-#: loop at low concurrency (TTFT -19 %: the pipeline fills)
+#: throughput within 5 % (the pipeline's closed loop at 64-128 sequences: -9 %, its prompt
+#: passes queueing behind each other's stages less than the mean fill the model charges, once
+#: the streams drift apart); TTFT and TPOT within 10 % on the lock-step ranks (EP 4: the worst
+#: +8 %, TTFT at the running cap) and under an open loop everywhere; the pipeline's closed loop
+#: at 32-128 sequences has TTFT +12 to +22 % (the same fill, charged to cohorts whose prompts the
+#: simulator staggers) and TPOT +7 %
 MATRIX = [
-    (EP4, {"x": 0.05, "ttft": 0.20, "tpot": 0.14}),
-    (PP2, {"x": 0.14, "ttft": 0.20, "tpot": 0.16}),
+    (EP4, {"x": 0.05, "ttft": 0.10, "tpot": 0.10}),
+    (PP2, {"x": 0.10, "ttft": 0.23, "tpot": 0.10}),
     ({"model": "qwen3-30b-a3b", "hardware": "h100-sxm", "ep": 2, "pp": 2, "prompt_len": 512, "gen_len": 64,
-      "max_running": 32, **FP8}, {"x": 0.05, "ttft": 0.19, "tpot": 0.14}),
+      "max_running": 32, **FP8}, {"x": 0.05, "ttft": 0.21, "tpot": 0.10}),
 ]
 
 

@@ -442,18 +442,29 @@ def _result(reqs: list[_Request], loop: _EventLoop, figures: list[_Instance], wa
                             None if concurrency is None else int(concurrency))
 
 
-def _price(step_time: StepTime, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> float:
-    """Seconds of an iteration decoding ``decode_now`` and prefilling ``chunks`` ((sequence,
-    prompt tokens) pairs, each chunk's tokens attending to the keys before them); DseError
-    unless ``step_time`` gives a positive finite number."""
+def _counts(decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> tuple[int, int, int, int, int]:
+    """(decode tokens, their keys, prompt tokens, their keys, prompts finished) of an iteration
+    decoding ``decode_now`` and prefilling ``chunks`` ((sequence, prompt tokens) pairs, each
+    chunk's tokens attending to the keys before them)."""
     dctx = sum(r.context for r in decode_now)
     pctx = sum(take * r.done_prompt + take * (take - 1) // 2 for r, take in chunks)
     ptok = sum(take for _, take in chunks)
     ends = sum(1 for r, take in chunks if r.done_prompt + take >= r.target)
-    dt = float(step_time(len(decode_now), dctx, ptok, pctx, ends))
+    return len(decode_now), dctx, ptok, pctx, ends
+
+
+def _checked(dt) -> float:
+    """``dt`` as seconds; DseError unless a positive finite number."""
+    dt = float(dt)
     if not (dt > 0 and np.isfinite(dt)):
         raise DseError(f"simulator: step_time must be a positive number of seconds, got {dt!r}")
     return dt
+
+
+def _price(step_time: StepTime, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> float:
+    """Seconds of an iteration decoding ``decode_now`` and prefilling ``chunks`` (``_counts``);
+    DseError unless ``step_time`` gives a positive finite number."""
+    return _checked(step_time(*_counts(decode_now, chunks)))
 
 
 @dataclass
@@ -805,6 +816,12 @@ class _LockStep:
 
     @staticmethod
     def price(step_time: StepTime, plan) -> float:
+        """The slowest rank's seconds: ``step_time.ranks`` of every rank's counts ([R, 5] ->
+        seconds) where the pricer has it (a rank's experts fed by every rank's tokens), else the
+        most of ``step_time`` over the ranks with work."""
+        ranks = getattr(step_time, "ranks", None)
+        if ranks is not None:
+            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float)))
         return max(_price(step_time, *p) for p in plan if _Engine.has_work(p))
 
     @staticmethod

@@ -170,22 +170,41 @@ def group_pricer(pricer, ranks: int, stages: int):
     as there are prompts (``s``: the prompts it finishes; at least one rank, at most all), so one
     prompt arriving beside decoders costs the whole group an iteration of that prompt's chunk (what
     makes DP attention's TPOT rise under an open loop, as the simulator's lock-step ranks show,
-    ``dse.core.simulator._LockStep``). Streams share the stages: while the stages are the bottleneck
+    ``dse.core.simulator._LockStep``); the experts' operators carry the mean rank's tokens, every
+    rank's experts being fed by all of them (``IterationModel.lockstep_arrays``). Streams share the stages: while the stages are the bottleneck
     a stream waits for the others' iterations, so the engine's iteration lasts the mean of its
     streams' (one 1 / stages of the prompt work each)."""
     if ranks * stages == 1:
         return pricer
 
     def make(model: IterationModel, sys: SystemArrays, eff: Efficiency):
-        rank = pricer(model, sys, eff)
+        if pricer is iteration_pricer:        # the busiest rank, its experts fed by the mean rank's tokens
+            def iteration_time(d, dctx, c, pctx, seqs, rows):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    t = step_time(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
+                return t * pipeline_fill(seqs, c, stages)
+            return iteration_time
+        rank = pricer(model, sys, eff)        # speculative: every rank's amounts the busiest's
 
         def iteration_time(d, dctx, c, pctx, seqs, rows):
             k = ranks * stages
             busy = np.clip(np.asarray(seqs, dtype=float), 1.0, k)       # ranks prefilling, in all streams
             return rank(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) / busy,
-                        np.asarray(pctx) / busy, np.asarray(seqs) / busy, rows)
+                        np.asarray(pctx) / busy, np.asarray(seqs) / busy, rows) * pipeline_fill(seqs, c, stages)
         return iteration_time
     return make
+
+
+def pipeline_fill(seqs, c, stages: int):
+    """The factor by which the prompts of an iteration of ``stages`` interleaved streams lengthen it
+    when they are in several streams (``seqs`` prompts, at most one stream each; ``c`` prompt
+    tokens): m streams' prompt passes of ``t`` seconds each take every stage ``t / stages`` in turn,
+    so the j-th ends ``j t / stages`` after the first, the mean 1 + (m - 1) / (2 stages) times
+    ``t``; 1 without prompt tokens or stages."""
+    if stages == 1:
+        return 1.0
+    m = np.clip(np.asarray(seqs, dtype=float), 1.0, stages)
+    return np.where(np.asarray(c) > 0, 1.0 + (m - 1.0) / (2.0 * stages), 1.0)
 
 
 def _replicas(target_rate, good) -> np.ndarray:
@@ -334,6 +353,20 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
 
     def step(d, dctx, c, pctx, ends) -> float:
         return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
+
+    if s.ranks > 1 and s.iteration.shared is not None:
+        sys_j = g.system.take(np.array([j]))
+
+        def ranks(counts: np.ndarray) -> float:
+            """Seconds of a lock-step iteration of the ranks' ``counts`` [R, 5]: the slowest rank,
+            its own tokens through attention, its experts fed by the mean rank's."""
+            it = s.iteration
+            own = it.arrays(*counts.T)
+            mean = it.arrays(*(np.full(len(counts), v) for v in counts.mean(axis=0)))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return float(step_time(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
+                                       eff).max())
+        step.ranks = ranks
 
     engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
