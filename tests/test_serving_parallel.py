@@ -58,13 +58,14 @@ def test_lockstep_ranks_wait_for_the_busiest():
 
 
 def test_continuous_batching_runs_pipeline_and_expert_layouts():
-    """pp and ep are served (no longer refused as ``serving``); disaggregated pools with either
-    are refused with the rule named."""
-    for cols in (EP4, PP2):
+    """pp and ep are served (no longer refused as ``serving``), on one pool or on disaggregated
+    pools of engines of tp x pp x ep devices each; pools those engines do not divide are refused
+    naming the rule."""
+    for cols in (EP4, PP2, {**EP4, "disaggregate": "4:8"}, {**PP2, "disaggregate": "4:4"}):
         assert evaluate({**cols, "concurrency": 32})["feasible"][0]
-    dis = evaluate({**EP4, "concurrency": 32, "disaggregate": "4:4"})
-    assert not dis["feasible"][0] and dis.reason_key(0) == "serving"
-    assert "pp and ep are modelled on one pool" in dis.reason_text(0)
+    dis = evaluate({**EP4, "concurrency": 32, "disaggregate": "4:6"})
+    assert not dis["feasible"][0] and dis.reason_key(0) == "layout"
+    assert "an engine's devices (tp x pp x ep) must divide P and D" in dis.reason_text(0)
 
 
 def test_kv_held_per_device_follows_the_layout():
@@ -124,3 +125,24 @@ def test_steady_state_agrees_with_the_simulator_on_parallel_layouts(cols, tol):
         ok = abs(x) <= tol["x"] and abs(ttft) <= tol["ttft"] and abs(tpot) <= tol["tpot"]
         errors.append((f"{key} {v:g}: throughput {x:+.1%}, TTFT {ttft:+.1%}, TPOT {tpot:+.1%}", ok))
     assert all(ok for _, ok in errors), [w for w, ok in errors if not ok]
+
+
+#: disaggregated pools of expert- or pipeline-parallel engines under an open loop, with the
+#: measured agreement: throughput within 4 %, TPOT within 2 %, TTFT within 2 % on lock-step ranks
+#: and +15 to +39 % on pipelined prefill engines (the fill the model charges a prompt pass)
+POOLS = [
+    ({**EP4, "ep": 2, "disaggregate": "4:4"}, {"x": 0.05, "ttft": 0.10, "tpot": 0.10}),
+    ({**PP2, "disaggregate": "4:8"}, {"x": 0.05, "ttft": 0.40, "tpot": 0.10}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cols,tol", POOLS, ids=["ep2-pools", "tp2-pp2-pools"])
+def test_disaggregated_parallel_engines_agree_with_the_simulator(cols, tol):
+    cap = evaluate({**cols, "concurrency": 100000})["requests_per_s"][0]
+    for share in (0.2, 0.5):
+        point = {**cols, "request_rate": share * cap}
+        ev, sim = evaluate(point), simulate_point(point, 1500)
+        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
+                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+        assert abs(x) <= tol["x"] and abs(ttft) <= tol["ttft"] and abs(tpot) <= tol["tpot"], (share, x, ttft, tpot)

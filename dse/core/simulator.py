@@ -252,7 +252,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
-                           tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
+                           tokens: Callable[[int, int], None] | None = None, stages: int = 1,
+                           ranks: int = 1) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -294,9 +295,11 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
     (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
     busy_s and preemptions summed over every instance; running and kv_used of the decode
-    instances (mean per instance, time-weighted over their iterations). DseError for
-    non-positive instance counts, a transfer time not finite and >= 0, or a request that
-    can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
+    instances (mean per instance, time-weighted over their iterations). ``stages`` and
+    ``ranks``: each instance is ``stages`` micro-batch streams through its own pipeline, each
+    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's).
+    DseError for non-positive instance counts, a transfer time not finite and >= 0, or a request
+    that can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
     its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
     and output)."""
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
@@ -307,13 +310,20 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     _check_fits(decode_engine, prompts, prompts + gens, prefill=False, pool="decode ")
     sent = _transfer_times(transfer_s, prompts)
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
-    pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
-    dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
+    stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
+
+    def engine(kind, config):
+        return _LockStep(config, ranks, kind) if ranks > 1 else kind(config)
+    pre = [_Instance(engine(_PrefillEngine, prefill_engine), prefill_step)
+           for _ in range(int(prefill_instances) * stages)]
+    dec = [_Instance(engine(_DecodeEngine, decode_engine), decode_step) for _ in range(int(decode_instances) * stages)]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
-                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
-    return _result(reqs, loop, dec, warmup, concurrency)
+    res = _result(reqs, loop, dec, warmup, concurrency)
+    res.running *= stages                   # a decode engine runs all its streams
+    return res
 
 
 def _token_hook(tokens: Callable[[int, int], None] | None, gens: np.ndarray) -> Callable[[int], None] | None:
@@ -491,15 +501,16 @@ class _EventLoop:
     requests queued plus running; ties: the lowest index) and stays there. A new request
     reaches the entry pool ``delay`` seconds after it arrives. ``progress``, if given, is
     called with the number of requests an iteration finishes, ``tokens`` with the output
-    tokens it produces. With ``stages`` > 1 the instances are the micro-batch streams of one
-    pipeline: an iteration of ``dt`` seconds passes its stages in turn, ``dt / stages`` on each,
-    each stage taking one iteration at a time in the order they start (so ``stages`` streams
-    interleave, and an iteration's stage waits while another stream's holds it)."""
+    tokens it produces. With ``stages`` > 1 each run of ``stages`` consecutive instances is the
+    micro-batch streams of one pipeline: an iteration of ``dt`` seconds passes its stages in turn,
+    ``dt / stages`` on each, each stage taking one iteration at a time in the order they start
+    (so the streams interleave, and an iteration's stage waits while another stream's holds it)."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
                  delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1):
-        self.stage_free = [0.0] * stages        # when each pipeline stage is next free (s)
+        self.stages = stages
+        self.stage_free: dict[int, list[float]] = {}   # per pipeline: when each stage is next free (s)
         self.progress = progress
         self.tokens = tokens
         self.delay = delay
@@ -574,17 +585,18 @@ class _EventLoop:
         inst.plan = plan
         self.steps += 1
         self.busy_s += dt
-        self._push(self._through_stages(t, dt), _ITERATION, i, None)
+        self._push(self._through_stages(i, t, dt), _ITERATION, i, None)
 
-    def _through_stages(self, t: float, dt: float) -> float:
-        """When an iteration of ``dt`` seconds started at ``t`` (s) leaves the pipeline: ``t +
-        dt`` on one stage; else each stage in turn for ``dt / stages``, once it is free."""
-        if len(self.stage_free) == 1:
+    def _through_stages(self, i: int, t: float, dt: float) -> float:
+        """When an iteration of ``dt`` seconds instance ``i`` started at ``t`` (s) leaves its
+        pipeline: ``t + dt`` on one stage; else each stage in turn for ``dt / stages``, once free."""
+        if self.stages == 1:
             return t + dt
-        per = dt / len(self.stage_free)
-        for s, free in enumerate(self.stage_free):
-            t = max(t, free) + per
-            self.stage_free[s] = t
+        free = self.stage_free.setdefault(i // self.stages, [0.0] * self.stages)
+        per = dt / self.stages
+        for s in range(self.stages):
+            t = max(t, free[s]) + per
+            free[s] = t
         return t
 
     def _end_iteration(self, i: int, t: float) -> None:
@@ -784,9 +796,10 @@ class _LockStep:
     rank with nothing to do waits). A request dispatched to the group goes to its least-loaded
     rank (fewest queued plus running; ties: the lowest index) and stays there."""
 
-    def __init__(self, config: EngineConfig, ranks: int):
+    def __init__(self, config: EngineConfig, ranks: int, kind: type = None):
         self.config = config
-        self.ranks = [_Engine(config) for _ in range(ranks)]
+        self.ranks = [(kind or _Engine)(config) for _ in range(ranks)]
+        self._holder: dict[int, _Engine] = {}      # a request whose KV is being sent: its rank
 
     @property
     def load(self) -> int:
@@ -829,10 +842,17 @@ class _LockStep:
         return [r for p in plan for r in _Engine.sequences(p)]
 
     def apply(self, t: float, plan) -> tuple[list[_Request], list[_Request]]:
-        finished = []
+        finished, sent = [], []
         for e, p in zip(self.ranks, plan):
-            finished += e.apply(t, p)[0]
-        return finished, []
+            done, out = e.apply(t, p)
+            finished += done
+            sent += out
+            self._holder.update((r.index, e) for r in out)
+        return finished, sent
+
+    def release(self, r: _Request) -> None:
+        """Free ``r``'s blocks on the rank that holds them."""
+        self._holder.pop(r.index).release(r)
 
 
 class _PrefillEngine(_Engine):

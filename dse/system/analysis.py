@@ -205,7 +205,8 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     else:
         res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
-                                     arrivals=arrivals, progress=progress, tokens=tokens)
+                                     arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
+                                     ranks=point.ranks)
     out = res.metrics()
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s

@@ -31,18 +31,23 @@ from workloads.optable import kv_heads_per_device
 
 def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(devices, tp) to lay out each point with, and its devices in all: a disaggregated
-    point lays out one instance of ``tp`` devices (given, or the largest dividing both pools)
-    and has the pools' devices; the points whose layout cannot be fail ``layout``."""
+    point lays out instances of ``tp x pp x ep`` devices (tp given, or the largest that divides
+    both pools) and has the pools' devices; the points whose layout cannot be fail ``layout``."""
     dis = w.disaggregated
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
     total = pre + dec
-    inst = np.where(np.isnan(w.tp), np.gcd(pre.astype(np.int64), dec.astype(np.int64)), w.tp)
+    stages_ranks = np.nan_to_num(w.pp, nan=1.0) * w.ep          # an engine's devices per tp rank
+    common = np.gcd(pre.astype(np.int64), dec.astype(np.int64))
+    whole = np.mod(common, stages_ranks) == 0
+    inst = np.where(np.isnan(w.tp), np.where(whole, common // np.where(whole, stages_ranks, 1), common), w.tp)
     wrong = dis & ~np.isnan(w.devices) & (w.devices != total)
     fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
-    split = dis & ((np.mod(pre, inst) != 0) | (np.mod(dec, inst) != 0))
-    fail("layout", np.flatnonzero(split), "with disaggregate P:D, tp (devices per engine) must divide P and D")
+    per = inst * stages_ranks
+    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, per) != 0))
+    fail("layout", np.flatnonzero(split), "with disaggregate P:D, an engine's devices (tp x pp x ep) must divide "
+                                          "P and D")
     return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
 
 
@@ -284,9 +289,6 @@ def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, 
     a link to send the KV cache over (``interconnect``)."""
     if policy != "none" or cpu_layers:
         mark("serving", np.ones(size, dtype=bool))
-    if (sc.pp > 1 or sc.ep > 1) and disaggregated:
-        mark("serving", np.ones(size, dtype=bool), "disaggregated pools run instances of one tensor-parallel "
-                                                   "group; pp and ep are modelled on one pool (not disaggregated)")
     if spec is not None and (spec.heads is not None or disaggregated):
         mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
                                                    "with a draft model or self:N on one pool (not Medusa heads, "

@@ -303,7 +303,8 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
-    pools = (w.prefill_devices[idx] / sc.tp, w.decode_devices[idx] / sc.tp, per_token) if w.disaggregated[i0] else None
+    pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / sc.devices, per_token) \
+        if w.disaggregated[i0] else None                      # engines of tp x pp x ep devices in each pool
     serving = ServingInputs(
         iteration=it, kv_blocks=blocks, kv_block=block, prefix_tokens=prefix,
         slo_ttft=w.slo_ttft[idx], slo_tpot=w.slo_tpot[idx], slo_percentile=w.slo_percentile[idx],
