@@ -282,8 +282,10 @@ def test_run_refuses_more_workers_than_the_machine_can_use(capsys, tmp_path):
             f"up to {MAX_WORKERS}")
 
 
-def test_a_layout_continuous_batching_does_not_model_names_the_hardware(capsys):
+def test_a_layout_the_hardware_chooses_is_served_under_a_load(capsys):
     """Groq's LPU spreads a model over many chips (pipeline stages): under a load the refusal asked for
-    '--pp 1, --ep 1, --offload none' though none was given; it names the hardware that lays the point out so."""
-    refused(capsys, ["analyze", "--model", "llama-3.2-1b-instruct", "--hardware", "groq-lpu", "--request-rate", "0.01"],
-            "this point on 'groq-lpu' is laid out otherwise")
+    '--pp 1, --ep 1, --offload none' though none was given. Pipeline stages are now served under
+    continuous batching (issue 44): the point runs, on the layout its chips take."""
+    assert main(["analyze", "--model", "llama-3.2-1b-instruct", "--hardware", "groq-lpu", "--request-rate", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "(TP 8 x PP 2)" in out and "continuous batching at 0.01 requests/s" in out

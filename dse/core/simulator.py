@@ -211,7 +211,8 @@ class SimulationResult:
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
              warmup: float = 0.2, progress: Callable[[int], None] | None = None,
-             request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
+             request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None,
+             stages: int = 1, ranks: int = 1) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
     the engine. Closed loop with ``concurrency`` requests in flight, or open loop with the
     given ``arrivals`` (seconds, non-decreasing). ``request_overhead_s``: seconds a request
@@ -223,18 +224,26 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     ``engine.prefix_tokens`` says. ``progress`` (optional) is called with the number of
     requests each iteration finishes, ``tokens`` (optional) with the output tokens each
     iteration produces and those of all the requests (``sum(gens)``: the calls' first
-    arguments add up to it); both only observe. Returns a SimulationResult; DseError
-    when a request can never be admitted (its prompt needs more blocks than exist beside the
-    shared prefix's).
+    arguments add up to it); both only observe. ``stages`` (pipeline parallelism): that many
+    micro-batch streams, each an engine of its own, share the pipeline's stages (``_EventLoop``);
+    ``ranks`` (expert parallelism): each stream is that many attention data-parallel ranks run in
+    lock-step (``_LockStep``), ``engine`` being one rank's (its KV blocks its own). Returns a
+    SimulationResult; DseError when a request can never be admitted (its prompt needs more blocks
+    than exist beside the shared prefix's).
     """
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
     _check_fits(engine, prompts, prompts + gens, prefill=True)
+    stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
-    loop = _EventLoop([_Instance(_Engine(engine), step_time)], [], future, spare, progress=progress,
-                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
+    streams = [_Instance(_LockStep(engine, ranks) if ranks > 1 else _Engine(engine), step_time)
+               for _ in range(stages)]
+    loop = _EventLoop(streams, [], future, spare, progress=progress,
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)
     _check_done(reqs, "the engine cannot make progress (KV cache too small for any request)")
-    return _result(reqs, loop, loop.instances, warmup, concurrency)
+    res = _result(reqs, loop, loop.instances, warmup, concurrency)
+    res.running *= stages                   # the trace's mean is a stream's: the engine runs them all
+    return res
 
 
 def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefill_engine: EngineConfig,
@@ -243,7 +252,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
-                           tokens: Callable[[int, int], None] | None = None) -> SimulationResult:
+                           tokens: Callable[[int, int], None] | None = None, stages: int = 1,
+                           ranks: int = 1) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -285,9 +295,11 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     Returns a SimulationResult: per-request times (TTFT = first token - arrival; TPOT =
     (finish - first token) / (gen - 1), transfer and decode queueing included); steps,
     busy_s and preemptions summed over every instance; running and kv_used of the decode
-    instances (mean per instance, time-weighted over their iterations). DseError for
-    non-positive instance counts, a transfer time not finite and >= 0, or a request that
-    can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
+    instances (mean per instance, time-weighted over their iterations). ``stages`` and
+    ``ranks``: each instance is ``stages`` micro-batch streams through its own pipeline, each
+    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's).
+    DseError for non-positive instance counts, a transfer time not finite and >= 0, or a request
+    that can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
     its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
     and output)."""
     prompts, gens = _lengths(prompts, gens, concurrency, arrivals)
@@ -298,13 +310,20 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     _check_fits(decode_engine, prompts, prompts + gens, prefill=False, pool="decode ")
     sent = _transfer_times(transfer_s, prompts)
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
-    pre = [_Instance(_PrefillEngine(prefill_engine), prefill_step) for _ in range(int(prefill_instances))]
-    dec = [_Instance(_DecodeEngine(decode_engine), decode_step) for _ in range(int(decode_instances))]
+    stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
+
+    def engine(kind, config):
+        return _LockStep(config, ranks, kind) if ranks > 1 else kind(config)
+    pre = [_Instance(engine(_PrefillEngine, prefill_engine), prefill_step)
+           for _ in range(int(prefill_instances) * stages)]
+    dec = [_Instance(engine(_DecodeEngine, decode_engine), decode_step) for _ in range(int(decode_instances) * stages)]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
-                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens))
+                      delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
-    return _result(reqs, loop, dec, warmup, concurrency)
+    res = _result(reqs, loop, dec, warmup, concurrency)
+    res.running *= stages                   # a decode engine runs all its streams
+    return res
 
 
 def _token_hook(tokens: Callable[[int, int], None] | None, gens: np.ndarray) -> Callable[[int], None] | None:
@@ -313,6 +332,13 @@ def _token_hook(tokens: Callable[[int, int], None] | None, gens: np.ndarray) -> 
         return None
     total = int(np.sum(gens))
     return lambda n: tokens(n, total)
+
+
+def _positive(key: str, v) -> int:
+    """``v`` as a positive integer; DseError naming ``key`` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
+    return int(v)
 
 
 def _overhead(v) -> float:
@@ -426,18 +452,29 @@ def _result(reqs: list[_Request], loop: _EventLoop, figures: list[_Instance], wa
                             None if concurrency is None else int(concurrency))
 
 
-def _price(step_time: StepTime, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> float:
-    """Seconds of an iteration decoding ``decode_now`` and prefilling ``chunks`` ((sequence,
-    prompt tokens) pairs, each chunk's tokens attending to the keys before them); DseError
-    unless ``step_time`` gives a positive finite number."""
+def _counts(decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> tuple[int, int, int, int, int]:
+    """(decode tokens, their keys, prompt tokens, their keys, prompts finished) of an iteration
+    decoding ``decode_now`` and prefilling ``chunks`` ((sequence, prompt tokens) pairs, each
+    chunk's tokens attending to the keys before them)."""
     dctx = sum(r.context for r in decode_now)
     pctx = sum(take * r.done_prompt + take * (take - 1) // 2 for r, take in chunks)
     ptok = sum(take for _, take in chunks)
     ends = sum(1 for r, take in chunks if r.done_prompt + take >= r.target)
-    dt = float(step_time(len(decode_now), dctx, ptok, pctx, ends))
+    return len(decode_now), dctx, ptok, pctx, ends
+
+
+def _checked(dt) -> float:
+    """``dt`` as seconds; DseError unless a positive finite number."""
+    dt = float(dt)
     if not (dt > 0 and np.isfinite(dt)):
         raise DseError(f"simulator: step_time must be a positive number of seconds, got {dt!r}")
     return dt
+
+
+def _price(step_time: StepTime, decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> float:
+    """Seconds of an iteration decoding ``decode_now`` and prefilling ``chunks`` (``_counts``);
+    DseError unless ``step_time`` gives a positive finite number."""
+    return _checked(step_time(*_counts(decode_now, chunks)))
 
 
 @dataclass
@@ -464,11 +501,16 @@ class _EventLoop:
     requests queued plus running; ties: the lowest index) and stays there. A new request
     reaches the entry pool ``delay`` seconds after it arrives. ``progress``, if given, is
     called with the number of requests an iteration finishes, ``tokens`` with the output
-    tokens it produces."""
+    tokens it produces. With ``stages`` > 1 each run of ``stages`` consecutive instances is the
+    micro-batch streams of one pipeline: an iteration of ``dt`` seconds passes its stages in turn,
+    ``dt / stages`` on each, each stage taking one iteration at a time in the order they start
+    (so the streams interleave, and an iteration's stage waits while another stream's holds it)."""
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
-                 delay: float = 0.0, tokens: Callable[[int], None] | None = None):
+                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1):
+        self.stages = stages
+        self.stage_free: dict[int, list[float]] = {}   # per pipeline: when each stage is next free (s)
         self.progress = progress
         self.tokens = tokens
         self.delay = delay
@@ -535,16 +577,27 @@ class _EventLoop:
     def _start(self, i: int, t: float) -> None:
         """Instance ``i`` schedules an iteration at ``t`` (s) if it has work."""
         inst = self.instances[i]
-        decode_now, chunks = inst.engine.schedule(t)
-        if not decode_now and not chunks:
+        plan = inst.engine.schedule(t)
+        if not inst.engine.has_work(plan):
             return
-        dt = _price(inst.step_time, decode_now, chunks)
-        cfg = inst.engine.config
-        inst.trace.append((t, dt, len(inst.engine.running), (cfg.kv_blocks - inst.engine.free) / cfg.kv_blocks))
-        inst.plan = (decode_now, chunks)
+        dt = inst.engine.price(inst.step_time, plan)
+        inst.trace.append((t, dt, len(inst.engine.running), inst.engine.kv_share))
+        inst.plan = plan
         self.steps += 1
         self.busy_s += dt
-        self._push(t + dt, _ITERATION, i, None)
+        self._push(self._through_stages(i, t, dt), _ITERATION, i, None)
+
+    def _through_stages(self, i: int, t: float, dt: float) -> float:
+        """When an iteration of ``dt`` seconds instance ``i`` started at ``t`` (s) leaves its
+        pipeline: ``t + dt`` on one stage; else each stage in turn for ``dt / stages``, once free."""
+        if self.stages == 1:
+            return t + dt
+        free = self.stage_free.setdefault(i // self.stages, [0.0] * self.stages)
+        per = dt / self.stages
+        for s in range(self.stages):
+            t = max(t, free[s]) + per
+            free[s] = t
+        return t
 
     def _end_iteration(self, i: int, t: float) -> None:
         """Instance ``i``'s iteration ends at ``t`` (s): finished requests are replaced (closed
@@ -553,9 +606,9 @@ class _EventLoop:
         inst = self.instances[i]
         plan, inst.plan = inst.plan, None
         if self.tokens is not None:
-            seqs = plan[0] + [r for r, _ in plan[1]]
+            seqs = inst.engine.sequences(plan)
             before = sum(r.generated for r in seqs)
-        finished, sent = inst.engine.advance(t, *plan)
+        finished, sent = inst.engine.apply(t, plan)
         if finished and self.progress is not None:
             self.progress(len(finished))
         if self.tokens is not None:
@@ -596,9 +649,31 @@ class _Engine:
         """Requests on this instance, the dispatch's measure: queued plus running."""
         return len(self.waiting) + len(self.running)
 
+    @property
+    def kv_share(self) -> float:
+        """Share of the KV blocks in use."""
+        return (self.config.kv_blocks - self.free) / self.config.kv_blocks
+
     def enqueue(self, r: _Request) -> None:
         """``r`` is dispatched here: it waits at the tail of the queue."""
         self.waiting.append(r)
+
+    # an iteration's plan is (decode_now, chunks) (``schedule``); a group of ranks has its own
+    # (``_LockStep``): the event loop asks the engine about its plans through these four
+    @staticmethod
+    def has_work(plan) -> bool:
+        return bool(plan[0] or plan[1])
+
+    @staticmethod
+    def price(step_time: StepTime, plan) -> float:
+        return _price(step_time, *plan)
+
+    @staticmethod
+    def sequences(plan) -> list[_Request]:
+        return plan[0] + [r for r, _ in plan[1]]
+
+    def apply(self, t: float, plan) -> tuple[list[_Request], list[_Request]]:
+        return self.advance(t, *plan)
 
     def _own(self, r: _Request, tokens: int) -> int:
         """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens."""
@@ -711,6 +786,73 @@ class _Engine:
         """Free ``r``'s blocks."""
         self.free += r.blocks
         r.blocks = 0
+
+
+class _LockStep:
+    """An expert-parallel group's attention data-parallel ranks (SGLang's DP attention, DeepSeek's
+    decode instances): each rank an _Engine of its own (scheduler, queue, KV blocks), every
+    iteration run by all of them together, since each layer's expert all-to-all joins them: it
+    lasts as long as its slowest rank's (each rank's priced by ``step_time`` on its own counts; a
+    rank with nothing to do waits). A request dispatched to the group goes to its least-loaded
+    rank (fewest queued plus running; ties: the lowest index) and stays there."""
+
+    def __init__(self, config: EngineConfig, ranks: int, kind: type = None):
+        self.config = config
+        self.ranks = [(kind or _Engine)(config) for _ in range(ranks)]
+        self._holder: dict[int, _Engine] = {}      # a request whose KV is being sent: its rank
+
+    @property
+    def load(self) -> int:
+        return sum(e.load for e in self.ranks)
+
+    @property
+    def running(self) -> list[_Request]:
+        return [r for e in self.ranks for r in e.running]
+
+    @property
+    def kv_share(self) -> float:
+        return float(np.mean([e.kv_share for e in self.ranks]))
+
+    @property
+    def preemptions(self) -> int:
+        return sum(e.preemptions for e in self.ranks)
+
+    def enqueue(self, r: _Request) -> None:
+        min(self.ranks, key=lambda e: e.load).enqueue(r)
+
+    def schedule(self, t: float) -> list:
+        return [e.schedule(t) for e in self.ranks]
+
+    @staticmethod
+    def has_work(plan) -> bool:
+        return any(_Engine.has_work(p) for p in plan)
+
+    @staticmethod
+    def price(step_time: StepTime, plan) -> float:
+        """The slowest rank's seconds: ``step_time.ranks`` of every rank's counts ([R, 5] ->
+        seconds) where the pricer has it (a rank's experts fed by every rank's tokens), else the
+        most of ``step_time`` over the ranks with work."""
+        ranks = getattr(step_time, "ranks", None)
+        if ranks is not None:
+            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float)))
+        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p))
+
+    @staticmethod
+    def sequences(plan) -> list[_Request]:
+        return [r for p in plan for r in _Engine.sequences(p)]
+
+    def apply(self, t: float, plan) -> tuple[list[_Request], list[_Request]]:
+        finished, sent = [], []
+        for e, p in zip(self.ranks, plan):
+            done, out = e.apply(t, p)
+            finished += done
+            sent += out
+            self._holder.update((r.index, e) for r in out)
+        return finished, sent
+
+    def release(self, r: _Request) -> None:
+        """Free ``r``'s blocks on the rank that holds them."""
+        self._holder.pop(r.index).release(r)
 
 
 class _PrefillEngine(_Engine):

@@ -201,11 +201,12 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     if point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
-                       progress=progress, tokens=tokens)
+                       progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
     else:
         res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
-                                     arrivals=arrivals, progress=progress, tokens=tokens)
+                                     arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
+                                     ranks=point.ranks)
     out = res.metrics()
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s

@@ -31,18 +31,23 @@ from workloads.optable import kv_heads_per_device
 
 def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(devices, tp) to lay out each point with, and its devices in all: a disaggregated
-    point lays out one instance of ``tp`` devices (given, or the largest dividing both pools)
-    and has the pools' devices; the points whose layout cannot be fail ``layout``."""
+    point lays out instances of ``tp x pp x ep`` devices (tp given, or the largest that divides
+    both pools) and has the pools' devices; the points whose layout cannot be fail ``layout``."""
     dis = w.disaggregated
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
     total = pre + dec
-    inst = np.where(np.isnan(w.tp), np.gcd(pre.astype(np.int64), dec.astype(np.int64)), w.tp)
+    stages_ranks = np.nan_to_num(w.pp, nan=1.0) * w.ep          # an engine's devices per tp rank
+    common = np.gcd(pre.astype(np.int64), dec.astype(np.int64))
+    whole = np.mod(common, stages_ranks) == 0
+    inst = np.where(np.isnan(w.tp), np.where(whole, common // np.where(whole, stages_ranks, 1), common), w.tp)
     wrong = dis & ~np.isnan(w.devices) & (w.devices != total)
     fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
-    split = dis & ((np.mod(pre, inst) != 0) | (np.mod(dec, inst) != 0))
-    fail("layout", np.flatnonzero(split), "with disaggregate P:D, tp (devices per engine) must divide P and D")
+    per = inst * stages_ranks
+    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, per) != 0))
+    fail("layout", np.flatnonzero(split), "with disaggregate P:D, an engine's devices (tp x pp x ep) must divide "
+                                          "P and D")
     return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
 
 
@@ -282,7 +287,7 @@ def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, 
                    sys: SystemArrays, size: int) -> None:
     """Mark what continuous batching does not model (``serving``) and disaggregated pools without
     a link to send the KV cache over (``interconnect``)."""
-    if sc.pp > 1 or sc.ep > 1 or policy != "none" or cpu_layers:
+    if policy != "none" or cpu_layers:
         mark("serving", np.ones(size, dtype=bool))
     if spec is not None and (spec.heads is not None or disaggregated):
         mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
@@ -458,14 +463,18 @@ def requests_kv_bytes(serving, pool):
     concurrency, at most max_running) times the pages each holds at its full length,
     ceil((prompt + gen) / kv_block) averaged over the length classes, at most the whole paged pool
     ``pool`` (bytes, ``kv_blocks`` pages); an open loop's at its ceiling (max_running), until the
-    steady state's running batch replaces it (``open_loop_kv_bytes``)."""
+    steady state's running batch replaces it (``open_loop_kv_bytes``). Under pipeline or expert
+    parallelism each of the engine's streams (``ServingInputs.streams``) holds its share of the
+    concurrency in its own ``kv_blocks``, and a stage's device holds the pages of all its stages'
+    streams."""
     lengths, block = serving.lengths, serving.kv_block
     pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
-    running = np.fmin(serving.concurrency, serving.max_running)       # NaN concurrency (open loop): max_running
-    held = np.minimum(running * pages, serving.kv_blocks)
+    running = np.fmin(serving.concurrency / serving.streams, serving.max_running)   # NaN (open loop): max_running
+    held = np.minimum(running * pages, serving.kv_blocks) * serving.stages
     with np.errstate(invalid="ignore", divide="ignore"):
-        page_bytes = np.where(serving.kv_blocks > 0, pool / serving.kv_blocks, 0.0)
-    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes, np.nan)
+        page_bytes = np.where(serving.kv_blocks > 0, pool / (serving.kv_blocks * serving.stages), 0.0)
+    # an open loop's request lives on one attention rank: per device, 1 / ranks of its pages
+    return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes / serving.ranks, np.nan)
 
 
 def open_loop_kv_bytes(running, per_request, pool, weights_activations):

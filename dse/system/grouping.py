@@ -95,6 +95,14 @@ class ServingInputs:
     max_tokens: float             # the model's context, tokens (inf: none)
     pools: tuple | None = None    # disaggregated: (prefill instances [P], decode instances [P], KV bytes a token)
     speculation: ServedSpeculation | None = None
+    stages: int = 1               # pipeline stages: as many micro-batch streams interleave through them
+    ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
+
+    @property
+    def streams(self) -> int:
+        """Batches the engine runs side by side, each with its own scheduler, running batch and
+        share of the load: ``stages`` x ``ranks``."""
+        return self.stages * self.ranks
 
     def take(self, pos: np.ndarray) -> ServingInputs:
         """The inputs of the points ``pos`` (positions in the group): every array field taken,

@@ -68,6 +68,7 @@ class IterationModel:
     weight_tokens: np.ndarray
     weight_bytes: np.ndarray
     dense_weight_bytes: np.ndarray | None = None
+    shared: np.ndarray | None = None       # [O] bool: operators fed by every expert-parallel rank's tokens
 
     def arrays(self, d, dctx, c, pctx, s) -> OpArrays:
         """OpArrays [P, O] of iterations with ``d`` decode tokens over ``dctx`` keys and ``c``
@@ -95,6 +96,33 @@ class IterationModel:
         if vector is not None:
             vector = np.where((tokens > 0)[:, None], np.broadcast_to(vector, (n, o)), 0.0)
         return replace(self.template, weight_bytes=weight, vector_ops=vector, **fields)
+
+    def lockstep_arrays(self, d, dctx, c, pctx, s, ranks: int, streams: int = 1) -> OpArrays:
+        """OpArrays [P, O] of the busiest rank of an engine of ``streams`` streams of ``ranks``
+        attention data-parallel ranks in lock-step (``dse.system.served.group_pricer``) running an
+        iteration of ``d`` decode tokens over ``dctx`` keys and ``c`` prompt tokens of ``s``
+        prompts over ``pctx`` keys, in all: the decode tokens spread evenly over every rank, each
+        prompt on one rank, over as many as there are prompts (at least one, at most all). The
+        experts' operators (``shared``: the routed matmuls and their all-to-all, fed by every rank
+        of the stream) carry the amounts of the mean rank of that stream; the rest the busiest
+        rank's."""
+        k = ranks * streams
+        s = np.asarray(s, dtype=float)
+        busy = np.clip(s, 1.0, k)                                   # ranks that hold a prompt
+        own = self.arrays(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) / busy,
+                          np.asarray(pctx) / busy, s / busy)
+        if self.shared is None or not self.shared.any() or ranks == 1:
+            return own
+        share = np.clip(busy / streams, 1.0, ranks) / (busy * ranks)   # the stream's prompts over its ranks
+        mean = self.arrays(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) * share,
+                           np.asarray(pctx) * share, s * share)
+        return self.fed_by_all(own, mean)
+
+    def fed_by_all(self, own: OpArrays, mean: OpArrays) -> OpArrays:
+        """``own`` (a rank's arrays) with the ``shared`` operators' amounts taken from ``mean`` (the
+        mean rank's of its expert-parallel group): what a rank runs in lock-step with the others."""
+        m = self.shared
+        return replace(own, **{f: np.where(m, getattr(mean, f), getattr(own, f)) for f in (*_AMOUNTS, "weight_bytes")})
 
     @cached_property
     def _coefficients(self) -> np.ndarray:
@@ -140,12 +168,16 @@ def _fit_points(prompt_len: int) -> tuple[int, int, int]:
 
 @lru_cache(maxsize=1024)
 def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations: str, kv: str, tp: int,
-                    flash_attention: bool, buffer: float, techniques: Techniques = NONE) -> IterationModel:
+                    flash_attention: bool, buffer: float, techniques: Techniques = NONE, pp: int = 1,
+                    ep: int = 1) -> IterationModel:
     """The IterationModel of ``model`` on ``tp`` devices with these formats, read off the
-    operator tables at the prompt length ``prompt_len`` (tokens); DseError when ``tp`` does
-    not divide the model."""
+    operator tables at the prompt length ``prompt_len`` (tokens); DseError when the layout does
+    not divide the model. With ``pp`` stages the iteration is one micro-batch's pass through the
+    whole pipeline (every stage's operators on one tp group, and the ``pp - 1`` hops between
+    them); with ``ep`` it is one attention data-parallel rank's: its own tokens through attention,
+    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
-                       tp=tp, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
     keys = prompt_len + 1
     t1 = optable.decode_step(model, sc, keys, buffer)
     d1 = OpArrays.from_table(t1)
@@ -171,9 +203,11 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     if techniques.activation_density < 1.0 or techniques.layers_used < 1.0:
         dense_tech = replace(techniques, activation_density=1.0, layers_used=1.0)
         dense = _weight_grid(model, replace(sc, techniques=dense_tech), keys, buffer, t1.names)
+    shared = np.array([n.startswith("expert_") or n in ("moe_dispatch", "moe_combine") for n in t1.names]) \
+        if ep > 1 else None
     return IterationModel(d1, base, per_decode, per_key, {f: coef[f][1] for f in _AMOUNTS},
                           {f: coef[f][2] for f in _AMOUNTS}, {f: coef[f][0] for f in _AMOUNTS},
-                          np.asarray(grid, dtype=float), weight, dense)
+                          np.asarray(grid, dtype=float), weight, dense, shared)
 
 
 def _weight_grid(model: ModelSpec, sc: Scenario, keys: int, buffer: float, into: list[str]) -> np.ndarray:

@@ -52,10 +52,9 @@ REASONS = (
            "does not fit in host memory: the host part, {offloaded_size} per device over {devices} devices, exceeds the host memory of "
            "{hardware_name}"),
     Reason(13, "serving", "continuous batching is not modelled for this layout",
-           "continuous batching is modelled for tensor parallelism on one device group, without offload or a CPU "
-           "layer split, and this point on '{hardware_name}' is laid out otherwise (pipeline stages across its chips, "
-           "expert groups, offload or CPU layers): give pp 1, ep 1, offload none, cpu_layers 0, hardware that holds "
-           "the model on one group (or serving: static)"),
+           "continuous batching is modelled for tensor, pipeline and expert (attention data-parallel) layouts "
+           "without offload or a CPU layer split, and this point on '{hardware_name}' is laid out otherwise "
+           "(offload or CPU layers): give offload none, cpu_layers 0 (or serving: static)"),
     Reason(14, "saturated", "the request rate exceeds what the design serves",
            "the request rate {request_rate} requests/s exceeds what the design serves; its queue grows "
            "without bound"),

@@ -81,9 +81,9 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         return out
     s = g.serving
     spec = s.speculation
-    pricer = iteration_pricer if spec is None else _speculative_pricer(spec)
+    pricer = group_pricer(iteration_pricer if spec is None else _speculative_pricer(spec), s.ranks, s.stages)
     iteration_time = pricer(s.iteration, g.system, eff)
-    load = _load(s, g.system, eff)
+    load = group_load(_load(s, g.system, eff), s.ranks, s.stages)
     pooled = load.pools is not None
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
@@ -103,8 +103,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            load.take(at), pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    out_tps = out["output_tokens_per_s"]
     energy = _serving_energy(g, s, out, load, spec is not None or pooled)
+    out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
                for m in PERCENTILE_METRICS for q in PERCENTILES},
@@ -122,9 +122,10 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of the
     mean iteration (``running_batch`` decoding sequences over the mean prompt plus half the mean
     output, and the prompt tokens of the requests that arrive during it, over half their prompt)
-    times the iterations a second (one a TPOT), on each of the tp ranks; every amount of an
-    iteration is affine in these counts, so the mean iteration carries the mean energy. Speculative
-    and disaggregated engines are left out (NaN): their iterations are not one model's."""
+    times the iterations a second (one a TPOT), on each of the tp ranks, shared evenly by the
+    engine's streams and ranks (``group_load``: each a tp group's iteration of its share); every
+    amount of an iteration is affine in these counts, so the mean iteration carries the mean energy.
+    Speculative and disaggregated engines are left out (NaN): their iterations are not one model's."""
     n = len(out["tpot_s"])
     if unmodelled:
         nan = np.full(n, np.nan)
@@ -134,12 +135,76 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     b, tpot = out["running_batch"], out["tpot_s"]
     arrivals = out["requests_per_s"] * tpot                      # prompts finished an iteration
     chunk = arrivals * prompt
+    k = s.streams
     with np.errstate(invalid="ignore"):
-        ops = s.iteration.arrays(b, b * (prompt + gen / 2.0), chunk, chunk * prompt / 2.0, arrivals)
-        dynamic = g.tables.scenario.tp * step_energy_j(ops, g.system) / tpot
-        floor = g.tables.scenario.tp * step_energy_j(ops, measured_only(g.system)) / tpot
+        ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
+        ranks = g.tables.scenario.tp * k
+        dynamic = ranks * step_energy_j(ops, g.system) / tpot
+        floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
     return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
+
+
+def group_load(load: Load, ranks: int, stages: int) -> Load:
+    """The Load of an engine of several batches seen as one (priced by ``group_pricer``): ``stages``
+    pipeline stages interleave as many micro-batch streams (vLLM's virtual engines, TensorRT-LLM's
+    in-flight micro-batches), and an expert-parallel group runs ``ranks`` attention data-parallel
+    ranks (SGLang's and DeepSeek's DP attention), each stream or rank its own scheduler, batch, KV
+    blocks and token budget: the engine holds ``ranks x stages`` times a stream's KV blocks, running
+    sequences and budget."""
+    k = ranks * stages
+    if k == 1:
+        return load
+    return replace(load, kv_blocks=load.kv_blocks * k, max_running=load.max_running * k,
+                   token_budget=load.token_budget * k)
+
+
+def group_pricer(pricer, ranks: int, stages: int):
+    """An iteration pricer (as ``iteration_pricer``) of an engine of ``stages`` interleaved streams of
+    ``ranks`` lock-step ranks each, seen as one engine (``group_load``); one rank's iteration is the
+    IterationModel at ``pp`` and ``ep`` (a pass through every stage; the rank's tokens through
+    attention, its experts fed by every rank's). An iteration of the whole engine gives every
+    sequence one token. Its decode tokens spread evenly (requests go to the least-loaded stream and
+    rank). Ranks run in lock-step (each layer's expert all-to-all joins them): a stream's iteration
+    lasts as long as its busiest rank's, and its prompts, each on one rank, spread over as many ranks
+    as there are prompts (``s``: the prompts it finishes; at least one rank, at most all), so one
+    prompt arriving beside decoders costs the whole group an iteration of that prompt's chunk (what
+    makes DP attention's TPOT rise under an open loop, as the simulator's lock-step ranks show,
+    ``dse.core.simulator._LockStep``); the experts' operators carry the mean rank's tokens, every
+    rank's experts being fed by all of them (``IterationModel.lockstep_arrays``). Streams share the stages: while the stages are the bottleneck
+    a stream waits for the others' iterations, so the engine's iteration lasts the mean of its
+    streams' (one 1 / stages of the prompt work each)."""
+    if ranks * stages == 1:
+        return pricer
+
+    def make(model: IterationModel, sys: SystemArrays, eff: Efficiency):
+        if pricer is iteration_pricer:        # the busiest rank, its experts fed by the mean rank's tokens
+            def iteration_time(d, dctx, c, pctx, seqs, rows):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    t = step_time(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
+                return t * pipeline_fill(seqs, c, stages)
+            return iteration_time
+        rank = pricer(model, sys, eff)        # speculative: every rank's amounts the busiest's
+
+        def iteration_time(d, dctx, c, pctx, seqs, rows):
+            k = ranks * stages
+            busy = np.clip(np.asarray(seqs, dtype=float), 1.0, k)       # ranks prefilling, in all streams
+            return rank(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) / busy,
+                        np.asarray(pctx) / busy, np.asarray(seqs) / busy, rows) * pipeline_fill(seqs, c, stages)
+        return iteration_time
+    return make
+
+
+def pipeline_fill(seqs, c, stages: int):
+    """The factor by which the prompts of an iteration of ``stages`` interleaved streams lengthen it
+    when they are in several streams (``seqs`` prompts, at most one stream each; ``c`` prompt
+    tokens): m streams' prompt passes of ``t`` seconds each take every stage ``t / stages`` in turn,
+    so the j-th ends ``j t / stages`` after the first, the mean 1 + (m - 1) / (2 stages) times
+    ``t``; 1 without prompt tokens or stages."""
+    if stages == 1:
+        return 1.0
+    m = np.clip(np.asarray(seqs, dtype=float), 1.0, stages)
+    return np.where(np.asarray(c) > 0, 1.0 + (m - 1.0) / (2.0 * stages), 1.0)
 
 
 def _replicas(target_rate, good) -> np.ndarray:
@@ -202,7 +267,8 @@ class ServedPoint:
     ``prompt_len`` and ``gen_len`` and at most ``max_tokens`` in all, ``concurrency`` or
     ``request_rate`` (the other None) and ``request_overhead_s`` (seconds); disaggregated:
     ``pools`` (prefill instances, decode instances) and ``transfer_s`` (seconds to send the
-    KV cache of a prompt of that many tokens, its cached prefix excepted), else None."""
+    KV cache of a prompt of that many tokens, its cached prefix excepted), else None;
+    ``stages`` and ``ranks``: the engine's streams (``stream_load``), ``engine`` one rank's."""
 
     step: object
     engine: EngineConfig
@@ -215,6 +281,8 @@ class ServedPoint:
     request_overhead_s: float
     pools: tuple[int, int] | None = None
     transfer_s: object = None
+    stages: int = 1               # pipeline stages (as many micro-batch streams)
+    ranks: int = 1                # attention data-parallel ranks of each stream, in lock-step
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
@@ -227,13 +295,16 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
     block = w.kv_block[idx]
     per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
     left = np.maximum(cap - fp.weights_bytes - act, 0.0)
-    blocks = np.floor(left / (per_token * block))
+    # a device of a pipeline stage holds the KV of its layers for every one of the pp streams
+    blocks = np.floor(left / (per_token * block) / sc.pp)
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
-                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques)
+                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
+                         pp=sc.pp, ep=sc.ep)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
-    pools = (w.prefill_devices[idx] / sc.tp, w.decode_devices[idx] / sc.tp, per_token) if w.disaggregated[i0] else None
+    pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / sc.devices, per_token) \
+        if w.disaggregated[i0] else None                      # engines of tp x pp x ep devices in each pool
     serving = ServingInputs(
         iteration=it, kv_blocks=blocks, kv_block=block, prefix_tokens=prefix,
         slo_ttft=w.slo_ttft[idx], slo_tpot=w.slo_tpot[idx], slo_percentile=w.slo_percentile[idx],
@@ -242,8 +313,8 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
-        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools)
-    return serving, blocks * block * per_token
+        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep)
+    return serving, blocks * block * per_token * sc.pp
 
 
 def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
@@ -284,6 +355,20 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     def step(d, dctx, c, pctx, ends) -> float:
         return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
 
+    if s.ranks > 1 and s.iteration.shared is not None:
+        sys_j = g.system.take(np.array([j]))
+
+        def ranks(counts: np.ndarray) -> float:
+            """Seconds of a lock-step iteration of the ranks' ``counts`` [R, 5]: the slowest rank,
+            its own tokens through attention, its experts fed by the mean rank's."""
+            it = s.iteration
+            own = it.arrays(*counts.T)
+            mean = it.arrays(*(np.full(len(counts), v) for v in counts.mean(axis=0)))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return float(step_time(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
+                                       eff).max())
+        step.ranks = ranks
+
     engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
@@ -301,4 +386,4 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
             return float(link(np.array([[per_token * sent]]), one)[0, 0])
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
                        None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
-                       eff.request_overhead_s, pools, transfer_s)
+                       eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks))
