@@ -44,7 +44,8 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         return mats * h * width + ((mats - 1) * width + h if m.mlp_bias else 0)
 
     dense_block = norms + attn + mlp(m.intermediate_size / tp)
-    total = emb + head + final + m.num_dense_layers * dense_block
+    fc = m.draft_fc_inputs * (h * h + h)        # a native draft head's input norms and projection (replicated)
+    total = emb + head + final + fc + m.num_dense_layers * dense_block
     if m.is_moe:
         router = h * m.num_experts + (m.num_experts if m.router_bias else 0) + (h if m.shared_expert_gate else 0)
         experts = m.num_experts / ep * expert_parameter_count(m, tp)
@@ -62,6 +63,13 @@ def indexer_parameter_count(m: ModelSpec) -> float:
     weights (hidden -> heads); 0 for dense attention."""
     hi, di = m.index_n_heads, m.index_head_dim
     return m.q_lora_rank * hi * di + m.hidden_size * di + 2 * di + m.hidden_size * hi if m.is_sparse_attention else 0
+
+
+def draft_head_parameter_count(head: ModelSpec, tp: int = 1, ep: int = 1) -> float:
+    """Parameters (elements per device) a native draft head (``optable.native_draft_model``) holds of its
+    own under ``tp`` and ``ep``: its input norms and projection, its block; not the embedding, LM head and
+    final norm it shares with the target."""
+    return parameter_count(head, tp, 1, ep) - sum(_outer_parameters(head, tp))
 
 
 def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:

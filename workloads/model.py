@@ -132,6 +132,7 @@ class ModelSpec:
     index_topk: int = 0               # tokens each query attends (0: every earlier token)
     # Multi-token prediction (DeepSeek-V3 sec. 2.2): MTP modules shipped beside the model
     mtp_layers: int = 0               # num_nextn_predict_layers
+    draft_fc_inputs: int = 0          # a native draft head (MTP, EAGLE): k hidden states (k normed inputs) -> hidden
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
 

@@ -209,7 +209,7 @@ class OpTable:
 # --------------------------------------------------------------------------- helpers
 
 #: operators outside the layers (not repeated per layer)
-NON_LAYER_OPS = ("embedding", "embedding_norm", "final_norm", "lm_head", "pp_hop")
+NON_LAYER_OPS = ("embedding", "embedding_norm", "draft_input_norm", "draft_fc", "final_norm", "lm_head", "pp_hop")
 #: weight matmuls that stay dense under weight sparsity (SparseGPT and Wanda prune the layers' projections)
 OUTER_MATMULS = ("lm_head", "router")
 #: decode operators that compute only the active neurons or heads under contextual sparsity
@@ -458,6 +458,14 @@ class _Builder:
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
         self.linear("o_proj", nh * dv, h, count)
 
+    # ---- native draft heads (MTP, EAGLE)
+    def draft_input(self):
+        """A native draft head's input (``native_draft_model``): its k inputs (the target's hidden state and
+        the next token's embedding) each RMSNorm'd, concatenated and projected k h -> h."""
+        k, h = self.m.draft_fc_inputs, self.m.hidden_size
+        self.norm("draft_input_norm", k * h, 1)
+        self.linear("draft_fc", k * h, h, 1)
+
     # ---- DeepSeek Sparse Attention (DeepSeek-V3.2)
     def _indexer_pairs(self):
         """(query, key) pairs a sequence's indexer scores: prefill's causal S(S+1)/2, decode's S x L."""
@@ -580,6 +588,8 @@ class _Builder:
         self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
+        if m.draft_fc_inputs:
+            self.draft_input()
         if m.parallel_block:
             self.norm("attn_norm", h, L)
             if m.norms_per_block > 1:
@@ -704,6 +714,39 @@ def medusa_heads(model: ModelSpec, scenario: Scenario, heads: int) -> OpTable:
                     act_out=b * h),
            Operator("medusa_lm_head", "matmul", heads, ops=2 * b * h * v, weight=h * v, act_in=b * h, act_out=b * v))
     return OpTable("decode", ops, scenario.weights, scenario.activations, scenario.kv, scenario.tp, b, 0)
+
+
+#: native draft heads (``spec_draft`` mtp:N, eagle)
+NATIVE_DRAFTS = ("mtp", "eagle")
+
+
+def native_draft_model(target: ModelSpec, kind: str) -> ModelSpec:
+    """The one-layer model a native draft head runs a draft step with, sharing the target's embedding
+    and LM head (its weights are the target's; ``footprint.draft_head_parameter_count`` counts the head's
+    own): the embedding of the last token and the target's (or the previous module's) last hidden
+    state, each RMSNorm'd, concatenated and projected 2h -> h (``draft_fc``), then one transformer block.
+
+    - 'mtp': a DeepSeek-V3 multi-token-prediction module (DeepSeek-AI, "DeepSeek-V3 Technical Report",
+      arXiv:2412.19437, sec. 2.2: M_k h -> h projection of [RMSNorm(h_prev); RMSNorm(Emb(t))], one
+      Transformer block, the shared output head), its block shaped as the target's last layer (MoE where the
+      target's are, with its sparse attention); the model must ship one (num_nextn_predict_layers).
+    - 'eagle': an EAGLE draft head (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature
+      Uncertainty", ICML 2024, sec. 4.1: an FC layer 2h -> h over the feature and the token's embedding, one
+      decoder layer, the target's LM head): the target's dense decoder layer (its attention, a dense MLP of
+      intermediate_size; an MoE target's EAGLE layer is dense). The FC's bias is left out (h elements).
+    DseError when the kind is unknown or an MTP draft is asked of a model without MTP modules."""
+    if kind not in NATIVE_DRAFTS:
+        raise DseError(f"spec_draft: a native draft head is one of {', '.join(NATIVE_DRAFTS)}, got {kind!r}")
+    if kind == "mtp" and not target.mtp_layers:
+        raise DseError(f"spec_draft: mtp:N needs a model with multi-token-prediction modules; '{target.name}' has "
+                       f"none (num_nextn_predict_layers 0 or absent in {target.source or 'its config'})")
+    common = dict(name=f"{target.name}:{kind}", num_layers=1, sliding_window=0, sliding_layers=(), mtp_layers=0,
+                  draft_fc_inputs=2, notes=())
+    if kind == "mtp":
+        return replace(target, first_dense_layers=0, **common)
+    return replace(target, num_experts=0, experts_per_token=0, moe_intermediate_size=0, num_shared_experts=0,
+                   shared_expert_intermediate_size=0, shared_expert_gate=False, router_bias=False,
+                   first_dense_layers=0, **common)
 
 
 def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):

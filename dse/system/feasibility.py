@@ -23,7 +23,7 @@ from dse.system.workload import WorkloadBatch, WorkloadTables, footprint_in_batc
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
-from workloads.footprint import chunk_activation_bytes, peak_activation_bytes
+from workloads.footprint import chunk_activation_bytes, draft_head_parameter_count, peak_activation_bytes
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads.optable import kv_heads_per_device
@@ -383,6 +383,8 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
         heads = optable.medusa_heads(model, replace(sc, batch=sc.micro_batch), draft.heads)
         fp = replace(fp, weights_bytes=fp.weights_bytes + float(np.sum(heads.weight_bytes * heads.counts)))
         return Speculation(acceptance, draft.heads, float(sc.tp), fp, heads=OpArrays.from_table(heads))
+    if draft.native:                         # MTP / EAGLE: one layer on the target's devices, its head shared
+        return _native_speculation(t, model, draft, w, i0, buffer)
     own = not draft.shares_target
     layout = (1, 1, 1) if own else (sc.tp, sc.pp, sc.ep)
     dm = draft_model(draft, model)
@@ -393,6 +395,25 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
                      kv_cache_bytes=fp.kv_cache_bytes + dt.footprint.kv_cache_bytes,
                      activation_bytes=max(fp.activation_bytes, dt.footprint.activation_bytes))
     return Speculation(acceptance, int(w.spec_tokens[i0]), float(layout[0]), fp, tables=dt, model=dm)
+
+
+def _native_speculation(t: WorkloadTables, model, draft, w: WorkloadColumns, i0: int, buffer: float) -> Speculation:
+    """Speculation of a native draft head (mtp:N, eagle): its one-layer model's tables at the target's tensor
+    and expert parallelism, each drafted token one step of it; the footprint adds its own weights
+    (``draft_head_parameter_count``: min(N, the modules the model ships) MTP modules, one EAGLE head) and
+    their KV cache, the embedding and LM head being the target's."""
+    sc = t.scenario
+    dm = draft_model(draft, model)
+    ep = sc.ep if dm.is_moe else 1
+    dt = tables(dm, sc.batch, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name,
+                sc.tp, 1, ep, sc.flash_attention, buffer)
+    held = min(draft.modules, model.mtp_layers) if draft.native == "mtp" else 1
+    fp = t.footprint
+    fp = replace(fp, weights_bytes=fp.weights_bytes + held * draft_head_parameter_count(dm, sc.tp, ep) * sc.weights.bytes,
+                 kv_cache_bytes=fp.kv_cache_bytes + held * dt.footprint.kv_cache_bytes,
+                 activation_bytes=max(fp.activation_bytes, dt.footprint.activation_bytes))
+    acceptance = draft.depth_acceptance or float(w.spec_acceptance[i0])
+    return Speculation(acceptance, int(w.spec_tokens[i0]), float(sc.tp), fp, tables=dt, model=dm)
 
 
 def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int,

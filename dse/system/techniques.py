@@ -22,7 +22,12 @@ Columns (defaults change nothing):
   own runs at tensor parallelism 1 on one of the target's devices, its weights and KV cache beside
   the target's there; a self-speculating draft shares the target's weights and KV cache (LayerSkip:
   Elhoushi et al., "LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding", ACL
-  2024, Sec. 4).
+  2024, Sec. 4). Native draft heads (``mtp:N``: N chained multi-token-prediction modules of the model,
+  DeepSeek-V3 sec. 2.2, drafting N tokens, ``spec_tokens`` N; ``eagle``: an EAGLE head, one decoder layer
+  on the target's features run ``spec_tokens`` times; ``workloads.optable.native_draft_model``) run on the
+  target's devices at its tensor parallelism, sharing its embedding and LM head, their own weights and KV
+  beside the target's; either may end in ``@a1,a2,...``, the acceptance rate at each depth (one per drafted
+  token, instead of ``spec_acceptance``): a round yields 1 + sum_d prod_{j<=d} a_j tokens.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
 from workloads.model import ModelSpec
+from workloads.optable import native_draft_model
 from workloads.pruning import parse_prune, prune
 from workloads.quality import quality_loss
 from workloads.techniques import Techniques, parse_sparsity, sparsity_text
@@ -57,6 +63,9 @@ class Draft:
     model: ModelSpec | None = None
     layers: int = 0
     heads: int = 0
+    native: str = ""                    # 'mtp' or 'eagle': a native draft head (``optable.native_draft_model``)
+    modules: int = 0                    # mtp:N: the chained modules (tokens drafted a round)
+    depth_acceptance: tuple = ()        # acceptance rate at each drafting depth (``@a1,a2,...``)
 
     @property
     def shares_target(self) -> bool:
@@ -64,7 +73,35 @@ class Draft:
 
 
 #: what ``spec_draft`` takes
-_DRAFTS = "'none', a model name (see 'list models') or config.json, 'self:N' or 'medusa:N' (N a positive integer)"
+_DRAFTS = "'none', a model (or config.json), 'self:N', 'medusa:N', 'mtp:N' or 'eagle' (N from 1; the last two '@a1,...')"
+
+
+def _depth_acceptance(text: str, full: str) -> tuple:
+    """The acceptance rates of ``a1,a2,...`` (each in [0, 1]); DseError naming what is allowed."""
+    try:
+        rates = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or len(rates) > MAX_SPEC_TOKENS or not all(0.0 <= a <= 1.0 for a in rates):
+        raise DseError(f"spec_draft: '@a1,a2,...' takes the acceptance rate at each drafting depth, numbers from 0 "
+                       f"to 1, got {full if len(full) <= 40 else full[:39] + '…'!r}")
+    return rates
+
+
+def _native_draft(text: str) -> Draft | None:
+    """The Draft of 'mtp:N[@...]' or 'eagle[@...]', else None."""
+    head, _, rates = text.partition("@")
+    kind, _, n = head.lower().partition(":")
+    if kind not in ("mtp", "eagle"):
+        return None
+    if kind == "eagle" and n:
+        raise DseError(f"spec_draft: 'eagle' takes no ':N' (it drafts spec_tokens tokens), got {text[:40]!r}")
+    if kind == "mtp" and (not (n.isascii() and n.isdigit() and len(n) <= 12) or int(n) < 1
+                          or int(n) > MAX_SPEC_TOKENS):
+        raise DseError(f"spec_draft: 'mtp:N' takes N, the chained MTP modules, from 1 to {MAX_SPEC_TOKENS:,}, got "
+                       f"{text if len(text) <= 40 else text[:39] + '…'!r}")
+    return Draft(text.lower(), native=kind, modules=int(n) if kind == "mtp" else 0,
+                 depth_acceptance=_depth_acceptance(rates, text) if "@" in text else ())
 
 
 def parse_draft(value) -> Draft | None:
@@ -74,6 +111,9 @@ def parse_draft(value) -> Draft | None:
         return None
     if not text:
         raise DseError(f"spec_draft: got an empty text; expected {_DRAFTS}")
+    native = _native_draft(text)
+    if native is not None:
+        return native
     for kind, what in (("self", "the target's first N layers as the draft"), ("medusa", "N Medusa heads")):
         if text.lower().startswith(kind + ":"):
             n = text.split(":", 1)[1]
@@ -89,7 +129,9 @@ def parse_draft(value) -> Draft | None:
 
 
 def draft_model(draft: Draft, target: ModelSpec) -> ModelSpec:
-    """The model a draft runs: its own, or the target's first ``layers`` layers."""
+    """The model a draft runs: its own, a native head's one layer, or the target's first ``layers`` layers."""
+    if draft.native:
+        return native_draft_model(target, draft.native)
     if draft.model is not None:
         return draft.model
     if draft.layers >= target.num_layers:
@@ -150,6 +192,7 @@ def technique_columns(cols: Columns, w: dict) -> None:
     if anywhere(pointwise(lambda d, t: d & ~(t > 0), has_draft, w["spec_tokens"])):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
+    _check_native(cols, w, given)
     heads = per_code([d.heads if d is not None else 0 for d in w["drafts"]], w["draft"])
     if anywhere(pointwise(lambda t, h: t < h, w["spec_tokens"], heads)):
         k = int(np.flatnonzero(w["spec_tokens"] < heads)[0])
@@ -180,6 +223,25 @@ def technique_columns(cols: Columns, w: dict) -> None:
             raise DseError(f"{cols.where}: {e}") from None
     w["tech"], w["techniques"] = inv, techniques
     w["sparse_units"] = per_code([t.sparsity == (2, 4) for t in techniques], inv)
+
+
+def _check_native(cols: Columns, w: dict, given: list) -> None:
+    """DseError where a native draft head's tokens disagree with spec_tokens: mtp:N drafts N, and an
+    acceptance list gives one rate per drafted token (and replaces spec_acceptance)."""
+    for code, d in enumerate(w["drafts"]):
+        if d is None or not d.native:
+            continue
+        at = np.flatnonzero(np.broadcast_to(w["draft"], (cols.n,)) == code)
+        tokens = np.unique(np.broadcast_to(w["spec_tokens"], (cols.n,))[at])
+        if d.modules and np.any(tokens != d.modules):
+            raise DseError(f"{cols.where}: spec_tokens: {d.name} drafts {d.modules} tokens a round (one a module); "
+                           f"give spec_tokens {d.modules}, got {int(tokens[tokens != d.modules][0])}")
+        if d.depth_acceptance and np.any(tokens != len(d.depth_acceptance)):
+            raise DseError(f"{cols.where}: spec_draft: {d.name} gives {len(d.depth_acceptance)} acceptance rates, one "
+                           f"a drafted token; spec_tokens asks {int(tokens[tokens != len(d.depth_acceptance)][0])}")
+        if d.depth_acceptance and "spec_acceptance" in given:
+            raise DseError(f"{cols.where}: spec_acceptance: {d.name} gives the acceptance rate at each depth; "
+                           "leave spec_acceptance out")
 
 
 def _drafts(cols: Columns) -> tuple[np.ndarray, list]:
