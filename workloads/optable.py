@@ -32,6 +32,14 @@ Conventions (documented so a reader can check them):
   where the model has them (gpt-oss).
 - MLA (DeepSeek): prefill decompresses the latent into per-head K and V
   (kv_b_proj); decode uses the absorbed form and attends over the latent.
+- DeepSeek Sparse Attention (DeepSeek-V3.2, ``ModelSpec.index_topk``): MLA in its absorbed form in
+  prefill and decode (the report's MQA mode), over the tokens the lightning indexer selects: a query
+  at position i attends min(i, k) tokens. The indexer (``indexer_*``, replicated over TP) scores
+  every earlier token, its score matrix streamed through a fused top-k (only the selected indices
+  written); its key per token is cached beside the latent. A decode step's attention is affine in
+  the context up to k and constant after it (``decode_pieces``), the indexer's affine throughout.
+- Native draft heads (``native_draft_model``: MTP, EAGLE) are one-layer models whose input is the
+  normed target hidden state and token embedding, projected 2h -> h (``draft_input``).
 - Tensor parallel over ``tp`` devices splits heads, MLP width, experts' width and
   the vocabulary; norms, adds, the router and MLA's down-projections are
   replicated; each block adds two all-reduces of the hidden state (one for

@@ -263,7 +263,7 @@ def _spec_vllm(design: Design, notes: list) -> list[str]:
         return []
     if kind != "model":
         notes.append(f"spec_draft {design.spec_draft}: vLLM's --speculative-config needs a draft checkpoint "
-                     f"({'Medusa heads trained for the target' if kind == 'medusa' else 'layer-skip self-drafting has none'}); "
+                     f"({'layer-skip self-drafting has none' if kind == 'self' else kind + ' heads trained for the target'}); "
                      f"left out")
         return []
     cfg = {"model": design.draft_checkpoint, "num_speculative_tokens": int(design.spec_tokens)}
@@ -271,11 +271,11 @@ def _spec_vllm(design: Design, notes: list) -> list[str]:
 
 
 def _draft_kind(draft: str) -> str | None:
-    """None (no speculative decoding), 'self', 'medusa' or 'model' (a draft model)."""
+    """None (no speculative decoding), 'self', 'medusa', 'mtp', 'eagle' (native heads) or 'model' (a draft model)."""
     text = str(draft).strip().lower()
     if text in ("", "none"):
         return None
-    return next((k for k in ("self", "medusa") if text.startswith(k + ":")), "model")
+    return next((k for k in ("self", "medusa", "mtp", "eagle") if text.split("@")[0].split(":")[0] == k), "model")
 
 
 def _kv_flags(design: Design, flag: str, table: dict, engine: str, notes: list) -> list[str]:
