@@ -95,16 +95,22 @@ class Pools:
     """Disaggregated prefill and decode (DistServe, Splitwise), arrays [P]: prefill and decode
     instances (engines of the group's devices each), KV bytes per token each device of a
     prefill instance sends to its decode instance, and ``transfer(bytes [A, K], rows [A])``:
-    seconds of one such message on each point's link."""
+    seconds of one such message on each point's link. A decode pool laid out otherwise than the
+    prefill pool has its own ``decode_load`` (its engines' KV blocks, running cap and budget: the
+    request lengths and load are the prefill's) and ``decode_time`` (its iterations' pricer); None:
+    the prefill pool's."""
 
     prefill: np.ndarray
     decode: np.ndarray
     kv_token_bytes: np.ndarray
     transfer: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    decode_load: "Load | None" = None
+    decode_time: "IterationTime | None" = None
 
     def take(self, idx) -> "Pools":
-        """The design points ``idx`` (``transfer`` still takes rows of the whole group)."""
-        return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx])
+        """The design points ``idx`` (``transfer`` and ``decode_time`` still take rows of the whole group)."""
+        return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx],
+                       decode_load=None if self.decode_load is None else self.decode_load.take(idx))
 
 
 @dataclass(frozen=True)

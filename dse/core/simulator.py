@@ -253,7 +253,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
                            tokens: Callable[[int, int], None] | None = None, stages: int = 1,
-                           ranks: int = 1) -> SimulationResult:
+                           ranks: int = 1, decode_ranks: int | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -297,7 +297,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     busy_s and preemptions summed over every instance; running and kv_used of the decode
     instances (mean per instance, time-weighted over their iterations). ``stages`` and
     ``ranks``: each instance is ``stages`` micro-batch streams through its own pipeline, each
-    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's).
+    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's;
+    ``decode_ranks``: the decode pool's, when its layout is its own).
     DseError for non-positive instance counts, a transfer time not finite and >= 0, or a request
     that can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
     its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
@@ -311,12 +312,14 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     sent = _transfer_times(transfer_s, prompts)
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
     stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
+    d_ranks = ranks if decode_ranks is None else _positive("decode_ranks", decode_ranks)
 
-    def engine(kind, config):
-        return _LockStep(config, ranks, kind) if ranks > 1 else kind(config)
-    pre = [_Instance(engine(_PrefillEngine, prefill_engine), prefill_step)
+    def engine(kind, config, n):
+        return _LockStep(config, n, kind) if n > 1 else kind(config)
+    pre = [_Instance(engine(_PrefillEngine, prefill_engine, ranks), prefill_step)
            for _ in range(int(prefill_instances) * stages)]
-    dec = [_Instance(engine(_DecodeEngine, decode_engine), decode_step) for _ in range(int(decode_instances) * stages)]
+    dec = [_Instance(engine(_DecodeEngine, decode_engine, d_ranks), decode_step)
+           for _ in range(int(decode_instances) * stages)]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
                       delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)

@@ -203,10 +203,11 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
                        progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
     else:
-        res = simulate_disaggregated(point.step, point.step, point.engine, point.engine, *point.pools,
+        res = simulate_disaggregated(point.step, point.decode_step or point.step, point.engine,
+                                     point.decode_engine or point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
                                      arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
-                                     ranks=point.ranks)
+                                     ranks=point.ranks, decode_ranks=point.decode_ranks)
     out = res.metrics()
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s

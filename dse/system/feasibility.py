@@ -34,20 +34,27 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     point lays out instances of ``tp x pp x ep`` devices (tp given, or the largest that divides
     both pools) and has the pools' devices; the points whose layout cannot be fail ``layout``."""
     dis = w.disaggregated
+    own = ~(np.isnan(w.decode_tp) & np.isnan(w.decode_ep))
+    fail("layout", np.flatnonzero(own & ~dis), "decode_tp and decode_ep lay out a decode pool: give disaggregate P:D")
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
     total = pre + dec
-    stages_ranks = np.nan_to_num(w.pp, nan=1.0) * w.ep          # an engine's devices per tp rank
-    common = np.gcd(pre.astype(np.int64), dec.astype(np.int64))
-    whole = np.mod(common, stages_ranks) == 0
-    inst = np.where(np.isnan(w.tp), np.where(whole, common // np.where(whole, stages_ranks, 1), common), w.tp)
+    stages = np.nan_to_num(w.pp, nan=1.0)
+    d_ep = np.where(np.isnan(w.decode_ep), w.ep, w.decode_ep)
+    pre_units, dec_units = pre / (stages * w.ep), dec / (stages * d_ep)      # tp ranks' worth of devices
+    whole = (pre_units == np.round(pre_units)) & (dec_units == np.round(dec_units)) & (pre_units >= 1) & (dec_units >= 1)
+    common = np.where(whole, np.gcd(np.where(whole, pre_units, 1).astype(np.int64),
+                                    np.where(whole, dec_units, 1).astype(np.int64)),
+                      np.gcd(pre.astype(np.int64), dec.astype(np.int64)))
+    inst = np.where(np.isnan(w.tp), common, w.tp)               # tp: given, or the largest both pools take
     wrong = dis & ~np.isnan(w.devices) & (w.devices != total)
     fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
-    per = inst * stages_ranks
-    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, per) != 0))
+    per = inst * stages * w.ep
+    d_per = np.where(np.isnan(w.decode_tp), inst, w.decode_tp) * stages * d_ep
+    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, d_per) != 0))
     fail("layout", np.flatnonzero(split), "with disaggregate P:D, an engine's devices (tp x pp x ep) must divide "
-                                          "P and D")
+                                          "P and D (the decode pool's: decode_tp x pp x decode_ep)")
     return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
 
 
@@ -229,7 +236,12 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     serving = None
     kv, pool, per_request = fp.kv_cache_bytes, np.nan, np.nan
     if continuous:
-        serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
+        try:
+            serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
+        except DseError as e:          # a decode pool of its own layout that does not divide the model
+            mark("model_split", np.ones(size, dtype=bool), f"the decode pool: {e}")
+            serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit,
+                                           own_decode=False)
         kv, per_request = requests_kv_bytes(serving, pool)
         if spec is not None and spec.tables is not None:
             serving = speculative_serving(serving, spec, sc, hw, i0)
@@ -237,6 +249,10 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
         mark("device_memory", dev_ok & (serving.kv_blocks < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
              "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
+        if serving.decode is not None:
+            mark("device_memory", serving.decode.kv_blocks < need,
+                 "the decode pool's paged KV cache holds less than one request at its own layout (decode_tp, "
+                 "decode_ep): the memory left after its weights and activations makes too few KV blocks")
     memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool,
                          per_request)
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)

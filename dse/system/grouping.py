@@ -72,6 +72,20 @@ class ServedSpeculation:
 
 
 @dataclass(frozen=True)
+class DecodePool:
+    """A disaggregated decode pool laid out otherwise than the prefill pool (``decode_tp``,
+    ``decode_ep``): its engines' iteration, paged KV blocks ([P], one rank's) and layout."""
+
+    iteration: IterationModel
+    kv_blocks: np.ndarray
+    tp: int
+    ep: int
+
+    def take(self, pos: np.ndarray) -> "DecodePool":
+        return replace(self, kv_blocks=self.kv_blocks[pos])
+
+
+@dataclass(frozen=True)
 class ServingInputs:
     """What continuous batching needs of a group's points (``dse.system.served.serving_inputs``);
     [P] arrays, one entry per point, unless said otherwise."""
@@ -97,6 +111,7 @@ class ServingInputs:
     speculation: ServedSpeculation | None = None
     stages: int = 1               # pipeline stages: as many micro-batch streams interleave through them
     ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
+    decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
 
     @property
     def streams(self) -> int:
@@ -111,8 +126,9 @@ class ServingInputs:
         if pools is not None:
             prefill, decode, kv_token_bytes = pools
             pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
-        return replace(self, pools=pools, **{f.name: getattr(self, f.name)[pos] for f in fields(self)
-                                             if isinstance(getattr(self, f.name), np.ndarray)})
+        return replace(self, pools=pools, decode=None if self.decode is None else self.decode.take(pos),
+                       **{f.name: getattr(self, f.name)[pos] for f in fields(self)
+                          if isinstance(getattr(self, f.name), np.ndarray)})
 
 
 @dataclass(frozen=True, eq=False)

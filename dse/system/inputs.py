@@ -78,6 +78,8 @@ class WorkloadColumns:
     target_rate: np.ndarray       # [P] requests/s a service must sustain (0: none)
     prefill_devices: np.ndarray   # [P] devices of the prefill pool (NaN: not disaggregated)
     decode_devices: np.ndarray    # [P] devices of the decode pool (NaN: not disaggregated)
+    decode_tp: np.ndarray         # [P] the decode pool's tensor parallelism (NaN: the prefill pool's)
+    decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
 
@@ -119,6 +121,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
+    w["decode_tp"], w["decode_ep"] = cols.numbers("decode_tp"), cols.numbers("decode_ep")
     asked = per_code([m == "continuous" for m in modes], w["serving"])
     loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),

@@ -280,6 +280,11 @@ TABLE: tuple[Param, ...] = (
           help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
                "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
                "largest dividing P and D)"),
+    Param("decode_tp", int, flag="--decode-tp",
+          help="disaggregated: the decode pool's tensor-parallel degree (default: tp, the prefill pool's)"),
+    Param("decode_ep", int, flag="--decode-ep",
+          help="disaggregated: the decode pool's expert-parallel degree (default: ep, the prefill pool's; "
+               "DeepSeek prefills on EP 32 and decodes on EP 144)"),
     Param("target_rate", float, default=0.0, zero_allowed=True, zero_is_unset=True,
           help="requests/s a whole service must carry: it takes ceil(target_rate / goodput) engines like this one "
                "(``replicas``; needs an SLO; 0: none)"),
