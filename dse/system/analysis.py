@@ -182,7 +182,7 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                    tokens: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """The serving metrics of the design point ``columns`` (continuous batching) from the
     discrete-event simulator (``dse.core.simulator``): ``requests`` requests, their lengths
-    drawn from the point's length distribution and, for an open loop, Poisson arrivals (their
+    drawn from the point's length distribution and, for an open loop, Poisson (or gamma: burstiness) arrivals (their
     gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
     ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
     with the number of requests each simulated iteration finishes (``requests`` in all),
@@ -195,8 +195,9 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     point = serving_engine(prepare(columns), 0, efficiency=efficiency, ideal=ideal)
     rng = np.random.default_rng(seed)
     arrivals = None
-    if point.request_rate is not None:   # Poisson gaps, scaled so that their mean is exactly 1 / rate
-        gaps = rng.exponential(1.0, requests)
+    if point.request_rate is not None:   # Poisson (gamma: burstiness) gaps, scaled to a mean of exactly 1 / rate
+        k = point.burstiness
+        gaps = rng.exponential(1.0, requests) if k == 1.0 else rng.gamma(k, 1.0 / k, requests)
         arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     if point.pools is None:

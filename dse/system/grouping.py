@@ -103,6 +103,7 @@ class ServingInputs:
     max_running: np.ndarray       # sequences an iteration may run
     concurrency: np.ndarray       # closed-loop concurrency (NaN: an open loop)
     request_rate: np.ndarray      # open-loop arrival rate, requests/s (NaN: a closed loop)
+    dispersion: np.ndarray        # open loop: the arrival gaps' squared coefficient of variation (1: Poisson)
     devices: np.ndarray           # devices of one engine (both pools when disaggregated)
     lengths: Lengths              # the request length classes (under speculation: in rounds of E tokens)
     length_spec: LengthSpec       # the length distribution requests are drawn from
@@ -238,15 +239,7 @@ _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activ
                     "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance")
-
-
-#: the columns that decide which points share a workload (and so one kernel call)
-_WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
-                    "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
-                    "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance")
+                    "spec_acceptance", "decode_tp", "decode_ep")
 
 
 #: the workload inputs across which points are priced together (``many_workloads``)

@@ -66,6 +66,7 @@ class WorkloadColumns:
     serving: np.ndarray           # [P] code of the serving mode as given
     concurrency: np.ndarray       # [P] closed-loop concurrency (0: none)
     request_rate: np.ndarray      # [P] open-loop arrival rate, requests/s (0: none)
+    burstiness: np.ndarray        # [P] open loop: the gamma shape of the arrival gaps (1: Poisson)
     kv_block: np.ndarray          # [P] tokens a KV block holds
     max_running: np.ndarray       # [P] sequences an iteration may run
     prefill_chunk: np.ndarray     # [P] tokens an iteration may hold (0: prefill first)
@@ -108,6 +109,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
+    w["burstiness"] = cols.numbers("burstiness")
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)

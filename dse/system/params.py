@@ -252,6 +252,10 @@ TABLE: tuple[Param, ...] = (
     Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
           default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
           noun="requests per second"),
+    Param("burstiness", float, default=1.0, flag="--burstiness", at_most=100.0,
+          help="continuous batching, open loop: arrival gaps drawn from a gamma distribution of this shape "
+               "(vLLM's benchmark_serving --burstiness: 1 a Poisson process, below 1 burstier, above 1 more "
+               "regular); the gaps' squared coefficient of variation is 1 / burstiness"),
     Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, at_most=MAX_KV_BLOCK,
           flag="--kv-block", flag_default=True),
     Param("prefill_chunk", int, default=8192, zero_allowed=True, flag="--prefill-chunk", flag_default=True,

@@ -269,9 +269,11 @@ def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
 
 
 def _load(s: ServingInputs, pools: Pools | None) -> Load:
-    """The serving Load of one stream of a group's continuous-batching inputs, with ``pools``."""
+    """The serving Load of one stream of a group's continuous-batching inputs, with ``pools``
+    (Poisson arrivals, ``dispersion`` None, unless some point's are gamma of another shape)."""
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
-                s.request_rate, s.chunked, s.prefix_tokens, pools)
+                s.request_rate, s.chunked, s.prefix_tokens, pools,
+                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ class ServedPoint:
     transfer_s: object = None
     stages: int = 1               # pipeline stages (as many micro-batch streams)
     ranks: int = 1                # attention data-parallel ranks of each stream, in lock-step
+    burstiness: float = 1.0       # an open loop's gamma shape of the arrival gaps (1: Poisson)
     decode_step: object = None    # a decode pool of its own layout: its step, engine and ranks (None: the same)
     decode_engine: EngineConfig | None = None
     decode_ranks: int | None = None
@@ -330,6 +333,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
+        dispersion=1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode)
@@ -421,7 +425,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
                        None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
                        eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
-                       decode_step, decode_engine, None if s.decode is None else int(s.decode.ep))
+                       1.0 / float(s.dispersion[j]), decode_step, decode_engine,
+                       None if s.decode is None else int(s.decode.ep))
 
 
 def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: int):
