@@ -35,7 +35,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dse.core.roofline import OpArrays
-from workloads import optable
+from workloads import encoder, optable
 from workloads.model import ModelSpec
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
@@ -179,10 +179,12 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
                        tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
     keys = prompt_len + 1
-    t1 = optable.decode_step(model, sc, keys, buffer)
+    # a VLM's encoder operators: zero in a decode step, per prompt in the prefill (``workloads.encoder``)
+    images = encoder.prefill(model, sc, buffer)
+    t1 = encoder.zeroed(optable.decode_step(model, sc, keys, buffer), images)
     d1 = OpArrays.from_table(t1)
-    d2 = OpArrays.from_table(optable.decode_step(model, replace(sc, batch=2), keys, buffer))
-    dk = OpArrays.from_table(optable.decode_step(model, sc, keys + 1, buffer))
+    d2 = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, replace(sc, batch=2), keys, buffer), images))
+    dk = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, sc, keys + 1, buffer), images))
     one, two, more = _amounts(d1), _amounts(d2), _amounts(dk)
     per_key = {f: more[f] - one[f] for f in _AMOUNTS}
     per_seq = {f: two[f] - one[f] for f in _AMOUNTS}
@@ -192,7 +194,7 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     pts = _fit_points(prompt_len)
     pre = []
     for p in pts:
-        table = optable.prefill(model, replace(sc, prompt_len=p), buffer)
+        table = encoder.prefill(model, replace(sc, prompt_len=p), buffer)
         pre.append(_onto(OpArrays.from_table(table), table.names, t1.names))
     lhs = np.array([[1.0, p, p * (p - 1) / 2.0] for p in pts])
     inv = np.linalg.inv(lhs)

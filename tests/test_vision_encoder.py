@@ -1,0 +1,141 @@
+"""Vision-language models: image -> patches -> tokens by each family's processor rules, the vision
+tower's parameters against the published counts, the encoder's operators against a closed-form
+ViT count, TTFT with images, images 0 unchanged, bad values refused, and the serving model against
+the simulator for a VLM under load."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from basis.errors import DseError
+from dse import evaluate
+from dse.system.analysis import simulate_point
+from workloads.encoder import encoder_operators, prefill, with_images
+from workloads.footprint import parameter_count
+from workloads.model import load_model
+from workloads.optable import prefill as text_prefill
+from workloads.scenario import Scenario
+from workloads.vision import image_patches, image_tokens, parse_image_size
+from workloads.vision import parameter_count as vision_parameters
+
+pytestmark = pytest.mark.usefixtures("fixed_calibration")
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = "qwen3-vl-8b-instruct"
+GEMMA = "gemma-3-27b-it"
+
+
+@pytest.mark.parametrize("h,w", [(1024, 1024), (768, 1024), (448, 640), (1024, 2048)])
+def test_qwen_tokens_of_a_patch_aligned_image_are_the_closed_form(h, w):
+    """Qwen3-VL: an image whose sides are multiples of patch x merge (32 px) inside the pixel bounds
+    is not resized: (H / 16)(W / 16) patches, / 2^2 tokens (Qwen3-VL model card and processor)."""
+    v = load_model(QWEN).vision
+    assert image_patches(v, h, w) == (h // 16) * (w // 16)
+    assert image_tokens(v, h, w) == (h // 16) * (w // 16) // 4
+
+
+def test_qwen_resize_rounds_to_the_merge_grid_and_keeps_the_pixel_bounds():
+    """smart_resize: 1000 x 1000 rounds to 992 x 992 (31 x 32 px); a 100 px image is scaled up to at
+    least 65,536 pixels (256 x 256: 64 tokens); a 5000 px one down to at most 16,777,216."""
+    v = load_model(QWEN).vision
+    assert image_tokens(v, 1000, 1000) == (992 // 16) ** 2 // 4
+    assert image_tokens(v, 100, 100) == 64
+    assert image_patches(v, 5000, 5000) * 16 * 16 <= 16_777_216
+
+
+@pytest.mark.parametrize("h,w", [(1024, 1024), (300, 2000)])
+def test_gemma3_images_are_256_tokens_of_4096_patches(h, w):
+    """Gemma 3: every image resized to 896 x 896, (896 / 14)^2 = 4096 patches pooled to 256 soft
+    tokens (Gemma 3 Technical Report, arXiv 2503.19786, Sec. 2.1)."""
+    v = load_model(GEMMA).vision
+    assert image_patches(v, h, w) == 4096 and image_tokens(v, h, w) == 256
+
+
+def test_published_parameter_counts():
+    """Qwen3-VL-8B-Instruct, vision + text: 8.8 B (https://haimaker.ai/models/qwen/qwen3-vl-8b-instruct, the
+    Hub's count; huggingface.co/Qwen/Qwen3-VL-8B-Instruct lists 8.77B params); Gemma 3 27B's SigLIP
+    vision encoder: 417 M (Gemma 3 Technical Report, arXiv 2503.19786, Table 1), the projector apart."""
+    q = load_model(QWEN)
+    assert parameter_count(q) + vision_parameters(q.vision) == pytest.approx(8.8e9, rel=0.01)
+    g = load_model(GEMMA).vision
+    projector = g.hidden_size + g.hidden_size * g.out_hidden_size
+    assert vision_parameters(g) - projector == pytest.approx(417e6, rel=0.01)
+
+
+def test_encoder_flops_are_the_closed_form_vit_count():
+    """The blocks' matmuls and attention: 2 x block matmul params x patches + 4 x patches^2 x hidden,
+    per block, per image (a ViT's count), for two requests of three 1024 x 1024 images."""
+    m = with_images(load_model(QWEN), 3, 1024, 1024)
+    v = m.vision
+    ops = encoder_operators(v, Scenario.make(batch=2, prompt_len=8, gen_len=1, flash_attention=True), 50e6)
+    p, h, i = 4096, v.hidden_size, v.intermediate_size
+    blocks = [o for o in ops if o.count == v.depth and o.kind in ("matmul", "attention")]
+    got = sum(o.count * o.ops for o in blocks) - sum(o.count * 5 * 2 * 3 * v.num_heads * p * p
+                                                        for o in blocks if o.kind == "attention")
+    closed = 2 * 3 * v.depth * (2 * (4 * h * h + 2 * h * i) * p + 4 * p * p * h)
+    assert got == pytest.approx(closed, rel=1e-12)
+
+
+def test_images_zero_leaves_every_table_and_metric_unchanged():
+    """images 0 (or left out) prices the text decoder alone: the same prefill table as the text
+    model's and the same metrics, bit for bit."""
+    m = load_model(QWEN)
+    sc = Scenario.make(batch=4, prompt_len=300, gen_len=10, flash_attention=True)
+    assert prefill(m, sc, 50e6) == text_prefill(m, sc, 50e6)
+    base = {"hardware": "h100-sxm", "prompt_len": 700, "gen_len": 64, "batch": 4}
+    for model in (QWEN, GEMMA, "llama-3.1-8b"):
+        a, b = evaluate({**base, "model": model}), evaluate({**base, "model": model, "images": 0})
+        for k in ("ttft_s", "tpot_s", "weights_bytes", "kv_cache_bytes"):
+            assert np.array_equal(a[k], b[k]), (model, k)
+
+
+def test_ttft_grows_by_the_encoder_and_the_image_tokens():
+    """One 1024 x 1024 image: the prompt grows by its 1,024 tokens, and TTFT by more than that
+    longer prompt's: by at least the encoder's FLOPs at the H100's dense fp16 peak (989.4 TFLOP/s,
+    NVIDIA H100 datasheet), a roofline lower bound."""
+    base = {"hardware": "h100-sxm", "model": QWEN, "gen_len": 64}
+    img = evaluate({**base, "prompt_len": 512, "images": 1, "image_size": "1024"})
+    txt = evaluate({**base, "prompt_len": 512 + 1024})
+    v = load_model(QWEN).vision
+    p, h, i = 4096, v.hidden_size, v.intermediate_size
+    flops = v.depth * (2 * (4 * h * h + 2 * h * i) * p + 4 * p * p * h)
+    assert img["kv_cache_bytes"][0] == txt["kv_cache_bytes"][0]
+    assert img["ttft_s"][0] - txt["ttft_s"][0] >= flops / 989.4e12
+    assert img["tpot_s"][0] == pytest.approx(txt["tpot_s"][0], rel=0.02)
+
+
+@pytest.mark.parametrize("cols,said", [
+    ({"images": -1}, "images"), ({"images": 1, "image_size": "big"}, "image_size"),
+    ({"images": 1, "image_size": "10x5000"}, "image_size"), ({"images": 1, "model": "llama-3.1-8b"}, "vision tower"),
+])
+def test_bad_values_are_refused_naming_the_column(cols, said):
+    with pytest.raises(DseError, match=said):
+        evaluate({"hardware": "h100-sxm", "model": QWEN, **cols})
+
+
+def test_image_size_forms():
+    assert parse_image_size("1024") == (1024, 1024) == parse_image_size(1024)
+    assert parse_image_size("768x1024") == (768, 1024)
+
+
+def test_cli_bad_image_size_is_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "dse.study", "analyze", "--hardware", "h100-sxm", "--model", QWEN,
+                        "--images", "1", "--image-size", "huge"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "image-size" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load", [{"concurrency": 16}, {"request_rate": 4.0}])
+def test_the_serving_model_agrees_with_the_simulator_for_a_vlm(load):
+    """A VLM under load (one 1024 x 1024 image a request): throughput within 5 %, mean TTFT and TPOT
+    within 10 % of the simulator's (both price the encoder once per request, in the iteration that
+    finishes its prompt)."""
+    cols = {"hardware": "h100-sxm", "model": QWEN, "prompt_len": 256, "gen_len": 128, "images": 1,
+            "image_size": "1024", **load}
+    ev = evaluate(cols)
+    sim = simulate_point(cols, 1000)
+    err = {a: ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"), ("ttft_s", "ttft_mean_s"),
+                                                  ("tpot_s", "tpot_mean_s"))}
+    limits = {"requests_per_s": 0.05, "ttft_s": 0.10, "tpot_s": 0.10}
+    assert all(abs(err[k]) <= limits[k] for k in err), {k: f"{v:+.1%}" for k, v in err.items()}

@@ -1,0 +1,136 @@
+"""The vision encoder as operators, run before the LLM's prefill (``prefill``: the prefill table
+with the encoder's operators first).
+
+Per device, for ``batch`` requests of ``images`` still images each, P patches an image
+(``workloads.vision.image_patches``), N = batch x images x P patch tokens, ViT width h, MLP width i,
+``depth`` blocks, d = h / heads:
+
+- ``vision_patch_embed``: a matmul of N x (channels x temporal_patch x patch^2) by that x h (Qwen3-VL's
+  Conv3d: a still image is its frame repeated ``temporal_patch_size`` times);
+- ``vision_pos_embed``: the learned position table added (Qwen3-VL: 4 rows interpolated, 8 ops an element);
+- per block: LayerNorm, fused qkv, attention over each image's own patches (full, not causal: P^2
+  pairs an image and head; FlashAttention re-reads K and V once per block of query rows, the LLM's
+  tiling rule, else qk / softmax / sv with the P x P scores), proj, two residual adds, LayerNorm,
+  fc1, GELU, fc2; under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
+  a block, as the decoder's;
+- the projector: Qwen3-VL's merger(s) (``mergers``: LayerNorm, m x m, GELU, m x out on N / merge^2
+  merged tokens, m = h merge^2); Gemma 3's post-LayerNorm, 4 x 4 average pooling, RMSNorm and one
+  h x out matmul on the pooled tokens. Replicated on every tp rank.
+
+Counting conventions are ``workloads.optable``'s (LayerNorm 7 ops an element, GELU 8, softmax 5, a
+multiply-accumulate 2). The encoder's weights are priced in the weights format.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from workloads import optable
+from workloads.model import ModelSpec
+from workloads.optable import ACT_OPS, NORM_OPS, SOFTMAX_OPS, Operator, OpTable
+from workloads.scenario import Scenario
+from workloads.vision import VisionSpec, image_patches, image_tokens
+
+#: the prefix of every encoder operator's name
+PREFIX = "vision_"
+
+
+def with_images(model: ModelSpec, images: int, height: int, width: int) -> ModelSpec:
+    """``model`` whose requests each carry ``images`` still images of ``height`` x ``width`` pixels
+    (``model`` itself when ``images`` is 0 or the model has no vision tower)."""
+    if not images or model.vision is None:
+        return model
+    return replace(model, vision=replace(model.vision, images=int(images), image_height=int(height),
+                                         image_width=int(width)))
+
+
+def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[Operator]:
+    """The encoder's operators for the ``sc.batch`` requests of ``sc`` on one of its ``sc.tp`` devices
+    (see the module docstring); none when the requests carry no images."""
+    if v is None or not v.active:
+        return []
+    tp = sc.tp
+    p = image_patches(v, v.image_height, v.image_width)
+    seqs = sc.batch * v.images                       # images: each its own attention sequence
+    n = seqs * p                                     # patch tokens
+    h, i, d = v.hidden_size, v.intermediate_size / tp, v.head_dim
+    nh = v.num_heads / tp
+    ln = NORM_OPS["layernorm"]
+    ops: list[Operator] = []
+
+    def add(name, kind, count, **kw):
+        ops.append(Operator(PREFIX + name, kind, count, **kw))
+
+    def linear(name, d_in, d_out, count, tokens, bias=True):
+        add(name, "matmul", count, ops=2 * tokens * d_in * d_out, weight=d_in * d_out + (d_out if bias else 0),
+            act_in=tokens * d_in, act_out=tokens * d_out, shape_m=tokens, shape_n=d_out, shape_k=d_in)
+
+    def norm(name, width, count, tokens, per=ln, weights=2):
+        add(name, "vector", count, ops=per * tokens * width, weight=weights * width, act_in=tokens * width,
+            act_out=tokens * width)
+
+    k_in = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    linear("patch_embed", k_in, h, 1, n)
+    if v.family == "siglip":
+        add("pos_embed", "vector", 1, ops=n * h, weight=p * h, act_in=n * h, act_out=n * h)
+    else:
+        add("pos_embed", "vector", 1, ops=8 * n * h, weight=min(p, v.position_embeddings) * 4 * h, act_in=n * h,
+            act_out=n * h)
+    L = v.depth
+    norm("attn_norm", h, L, n)
+    linear("qkv_proj", h, 3 * nh * d, L, n)
+    pairs = seqs * nh * p * p
+    if sc.flash_attention:
+        elem = sc.activations.bytes
+        blocks = optable._flash_row_blocks(p, d, buffer_bytes, elem)
+        add("flash_attention", "attention", L, ops=2 * pairs * 2 * d + SOFTMAX_OPS * pairs,
+            act_in=n * nh * d + seqs * 2 * nh * d * p * blocks, act_out=n * nh * d,
+            shape_m=seqs, shape_n=p, shape_k=d, heads=nh, kv_heads=nh)
+    else:
+        add("qk_matmul", "attention", L, ops=2 * pairs * d, act_in=2 * n * nh * d, act_out=pairs)
+        add("softmax", "vector", L, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
+        add("sv_matmul", "attention", L, ops=2 * pairs * d, act_in=pairs + n * nh * d, act_out=n * nh * d)
+    linear("o_proj", nh * d, h, L, n)
+    if tp > 1:
+        add("attn_all_reduce", "collective", L, comm=n * h)
+    add("attn_add", "vector", L, ops=n * h, act_in=2 * n * h, act_out=n * h)
+    norm("mlp_norm", h, L, n)
+    linear("fc1", h, i, L, n)
+    add("act", "vector", L, ops=ACT_OPS["gelu"] * n * i, act_in=n * i, act_out=n * i)
+    linear("fc2", i, h, L, n)
+    if tp > 1:
+        add("mlp_all_reduce", "collective", L, comm=n * h)
+    add("mlp_add", "vector", L, ops=n * h, act_in=2 * n * h, act_out=n * h)
+    tokens = seqs * image_tokens(v, v.image_height, v.image_width)
+    out = v.out_hidden_size
+    if v.family == "siglip":
+        norm("post_norm", h, 1, n)
+        add("pool", "vector", 1, ops=n * h, act_in=n * h, act_out=tokens * h)
+        norm("projector_norm", h, 1, tokens, per=NORM_OPS["rmsnorm"], weights=1)
+        linear("projector", h, out, 1, tokens, bias=False)
+    else:
+        m = h * v.spatial_merge_size ** 2
+        norm("merger_norm", h, v.mergers, n)
+        linear("merger_fc1", m, m, v.mergers, tokens)
+        add("merger_act", "vector", v.mergers, ops=ACT_OPS["gelu"] * tokens * m, act_in=tokens * m,
+            act_out=tokens * m)
+        linear("merger_fc2", m, out, v.mergers, tokens)
+    return ops
+
+
+def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, keys=None) -> OpTable:
+    """``optable.prefill`` of ``model`` with the vision encoder's operators first where its requests
+    carry images (the same table otherwise)."""
+    table = optable.prefill(model, scenario, buffer_bytes, keys)
+    enc = encoder_operators(model.vision, scenario, buffer_bytes)
+    return replace(table, operators=(*enc, *table.operators), arrays={}) if enc else table
+
+
+def zeroed(table: OpTable, like: OpTable) -> OpTable:
+    """``table`` (a decode step) with the encoder operators of ``like`` (a prefill) appended, every
+    amount 0: the rows an iteration's prompt work puts the encoder on (``dse.system.iteration``)."""
+    enc = [replace(op, **{f: 0.0 for f in optable.AMOUNT_FIELDS}) for op in like.operators
+           if op.name.startswith(PREFIX)]
+    return replace(table, operators=(*table.operators, *enc), arrays={}) if enc else table
+
+
+__all__ = ["PREFIX", "with_images", "encoder_operators", "prefill", "zeroed"]
