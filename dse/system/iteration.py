@@ -20,6 +20,12 @@ its simulator price an iteration exactly as a static batch's step is priced.
 A layer with a sliding window is costed with the window as filled at the prompt's end
 (exact from a prompt at least as long as the window).
 
+A vision-language model whose requests carry images (``workloads.encoder``) puts its vision
+encoder on the prompt's side: the encoder's operators are zero in a decode step and constant in the
+prompt's length, so they land in ``per_prompt`` and run once per request, in the iteration that
+finishes its prompt (the serving model and the simulator both price iterations by these arrays, so
+they agree). Their weight bytes are left out of an iteration (read under the encoder's compute).
+
 Techniques that change the decode step only (contextual sparsity, early exit:
 ``workloads.techniques``; prefill runs dense) apply to the decode tokens, as in a static batch's
 decode step; the prompt tokens beside them run the dense prefill's operators (its amounts are
