@@ -17,13 +17,14 @@ from workloads.footprint import parameter_count
 from workloads.model import load_model
 from workloads.optable import prefill as text_prefill
 from workloads.scenario import Scenario
-from workloads.vision import image_patches, image_tokens, parse_image_size
+from workloads.vision import image_patches, image_tokens, parse_image_size, window_pairs
 from workloads.vision import parameter_count as vision_parameters
 
 pytestmark = pytest.mark.usefixtures("fixed_calibration")
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = "qwen3-vl-8b-instruct"
 GEMMA = "gemma-3-27b-it"
+QWEN25 = "qwen2.5-vl-7b-instruct"
 
 
 @pytest.mark.parametrize("h,w", [(1024, 1024), (768, 1024), (448, 640), (1024, 2048)])
@@ -44,6 +45,16 @@ def test_qwen_resize_rounds_to_the_merge_grid_and_keeps_the_pixel_bounds():
     assert image_patches(v, 5000, 5000) * 16 * 16 <= 16_777_216
 
 
+def test_qwen25_tokens_and_windows_are_the_closed_form():
+    """Qwen2.5-VL: sides rounded to multiples of 28 px (1024 -> 1036: 74 x 74 patches, 1,369 tokens);
+    on a grid of whole 8 x 8-patch windows (1008 px: 72 x 72) a windowed block's query attends to
+    its window's 64 patches."""
+    v = load_model(QWEN25).vision
+    assert image_tokens(v, 1024, 1024) == 74 * 74 // 4
+    assert image_patches(v, 1008, 1008) == 72 * 72
+    assert window_pairs(v, 1008, 1008) == 72 * 72 * 64
+
+
 @pytest.mark.parametrize("h,w", [(1024, 1024), (300, 2000)])
 def test_gemma3_images_are_256_tokens_of_4096_patches(h, w):
     """Gemma 3: every image resized to 896 x 896, (896 / 14)^2 = 4096 patches pooled to 256 soft
@@ -58,6 +69,8 @@ def test_published_parameter_counts():
     vision encoder: 417 M (Gemma 3 Technical Report, arXiv 2503.19786, Table 1), the projector apart."""
     q = load_model(QWEN)
     assert parameter_count(q) + vision_parameters(q.vision) == pytest.approx(8.8e9, rel=0.01)
+    q25 = load_model(QWEN25)          # 8.29B params: huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct (the Hub's count)
+    assert parameter_count(q25) + vision_parameters(q25.vision) == pytest.approx(8.29e9, rel=0.01)
     g = load_model(GEMMA).vision
     projector = g.hidden_size + g.hidden_size * g.out_hidden_size
     assert vision_parameters(g) - projector == pytest.approx(417e6, rel=0.01)
@@ -77,6 +90,19 @@ def test_encoder_flops_are_the_closed_form_vit_count():
     assert got == pytest.approx(closed, rel=1e-12)
 
 
+def test_qwen25_encoder_flops_with_windows_are_the_closed_form():
+    """Qwen2.5-VL at 1008 x 1008 (5,184 patches): 2 x the block's matmul params (a gated MLP: 3 h i)
+    x patches, plus 4 h x pairs: P^2 in its 4 full blocks, P x 64 in its 28 windowed ones."""
+    v = with_images(load_model(QWEN25), 1, 1008, 1008).vision
+    ops = encoder_operators(v, Scenario.make(batch=1, prompt_len=8, gen_len=1, flash_attention=True), 50e6)
+    p, h, i = 72 * 72, v.hidden_size, v.intermediate_size
+    blocks = [o for o in ops if o.count in (v.depth, 4, 28) and o.kind in ("matmul", "attention")]
+    softmax = sum(o.count * 5 * v.num_heads * (p * p if o.count == 4 else p * 64) for o in blocks
+                  if o.kind == "attention")
+    closed = 2 * v.depth * (4 * h * h + 3 * h * i) * p + 4 * h * (4 * p * p + 28 * p * 64)
+    assert sum(o.count * o.ops for o in blocks) - softmax == pytest.approx(closed, rel=1e-12)
+
+
 def test_images_zero_leaves_every_table_and_metric_unchanged():
     """images 0 (or left out) prices the text decoder alone: the same prefill table as the text
     model's and the same metrics, bit for bit."""
@@ -84,7 +110,7 @@ def test_images_zero_leaves_every_table_and_metric_unchanged():
     sc = Scenario.make(batch=4, prompt_len=300, gen_len=10, flash_attention=True)
     assert prefill(m, sc, 50e6) == text_prefill(m, sc, 50e6)
     base = {"hardware": "h100-sxm", "prompt_len": 700, "gen_len": 64, "batch": 4}
-    for model in (QWEN, GEMMA, "llama-3.1-8b"):
+    for model in (QWEN, QWEN25, GEMMA, "llama-3.1-8b"):
         a, b = evaluate({**base, "model": model}), evaluate({**base, "model": model, "images": 0})
         for k in ("ttft_s", "tpot_s", "weights_bytes", "kv_cache_bytes"):
             assert np.array_equal(a[k], b[k]), (model, k)
@@ -126,12 +152,13 @@ def test_cli_bad_image_size_is_one_line_and_exit_2():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("load", [{"concurrency": 16}, {"request_rate": 4.0}])
-def test_the_serving_model_agrees_with_the_simulator_for_a_vlm(load):
+@pytest.mark.parametrize("model,load", [(QWEN, {"concurrency": 16}), (QWEN, {"request_rate": 4.0}),
+                                        (QWEN25, {"concurrency": 64}), (QWEN25, {"request_rate": 4.0})])
+def test_the_serving_model_agrees_with_the_simulator_for_a_vlm(model, load):
     """A VLM under load (one 1024 x 1024 image a request): throughput within 5 %, mean TTFT and TPOT
     within 10 % of the simulator's (both price the encoder once per request, in the iteration that
     finishes its prompt)."""
-    cols = {"hardware": "h100-sxm", "model": QWEN, "prompt_len": 256, "gen_len": 128, "images": 1,
+    cols = {"hardware": "h100-sxm", "model": model, "prompt_len": 256, "gen_len": 128, "images": 1,
             "image_size": "1024", **load}
     ev = evaluate(cols)
     sim = simulate_point(cols, 1000)

@@ -8,10 +8,11 @@ Per device, for ``batch`` requests of ``images`` still images each, P patches an
 - ``vision_patch_embed``: a matmul of N x (channels x temporal_patch x patch^2) by that x h (Qwen3-VL's
   Conv3d: a still image is its frame repeated ``temporal_patch_size`` times);
 - ``vision_pos_embed``: the learned position table added (Qwen3-VL: 4 rows interpolated, 8 ops an element);
-- per block: LayerNorm, fused qkv, attention over each image's own patches (full, not causal: P^2
-  pairs an image and head; FlashAttention re-reads K and V once per block of query rows, the LLM's
-  tiling rule, else qk / softmax / sv with the P x P scores), proj, two residual adds, LayerNorm,
-  fc1, GELU, fc2; under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
+- per block: a norm (LayerNorm, or Qwen2.5-VL's RMSNorm), fused qkv, attention over each image's own
+  patches (full, not causal: P^2 pairs an image and head; Qwen2.5-VL's windowed blocks the pairs
+  within each window, ``workloads.vision.window_pairs``; FlashAttention re-reads K and V once per
+  block of query rows, the LLM's tiling rule, else qk / softmax / sv with the scores), proj, two
+  residual adds, a norm, fc1, GELU, fc2 (Qwen2.5-VL: gate and up, SiLU, down); under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
   a block, as the decoder's;
 - the projector: Qwen3-VL's merger(s) (``mergers``: LayerNorm, m x m, GELU, m x out on N / merge^2
   merged tokens, m = h merge^2); Gemma 3's post-LayerNorm, 4 x 4 average pooling, RMSNorm and one
@@ -28,7 +29,7 @@ from workloads import optable
 from workloads.model import ModelSpec
 from workloads.optable import ACT_OPS, NORM_OPS, SOFTMAX_OPS, Operator, OpTable
 from workloads.scenario import Scenario
-from workloads.vision import VisionSpec, image_patches, image_tokens
+from workloads.vision import VisionSpec, image_patches, image_tokens, norm_weights, window_pairs
 
 #: the prefix of every encoder operator's name
 PREFIX = "vision_"
@@ -54,7 +55,7 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
     n = seqs * p                                     # patch tokens
     h, i, d = v.hidden_size, v.intermediate_size / tp, v.head_dim
     nh = v.num_heads / tp
-    ln = NORM_OPS["layernorm"]
+    ln, nw = NORM_OPS[v.norm], norm_weights(v)
     ops: list[Operator] = []
 
     def add(name, kind, count, **kw):
@@ -64,38 +65,50 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
         add(name, "matmul", count, ops=2 * tokens * d_in * d_out, weight=d_in * d_out + (d_out if bias else 0),
             act_in=tokens * d_in, act_out=tokens * d_out, shape_m=tokens, shape_n=d_out, shape_k=d_in)
 
-    def norm(name, width, count, tokens, per=ln, weights=2):
+    def norm(name, width, count, tokens, per=ln, weights=nw):
         add(name, "vector", count, ops=per * tokens * width, weight=weights * width, act_in=tokens * width,
             act_out=tokens * width)
 
     k_in = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
-    linear("patch_embed", k_in, h, 1, n)
+    linear("patch_embed", k_in, h, 1, n, bias=v.patch_bias)
     if v.family == "siglip":
         add("pos_embed", "vector", 1, ops=n * h, weight=p * h, act_in=n * h, act_out=n * h)
-    else:
+    elif v.position_embeddings:
         add("pos_embed", "vector", 1, ops=8 * n * h, weight=min(p, v.position_embeddings) * 4 * h, act_in=n * h,
             act_out=n * h)
     L = v.depth
     norm("attn_norm", h, L, n)
     linear("qkv_proj", h, 3 * nh * d, L, n)
-    pairs = seqs * nh * p * p
-    if sc.flash_attention:
-        elem = sc.activations.bytes
-        blocks = optable._flash_row_blocks(p, d, buffer_bytes, elem)
-        add("flash_attention", "attention", L, ops=2 * pairs * 2 * d + SOFTMAX_OPS * pairs,
-            act_in=n * nh * d + seqs * 2 * nh * d * p * blocks, act_out=n * nh * d,
-            shape_m=seqs, shape_n=p, shape_k=d, heads=nh, kv_heads=nh)
-    else:
-        add("qk_matmul", "attention", L, ops=2 * pairs * d, act_in=2 * n * nh * d, act_out=pairs)
-        add("softmax", "vector", L, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
-        add("sv_matmul", "attention", L, ops=2 * pairs * d, act_in=pairs + n * nh * d, act_out=n * nh * d)
+    windowed = L - v.full_blocks if v.window else 0
+    full_pairs = seqs * nh * p * p
+    win_pairs = seqs * nh * window_pairs(v, v.image_height, v.image_width) if windowed else 0
+    keys = min(p, v.window ** 2) if windowed else p
+
+    def attention(prefix, count, pairs, keys):
+        if sc.flash_attention:              # K and V read once per block of query rows of a window
+            blocks = optable._flash_row_blocks(keys, d, buffer_bytes, sc.activations.bytes)
+            add(prefix + "flash_attention", "attention", count, ops=2 * pairs * 2 * d + SOFTMAX_OPS * pairs,
+                act_in=n * nh * d + 2 * n * nh * d * blocks, act_out=n * nh * d,
+                shape_m=seqs, shape_n=keys, shape_k=d, heads=nh, kv_heads=nh)
+        else:
+            add(prefix + "qk_matmul", "attention", count, ops=2 * pairs * d, act_in=2 * n * nh * d, act_out=pairs)
+            add(prefix + "softmax", "vector", count, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
+            add(prefix + "sv_matmul", "attention", count, ops=2 * pairs * d, act_in=pairs + n * nh * d,
+                act_out=n * nh * d)
+    attention("", L - windowed, full_pairs, p)
+    if windowed:
+        attention("window_", windowed, win_pairs, keys)
     linear("o_proj", nh * d, h, L, n)
     if tp > 1:
         add("attn_all_reduce", "collective", L, comm=n * h)
     add("attn_add", "vector", L, ops=n * h, act_in=2 * n * h, act_out=n * h)
     norm("mlp_norm", h, L, n)
-    linear("fc1", h, i, L, n)
-    add("act", "vector", L, ops=ACT_OPS["gelu"] * n * i, act_in=n * i, act_out=n * i)
+    if v.mlp_gated:                      # Qwen2.5-VL: SiLU(gate) x up, then down
+        linear("gate_up_proj", h, 2 * i, L, n)
+        add("act", "vector", L, ops=ACT_OPS["silu"] * n * i, act_in=2 * n * i, act_out=n * i)
+    else:
+        linear("fc1", h, i, L, n)
+        add("act", "vector", L, ops=ACT_OPS["gelu"] * n * i, act_in=n * i, act_out=n * i)
     linear("fc2", i, h, L, n)
     if tp > 1:
         add("mlp_all_reduce", "collective", L, comm=n * h)

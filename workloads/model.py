@@ -19,6 +19,8 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
 - qwen3_vl (Qwen3-VL): the Qwen3 decoder of ``text_config`` (model_type qwen3_vl_text) and the
   vision tower of ``vision_config`` (``workloads.vision``); ``ModelSpec.vision`` holds the tower,
   which runs only where a point's requests carry images (``images``).
+- qwen2_5_vl (Qwen2.5-VL): the Qwen2 decoder of the top-level fields and the vision tower of
+  ``vision_config`` (window attention, gated MLP: ``workloads.vision``).
 - aliases (``ALIASES``): a model_type named there is read as the family it names, and only when
   ``architectures`` lists that family's architecture: kimi_k2 (Kimi-K2, DeepseekV3ForCausalLM) is
   read as deepseek_v3. Any other model_type is refused.
@@ -69,7 +71,13 @@ from pathlib import Path
 from basis.errors import DseError, shown_key
 from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
-from workloads.vision import QWEN3_VL_MAX_PIXELS, QWEN3_VL_MIN_PIXELS, VisionSpec
+from workloads.vision import (
+    QWEN2_5_VL_MAX_PIXELS,
+    QWEN2_5_VL_MIN_PIXELS,
+    QWEN3_VL_MAX_PIXELS,
+    QWEN3_VL_MIN_PIXELS,
+    VisionSpec,
+)
 
 #: the shipped model configs (``configs/models``; package data in a wheel)
 MODELS_DIR = shipped("configs", "models")
@@ -338,7 +346,7 @@ FAMILIES = {
     "gptj": False, "falcon": False, "opt": False, "bloom": False,
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
     "deepseek_v2": True, "deepseek_v3": True, "llama4": True, "llama4_text": True,
-    "kimi_k2": True, "qwen3_vl": False,
+    "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
 }
 #: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
 #: configs whose model_type names a model but whose architecture is a family's (Kimi-K2's config
@@ -490,6 +498,23 @@ def _vision(cfg: dict, path, family: str) -> VisionSpec:
                           in_channels=_int(v, path, "num_channels", default=3), image_size=size,
                           tokens_per_image=_int(cfg, path, "mm_tokens_per_image", hi=(size // patch) ** 2,
                                                 hi_name="the image's patches"))
+    elif family == "qwen2_5_vl":
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_heads")
+        depth = _int(v, path, "depth", hi=MAX_LAYERS)
+        patch = _int(v, path, "patch_size", "spatial_patch_size")
+        merge = _int(v, path, "spatial_merge_size", default=2)
+        window = _int(v, path, "window_size")
+        if window % (patch * merge):
+            raise _fail(path, _named(v, "window_size"), f"got {window}, not a multiple of patch_size x "
+                        f"spatial_merge_size ({patch * merge}); expected windows of whole merged tokens")
+        spec = VisionSpec("qwen2_5_vl", depth, h, heads, _int(v, path, "intermediate_size"), patch,
+                          _int(v, path, "out_hidden_size"), in_channels=_int(v, path, "in_channels", "in_chans",
+                                                                              default=3),
+                          temporal_patch_size=_int(v, path, "temporal_patch_size", default=2),
+                          spatial_merge_size=merge, mlp_gated=True, norm="rmsnorm", patch_bias=False,
+                          window=window // patch, full_blocks=len(_index_list(v, path, "fullatt_block_indexes", depth)),
+                          min_pixels=QWEN2_5_VL_MIN_PIXELS, max_pixels=QWEN2_5_VL_MAX_PIXELS)
     else:
         h = _int(v, path, "hidden_size")
         heads = _int(v, path, "num_heads")
@@ -542,6 +567,10 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         notes.append("Qwen3-VL: the text decoder (text_config) read as qwen3 (its interleaved multimodal RoPE "
                      "changes no shape); DeepStack's adds of visual features into the first decoder layers "
                      "are left out (one add per image token and layer)")
+    elif mt == "qwen2_5_vl":    # Qwen2.5-VL: a Qwen2 decoder (the top-level fields) after its vision tower
+        vision = _vision(cfg, path, "qwen2_5_vl")
+        mt = "qwen2"
+        notes.append("Qwen2.5-VL: the text decoder read as qwen2 (its multimodal RoPE changes no shape)")
     elif mt in ALIASES:
         family, arch = ALIASES[mt]
         archs = cfg.get("architectures")

@@ -19,6 +19,14 @@ Families (``VisionSpec.family``):
   then scaled into [min_pixels, max_pixels]); Qwen3-VL's ``preprocessor_config.json`` gives
   ``size`` {shortest_edge: 65536, longest_edge: 16777216} pixels (Qwen/Qwen3-VL-8B-Instruct on the
   Hub). Tokens = (H / ps) (W / ps) / merge^2.
+- ``qwen2_5_vl`` (Qwen2.5-VL): the same patch embedding (without bias) and merger (RMSNorm before it,
+  no DeepStack, no position table: 2-D RoPE), RMSNorms, a gated SiLU MLP with biases
+  (gate, up, down), and window attention: all blocks but ``fullatt_block_indexes`` attend within
+  windows of ``window_size`` pixels (112: 8 x 8 patches) (transformers,
+  ``models/qwen2_5_vl/modeling_qwen2_5_vl.py``: Qwen2_5_VLVisionBlock, Qwen2_5_VLMLP,
+  Qwen2_5_VLPatchMerger, get_window_index). Its processor: min_pixels 3,136, max_pixels 12,845,056
+  (``preprocessor_config.json`` of Qwen/Qwen2.5-VL-7B-Instruct), patch 14, merge 2: tokens =
+  (H / 14)(W / 14) / 4 after resizing to multiples of 28 px.
 - ``siglip`` (Gemma 3): a SigLIP ViT (``siglip_vision_model``: LayerNorms with bias, q/k/v/o with
   biases, a two-matrix GELU MLP, a final ``post_layernorm``), every image resized to
   ``image_size`` x ``image_size`` (896), so (896 / 14)^2 = 4096 patches, average-pooled to
@@ -28,7 +36,7 @@ Families (``VisionSpec.family``):
   images, 256 soft tokens). Pan & Scan (crops of large images) is off by default and not modelled.
 
 Not read: Llama 4's tower (the shipped Llama-4 configs, copied from aiconfigurator-core, carry no
-``vision_config``), Gemma 4 (``gemma4_vision``) and Qwen2.5-VL (no unmodified config found).
+``vision_config``) and Gemma 4 (``gemma4_vision``).
 """
 from __future__ import annotations
 
@@ -40,11 +48,15 @@ import numpy as np
 from basis.errors import DseError
 
 #: the families of vision tower this module prices
-FAMILIES = ("qwen3_vl", "siglip")
+FAMILIES = ("qwen3_vl", "qwen2_5_vl", "siglip")
 #: Qwen3-VL's processor: pixels of a resized image, at least and at most (preprocessor_config.json of
 #: Qwen/Qwen3-VL-8B-Instruct: "size": {"longest_edge": 16777216, "shortest_edge": 65536})
 QWEN3_VL_MIN_PIXELS = 65_536
 QWEN3_VL_MAX_PIXELS = 16_777_216
+#: Qwen2.5-VL's processor (preprocessor_config.json of Qwen/Qwen2.5-VL-7B-Instruct: "min_pixels": 3136,
+#: "max_pixels": 12845056)
+QWEN2_5_VL_MIN_PIXELS = 3_136
+QWEN2_5_VL_MAX_PIXELS = 12_845_056
 #: the Qwen processors refuse an image whose longer side is more than 200 times its shorter
 #: (transformers, models/qwen2_vl/image_processing_qwen2_vl.py, smart_resize)
 MAX_ASPECT = 200
@@ -72,6 +84,11 @@ class VisionSpec:
     tokens_per_image: int = 0            # siglip: the pooled tokens of one image
     min_pixels: int = 0
     max_pixels: int = 0
+    mlp_gated: bool = False              # Qwen2.5-VL: gate, up and down projections (SiLU)
+    norm: str = "layernorm"              # layernorm (with bias) | rmsnorm (a gain only)
+    patch_bias: bool = True              # the patch embedding has a bias
+    window: int = 0                      # Qwen2.5-VL: patches a side of an attention window (0: none)
+    full_blocks: int = 0                 # of which blocks attend to the whole image (the rest: windows)
     images: int = 0                      # images per request
     image_height: int = 0                # pixels
     image_width: int = 0
@@ -125,18 +142,38 @@ def request_image_tokens(v: VisionSpec | None) -> int:
     return v.images * image_tokens(v, v.image_height, v.image_width)
 
 
+def norm_weights(v: VisionSpec) -> int:
+    """Parameters of one of the tower's norms per normalized element: a gain, and a LayerNorm's bias."""
+    return 2 if v.norm == "layernorm" else 1
+
+
+def window_pairs(v: VisionSpec, height: int, width: int) -> int:
+    """Query-key pairs of one head of a windowed block (Qwen2.5-VL) over one image: windows of
+    ``window`` x ``window`` patches tiling the grid from its corner (the last ones cut short), each
+    patch attending to its window's: merge^4 (sum of a_i^2)(sum of b_j^2) over the windows' sides
+    in merged tokens."""
+    h, w = resized(v, height, width)
+    m = v.spatial_merge_size
+    side = v.window // m
+
+    def squares(n: int) -> int:            # n merged tokens along an axis
+        return (n // side) * side ** 2 + (n % side) ** 2
+    return m ** 4 * squares(h // v.patch_size // m) * squares(w // v.patch_size // m)
+
+
 def parameter_count(v: VisionSpec) -> float:
     """Parameters (elements) of the vision tower and its projector."""
-    h, i = v.hidden_size, v.intermediate_size
-    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-    patch = v.in_channels * v.temporal_patch_size * v.patch_size ** 2 * h + h
+    h, i, nw = v.hidden_size, v.intermediate_size, norm_weights(v)
+    mlp = (3 * h * i + 2 * i + h) if v.mlp_gated else (h * i + i) + (i * h + h)
+    block = 2 * nw * h + (3 * h * h + 3 * h) + (h * h + h) + mlp
+    patch = v.in_channels * v.temporal_patch_size * v.patch_size ** 2 * h + (h if v.patch_bias else 0)
     if v.family == "siglip":
         positions = (v.image_size // v.patch_size) ** 2 * h
         projector = h + h * v.out_hidden_size           # RMSNorm gain, one matrix without bias
         return patch + positions + v.depth * block + 2 * h + projector
     m = h * v.spatial_merge_size ** 2
     merger = (m * m + m) + (m * v.out_hidden_size + v.out_hidden_size)
-    mergers = (merger + 2 * h) + (v.mergers - 1) * (merger + 2 * m)
+    mergers = (merger + nw * h) + (v.mergers - 1) * (merger + nw * m)
     return patch + v.position_embeddings * h + v.depth * block + mergers
 
 
@@ -163,4 +200,4 @@ def parse_image_size(value) -> tuple[int, int]:
 
 
 __all__ = ["VisionSpec", "FAMILIES", "resized", "image_patches", "image_tokens", "request_image_tokens",
-           "parameter_count", "parse_image_size", "QWEN3_VL_MIN_PIXELS", "QWEN3_VL_MAX_PIXELS"]
+           "parameter_count", "parse_image_size", "norm_weights", "window_pairs", "QWEN3_VL_MIN_PIXELS", "QWEN3_VL_MAX_PIXELS"]
