@@ -29,7 +29,15 @@ from workloads import optable
 from workloads.model import ModelSpec
 from workloads.optable import ACT_OPS, NORM_OPS, SOFTMAX_OPS, Operator, OpTable
 from workloads.scenario import Scenario
-from workloads.vision import VisionSpec, image_patches, image_tokens, norm_weights, window_pairs
+from workloads.vision import (
+    VisionSpec,
+    image_patches,
+    image_tokens,
+    norm_weights,
+    request_image_tokens,
+    resized,
+    window_pairs,
+)
 
 #: the prefix of every encoder operator's name
 PREFIX = "vision_"
@@ -40,8 +48,12 @@ def with_images(model: ModelSpec, images: int, height: int, width: int) -> Model
     (``model`` itself when ``images`` is 0 or the model has no vision tower)."""
     if not images or model.vision is None:
         return model
-    return replace(model, vision=replace(model.vision, images=int(images), image_height=int(height),
-                                         image_width=int(width)))
+    v = replace(model.vision, images=int(images), image_height=int(height), image_width=int(width))
+    h, w = resized(v, height, width)
+    note = (f"{images} image{'s' * (images != 1)} of {height}x{width} px a request, resized to {h}x{w}: "
+            f"{image_patches(v, height, width):,} patches each through the vision encoder, "
+            f"{request_image_tokens(v):,} tokens added to the prompt")
+    return replace(model, vision=v, notes=(*model.notes, note))
 
 
 def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[Operator]:

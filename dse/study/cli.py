@@ -52,8 +52,10 @@ from hwmodels.presets import available_hardware, load_device
 from hwmodels.template import template_figures
 from hwmodels.tiers import available_tiers, load_tier
 from hwmodels.topology import topology_rows
+from workloads.encoder import with_images
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
+from workloads.vision import parse_image_size
 
 #: how the command was started, for usage lines: the console script `dse`, or the module
 PROG = "dse" if Path(sys.argv[0]).name == "dse" else "python -m dse.study"
@@ -435,7 +437,8 @@ def cmd_analyze(args) -> int:
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
     check_unused(args, [res.summary.get("serving")])
-    for note in load_model(args.model).notes:      # what of the model is not modelled, or read as another family
+    model = with_images(load_model(args.model), args.images, *parse_image_size(args.image_size))
+    for note in model.notes:      # what of the model is not modelled, or read as another family; its images
         print(f"dse.study: note: model {args.model}: {note}", file=sys.stderr)
     saturated = ev.reason_key(0) == "saturated"
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
