@@ -10,13 +10,18 @@ Per device, for ``batch`` requests of ``images`` still images each, P patches an
 - ``vision_pos_embed``: the learned position table added (Qwen3-VL: 4 rows interpolated, 8 ops an element);
 - per block: a norm (LayerNorm, or Qwen2.5-VL's RMSNorm), fused qkv, attention over each image's own
   patches (full, not causal: P^2 pairs an image and head; Qwen2.5-VL's windowed blocks the pairs
-  within each window, ``workloads.vision.window_pairs``; FlashAttention re-reads K and V once per
-  block of query rows, the LLM's tiling rule, else qk / softmax / sv with the scores), proj, two
-  residual adds, a norm, fc1, GELU, fc2 (Qwen2.5-VL: gate and up, SiLU, down); under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
+  within each window, ``workloads.vision.window_pairs``; fused as FlashAttention where the LLM's
+  attention is, else qk / softmax / sv with the scores), proj, two residual adds, a norm, fc1,
+  GELU, fc2 (Qwen2.5-VL: gate and up, SiLU, down); under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
   a block, as the decoder's;
 - the projector: Qwen3-VL's merger(s) (``mergers``: LayerNorm, m x m, GELU, m x out on N / merge^2
   merged tokens, m = h merge^2); Gemma 3's post-LayerNorm, 4 x 4 average pooling, RMSNorm and one
   h x out matmul on the pooled tokens. Replicated on every tp rank.
+
+Fused attention reads q, K and V once: one image's K and V (P x 2h elements, 18 MiB at 4,096 patches
+in fp16) stay in the device's last-level cache while its blocks of query rows pass, unlike a long
+prompt's KV cache, whose re-reads per block of rows ``workloads.optable`` prices in device memory.
+So the live set of the encoder's attention is its q, K, V and output, not the traffic of re-reads.
 
 Counting conventions are ``workloads.optable``'s (LayerNorm 7 ops an element, GELU 8, softmax 5, a
 multiply-accumulate 2). The encoder's weights are priced in the weights format.
@@ -97,10 +102,9 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
     keys = min(p, v.window ** 2) if windowed else p
 
     def attention(prefix, count, pairs, keys):
-        if sc.flash_attention:              # K and V read once per block of query rows of a window
-            blocks = optable._flash_row_blocks(keys, d, buffer_bytes, sc.activations.bytes)
+        if sc.flash_attention:              # q, K and V read once (see the module docstring)
             add(prefix + "flash_attention", "attention", count, ops=2 * pairs * 2 * d + SOFTMAX_OPS * pairs,
-                act_in=n * nh * d + 2 * n * nh * d * blocks, act_out=n * nh * d,
+                act_in=3 * n * nh * d, act_out=n * nh * d,
                 shape_m=seqs, shape_n=keys, shape_k=d, heads=nh, kv_heads=nh)
         else:
             add(prefix + "qk_matmul", "attention", count, ops=2 * pairs * d, act_in=2 * n * nh * d, act_out=pairs)
