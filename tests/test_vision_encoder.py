@@ -2,6 +2,7 @@
 tower's parameters against the published counts, the encoder's operators against a closed-form
 ViT count, TTFT with images, images 0 unchanged, bad values refused, and the serving model against
 the simulator for a VLM under load."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from dse import evaluate
 from dse.system.analysis import simulate_point
 from workloads.encoder import encoder_operators, prefill, with_images
 from workloads.footprint import parameter_count
-from workloads.model import load_model
+from workloads.model import load_model, spec_from_config
 from workloads.optable import prefill as text_prefill
 from workloads.scenario import Scenario
 from workloads.vision import image_patches, image_tokens, parse_image_size, window_pairs
@@ -134,6 +135,7 @@ def test_ttft_grows_by_the_encoder_and_the_image_tokens():
 @pytest.mark.parametrize("cols,said", [
     ({"images": -1}, "images"), ({"images": 1, "image_size": "big"}, "image_size"),
     ({"images": 1, "image_size": "10x5000"}, "image_size"), ({"images": 1, "model": "llama-3.1-8b"}, "vision tower"),
+    ({"images": 1.5}, "images"),
 ])
 def test_bad_values_are_refused_naming_the_column(cols, said):
     with pytest.raises(DseError, match=said):
@@ -166,3 +168,31 @@ def test_the_serving_model_agrees_with_the_simulator_for_a_vlm(model, load):
                                                   ("tpot_s", "tpot_mean_s"))}
     limits = {"requests_per_s": 0.05, "ttft_s": 0.10, "tpot_s": 0.10}
     assert all(abs(err[k]) <= limits[k] for k in err), {k: f"{v:+.1%}" for k, v in err.items()}
+
+
+def test_images_with_a_trace_of_lengths_are_refused(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("prompt_len,gen_len\n100,20\n300,40\n")
+    with pytest.raises(DseError, match="trace"):
+        evaluate({"hardware": "h100-sxm", "model": QWEN, "images": 1, "lengths": str(trace), "concurrency": 4})
+
+
+VISION = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 4096,
+          "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+          "deepstack_visual_indexes": [8, 16, 24]}
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"depth": 0}, "vision_config.depth"), ({"out_hidden_size": 1024}, "vision_config.out_hidden_size"),
+    ({"num_heads": 7}, "vision_config.hidden_size"), ({"deepstack_visual_indexes": 3}, "deepstack"),
+    (None, "vision_config"),
+])
+def test_a_bad_vision_config_is_one_line_naming_the_key(change, said):
+    cfg = json.loads((ROOT / "configs" / "models" / f"{QWEN}.json").read_text())
+    if change is None:
+        del cfg["vision_config"]
+    else:
+        cfg["vision_config"] = {**VISION, **change}
+    with pytest.raises(DseError, match=said) as e:
+        spec_from_config(cfg, "x", "cfg.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("cfg.json: ")

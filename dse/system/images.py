@@ -2,8 +2,9 @@
 model code becomes the model whose requests carry them (``workloads.encoder.with_images``: its
 vision encoder runs before the prefill), and each point's prompt grows by the images' tokens
 (``workloads.vision.request_image_tokens``), so the LLM's prefill, KV cache, context check and
-serving all see prompt_len + image tokens. DseError naming the column for a model without a vision
-tower or a bad size."""
+serving all see prompt_len + image tokens (under lognormal lengths the image tokens spread with the
+prompt's). DseError naming the column for a model without a vision tower, a bad size, or images with
+a trace of lengths."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,5 +42,9 @@ def image_columns(cols: Columns, w: dict) -> None:
         m = with_images(base, k, *parsed[scodes[i]])
         models.append(m)
         extra[g] = request_image_tokens(m.vision)
+    trace = np.array([spec.kind == "trace" for spec in w["length_specs"]])[np.broadcast_to(w["lengths"], (n,))]
+    if np.any(trace & (imgs > 0)):
+        raise DseError(f"{cols.where}: images: a trace of lengths gives each request's prompt as its rows say, "
+                       f"without the images' tokens; give lengths 'fixed' or 'lognormal' with images")
     w["model"], w["models"] = inv, models
     w["prompt"] = np.asarray(w["prompt"], dtype=float) + extra[inv]
