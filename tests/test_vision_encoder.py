@@ -18,7 +18,7 @@ from workloads.footprint import parameter_count
 from workloads.model import load_model, spec_from_config
 from workloads.optable import prefill as text_prefill
 from workloads.scenario import Scenario
-from workloads.vision import image_patches, image_tokens, parse_image_size, window_pairs
+from workloads.vision import canvas, image_patches, image_tokens, parse_image_size, tiles, window_pairs
 from workloads.vision import parameter_count as vision_parameters
 
 pytestmark = pytest.mark.usefixtures("fixed_calibration")
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QWEN = "qwen3-vl-8b-instruct"
 GEMMA = "gemma-3-27b-it"
 QWEN25 = "qwen2.5-vl-7b-instruct"
+SCOUT = "llama-4-scout-17b-16e-instruct"
 
 
 @pytest.mark.parametrize("h,w", [(1024, 1024), (768, 1024), (448, 640), (1024, 2048)])
@@ -56,6 +57,27 @@ def test_qwen25_tokens_and_windows_are_the_closed_form():
     assert window_pairs(v, 1008, 1008) == 72 * 72 * 64
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 1), (2, 3), (4, 4), (1, 16), (3, 5)])
+def test_llama4_an_image_of_whole_tiles_is_its_own_canvas(rows, cols):
+    """Llama 4: an image of exactly rows x cols tiles of 336 px (rows x cols <= 16) fits its own
+    canvas at scale 1, the least upscaling; tokens = (tiles + a global tile when there are several)
+    x (336 / 14)^2 / 2^2 = 144 a tile (Llama4ImageProcessorFast, pixel_shuffle_ratio 0.5)."""
+    v = load_model(SCOUT).vision
+    n = rows * cols
+    assert canvas(v, rows * 336, cols * 336) == (rows, cols)
+    assert image_tokens(v, rows * 336, cols * 336) == (n + (n > 1)) * 144
+
+
+def test_llama4_canvas_least_upscaling_then_smallest():
+    """1024 x 1024: no canvas of <= 16 tiles holds it at scale 1; the least upscaling is 4 x 4 tiles
+    (1344 / 1024); 100 x 2000 fits 1 x 6 (2016 px wide, the least upscaling); a 10,000 px image must
+    shrink: the least downscaling is 4 x 4."""
+    v = load_model(SCOUT).vision
+    assert canvas(v, 1024, 1024) == (4, 4) and tiles(v, 1024, 1024) == 17
+    assert canvas(v, 100, 2000) == (1, 6)
+    assert canvas(v, 10_000, 10_000) == (4, 4)
+
+
 @pytest.mark.parametrize("h,w", [(1024, 1024), (300, 2000)])
 def test_gemma3_images_are_256_tokens_of_4096_patches(h, w):
     """Gemma 3: every image resized to 896 x 896, (896 / 14)^2 = 4096 patches pooled to 256 soft
@@ -72,6 +94,8 @@ def test_published_parameter_counts():
     assert parameter_count(q) + vision_parameters(q.vision) == pytest.approx(8.8e9, rel=0.01)
     q25 = load_model(QWEN25)          # 8.29B params: huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct (the Hub's count)
     assert parameter_count(q25) + vision_parameters(q25.vision) == pytest.approx(8.29e9, rel=0.01)
+    scout = load_model(SCOUT)         # 109B total: the Llama 4 Scout model card (model table), vision included
+    assert parameter_count(scout) + vision_parameters(scout.vision) == pytest.approx(109e9, rel=0.01)
     g = load_model(GEMMA).vision
     projector = g.hidden_size + g.hidden_size * g.out_hidden_size
     assert vision_parameters(g) - projector == pytest.approx(417e6, rel=0.01)
@@ -101,6 +125,18 @@ def test_qwen25_encoder_flops_with_windows_are_the_closed_form():
     softmax = sum(o.count * 5 * v.num_heads * (p * p if o.count == 4 else p * 64) for o in blocks
                   if o.kind == "attention")
     closed = 2 * v.depth * (4 * h * h + 3 * h * i) * p + 4 * h * (4 * p * p + 28 * p * 64)
+    assert sum(o.count * o.ops for o in blocks) - softmax == pytest.approx(closed, rel=1e-12)
+
+
+def test_llama4_encoder_flops_per_tile_are_the_closed_form():
+    """Llama 4 at 1024 x 1024 (17 tiles, each 576 patches and a class token): 2 x the block's matmul
+    params x 577 + 4 x 577^2 x hidden, per block and tile."""
+    v = with_images(load_model(SCOUT), 1, 1024, 1024).vision
+    ops = encoder_operators(v, Scenario.make(batch=1, prompt_len=8, gen_len=1, flash_attention=True), 50e6)
+    p, h, i = 577, v.hidden_size, v.intermediate_size
+    blocks = [o for o in ops if o.count == v.depth and o.kind in ("matmul", "attention")]
+    softmax = sum(o.count * 5 * 17 * v.num_heads * p * p for o in blocks if o.kind == "attention")
+    closed = 17 * v.depth * (2 * (4 * h * h + 2 * h * i) * p + 4 * p * p * h)
     assert sum(o.count * o.ops for o in blocks) - softmax == pytest.approx(closed, rel=1e-12)
 
 
@@ -155,7 +191,8 @@ def test_cli_bad_image_size_is_one_line_and_exit_2():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,load", [(QWEN, {"concurrency": 16}), (QWEN, {"request_rate": 4.0}),
-                                        (QWEN25, {"concurrency": 64}), (QWEN25, {"request_rate": 4.0})])
+                                        (QWEN25, {"concurrency": 64}), (QWEN25, {"request_rate": 4.0}),
+                                        (SCOUT, {"concurrency": 32, "hardware": "h200", "tp": 4})])
 def test_the_serving_model_agrees_with_the_simulator_for_a_vlm(model, load):
     """A VLM under load (one 1024 x 1024 image a request): throughput within 5 %, mean TTFT and TPOT
     within 10 % of the simulator's (both price the encoder once per request, in the iteration that

@@ -14,6 +14,9 @@ Per device, for ``batch`` requests of ``images`` still images each, P patches an
   attention is, else qk / softmax / sv with the scores), proj, two residual adds, a norm, fc1,
   GELU, fc2 (Qwen2.5-VL: gate and up, SiLU, down); under tensor parallelism heads and MLP width split over ``tp`` with two all-reduces
   a block, as the decoder's;
+- Llama 4: every tile its own sequence of 577 tokens (576 patches and a class token), a LayerNorm
+  before and after the blocks, then the pixel-shuffle MLP (hidden merge^2 -> projector_input_dim ->
+  projector_output_dim, GELU after each) and the projector to the text width, on 144 tokens a tile;
 - the projector: Qwen3-VL's merger(s) (``mergers``: LayerNorm, m x m, GELU, m x out on N / merge^2
   merged tokens, m = h merge^2); Gemma 3's post-LayerNorm, 4 x 4 average pooling, RMSNorm and one
   h x out matmul on the pooled tokens. Replicated on every tp rank.
@@ -41,6 +44,8 @@ from workloads.vision import (
     norm_weights,
     request_image_tokens,
     resized,
+    tile_patches,
+    tiles,
     window_pairs,
 )
 
@@ -67,9 +72,14 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
     if v is None or not v.active:
         return []
     tp = sc.tp
-    p = image_patches(v, v.image_height, v.image_width)
-    seqs = sc.batch * v.images                       # images: each its own attention sequence
-    n = seqs * p                                     # patch tokens
+    llama4 = v.family == "llama4"
+    if llama4:                                       # each tile its own sequence: its patches and a class token
+        p = tile_patches(v) + 1
+        seqs = sc.batch * v.images * tiles(v, v.image_height, v.image_width)
+    else:                                            # each image its own attention sequence
+        p = image_patches(v, v.image_height, v.image_width)
+        seqs = sc.batch * v.images
+    n = seqs * p                                     # tokens through the ViT
     h, i, d = v.hidden_size, v.intermediate_size / tp, v.head_dim
     nh = v.num_heads / tp
     ln, nw = NORM_OPS[v.norm], norm_weights(v)
@@ -88,8 +98,10 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
 
     k_in = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     linear("patch_embed", k_in, h, 1, n, bias=v.patch_bias)
-    if v.family == "siglip":
+    if v.family in ("siglip", "llama4"):
         add("pos_embed", "vector", 1, ops=n * h, weight=p * h, act_in=n * h, act_out=n * h)
+        if llama4:
+            norm("pre_norm", h, 1, n)
     elif v.position_embeddings:
         add("pos_embed", "vector", 1, ops=8 * n * h, weight=min(p, v.position_embeddings) * 4 * h, act_in=n * h,
             act_out=n * h)
@@ -129,9 +141,19 @@ def encoder_operators(v: VisionSpec, sc: Scenario, buffer_bytes: float) -> list[
     if tp > 1:
         add("mlp_all_reduce", "collective", L, comm=n * h)
     add("mlp_add", "vector", L, ops=n * h, act_in=2 * n * h, act_out=n * h)
-    tokens = seqs * image_tokens(v, v.image_height, v.image_width)
+    tokens = sc.batch * v.images * image_tokens(v, v.image_height, v.image_width)
     out = v.out_hidden_size
-    if v.family == "siglip":
+    if llama4:                            # pixel shuffle: 2 x 2 patches (class token dropped) into one token
+        m = h * v.spatial_merge_size ** 2
+        norm("post_norm", h, 1, n)
+        linear("adapter_fc1", m, v.adapter_size, 1, tokens, bias=False)
+        add("adapter_act1", "vector", 1, ops=ACT_OPS["gelu"] * tokens * v.adapter_size,
+            act_in=tokens * v.adapter_size, act_out=tokens * v.adapter_size)
+        linear("adapter_fc2", v.adapter_size, v.adapter_out, 1, tokens, bias=False)
+        add("adapter_act2", "vector", 1, ops=ACT_OPS["gelu"] * tokens * v.adapter_out,
+            act_in=tokens * v.adapter_out, act_out=tokens * v.adapter_out)
+        linear("projector", v.adapter_out, out, 1, tokens, bias=False)
+    elif v.family == "siglip":
         norm("post_norm", h, 1, n)
         add("pool", "vector", 1, ops=n * h, act_in=n * h, act_out=tokens * h)
         norm("projector_norm", h, 1, tokens, per=NORM_OPS["rmsnorm"], weights=1)

@@ -24,8 +24,9 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
 - aliases (``ALIASES``): a model_type named there is read as the family it names, and only when
   ``architectures`` lists that family's architecture: kimi_k2 (Kimi-K2, DeepseekV3ForCausalLM) is
   read as deepseek_v3. Any other model_type is refused.
-- llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config`` only; the vision encoder
-  (``vision_config``) and its projector are not modelled, which the loaded model says in ``notes``.
+- llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config``, and the vision encoder of
+  ``vision_config`` where the config gives one (``workloads.vision``: tiles of 336 px); without one
+  the loaded model says in ``notes`` that the tower is not modelled.
   MoE layers are ``moe_layers``, else every ``interleave_moe_layer_step``-th layer (from layer
   step - 1); the others are dense with a gated MLP of ``intermediate_size_mlp``. An MoE layer has
   ``num_local_experts`` routed experts of width ``intermediate_size`` (top-k
@@ -72,6 +73,7 @@ from basis.errors import DseError, shown_key
 from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
 from workloads.vision import (
+    LLAMA4_MAX_TILES,
     QWEN2_5_VL_MAX_PIXELS,
     QWEN2_5_VL_MIN_PIXELS,
     QWEN3_VL_MAX_PIXELS,
@@ -498,6 +500,25 @@ def _vision(cfg: dict, path, family: str) -> VisionSpec:
                           in_channels=_int(v, path, "num_channels", default=3), image_size=size,
                           tokens_per_image=_int(cfg, path, "mm_tokens_per_image", hi=(size // patch) ** 2,
                                                 hi_name="the image's patches"))
+    elif family == "llama4":
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_attention_heads")
+        size = _int(v, path, "image_size")
+        patch = _int(v, path, "patch_size", hi=size, hi_name="vision_config.image_size")
+        ratio = v.get("pixel_shuffle_ratio")
+        if ratio not in (0.5, 0.25) or (size // patch) % round(1 / ratio):
+            raise _fail(path, _named(v, "pixel_shuffle_ratio"), f"got {_show(ratio)}; expected 0.5 or 0.25, "
+                        "dividing a tile's patches a side")
+        text = _section(cfg, path, "text_config")
+        spec = VisionSpec("llama4", _int(v, path, "num_hidden_layers", hi=MAX_LAYERS), h, heads,
+                          _int(v, path, "intermediate_size"), patch, _int(text, path, "hidden_size"),
+                          in_channels=_int(v, path, "num_channels", default=3), spatial_merge_size=round(1 / ratio),
+                          patch_bias=False, tile_size=size, max_tiles=LLAMA4_MAX_TILES, global_tile=True,
+                          adapter_size=_int(v, path, "projector_input_dim"),
+                          adapter_out=_int(v, path, "projector_output_dim"))
+        if _int(v, path, "vision_output_dim") != spec.adapter_out:
+            raise _fail(path, _named(v, "vision_output_dim"), f"got {v['vision_output_dim']}, not "
+                        f"projector_output_dim ({spec.adapter_out}); the projector reads the adapter's output")
     elif family == "qwen2_5_vl":
         h = _int(v, path, "hidden_size")
         heads = _int(v, path, "num_heads")
@@ -550,12 +571,22 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         mt = "gemma3" if cfg.get("model_type") is None else _model_type(cfg, path)
         if mt not in ("gemma3", "gemma3_text"):
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(mt)}; expected gemma3_text")
-    elif mt == "llama4":        # multimodal: the text decoder's fields; the vision tower is not modelled
+    elif mt == "llama4":        # multimodal: the text decoder's fields, and the vision tower where given
+        vision = _vision(cfg, path, "llama4") if cfg.get("vision_config") is not None else None
+        top = cfg
         cfg = _section(cfg, path, "text_config")
         if cfg.get("model_type") is not None and _model_type(cfg, path) != "llama4_text":
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected llama4_text")
         mt = "llama4_text"
-        notes.append("text decoder only: the vision encoder (vision_config) and its projector are not modelled")
+        if vision is None:
+            notes.append("text decoder only: the config has no vision_config, so its vision encoder and projector "
+                         "are not modelled")
+        elif top.get("vision_config", {}).get("multi_modal_projector_bias"):
+            raise _fail(path, "vision_config.multi_modal_projector_bias", "got true; only a projector without "
+                        "bias (Llama 4's) is modelled")
+        else:
+            notes.append("the vision encoder (vision_config: tiles of 336 px, 144 tokens each) runs where requests "
+                         "carry images (images, image_size); the processor's tile separator tokens are left out")
     elif mt == "qwen3_vl":      # Qwen3-VL: a Qwen3 decoder (text_config) after its vision tower
         vision = _vision(cfg, path, "qwen3_vl")
         top = cfg

@@ -27,6 +27,18 @@ Families (``VisionSpec.family``):
   Qwen2_5_VLPatchMerger, get_window_index). Its processor: min_pixels 3,136, max_pixels 12,845,056
   (``preprocessor_config.json`` of Qwen/Qwen2.5-VL-7B-Instruct), patch 14, merge 2: tokens =
   (H / 14)(W / 14) / 4 after resizing to multiples of 28 px.
+- ``llama4`` (Llama 4 Scout / Maverick): an image is cut into tiles of ``image_size`` (336) px: the
+  canvas of h x w tiles (h w <= 16) that holds it with the least upscaling (or, when every canvas
+  must shrink it, the least downscaling), the smallest such; with more than one tile a global tile
+  (the whole image at 336 px) is added. Each tile is a sequence of (336 / 14)^2 = 576 patches plus a
+  class token through a ViT of ``num_hidden_layers`` blocks (LayerNorms with bias, q/k/v/o with
+  biases, a GELU MLP with biases; LayerNorms before and after the blocks, a learned position table
+  of 577 rows), then a pixel shuffle of ratio ``pixel_shuffle_ratio`` (0.5: 2 x 2 patches into one
+  token, 144 a tile), a two-matrix GELU MLP without biases (hidden x 4 -> ``projector_input_dim`` ->
+  ``projector_output_dim``) and a projector to the text width without bias (transformers,
+  ``models/llama4/modeling_llama4.py``: Llama4VisionModel, Llama4VisionPixelShuffleMLP,
+  Llama4MultiModalProjector). Tokens = tiles x 144; the tile separators and image start / end
+  tokens the processor adds (a few a tile) are left out.
 - ``siglip`` (Gemma 3): a SigLIP ViT (``siglip_vision_model``: LayerNorms with bias, q/k/v/o with
   biases, a two-matrix GELU MLP, a final ``post_layernorm``), every image resized to
   ``image_size`` x ``image_size`` (896), so (896 / 14)^2 = 4096 patches, average-pooled to
@@ -35,8 +47,8 @@ Families (``VisionSpec.family``):
   Gemma3MultiModalProjector; Gemma 3 Technical Report, arXiv 2503.19786, Sec. 2.1: 896 x 896
   images, 256 soft tokens). Pan & Scan (crops of large images) is off by default and not modelled.
 
-Not read: Llama 4's tower (the shipped Llama-4 configs, copied from aiconfigurator-core, carry no
-``vision_config``) and Gemma 4 (``gemma4_vision``).
+Not read: Gemma 4 (``gemma4_vision``), and Llama 4 Maverick's tower (its shipped config, an older
+aiconfigurator-core copy, carries no ``vision_config``).
 """
 from __future__ import annotations
 
@@ -48,7 +60,7 @@ import numpy as np
 from basis.errors import DseError
 
 #: the families of vision tower this module prices
-FAMILIES = ("qwen3_vl", "qwen2_5_vl", "siglip")
+FAMILIES = ("qwen3_vl", "qwen2_5_vl", "siglip", "llama4")
 #: Qwen3-VL's processor: pixels of a resized image, at least and at most (preprocessor_config.json of
 #: Qwen/Qwen3-VL-8B-Instruct: "size": {"longest_edge": 16777216, "shortest_edge": 65536})
 QWEN3_VL_MIN_PIXELS = 65_536
@@ -60,6 +72,11 @@ QWEN2_5_VL_MAX_PIXELS = 12_845_056
 #: the Qwen processors refuse an image whose longer side is more than 200 times its shorter
 #: (transformers, models/qwen2_vl/image_processing_qwen2_vl.py, smart_resize)
 MAX_ASPECT = 200
+#: Llama 4's image processor: at most 16 tiles a canvas, the canvas the smallest that holds the image
+#: at the least upscaling (resize_to_max_canvas false), and a global tile when there are several
+#: (transformers, models/llama4/image_processing_llama4_fast.py: find_supported_resolutions,
+#: get_best_fit; Llama4ImageProcessorFast defaults max_patches=16, resize_to_max_canvas=False)
+LLAMA4_MAX_TILES = 16
 #: the largest side of an image a point may give, pixels (far above any camera's)
 MAX_IMAGE_SIDE = 1 << 16
 
@@ -89,6 +106,11 @@ class VisionSpec:
     patch_bias: bool = True              # the patch embedding has a bias
     window: int = 0                      # Qwen2.5-VL: patches a side of an attention window (0: none)
     full_blocks: int = 0                 # of which blocks attend to the whole image (the rest: windows)
+    tile_size: int = 0                   # llama4: pixels a side of a tile (image_size)
+    max_tiles: int = 0                   # llama4: tiles of the largest canvas (max_patches)
+    global_tile: bool = False            # llama4: a whole-image tile beside the canvas's tiles
+    adapter_size: int = 0                # llama4: the pixel-shuffle MLP's width (projector_input_dim)
+    adapter_out: int = 0                 # llama4: its output (projector_output_dim)
     images: int = 0                      # images per request
     image_height: int = 0                # pixels
     image_width: int = 0
@@ -103,11 +125,32 @@ class VisionSpec:
         return self.images > 0
 
 
+def canvas(v: VisionSpec, height: int, width: int) -> tuple[int, int]:
+    """Llama 4: (rows, columns) of tiles of the canvas an image of ``height`` x ``width`` pixels is
+    resized onto (see the module docstring)."""
+    options = [(r, c) for r in range(1, v.max_tiles + 1) for c in range(1, v.max_tiles // r + 1)]
+    scales = [min(r * v.tile_size / height, c * v.tile_size / width) for r, c in options]
+    up = [x for x in scales if x >= 1]
+    best = min(up) if up else max(scales)
+    return min((o for o, x in zip(options, scales) if x == best), key=lambda o: o[0] * o[1])
+
+
+def tiles(v: VisionSpec, height: int, width: int) -> int:
+    """Llama 4: tiles one image becomes, the global tile included (1 for the other families)."""
+    if v.family != "llama4":
+        return 1
+    r, c = canvas(v, height, width)
+    return r * c + (1 if v.global_tile and r * c > 1 else 0)
+
+
 def resized(v: VisionSpec, height: int, width: int) -> tuple[int, int]:
     """(height, width) in pixels of an image of ``height`` x ``width`` after the processor's resize
-    (see the module docstring)."""
+    (see the module docstring; Llama 4: its canvas of tiles)."""
     if v.family == "siglip":
         return v.image_size, v.image_size
+    if v.family == "llama4":
+        r, c = canvas(v, height, width)
+        return r * v.tile_size, c * v.tile_size
     factor = v.patch_size * v.spatial_merge_size
     h = max(factor, round(height / factor) * factor)
     w = max(factor, round(width / factor) * factor)
@@ -122,8 +165,16 @@ def resized(v: VisionSpec, height: int, width: int) -> tuple[int, int]:
     return h, w
 
 
+def tile_patches(v: VisionSpec) -> int:
+    """Llama 4: patches of one tile."""
+    return (v.tile_size // v.patch_size) ** 2
+
+
 def image_patches(v: VisionSpec, height: int, width: int) -> int:
-    """Patches the ViT attends over for one still image of ``height`` x ``width`` pixels."""
+    """Patches the ViT attends over for one still image of ``height`` x ``width`` pixels (Llama 4:
+    over all its tiles, each its own sequence)."""
+    if v.family == "llama4":
+        return tiles(v, height, width) * tile_patches(v)
     h, w = resized(v, height, width)
     return (h // v.patch_size) * (w // v.patch_size)
 
@@ -167,6 +218,11 @@ def parameter_count(v: VisionSpec) -> float:
     mlp = (3 * h * i + 2 * i + h) if v.mlp_gated else (h * i + i) + (i * h + h)
     block = 2 * nw * h + (3 * h * h + 3 * h) + (h * h + h) + mlp
     patch = v.in_channels * v.temporal_patch_size * v.patch_size ** 2 * h + (h if v.patch_bias else 0)
+    if v.family == "llama4":
+        p, m = tile_patches(v), h * v.spatial_merge_size ** 2
+        adapter = m * v.adapter_size + v.adapter_size * v.adapter_out       # no biases
+        return (patch + h + (p + 1) * h + 2 * 2 * h + v.depth * block + adapter
+                + v.adapter_out * v.out_hidden_size)
     if v.family == "siglip":
         positions = (v.image_size // v.patch_size) ** 2 * h
         projector = h + h * v.out_hidden_size           # RMSNorm gain, one matrix without bias
@@ -200,4 +256,5 @@ def parse_image_size(value) -> tuple[int, int]:
 
 
 __all__ = ["VisionSpec", "FAMILIES", "resized", "image_patches", "image_tokens", "request_image_tokens",
-           "parameter_count", "parse_image_size", "norm_weights", "window_pairs", "QWEN3_VL_MIN_PIXELS", "QWEN3_VL_MAX_PIXELS"]
+           "parameter_count", "parse_image_size", "norm_weights", "window_pairs", "canvas", "tiles", "tile_patches",
+           "LLAMA4_MAX_TILES", "QWEN3_VL_MIN_PIXELS", "QWEN3_VL_MAX_PIXELS"]
