@@ -55,6 +55,7 @@ from hwmodels.topology import topology_rows
 from workloads.encoder import with_images
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
+from workloads.vision import parameter_count as vision_parameter_count
 from workloads.vision import parse_image_size
 
 #: how the command was started, for usage lines: the console script `dse`, or the module
@@ -861,7 +862,8 @@ def cmd_show(args) -> int:
     else:
         m = load_model(args.name)
         obj = {**asdict(m), "attention": m.attention_kind, "parameters": parameter_count(m),
-               "active_parameters": active_parameter_count(m)}
+               "active_parameters": active_parameter_count(m),
+               "vision_parameters": vision_parameter_count(m.vision) if m.vision else 0}
     if args.format == "json":
         print(display.json_text(obj))
     else:
