@@ -4,7 +4,7 @@ vision encoder runs before the prefill), and each point's prompt grows by the im
 (``workloads.vision.request_image_tokens``), so the LLM's prefill, KV cache, context check and
 serving all see prompt_len + image tokens (under lognormal lengths the image tokens spread with the
 prompt's). DseError naming the column for a model without a vision tower, a bad size, or images with
-a trace of lengths."""
+a trace of lengths or with cpu_layers."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,6 +42,9 @@ def image_columns(cols: Columns, w: dict) -> None:
         m = with_images(base, k, *parsed[scodes[i]])
         models.append(m)
         extra[g] = request_image_tokens(m.vision)
+    if np.any((np.broadcast_to(np.asarray(w["cpu_layers"], dtype=float), (n,)) > 0) & (imgs > 0)):
+        raise DseError(f"{cols.where}: images: a split of layers onto the host CPU (cpu_layers) is not modelled "
+                       f"with a vision encoder; give cpu_layers 0 with images")
     trace = np.array([spec.kind == "trace" for spec in w["length_specs"]])[np.broadcast_to(w["lengths"], (n,))]
     if np.any(trace & (imgs > 0)):
         raise DseError(f"{cols.where}: images: a trace of lengths gives each request's prompt as its rows say, "
