@@ -15,6 +15,7 @@ from workloads.optable import (
     prefill,
 )
 from workloads.scenario import Scenario
+from workloads.vision import parameter_count as vision_parameter_count
 
 
 def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> float:
@@ -163,7 +164,10 @@ def weight_bytes(m: ModelSpec, sc: Scenario) -> float:
     """Bytes of the weights one device holds: its parameters in the weights format, the layers'
     stored compressed under weight sparsity (``Techniques.weight_storage_factor``; norms and
     biases with them, a negligible share) and with their first and last layer at their own bits,
-    plus Deja Vu's predictors under contextual sparsity and the replicas of redundant experts."""
+    plus Deja Vu's predictors under contextual sparsity and the replicas of redundant experts, and a
+    vision-language model's vision tower where its requests carry images (its blocks split over tp,
+    the rest replicated; a text-only deployment does not load it, as vLLM skips the tower when every
+    modality's limit per prompt is 0)."""
     t = sc.techniques
     total = parameter_count(m, sc.tp, sc.pp, sc.ep)
     layers = (parameter_count(m, sc.tp, 1, sc.ep) - sum(_outer_parameters(m, sc.tp))) / sc.pp
@@ -172,5 +176,9 @@ def weight_bytes(m: ModelSpec, sc: Scenario) -> float:
         stored += m.num_layers / sc.pp * predictor_parameter_count(m, sc.tp)
     if m.is_moe and t.routing.redundant:               # EPLB's replicas: (E + r)/ep experts a rank
         stored += m.num_moe_layers / sc.pp * t.routing.redundant / sc.ep * expert_parameter_count(m, sc.tp)
+    if m.vision is not None and m.vision.active:      # the tower, loaded where requests carry images
+        v = m.vision
+        rest = vision_parameter_count(replace(v, depth=0))       # patch embedding, positions, projector
+        stored += rest + (vision_parameter_count(v) - rest) / sc.tp
     return stored * sc.weights.bytes
 

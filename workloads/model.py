@@ -7,7 +7,7 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   RMSNorm of every query and key head): gated MLP, MHA/GQA. Llama 3.x ``rope_scaling`` does
   not change any shape.
 - gemma2, gemma3 (or gemma3_text; a multimodal gemma3 config is read from its ``text_config``,
-  the vision tower is left out): GeGLU (``hidden_activation``, gelu_pytorch_tanh), four norms per
+  its SigLIP vision tower from ``vision_config``: ``workloads.vision``): GeGLU (``hidden_activation``, gelu_pytorch_tanh), four norms per
   block, tied embeddings, local sliding-window layers between global ones (gemma2 alternates
   1:1, gemma3 has one global layer in ``sliding_window_pattern``); fields a published config leaves
   out take the defaults of the transformers config class (cited at ``_DEFAULTS``).
@@ -16,11 +16,17 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   per-head attention sinks, 64 numbers a layer, are left out), dbrx (nested ``attn_config`` and
   ``ffn_config``, LayerNorm without bias), deepseek_v2 / deepseek_v3 (MLA + MoE with shared
   experts), llama4 (read from its ``text_config``, or llama4_text: see below).
+- qwen3_vl (Qwen3-VL): the Qwen3 decoder of ``text_config`` (model_type qwen3_vl_text) and the
+  vision tower of ``vision_config`` (``workloads.vision``); ``ModelSpec.vision`` holds the tower,
+  which runs only where a point's requests carry images (``images``).
+- qwen2_5_vl (Qwen2.5-VL): the Qwen2 decoder of the top-level fields and the vision tower of
+  ``vision_config`` (window attention, gated MLP: ``workloads.vision``).
 - aliases (``ALIASES``): a model_type named there is read as the family it names, and only when
   ``architectures`` lists that family's architecture: kimi_k2 (Kimi-K2, DeepseekV3ForCausalLM) is
   read as deepseek_v3. Any other model_type is refused.
-- llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config`` only; the vision encoder
-  (``vision_config``) and its projector are not modelled, which the loaded model says in ``notes``.
+- llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config``, and the vision encoder of
+  ``vision_config`` where the config gives one (``workloads.vision``: tiles of 336 px); without one
+  the loaded model says in ``notes`` that the tower is not modelled.
   MoE layers are ``moe_layers``, else every ``interleave_moe_layer_step``-th layer (from layer
   step - 1); the others are dense with a gated MLP of ``intermediate_size_mlp``. An MoE layer has
   ``num_local_experts`` routed experts of width ``intermediate_size`` (top-k
@@ -66,6 +72,14 @@ from pathlib import Path
 from basis.errors import DseError, shown_key
 from basis.files import read_input
 from basis.shipped import shipped, shipped_folder
+from workloads.vision import (
+    LLAMA4_MAX_TILES,
+    QWEN2_5_VL_MAX_PIXELS,
+    QWEN2_5_VL_MIN_PIXELS,
+    QWEN3_VL_MAX_PIXELS,
+    QWEN3_VL_MIN_PIXELS,
+    VisionSpec,
+)
 
 #: the shipped model configs (``configs/models``; package data in a wheel)
 MODELS_DIR = shipped("configs", "models")
@@ -124,6 +138,7 @@ class ModelSpec:
     #                                   tokens (Llama 4), priced as a sliding window of that size
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
+    vision: VisionSpec | None = None  # the vision tower of a vision-language model (``vision_config``)
 
     @property
     def is_moe(self) -> bool:
@@ -333,7 +348,7 @@ FAMILIES = {
     "gptj": False, "falcon": False, "opt": False, "bloom": False,
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
     "deepseek_v2": True, "deepseek_v3": True, "llama4": True, "llama4_text": True,
-    "kimi_k2": True,
+    "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
 }
 #: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
 #: configs whose model_type names a model but whose architecture is a family's (Kimi-K2's config
@@ -469,6 +484,78 @@ def _rope_layers(cfg: dict, path, layers: int) -> list[bool]:
     return [x == 1 for x in flags[:layers]]
 
 
+def _vision(cfg: dict, path, family: str) -> VisionSpec:
+    """The VisionSpec of the ``vision_config`` of a multimodal config (``workloads.vision``), the
+    images of a request not yet given; for Gemma 3 (``siglip``) the text width of ``text_config``
+    and the pooled tokens of ``mm_tokens_per_image``."""
+    v = _section(cfg, path, "vision_config")
+    if family == "siglip":
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_attention_heads")
+        size = _int(v, path, "image_size")
+        patch = _int(v, path, "patch_size", hi=size, hi_name="vision_config.image_size")
+        text = _section(cfg, path, "text_config", _DEFAULTS["gemma3_text"])
+        spec = VisionSpec("siglip", _int(v, path, "num_hidden_layers", hi=MAX_LAYERS), h, heads,
+                          _int(v, path, "intermediate_size"), patch, _int(text, path, "hidden_size"),
+                          in_channels=_int(v, path, "num_channels", default=3), image_size=size,
+                          tokens_per_image=_int(cfg, path, "mm_tokens_per_image", hi=(size // patch) ** 2,
+                                                hi_name="the image's patches"))
+    elif family == "llama4":
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_attention_heads")
+        size = _int(v, path, "image_size")
+        patch = _int(v, path, "patch_size", hi=size, hi_name="vision_config.image_size")
+        ratio = v.get("pixel_shuffle_ratio")
+        if ratio not in (0.5, 0.25) or (size // patch) % round(1 / ratio):
+            raise _fail(path, _named(v, "pixel_shuffle_ratio"), f"got {_show(ratio)}; expected 0.5 or 0.25, "
+                        "dividing a tile's patches a side")
+        text = _section(cfg, path, "text_config")
+        spec = VisionSpec("llama4", _int(v, path, "num_hidden_layers", hi=MAX_LAYERS), h, heads,
+                          _int(v, path, "intermediate_size"), patch, _int(text, path, "hidden_size"),
+                          in_channels=_int(v, path, "num_channels", default=3), spatial_merge_size=round(1 / ratio),
+                          patch_bias=False, tile_size=size, max_tiles=LLAMA4_MAX_TILES, global_tile=True,
+                          adapter_size=_int(v, path, "projector_input_dim"),
+                          adapter_out=_int(v, path, "projector_output_dim"))
+        if _int(v, path, "vision_output_dim") != spec.adapter_out:
+            raise _fail(path, _named(v, "vision_output_dim"), f"got {v['vision_output_dim']}, not "
+                        f"projector_output_dim ({spec.adapter_out}); the projector reads the adapter's output")
+    elif family == "qwen2_5_vl":
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_heads")
+        depth = _int(v, path, "depth", hi=MAX_LAYERS)
+        patch = _int(v, path, "patch_size", "spatial_patch_size")
+        merge = _int(v, path, "spatial_merge_size", default=2)
+        window = _int(v, path, "window_size")
+        if window % (patch * merge):
+            raise _fail(path, _named(v, "window_size"), f"got {window}, not a multiple of patch_size x "
+                        f"spatial_merge_size ({patch * merge}); expected windows of whole merged tokens")
+        spec = VisionSpec("qwen2_5_vl", depth, h, heads, _int(v, path, "intermediate_size"), patch,
+                          _int(v, path, "out_hidden_size"), in_channels=_int(v, path, "in_channels", "in_chans",
+                                                                              default=3),
+                          temporal_patch_size=_int(v, path, "temporal_patch_size", default=2),
+                          spatial_merge_size=merge, mlp_gated=True, norm="rmsnorm", patch_bias=False,
+                          window=window // patch, full_blocks=len(_index_list(v, path, "fullatt_block_indexes", depth)),
+                          min_pixels=QWEN2_5_VL_MIN_PIXELS, max_pixels=QWEN2_5_VL_MAX_PIXELS)
+    else:
+        h = _int(v, path, "hidden_size")
+        heads = _int(v, path, "num_heads")
+        deep = v.get("deepstack_visual_indexes") or []
+        if not isinstance(deep, list):
+            raise _fail(path, _named(v, "deepstack_visual_indexes"), f"got {_show(deep)}; expected a list of "
+                        "block indices")
+        spec = VisionSpec("qwen3_vl", _int(v, path, "depth", hi=MAX_LAYERS), h, heads,
+                          _int(v, path, "intermediate_size"), _int(v, path, "patch_size"),
+                          _int(v, path, "out_hidden_size"), in_channels=_int(v, path, "in_channels", default=3),
+                          temporal_patch_size=_int(v, path, "temporal_patch_size", default=2),
+                          spatial_merge_size=_int(v, path, "spatial_merge_size", default=2),
+                          position_embeddings=_int(v, path, "num_position_embeddings", default=0, lo=0),
+                          mergers=1 + len(deep), min_pixels=QWEN3_VL_MIN_PIXELS, max_pixels=QWEN3_VL_MAX_PIXELS)
+    if h % heads:
+        raise _fail(path, _named(v, "hidden_size"), f"got {h}, not a multiple of the tower's {heads} heads; "
+                    "expected a width the heads divide")
+    return spec
+
+
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
     """Return the ModelSpec of a parsed Hugging Face config dict; raise DseError (one line
     naming ``path`` and the key) on a missing, mistyped or out-of-range field, or a model_type
@@ -477,17 +564,44 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         raise _fail(path, "(top level)", f"got {_show(cfg)}; expected a JSON object {{...}} of config fields")
     mt = _model_type(cfg, path)
     notes: list[str] = []
+    vision = None
     if mt == "gemma3" and cfg.get("text_config") is not None:     # multimodal: the text decoder's fields
+        vision = _vision(cfg, path, "siglip")
         cfg = _section(cfg, path, "text_config")
         mt = "gemma3" if cfg.get("model_type") is None else _model_type(cfg, path)
         if mt not in ("gemma3", "gemma3_text"):
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(mt)}; expected gemma3_text")
-    elif mt == "llama4":        # multimodal: the text decoder's fields; the vision tower is not modelled
+    elif mt == "llama4":        # multimodal: the text decoder's fields, and the vision tower where given
+        vision = _vision(cfg, path, "llama4") if cfg.get("vision_config") is not None else None
+        top = cfg
         cfg = _section(cfg, path, "text_config")
         if cfg.get("model_type") is not None and _model_type(cfg, path) != "llama4_text":
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected llama4_text")
         mt = "llama4_text"
-        notes.append("text decoder only: the vision encoder (vision_config) and its projector are not modelled")
+        if vision is None:
+            notes.append("text decoder only: the config has no vision_config, so its vision encoder and projector "
+                         "are not modelled")
+        elif top.get("vision_config", {}).get("multi_modal_projector_bias"):
+            raise _fail(path, "vision_config.multi_modal_projector_bias", "got true; only a projector without "
+                        "bias (Llama 4's) is modelled")
+        else:
+            notes.append("the vision encoder (vision_config: tiles of 336 px, 144 tokens each) runs where requests "
+                         "carry images (images, image_size); the processor's tile separator tokens are left out")
+    elif mt == "qwen3_vl":      # Qwen3-VL: a Qwen3 decoder (text_config) after its vision tower
+        vision = _vision(cfg, path, "qwen3_vl")
+        top = cfg
+        cfg = _section(cfg, path, "text_config")
+        if cfg.get("model_type") not in (None, "qwen3_vl_text"):
+            raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected qwen3_vl_text")
+        cfg = _Section({"tie_word_embeddings": top.get("tie_word_embeddings"), **cfg}, cfg.prefix)
+        mt = "qwen3"
+        notes.append("Qwen3-VL: the text decoder (text_config) read as qwen3 (its interleaved multimodal RoPE "
+                     "changes no shape); DeepStack's adds of visual features into the first decoder layers "
+                     "are left out (one add per image token and layer)")
+    elif mt == "qwen2_5_vl":    # Qwen2.5-VL: a Qwen2 decoder (the top-level fields) after its vision tower
+        vision = _vision(cfg, path, "qwen2_5_vl")
+        mt = "qwen2"
+        notes.append("Qwen2.5-VL: the text decoder read as qwen2 (its multimodal RoPE changes no shape)")
     elif mt in ALIASES:
         family, arch = ALIASES[mt]
         archs = cfg.get("architectures")
@@ -514,8 +628,11 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
     heads = _int(cfg, path, "num_attention_heads", "n_head", "num_heads", "n_heads")
     vocab = _int(cfg, path, "vocab_size")
     max_pos = _int(cfg, path, "max_position_embeddings", "n_positions", "max_seq_len", default=0)
+    if vision is not None and vision.out_hidden_size != hidden:
+        raise _fail(path, "vision_config.out_hidden_size", f"got {vision.out_hidden_size}, not the text "
+                    f"decoder's hidden_size ({hidden}); the projector writes the decoder's width")
     kw: dict = dict(name=name, model_type=mt, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                    vocab_size=vocab, source=path, max_position_embeddings=max_pos, notes=tuple(notes),
+                    vocab_size=vocab, source=path, max_position_embeddings=max_pos, notes=tuple(notes), vision=vision,
                     tie_word_embeddings=_flag(cfg, path, "tie_word_embeddings", mt in ("opt", "bloom", "falcon")))
     head_dim = _int(cfg, path, "head_dim", default=None)
     kv_cfg, kv_key, kv_default = cfg, "num_key_value_heads", heads

@@ -12,6 +12,7 @@ from basis.errors import DseError, name_or_kind
 from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
+from dse.system.images import image_columns
 from dse.system.params import MAX_COUNT, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
@@ -114,6 +115,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
     _trace_lengths(w)
+    image_columns(cols, w)
     for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
         w[k] = cols.numbers(k)
     if anywhere(pointwise(lambda r, a, b: (r > 0) & ~(a > 0) & ~(b > 0), w["target_rate"], w["slo_ttft"], w["slo_tpot"])):

@@ -20,6 +20,12 @@ its simulator price an iteration exactly as a static batch's step is priced.
 A layer with a sliding window is costed with the window as filled at the prompt's end
 (exact from a prompt at least as long as the window).
 
+A vision-language model whose requests carry images (``workloads.encoder``) puts its vision
+encoder on the prompt's side: the encoder's operators are zero in a decode step and constant in the
+prompt's length, so they land in ``per_prompt`` and run once per request, in the iteration that
+finishes its prompt (the serving model and the simulator both price iterations by these arrays, so
+they agree). Their weight bytes are left out of an iteration (read under the encoder's compute).
+
 Techniques that change the decode step only (contextual sparsity, early exit:
 ``workloads.techniques``; prefill runs dense) apply to the decode tokens, as in a static batch's
 decode step; the prompt tokens beside them run the dense prefill's operators (its amounts are
@@ -35,7 +41,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dse.core.roofline import OpArrays
-from workloads import optable
+from workloads import encoder, optable
 from workloads.model import ModelSpec
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
@@ -179,10 +185,12 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
                        tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
     keys = prompt_len + 1
-    t1 = optable.decode_step(model, sc, keys, buffer)
+    # a VLM's encoder operators: zero in a decode step, per prompt in the prefill (``workloads.encoder``)
+    images = encoder.prefill(model, sc, buffer)
+    t1 = encoder.zeroed(optable.decode_step(model, sc, keys, buffer), images)
     d1 = OpArrays.from_table(t1)
-    d2 = OpArrays.from_table(optable.decode_step(model, replace(sc, batch=2), keys, buffer))
-    dk = OpArrays.from_table(optable.decode_step(model, sc, keys + 1, buffer))
+    d2 = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, replace(sc, batch=2), keys, buffer), images))
+    dk = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, sc, keys + 1, buffer), images))
     one, two, more = _amounts(d1), _amounts(d2), _amounts(dk)
     per_key = {f: more[f] - one[f] for f in _AMOUNTS}
     per_seq = {f: two[f] - one[f] for f in _AMOUNTS}
@@ -192,7 +200,7 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     pts = _fit_points(prompt_len)
     pre = []
     for p in pts:
-        table = optable.prefill(model, replace(sc, prompt_len=p), buffer)
+        table = encoder.prefill(model, replace(sc, prompt_len=p), buffer)
         pre.append(_onto(OpArrays.from_table(table), table.names, t1.names))
     lhs = np.array([[1.0, p, p * (p - 1) / 2.0] for p in pts])
     inv = np.linalg.inv(lhs)

@@ -216,6 +216,13 @@ TABLE: tuple[Param, ...] = (
           flag="--batch", flag_default=True),
     Param("prompt_len", int, help="prompt tokens", default=512, flag="--prompt-len", flag_default=True),
     Param("gen_len", int, help="generated tokens", default=128, flag="--gen-len", flag_default=True),
+    Param("images", int, default=0, zero_allowed=True, flag="--images", flag_default=True, noun="a number of images",
+          help="vision-language models: still images each request carries; their tokens (by the model's own "
+               "processor rules, workloads.vision) join the prompt and its vision encoder runs before the "
+               "prefill (default: 0, text only)"),
+    Param("image_size", str, default="1024", flag="--image-size", flag_default=True, metavar="PIXELS",
+          help="vision-language models: each image's size in pixels, a side ('1024', a square) or "
+               "'HEIGHTxWIDTH' ('768x1024') (default: 1024)"),
     Param("weights", str, help="weights format (see 'list formats')", default="fp16", flag="--weights",
           flag_default=True),
     Param("activations", str, help="activations format", default="fp16", flag="--activations", flag_default=True),

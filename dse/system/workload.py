@@ -16,7 +16,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dse.core.roofline import OpArrays, Stacked
-from workloads import optable
+from workloads import encoder, optable
 from workloads.footprint import (
     Footprint,
     footprint,
@@ -92,7 +92,7 @@ def _micro(sc: Scenario) -> Scenario:
 def _steps(model: ModelSpec, sc: Scenario, buffer: float) -> tuple[optable.OpTable, optable.OpTable]:
     """(prefill, decode step attending to prompt_len keys) tables of one micro-batch of ``sc``."""
     micro = _micro(sc)
-    return optable.prefill(model, micro, buffer), optable.decode_step(model, micro, sc.prompt_len, buffer)
+    return encoder.prefill(model, micro, buffer), optable.decode_step(model, micro, sc.prompt_len, buffer)
 
 
 def _pieces(model: ModelSpec, micro: Scenario, buffer: float) -> tuple:
@@ -165,7 +165,7 @@ class WorkloadBatch:
     def _distinct(self) -> tuple:
         """(prefill OpArrays, decode pieces) of the distinct workloads, [U, O] arrays: built once."""
         micro = _micro(self.distinct)
-        return OpArrays.from_table(optable.prefill(self.model, micro, self.buffer)), \
+        return OpArrays.from_table(encoder.prefill(self.model, micro, self.buffer)), \
             _pieces(self.model, micro, self.buffer)
 
     def tables(self, rows: slice) -> WorkloadTables:
@@ -181,7 +181,7 @@ class WorkloadBatch:
             return WorkloadTables(sc, Stacked(pre, at), None, pieces[0][1], pieces[0][2], None, None,
                                   self._footprint(rows), None, self.layer_weight_bytes, pieces)
         micro = _micro(sc)
-        pre = optable.prefill(self.model, micro, self.buffer)
+        pre = encoder.prefill(self.model, micro, self.buffer)
         pieces = _pieces(self.model, micro, self.buffer)
         return WorkloadTables(sc, OpArrays.from_table(pre), None, pieces[0][1], pieces[0][2], pre, None,
                               self._footprint(rows), None, self.layer_weight_bytes, pieces)
@@ -269,7 +269,7 @@ class FootprintInBatch:
 def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarray:
     """Per operator of the prefill and the decode step, the live activation bytes at
     ``sc.batch`` sequences per micro-batch (the terms ``footprint`` takes the max of)."""
-    pre = optable.prefill(model, sc, buffer)
+    pre = encoder.prefill(model, sc, buffer)
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
     residual = pre.tokens * model.hidden_size * sc.activations.bytes
     m = pre.activations.bytes
