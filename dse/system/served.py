@@ -22,6 +22,7 @@ from dse.system.iteration import IterationModel, iteration_model
 from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
+from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
 
@@ -289,14 +290,20 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                    length_spec: LengthSpec, max_tokens: float) -> tuple[ServingInputs, np.ndarray]:
     """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
     the iteration model and the paged KV cache, every byte of device memory left after the
-    weights and one iteration's activations, in blocks of ``kv_block`` tokens; requests of the
-    length classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each."""
+    weights and one iteration's activations (and a hybrid model's state slots, ``state_slots``),
+    in blocks of ``kv_block`` tokens; requests of the length classes ``lengths`` drawn from
+    ``length_spec``, at most ``max_tokens`` each."""
     budget = w.prefill_chunk[idx]
     block = w.kv_block[idx]
     per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
+    if np.any(per_token <= 0):
+        raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
+                       "purely recurrent model is not modelled; give a hybrid or an attention model")
     left = np.maximum(cap - fp.weights_bytes - act, 0.0)
+    slots, state = state_slots(w.max_running[idx], w.concurrency[idx], w.request_rate[idx], left,
+                               per_token * block, state_bytes_per_sequence(model, sc), sc.pp * sc.ep, sc.pp)
     # a device of a pipeline stage holds the KV of its layers for every one of the pp streams
-    blocks = np.floor(left / (per_token * block) / sc.pp)
+    blocks = np.floor((left - state) / (per_token * block) / sc.pp)
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
                          pp=sc.pp, ep=sc.ep)
@@ -310,11 +317,30 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         slo_ttft=w.slo_ttft[idx], slo_tpot=w.slo_tpot[idx], slo_percentile=w.slo_percentile[idx],
         target_rate=w.target_rate[idx],
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
-        chunked=budget > 0, max_running=w.max_running[idx],
+        chunked=budget > 0, max_running=slots,
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep)
     return serving, blocks * block * per_token * sc.pp
+
+
+def state_slots(max_running, concurrency, rate, left, block_bytes, state, streams: int, stages: int):
+    """(sequences a stream may run, [P]; bytes per device their recurrent state takes, [P]) of a
+    model whose recurrent layers hold ``state`` bytes a sequence per device (0: none; then
+    ``max_running`` and 0). The state slots are reserved out of the memory ``left`` after weights and
+    activations before it is cut into KV blocks, as vLLM V0's MambaCacheManager allocates
+    max_num_seqs state slots up front: one a running sequence, of an open loop ``max_running``,
+    of a closed loop at most its requests per stream (``concurrency`` over ``streams``), and no
+    more than leave each slot one KV block of ``block_bytes``; a device of a pipeline stage holds
+    the slots of its ``stages`` streams. A sequence's state is constant in its context, so it is
+    memory a running sequence, not a block."""
+    max_running = np.asarray(max_running, dtype=float)
+    if not state:
+        return max_running, np.zeros_like(max_running)
+    want = np.where(np.asarray(rate) > 0, max_running, np.fmin(np.ceil(np.asarray(concurrency) / streams), max_running))
+    fit = np.floor(np.asarray(left) / stages / (state + block_bytes))
+    slots = np.maximum(np.minimum(want, fit), 1.0)
+    return slots, slots * stages * state
 
 
 def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
