@@ -78,15 +78,16 @@ def recurrent_parameter_count(m: ModelSpec, tp: int = 1) -> float:
 
 def state_bytes_per_sequence(m: ModelSpec, sc: Scenario) -> float:
     """Bytes of recurrent state one sequence holds on one device, whatever its context: each
-    recurrent layer's conv state (the last K - 1 inputs of its channels, in the KV format) and scan
-    state (H x P x N, in float32 where the config fixes it, else the KV format), heads split over
+    recurrent layer's conv state (the last K - 1 inputs of its channels) and scan state (H x P x N,
+    in float32 where the config fixes it), in the activations' format (the model's dtype, as vLLM's
+    mamba cache dtype "auto" keeps them), heads split over
     tp; under pipeline parallelism, the stage holding the most recurrent layers. 0 for a model
     without recurrent layers."""
     if not m.num_recurrent_layers:
         return 0.0
     layers = _most_per_stage(m, sc.pp, ("gdn", "mamba2"))
-    scan = m.ssm_state_elems / sc.tp * (m.ssm_state_bytes or sc.kv.bytes)
-    conv = m.ssm_conv_state_elems / sc.tp * sc.kv.bytes
+    scan = m.ssm_state_elems / sc.tp * (m.ssm_state_bytes or sc.activations.bytes)
+    conv = m.ssm_conv_state_elems / sc.tp * sc.activations.bytes
     return layers * (scan + conv)
 
 

@@ -56,8 +56,8 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   ``n_groups`` x ``ssm_state_size``, a conv of ``conv_kernel`` (bias ``use_conv_bias``), the scan
   in chunks of ``chunk_size``; MLP and experts ungated (``mlp_hidden_act`` relu2). The state's
   element is 4 bytes where the config fixes float32 (``mamba_ssm_dtype``,
-  ``mamba_ssm_cache_dtype``), else the KV format's. minimax_m2 (MiniMax-M2/M2.5) is full attention
-  in every layer (no lightning attention in its config) and is not read (not a known family).
+  ``mamba_ssm_cache_dtype``), else the activations' (the model's dtype). minimax_m2
+  (MiniMax-M2/M2.5) is full attention in every layer (no lightning attention in its config) and is not read (not a known family).
 
 A config of a dense family that names routed experts (``num_local_experts``, ``num_experts``,
 ``n_routed_experts`` or ``moe_num_experts`` above 0) is refused: an MoE is never read as dense.
@@ -153,7 +153,7 @@ class ModelSpec:
     ssm_conv_kernel: int = 0          # taps of the depthwise causal conv over x (q, k, v) and B, C
     ssm_conv_bias: bool = False
     ssm_chunk: int = 0                # tokens a chunk of the prefill's chunked scan
-    ssm_state_bytes: float = 0.0      # bytes of a state element where the config fixes it (float32: 4); 0: KV's
+    ssm_state_bytes: float = 0.0      # bytes of a state element where the config fixes it (float32: 4); 0: activations'
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
 

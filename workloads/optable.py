@@ -57,7 +57,9 @@ Conventions (documented so a reader can check them):
   last K - 1 inputs are the conv state; ``ssm_scan``, the recurrence over an H x P x N state; and
   ``ssm_gate_norm`` (the output's RMSNorm gated by SiLU(z)). A decode step reads and writes each
   sequence's conv and scan state once (``kv_in``/``kv_out``, in KV-format element equivalents of
-  the state's bytes: a float32 state of a bf16 KV counts twice) and spends SCAN_OPS per state
+  the state's bytes: the state is kept in the activations' format, as vLLM's mamba cache dtype
+  "auto" keeps it in the model's, or float32 where the config says so: a float32 state of a bf16
+  KV counts twice) and spends SCAN_OPS per state
   element a token: nothing grows with the context. Prefill runs the chunked scan (chunks of Q =
   ``ssm_chunk`` tokens; Dao & Gu Sec. 6, Yang et al. Sec. 3): per token and head 2 Q (N + P)
   within its chunk and 4 N P into and out of the chunk states (Gated DeltaNet 2 Q N more for its
@@ -482,9 +484,9 @@ class _Builder:
         P, N, K = m.ssm_head_dim, m.ssm_state_dim, m.ssm_conv_kernel
         gdn = m.recurrent_kind == "gdn"
         conv = H * P + 2 * G * N                          # channels through the conv: x (v), B, C (q, k)
-        state_scale = (m.ssm_state_bytes or self.sc.kv.bytes) / self.sc.kv.bytes   # KV-format equivalents
-        scan_state = B * H * P * N * state_scale           # every sequence's scan state
-        conv_state = B * conv * (K - 1)
+        model_bytes, kv_bytes = self.sc.activations.bytes, self.sc.kv.bytes      # state in KV-format equivalents
+        scan_state = B * H * P * N * (m.ssm_state_bytes or model_bytes) / kv_bytes     # every sequence's
+        conv_state = B * conv * (K - 1) * model_bytes / kv_bytes
         # GDN: q, k, v, z and the gates beta, alpha a head; Mamba-2: z, x, B, C and dt a head
         self.linear("ssm_in_proj", h, conv + H * P + (2 if gdn else 1) * H, count)
         bias = conv if m.ssm_conv_bias else 0
