@@ -130,12 +130,14 @@ class Load:
     chunked: np.ndarray
     prefix_tokens: np.ndarray
     pools: Pools | None = None
+    state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools")},
-                       pools=None if self.pools is None else self.pools.take(idx))
+                                if f.name not in ("lengths", "pools", "state_blocks")},
+                       pools=None if self.pools is None else self.pools.take(idx),
+                       state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -184,11 +186,12 @@ def _classes(load: Load) -> _Classes:
 
 def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     """KV blocks a running sequence holds on average, [P]: its own prompt part and half its
-    output, plus half a block of fragmentation; classes weighted by ``run`` [P, K] (default:
-    how long they run, 1 + their decode iterations)."""
+    output, plus half a block of fragmentation and its recurrent state's blocks (a hybrid
+    model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
+    run, 1 + their decode iterations)."""
     held = cls.work + cls.gen / 2.0
     run = cls.weight * (1.0 + cls.steps) if run is None else run
-    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
+    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 
 
 def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarray:

@@ -231,11 +231,12 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
     kv, pool, per_request, state = fp.kv_cache_bytes, np.nan, np.nan, fp.state_bytes
     if continuous:
         serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
-        state = serving.max_running * serving.stages * state_bytes_per_sequence(model, sc)   # reserved slots
         kv, per_request = requests_kv_bytes(serving, pool)
+        state = running_state_bytes(serving, state_bytes_per_sequence(model, sc))
+        kv = np.minimum(kv, pool - state)                  # the states' blocks are the pool's
         if spec is not None and spec.tables is not None:
             serving = speculative_serving(serving, spec, sc, hw, i0)
-        need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block)
+        need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block) + serving.state_blocks
         mark("device_memory", dev_ok & (serving.kv_blocks < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
              "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
@@ -477,6 +478,22 @@ def requests_kv_bytes(serving, pool):
         page_bytes = np.where(serving.kv_blocks > 0, pool / (serving.kv_blocks * serving.stages), 0.0)
     # an open loop's request lives on one attention rank: per device, 1 / ranks of its pages
     return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes / serving.ranks, np.nan)
+
+
+def running_state_bytes(serving, state: float):
+    """Bytes per device the recurrent state of a hybrid model's running sequences takes, [P] (0
+    without recurrent layers): ``state`` bytes a sequence per device, for a closed loop's requests
+    running at once (its concurrency per stream, at most max_running), an open loop's ceiling
+    (max_running), each at most what the pool holds at its full length and its state's blocks; a
+    stage's device holds its stages' streams'. The state is in these blocks of the pool
+    (``kv_pool_bytes``), not beside it."""
+    if not state:
+        return np.zeros(np.shape(serving.kv_blocks))
+    lengths, block = serving.lengths, serving.kv_block
+    pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
+    running = np.fmin(serving.concurrency / serving.streams, serving.max_running)
+    fit = np.floor(serving.kv_blocks / (pages + serving.state_blocks))
+    return np.minimum(running, fit) * serving.stages * state
 
 
 def open_loop_kv_bytes(running, per_request, pool, weights_activations):

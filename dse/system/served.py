@@ -257,7 +257,7 @@ def _load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
         prefill, decode, kv_token_bytes = s.pools
         pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), kv_link(sys, eff))
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
-                s.request_rate, s.chunked, s.prefix_tokens, pools)
+                s.request_rate, s.chunked, s.prefix_tokens, pools, s.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -290,9 +290,9 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                    length_spec: LengthSpec, max_tokens: float) -> tuple[ServingInputs, np.ndarray]:
     """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
     the iteration model and the paged KV cache, every byte of device memory left after the
-    weights and one iteration's activations (and a hybrid model's state slots, ``state_slots``),
-    in blocks of ``kv_block`` tokens; requests of the length classes ``lengths`` drawn from
-    ``length_spec``, at most ``max_tokens`` each."""
+    weights and one iteration's activations, in blocks of ``kv_block`` tokens (a hybrid model's
+    running sequences each hold ``state_blocks`` of them for their state); requests of the length
+    classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each."""
     budget = w.prefill_chunk[idx]
     block = w.kv_block[idx]
     per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
@@ -300,10 +300,8 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
                        "purely recurrent model is not modelled; give a hybrid or an attention model")
     left = np.maximum(cap - fp.weights_bytes - act, 0.0)
-    slots, state = state_slots(w.max_running[idx], w.concurrency[idx], w.request_rate[idx], left,
-                               per_token * block, state_bytes_per_sequence(model, sc), sc.pp * sc.ep, sc.pp)
     # a device of a pipeline stage holds the KV of its layers for every one of the pp streams
-    blocks = np.floor((left - state) / (per_token * block) / sc.pp)
+    blocks = np.floor(left / (per_token * block) / sc.pp)
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
                          pp=sc.pp, ep=sc.ep)
@@ -317,30 +315,20 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         slo_ttft=w.slo_ttft[idx], slo_tpot=w.slo_tpot[idx], slo_percentile=w.slo_percentile[idx],
         target_rate=w.target_rate[idx],
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
-        chunked=budget > 0, max_running=slots,
+        chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
-        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep)
+        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
+        state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block))
     return serving, blocks * block * per_token * sc.pp
 
 
-def state_slots(max_running, concurrency, rate, left, block_bytes, state, streams: int, stages: int):
-    """(sequences a stream may run, [P]; bytes per device their recurrent state takes, [P]) of a
-    model whose recurrent layers hold ``state`` bytes a sequence per device (0: none; then
-    ``max_running`` and 0). The state slots are reserved out of the memory ``left`` after weights and
-    activations before it is cut into KV blocks, as vLLM V0's MambaCacheManager allocates
-    max_num_seqs state slots up front: one a running sequence, of an open loop ``max_running``,
-    of a closed loop at most its requests per stream (``concurrency`` over ``streams``), and no
-    more than leave each slot one KV block of ``block_bytes``; a device of a pipeline stage holds
-    the slots of its ``stages`` streams. A sequence's state is constant in its context, so it is
-    memory a running sequence, not a block."""
-    max_running = np.asarray(max_running, dtype=float)
-    if not state:
-        return max_running, np.zeros_like(max_running)
-    want = np.where(np.asarray(rate) > 0, max_running, np.fmin(np.ceil(np.asarray(concurrency) / streams), max_running))
-    fit = np.floor(np.asarray(left) / stages / (state + block_bytes))
-    slots = np.maximum(np.minimum(want, fit), 1.0)
-    return slots, slots * stages * state
+def state_blocks(state, block_bytes):
+    """KV blocks (of ``block_bytes`` each, [P]) one sequence's recurrent state of ``state`` bytes per
+    device takes (0 for a model without recurrent layers): as vLLM's hybrid KV-cache manager
+    (V1) gives each running request's Mamba / linear-attention state pages of the one pool. The
+    state is constant in the context: blocks a running sequence holds, not blocks a token adds."""
+    return np.ceil(state / np.asarray(block_bytes, dtype=float)) if state else np.zeros(np.shape(block_bytes))
 
 
 def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
@@ -398,7 +386,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
-                          prefix_tokens=int(s.prefix_tokens[j]))
+                          prefix_tokens=int(s.prefix_tokens[j]),
+                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]))
     conc, rate = s.concurrency[j], s.request_rate[j]
     pools = transfer_s = None
     if s.pools is not None:
