@@ -326,7 +326,9 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
 def state_blocks(state, block_bytes):
     """KV blocks (of ``block_bytes`` each, [P]) one sequence's recurrent state of ``state`` bytes per
     device takes (0 for a model without recurrent layers): as vLLM's hybrid KV-cache manager
-    (V1) gives each running request's Mamba / linear-attention state pages of the one pool. The
+    (V1; docs.vllm.ai, design/hybrid_kv_cache_manager: Mamba + full-attention models in one pool of
+    equal pages; vLLM pads the attention page to the state's, which this rounding leaves out) gives
+    each running request's Mamba / linear-attention state pages of the pool. The
     state is constant in the context: blocks a running sequence holds, not blocks a token adds."""
     return np.ceil(state / np.asarray(block_bytes, dtype=float)) if state else np.zeros(np.shape(block_bytes))
 
