@@ -252,3 +252,14 @@ def test_configs_are_refused_in_one_line():
     t = dict(_cfg(QWEN35)["text_config"], layer_types=["mamba"] * 64)
     with pytest.raises(DseError, match=r"layer_types\[0\]"):
         spec_from_config(t, "x")
+
+
+def test_full_attention_interval_gives_the_layer_types():
+    """Qwen3-Next's configs give ``full_attention_interval`` (every 4th layer full) where Qwen3.5's list
+    ``layer_types``: the same layers either way (no unmodified Qwen3-Next config.json was found to ship)."""
+    t = dict(_cfg(QWEN35_MOE)["text_config"], model_type="qwen3_next", intermediate_size=512)
+    listed = spec_from_config(t, "listed")
+    del t["layer_types"]
+    derived = spec_from_config(t, "derived")
+    assert derived.layer_mixers == listed.layer_mixers
+    assert [i for i, k in enumerate(derived.layer_mixers) if k == "attention"] == list(range(3, 40, 4))
