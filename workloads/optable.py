@@ -50,6 +50,22 @@ Conventions (documented so a reader can check them):
   (1 - dropped)), the busiest rank receiving (dispatch) and sending back (combine) its tokens; the
   weights read are the most distinct experts (replicas) any rank's tokens touch. Shared experts stay
   balanced.
+- Recurrent layers of hybrid models (``ModelSpec.layer_mixers``: Gated DeltaNet, Yang et al.,
+  ICLR 2025; Mamba-2, Dao & Gu, ICML 2024), H value heads of width P, G groups of N-wide keys
+  (GDN) or B and C (Mamba-2), a depthwise causal conv of K taps over the x/q/k/v and B/C channels:
+  ``ssm_in_proj`` and ``ssm_out_proj`` matmuls; ``ssm_conv`` (2 K ops a channel a token) whose
+  last K - 1 inputs are the conv state; ``ssm_scan``, the recurrence over an H x P x N state; and
+  ``ssm_gate_norm`` (the output's RMSNorm gated by SiLU(z)). A decode step reads and writes each
+  sequence's conv and scan state once (``kv_in``/``kv_out``, in KV-format element equivalents of
+  the state's bytes: the state is kept in the activations' format, as vLLM's mamba cache dtype
+  "auto" keeps it in the model's, or float32 where the config says so: a float32 state of a bf16
+  KV counts twice) and spends SCAN_OPS per state
+  element a token: nothing grows with the context. Prefill runs the chunked scan (chunks of Q =
+  ``ssm_chunk`` tokens; Dao & Gu Sec. 6, Yang et al. Sec. 3): per token and head 2 Q (N + P)
+  within its chunk and 4 N P into and out of the chunk states (Gated DeltaNet 2 Q N more for its
+  keys' Gram matrix), linear in the prompt; the final states are written once per sequence. The
+  layers have no KV cache. Mixer-only and FFN-only layers (Nemotron-H) have one norm and residual
+  each.
 - Operator roles (``OpTable.roles``) name what a near-memory unit may run in a decode
   step: 'attention' (the attention core), 'experts' (routed-expert matmuls), 'gemv'
   (other weight matmuls), '' for the rest and for every prefill operator.
@@ -68,7 +84,11 @@ from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
 NORM_OPS = {"rmsnorm": 4, "layernorm": 7}
-ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1}
+ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1, "relu2": 2}
+#: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:
+#: S k, the decayed rank-one delta update and S q, 2 + 3 + 2; Mamba-2: the decay, the rank-one
+#: update dt x B^T and y = h C, 1 + 2 + 2), a counting convention as the element-wise ones above
+SCAN_OPS = {"gdn": 7, "mamba2": 5}
 SOFTMAX_OPS = 5
 
 #: operator kinds: how an operator is costed
@@ -416,7 +436,7 @@ class _Builder:
             return self.mla_attention(count)
         d, nh = m.head_dim, self.nh
         nkv = kv_heads_per_device(m, self.tp)
-        self.linear("q_proj", h, nh * d, count, bias=m.attention_bias)
+        self.linear("q_proj", h, nh * d * (2 if m.attn_output_gate else 1), count, bias=m.attention_bias)
         self.linear("k_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         if m.qk_norm:
@@ -425,6 +445,9 @@ class _Builder:
                      act_out=heads)
         self.attention_core(count - m.num_sliding_layers, nh, nkv, d, d)       # count: every layer
         self.attention_core(m.num_sliding_layers, nh, nkv, d, d, window=m.sliding_window)
+        if m.attn_output_gate:      # sigmoid(gate) x output: 4 + 1 ops an element
+            self.add("attn_gate", "vector", count, ops=5 * self.T * nh * d, act_in=2 * self.T * nh * d,
+                     act_out=self.T * nh * d)
         self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
 
     def mla_attention(self, count):
@@ -451,6 +474,57 @@ class _Builder:
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
         self.linear("o_proj", nh * dv, h, count)
+
+    # ---- recurrent layers (Gated DeltaNet, Mamba-2)
+    def recurrent(self, count):
+        """The operators of ``count`` recurrent layers (see the module docstring)."""
+        m, h, T, B = self.m, self.m.hidden_size, self.T, self.B
+        H = _split(m.ssm_heads, self.tp, "the recurrent layers' heads", m)
+        G = _split(m.ssm_groups, self.tp, "the recurrent layers' groups", m)
+        P, N, K = m.ssm_head_dim, m.ssm_state_dim, m.ssm_conv_kernel
+        gdn = m.recurrent_kind == "gdn"
+        conv = H * P + 2 * G * N                          # channels through the conv: x (v), B, C (q, k)
+        model_bytes, kv_bytes = self.sc.activations.bytes, self.sc.kv.bytes      # state in KV-format equivalents
+        scan_state = B * H * P * N * (m.ssm_state_bytes or model_bytes) / kv_bytes     # every sequence's
+        conv_state = B * conv * (K - 1) * model_bytes / kv_bytes
+        # GDN: q, k, v, z and the gates beta, alpha a head; Mamba-2: z, x, B, C and dt a head
+        self.linear("ssm_in_proj", h, conv + H * P + (2 if gdn else 1) * H, count)
+        bias = conv if m.ssm_conv_bias else 0
+        state_io = {"kv_in": conv_state, "kv_out": conv_state} if self.stage == "decode" else {"kv_out": conv_state}
+        self.add("ssm_conv", "vector", count, ops=2 * K * T * conv + T * conv * ACT_OPS["silu"], weight=conv * K + bias,
+                 act_in=T * conv, act_out=T * conv, **state_io)
+        if self.stage == "decode":
+            ops = T * H * P * N * SCAN_OPS[m.recurrent_kind]
+            state_io = {"kv_in": scan_state, "kv_out": scan_state}
+        else:
+            Q = m.ssm_chunk
+            ops = T * H * (2 * Q * (N + P) + 4 * N * P + (2 * Q * N if gdn else 0))
+            state_io = {"kv_out": scan_state}
+        self.add("ssm_scan", "vector", count, ops=ops, weight=(2 if gdn else 3) * H,   # A_log, dt_bias (, D)
+                 act_in=T * (conv + (2 if gdn else 1) * H), act_out=T * H * P, **state_io)
+        norm_w = P if gdn else H * P                      # GDN: one norm of a head's width; Mamba-2: of all heads
+        self.add("ssm_gate_norm", "vector", count, ops=(NORM_OPS["rmsnorm"] + ACT_OPS["silu"] + 1) * T * H * P,
+                 weight=norm_w, act_in=2 * T * H * P, act_out=T * H * P)
+        self.linear("ssm_out_proj", H * P, h, count)
+
+    def hybrid_layers(self):
+        """The layers of a hybrid model: a norm, its mixer (attention or recurrent), the all-reduce and
+        the residual add for each layer with a mixer; a norm, its MLP or MoE, the all-reduce and the
+        add for each layer with an FFN."""
+        m, h = self.m, self.m.hidden_size
+        mixers, ffns = m.num_mixer_layers, m.num_ffn_layers
+        self.norm("attn_norm", h, mixers)
+        if m.num_attention_layers:
+            self.attention(m.num_attention_layers)
+        self.recurrent(m.num_recurrent_layers)
+        self.allreduce("attn_all_reduce", mixers)
+        self.add_residual("attn_add", 2, mixers)
+        self.norm("mlp_norm", h, ffns)
+        self.mlp("", m.intermediate_size / self.tp, m.num_dense_layers, m.mlp_bias)
+        if m.num_moe_layers:
+            self.moe(m.num_moe_layers)
+        self.allreduce("mlp_all_reduce", ffns)
+        self.add_residual("mlp_add", 2, ffns)
 
     # ---- MLP
     def mlp(self, prefix, width, count, bias):
@@ -507,7 +581,9 @@ class _Builder:
         self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
-        if m.parallel_block:
+        if m.is_hybrid:
+            self.hybrid_layers()
+        elif m.parallel_block:
             self.norm("attn_norm", h, L)
             if m.norms_per_block > 1:
                 self.norm("mlp_norm", h, L)

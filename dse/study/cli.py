@@ -546,7 +546,7 @@ def _table_report(res, display, asked_flash=None) -> str:
     for k in ("ttft_s", "tpot_s", "tokens_per_target_step", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
-              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes",
+              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes", "state_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS,
               "quality_loss", "quality_source", "moe_imbalance", "moe_dropped_fraction",

@@ -92,6 +92,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     s["band"] = band_source(s["efficiency"]) if s["bands"] else (
         "none: no published row of this spatial machine is predicted (dataflow layer)" if is_dataflow(s["efficiency"])
         else "none (the ideal bound or a given efficiency)")
+    if m["state_bytes"] > 0:                 # a hybrid's recurrent state (in peak_memory_bytes)
+        s["state_bytes"] = m["state_bytes"]
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):

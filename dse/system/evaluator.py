@@ -533,7 +533,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                                                                                  w.tech))),
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
-                "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes")}}
+                "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes", "state_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
     base.update(die_area_mm2=hw.die_area_m2 * 1e6, build_cost_usd=devices * hw.build_cost_usd)
     groups = []
@@ -620,7 +620,8 @@ def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) 
     base["weights_bytes"][idx] = m.weights_bytes
     base["kv_cache_bytes"][idx] = m.kv_cache_bytes
     base["activation_bytes"][idx] = m.activation_bytes
-    base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes
+    base["state_bytes"][idx] = m.state_bytes
+    base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes + m.state_bytes
     base["offloaded_bytes"][idx] = m.offloaded_bytes
     base["engine_reserve_bytes"][idx] = m.reserve_bytes
     base["kv_pool_bytes"][idx] = m.kv_pool_bytes

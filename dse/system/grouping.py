@@ -113,6 +113,7 @@ class ServingInputs:
     stages: int = 1               # pipeline stages: as many micro-batch streams interleave through them
     ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
     decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
+    state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
 
     @property
     def streams(self) -> int:

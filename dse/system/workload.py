@@ -224,7 +224,8 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
         part = distinct.take(rows)
         parts.append(footprint(model, part, *_steps(model, part, buffer)))
     fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts])[workload],
-                   np.concatenate([f.activation_bytes for f in parts])[workload])
+                   np.concatenate([f.activation_bytes for f in parts])[workload],
+                   np.concatenate([np.broadcast_to(f.state_bytes, np.shape(f.kv_cache_bytes)) for f in parts])[workload])
     return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc), workload, distinct)
 
 
