@@ -21,7 +21,7 @@ _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 
 #: the OpArrays fields holding an operator's shape for the kernel layer
-SHAPE_FIELDS = ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")
+SHAPE_FIELDS = ("shape_m", "shape_n", "shape_k", "heads", "kv_heads", "groups")
 
 #: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
 PIM_ROLES = ("attention", "gemv", "experts")
@@ -174,6 +174,7 @@ class OpArrays:
     shape_k: np.ndarray | None = None
     heads: np.ndarray | None = None
     kv_heads: np.ndarray | None = None
+    groups: np.ndarray | None = None      # a grouped GEMM's groups (experts), 0: a plain GEMM
 
     @cached_property
     def one_workload(self) -> bool:
