@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dse import evaluate
-from dse.core.efficiency import Efficiency
+from dse.core.efficiency import Efficiency, KernelHardware, kernel_fractions
+from dse.core.kernel_arrays import _COL, OpArrays
 from dse.core.kernel_model import (
     GEMM_FORMATS,
     OUT_BYTES,
@@ -16,6 +17,7 @@ from dse.core.kernel_model import (
     hardware_of,
     load_kernel_model,
 )
+from hwmodels.formats import COMPUTE_CLASSES
 from workloads.optable import expected_experts_touched
 
 #: H100 SXM as the evaluator sees it (configs/hardware/h100-sxm.yaml's dense BF16/FP8 peaks and
@@ -91,3 +93,33 @@ def test_expert_block_matches_measured_moe_tables_within_25_percent():
         errors.append(predicted_us / measured_us - 1)
         assert predicted_us == pytest.approx(measured_us, rel=0.25), (hw, model, ep, tokens)
     assert np.median(np.abs(errors)) < 0.12
+
+
+def _expert_up(weight_bytes, rows=512):
+    """One expert up projection of Qwen3-30B-A3B's shape (bf16), ``rows`` routed tokens, whose
+    ``weight_bytes`` are what its step or iteration reads; one group is one expert's 2048 x 768 x 2 B;
+    its recorded shape is the template step's (64 experts touched) whatever the weights."""
+    one = HIDDEN * EXPERT * 2.0
+    f = lambda v: np.array([v], dtype=float)          # noqa: E731
+    return OpArrays(ops=f(2 * rows * HIDDEN * EXPERT), weight_bytes=f(weight_bytes), act_bytes=f(rows * (HIDDEN + EXPERT) * 2),
+                    kv_bytes=f(0), comm_bytes=f(0), p2p_bytes=f(0), peak_column=np.array([_COL["bf16"]]),
+                    count=f(1), shape_m=f(rows / 64), shape_n=f(EXPERT), shape_k=f(HIDDEN),
+                    heads=f(0), kv_heads=f(0), group_weight_bytes=f(one))
+
+
+def test_an_iterations_groups_follow_the_expert_weights_it_reads():
+    """Continuous batching reuses a step's operator shapes for iterations of other sizes, their weight
+    bytes interpolated to the experts each touches: the groups priced are those weights over one
+    expert's (64 experts, then 16 for the same 512 rows), not the template's."""
+    peaks = tuple(989.5e12 if c in ("bf16", "fp16") else 1979e12 for c in COMPUTE_CLASSES) + (60e12, np.inf)
+    eff = Efficiency(name="bare", op_overhead_s=0.0, step_overhead_s=0.0,
+                     kernel=KernelHardware(peaks, 3.35e12, 132.0, 52428800.0))
+    prm = grouped_parameters(load_kernel_model()["parameters"])
+    one = HIDDEN * EXPERT * 2.0
+    for experts in (64, 16):
+        op = _expert_up(experts * one)
+        fc, fm = kernel_fractions(op, eff)
+        moved = (512 * HIDDEN + experts * HIDDEN * EXPERT) * 2.0 + 512 * EXPERT * 2.0
+        time = max(op.ops[0] / (989.5e12 * fc[0]), moved / (3.35e12 * fm[0]))
+        expected = float(grouped_gemm_time(512 / experts, experts, EXPERT, HIDDEN, "bf16", H100, prm))
+        assert time == pytest.approx(expected, rel=1e-9), experts

@@ -356,15 +356,19 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
         # iteration of continuous batching, a scaled or pruned step)
         rows = ops[g] / (2 * n[g] * k[g])
         fmt = _KERNEL_FORMAT[col[g]]
-        # a grouped GEMM (experts): its groups of rows / groups rows each, every group's weights read
-        groups = (np.ones_like(rows) if op.groups is None
-                  else np.maximum(np.broadcast_to(np.asarray(op.groups, dtype=float), shape)[g], 1.0))
-        grouped = op.groups is not None and bool(np.any(np.broadcast_to(op.groups, shape)[g] > 0))
+        # a grouped GEMM (experts): its weight bytes over one group's are its groups (the experts this
+        # step or iteration touches), of rows / groups rows each, every group's weights read
         time[g] = gemm_time(rows, n[g], k[g], fmt, hw(g), prm["gemm"])
-        if grouped:
-            is_grouped = np.broadcast_to(np.asarray(op.groups, dtype=float), shape)[g] > 0
-            time[g] = np.where(is_grouped, grouped_gemm_time(rows / groups, groups, n[g], k[g], fmt, hw(g),
-                                                             grouped_parameters(prm)), time[g])
+        groups = np.ones_like(rows)
+        if op.group_weight_bytes is not None:
+            per_group = np.broadcast_to(np.asarray(op.group_weight_bytes, dtype=float), shape)[g]
+            is_grouped = per_group > 0
+            if is_grouped.any():
+                weights = np.broadcast_to(np.asarray(op.weight_bytes, dtype=float), shape)[g]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    groups = np.where(is_grouped, np.maximum(weights / np.where(is_grouped, per_group, 1.0), 1.0), 1.0)
+                time[g] = np.where(is_grouped, grouped_gemm_time(rows / groups, groups, n[g], k[g], fmt, hw(g),
+                                                                 grouped_parameters(prm)), time[g])
         ideal[g] = ops[g]
         moved[g] = (rows * k[g] + groups * k[g] * n[g]) * _FORMAT_BYTES[fmt] + rows * n[g] * OUT_BYTES
     a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)

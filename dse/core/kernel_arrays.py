@@ -21,7 +21,7 @@ _COL = {c: i for i, c in enumerate(PEAK_COLUMNS)}
 
 
 #: the OpArrays fields holding an operator's shape for the kernel layer
-SHAPE_FIELDS = ("shape_m", "shape_n", "shape_k", "heads", "kv_heads", "groups")
+SHAPE_FIELDS = ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")
 
 #: roles of operators a PIM may run, in the column order of SystemArrays.pim_roles
 PIM_ROLES = ("attention", "gemv", "experts")
@@ -177,7 +177,9 @@ class OpArrays:
     shape_k: np.ndarray | None = None
     heads: np.ndarray | None = None
     kv_heads: np.ndarray | None = None
-    groups: np.ndarray | None = None      # a grouped GEMM's groups (experts), 0: a plain GEMM
+    # a grouped GEMM's (experts') weight bytes of one group, 0: a plain GEMM; its groups are its
+    # weight bytes over these, so that they follow the weights an iteration reads (the experts it touches)
+    group_weight_bytes: np.ndarray | None = None
 
     @cached_property
     def one_workload(self) -> bool:
@@ -219,7 +221,17 @@ class OpArrays:
                    np.array([op.kind == "matmul" for op in table.operators], dtype=bool),
                    np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int),
                    dequant if np.any(dequant) else None,
-                   *(table.column(f) for f in SHAPE_FIELDS))
+                   *(table.column(f) for f in SHAPE_FIELDS), _group_weight_bytes(table))
+
+
+def _group_weight_bytes(table) -> np.ndarray | None:
+    """Weight bytes of one group of each grouped GEMM of ``table`` (its weight bytes over its
+    ``groups``; 0 for other operators), None when it has none."""
+    groups = table.column("groups")
+    if not np.any(groups > 0):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(groups > 0, table.weight_bytes / np.where(groups > 0, groups, 1.0), 0.0)
 
 
 @dataclass(frozen=True, eq=False)
