@@ -120,6 +120,8 @@ class Operator:
     shape_k: float = 0.0
     heads: float = 0.0
     kv_heads: float = 0.0
+    # a grouped GEMM's groups (the experts a rank runs, each of shape_m rows); 0: one plain GEMM
+    groups: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -558,16 +560,18 @@ class _Builder:
             self.add("moe_dispatch", "collective", count, p2p=a2a)
         n_mats = 3 if m.mlp_gated else 2
         bw, bh = (w, h) if m.mlp_bias else (0, 0)             # bias elements of an expert's up and down projections
+        # a grouped GEMM: each expert touched on this rank runs the tokens routed to it
+        up = dict(shape_m=routed / np.maximum(touched, 1e-12), shape_n=w, shape_k=h, groups=touched)
         if m.mlp_gated:
             self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
-                     act_in=routed * h, act_out=routed * w)
+                     act_in=routed * h, act_out=routed * w, **up)
         self.add("expert_up_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
-                 act_in=routed * h, act_out=routed * w)
+                 act_in=routed * h, act_out=routed * w, **up)
         per = ACT_OPS.get(m.mlp_activation, 8)
         self.add("expert_act_fn", "vector", count, ops=per * routed * w,
                  act_in=(n_mats - 1) * routed * w, act_out=routed * w)
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
-                 act_in=routed * w, act_out=T * h)
+                 act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
             self.add("moe_combine", "collective", count, p2p=a2a)
         if m.shared_expert_intermediate_size:
