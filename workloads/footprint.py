@@ -99,7 +99,8 @@ def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None 
     one device: a full-attention layer caches every token, a sliding-window layer the last
     min(context, sliding_window), as engines allocate it (vLLM's sliding-window KV manager,
     transformers' hybrid cache); under a KV token budget k no layer more than k tokens. Under
-    pipeline parallelism, the stage holding the most full-attention layers."""
+    pipeline parallelism, the stage holding the most full-attention layers; under context
+    parallelism (``cp``) a rank's 1/cp of the tokens (the cache sharded over the ring)."""
     tokens = sc.prompt_len + sc.gen_len if context is None else context
     per_stage = m.num_layers // sc.pp
     sliding = np.zeros(m.num_layers, dtype=bool)
@@ -108,7 +109,7 @@ def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None 
     budget = sc.techniques.kv_budget or tokens          # a KV token budget caps every layer's cache
     cached = (full * np.minimum(tokens, budget)
               + (per_stage - full) * np.minimum(np.minimum(tokens, m.sliding_window or tokens), budget))
-    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes / sc.cp
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,12 @@ Conventions (documented so a reader can check them):
   expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
   dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
   group, split over its tp devices (costed as point-to-point traffic per device).
+- Context parallel over ``cp`` ranks (``workloads.context_parallel``, ring attention): in the
+  prefill each rank runs every operator on ceil(prompt_len / cp) of each prompt's tokens, its
+  attention computing 1/cp of the causal pairs (load-balanced chunks) against all the prompt's
+  keys, and per layer cp - 1 ring steps (``cp_ring``) each send one K/V chunk (MLA: the latent)
+  to the next rank. In a decode step each rank attends its 1/cp of the cached keys and gathers
+  the others' partial outputs and softmax statistics (``cp_combine``).
 - MoE routing other than uniform (``Techniques.routing``, ``workloads.routing``: a Zipf skew, a
   measured histogram, redundant experts, a capacity factor): the expert matmuls and the dispatch and
   combine are the busiest rank's, T ep k x its share of the kept token-slots (T k x imbalance x
@@ -62,6 +68,7 @@ import numpy as np
 
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
+from workloads import context_parallel as cpar
 from workloads.model import ModelSpec
 from workloads.routing import expert_load
 from workloads.scenario import Scenario
@@ -319,7 +326,8 @@ class _Builder:
         self.tp = sc.tp
         self.B = _counted(sc.batch)
         self.tech = sc.techniques
-        self.S = _counted(sc.prompt_len) if stage == "prefill" else self.tech.query_tokens
+        self.cp = sc.cp
+        self.S = _counted(-(-sc.prompt_len // sc.cp)) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
         self.L = _counted(kv_len)                          # keys a query attends (prefill: its prompt)
         self.buffer_bytes = buffer_bytes
@@ -375,16 +383,20 @@ class _Builder:
         L = self.L                                          # keys a query attends to
         if self.stage == "decode":
             L = np.minimum(np.minimum(L, window or L), self.tech.kv_budget or L)
+            if self.cp > 1:                                 # this rank's shard of the cached keys
+                L = L / self.cp
         prefix = "sliding_" if window else ""
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
         kvk = "kv_in" if kv_from_cache else "act_in"
         if self.sc.flash_attention:
             if self.stage == "prefill":
-                pairs = B * nh * _causal_pairs(S, window)
+                # context parallel: 1/cp of the whole prompt's causal pairs and key reads a rank
+                whole = S if self.cp == 1 else _counted(self.sc.prompt_len)
+                pairs = B * nh * _causal_pairs(whole, window) / self.cp
                 elem = (self.sc.kv if kv_from_cache else self.sc.activations).bytes
-                nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem)
-                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window)
+                nrb = _flash_row_blocks(whole, d_qk, self.buffer_bytes, elem)
+                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window) / self.cp
             else:                                           # S query tokens per sequence, K/V read once
                 pairs = B * nh * S * L
                 kv_reads = B * L * (kv_qk + kv_sv)
@@ -410,6 +422,21 @@ class _Builder:
         self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
                  **reads(scores, B * L * kv_sv))
 
+    def context_parallel(self, count, heads, v_dim):
+        """The ring's K/V sends of a CP prefill (``cp_ring``: cp - 1 a layer, one rank's chunk each)
+        or a CP decode step's gather of partial outputs (``cp_combine``, one a layer); nothing
+        without CP."""
+        if self.cp == 1:
+            return
+        sc = self.sc
+        if self.stage == "prefill":
+            send = cpar.ring_send_elements(self.B, _counted(sc.prompt_len), self.cp,
+                                           kv_elems_per_token_per_layer(self.m, self.tp), sc.kv.bytes,
+                                           sc.activations.bytes)
+            self.add("cp_ring", "collective", count * cpar.ring_steps(self.cp), p2p=send)
+        else:
+            self.add("cp_combine", "collective", count, p2p=cpar.decode_combine_elements(self.T, heads, v_dim, self.cp))
+
     def attention(self, count):
         m, h = self.m, self.m.hidden_size
         if m.is_mla:
@@ -425,6 +452,7 @@ class _Builder:
                      act_out=heads)
         self.attention_core(count - m.num_sliding_layers, nh, nkv, d, d)       # count: every layer
         self.attention_core(m.num_sliding_layers, nh, nkv, d, d, window=m.sliding_window)
+        self.context_parallel(count, nh, d)
         self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
 
     def mla_attention(self, count):
@@ -450,6 +478,7 @@ class _Builder:
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+        self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
 
     # ---- MLP
@@ -606,7 +635,7 @@ def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, key
     prefix too, which sizes its live activations (an unfused score matrix of chunk x keys)."""
     ops = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes).build()
     return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
-                   scenario.tp, scenario.batch * scenario.prompt_len, scenario.prompt_len)
+                   scenario.tp, scenario.batch * -(-scenario.prompt_len // scenario.cp), scenario.prompt_len)
 
 
 def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:

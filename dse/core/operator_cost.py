@@ -177,6 +177,10 @@ def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     (``transfer_time``); where the expert-parallel group spans scale-up domains
     (``ep_spans``), the fastest two-tier all-to-all (``alltoall_across_domains_s``)."""
     t = transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    ring = cp_spans(sys)
+    if ring is not None:        # a context-parallel ring's slowest hop is a scale-out one
+        t = np.where(ring[:, None], np.maximum(t, transfer_time(p2p_bytes, sys.scale_out_bandwidth[:, None],
+                                                                sys.scale_out_latency[:, None], eff)), t)
     span = ep_spans(sys)
     if span is None:
         return t
@@ -218,9 +222,20 @@ def ep_spans(sys: SystemArrays) -> np.ndarray | None:
     return span if span.any() else None
 
 
+def cp_spans(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the context-parallel ring (cp ranks of tp devices) is larger than a scale-up
+    domain and a scale-out tier joins the domains (the ``ep_spans`` rule), so some hop of the
+    ring, and with it every ring step, waits on the scale-out NIC; None where none is."""
+    if sys.scale_up_size is None or sys.scale_out_bandwidth is None or sys.cp is None:
+        return None
+    span = (sys.cp > 1) & (sys.cp * sys.tp > sys.scale_up_size) & _has_scale_out(sys)
+    return span if span.any() else None
+
+
 def spans_domains(sys: SystemArrays) -> bool:
-    """True when some point's tensor- or expert-parallel group crosses the scale-out tier."""
-    return tp_spans(sys) is not None or ep_spans(sys) is not None
+    """True when some point's tensor-parallel, expert-parallel or context-parallel group crosses
+    the scale-out tier."""
+    return tp_spans(sys) is not None or ep_spans(sys) is not None or cp_spans(sys) is not None
 
 
 def _two_tiers(sys: SystemArrays, eff: Efficiency, col):

@@ -1,0 +1,70 @@
+"""Context parallelism (CP) of a long prompt: ring attention over ``cp`` ranks, one formula each.
+
+Sources: Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite
+Context" (arXiv 2310.01889, 2023), Sec. 3: each of N hosts holds one block of the sequence's
+queries; the key-value blocks rotate around the ring, N - 1 sends, each overlapped with the
+blockwise attention of the block in hand (the transfer is hidden while the block's attention
+compute takes longer than its K/V transfer). NVIDIA Megatron-Core's context parallelism
+(docs.nvidia.com/megatron-core, "context parallel package", 2024): every rank holds 1/cp of the
+sequence for every operator, the attention exchanges K/V around a ring, and the sequence is cut
+into 2 x cp chunks with rank r holding chunks r and 2 cp - 1 - r so each rank computes the same
+share of the causal mask (load balance).
+
+In dse's operator tables (``workloads.optable``):
+- prefill: each rank runs every non-attention operator on prompt_len / cp tokens; its attention
+  computes 1/cp of the causal (query, key) pairs (the load-balanced chunking) against all the
+  prompt's keys; the ring is one point-to-point operator ``cp_ring`` per layer and step, cp - 1
+  steps, each sending one rank's K/V chunk (prompt_len / cp tokens in the KV format; MLA: the
+  latent) to the next rank.
+- decode: the KV cache is sharded over the cp ranks: each rank attends its 1/cp of the keys, and
+  the partial outputs with their softmax statistics (a max and a sum per head) are gathered once
+  a layer (``cp_combine``, ``decode_combine_elements``).
+
+The roofline kernel (``dse.core.operator_cost``) adds an operator's link time to its
+max(compute, memory) and sums a step's link times separately from its compute (the fast path's
+separable sums); it cannot express one operator's max(compute, link). So the ring's transfer is
+priced whole, as the point-to-point operator ``cp_ring``, next to the attention it would overlap:
+a bound from above of the ring's cost, exact where the ring's communication is exposed and high by
+at most the smaller of the two terms where Liu et al.'s overlap would hide it
+(``ring_step_s`` states the overlapped form; ``ring_overlap_error_s`` what the kernel's sum adds).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def ring_steps(cp) -> np.ndarray | int:
+    """K/V sends of one layer's ring around ``cp`` ranks: cp - 1 (0 without CP)."""
+    return np.maximum(np.asarray(cp) - 1, 0) if np.ndim(cp) else max(int(cp) - 1, 0)
+
+
+def chunk_tokens(prompt_len, cp):
+    """Query tokens one rank holds: prompt_len / cp (the load-balanced 2 x cp chunks, two a rank)."""
+    return prompt_len / cp
+
+
+def ring_send_elements(batch, prompt_len, cp, kv_elements_per_token: float, kv_bytes: float,
+                       act_bytes: float):
+    """One ring step's K/V chunk of one layer, in activation-format elements (the unit of an
+    operator's ``p2p``): batch x prompt_len / cp tokens x the KV elements a token adds to one layer
+    on one device, in the KV format's bytes."""
+    return batch * chunk_tokens(prompt_len, cp) * kv_elements_per_token * kv_bytes / act_bytes
+
+
+def decode_combine_elements(tokens, heads: float, v_dim: float, cp):
+    """Elements one rank gathers per layer in a CP decode step: the other cp - 1 ranks' partial
+    attention outputs (heads x v_dim per token) and their softmax statistics (a max and a sum per
+    head); 0 without CP."""
+    return tokens * heads * (v_dim + 2) * ring_steps(cp)
+
+
+def ring_step_s(attention_step_s, transfer_s):
+    """Seconds of one overlapped ring step (Liu et al. Sec. 3): max(the attention of one chunk
+    pair, the transfer of one K/V chunk). Broadcasts."""
+    return np.maximum(attention_step_s, transfer_s)
+
+
+def ring_overlap_error_s(attention_step_s, transfer_s):
+    """Seconds per ring step that pricing the transfer beside the attention (the kernel's sum)
+    adds to the overlapped step (``ring_step_s``): min(attention, transfer). Broadcasts."""
+    return np.minimum(attention_step_s, transfer_s)
