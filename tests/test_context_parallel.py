@@ -1,0 +1,116 @@
+"""Context parallelism (``--cp``, ring attention): a long prefill split over cp ranks against a
+closed form computed here from the model's config.json, the device's fp8 peak and the links'
+bandwidths (configs/hardware/h100-sxm.yaml, configs/links.yaml); cp = 1 unchanged; the KV cache
+sharded cp ways; bad --cp values refused on one line.
+
+The closed form (Liu et al., "Ring Attention with Blockwise Transformers", 2023, Sec. 3; Megatron-
+Core context parallelism): each of cp ranks runs the layers' matmuls on S / cp tokens
+(2 x S / cp x the layer's weights ops) and 1/cp of the causal attention pairs (nh S (S + 1) / 2
+pairs, 2 (d_qk + d_v) + 5 ops each: the two matmuls and the softmax), all at the fp8 peak (ideal
+roofline); the K/V chunks go round the ring, cp - 1 sends a layer of S / cp tokens x
+2 x kv_heads x head_dim bytes (fp8 KV) each, at the scale-up link's bandwidth, or the scale-out
+NIC's when the ring (cp x tp devices) is larger than the scale-up domain. dse prices the ring's
+sends beside the attention (its kernel adds an operator's link time; ``workloads.context_parallel``),
+so the closed form adds them too, and the memory-bound norms, residual adds and activation function
+at the HBM bandwidth. Left out: embedding, LM head, per-message latencies: tolerance 1 %.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dse.study.cli import main
+from dse.system.evaluator import evaluate
+from dse.system.workload import resolve_model, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = json.loads((ROOT / "configs/models/llama-3.1-8b.json").read_text())
+PEAK_FP8 = 1979.0e12          # h100-sxm.yaml: dense fp8 tensor-core peak (datasheet)
+NVLINK = 450.0e9              # links.yaml nvswitch-h100: 900 GB/s bidirectional per GPU
+IB_NDR = 50.0e9               # links.yaml ib-ndr
+ETH_100G = 12.5e9             # 100 Gb/s
+HBM = 3.35e12                 # h100-sxm.yaml: HBM3 bandwidth (datasheet)
+DOMAIN = 8                    # dgx-h100: 8 GPUs a scale-up domain
+
+
+def closed_form_ttft(S: int, cp: int, link: float) -> float:
+    """Seconds of a prefill of S tokens on cp ranks (tp 1, fp8 everything, ideal roofline)."""
+    h, L, nh, nkv = CONFIG["hidden_size"], CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], \
+        CONFIG["num_key_value_heads"]
+    d, inter = h // nh, CONFIG["intermediate_size"]
+    layer_weights = h * nh * d + 2 * h * nkv * d + nh * d * h + 3 * h * inter
+    linear = 2 * (S / cp) * layer_weights
+    attention = nh * S * (S + 1) / 2 * (2 * (d + d) + 5) / cp
+    ring = (cp - 1) * (S / cp) * 2 * nkv * d * 1.0 / link
+    # element-wise ops, memory-bound, fp8 activations (1 byte): two norms (read + write h), two
+    # residual adds (read 2h, write h), the gated activation (read 2 x inter, write inter) a token
+    elementwise = (S / cp) * (2 * 2 * h + 2 * 3 * h + 3 * inter) / HBM
+    return L * ((linear + attention) / PEAK_FP8 + ring + elementwise)
+
+
+def _ttft(S: int, cps, **extra):
+    """(TTFT seconds, feasible) of each cp."""
+    cps = np.asarray(cps)
+    cols = dict(model="llama-3.1-8b", hardware="h100-sxm", topology="dgx-h100", weights="fp8", activations="fp8",
+                kv="fp8", batch=1, prompt_len=S, gen_len=2, max_context=S + 2, tp=1, cp=cps, **extra)
+    ev = evaluate(cols, ideal=True)
+    return ev.metrics["ttft_s"], ev.feasible
+
+
+@pytest.mark.slow
+def test_million_token_prefill_falls_with_cp_as_the_closed_form():
+    S, cps = 1 << 20, [1, 2, 4, 8, 16]
+    got, fits = _ttft(S, cps)
+    # one H100 cannot hold it (64 GiB of fp8 KV and 46 GiB of live activations); two ranks can
+    assert list(fits) == [False, True, True, True, True]
+    want = np.array([closed_form_ttft(S, c, NVLINK if c <= DOMAIN else IB_NDR) for c in cps])
+    np.testing.assert_allclose(got, want, rtol=0.01)
+    # inside one 8-GPU domain each doubling of cp nearly halves the TTFT (the ring's NVLink sends are
+    # 0.1 % of it); at cp 16 the ring crosses to InfiniBand NDR and its 1.3 s of sends show
+    assert np.all(got[1:4] / got[:3] < 0.51)
+    assert 0.52 < got[4] / got[3] < 1.0
+
+
+@pytest.mark.slow
+def test_ring_exposed_on_a_slow_link_stops_the_fall():
+    """128k tokens with every ring hop on 100 GbE (one GPU a domain): the ring's sends, about
+    S x 2 kv_heads x head_dim bytes a layer whatever cp, become the floor."""
+    S, cps = 1 << 17, [1, 2, 4, 8, 16]
+    got, fits = _ttft(S, cps, scale_up_size=1, scale_out="ethernet-100g")
+    assert fits.all()
+    want = np.array([closed_form_ttft(S, c, ETH_100G) for c in cps])
+    np.testing.assert_allclose(got, want, rtol=0.01)
+    assert got[1] / got[0] < 0.65                    # mostly compute: cp 2 takes 40 % off
+    assert got[4] / got[3] > 0.8                     # the ring exposed: cp 16 takes < 20 % off cp 8
+
+
+def test_cp1_is_todays_tables_and_kv_shards_by_cp():
+    m = resolve_model("llama-3.1-8b")
+    args = (m, 2, 4096, 64, "fp8", "fp8", "fp8", 1, 1, 1, True, 50e6)
+    base, one = tables(*args), tables(*args, cp=1)
+    assert np.array_equal(base.prefill.ops, one.prefill.ops)
+    assert np.array_equal(base.prefill.p2p_bytes, one.prefill.p2p_bytes)
+    assert base.footprint == one.footprint
+    four = tables(*args, cp=4)
+    # KV per device: 2 sequences x (4096 + 64) tokens x 32 layers x 2 x 8 heads x 128 x 1 byte, / cp
+    kv = 2 * (4096 + 64) * 32 * 2 * 8 * 128
+    assert base.footprint.kv_cache_bytes == kv
+    assert four.footprint.kv_cache_bytes == kv / 4
+    assert four.footprint.weights_bytes == base.footprint.weights_bytes      # replicated over the ring
+    assert four.footprint.activation_bytes < base.footprint.activation_bytes
+    names = list(four.prefill_table.names)
+    ring = four.prefill_table.operators[names.index("cp_ring")]
+    assert ring.count == 32 * 3 and ring.p2p == 2 * 1024 * 2 * 8 * 128      # one rank's chunk a step
+
+
+def test_devices_count_cp():
+    ev = evaluate(dict(model="llama-3.1-8b", hardware="h100-sxm", tp=2, cp=4, prompt_len=8192, gen_len=8))
+    assert ev.metrics["devices"][0] == 8
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "abc", "1e300"])
+def test_bad_cp_is_one_line_exit_2(bad, capsys):
+    rc = main(["analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--cp", bad])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--cp" in err and "Traceback" not in err
