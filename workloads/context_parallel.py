@@ -18,7 +18,7 @@ In dse's operator tables (``workloads.optable``):
   latent) to the next rank.
 - decode: the KV cache is sharded over the cp ranks: each rank attends its 1/cp of the keys, and
   the partial outputs with their softmax statistics (a max and a sum per head) are gathered once
-  a layer (``cp_combine``, ``decode_combine_elements``).
+  a layer (``cp_ring``'s cp - 1 messages, ``decode_combine_elements``).
 
 The roofline kernel (``dse.core.operator_cost``) adds an operator's link time to its
 max(compute, memory) and sums a step's link times separately from its compute (the fast path's

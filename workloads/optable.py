@@ -49,7 +49,7 @@ Conventions (documented so a reader can check them):
   attention computing 1/cp of the causal pairs (load-balanced chunks) against all the prompt's
   keys, and per layer cp - 1 ring steps (``cp_ring``) each send one K/V chunk (MLA: the latent)
   to the next rank. In a decode step each rank attends its 1/cp of the cached keys and gathers
-  the others' partial outputs and softmax statistics (``cp_combine``).
+  the others' partial outputs and softmax statistics (``cp_ring`` too: cp - 1 messages a layer).
 - MoE routing other than uniform (``Techniques.routing``, ``workloads.routing``: a Zipf skew, a
   measured histogram, redundant experts, a capacity factor): the expert matmuls and the dispatch and
   combine are the busiest rank's, T ep k x its share of the kept token-slots (T k x imbalance x
@@ -423,9 +423,10 @@ class _Builder:
                  **reads(scores, B * L * kv_sv))
 
     def context_parallel(self, count, heads, v_dim):
-        """The ring's K/V sends of a CP prefill (``cp_ring``: cp - 1 a layer, one rank's chunk each)
-        or a CP decode step's gather of partial outputs (``cp_combine``, one a layer); nothing
-        without CP."""
+        """``cp_ring``, cp - 1 sends a layer around the ring: in a CP prefill each one rank's K/V
+        chunk, in a CP decode step each one rank's partial outputs and softmax statistics (the
+        gather); nothing without CP. (One name and count in both: the iteration model reads a
+        prefill's operators onto the decode step's.)"""
         if self.cp == 1:
             return
         sc = self.sc
@@ -433,9 +434,9 @@ class _Builder:
             send = cpar.ring_send_elements(self.B, _counted(sc.prompt_len), self.cp,
                                            kv_elems_per_token_per_layer(self.m, self.tp), sc.kv.bytes,
                                            sc.activations.bytes)
-            self.add("cp_ring", "collective", count * cpar.ring_steps(self.cp), p2p=send)
         else:
-            self.add("cp_combine", "collective", count, p2p=cpar.decode_combine_elements(self.T, heads, v_dim, self.cp))
+            send = cpar.decode_combine_elements(self.T, heads, v_dim, self.cp) / cpar.ring_steps(self.cp)
+        self.add("cp_ring", "collective", count * cpar.ring_steps(self.cp), p2p=send)
 
     def attention(self, count):
         m, h = self.m, self.m.hidden_size

@@ -424,7 +424,7 @@ def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i
     tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
-                 sc.ep, sc.flash_attention, buffer, sc.techniques)
+                 sc.ep, sc.flash_attention, buffer, sc.techniques, sc.cp)
     return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
                      peak_activation_bytes(one.decode_table)))
 
