@@ -59,7 +59,6 @@ def _ttft(S: int, cps, **extra):
     return ev.metrics["ttft_s"], ev.feasible
 
 
-@pytest.mark.slow
 def test_million_token_prefill_falls_with_cp_as_the_closed_form():
     S, cps = 1 << 20, [1, 2, 4, 8, 16]
     got, fits = _ttft(S, cps)
@@ -73,7 +72,6 @@ def test_million_token_prefill_falls_with_cp_as_the_closed_form():
     assert 0.52 < got[4] / got[3] < 1.0
 
 
-@pytest.mark.slow
 def test_ring_exposed_on_a_slow_link_stops_the_fall():
     """128k tokens with every ring hop on 100 GbE (one GPU a domain): the ring's sends, about
     S x 2 kv_heads x head_dim bytes a layer whatever cp, become the floor."""
