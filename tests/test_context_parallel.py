@@ -157,3 +157,14 @@ def test_served_kv_pool_grows_with_cp():
     one, four = (evaluate({**CP4, "cp": c, "concurrency": 1}) for c in (1, 4))
     assert four["kv_pool_bytes"][0] == pytest.approx(one["kv_pool_bytes"][0], rel=0.1)
     assert four["ttft_s"][0] < 0.5 * one["ttft_s"][0]
+
+
+@pytest.mark.parametrize("cp,tier", [(8, "NVSwitch h100 8"), (16, "NVSwitch h100 8 + IB NDR x2")])
+def test_analyze_prints_the_layout_and_the_tier_the_ring_crosses(cp, tier, capsys):
+    """dgx-h100: 8 GPUs a domain, so a ring of 16 single-GPU ranks crosses InfiniBand NDR."""
+    rc = main(["analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--prompt-len", "65536", "--gen-len",
+               "2", "--tp", "1", "--cp", str(cp), "--weights", "fp8", "--activations", "fp8", "--kv", "fp8"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{cp} devices (TP 1 x PP 1 x EP 1 x DP 1 x CP {cp})" in out
+    assert f"cp {cp} x tp 1: ring attention (K/V point-to-point), {tier}\n" in out

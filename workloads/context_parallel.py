@@ -27,6 +27,12 @@ priced whole, as the point-to-point operator ``cp_ring``, next to the attention 
 a bound from above of the ring's cost, exact where the ring's communication is exposed and high by
 at most the smaller of the two terms where Liu et al.'s overlap would hide it
 (``ring_step_s`` states the overlapped form; ``ring_overlap_error_s`` what the kernel's sum adds).
+How much: Llama-3.1-8B FP8 on DGX H100 (calibrated vLLM layer), 1M tokens at cp 32 (ring over
+InfiniBand NDR): a ring step's send 1.7 ms against its attention 18 ms, so the whole 1.67 s of
+sends (8 % of the 20.9 s TTFT) would hide; 128k tokens at cp 32: send 0.21 ms against 0.28 ms of
+attention, 0.21 s of 0.62 s (34 %). Inside one 8-GPU NVLink domain the sends are 0.2-1.4 % of it.
+Pricing the overlap needs the kernel to take max(compute, link) for one operator (an OpArrays
+field and a non-separable path in ``dse.core.kernel_fast``), not done here.
 """
 from __future__ import annotations
 
