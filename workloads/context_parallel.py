@@ -20,19 +20,14 @@ In dse's operator tables (``workloads.optable``):
   the partial outputs with their softmax statistics (a max and a sum per head) are gathered once
   a layer (``cp_ring``'s cp - 1 messages, ``decode_combine_elements``).
 
-The roofline kernel (``dse.core.operator_cost``) adds an operator's link time to its
-max(compute, memory) and sums a step's link times separately from its compute (the fast path's
-separable sums); it cannot express one operator's max(compute, link). So the ring's transfer is
-priced whole, as the point-to-point operator ``cp_ring``, next to the attention it would overlap:
-a bound from above of the ring's cost, exact where the ring's communication is exposed and high by
-at most the smaller of the two terms where Liu et al.'s overlap would hide it
-(``ring_step_s`` states the overlapped form; ``ring_overlap_error_s`` what the kernel's sum adds).
-How much: Llama-3.1-8B FP8 on DGX H100 (calibrated vLLM layer), 1M tokens at cp 32 (ring over
-InfiniBand NDR): a ring step's send 1.7 ms against its attention 18 ms, so the whole 1.67 s of
-sends (8 % of the 20.9 s TTFT) would hide; 128k tokens at cp 32: send 0.21 ms against 0.28 ms of
-attention, 0.21 s of 0.62 s (34 %). Inside one 8-GPU NVLink domain the sends are 0.2-1.4 % of it.
-Pricing the overlap needs the kernel to take max(compute, link) for one operator (an OpArrays
-field and a non-separable path in ``dse.core.kernel_fast``), not done here.
+Overlap (Liu et al. Sec. 3): under FlashAttention each of the cp - 1 ring steps is one operator
+(``cp_ring``, kind attention) carrying one chunk pair's attention and the send of one K/V chunk,
+flagged ``overlaps_link``: the roofline kernel (``dse.core.operator_cost``, the one pricer) prices
+it max(its roofline time, its link time) instead of their sum, so a layer's attention is
+pair + (cp - 1) x max(pair, send) (``ring_step_s``), the fused attention operator keeping the
+rank's own chunk pair. Unfused attention and sliding-window layers keep their sends beside the
+attention (``ring_overlap_error_s`` says by how much that is high at most). A ring of cp x tp
+devices larger than the scale-up domain sends over the scale-out NIC (``operator_cost.cp_spans``).
 """
 from __future__ import annotations
 

@@ -98,6 +98,7 @@ class Operator:
     comm: float = 0.0      # elements (activation format) in a ring all-reduce
     p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
     uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
+    overlaps_link: bool = False  # its link time overlaps its compute and memory (a ring-attention step)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
     # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
     # rows (tokens, m), output columns (n) and depth (k); a fused attention's sequences (m), keys each
@@ -187,7 +188,7 @@ class OpTable:
             if self.stage != "decode":
                 out.append("")
                 continue
-            if op.kind == "attention":
+            if op.kind == "attention" and not op.overlaps_link:     # (a CP ring's exchange stays on the host)
                 out.append("attention")
             elif op.kind == "matmul" and op.name.startswith("expert_"):
                 out.append("experts")
@@ -425,18 +426,37 @@ class _Builder:
     def context_parallel(self, count, heads, v_dim):
         """``cp_ring``, cp - 1 sends a layer around the ring: in a CP prefill each one rank's K/V
         chunk, in a CP decode step each one rank's partial outputs and softmax statistics (the
-        gather); nothing without CP. (One name and count in both: the iteration model reads a
-        prefill's operators onto the decode step's.)"""
+        gather); nothing without CP. (One name, kind and count in both: the iteration model reads a
+        prefill's operators onto the decode step's.) Under FlashAttention the prefill's ring steps
+        carry the attention too: the fused attention operator keeps the rank's own chunk pair (1/cp
+        of its work) and each of the cp - 1 ring steps the work of one chunk pair beside the send of
+        the next K/V chunk, priced max(attention, send) (``Operator.overlaps_link``; Liu et al. Sec. 3).
+        Sliding-window layers' sends (``sliding_cp_ring``) are priced beside their attention."""
         if self.cp == 1:
             return
-        sc = self.sc
+        sc, steps = self.sc, cpar.ring_steps(self.cp)
         if self.stage == "prefill":
             send = cpar.ring_send_elements(self.B, _counted(sc.prompt_len), self.cp,
                                            kv_elems_per_token_per_layer(self.m, self.tp), sc.kv.bytes,
                                            sc.activations.bytes)
         else:
-            send = cpar.decode_combine_elements(self.T, heads, v_dim, self.cp) / cpar.ring_steps(self.cp)
-        self.add("cp_ring", "collective", count * cpar.ring_steps(self.cp), p2p=send)
+            send = cpar.decode_combine_elements(self.T, heads, v_dim, self.cp) / steps
+        sliding = self.m.num_sliding_layers if not self.m.is_mla else 0
+        self.add("sliding_cp_ring", "collective", sliding * steps, p2p=send)
+        if not sc.flash_attention:
+            self.add("cp_ring", "collective", (count - sliding) * steps, p2p=send)
+            return
+        step = {}
+        if self.stage == "prefill":      # one chunk pair of the fused attention a ring step
+            at = max(i for i, op in enumerate(self.ops) if op.name == "flash_attention")
+            attn = self.ops[at]
+            moved = ("ops", "act_in", "act_out", "kv_in")
+            step = {f: _amount(getattr(attn, f) / self.cp) for f in moved}
+            step.update({f: getattr(attn, f) for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")})
+            self.ops[at] = replace(attn, **{f: _amount(getattr(attn, f) / self.cp) for f in moved})
+        if count - sliding > 0:
+            self.ops.append(Operator("cp_ring", "attention", int((count - sliding) * steps), p2p=_amount(send),
+                                     uses_kv=True, overlaps_link=True, **step))
 
     def attention(self, count):
         m, h = self.m, self.m.hidden_size

@@ -176,6 +176,9 @@ class OpArrays:
     shape_k: np.ndarray | None = None
     heads: np.ndarray | None = None
     kv_heads: np.ndarray | None = None
+    # [O] bool: operators whose link time overlaps their compute and memory, priced max(roofline, link)
+    # (a context-parallel ring step, ``workloads.context_parallel``); None: none (link time added)
+    overlapped: np.ndarray | None = None
 
     @cached_property
     def one_workload(self) -> bool:
@@ -217,7 +220,14 @@ class OpArrays:
                    np.array([op.kind == "matmul" for op in table.operators], dtype=bool),
                    np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int),
                    dequant if np.any(dequant) else None,
-                   *(table.column(f) for f in SHAPE_FIELDS))
+                   *(table.column(f) for f in SHAPE_FIELDS),
+                   overlapped=_overlapped(table))
+
+
+def _overlapped(table) -> np.ndarray | None:
+    """[O] bool of the operators of ``table`` whose link time overlaps their work, or None."""
+    mask = np.array([op.overlaps_link for op in table.operators], dtype=bool)
+    return mask if mask.any() else None
 
 
 @dataclass(frozen=True, eq=False)

@@ -341,7 +341,10 @@ def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
     compute, = _compute_terms(op, sys, eff, on_pim, (op.ops, op.vector_ops))
     (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
     coll = link_time(op, sys, eff)
-    time = _combine(compute, dev, host, sys) + coll + np.where(has_work(op), eff.op_overhead_s, 0.0)
+    work = _combine(compute, dev, host, sys)
+    # a ring-attention step (``OpArrays.overlapped``): its send overlaps its work, max(work, send)
+    both = work + coll if op.overlapped is None else np.where(op.overlapped, np.maximum(work, coll), work + coll)
+    time = both + np.where(has_work(op), eff.op_overhead_s, 0.0)
     if on_pim is not None:
         time = time + pim_fixed(on_pim, sys)
     return compute, dev, host, coll, time
