@@ -179,3 +179,13 @@ def test_energy_counts_every_cp_rank():
     j = ev["energy_per_token_j"]
     assert j[1] == pytest.approx(j[0], rel=0.1)
     assert ev["ttft_s"][1] < 0.3 * ev["ttft_s"][0]
+
+
+def test_served_energy_counts_every_cp_rank():
+    """Under continuous batching every cp rank runs each decode step whole (weights replicated), so
+    a token costs no less energy on 4 ranks than on 1 (A100 80GB, 32k prompts, concurrency 4)."""
+    ev = evaluate(dict(model="llama-3.1-8b", hardware="a100-80gb", tp=1, prompt_len=32768, gen_len=64,
+                       cp=np.array([1, 4]), concurrency=4))
+    j = ev["energy_per_token_j"]
+    assert j[1] > j[0]
+    assert ev["ttft_s"][1] < 0.3 * ev["ttft_s"][0]

@@ -139,7 +139,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     k = s.streams
     with np.errstate(invalid="ignore"):
         ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
-        ranks = g.tables.scenario.tp * k
+        ranks = g.tables.scenario.tp * g.tables.scenario.cp * k     # every tp and context-parallel rank
         dynamic = ranks * step_energy_j(ops, g.system) / tpot
         floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
