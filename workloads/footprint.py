@@ -143,7 +143,8 @@ def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None 
     min(context, sliding_window), as engines allocate it (vLLM's sliding-window KV manager,
     transformers' hybrid cache); under a KV token budget k no layer more than k tokens; a hybrid's
     recurrent layers none (``state_bytes_per_sequence``). Under pipeline parallelism, the stage
-    holding the most full-attention layers."""
+    holding the most full-attention layers; under context parallelism (``cp``) a rank's 1/cp of
+    the tokens (the cache sharded over the ring)."""
     tokens = sc.prompt_len + sc.gen_len if context is None else context
     per_stage = m.num_layers // sc.pp
     sliding = np.zeros(m.num_layers, dtype=bool)
@@ -156,7 +157,7 @@ def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None 
     budget = sc.techniques.kv_budget or tokens          # a KV token budget caps every layer's cache
     held = np.minimum(tokens, budget), np.minimum(np.minimum(tokens, m.sliding_window or tokens), budget)
     cached = functools.reduce(np.maximum, (int(f) * held[0] + int(w) * held[1] for f, w in zip(full, windowed)))
-    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes / sc.cp
 
 
 @dataclass(frozen=True)

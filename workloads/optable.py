@@ -44,6 +44,12 @@ Conventions (documented so a reader can check them):
   expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
   dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
   group, split over its tp devices (costed as point-to-point traffic per device).
+- Context parallel over ``cp`` ranks (``workloads.context_parallel``, ring attention): in the
+  prefill each rank runs every operator on ceil(prompt_len / cp) of each prompt's tokens, its
+  attention computing 1/cp of the causal pairs (load-balanced chunks) against all the prompt's
+  keys, and per layer cp - 1 ring steps (``cp_ring``) each send one K/V chunk (MLA: the latent)
+  to the next rank. In a decode step each rank attends its 1/cp of the cached keys and gathers
+  the others' partial outputs and softmax statistics (``cp_ring`` too: cp - 1 messages a layer).
 - MoE routing other than uniform (``Techniques.routing``, ``workloads.routing``: a Zipf skew, a
   measured histogram, redundant experts, a capacity factor): the expert matmuls and the dispatch and
   combine are the busiest rank's, T ep k x its share of the kept token-slots (T k x imbalance x
@@ -78,6 +84,7 @@ import numpy as np
 
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
+from workloads import context_parallel as cpar
 from workloads.model import ModelSpec
 from workloads.routing import expert_load
 from workloads.scenario import Scenario
@@ -111,6 +118,7 @@ class Operator:
     comm: float = 0.0      # elements (activation format) in a ring all-reduce
     p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
     uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
+    overlaps_link: bool = False  # its link time overlaps its compute and memory (a ring-attention step)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
     # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
     # rows (tokens, m), output columns (n) and depth (k); a fused attention's sequences (m), keys each
@@ -202,7 +210,7 @@ class OpTable:
             if self.stage != "decode":
                 out.append("")
                 continue
-            if op.kind == "attention":
+            if op.kind == "attention" and not op.overlaps_link:     # (a CP ring's exchange stays on the host)
                 out.append("attention")
             elif op.kind == "matmul" and op.name.startswith("expert_"):
                 out.append("experts")
@@ -341,7 +349,8 @@ class _Builder:
         self.tp = sc.tp
         self.B = _counted(sc.batch)
         self.tech = sc.techniques
-        self.S = _counted(sc.prompt_len) if stage == "prefill" else self.tech.query_tokens
+        self.cp = sc.cp
+        self.S = _counted(-(-sc.prompt_len // sc.cp)) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
         self.L = _counted(kv_len)                          # keys a query attends (prefill: its prompt)
         self.buffer_bytes = buffer_bytes
@@ -397,16 +406,20 @@ class _Builder:
         L = self.L                                          # keys a query attends to
         if self.stage == "decode":
             L = np.minimum(np.minimum(L, window or L), self.tech.kv_budget or L)
+            if self.cp > 1:                                 # this rank's shard of the cached keys
+                L = L / self.cp
         prefix = "sliding_" if window else ""
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
         kvk = "kv_in" if kv_from_cache else "act_in"
         if self.sc.flash_attention:
             if self.stage == "prefill":
-                pairs = B * nh * _causal_pairs(S, window)
+                # context parallel: 1/cp of the whole prompt's causal pairs and key reads a rank
+                whole = S if self.cp == 1 else _counted(self.sc.prompt_len)
+                pairs = B * nh * _causal_pairs(whole, window) / self.cp
                 elem = (self.sc.kv if kv_from_cache else self.sc.activations).bytes
-                nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem)
-                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window)
+                nrb = _flash_row_blocks(whole, d_qk, self.buffer_bytes, elem)
+                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window) / self.cp
             else:                                           # S query tokens per sequence, K/V read once
                 pairs = B * nh * S * L
                 kv_reads = B * L * (kv_qk + kv_sv)
@@ -432,6 +445,41 @@ class _Builder:
         self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
                  **reads(scores, B * L * kv_sv))
 
+    def context_parallel(self, count, heads, v_dim):
+        """``cp_ring``, cp - 1 sends a layer around the ring: in a CP prefill each one rank's K/V
+        chunk, in a CP decode step each one rank's partial outputs and softmax statistics (the
+        gather); nothing without CP. (One name, kind and count in both: the iteration model reads a
+        prefill's operators onto the decode step's.) Under FlashAttention the prefill's ring steps
+        carry the attention too: the fused attention operator keeps the rank's own chunk pair (1/cp
+        of its work) and each of the cp - 1 ring steps the work of one chunk pair beside the send of
+        the next K/V chunk, priced max(attention, send) (``Operator.overlaps_link``; Liu et al. Sec. 3).
+        Sliding-window layers' sends (``sliding_cp_ring``) are priced beside their attention."""
+        if self.cp == 1:
+            return
+        sc, steps = self.sc, cpar.ring_steps(self.cp)
+        if self.stage == "prefill":
+            send = cpar.ring_send_elements(self.B, _counted(sc.prompt_len), self.cp,
+                                           kv_elems_per_token_per_layer(self.m, self.tp), sc.kv.bytes,
+                                           sc.activations.bytes)
+        else:
+            send = cpar.decode_combine_elements(self.T, heads, v_dim, self.cp) / steps
+        sliding = self.m.num_sliding_layers if not self.m.is_mla else 0
+        self.add("sliding_cp_ring", "collective", sliding * steps, p2p=send)
+        if not sc.flash_attention:
+            self.add("cp_ring", "collective", (count - sliding) * steps, p2p=send)
+            return
+        step = {}
+        if self.stage == "prefill":      # one chunk pair of the fused attention a ring step
+            at = max(i for i, op in enumerate(self.ops) if op.name == "flash_attention")
+            attn = self.ops[at]
+            moved = ("ops", "act_in", "act_out", "kv_in")
+            step = {f: _amount(getattr(attn, f) / self.cp) for f in moved}
+            step.update({f: getattr(attn, f) for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")})
+            self.ops[at] = replace(attn, **{f: _amount(getattr(attn, f) / self.cp) for f in moved})
+        if count - sliding > 0:
+            self.ops.append(Operator("cp_ring", "attention", int((count - sliding) * steps), p2p=_amount(send),
+                                     uses_kv=True, overlaps_link=True, **step))
+
     def attention(self, count):
         m, h = self.m, self.m.hidden_size
         if m.is_mla:
@@ -450,6 +498,7 @@ class _Builder:
         if m.attn_output_gate:      # sigmoid(gate) x output: 4 + 1 ops an element
             self.add("attn_gate", "vector", count, ops=5 * self.T * nh * d, act_in=2 * self.T * nh * d,
                      act_out=self.T * nh * d)
+        self.context_parallel(count, nh, d)
         self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
 
     def mla_attention(self, count):
@@ -475,6 +524,7 @@ class _Builder:
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+        self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
 
     # ---- recurrent layers (Gated DeltaNet, Mamba-2)
@@ -686,7 +736,7 @@ def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, key
     prefix too, which sizes its live activations (an unfused score matrix of chunk x keys)."""
     ops = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes).build()
     return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
-                   scenario.tp, scenario.batch * scenario.prompt_len, scenario.prompt_len)
+                   scenario.tp, scenario.batch * -(-scenario.prompt_len // scenario.cp), scenario.prompt_len)
 
 
 def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:

@@ -187,6 +187,10 @@ def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     torus = ep_on_torus(sys)
     if torus is not None:
         t = np.where(torus[:, None] & (b > 0), alltoall_on_torus_s(b, sys, eff), t)
+    ring = cp_spans(sys)
+    if ring is not None:        # a context-parallel ring's slowest hop is a scale-out one
+        t = np.where(ring[:, None], np.maximum(t, transfer_time(p2p_bytes, sys.scale_out_bandwidth[:, None],
+                                                                sys.scale_out_latency[:, None], eff)), t)
     span = ep_spans(sys)
     if span is None:
         return t
@@ -278,11 +282,21 @@ def alltoall_on_torus_s(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.nda
                              sys.link_latency[col]) + eff.collective_latency_s)
 
 
+def cp_spans(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the context-parallel ring (cp ranks of tp devices) is larger than a scale-up
+    domain and a scale-out tier joins the domains (the ``ep_spans`` rule), so some hop of the
+    ring, and with it every ring step, waits on the scale-out NIC; None where none is."""
+    if sys.scale_up_size is None or sys.scale_out_bandwidth is None or sys.cp is None:
+        return None
+    span = (sys.cp > 1) & (sys.cp * sys.tp > sys.scale_up_size) & _has_scale_out(sys)
+    return span if span.any() else None
+
+
 def spans_domains(sys: SystemArrays) -> bool:
-    """True when some point's tensor- or expert-parallel group crosses the scale-out tier or lies
-    on a torus (its collectives priced operator by operator)."""
+    """True when some point's tensor-, expert- or context-parallel group crosses the scale-out tier
+    or (tensor, expert) lies on a torus (its collectives priced operator by operator)."""
     return (tp_spans(sys) is not None or ep_spans(sys) is not None or tp_on_torus(sys) is not None
-            or ep_on_torus(sys) is not None)
+            or ep_on_torus(sys) is not None or cp_spans(sys) is not None)
 
 
 def _two_tiers(sys: SystemArrays, eff: Efficiency, col):
@@ -395,7 +409,10 @@ def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
     compute, = _compute_terms(op, sys, eff, on_pim, (op.ops, op.vector_ops))
     (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
     coll = link_time(op, sys, eff)
-    time = _combine(compute, dev, host, sys) + coll + np.where(has_work(op), eff.op_overhead_s, 0.0)
+    work = _combine(compute, dev, host, sys)
+    # a ring-attention step (``OpArrays.overlapped``): its send overlaps its work, max(work, send)
+    both = work + coll if op.overlapped is None else np.where(op.overlapped, np.maximum(work, coll), work + coll)
+    time = both + np.where(has_work(op), eff.op_overhead_s, 0.0)
     if on_pim is not None:
         time = time + pim_fixed(on_pim, sys)
     return compute, dev, host, coll, time

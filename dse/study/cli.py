@@ -518,8 +518,7 @@ def _table_report(res, display, asked_flash=None) -> str:
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
             ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f} %")]
     s = res.summary
-    par = (f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']}" + (f" x EP {s['ep']}" if s["ep"] > 1 else "")
-           + ")") if s["devices"] > 1 else ""
+    par = f", {s['devices']} devices ({s['layout']})" if s["devices"] > 1 else ""
     par += f", {s['chips_required']} chips needed by capacity" if "chips_required" in s else ""
     par += f", {s['cpu_layers']} layers on {s['host_cpu']}" if "cpu_layers" in s else ""
     par += "".join(f", {text}" for text in s.get("techniques", {}).values())

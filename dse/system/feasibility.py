@@ -36,6 +36,8 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     dis = w.disaggregated
     own = ~(np.isnan(w.decode_tp) & np.isnan(w.decode_ep))
     fail("layout", np.flatnonzero(own & ~dis), "decode_tp and decode_ep lay out a decode pool: give disaggregate P:D")
+    fail("layout", np.flatnonzero(dis & (w.cp > 1)), "context parallelism (cp > 1) is modelled for one engine, "
+                                                     "not for disaggregated pools")
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
@@ -135,8 +137,8 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
     """The largest batch that fits, for the points asking for it (in place); 1 (and
     'does not fit') where even one sequence does not."""
     idx_all = np.flatnonzero(w.batch_max)
-    key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "flash",
-                                   "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
+    key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "cp",
+                                   "flash", "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
                                                                np.where(w.flash, hw.buffer, 0.0)[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
@@ -148,9 +150,10 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
         names = [getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")]
         tech = w.techniques[w.tech[i0]]
         try:
+            c_ = int(w.cp[i0])
             fib = footprint_in_batch(model, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf,
-                                     tech)
-            one = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf, tech)
+                                     tech, c_)
+            one = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf, tech, c_)
         except DseError:
             continue                  # the layout does not divide the model: reported by the group check
         layer_w, sc1 = one.layer_weight_bytes, one.scenario
@@ -345,7 +348,7 @@ def _check_device(mark, sys: SystemArrays, sc, wanted: list, w: WorkloadColumns,
     if share == 0 and policy != "none" and (pl.fractions > 0).any():
         offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
     return sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload, overlap=w.overlap[idx].copy(),
-                        ep=np.full(size, float(sc.ep)))
+                        ep=np.full(size, float(sc.ep)), cp=np.full(size, float(sc.cp)))
 
 
 def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays, idx, i0: int, share: float) -> CpuSplit:
@@ -424,7 +427,7 @@ def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i
     tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
-                 sc.ep, sc.flash_attention, buffer, sc.techniques)
+                 sc.ep, sc.flash_attention, buffer, sc.techniques, sc.cp)
     return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
                      peak_activation_bytes(one.decode_table)))
 

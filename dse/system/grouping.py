@@ -237,7 +237,7 @@ def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarra
 
 #: the columns that decide which points share a workload (and so one kernel call)
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
+                    "ep", "cp", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
                     "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size")

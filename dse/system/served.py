@@ -140,7 +140,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     k = s.streams
     with np.errstate(invalid="ignore"):
         ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
-        ranks = g.tables.scenario.tp * k
+        ranks = g.tables.scenario.tp * g.tables.scenario.cp * k     # every tp and context-parallel rank
         dynamic = ranks * step_energy_j(ops, g.system) / tpot
         floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
@@ -323,7 +323,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                        "purely recurrent model is not modelled; give a hybrid or an attention model")
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
-                         pp=sc.pp, ep=sc.ep)
+                         pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
