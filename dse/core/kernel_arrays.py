@@ -68,6 +68,8 @@ class SystemArrays:
              and s per switch hop (NaN / 0 where the topology has no scale-out tier: a group beyond
              the domain then stays on the scale-up link); None: no scale-out tier.
     ep: [P] expert-parallel ranks (each of ``tp`` devices) an all-to-all spans; None: 1.
+    two_batch_overlap: [P] bool, a step runs as two micro-batches, one's communication under the
+             other's computation (``dse.core.overlap``); None: off everywhere.
     """
 
     peak: np.ndarray
@@ -96,6 +98,7 @@ class SystemArrays:
     scale_out_bandwidth: np.ndarray | None = None
     scale_out_latency: np.ndarray | None = None
     ep: np.ndarray | None = None
+    two_batch_overlap: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]
