@@ -63,7 +63,7 @@ import numpy as np
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
 from workloads.model import ModelSpec
-from workloads.routing import expert_load
+from workloads.routing import check_expert_parallel, expert_load
 from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
@@ -331,9 +331,8 @@ class _Builder:
         self.ep = sc.ep
         if self.ep > 1 and not m.is_moe:
             raise DseError(f"expert parallelism {self.ep} needs a mixture-of-experts model; '{m.name}' is dense")
-        if m.is_moe and m.num_experts % self.ep:
-            raise DseError(f"expert parallelism {self.ep} does not divide num_experts ({m.num_experts}) "
-                           f"of model '{m.name}'")
+        if m.is_moe:
+            check_expert_parallel(m.num_experts, self.tech.routing.redundant, self.ep, m.name)
         if m.is_moe and m.moe_intermediate_size % self.tp:
             raise DseError(f"tensor parallelism {self.tp} does not divide moe_intermediate_size "
                            f"({m.moe_intermediate_size}) of model '{m.name}'")
