@@ -448,7 +448,7 @@ class _Builder:
             # absorbed: q_nope -> latent space before attention, latent -> v after it
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
-            self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+            self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=0)
         self.linear("o_proj", nh * dv, h, count)
 
     # ---- MLP
@@ -494,7 +494,10 @@ class _Builder:
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
                  act_in=routed * w, act_out=T * h)
         if self.ep > 1:
-            self.add("moe_combine", "collective", count, p2p=a2a)
+            # the combine sends the experts' outputs in BF16 at least, whatever the activations' format
+            # (DeepEP: FP8 dispatch, BF16 combine; DeepSeek's Day-6 post: "combine transmissions use the
+            # BF16 format"): elements counted in the activation format, so scaled to 2 bytes each
+            self.add("moe_combine", "collective", count, p2p=a2a * max(1.0, 2.0 / self.sc.activations.bytes))
         if m.shared_expert_intermediate_size:
             self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 
