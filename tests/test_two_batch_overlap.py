@@ -118,3 +118,14 @@ def test_continuous_batching_prices_the_overlapped_iteration():
     on = evaluate({**cols, "two_batch_overlap": True}).metrics
     assert np.asarray(base["tpot_s"])[0] == np.asarray(off["tpot_s"])[0]
     assert np.asarray(on["tpot_s"])[0] != np.asarray(base["tpot_s"])[0]
+
+
+def test_many_workloads_priced_together_equal_each_alone():
+    """Points sharing their workloads are priced with one table per workload (``Stacked``): the
+    overlap gives each the figure it gets alone."""
+    batches = np.repeat(np.arange(1, 40), 20)
+    many = evaluate({**_POINT, "batch": batches, "two_batch_overlap": True}).metrics
+    for b in (1, 17, 39):
+        alone = evaluate({**_POINT, "batch": b, "two_batch_overlap": True}).metrics
+        i = int(np.flatnonzero(batches == b)[0])
+        assert many["tpot_s"][i] == alone["tpot_s"][0] and many["ttft_s"][i] == alone["ttft_s"][0]
