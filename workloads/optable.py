@@ -86,7 +86,7 @@ from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
 from workloads import context_parallel as cpar
 from workloads.model import ModelSpec
-from workloads.routing import expert_load
+from workloads.routing import check_expert_parallel, expert_load
 from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
@@ -362,9 +362,8 @@ class _Builder:
         self.ep = sc.ep
         if self.ep > 1 and not m.is_moe:
             raise DseError(f"expert parallelism {self.ep} needs a mixture-of-experts model; '{m.name}' is dense")
-        if m.is_moe and m.num_experts % self.ep:
-            raise DseError(f"expert parallelism {self.ep} does not divide num_experts ({m.num_experts}) "
-                           f"of model '{m.name}'")
+        if m.is_moe:
+            check_expert_parallel(m.num_experts, self.tech.routing.redundant, self.ep, m.name)
         if m.is_moe and m.moe_intermediate_size % self.tp:
             raise DseError(f"tensor parallelism {self.tp} does not divide moe_intermediate_size "
                            f"({m.moe_intermediate_size}) of model '{m.name}'")
@@ -523,7 +522,7 @@ class _Builder:
             # absorbed: q_nope -> latent space before attention, latent -> v after it
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
-            self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+            self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=0)
         self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
 
@@ -623,7 +622,10 @@ class _Builder:
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
                  act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
-            self.add("moe_combine", "collective", count, p2p=a2a)
+            # the combine sends the experts' outputs in BF16 at least, whatever the activations' format
+            # (DeepEP: FP8 dispatch, BF16 combine; DeepSeek's Day-6 post: "combine transmissions use the
+            # BF16 format"): elements counted in the activation format, so scaled to 2 bytes each
+            self.add("moe_combine", "collective", count, p2p=a2a * max(1.0, 2.0 / self.sc.activations.bytes))
         if m.shared_expert_intermediate_size:
             self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 

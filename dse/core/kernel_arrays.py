@@ -71,6 +71,8 @@ class SystemArrays:
     torus_dims: [P, 3] the torus dimensions of each point's scale-up domain (1 where fewer or none);
              None: no point's domain is a torus with cited dimensions.
     cp: [P] context-parallel ranks (each of ``tp`` devices) a ring-attention ring spans; None: 1.
+    two_batch_overlap: [P] bool, a step runs as two micro-batches, one's communication under the
+             other's computation (``dse.core.overlap``); None: off everywhere.
     """
 
     peak: np.ndarray
@@ -101,6 +103,7 @@ class SystemArrays:
     ep: np.ndarray | None = None
     torus_dims: np.ndarray | None = None
     cp: np.ndarray | None = None
+    two_batch_overlap: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]

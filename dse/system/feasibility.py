@@ -348,7 +348,8 @@ def _check_device(mark, sys: SystemArrays, sc, wanted: list, w: WorkloadColumns,
     if share == 0 and policy != "none" and (pl.fractions > 0).any():
         offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
     return sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload, overlap=w.overlap[idx].copy(),
-                        ep=np.full(size, float(sc.ep)), cp=np.full(size, float(sc.cp)))
+                        ep=np.full(size, float(sc.ep)), cp=np.full(size, float(sc.cp)),
+                        two_batch_overlap=w.two_batch_overlap[idx].copy())
 
 
 def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays, idx, i0: int, share: float) -> CpuSplit:

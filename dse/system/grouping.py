@@ -240,7 +240,7 @@ _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activ
                     "ep", "cp", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size")
+                    "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size", "two_batch_overlap")
 
 
 #: the workload inputs across which points are priced together (``many_workloads``)

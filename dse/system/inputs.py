@@ -61,6 +61,7 @@ class WorkloadColumns:
     flash: np.ndarray             # [P] bool: FlashAttention as run
     sparse: np.ndarray            # [P] bool: weights at the sparse peak
     overlap: np.ndarray           # [P] bool: compute and memory traffic overlap
+    two_batch_overlap: np.ndarray  # [P] bool: two micro-batches, one's communication under the other's compute
     engine: np.ndarray            # [P] code into ``engines``
     engines: list                 # dse.core.engines.Engine of each code
     batch: np.ndarray             # [P] sequences in a static batch (1 where sized or served)
@@ -105,6 +106,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
+    w["two_batch_overlap"] = cols.flags("two_batch_overlap")
     w["engine"], w["engines"] = resolved_column(cols, "engine", get_engine)
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
         fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])

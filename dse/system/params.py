@@ -246,6 +246,10 @@ TABLE: tuple[Param, ...] = (
           flag="--offload", flag_default=True),
     Param("overlap", bool, help="host-tier transfers overlap compute (--no-overlap: add to it)", default=True,
           flag="--overlap", flag_default=True),
+    Param("two_batch_overlap", bool, default=False, flag="--two-batch-overlap", flag_default=True,
+          help="two-batch overlap (DeepSeek-V3 report Sec. 3.4, SGLang's TBO): each step runs as two "
+               "micro-batches of half the sequences, one's collectives (all-reduces, expert dispatch and "
+               "combine) under the other's computation; each reads the weights (default: off)"),
     Param("sparse", bool, help="2:4 sparse weights: the same as --sparsity 2:4", default=False, flag="--sparse",
           flag_default=True),
     Param("cpu_layers", int, help="run this many layers on the host CPU (llama.cpp-style split)", default=0,

@@ -12,7 +12,8 @@ from basis.errors import DseError
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.metrics import rates_per_user_and_device
-from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
+from dse.core.overlap import step_s
+from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.simulator import EngineConfig
 from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
@@ -183,7 +184,7 @@ def group_pricer(pricer, ranks: int, stages: int):
         if pricer is iteration_pricer:        # the busiest rank, its experts fed by the mean rank's tokens
             def iteration_time(d, dctx, c, pctx, seqs, rows):
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    t = step_time(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
+                    t = step_s(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
                 return t * pipeline_fill(seqs, c, stages)
             return iteration_time
         rank = pricer(model, sys, eff)        # speculative: every rank's amounts the busiest's
@@ -238,7 +239,7 @@ def iteration_pricer(model: IterationModel, sys: SystemArrays, eff: Efficiency):
     step time of the IterationModel's arrays, each entry on its design point's system."""
     def iteration_time(d, dctx, c, pctx, seqs, rows):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
+            return step_s(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
     return iteration_time
 
 
@@ -463,7 +464,7 @@ def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: 
             own = it.arrays(*counts.T)
             mean = it.arrays(*(np.full(len(counts), v) for v in counts.mean(axis=0)))
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                return float(step_time(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
+                return float(step_s(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
                                        eff).max())
         step.ranks = lockstep
     return step
