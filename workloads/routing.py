@@ -166,6 +166,17 @@ def packed_ranks(slot_loads: np.ndarray, ranks: int) -> np.ndarray:
     return out
 
 
+def check_expert_parallel(num_experts: int, redundant: int, ep: int, model: str = "") -> None:
+    """DseError unless ``ep`` ranks divide the physical experts, the ``num_experts`` routed experts
+    plus the ``redundant`` replicas (each rank holds (E + r)/ep of them: DeepSeek's decode places
+    256 + 32 = 288 on 144 GPUs, 2 each, its prefill 9 each on 32; DeepSeek, "Day 6: One More Thing,
+    DeepSeek-V3/R1 Inference System Overview", github.com/deepseek-ai/open-infra-index, March 2025)."""
+    if (num_experts + redundant) % ep:
+        of = f" of model '{model}'" if model else ""
+        raise DseError(f"expert parallelism {ep} does not divide num_experts ({num_experts}) + redundant_experts "
+                       f"({redundant}) = {num_experts + redundant} physical experts{of}")
+
+
 def popularity(routing: Routing, num_experts: int, model: str = "") -> np.ndarray:
     """[L, E] each expert's share of the routed token-slots, per layer (L = 1 but for a histogram
     by layer); DseError naming the histogram file when its experts are not the model's."""
@@ -184,9 +195,7 @@ def expert_load(routing: Routing, num_experts: int, top_k: int, ep: int, model: 
     and ``ep`` expert-parallel ranks (module docstring). DseError when the experts and their replicas
     do not divide over the ranks, or a histogram's experts are not the model's."""
     E, r = num_experts, routing.redundant
-    if E % ep or (E + r) % ep:
-        raise DseError(f"redundant_experts {r}: the {E} experts and {r} replicas must divide over expert "
-                       f"parallelism {ep}" if r else f"expert parallelism {ep} does not divide num_experts ({E})")
+    check_expert_parallel(E, r, ep, model)
     pi = selection_probabilities(popularity(routing, E, model), top_k)      # [L, E]
     share = pi / top_k
     kept = np.minimum(share, routing.capacity / E) if routing.capacity > 0 else share

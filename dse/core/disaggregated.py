@@ -70,6 +70,9 @@ class _Stages:
     def __init__(self, load: Load, iteration_time: IterationTime, rows):
         self.load, self.it, self.rows = load, iteration_time, rows
         pools = load.pools
+        # a decode pool of its own layout: its engines and iterations (else the prefill pool's)
+        self.dload = load if pools.decode_load is None else pools.decode_load
+        self.dit = iteration_time if pools.decode_time is None else pools.decode_time
         cls = _classes(load)
         self.cls, self.pcls = cls, _prompt_only(cls)
         self.cap_p = _cap(load, self.pcls, _blocks_per_sequence(load, self.pcls))
@@ -77,8 +80,8 @@ class _Stages:
         w = cls.weight
         self.es = cls.steps @ w
         self.ctx = np.where(self.es > 0, ((cls.steps * cls.keys) @ w) / np.maximum(self.es, 1e-300), cls.keys @ w)
-        self.held_d = _blocks_per_sequence(load, cls, cls.weight * np.maximum(cls.steps, 1e-9))   # decoding
-        self.cap_d = _cap(load, cls, self.held_d)
+        self.held_d = _blocks_per_sequence(self.dload, cls, cls.weight * np.maximum(cls.steps, 1e-9))   # decoding
+        self.cap_d = _cap(self.dload, cls, self.held_d)
         t_full = self._decode_iteration(self.cap_d, np.arange(len(rows)))
         self.x_decode = np.where(self.es > 0, pools.decode * self.cap_d / (np.maximum(self.es, 1e-300) * t_full), np.inf)
         self.xfer = pools.transfer(pools.kv_token_bytes[:, None] * cls.work, rows)      # [A, K] seconds
@@ -89,7 +92,7 @@ class _Stages:
     def _decode_iteration(self, b, at) -> np.ndarray:
         """Seconds of a decode-only iteration of ``b`` sequences on points ``at``."""
         zero = np.zeros(len(at))
-        return _priced(self.it, self.rows[at], b, b * self.ctx[at], zero, zero, zero)
+        return _priced(self.dit, self.rows[at], b, b * self.ctx[at], zero, zero, zero)
 
     def at(self, x, at) -> dict:
         """Metrics of points ``at`` at throughput ``x`` [A'] (below capacity): TTFT, TPOT and
@@ -218,7 +221,7 @@ def disaggregated_state(load: Load, iteration_time: IterationTime) -> dict[str, 
         "output_tokens_per_s": np.where(saturated, st.capacity, x) * g_mean,
         "total_tokens_per_s": np.where(saturated, st.capacity, x) * (g_mean + p_mean),
         "running_batch": np.where(saturated, st.cap_d, r["b"]),
-        "kv_utilization": np.minimum((r["b"] * st.held_d + cls.shared_blocks) / np.maximum(load.kv_blocks, 1.0), 1.0),
+        "kv_utilization": np.minimum((r["b"] * st.held_d + cls.shared_blocks) / np.maximum(st.dload.kv_blocks, 1.0), 1.0),
         "saturated": saturated,
     }
     out.update(_percentiles(mix, saturated))

@@ -95,16 +95,22 @@ class Pools:
     """Disaggregated prefill and decode (DistServe, Splitwise), arrays [P]: prefill and decode
     instances (engines of the group's devices each), KV bytes per token each device of a
     prefill instance sends to its decode instance, and ``transfer(bytes [A, K], rows [A])``:
-    seconds of one such message on each point's link."""
+    seconds of one such message on each point's link. A decode pool laid out otherwise than the
+    prefill pool has its own ``decode_load`` (its engines' KV blocks, running cap and budget: the
+    request lengths and load are the prefill's) and ``decode_time`` (its iterations' pricer); None:
+    the prefill pool's."""
 
     prefill: np.ndarray
     decode: np.ndarray
     kv_token_bytes: np.ndarray
     transfer: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    decode_load: "Load | None" = None
+    decode_time: "IterationTime | None" = None
 
     def take(self, idx) -> "Pools":
-        """The design points ``idx`` (``transfer`` still takes rows of the whole group)."""
-        return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx])
+        """The design points ``idx`` (``transfer`` and ``decode_time`` still take rows of the whole group)."""
+        return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx],
+                       decode_load=None if self.decode_load is None else self.decode_load.take(idx))
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,9 @@ class Load:
     loop; NaN for closed); chunked: prompts cut into chunks beside the decoders (else
     prefill-first: an iteration of whole prompts, no decoding, whenever prompts wait);
     prefix_tokens: the shared prompt prefix (tokens; 0: no prefix caching); pools:
-    disaggregated prefill and decode (None: both on one engine)."""
+    disaggregated prefill and decode (None: both on one engine); dispersion: an open loop's
+    arrivals as a gamma renewal process whose gaps have this squared coefficient of variation
+    (1 / burstiness; None or 1: Poisson)."""
 
     lengths: Lengths
     kv_blocks: np.ndarray
@@ -130,12 +138,16 @@ class Load:
     chunked: np.ndarray
     prefix_tokens: np.ndarray
     pools: Pools | None = None
+    dispersion: np.ndarray | None = None     # open loop: the arrival gaps' squared coefficient of variation
+    state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools")},
-                       pools=None if self.pools is None else self.pools.take(idx))
+                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks")},
+                       pools=None if self.pools is None else self.pools.take(idx),
+                       dispersion=None if self.dispersion is None else self.dispersion[idx],
+                       state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -184,11 +196,12 @@ def _classes(load: Load) -> _Classes:
 
 def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     """KV blocks a running sequence holds on average, [P]: its own prompt part and half its
-    output, plus half a block of fragmentation; classes weighted by ``run`` [P, K] (default:
-    how long they run, 1 + their decode iterations)."""
+    output, plus half a block of fragmentation and its recurrent state's blocks (a hybrid
+    model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
+    run, 1 + their decode iterations)."""
     held = cls.work + cls.gen / 2.0
     run = cls.weight * (1.0 + cls.steps) if run is None else run
-    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
+    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 
 
 def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarray:
@@ -318,6 +331,52 @@ def _poisson(mean, kmax: int) -> np.ndarray:
     return pmf
 
 
+def arrival_counts(mean, kmax: int, dispersion=None, since_one: bool = False) -> np.ndarray:
+    """P(k) for k = 0..kmax of the arrivals of an open loop during intervals of ``mean`` expected
+    arrivals ([P]), [P, kmax + 1], the tail folded into kmax. Poisson where ``dispersion`` is None
+    or 1; else the count of a gamma renewal process (gaps of squared coefficient of variation
+    ``dispersion`` [P], as vLLM's benchmark draws them at burstiness 1 / dispersion) taken with its
+    long-run index of dispersion (Cox, 'Renewal Theory', 1962: Var N(t) ~ c^2 t / mu): a negative
+    binomial of that variance where the arrivals are burstier than Poisson (dispersion > 1), a
+    binomial where they are more regular. ``since_one``: the arrivals in the interval that starts
+    at an arrival (what an arriving request finds come with it: an ordinary renewal process, the
+    n-th arrival after s_n ~ Gamma(n / dispersion) gaps, P(N >= n) = P(s_n <= t) in closed form),
+    where bursts bring more company than a random instant sees."""
+    if dispersion is None:
+        return _poisson(mean, kmax)
+    mean = np.asarray(mean, dtype=float)
+    d = np.broadcast_to(np.asarray(dispersion, dtype=float), mean.shape)
+    if np.all(d == 1.0):
+        return _poisson(mean, kmax)
+    from scipy.special import gammainc
+    from scipy.stats import binom, nbinom  # scipy on first use: importing dse stays light
+    k = np.arange(kmax + 1)[None, :]
+    if since_one:            # P(N >= n) = P(Gamma(n shape, unit mean gaps) <= t), shape = 1 / dispersion
+        shape = 1.0 / d[:, None]
+        n = np.arange(1, kmax + 2)[None, :]
+        at_least = gammainc(n * shape, np.maximum(mean, 0.0)[:, None] * shape)
+        pmf = np.empty((len(mean), kmax + 1))
+        pmf[:, 0] = 1.0 - at_least[:, 0]
+        pmf[:, 1:] = at_least[:, :-1] - at_least[:, 1:]
+        pmf[:, -1] += at_least[:, -1]
+        return np.clip(pmf, 0.0, 1.0)
+    m = np.maximum(mean, 0.0)[:, None]
+    dd = d[:, None]
+    pmf = _poisson(mean, kmax)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        burst = (dd > 1.0) & (m > 0)
+        if burst.any():
+            r = m / np.maximum(dd - 1.0, 1e-300)
+            pmf = np.where(burst, nbinom.pmf(k, np.maximum(r, 1e-300), 1.0 / dd), pmf)
+        calm = (dd < 1.0) & (m > 0)
+        if calm.any():
+            n = np.ceil(m / np.maximum(1.0 - dd, 1e-300))
+            pmf = np.where(calm, binom.pmf(k, n, np.clip(m / np.maximum(n, 1e-300), 0.0, 1.0)), pmf)
+    pmf = np.nan_to_num(pmf)
+    pmf[:, -1] += np.maximum(1.0 - pmf.sum(axis=1), 0.0)
+    return pmf
+
+
 def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``first`` [A, K] (an iteration's seconds by the prompts in it) at fractional ``count``
     ([A, ...]) and at one prompt more, linear between whole counts."""
@@ -414,6 +473,7 @@ class _Chain:
     def __init__(self, load: Load, cls: _Classes, iteration_time: IterationTime, rows):
         w = cls.weight
         self.it, self.rows = iteration_time, rows
+        self.dispersion = load.dispersion
         self.budget, self.chunked = load.token_budget, load.chunked
         budget = np.maximum(self.budget - 1.0, 1.0)[:, None]
         self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
@@ -440,7 +500,8 @@ class _Chain:
         whatever its length): no chain, no residual. Points are taken in groups of similar
         numbers of states, so that a few busy points do not widen every point's chain."""
         most = x * longest
-        need = np.minimum(np.ceil(most + 6 * np.sqrt(most) + 6), _MOST_STATES)
+        wide = 1.0 if self.dispersion is None or closed else np.maximum(self.dispersion[at], 1.0)
+        need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6), _MOST_STATES)
         size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
         parts = [(np.flatnonzero(size == v), int(v)) for v in np.unique(size)]
         if len(parts) == 1:
@@ -477,6 +538,12 @@ class _Chain:
         r = self.rows[at]
         k = np.arange(kmax + 3)[None, :]
         ks, spread = _sampled(kmax + 2)                      # priced at a few k, linear between
+        disp = None if self.dispersion is None or closed else self.dispersion[at]
+
+        def arrivals(mean, per_row: int = 1, since_one: bool = False):
+            """Arrival counts of means ``mean`` (``per_row`` of them a point, raveled); ``since_one``:
+            those that follow an arrival (an ordinary renewal process) rather than a random instant."""
+            return arrival_counts(mean, kmax, None if disp is None else np.repeat(disp, per_row), since_one)
         dec = np.where(self.es[at] > 0, np.maximum(b - x * t * self.en[at], 0.0), 0.0)   # none: a prefill pool
         room = np.maximum(self.budget[at] - dec, 1.0)
         chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
@@ -510,7 +577,7 @@ class _Chain:
             arrive = np.broadcast_to(_poisson(x * t, kmax)[:, None, :], (a, kmax + 1, kmax + 1))
             trans, pi = arrive, arrive[:, 0, :]
         else:               # state: prompts waiting; the unserved ones stay (a fraction: by chance), arrivals join
-            arrive = _poisson((x[:, None] * tau).ravel(), kmax).reshape(a, kmax + 1, kmax + 1)
+            arrive = arrivals((x[:, None] * tau).ravel(), kmax + 1).reshape(a, kmax + 1, kmax + 1)
             low = np.floor(carry).astype(np.int64)
             part = carry - low
             trans = np.zeros_like(arrive)
@@ -530,16 +597,19 @@ class _Chain:
         # with it, as many as the budget holds
         count = np.minimum(carry[:, :, None] + j[None, None, :] + 1, np.minimum(fit, kmax + 1)[:, None, None])
         at_count, one_more = _at_count(first, count)
-        own = (arrive * at_count).sum(axis=2)
-        own2 = (arrive * at_count ** 2).sum(axis=2)
-        more = (arrive * one_more).sum(axis=2)              # ... and one more
+        company = arrive if disp is None or closed else \
+            arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+        own = (company * at_count).sum(axis=2)
+        own2 = (company * at_count ** 2).sum(axis=2)
+        more = (company * one_more).sum(axis=2)              # ... and one more
         # full iterations one waits for first: those ahead of it (still waiting, and half of the
         # arrivals with it), a budget's worth at a time
-        ahead = _poisson((x[:, None] * tau / 2.0).ravel(), kmax).reshape(a, kmax + 1, kmax + 1)
+        ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
         full = _at_count(first, np.minimum(fit, kmax + 1)[:, None])[0][:, 0]
         waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
         wait = (ahead * waits).sum(axis=2) * full[:, None]
         wait2 = (ahead * waits ** 2).sum(axis=2) * full[:, None] ** 2
+
         mean_own = (landing * own).sum(axis=1)
         slope = ((landing * more).sum(axis=1) - mean_own) / np.maximum(np.where(pf, self.whole[at], self.tok[at]),
                                                                        1e-300)
@@ -549,14 +619,14 @@ class _Chain:
         # an open loop's first decode iteration follows one's own prompt iteration, and carries the
         # prompts that arrived during it (many when that iteration was long: a short output's one
         # decode step is mostly such an iteration)
-        after = (_poisson(x * mean_own, kmax) * tau).sum(axis=1)
+        after = (arrivals(x * mean_own) * tau).sum(axis=1)
         first_decode = np.where(pf | closed, tpot, after)
         # ... and the next ones relax to the mean: an iteration of length L gathers Poisson(X L)
         # prompts for the next, so each carries the ratio r of the last one's excess over the mean
         # (r = (f(first) - f(t1)) / (first - t1), f(L) the mean iteration after one of length L)
         relax = np.zeros(a)
         if not closed:
-            f_first, f_mean = ((_poisson(x * v, kmax) * tau).sum(axis=1) for v in (after, t1))
+            f_first, f_mean = ((arrivals(x * v) * tau).sum(axis=1) for v in (after, t1))
             with np.errstate(invalid="ignore", divide="ignore"):
                 relax = np.where(pf, 0.0, np.clip(np.nan_to_num((f_first - f_mean) / (after - t1)), 0.0, 0.95))
         return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "relax": relax, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,

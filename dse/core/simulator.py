@@ -81,7 +81,10 @@ class EngineConfig:
     kv_block: tokens per block; token_budget: tokens (decode plus prompt) one iteration
     may process; max_running: sequences running at once; chunked: prompts cut to the
     budget left (else prefill-first with whole prompts); prefix_tokens: the prompt prefix
-    every request shares (tokens; its full blocks cached for the whole run; 0: none)."""
+    every request shares (tokens; its full blocks cached for the whole run; 0: none);
+    state_blocks: the blocks a running sequence's recurrent state takes beside its KV (a hybrid
+    model's, as vLLM's hybrid KV-cache manager gives each request's Mamba state pages of the
+    pool: constant in its context; 0: none)."""
 
     kv_blocks: int
     kv_block: int = 16
@@ -89,15 +92,17 @@ class EngineConfig:
     max_running: int = 256
     chunked: bool = True
     prefix_tokens: int = 0
+    state_blocks: int = 0     # blocks a sequence's recurrent state takes while it holds any (hybrid models)
 
     def __post_init__(self):
         for key in ("kv_blocks", "kv_block", "token_budget", "max_running"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
-        v = self.prefix_tokens
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise DseError(f"simulator: prefix_tokens must be a non-negative integer, got {v!r}")
+        for key in ("prefix_tokens", "state_blocks"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise DseError(f"simulator: {key} must be a non-negative integer, got {v!r}")
 
     @property
     def shared_blocks(self) -> int:
@@ -116,8 +121,10 @@ class EngineConfig:
 
     def own_blocks(self, prompt: int, tokens: int) -> int:
         """KV blocks a request of a ``prompt``-token prompt holding ``tokens`` tokens of
-        context needs beside the shared prefix's."""
-        return max(-(-int(tokens) // int(self.kv_block)) - self.shared_of(prompt), 0)
+        context needs beside the shared prefix's, and its recurrent state's ``state_blocks`` (a
+        hybrid model's: constant in its context) once it holds any."""
+        own = max(-(-int(tokens) // int(self.kv_block)) - self.shared_of(prompt), 0)
+        return own + (int(self.state_blocks) if tokens > 0 else 0)
 
 
 @dataclass
@@ -253,7 +260,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
                            tokens: Callable[[int, int], None] | None = None, stages: int = 1,
-                           ranks: int = 1) -> SimulationResult:
+                           ranks: int = 1, decode_ranks: int | None = None) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -297,7 +304,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     busy_s and preemptions summed over every instance; running and kv_used of the decode
     instances (mean per instance, time-weighted over their iterations). ``stages`` and
     ``ranks``: each instance is ``stages`` micro-batch streams through its own pipeline, each
-    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's).
+    stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's;
+    ``decode_ranks``: the decode pool's, when its layout is its own).
     DseError for non-positive instance counts, a transfer time not finite and >= 0, or a request
     that can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
     its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
@@ -311,12 +319,14 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     sent = _transfer_times(transfer_s, prompts)
     reqs, start, future, spare = _load(prompts, gens, prefill_engine, concurrency, arrivals)
     stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
+    d_ranks = ranks if decode_ranks is None else _positive("decode_ranks", decode_ranks)
 
-    def engine(kind, config):
-        return _LockStep(config, ranks, kind) if ranks > 1 else kind(config)
-    pre = [_Instance(engine(_PrefillEngine, prefill_engine), prefill_step)
+    def engine(kind, config, n):
+        return _LockStep(config, n, kind) if n > 1 else kind(config)
+    pre = [_Instance(engine(_PrefillEngine, prefill_engine, ranks), prefill_step)
            for _ in range(int(prefill_instances) * stages)]
-    dec = [_Instance(engine(_DecodeEngine, decode_engine), decode_step) for _ in range(int(decode_instances) * stages)]
+    dec = [_Instance(engine(_DecodeEngine, decode_engine, d_ranks), decode_step)
+           for _ in range(int(decode_instances) * stages)]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
                       delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
     loop.run(0.0, start)
@@ -374,7 +384,8 @@ def _check_fits(engine: EngineConfig, prompts: np.ndarray, held: np.ndarray, *, 
     if room < 1:
         raise DseError(f"simulator: the shared prefix's {engine.shared_blocks} KV blocks leave no room for a "
                        f"request in the {pool}cache of {engine.kv_blocks}")
-    need = np.maximum(-(-held // blk) - np.minimum(engine.shared_blocks, prompts // blk), 0)   # own_blocks
+    need = np.maximum(-(-held // blk) - np.minimum(engine.shared_blocks, prompts // blk), 0) \
+        + engine.state_blocks                                                                  # own_blocks
     if np.any(need > room):
         i = int(np.argmax(need > room))
         beside = f" beside the shared prefix's {engine.shared_blocks}" if engine.shared_blocks else ""

@@ -52,8 +52,11 @@ from hwmodels.presets import available_hardware, load_device
 from hwmodels.template import template_figures
 from hwmodels.tiers import available_tiers, load_tier
 from hwmodels.topology import topology_rows
+from workloads.encoder import with_images
 from workloads.footprint import active_parameter_count, parameter_count
 from workloads.model import available_models, load_model
+from workloads.vision import parameter_count as vision_parameter_count
+from workloads.vision import parse_image_size
 
 #: how the command was started, for usage lines: the console script `dse`, or the module
 PROG = "dse" if Path(sys.argv[0]).name == "dse" else "python -m dse.study"
@@ -435,7 +438,8 @@ def cmd_analyze(args) -> int:
     with cli_words():
         res, ev = analyze_point(point_columns(args, args.hardware), ideal=args.ideal)
     check_unused(args, [res.summary.get("serving")])
-    for note in load_model(args.model).notes:      # what of the model is not modelled, or read as another family
+    model = with_images(load_model(args.model), args.images, *parse_image_size(args.image_size))
+    for note in model.notes:      # what of the model is not modelled, or read as another family; its images
         print(f"dse.study: note: model {args.model}: {note}", file=sys.stderr)
     saturated = ev.reason_key(0) == "saturated"
     if not ev.feasible[0] and int(ev.reason[0]) not in MEMORY_CODES and not saturated:
@@ -514,8 +518,7 @@ def _table_report(res, display, asked_flash=None) -> str:
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
             ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f} %")]
     s = res.summary
-    par = (f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']}" + (f" x EP {s['ep']}" if s["ep"] > 1 else "")
-           + ")") if s["devices"] > 1 else ""
+    par = f", {s['devices']} devices ({s['layout']})" if s["devices"] > 1 else ""
     par += f", {s['chips_required']} chips needed by capacity" if "chips_required" in s else ""
     par += f", {s['cpu_layers']} layers on {s['host_cpu']}" if "cpu_layers" in s else ""
     par += "".join(f", {text}" for text in s.get("techniques", {}).values())
@@ -542,7 +545,7 @@ def _table_report(res, display, asked_flash=None) -> str:
     for k in ("ttft_s", "tpot_s", "tokens_per_target_step", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
-              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes",
+              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes", "state_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS,
               "quality_loss", "quality_source", "moe_imbalance", "moe_dropped_fraction",
@@ -858,7 +861,8 @@ def cmd_show(args) -> int:
     else:
         m = load_model(args.name)
         obj = {**asdict(m), "attention": m.attention_kind, "parameters": parameter_count(m),
-               "active_parameters": active_parameter_count(m)}
+               "active_parameters": active_parameter_count(m),
+               "vision_parameters": vision_parameter_count(m.vision) if m.vision else 0}
     if args.format == "json":
         print(display.json_text(obj))
     else:

@@ -72,6 +72,20 @@ class ServedSpeculation:
 
 
 @dataclass(frozen=True)
+class DecodePool:
+    """A disaggregated decode pool laid out otherwise than the prefill pool (``decode_tp``,
+    ``decode_ep``): its engines' iteration, paged KV blocks ([P], one rank's) and layout."""
+
+    iteration: IterationModel
+    kv_blocks: np.ndarray
+    tp: int
+    ep: int
+
+    def take(self, pos: np.ndarray) -> "DecodePool":
+        return replace(self, kv_blocks=self.kv_blocks[pos])
+
+
+@dataclass(frozen=True)
 class ServingInputs:
     """What continuous batching needs of a group's points (``dse.system.served.serving_inputs``);
     [P] arrays, one entry per point, unless said otherwise."""
@@ -89,6 +103,7 @@ class ServingInputs:
     max_running: np.ndarray       # sequences an iteration may run
     concurrency: np.ndarray       # closed-loop concurrency (NaN: an open loop)
     request_rate: np.ndarray      # open-loop arrival rate, requests/s (NaN: a closed loop)
+    dispersion: np.ndarray        # open loop: the arrival gaps' squared coefficient of variation (1: Poisson)
     devices: np.ndarray           # devices of one engine (both pools when disaggregated)
     lengths: Lengths              # the request length classes (under speculation: in rounds of E tokens)
     length_spec: LengthSpec       # the length distribution requests are drawn from
@@ -97,6 +112,8 @@ class ServingInputs:
     speculation: ServedSpeculation | None = None
     stages: int = 1               # pipeline stages: as many micro-batch streams interleave through them
     ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
+    decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
+    state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
 
     @property
     def streams(self) -> int:
@@ -111,8 +128,9 @@ class ServingInputs:
         if pools is not None:
             prefill, decode, kv_token_bytes = pools
             pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
-        return replace(self, pools=pools, **{f.name: getattr(self, f.name)[pos] for f in fields(self)
-                                             if isinstance(getattr(self, f.name), np.ndarray)})
+        return replace(self, pools=pools, decode=None if self.decode is None else self.decode.take(pos),
+                       **{f.name: getattr(self, f.name)[pos] for f in fields(self)
+                          if isinstance(getattr(self, f.name), np.ndarray)})
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,18 +237,10 @@ def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarra
 
 #: the columns that decide which points share a workload (and so one kernel call)
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
+                    "ep", "cp", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance")
-
-
-#: the columns that decide which points share a workload (and so one kernel call)
-_WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
-                    "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
-                    "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance")
+                    "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size", "two_batch_overlap")
 
 
 #: the workload inputs across which points are priced together (``many_workloads``)

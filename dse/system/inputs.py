@@ -12,6 +12,7 @@ from basis.errors import DseError, name_or_kind
 from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
+from dse.system.images import image_columns
 from dse.system.params import MAX_COUNT, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
@@ -51,6 +52,7 @@ class WorkloadColumns:
     prompt: np.ndarray            # [P] prompt length, tokens (a trace's mean)
     gen: np.ndarray               # [P] generated length, tokens (a trace's mean)
     ep: np.ndarray                # [P] expert parallelism
+    cp: np.ndarray                # [P] context parallelism (ring attention ranks)
     cpu_layers: np.ndarray        # [P] layers on the host CPU
     max_context: np.ndarray       # [P] context limit, tokens (0: the model's)
     devices: np.ndarray           # [P] devices given (NaN: laid out)
@@ -59,6 +61,7 @@ class WorkloadColumns:
     flash: np.ndarray             # [P] bool: FlashAttention as run
     sparse: np.ndarray            # [P] bool: weights at the sparse peak
     overlap: np.ndarray           # [P] bool: compute and memory traffic overlap
+    two_batch_overlap: np.ndarray  # [P] bool: two micro-batches, one's communication under the other's compute
     engine: np.ndarray            # [P] code into ``engines``
     engines: list                 # dse.core.engines.Engine of each code
     batch: np.ndarray             # [P] sequences in a static batch (1 where sized or served)
@@ -66,6 +69,7 @@ class WorkloadColumns:
     serving: np.ndarray           # [P] code of the serving mode as given
     concurrency: np.ndarray       # [P] closed-loop concurrency (0: none)
     request_rate: np.ndarray      # [P] open-loop arrival rate, requests/s (0: none)
+    burstiness: np.ndarray        # [P] open loop: the gamma shape of the arrival gaps (1: Poisson)
     kv_block: np.ndarray          # [P] tokens a KV block holds
     max_running: np.ndarray       # [P] sequences an iteration may run
     prefill_chunk: np.ndarray     # [P] tokens an iteration may hold (0: prefill first)
@@ -78,6 +82,8 @@ class WorkloadColumns:
     target_rate: np.ndarray       # [P] requests/s a service must sustain (0: none)
     prefill_devices: np.ndarray   # [P] devices of the prefill pool (NaN: not disaggregated)
     decode_devices: np.ndarray    # [P] devices of the decode pool (NaN: not disaggregated)
+    decode_tp: np.ndarray         # [P] the decode pool's tensor parallelism (NaN: the prefill pool's)
+    decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
 
@@ -96,9 +102,11 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["policy"], w["policies"] = resolved_column(cols, "offload", parse_policy)
     w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
     w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
+    w["cp"] = cols.numbers("cp")
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
+    w["two_batch_overlap"] = cols.flags("two_batch_overlap")
     w["engine"], w["engines"] = resolved_column(cols, "engine", get_engine)
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
         fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
@@ -106,10 +114,12 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
+    w["burstiness"] = cols.numbers("burstiness")
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
     _trace_lengths(w)
+    image_columns(cols, w)
     for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
         w[k] = cols.numbers(k)
     if anywhere(pointwise(lambda r, a, b: (r > 0) & ~(a > 0) & ~(b > 0), w["target_rate"], w["slo_ttft"], w["slo_tpot"])):
@@ -119,6 +129,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["prefill_devices"] = per_code(np.array([p[0] if p else np.nan for p in pools], dtype=float), codes)
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
+    w["decode_tp"], w["decode_ep"] = cols.numbers("decode_tp"), cols.numbers("decode_ep")
     asked = per_code([m == "continuous" for m in modes], w["serving"])
     loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
@@ -148,7 +159,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
     elif anywhere(w["batch_max"]):
         w["batch"] = pointwise(lambda m, b: np.where(m, 1.0, b), w["batch_max"], w["batch"])
-    for k in ("prompt", "gen", "ep"):
+    for k in ("prompt", "gen", "ep", "cp"):
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")

@@ -20,6 +20,12 @@ its simulator price an iteration exactly as a static batch's step is priced.
 A layer with a sliding window is costed with the window as filled at the prompt's end
 (exact from a prompt at least as long as the window).
 
+A vision-language model whose requests carry images (``workloads.encoder``) puts its vision
+encoder on the prompt's side: the encoder's operators are zero in a decode step and constant in the
+prompt's length, so they land in ``per_prompt`` and run once per request, in the iteration that
+finishes its prompt (the serving model and the simulator both price iterations by these arrays, so
+they agree). Their weight bytes are left out of an iteration (read under the encoder's compute).
+
 Techniques that change the decode step only (contextual sparsity, early exit:
 ``workloads.techniques``; prefill runs dense) apply to the decode tokens, as in a static batch's
 decode step; the prompt tokens beside them run the dense prefill's operators (its amounts are
@@ -35,7 +41,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dse.core.roofline import OpArrays
-from workloads import optable
+from workloads import encoder, optable
 from workloads.model import ModelSpec
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
@@ -169,20 +175,24 @@ def _fit_points(prompt_len: int) -> tuple[int, int, int]:
 @lru_cache(maxsize=1024)
 def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations: str, kv: str, tp: int,
                     flash_attention: bool, buffer: float, techniques: Techniques = NONE, pp: int = 1,
-                    ep: int = 1) -> IterationModel:
+                    ep: int = 1, cp: int = 1) -> IterationModel:
     """The IterationModel of ``model`` on ``tp`` devices with these formats, read off the
     operator tables at the prompt length ``prompt_len`` (tokens); DseError when the layout does
     not divide the model. With ``pp`` stages the iteration is one micro-batch's pass through the
     whole pipeline (every stage's operators on one tp group, and the ``pp - 1`` hops between
     them); with ``ep`` it is one attention data-parallel rank's: its own tokens through attention,
-    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``)."""
+    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``); with
+    ``cp`` one context-parallel rank's: an iteration's prompt tokens split over the cp ranks (ring
+    attention), its decode attending its 1/cp shard of each sequence's KV (``workloads.context_parallel``)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
-                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     keys = prompt_len + 1
-    t1 = optable.decode_step(model, sc, keys, buffer)
+    # a VLM's encoder operators: zero in a decode step, per prompt in the prefill (``workloads.encoder``)
+    images = encoder.prefill(model, sc, buffer)
+    t1 = encoder.zeroed(optable.decode_step(model, sc, keys, buffer), images)
     d1 = OpArrays.from_table(t1)
-    d2 = OpArrays.from_table(optable.decode_step(model, replace(sc, batch=2), keys, buffer))
-    dk = OpArrays.from_table(optable.decode_step(model, sc, keys + 1, buffer))
+    d2 = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, replace(sc, batch=2), keys, buffer), images))
+    dk = OpArrays.from_table(encoder.zeroed(optable.decode_step(model, sc, keys + 1, buffer), images))
     one, two, more = _amounts(d1), _amounts(d2), _amounts(dk)
     per_key = {f: more[f] - one[f] for f in _AMOUNTS}
     per_seq = {f: two[f] - one[f] for f in _AMOUNTS}
@@ -192,7 +202,7 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
     pts = _fit_points(prompt_len)
     pre = []
     for p in pts:
-        table = optable.prefill(model, replace(sc, prompt_len=p), buffer)
+        table = encoder.prefill(model, replace(sc, prompt_len=p), buffer)
         pre.append(_onto(OpArrays.from_table(table), table.names, t1.names))
     lhs = np.array([[1.0, p, p * (p - 1) / 2.0] for p in pts])
     inv = np.linalg.inv(lhs)

@@ -216,6 +216,13 @@ TABLE: tuple[Param, ...] = (
           flag="--batch", flag_default=True),
     Param("prompt_len", int, help="prompt tokens", default=512, flag="--prompt-len", flag_default=True),
     Param("gen_len", int, help="generated tokens", default=128, flag="--gen-len", flag_default=True),
+    Param("images", int, default=0, zero_allowed=True, flag="--images", flag_default=True, noun="a number of images",
+          help="vision-language models: still images each request carries; their tokens (by the model's own "
+               "processor rules, workloads.vision) join the prompt and its vision encoder runs before the "
+               "prefill (default: 0, text only)"),
+    Param("image_size", str, default="1024", flag="--image-size", flag_default=True, metavar="PIXELS",
+          help="vision-language models: each image's size in pixels, a side ('1024', a square) or "
+               "'HEIGHTxWIDTH' ('768x1024') (default: 1024)"),
     Param("weights", str, help="weights format (see 'list formats')", default="fp16", flag="--weights",
           flag_default=True),
     Param("activations", str, help="activations format", default="fp16", flag="--activations", flag_default=True),
@@ -226,6 +233,10 @@ TABLE: tuple[Param, ...] = (
     Param("pp", int, help="pipeline-parallel stages (default: 1)", flag="--pp"),
     Param("ep", int, help="expert-parallel groups for MoE models (devices = tp x pp x ep)", default=1, flag="--ep",
           flag_default=True),
+    Param("cp", int, default=1, flag="--cp", flag_default=True,
+          help="context-parallel ranks: a long prompt's tokens split over cp rings of tp devices, its K/V "
+               "chunks sent around the ring (ring attention), the KV cache sharded cp ways; devices = "
+               "tp x pp x ep x cp (default: 1)"),
     Param("flash_attention", bool, default=True, flag="--flash-attention",
           help="fused attention, one operator tiled in the on-chip buffer, as serving engines run it "
                "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "
@@ -235,6 +246,10 @@ TABLE: tuple[Param, ...] = (
           flag="--offload", flag_default=True),
     Param("overlap", bool, help="host-tier transfers overlap compute (--no-overlap: add to it)", default=True,
           flag="--overlap", flag_default=True),
+    Param("two_batch_overlap", bool, default=False, flag="--two-batch-overlap", flag_default=True,
+          help="two-batch overlap (DeepSeek-V3 report Sec. 3.4, SGLang's TBO): each step runs as two "
+               "micro-batches of half the sequences, one's collectives (all-reduces, expert dispatch and "
+               "combine) under the other's computation; each reads the weights (default: off)"),
     Param("sparse", bool, help="2:4 sparse weights: the same as --sparsity 2:4", default=False, flag="--sparse",
           flag_default=True),
     Param("cpu_layers", int, help="run this many layers on the host CPU (llama.cpp-style split)", default=0,
@@ -252,6 +267,10 @@ TABLE: tuple[Param, ...] = (
     Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
           default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
           noun="requests per second"),
+    Param("burstiness", float, default=1.0, flag="--burstiness", at_most=100.0,
+          help="continuous batching, open loop: arrival gaps drawn from a gamma distribution of this shape "
+               "(vLLM's benchmark_serving --burstiness: 1 a Poisson process, below 1 burstier, above 1 more "
+               "regular); the gaps' squared coefficient of variation is 1 / burstiness"),
     Param("kv_block", int, help="tokens per KV-cache page (vLLM's block_size)", default=16, at_most=MAX_KV_BLOCK,
           flag="--kv-block", flag_default=True),
     Param("prefill_chunk", int, default=8192, zero_allowed=True, flag="--prefill-chunk", flag_default=True,
@@ -280,6 +299,11 @@ TABLE: tuple[Param, ...] = (
           help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
                "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
                "largest dividing P and D)"),
+    Param("decode_tp", int, flag="--decode-tp",
+          help="disaggregated: the decode pool's tensor-parallel degree (default: tp, the prefill pool's)"),
+    Param("decode_ep", int, flag="--decode-ep",
+          help="disaggregated: the decode pool's expert-parallel degree (default: ep, the prefill pool's; "
+               "DeepSeek prefills on EP 32 and decodes on EP 144)"),
     Param("target_rate", float, default=0.0, zero_allowed=True, zero_is_unset=True,
           help="requests/s a whole service must carry: it takes ceil(target_rate / goodput) engines like this one "
                "(``replicas``; needs an SLO; 0: none)"),

@@ -20,6 +20,7 @@ from dse.core.metrics import (
     steps_after_first,
 )
 from dse.core.operator_cost import link_transfer_s
+from dse.core.overlap import decode_s, step_s
 from dse.core.roofline import (
     SystemArrays,
     decode_total_time,
@@ -78,8 +79,9 @@ def schedule(g: Group) -> Schedule:
     n_steps = steps_after_first(sc.gen_len)
     if g.spec is not None:              # (its time leaves a CPU layer split out; its energy is NaN)
         return replace(speculative_schedule(t, g.spec, n_steps, size), energy_unknown=g.cpu is not None)
-    decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=sc.tp) for d0, slope, n in t.decode_steps(n_steps))
-    return Schedule((Phase(t.prefill, ranks=sc.tp, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
+    ranks = sc.tp * sc.cp               # every context-parallel rank runs its own share of each step
+    decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=ranks) for d0, slope, n in t.decode_steps(n_steps))
+    return Schedule((Phase(t.prefill, ranks=ranks, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
                     np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu, energy_unknown=g.cpu is not None)
 
 
@@ -116,13 +118,15 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
     own tp ranks): the first prefill pipelined over micro-batches and stages; under a CPU layer
     split (``cpu_eff``: the CPU's efficiency; ``layer_ops``: which operators are per layer) each
     step's per-layer operators shared between device and CPU, the CPU's fixed step overhead counted
-    once, and the activations crossing the host link both ways a step."""
+    once, and the activations crossing the host link both ways a step. Under two-batch overlap
+    (``sys.two_batch_overlap``) each device step runs as two overlapped half batches
+    (``dse.core.overlap``; not under a CPU layer split)."""
     on = (sys, sys if s.draft_tp is None else sys.replaced(tp=np.full(sys.size, s.draft_tp)))
     c = s.cpu
     prefill = None
     for ph in s.prefill:
         if c is None:
-            x = step_time(ph.op, on[ph.draft], eff)
+            x = step_s(ph.op, on[ph.draft], eff)
         else:
             dev, cpu = split_counts(ph.op, layer_ops, c.share)
             x = step_time(dev, sys, eff) + step_time(cpu, c.system, cpu_eff)
@@ -132,9 +136,9 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
     decode = 0.0
     for ph in s.decode:
         if ph.slope is None:
-            x = step_time(ph.op, on[ph.draft], eff) * ph.steps
+            x = step_s(ph.op, on[ph.draft], eff) * ph.steps
         elif c is None:
-            x = decode_total_time(ph.op, ph.slope, ph.steps, on[ph.draft], eff)
+            x = decode_s(ph.op, ph.slope, ph.steps, on[ph.draft], eff)
         else:
             dev, cpu = split_counts(ph.op, layer_ops, c.share)
             x = (decode_total_time(dev, ph.slope, ph.steps, sys, eff)

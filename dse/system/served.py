@@ -12,16 +12,19 @@ from basis.errors import DseError
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.metrics import rates_per_user_and_device
-from dse.core.roofline import SystemArrays, step_energy_j, step_time, transfer_time
+from dse.core.overlap import step_s
+from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.simulator import EngineConfig
-from dse.system.grouping import Group, ServedSpeculation, ServingInputs, Speculation, positions
+from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.hardware import HardwareArrays
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel, iteration_model
 from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
+from dse.system.workload import tables
+from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
 
@@ -83,7 +86,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     spec = s.speculation
     pricer = group_pricer(iteration_pricer if spec is None else _speculative_pricer(spec), s.ranks, s.stages)
     iteration_time = pricer(s.iteration, g.system, eff)
-    load = group_load(_load(s, g.system, eff), s.ranks, s.stages)
+    load = _engine_load(s, g.system, eff)
     pooled = load.pools is not None
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
@@ -100,7 +103,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     if (slo & priced).any():
         at = np.flatnonzero(slo & priced)
         good[at] = (disaggregated_goodput if pooled else goodput)(
-                           load.take(at), pricer(s.iteration, g.system.take(at), eff),
+                           _engine_load(s.take(at), g.system.take(at), eff), pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
     energy = _serving_energy(g, s, out, load, spec is not None or pooled)
@@ -138,7 +141,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     k = s.streams
     with np.errstate(invalid="ignore"):
         ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
-        ranks = g.tables.scenario.tp * k
+        ranks = g.tables.scenario.tp * g.tables.scenario.cp * k     # every tp and context-parallel rank
         dynamic = ranks * step_energy_j(ops, g.system) / tpot
         floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
@@ -181,7 +184,7 @@ def group_pricer(pricer, ranks: int, stages: int):
         if pricer is iteration_pricer:        # the busiest rank, its experts fed by the mean rank's tokens
             def iteration_time(d, dctx, c, pctx, seqs, rows):
                 with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                    t = step_time(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
+                    t = step_s(model.lockstep_arrays(d, dctx, c, pctx, seqs, ranks, stages), sys.take(rows), eff)
                 return t * pipeline_fill(seqs, c, stages)
             return iteration_time
         rank = pricer(model, sys, eff)        # speculative: every rank's amounts the busiest's
@@ -236,7 +239,7 @@ def iteration_pricer(model: IterationModel, sys: SystemArrays, eff: Efficiency):
     step time of the IterationModel's arrays, each entry on its design point's system."""
     def iteration_time(d, dctx, c, pctx, seqs, rows):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return step_time(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
+            return step_s(model.arrays(d, dctx, c, pctx, seqs), sys.take(rows), eff)
     return iteration_time
 
 
@@ -248,15 +251,31 @@ def kv_link(sys: SystemArrays, eff: Efficiency):
     return transfer
 
 
-def _load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
-    """The serving Load of a group's continuous-batching inputs (disaggregated: its pools, the
-    KV cache sent over each point's scale-up link as one message per request)."""
+def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
+    """The serving Load of a group's continuous-batching inputs (``sys``: its points' systems), its
+    engine seen as one (``group_load``); disaggregated: its pools, the KV cache sent over each point's
+    scale-up link as one message per request, and a decode pool of its own layout its own engines
+    and iterations (its tp and ep, each layout's collectives priced on its own group sizes)."""
     pools = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
-        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), kv_link(sys, eff))
+        d_load = d_time = None
+        if s.decode is not None:
+            d = s.decode
+            d_load = group_load(replace(_load(s, None), kv_blocks=d.kv_blocks), d.ep, s.stages)
+            d_sys = sys.replaced(tp=np.full(sys.size, float(d.tp)), ep=np.full(sys.size, float(d.ep)))
+            d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, d_sys, eff)
+        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), kv_link(sys, eff),
+                      d_load, d_time)
+    return group_load(_load(s, pools), s.ranks, s.stages)
+
+
+def _load(s: ServingInputs, pools: Pools | None) -> Load:
+    """The serving Load of one stream of a group's continuous-batching inputs, with ``pools``
+    (Poisson arrivals, ``dispersion`` None, unless some point's are gamma of another shape)."""
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
-                s.request_rate, s.chunked, s.prefix_tokens, pools)
+                s.request_rate, s.chunked, s.prefix_tokens, pools,
+                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -283,27 +302,35 @@ class ServedPoint:
     transfer_s: object = None
     stages: int = 1               # pipeline stages (as many micro-batch streams)
     ranks: int = 1                # attention data-parallel ranks of each stream, in lock-step
+    burstiness: float = 1.0       # an open loop's gamma shape of the arrival gaps (1: Poisson)
+    decode_step: object = None    # a decode pool of its own layout: its step, engine and ranks (None: the same)
+    decode_engine: EngineConfig | None = None
+    decode_ranks: int | None = None
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
-                   length_spec: LengthSpec, max_tokens: float) -> tuple[ServingInputs, np.ndarray]:
+                   length_spec: LengthSpec, max_tokens: float, own_decode: bool = True) -> tuple[ServingInputs, np.ndarray]:
     """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
     the iteration model and the paged KV cache, every byte of device memory left after the
-    weights and one iteration's activations, in blocks of ``kv_block`` tokens; requests of the
-    length classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each."""
+    weights and one iteration's activations, in blocks of ``kv_block`` tokens (a hybrid model's
+    running sequences each hold ``state_blocks`` of them for their state); requests of the length
+    classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each; a disaggregated
+    decode pool of its own layout (``decode_pool``) unless not ``own_decode``."""
     budget = w.prefill_chunk[idx]
     block = w.kv_block[idx]
-    per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
-    left = np.maximum(cap - fp.weights_bytes - act, 0.0)
-    # a device of a pipeline stage holds the KV of its layers for every one of the pp streams
-    blocks = np.floor(left / (per_token * block) / sc.pp)
+    per_token, blocks = kv_blocks(fp, sc, cap, act, block)
+    if np.any(per_token <= 0):
+        raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
+                       "purely recurrent model is not modelled; give a hybrid or an attention model")
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
-                         pp=sc.pp, ep=sc.ep)
+                         pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
-    pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / sc.devices, per_token) \
+    decode = decode_pool(model, sc, w, hw, idx, i0, cap, act, block) if w.disaggregated[i0] and own_decode else None
+    d_devices = sc.devices if decode is None else decode.tp * sc.pp * decode.ep
+    pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / d_devices, per_token) \
         if w.disaggregated[i0] else None                      # engines of tp x pp x ep devices in each pool
     serving = ServingInputs(
         iteration=it, kv_blocks=blocks, kv_block=block, prefix_tokens=prefix,
@@ -312,9 +339,49 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
+        dispersion=1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
-        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep)
+        lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
+        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block))
     return serving, blocks * block * per_token * sc.pp
+
+
+def kv_blocks(fp, sc, cap, act, block) -> tuple:
+    """(KV bytes a token of context takes on each device, paged KV blocks of ``block`` tokens a
+    stream holds, [P]) of a layout whose footprint is ``fp`` (one sequence) on devices of ``cap``
+    usable bytes beside ``act`` bytes of activations: every byte left after the weights; a device
+    of a pipeline stage holds the KV of its layers for every one of the pp streams."""
+    per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
+    left = np.maximum(cap - fp.weights_bytes - act, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):     # no KV at all (a purely recurrent model): refused by the caller
+        return per_token, np.floor(left / (per_token * block) / sc.pp)
+
+
+def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, act, block) -> DecodePool | None:
+    """The decode pool of disaggregated points laid out otherwise (``decode_tp``, ``decode_ep``; None
+    where it is the prefill pool's layout): its iteration model and KV blocks at that layout; DseError
+    when the layout does not divide the model."""
+    d_tp = sc.tp if np.isnan(w.decode_tp[i0]) else int(w.decode_tp[i0])
+    d_ep = sc.ep if np.isnan(w.decode_ep[i0]) else int(w.decode_ep[i0])
+    if (d_tp, d_ep) == (sc.tp, sc.ep):
+        return None
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    fp = tables(model, 1, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp, sc.pp,
+                d_ep, sc.flash_attention, buffer, sc.techniques).footprint
+    _, blocks = kv_blocks(fp, sc, cap, act, block)
+    it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp,
+                         sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=d_ep)
+    return DecodePool(it, np.asarray(blocks, dtype=float), d_tp, d_ep)
+
+
+def state_blocks(state, block_bytes):
+    """KV blocks (of ``block_bytes`` each, [P]) one sequence's recurrent state of ``state`` bytes per
+    device takes (0 for a model without recurrent layers): as vLLM's hybrid KV-cache manager
+    (V1; docs.vllm.ai, design/hybrid_kv_cache_manager: Mamba + full-attention models in one pool of
+    equal pages; vLLM pads the attention page to the state's, which this rounding leaves out) gives
+    each running request's Mamba / linear-attention state pages of the pool. The
+    state is constant in the context: blocks a running sequence holds, not blocks a token adds."""
+    return np.ceil(state / np.asarray(block_bytes, dtype=float)) if state else np.zeros(np.shape(block_bytes))
 
 
 def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
@@ -349,30 +416,19 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                        "decoding is priced by the steady-state model only")
     eff = g.efficiency(efficiency, ideal)
     s, sc = g.serving, g.tables.scenario
-    price = iteration_pricer(s.iteration, g.system.take(np.array([j])), eff)
-    one = np.zeros(1, dtype=np.int64)
-
-    def step(d, dctx, c, pctx, ends) -> float:
-        return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
-
-    if s.ranks > 1 and s.iteration.shared is not None:
-        sys_j = g.system.take(np.array([j]))
-
-        def ranks(counts: np.ndarray) -> float:
-            """Seconds of a lock-step iteration of the ranks' ``counts`` [R, 5]: the slowest rank,
-            its own tokens through attention, its experts fed by the mean rank's."""
-            it = s.iteration
-            own = it.arrays(*counts.T)
-            mean = it.arrays(*(np.full(len(counts), v) for v in counts.mean(axis=0)))
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                return float(step_time(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
-                                       eff).max())
-        step.ranks = ranks
-
+    sys_j = g.system.take(np.array([j]))
+    step = _rank_step(s.iteration, sys_j, eff, s.ranks)
     engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
-                          prefix_tokens=int(s.prefix_tokens[j]))
+                          prefix_tokens=int(s.prefix_tokens[j]),
+                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]))
+    decode_step = decode_engine = None
+    if s.decode is not None:
+        d = s.decode
+        decode_step = _rank_step(d.iteration, sys_j.replaced(tp=np.array([float(d.tp)]), ep=np.array([float(d.ep)])),
+                                 eff, d.ep)
+        decode_engine = replace(engine, kv_blocks=max(int(d.kv_blocks[j]), 1))
     conc, rate = s.concurrency[j], s.request_rate[j]
     pools = transfer_s = None
     if s.pools is not None:
@@ -383,7 +439,32 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
 
         def transfer_s(prompt: int) -> float:
             sent = prompt - engine.cached_tokens(prompt)
-            return float(link(np.array([[per_token * sent]]), one)[0, 0])
+            return float(link(np.array([[per_token * sent]]), np.zeros(1, dtype=np.int64))[0, 0])
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
                        None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
-                       eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks))
+                       eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
+                       1.0 / float(s.dispersion[j]), decode_step, decode_engine,
+                       None if s.decode is None else int(s.decode.ep))
+
+
+def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: int):
+    """The simulator's ``step_time`` of one rank of a point (``sys_j``: its system, one row): the
+    roofline's time of the IterationModel's arrays at its counts; with ``ranks`` lock-step ranks,
+    also ``step.ranks`` (``dse.core.simulator._LockStep.price``): a lock-step iteration of every
+    rank's counts [R, 5], the slowest rank, its own tokens through attention and its experts fed by
+    the mean rank's."""
+    price = iteration_pricer(it, sys_j, eff)
+    one = np.zeros(1, dtype=np.int64)
+
+    def step(d, dctx, c, pctx, ends) -> float:
+        return float(price(*(np.array([float(x)]) for x in (d, dctx, c, pctx, ends)), one)[0])
+
+    if ranks > 1 and it.shared is not None:
+        def lockstep(counts: np.ndarray) -> float:
+            own = it.arrays(*counts.T)
+            mean = it.arrays(*(np.full(len(counts), v) for v in counts.mean(axis=0)))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return float(step_s(it.fed_by_all(own, mean), sys_j.take(np.zeros(len(counts), dtype=int)),
+                                       eff).max())
+        step.ranks = lockstep
+    return step

@@ -16,7 +16,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from dse.core.roofline import OpArrays, Stacked
-from workloads import optable
+from workloads import encoder, optable
 from workloads.footprint import (
     Footprint,
     footprint,
@@ -66,11 +66,12 @@ class WorkloadTables:
 @lru_cache(maxsize=4096)
 def tables(model: ModelSpec, batch: int, prompt_len: int, gen_len: int, weights: str, activations: str, kv: str,
            tp: int, pp: int, ep: int, flash_attention: bool, buffer: float,
-           techniques: Techniques = NONE) -> WorkloadTables:
-    """The WorkloadTables of one workload; DseError when the layout does not divide the model."""
+           techniques: Techniques = NONE, cp: int = 1) -> WorkloadTables:
+    """The WorkloadTables of one workload (``cp``: context-parallel ranks); DseError when the
+    layout does not divide the model."""
     sc = Scenario.make(batch=batch, prompt_len=prompt_len, gen_len=gen_len, weights=weights,
                        activations=activations, kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention,
-                       techniques=techniques)
+                       techniques=techniques, cp=cp)
     return _built(model, sc, buffer)
 
 
@@ -92,7 +93,7 @@ def _micro(sc: Scenario) -> Scenario:
 def _steps(model: ModelSpec, sc: Scenario, buffer: float) -> tuple[optable.OpTable, optable.OpTable]:
     """(prefill, decode step attending to prompt_len keys) tables of one micro-batch of ``sc``."""
     micro = _micro(sc)
-    return optable.prefill(model, micro, buffer), optable.decode_step(model, micro, sc.prompt_len, buffer)
+    return encoder.prefill(model, micro, buffer), optable.decode_step(model, micro, sc.prompt_len, buffer)
 
 
 def _pieces(model: ModelSpec, micro: Scenario, buffer: float) -> tuple:
@@ -165,7 +166,7 @@ class WorkloadBatch:
     def _distinct(self) -> tuple:
         """(prefill OpArrays, decode pieces) of the distinct workloads, [U, O] arrays: built once."""
         micro = _micro(self.distinct)
-        return OpArrays.from_table(optable.prefill(self.model, micro, self.buffer)), \
+        return OpArrays.from_table(encoder.prefill(self.model, micro, self.buffer)), \
             _pieces(self.model, micro, self.buffer)
 
     def tables(self, rows: slice) -> WorkloadTables:
@@ -181,7 +182,7 @@ class WorkloadBatch:
             return WorkloadTables(sc, Stacked(pre, at), None, pieces[0][1], pieces[0][2], None, None,
                                   self._footprint(rows), None, self.layer_weight_bytes, pieces)
         micro = _micro(sc)
-        pre = optable.prefill(self.model, micro, self.buffer)
+        pre = encoder.prefill(self.model, micro, self.buffer)
         pieces = _pieces(self.model, micro, self.buffer)
         return WorkloadTables(sc, OpArrays.from_table(pre), None, pieces[0][1], pieces[0][2], pre, None,
                               self._footprint(rows), None, self.layer_weight_bytes, pieces)
@@ -200,12 +201,12 @@ class WorkloadBatch:
         sc = self.scenario
         return tables(self.model, int(sc.batch[row]), int(sc.prompt_len[row]), int(sc.gen_len[row]), sc.weights.name,
                       sc.activations.name, sc.kv.name, sc.tp, sc.pp, sc.ep, sc.flash_attention, self.buffer,
-                      sc.techniques)
+                      sc.techniques, sc.cp)
 
 
 def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, activations: str, kv: str, tp: int,
                    pp: int, ep: int, flash_attention: bool, buffer: float,
-                   techniques: Techniques = NONE, workload: np.ndarray | None = None) -> WorkloadBatch:
+                   techniques: Techniques = NONE, cp: int = 1, workload: np.ndarray | None = None) -> WorkloadBatch:
     """The WorkloadBatch of P points (batch, prompt_len, gen_len: integer arrays [P]) sharing
     everything else; the footprints of their distinct workloads come from the prefill and decode
     tables, built ``TABLE_ROWS`` at a time. ``workload``: [P] integers equal exactly where the
@@ -214,7 +215,7 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
     a time, ``tables``)."""
     sc = Scenario.make(batch=np.asarray(batch, dtype=np.int64), prompt_len=np.asarray(prompt_len, dtype=np.int64),
                        gen_len=np.asarray(gen_len, dtype=np.int64), weights=weights, activations=activations, kv=kv,
-                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     if workload is None:
         workload = np.unique(np.stack([sc.batch, sc.prompt_len, sc.gen_len]), axis=1, return_inverse=True)[1]
     workload, first = _distinct(np.asarray(workload).reshape(-1))
@@ -224,7 +225,8 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
         part = distinct.take(rows)
         parts.append(footprint(model, part, *_steps(model, part, buffer)))
     fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts])[workload],
-                   np.concatenate([f.activation_bytes for f in parts])[workload])
+                   np.concatenate([f.activation_bytes for f in parts])[workload],
+                   np.concatenate([np.broadcast_to(f.state_bytes, np.shape(f.kv_cache_bytes)) for f in parts])[workload])
     return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc), workload, distinct)
 
 
@@ -269,7 +271,7 @@ class FootprintInBatch:
 def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarray:
     """Per operator of the prefill and the decode step, the live activation bytes at
     ``sc.batch`` sequences per micro-batch (the terms ``footprint`` takes the max of)."""
-    pre = optable.prefill(model, sc, buffer)
+    pre = encoder.prefill(model, sc, buffer)
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
     residual = pre.tokens * model.hidden_size * sc.activations.bytes
     m = pre.activations.bytes
@@ -281,10 +283,10 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
 @lru_cache(maxsize=1024)
 def footprint_in_batch(model: ModelSpec, prompt_len: int, gen_len: int, weights: str, activations: str, kv: str,
                        tp: int, pp: int, ep: int, flash_attention: bool, buffer: float,
-                       techniques: Techniques = NONE) -> FootprintInBatch:
+                       techniques: Techniques = NONE, cp: int = 1) -> FootprintInBatch:
     """The FootprintInBatch of a workload (DseError when the layout does not divide the model)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=gen_len, weights=weights, activations=activations,
-                       kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     a1, a2, a3 = (_live_activations(model, replace(sc, batch=b), buffer) for b in (1, 2, 3))
     slope, intercept = a2 - a1, 2 * a1 - a2
     if not np.allclose(a3, 3 * slope + intercept, rtol=1e-12, atol=0.0):
