@@ -34,7 +34,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     if m.is_mla:
         dn, dr, dv, rkv, rq = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank
         attn = (h * rq + rq + rq * nh * (dn + dr)) if rq else h * nh * (dn + dr)
-        attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h
+        attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h + indexer_parameter_count(m)
     else:
         nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
@@ -55,6 +55,14 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         return total
     layers = total - emb - head - final
     return layers / pp + max(emb, head + final)
+
+
+def indexer_parameter_count(m: ModelSpec) -> float:
+    """Parameters (elements, replicated over TP) of one layer's lightning indexer (DeepSeek-V3.2):
+    query (q_lora_rank -> heads x head size), key (hidden -> head size) and its LayerNorm, per-head
+    weights (hidden -> heads); 0 for dense attention."""
+    hi, di = m.index_n_heads, m.index_head_dim
+    return m.q_lora_rank * hi * di + m.hidden_size * di + 2 * di + m.hidden_size * hi if m.is_sparse_attention else 0
 
 
 def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:

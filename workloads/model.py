@@ -39,9 +39,13 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   position i attends i mod C + 1 <= C keys, about C/2 on average). Scout's ``use_qk_norm`` (an L2
   norm of q and k without weights, on RoPE layers) is left out: no parameters, ~4 vector ops per
   element. Defaults of keys a config leaves out: Llama4TextConfig (``_DEFAULTS``).
-- deepseek_v32 (DeepSeek-V3.2, DeepSeek Sparse Attention: a lightning indexer selects
-  ``index_topk`` tokens per query) is refused: sparse attention is not modelled yet, and it is never
-  read as deepseek_v3.
+- deepseek_v32 (DeepSeek-V3.2): DeepSeek-V3's layers with DeepSeek Sparse Attention: a lightning
+  indexer of ``index_n_heads`` heads of ``index_head_dim`` (one key a token, cached beside the MLA
+  latent) scores every earlier token and each query attends to the ``index_topk`` best
+  (``ModelSpec.index_topk``; ``workloads.optable`` prices the indexer and the attention over the
+  selected tokens, the KV cache still holds every token).
+- multi-token prediction: ``num_nextn_predict_layers`` (DeepSeek-V3) is read as ``mtp_layers``, the
+  MTP modules a ``--draft mtp:N`` chains (their weights are not in the main model's count).
 - gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
   positions), bloom (GeLU, ALiBi).
 
@@ -136,6 +140,12 @@ class ModelSpec:
     max_position_embeddings: int = 0  # the longest context (prompt + generation); 0: not given
     chunked_attention: bool = False   # the windowed layers attend within fixed chunks of sliding_window
     #                                   tokens (Llama 4), priced as a sliding window of that size
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer and its top-k token selection
+    index_n_heads: int = 0            # indexer query heads (0: dense attention)
+    index_head_dim: int = 0           # indexer head size; its one key per token is cached per layer
+    index_topk: int = 0               # tokens each query attends (0: every earlier token)
+    # Multi-token prediction (DeepSeek-V3 sec. 2.2): MTP modules shipped beside the model
+    mtp_layers: int = 0               # num_nextn_predict_layers
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
     vision: VisionSpec | None = None  # the vision tower of a vision-language model (``vision_config``)
@@ -147,6 +157,11 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def is_sparse_attention(self) -> bool:
+        """Whether a lightning indexer selects ``index_topk`` tokens per query (DeepSeek-V3.2)."""
+        return self.index_topk > 0
 
     @property
     def num_moe_layers(self) -> int:
@@ -184,7 +199,7 @@ class ModelSpec:
     def kv_elems_per_token_per_layer(self) -> int:
         """Elements of KV cache one token adds to one layer (K and V, or MLA's latent)."""
         if self.is_mla:
-            return self.kv_lora_rank + self.qk_rope_head_dim
+            return self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim   # and the indexer's key
         return 2 * self.num_kv_heads * self.head_dim
 
 
@@ -347,7 +362,7 @@ FAMILIES = {
     "gemma2": False, "gemma3": False, "gemma3_text": False,
     "gptj": False, "falcon": False, "opt": False, "bloom": False,
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
-    "deepseek_v2": True, "deepseek_v3": True, "llama4": True, "llama4_text": True,
+    "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
 }
 #: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
@@ -355,11 +370,7 @@ FAMILIES = {
 #: declares DeepseekV3ForCausalLM, the DeepSeek-V3 decoder)
 ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
 #: model_type -> why this reader refuses it (a known model whose attention it does not model yet)
-NOT_MODELLED = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (DeepSeek Sparse Attention: a lightning indexer of "
-                    "index_n_heads x index_head_dim selecting index_topk tokens per query) is not modelled yet; "
-                    "it is not read as deepseek_v3",
-}
+NOT_MODELLED: dict = {}
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 #: keys that give a number of routed experts in some family's config
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -556,6 +567,19 @@ def _vision(cfg: dict, path, family: str) -> VisionSpec:
     return spec
 
 
+def _sparse_attention(cfg: dict, path, kw: dict) -> None:
+    """Read DeepSeek Sparse Attention's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)
+    into ``kw``; its queries project MLA's query latent, so the model must have one (q_lora_rank)."""
+    if not kw.get("kv_lora_rank"):
+        raise _fail(path, _named(cfg, "kv_lora_rank"), "config.json is missing 'kv_lora_rank'; DeepSeek Sparse "
+                    "Attention runs on multi-head latent attention (an integer from 1)")
+    if not kw.get("q_lora_rank"):
+        raise _fail(path, _named(cfg, "q_lora_rank"), f"got {_show(cfg.get('q_lora_rank'))}; the lightning "
+                    "indexer projects the query latent, expected an integer from 1")
+    kw.update(index_n_heads=_int(cfg, path, "index_n_heads"), index_head_dim=_int(cfg, path, "index_head_dim"),
+              index_topk=_int(cfg, path, "index_topk"))
+
+
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
     """Return the ModelSpec of a parsed Hugging Face config dict; raise DseError (one line
     naming ``path`` and the key) on a missing, mistyped or out-of-range field, or a model_type
@@ -722,14 +746,14 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                                              hi_name="num_local_experts"),
                       moe_intermediate_size=inter, num_shared_experts=1, shared_expert_intermediate_size=inter,
                       first_dense_layers=layers - len(moe_layers))
-        elif mt in ("deepseek_v2", "deepseek_v3"):
+        elif mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
             experts = _int(cfg, path, "n_routed_experts")
             moe_inter = _int(cfg, path, "moe_intermediate_size")
             shared = _int(cfg, path, "n_shared_experts", default=0, lo=0)
             kw.update(num_experts=experts,
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="n_routed_experts"),
                       moe_intermediate_size=moe_inter, num_shared_experts=shared,
-                      shared_expert_intermediate_size=shared * moe_inter, router_bias=mt == "deepseek_v3",
+                      shared_expert_intermediate_size=shared * moe_inter, router_bias=mt != "deepseek_v2",
                       first_dense_layers=_int(cfg, path, "first_k_dense_replace", default=0, lo=0, hi=layers,
                                               hi_name="num_hidden_layers"))
             freq = _int(cfg, path, "moe_layer_freq", default=1)
@@ -743,6 +767,9 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                           qk_rope_head_dim=_int(cfg, path, "qk_rope_head_dim"),
                           v_head_dim=_int(cfg, path, "v_head_dim"))
                 head_dim = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+            kw.update(mtp_layers=_int(cfg, path, "num_nextn_predict_layers", default=0, lo=0, hi=MAX_LAYERS))
+            if mt == "deepseek_v32":
+                _sparse_attention(cfg, path, kw)
     window, sliding = _sliding(cfg, path, mt, layers, max_pos)
     kw.update(sliding_window=window, sliding_layers=sliding)
     if mt == "llama4_text" and sliding:
