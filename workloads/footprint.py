@@ -53,6 +53,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
     if pp == 1:
         return total
+    total += draft_input_parameter_count(m)
     layers = total - emb - head - final
     return layers / pp + max(emb, head + final)
 
@@ -72,11 +73,19 @@ def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:
     return mats * h * w + ((mats - 1) * w + h if m.mlp_bias else 0)
 
 
+def draft_input_parameter_count(m: ModelSpec) -> float:
+    """Parameters (elements, replicated over TP) of a native draft head's input projection
+    (``ModelSpec.draft_head``): 2h x h, and an MTP module's two RMSNorms (2h); 0 for a model."""
+    h = m.hidden_size
+    return 0.0 if not m.draft_head else 2 * h * h + (2 * h if m.draft_head == "mtp" else 0)
+
+
 def _outer_parameters(m: ModelSpec, tp: int = 1) -> tuple[float, float, float]:
-    """Parameters (elements per device) outside the layers: embedding, head, final norm."""
+    """Parameters (elements per device) outside the layers: embedding, head, final norm (a native
+    draft head's embedding and head are the target's: 0)."""
     h = m.hidden_size
     ln = m.norm_weights_per_element
-    vocab = m.vocab_size * h / tp
+    vocab = 0.0 if m.draft_head else m.vocab_size * h / tp
     emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
     head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
     final = ln * h if m.final_norm else 0

@@ -580,6 +580,10 @@ class _Builder:
         self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
+        if m.draft_head:                   # MTP / EAGLE: fuse the token's embedding with the target's feature
+            if m.draft_head == "mtp":
+                self.norm("mtp_norms", h, 2)
+            self.linear("draft_input_proj", 2 * h, h, 1)
         if m.parallel_block:
             self.norm("attn_norm", h, L)
             if m.norms_per_block > 1:
