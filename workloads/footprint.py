@@ -51,9 +51,9 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         experts = m.num_experts / ep * expert_parameter_count(m, tp)
         shared = mats * h * m.shared_expert_intermediate_size / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
+    total += draft_input_parameter_count(m)
     if pp == 1:
         return total
-    total += draft_input_parameter_count(m)
     layers = total - emb - head - final
     return layers / pp + max(emb, head + final)
 

@@ -67,8 +67,8 @@ class Draft:
 
 
 #: what ``spec_draft`` takes
-_DRAFTS = ("'none', a model name (see 'list models') or config.json, 'self:N', 'medusa:N', 'mtp:N' or 'eagle' "
-           "(N a positive integer; mtp and eagle may end in @a1,a2,...: the acceptance by depth)")
+_DRAFTS = ("'none', a model name or config.json, 'self:N', 'medusa:N', 'mtp:N' or 'eagle' (N from 1; "
+           "mtp, eagle: @a1,a2,... acceptance by depth)")
 
 
 def _by_depth(text: str, whole: str) -> tuple:
