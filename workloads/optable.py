@@ -197,6 +197,8 @@ class OpTable:
         for op in self.operators:
             if op.kind == "matmul":
                 out.append(matmul_compute_class(self.activations, self.weights))
+            elif op.name == "indexer_scores":     # DSA's indexer computes in its keys' format (FP8 as served)
+                out.append(matmul_compute_class(self.kv, self.kv))
             elif op.kind == "attention":
                 out.append(matmul_compute_class(self.activations, self.kv if op.uses_kv else self.activations))
             elif op.kind == "vector":
