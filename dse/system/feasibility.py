@@ -307,7 +307,7 @@ def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, 
         mark("serving", np.ones(size, dtype=bool))
     if spec is not None and (spec.heads is not None or disaggregated):
         mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
-                                                   "with a draft model or self:N on one pool (not Medusa heads, "
+                                                   "with a draft model, self:N, mtp:N or eagle on one pool (not Medusa heads, "
                                                    "not disaggregated)")
     if disaggregated:                    # the KV cache moves between the pools over the link
         mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))

@@ -13,11 +13,14 @@ Columns (defaults change nothing):
   with those dimensions, costed like any other.
 - ``spec_draft`` (``none``, a model name or config path, ``self:N``: the target's first N layers, or
   ``medusa:N``: N Medusa heads drafting N tokens in one pass, ``spec_tokens`` then the candidate
-  tokens verified, a tree at least N wide),
+  tokens verified, a tree at least N wide; ``mtp:N``: the model's N chained MTP modules, and
+  ``eagle``: an EAGLE head, each a one-layer draft at the target's layout sharing its embedding and
+  LM head, ``workloads.model.draft_head_model``; these two may end in ``@a1,a2,...``, the acceptance
+  by depth, replacing ``spec_acceptance``),
   ``spec_tokens`` (tokens drafted per step, g; ignored without a draft, so a grid may cross both)
   and ``spec_acceptance`` (per-token acceptance rate, a in [0, 1]): decoding runs rounds of g draft
   steps and one target step verifying g + 1 tokens, each round yielding (1 - a^(g+1)) / (1 - a)
-  tokens; in a static batch, and under continuous batching (a draft model or self:N) where every
+  tokens; in a static batch, and under continuous batching (all but Medusa heads) where every
   running sequence gains that many tokens an iteration. A draft model of its
   own runs at tensor parallelism 1 on one of the target's devices, its weights and KV cache beside
   the target's there; a self-speculating draft shares the target's weights and KV cache (LayerSkip:
