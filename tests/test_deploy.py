@@ -51,7 +51,7 @@ SGLANG_DOC = {
     "--tensor-parallel-size", "--tp-size", "--pipeline-parallel-size", "--pp-size", "--data-parallel-size",
     "--dp-size", "--expert-parallel-size", "--ep-size", "--ep", "--speculative-algorithm",
     "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens", "--served-model-name",
+    "--speculative-num-draft-tokens", "--served-model-name", "--enable-dp-attention",
 }
 SGLANG_CHOICES = {"--kv-cache-dtype": {"auto", "fp8_e5m2", "fp8_e4m3"},
                   "--quantization": {"awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes",
@@ -159,7 +159,7 @@ def test_moe_expert_parallel(tmp_path, engine):
     if engine == "vllm":       # tp inside each of the ep data-parallel ranks, experts over all of them
         assert (f["--tensor-parallel-size"], f["--data-parallel-size"], f["--enable-expert-parallel"]) == ("2", "4", True)
     elif engine == "sglang":
-        assert (f["--tp-size"], f["--ep-size"]) == ("8", "8")
+        assert (f["--tp-size"], f["--ep-size"], f["--dp-size"], f["--enable-dp-attention"]) == ("8", "8", "4", True)
     else:
         assert (f["--tp_size"], f["--ep_size"]) == ("8", "4") and options["enable_attention_dp"] is True
     assert "expert parallel" in script and "static batch of 32" in script     # the mapping said, not silent

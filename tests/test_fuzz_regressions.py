@@ -288,4 +288,4 @@ def test_a_layout_the_hardware_chooses_is_served_under_a_load(capsys):
     continuous batching (issue 44): the point runs, on the layout its chips take."""
     assert main(["analyze", "--model", "llama-3.2-1b-instruct", "--hardware", "groq-lpu", "--request-rate", "0.01"]) == 0
     out = capsys.readouterr().out
-    assert "(TP 8 x PP 2)" in out and "continuous batching at 0.01 requests/s" in out
+    assert "(TP 8 x PP 2 x EP 1 x DP 1 x CP 1)" in out and "continuous batching at 0.01 requests/s" in out

@@ -110,8 +110,9 @@ def test_mtp_needs_the_models_modules_and_spec_tokens_its_depth():
 
 
 def test_eagle_head_is_one_dense_layer_of_the_targets_shape():
-    for name in ("deepseek-v3", "mixtral-8x7b", "llama-3.1-8b"):
+    for name in ("deepseek-v3", "mixtral-8x7b", "llama-3.1-8b", "qwen3.5-27b"):
         m = load_model(name)
         e = draft_head_model(m, "eagle")
         assert e.num_layers == 1 and not e.is_moe and e.hidden_size == m.hidden_size and e.draft_head == "eagle"
+        assert not e.is_hybrid and e.num_attention_layers == 1       # a hybrid's head: one attention layer
     assert draft_head_model(load_model("deepseek-v3"), "mtp").is_moe

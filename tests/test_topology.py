@@ -235,8 +235,8 @@ def test_compare_prints_each_designs_layout_and_the_tiers_it_crosses(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     layout = out.split("Layout:\n", 1)[1].splitlines()
-    assert layout[0].startswith("  h100-sxm: TP 16 x PP 1 x EP 1; dgx-h100: tp 16: all-reduce hierarchical")
+    assert layout[0].startswith("  h100-sxm: TP 16 x PP 1 x EP 1 x DP 1 x CP 1; dgx-h100: tp 16: all-reduce hierarchical")
     assert "NVSwitch h100 8 + IB NDR x2" in layout[0]
-    assert layout[1].startswith("  mi300x: TP 16 x PP 1 x EP 1; mi300x-platform: tp 16: all-reduce ring")
+    assert layout[1].startswith("  mi300x: TP 16 x PP 1 x EP 1 x DP 1 x CP 1; mi300x-platform: tp 16: all-reduce ring")
     assert main(["compare", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "mi300x"]) == 0
     assert "Layout:" not in capsys.readouterr().out

@@ -39,6 +39,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
         attn = qkv + nh * d * h + (h if m.o_proj_bias else 0) + (2 * d if m.qk_norm else 0)
+        attn += h * nh * d if m.attn_output_gate else 0     # the output gate's half of q_proj
     mats = 3 if m.mlp_gated else 2
 
     def mlp(width):
@@ -46,6 +47,11 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
 
     dense_block = norms + attn + mlp(m.intermediate_size / tp)
     total = emb + head + final + m.num_dense_layers * dense_block
+    if m.is_hybrid:     # each layer's own parts: a norm and its mixer, a norm and its FFN
+        total = (emb + head + final + (m.num_mixer_layers + m.num_ffn_layers) * ln * h
+                 + m.num_attention_layers * attn + m.num_recurrent_layers * recurrent_parameter_count(m, tp)
+                 + m.num_dense_layers * mlp(m.intermediate_size / tp))
+        norms = attn = 0.0                                  # the MoE layers' below: their FFN only
     if m.is_moe:
         router = h * m.num_experts + (m.num_experts if m.router_bias else 0) + (h if m.shared_expert_gate else 0)
         experts = m.num_experts / ep * expert_parameter_count(m, tp)
@@ -64,6 +70,42 @@ def indexer_parameter_count(m: ModelSpec) -> float:
     weights (hidden -> heads); 0 for dense attention."""
     hi, di = m.index_n_heads, m.index_head_dim
     return m.q_lora_rank * hi * di + m.hidden_size * di + 2 * di + m.hidden_size * hi if m.is_sparse_attention else 0
+
+
+def recurrent_parameter_count(m: ModelSpec, tp: int = 1) -> float:
+    """Parameters (elements per device) of one recurrent layer's mixer (``workloads.optable``'s
+    ``recurrent``): in_proj (Gated DeltaNet: q, k, v, z and beta, alpha a head; Mamba-2: z, x, B,
+    C and dt a head), the depthwise conv (and its bias), the per-head decay and step (and Mamba-2's
+    D), the gated norm (GDN: a head's width; Mamba-2: every head's) and out_proj; heads and groups
+    split over ``tp``."""
+    h, gdn = m.hidden_size, m.recurrent_kind == "gdn"
+    hp = m.ssm_heads * m.ssm_head_dim / tp
+    conv = hp + 2 * m.ssm_groups * m.ssm_state_dim / tp
+    heads = m.ssm_heads / tp
+    return (h * (conv + hp + (2 if gdn else 1) * heads) + conv * m.ssm_conv_kernel + (conv if m.ssm_conv_bias else 0)
+            + (2 if gdn else 3) * heads + (m.ssm_head_dim if gdn else hp) + hp * h)
+
+
+def state_bytes_per_sequence(m: ModelSpec, sc: Scenario) -> float:
+    """Bytes of recurrent state one sequence holds on one device, whatever its context: each
+    recurrent layer's conv state (the last K - 1 inputs of its channels) and scan state (H x P x N,
+    in float32 where the config fixes it), in the activations' format (the model's dtype, as vLLM's
+    mamba cache dtype "auto" keeps them), heads split over
+    tp; under pipeline parallelism, the stage holding the most recurrent layers. 0 for a model
+    without recurrent layers."""
+    if not m.num_recurrent_layers:
+        return 0.0
+    layers = _most_per_stage(m, sc.pp, ("gdn", "mamba2"))
+    scan = m.ssm_state_elems / sc.tp * (m.ssm_state_bytes or sc.activations.bytes)
+    conv = m.ssm_conv_state_elems / sc.tp * sc.activations.bytes
+    return layers * (scan + conv)
+
+
+def _most_per_stage(m: ModelSpec, pp: int, kinds: tuple) -> int:
+    """The most layers of mixer ``kinds`` any of ``pp`` pipeline stages holds (layers split evenly)."""
+    per_stage = m.num_layers // pp
+    of = np.array([k in kinds for k in m.layer_mixers[:per_stage * pp]], dtype=bool)
+    return int(of.reshape(pp, per_stage).sum(axis=1).max())
 
 
 def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:
@@ -107,25 +149,32 @@ def active_parameter_count(m: ModelSpec) -> float:
 
 def kv_cache_bytes_per_token(m: ModelSpec, sc: Scenario) -> float:
     """KV-cache bytes one token occupies on one device, over the layers it holds (every
-    layer's, before any sliding window is full)."""
-    return m.num_layers // sc.pp * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+    attention layer's, before any sliding window is full; a hybrid's recurrent layers hold none)."""
+    layers = _most_per_stage(m, sc.pp, ("attention",)) if m.is_hybrid else m.num_layers // sc.pp
+    return layers * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
 
 
 def kv_cache_bytes_per_sequence(m: ModelSpec, sc: Scenario, context: int | None = None) -> float:
     """KV-cache bytes one sequence of ``context`` tokens (default: prompt_len + gen_len) holds on
     one device: a full-attention layer caches every token, a sliding-window layer the last
     min(context, sliding_window), as engines allocate it (vLLM's sliding-window KV manager,
-    transformers' hybrid cache); under a KV token budget k no layer more than k tokens. Under
-    pipeline parallelism, the stage holding the most full-attention layers."""
+    transformers' hybrid cache); under a KV token budget k no layer more than k tokens; a hybrid's
+    recurrent layers none (``state_bytes_per_sequence``). Under pipeline parallelism, the stage
+    holding the most full-attention layers; under context parallelism (``cp``) a rank's 1/cp of
+    the tokens (the cache sharded over the ring)."""
     tokens = sc.prompt_len + sc.gen_len if context is None else context
     per_stage = m.num_layers // sc.pp
     sliding = np.zeros(m.num_layers, dtype=bool)
     sliding[list(m.sliding_layers)] = True
-    full = int((~sliding[:per_stage * sc.pp]).reshape(sc.pp, per_stage).sum(axis=1).max())
+    caching = (np.array([k == "attention" for k in m.layer_mixers], dtype=bool) if m.is_hybrid
+               else np.ones(m.num_layers, dtype=bool))
+    stages = slice(0, per_stage * sc.pp)
+    full = (caching & ~sliding)[stages].reshape(sc.pp, per_stage).sum(axis=1)
+    windowed = (caching & sliding)[stages].reshape(sc.pp, per_stage).sum(axis=1)
     budget = sc.techniques.kv_budget or tokens          # a KV token budget caps every layer's cache
-    cached = (full * np.minimum(tokens, budget)
-              + (per_stage - full) * np.minimum(np.minimum(tokens, m.sliding_window or tokens), budget))
-    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes
+    held = np.minimum(tokens, budget), np.minimum(np.minimum(tokens, m.sliding_window or tokens), budget)
+    cached = functools.reduce(np.maximum, (int(f) * held[0] + int(w) * held[1] for f, w in zip(full, windowed)))
+    return cached * kv_elems_per_token_per_layer(m, sc.tp) * sc.kv.bytes / sc.cp
 
 
 @dataclass(frozen=True)
@@ -135,10 +184,11 @@ class Footprint:
     weights_bytes: float
     kv_cache_bytes: float        # and activation_bytes: one per workload for a Scenario of many
     activation_bytes: float
+    state_bytes: float = 0.0     # recurrent layers' state of the batch's sequences (constant in context)
 
     @property
     def total_bytes(self) -> float:
-        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes + self.state_bytes
 
 
 def peak_activation_bytes(table: OpTable):
@@ -168,13 +218,13 @@ def chunk_activation_bytes(m: ModelSpec, sc: Scenario, chunk: int, buffer: float
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
     """Footprint of serving ``sc`` on one device: weights, KV cache for its group's batch
-    x (prompt + generated) tokens, and the peak live activations of the prefill or decode step
+    x (prompt + generated) tokens, the recurrent layers' state of its sequences, and the peak live activations of the prefill or decode step
     (the tables are of one micro-batch)."""
     residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
     act = np.maximum(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
     act = float(act) if np.ndim(act) == 0 else act
     kv = sc.group_batch * kv_cache_bytes_per_sequence(m, sc)
-    return Footprint(weight_bytes(m, sc), kv, act)
+    return Footprint(weight_bytes(m, sc), kv, act, sc.group_batch * state_bytes_per_sequence(m, sc))
 
 
 def weight_bytes(m: ModelSpec, sc: Scenario) -> float:

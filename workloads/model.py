@@ -49,6 +49,26 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
 - gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
   positions), bloom (GeLU, ALiBi).
 
+- hybrid and linear-attention models (``layer_mixers``, ``layer_ffns``: what each layer holds; the
+  recurrent layers' dims in the ``ssm_*`` fields, one recurrent kind a model):
+  qwen3_next, qwen3_5 / qwen3_5_text (dense) and qwen3_5_moe / qwen3_5_moe_text (the Qwen3.5 VLM
+  configs are read from their ``text_config``: the vision encoder and the multi-token-prediction
+  layers are not modelled, as ``notes`` say): ``layer_types`` (``linear_attention`` or
+  ``full_attention``), else every ``full_attention_interval``-th layer full; the linear layers are
+  Gated DeltaNet (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta
+  Rule", ICLR 2025; Qwen3-Next model card): ``linear_num_key_heads`` x ``linear_key_head_dim``
+  queries and keys, ``linear_num_value_heads`` x ``linear_value_head_dim`` values, a depthwise
+  causal conv of ``linear_conv_kernel_dim`` over q, k, v, a state of key dim x value dim per value
+  head; full-attention layers with ``attn_output_gate`` (a sigmoid gate on the output: q_proj twice
+  as wide) and q/k norms. nemotron_h (Nemotron-H, Nemotron 3 Nano): one mixer or FFN per layer
+  after ``hybrid_override_pattern`` (M Mamba-2, * attention, - MLP, E MoE); Mamba-2 (Dao & Gu,
+  "Transformers are SSMs", ICML 2024) of ``mamba_num_heads`` x ``mamba_head_dim`` with B and C of
+  ``n_groups`` x ``ssm_state_size``, a conv of ``conv_kernel`` (bias ``use_conv_bias``), the scan
+  in chunks of ``chunk_size``; MLP and experts ungated (``mlp_hidden_act`` relu2). The state's
+  element is 4 bytes where the config fixes float32 (``mamba_ssm_dtype``,
+  ``mamba_ssm_cache_dtype``), else the activations' (the model's dtype). minimax_m2
+  (MiniMax-M2/M2.5) is full attention in every layer (no lightning attention in its config) and is not read (not a known family).
+
 A config of a dense family that names routed experts (``num_local_experts``, ``num_experts``,
 ``n_routed_experts`` or ``moe_num_experts`` above 0) is refused: an MoE is never read as dense.
 
@@ -151,6 +171,18 @@ class ModelSpec:
     # embedding and LM head the target's (shared, not counted again), an input projection of
     # 2 x hidden -> hidden fusing the token's embedding with the target's hidden feature
     draft_head: str = ""
+    # Hybrid and linear-attention models (empty layer_mixers: every layer attention + its MLP or MoE)
+    layer_mixers: tuple = ()          # per layer: 'attention', 'gdn' (Gated DeltaNet), 'mamba2' or '' (none)
+    layer_ffns: tuple = ()            # per layer: 'mlp', 'moe' or '' (none)
+    attn_output_gate: bool = False    # a sigmoid gate on the attention output (q_proj twice as wide)
+    ssm_heads: int = 0                # recurrent layers: value heads H (GDN's value heads, Mamba-2's heads)
+    ssm_head_dim: int = 0             # P: a value head's width
+    ssm_state_dim: int = 0            # N: GDN's key head dim, Mamba-2's ssm_state_size
+    ssm_groups: int = 0               # G: GDN's key heads, Mamba-2's n_groups (B and C)
+    ssm_conv_kernel: int = 0          # taps of the depthwise causal conv over x (q, k, v) and B, C
+    ssm_conv_bias: bool = False
+    ssm_chunk: int = 0                # tokens a chunk of the prefill's chunked scan
+    ssm_state_bytes: float = 0.0      # bytes of a state element where the config fixes it (float32: 4); 0: activations'
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
     vision: VisionSpec | None = None  # the vision tower of a vision-language model (``vision_config``)
@@ -170,11 +202,61 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
+        if self.layer_ffns:
+            return self.layer_ffns.count("moe")
         return self.num_layers - self.first_dense_layers if self.is_moe else 0
 
     @property
     def num_dense_layers(self) -> int:
+        """Layers with a dense MLP."""
+        if self.layer_ffns:
+            return self.layer_ffns.count("mlp")
         return self.num_layers - self.num_moe_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers of other kinds than attention + MLP (recurrent mixers, mixer-only or FFN-only layers)."""
+        return bool(self.layer_mixers)
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with attention (and a KV cache)."""
+        return self.layer_mixers.count("attention") if self.layer_mixers else self.num_layers
+
+    @property
+    def recurrent_kind(self) -> str:
+        """'gdn', 'mamba2' or '' (no recurrent layers)."""
+        return next((k for k in self.layer_mixers if k in ("gdn", "mamba2")), "")
+
+    @property
+    def num_recurrent_layers(self) -> int:
+        """Layers with a recurrent mixer (a fixed-size state per sequence, no KV cache)."""
+        return sum(1 for k in self.layer_mixers if k in ("gdn", "mamba2"))
+
+    @property
+    def num_mixer_layers(self) -> int:
+        """Layers with a token mixer (attention or recurrent)."""
+        return sum(1 for k in self.layer_mixers if k) if self.layer_mixers else self.num_layers
+
+    @property
+    def num_ffn_layers(self) -> int:
+        """Layers with an MLP or MoE."""
+        return sum(1 for k in self.layer_ffns if k) if self.layer_ffns else self.num_layers
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """Channels of a recurrent layer's conv: x (H P) and B, C (2 G N)."""
+        return self.ssm_heads * self.ssm_head_dim + 2 * self.ssm_groups * self.ssm_state_dim
+
+    @property
+    def ssm_state_elems(self) -> int:
+        """Elements of one recurrent layer's scan state of one sequence: H x P x N."""
+        return self.ssm_heads * self.ssm_head_dim * self.ssm_state_dim
+
+    @property
+    def ssm_conv_state_elems(self) -> int:
+        """Elements of one recurrent layer's conv state of one sequence: the last K - 1 inputs."""
+        return self.ssm_conv_channels * max(self.ssm_conv_kernel - 1, 0)
 
     @property
     def num_sliding_layers(self) -> int:
@@ -223,7 +305,7 @@ def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
     - 'eagle' (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
       ICML 2024, sec. 4): the target's feature and the next token's embedding concatenated, an FC
       layer 2h -> h and one decoder layer: the target's attention and a dense gated MLP of its
-      ``intermediate_size`` (an MoE target's dense width), the embedding and LM head the target's.
+      ``intermediate_size`` (an MoE target's dense width; a hybrid's: an attention layer), its embedding and LM head the target's.
 
     DseError for 'mtp' on a model that ships no MTP module (``num_nextn_predict_layers`` 0)."""
     if kind == "mtp" and not m.mtp_layers:
@@ -234,7 +316,7 @@ def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
                                             router_bias=False)
     return dataclasses.replace(m, name=f"{m.name} {kind}", num_layers=1, first_dense_layers=0, **experts,
                                sliding_layers=(), sliding_window=0, chunked_attention=False, mtp_layers=0,
-                               draft_head=kind, vision=None, notes=())
+                               draft_head=kind, vision=None, notes=(), layer_mixers=(), layer_ffns=())
 
 
 def context_limit(m: ModelSpec, max_context: int = 0) -> int:
@@ -398,7 +480,18 @@ FAMILIES = {
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
     "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
+    "qwen3_next": True, "qwen3_5": False, "qwen3_5_text": False, "qwen3_5_moe": True, "qwen3_5_moe_text": True,
+    "nemotron_h": True,
 }
+#: hybrid families with Gated DeltaNet layers (``layer_types`` linear_attention) and their text decoders
+_GDN_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+#: VLM wrappers read from their ``text_config`` -> the text decoder's model_type
+_TEXT_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+#: Nemotron-H's hybrid_override_pattern: a layer's character -> (its mixer, its FFN)
+_NEMOTRON_PATTERN = {"M": ("mamba2", ""), "*": ("attention", ""), "-": ("", "mlp"), "E": ("", "moe")}
+#: tokens a chunk of Gated DeltaNet's chunked prefill scan: the chunk size of flash-linear-attention's
+#: chunk_gated_delta_rule kernels (BT = 64), which Qwen3-Next's reference implementation calls
+_GDN_CHUNK = 64
 #: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
 #: configs whose model_type names a model but whose architecture is a family's (Kimi-K2's config
 #: declares DeepseekV3ForCausalLM, the DeepSeek-V3 decoder)
@@ -474,7 +567,8 @@ def _sliding(cfg: dict, path, mt: str, layers: int, max_pos: int) -> tuple[int, 
     """(window, indices of the sliding layers) of the config (see the module docstring)."""
     types = cfg.get("layer_types")
     chunked = mt == "llama4_text"          # Llama 4's chunks are priced as windows (the module docstring)
-    kinds = _LAYER_TYPES + (("chunked_attention",) if chunked else ())
+    kinds = _LAYER_TYPES + (("chunked_attention",) if chunked else ()) + (
+        ("linear_attention",) if mt in _GDN_FAMILIES else ())
     window_key = "attention_chunk_size" if chunked else "sliding_window"
     if chunked and cfg.get(window_key) is None:     # null: no chunked layers (Llama4TextConfig)
         return 0, ()
@@ -614,6 +708,90 @@ def _sparse_attention(cfg: dict, path, kw: dict) -> None:
               index_topk=_int(cfg, path, "index_topk"))
 
 
+def _state_bytes(cfg: dict, path, *keys: str) -> float:
+    """Bytes of a recurrent state element the config fixes: 4 where the first of ``keys`` given is
+    float32, 0 (the KV format's) where none is given or it names the model's dtype."""
+    key, v = _lookup(cfg, keys)
+    if key is None or v in ("auto", "bfloat16", "float16"):
+        return 0.0
+    if v != "float32":
+        raise _fail(path, _named(cfg, key), f"got {_show(v)}; expected float32, bfloat16, float16 or auto")
+    return 4.0
+
+
+def _ssm_dims(cfg: dict, path, heads_key: str, groups_key: str, **kw) -> dict:
+    """The recurrent layer's fields, value heads a multiple of the groups (B, C or key heads)."""
+    if kw["ssm_heads"] % kw["ssm_groups"]:
+        raise _fail(path, _named(cfg, heads_key), f"got {kw['ssm_heads']}, not a multiple of {groups_key} "
+                    f"({kw['ssm_groups']}); each group serves a whole number of heads")
+    return kw
+
+
+def _gated_deltanet(cfg: dict, path, layers: int, kw: dict) -> dict:
+    """Qwen3-Next / Qwen3.5: which layers are Gated DeltaNet (``layer_types``, else all but every
+    ``full_attention_interval``-th), each layer's MLP or MoE, the attention's output gate and the
+    Gated DeltaNet dims."""
+    types = cfg.get("layer_types")
+    if types is None:
+        every = _int(cfg, path, "full_attention_interval", hi=layers, hi_name="num_hidden_layers")
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    mixers = tuple("gdn" if t == "linear_attention" else "attention" for t in types)   # checked by _sliding
+    ffns = ("mlp",) * layers
+    if kw.get("num_experts"):
+        step = _int(cfg, path, "decoder_sparse_step", default=1, hi=layers, hi_name="num_hidden_layers")
+        dense = _index_list(cfg, path, "mlp_only_layers", layers)
+        ffns = tuple("moe" if i not in dense and (i + 1) % step == 0 else "mlp" for i in range(layers))
+    notes = (*kw["notes"], "multi-token-prediction layers (mtp_num_hidden_layers) are not modelled") \
+        if cfg.get("mtp_num_hidden_layers") else kw["notes"]
+    return dict(layer_mixers=mixers, layer_ffns=ffns, notes=notes,
+                attn_output_gate=_flag(cfg, path, "attn_output_gate", True), ssm_chunk=_GDN_CHUNK,
+                ssm_conv_kernel=_int(cfg, path, "linear_conv_kernel_dim"),
+                ssm_state_bytes=_state_bytes(cfg, path, "mamba_ssm_dtype"),
+                **_ssm_dims(cfg, path, "linear_num_value_heads", "linear_num_key_heads",
+                            ssm_heads=_int(cfg, path, "linear_num_value_heads"),
+                            ssm_head_dim=_int(cfg, path, "linear_value_head_dim"),
+                            ssm_state_dim=_int(cfg, path, "linear_key_head_dim"),
+                            ssm_groups=_int(cfg, path, "linear_num_key_heads")))
+
+
+def _nemotron_h(cfg: dict, path, layers: int, hidden: int, heads: int) -> dict:
+    """Nemotron-H: each layer's mixer or FFN from ``hybrid_override_pattern``, the Mamba-2 dims, the
+    ungated MLP and (E layers) the experts."""
+    pattern = cfg.get("hybrid_override_pattern")
+    allowed = f"expected a string of {layers} characters (num_hidden_layers), each M, *, - or E"
+    if not isinstance(pattern, str) or len(pattern) != layers:
+        got = f"a string of {len(pattern)} characters" if isinstance(pattern, str) else _show(pattern)
+        raise _fail(path, "hybrid_override_pattern", f"got {got}; {allowed}")
+    bad = next((i for i, c in enumerate(pattern) if c not in _NEMOTRON_PATTERN), None)
+    if bad is not None:
+        raise _fail(path, f"hybrid_override_pattern[{bad}]", f"got a character this reader does not model; {allowed}")
+    mixers, ffns = zip(*(_NEMOTRON_PATTERN[c] for c in pattern))
+    kw: dict = dict(layer_mixers=mixers, layer_ffns=ffns, mlp_gated=False,
+                    mlp_activation=_text(cfg, path, "mlp_hidden_act", "relu2"),
+                    intermediate_size=_int(cfg, path, "intermediate_size"),
+                    attention_bias=_flag(cfg, path, "attention_bias", False),
+                    mlp_bias=_flag(cfg, path, "mlp_bias", False), norms_per_block=1,
+                    ssm_conv_kernel=_int(cfg, path, "conv_kernel"), ssm_conv_bias=_flag(cfg, path, "use_conv_bias", True),
+                    ssm_chunk=_int(cfg, path, "chunk_size"),
+                    ssm_state_bytes=_state_bytes(cfg, path, "mamba_ssm_cache_dtype"),
+                    **_ssm_dims(cfg, path, "mamba_num_heads", "n_groups",
+                                ssm_heads=_int(cfg, path, "mamba_num_heads"),
+                                ssm_head_dim=_int(cfg, path, "mamba_head_dim"),
+                                ssm_state_dim=_int(cfg, path, "ssm_state_size"),
+                                ssm_groups=_int(cfg, path, "n_groups")))
+    if _flag(cfg, path, "mamba_proj_bias", False):
+        raise _fail(path, "mamba_proj_bias", "got true; only false (no bias on the Mamba-2 projections) is modelled")
+    if "moe" in ffns:
+        experts = _int(cfg, path, "n_routed_experts")
+        shared = _int(cfg, path, "n_shared_experts", default=0, lo=0)
+        kw.update(num_experts=experts, moe_intermediate_size=_int(cfg, path, "moe_intermediate_size"),
+                  experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="n_routed_experts"),
+                  num_shared_experts=shared, router_bias=True,     # e_score_correction_bias, one per expert
+                  shared_expert_intermediate_size=(_int(cfg, path, "moe_shared_expert_intermediate_size")
+                                                   if shared else 0))
+    return kw
+
+
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
     """Return the ModelSpec of a parsed Hugging Face config dict; raise DseError (one line
     naming ``path`` and the key) on a missing, mistyped or out-of-range field, or a model_type
@@ -660,6 +838,12 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         vision = _vision(cfg, path, "qwen2_5_vl")
         mt = "qwen2"
         notes.append("Qwen2.5-VL: the text decoder read as qwen2 (its multimodal RoPE changes no shape)")
+    elif mt in _TEXT_OF:        # Qwen3.5 VLM: the text decoder's fields; the vision tower is not modelled
+        cfg = _section(cfg, path, "text_config")
+        if cfg.get("model_type") is not None and _model_type(cfg, path) != _TEXT_OF[mt]:
+            raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected {_TEXT_OF[mt]}")
+        mt = _TEXT_OF[mt]
+        notes.append("text decoder only: the vision encoder (vision_config) and its projector are not modelled")
     elif mt in ALIASES:
         family, arch = ALIASES[mt]
         archs = cfg.get("architectures")
@@ -729,6 +913,9 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                   norm_type="layernorm", attention_bias=True, o_proj_bias=True, mlp_bias=True,
                   embedding_norm=True)
         kv_key = None
+    elif mt == "nemotron_h":
+        kw.update(_nemotron_h(cfg, path, layers, hidden, heads))
+        head_dim = _int(cfg, path, "attention_head_dim", "head_dim", default=None)
     elif mt == "dbrx":      # nested attn_config / ffn_config; every layer a GLU MoE; LayerNorm without bias
         kv_cfg, kv_key = _section(cfg, path, "attn_config"), "kv_n_heads"
         ffn = _section(cfg, path, "ffn_config")
@@ -743,14 +930,15 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
     else:  # gated-MLP decoders: llama, mistral, phi3, qwen2/3, gemma2/3, mixtral, qwen MoE, gpt_oss, deepseek
         gemma = mt in ("gemma2", "gemma3_text")
         qwen2 = mt in ("qwen2", "qwen2_moe")          # q/k/v always have a bias, o_proj never
-        inter = _int(cfg, path, "intermediate_size", "ffn_dim", "n_inner")
+        inter = _int(cfg, path, "intermediate_size", "ffn_dim", "n_inner",   # Qwen3.5 MoE: no dense width
+                     default=_int(cfg, path, "moe_intermediate_size") if mt == "qwen3_5_moe_text" else _REQUIRED)
         bias = _flag(cfg, path, "attention_bias", qwen2 or mt == "gpt_oss")
         kw.update(intermediate_size=inter, mlp_gated=True,
                   mlp_activation=(_text(cfg, path, "hidden_activation", "gelu_pytorch_tanh") if gemma
                                   else _text(cfg, path, "hidden_act", "silu")),
                   attention_bias=bias, o_proj_bias=bias and not qwen2,
                   mlp_bias=_flag(cfg, path, "mlp_bias", False) or mt == "gpt_oss",
-                  norms_per_block=4 if gemma else 2, qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text"))
+                  norms_per_block=4 if gemma else 2, qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text", *_GDN_FAMILIES))
         if mt in ("mixtral", "gpt_oss"):
             experts = _int(cfg, path, "num_local_experts")
             top_k = _int(cfg, path, "num_experts_per_tok", "experts_per_token", hi=experts,
@@ -760,12 +948,12 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                            f"({top_k}); give one top-k")
             kw.update(num_experts=experts, moe_intermediate_size=inter, experts_per_token=top_k,
                       router_bias=mt == "gpt_oss")
-        elif mt in ("qwen2_moe", "qwen3_moe"):
+        elif mt in ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
             experts = _int(cfg, path, "num_experts")
             step = _int(cfg, path, "decoder_sparse_step", default=1, hi=layers, hi_name="num_hidden_layers")
             dense = _index_list(cfg, path, "mlp_only_layers", layers)
             moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-            shared = _int(cfg, path, "shared_expert_intermediate_size", lo=0) if mt == "qwen2_moe" else 0
+            shared = _int(cfg, path, "shared_expert_intermediate_size", lo=0) if mt not in ("qwen3_moe",) else 0
             kw.update(num_experts=experts, moe_intermediate_size=_int(cfg, path, "moe_intermediate_size"),
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_experts"),
                       num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared,
@@ -804,6 +992,8 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
             kw.update(mtp_layers=_int(cfg, path, "num_nextn_predict_layers", default=0, lo=0, hi=MAX_LAYERS))
             if mt == "deepseek_v32":
                 _sparse_attention(cfg, path, kw)
+    if mt in _GDN_FAMILIES:
+        kw.update(_gated_deltanet(cfg, path, layers, kw))
     window, sliding = _sliding(cfg, path, mt, layers, max_pos)
     kw.update(sliding_window=window, sliding_layers=sliding)
     if mt == "llama4_text" and sliding:
@@ -865,6 +1055,11 @@ def _first_not_finite(node) -> tuple[str, _NotFinite] | None:
     return None
 
 
+#: top-level keys a published config gives Infinity in and the reader never reads: Mamba-2's clamp of
+#: the time step (Nemotron-H-56B's config.json gives time_step_limit [0.0, Infinity])
+_UNREAD_NOT_FINITE = ("time_step_limit",)
+
+
 def _read_config(p: Path):
     """The parsed JSON of ``p``; DseError (one line naming ``p``) when it cannot be read
     (``basis.files.read_input``: a regular file of bounded size), is not UTF-8 text, is not JSON, repeats a key or holds NaN/Infinity."""
@@ -885,7 +1080,8 @@ def _read_config(p: Path):
         raise _one_line(f"{where}: nested too deeply; expected a flat JSON object of config fields") from None
     except ValueError as e:  # an integer with more digits than Python converts
         raise _one_line(f"{where}: {str(e).split(';')[0]}") from None
-    bad = _first_not_finite(cfg)
+    bad = _first_not_finite({k: v for k, v in cfg.items() if k not in _UNREAD_NOT_FINITE}
+                            if isinstance(cfg, dict) else cfg)
     if bad:
         key, v = bad
         what = ("not a JSON number" if v.text in ("NaN", "Infinity", "-Infinity") else

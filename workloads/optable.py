@@ -44,12 +44,34 @@ Conventions (documented so a reader can check them):
   expected distinct experts it reads are (E/ep)(1 - (1 - k/E)^(T ep)). Per MoE layer a
   dispatch and a combine all-to-all each send T k h (ep - 1)/ep elements out of the
   group, split over its tp devices (costed as point-to-point traffic per device).
+- Context parallel over ``cp`` ranks (``workloads.context_parallel``, ring attention): in the
+  prefill each rank runs every operator on ceil(prompt_len / cp) of each prompt's tokens, its
+  attention computing 1/cp of the causal pairs (load-balanced chunks) against all the prompt's
+  keys, and per layer cp - 1 ring steps (``cp_ring``) each send one K/V chunk (MLA: the latent)
+  to the next rank. In a decode step each rank attends its 1/cp of the cached keys and gathers
+  the others' partial outputs and softmax statistics (``cp_ring`` too: cp - 1 messages a layer).
 - MoE routing other than uniform (``Techniques.routing``, ``workloads.routing``: a Zipf skew, a
   measured histogram, redundant experts, a capacity factor): the expert matmuls and the dispatch and
   combine are the busiest rank's, T ep k x its share of the kept token-slots (T k x imbalance x
   (1 - dropped)), the busiest rank receiving (dispatch) and sending back (combine) its tokens; the
   weights read are the most distinct experts (replicas) any rank's tokens touch. Shared experts stay
   balanced.
+- Recurrent layers of hybrid models (``ModelSpec.layer_mixers``: Gated DeltaNet, Yang et al.,
+  ICLR 2025; Mamba-2, Dao & Gu, ICML 2024), H value heads of width P, G groups of N-wide keys
+  (GDN) or B and C (Mamba-2), a depthwise causal conv of K taps over the x/q/k/v and B/C channels:
+  ``ssm_in_proj`` and ``ssm_out_proj`` matmuls; ``ssm_conv`` (2 K ops a channel a token) whose
+  last K - 1 inputs are the conv state; ``ssm_scan``, the recurrence over an H x P x N state; and
+  ``ssm_gate_norm`` (the output's RMSNorm gated by SiLU(z)). A decode step reads and writes each
+  sequence's conv and scan state once (``kv_in``/``kv_out``, in KV-format element equivalents of
+  the state's bytes: the state is kept in the activations' format, as vLLM's mamba cache dtype
+  "auto" keeps it in the model's, or float32 where the config says so: a float32 state of a bf16
+  KV counts twice) and spends SCAN_OPS per state
+  element a token: nothing grows with the context. Prefill runs the chunked scan (chunks of Q =
+  ``ssm_chunk`` tokens; Dao & Gu Sec. 6, Yang et al. Sec. 3): per token and head 2 Q (N + P)
+  within its chunk and 4 N P into and out of the chunk states (Gated DeltaNet 2 Q N more for its
+  keys' Gram matrix), linear in the prompt; the final states are written once per sequence. The
+  layers have no KV cache. Mixer-only and FFN-only layers (Nemotron-H) have one norm and residual
+  each.
 - Operator roles (``OpTable.roles``) name what a near-memory unit may run in a decode
   step: 'attention' (the attention core), 'experts' (routed-expert matmuls), 'gemv'
   (other weight matmuls), '' for the rest and for every prefill operator.
@@ -62,13 +84,18 @@ import numpy as np
 
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
+from workloads import context_parallel as cpar
 from workloads.model import ModelSpec
 from workloads.routing import expert_load
 from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
 NORM_OPS = {"rmsnorm": 4, "layernorm": 7}
-ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1}
+ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1, "relu2": 2}
+#: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:
+#: S k, the decayed rank-one delta update and S q, 2 + 3 + 2; Mamba-2: the decay, the rank-one
+#: update dt x B^T and y = h C, 1 + 2 + 2), a counting convention as the element-wise ones above
+SCAN_OPS = {"gdn": 7, "mamba2": 5}
 SOFTMAX_OPS = 5
 
 #: operator kinds: how an operator is costed
@@ -91,6 +118,7 @@ class Operator:
     comm: float = 0.0      # elements (activation format) in a ring all-reduce
     p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
     uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
+    overlaps_link: bool = False  # its link time overlaps its compute and memory (a ring-attention step)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
     # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
     # rows (tokens, m), output columns (n) and depth (k); a fused attention's sequences (m), keys each
@@ -100,6 +128,8 @@ class Operator:
     shape_k: float = 0.0
     heads: float = 0.0
     kv_heads: float = 0.0
+    # a grouped GEMM's groups (the experts a rank runs, each of shape_m rows); 0: one plain GEMM
+    groups: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,7 +210,7 @@ class OpTable:
             if self.stage != "decode":
                 out.append("")
                 continue
-            if op.kind == "attention":
+            if op.kind == "attention" and not op.overlaps_link:     # (a CP ring's exchange stays on the host)
                 out.append("attention")
             elif op.kind == "matmul" and op.name.startswith("expert_"):
                 out.append("experts")
@@ -321,7 +351,8 @@ class _Builder:
         self.tp = sc.tp
         self.B = _counted(sc.batch)
         self.tech = sc.techniques
-        self.S = _counted(sc.prompt_len) if stage == "prefill" else self.tech.query_tokens
+        self.cp = sc.cp
+        self.S = _counted(-(-sc.prompt_len // sc.cp)) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
         self.L = _counted(kv_len)                          # keys a query attends (prefill: its prompt)
         self.buffer_bytes = buffer_bytes
@@ -377,16 +408,20 @@ class _Builder:
         L = self.L                                          # keys a query attends to
         if self.stage == "decode":
             L = np.minimum(np.minimum(L, window or L), self.tech.kv_budget or L)
+            if self.cp > 1:                                 # this rank's shard of the cached keys
+                L = L / self.cp
         prefix = "sliding_" if window else ""
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
         kvk = "kv_in" if kv_from_cache else "act_in"
         if self.sc.flash_attention:
             if self.stage == "prefill":
-                pairs = B * nh * _causal_pairs(S, window)
+                # context parallel: 1/cp of the whole prompt's causal pairs and key reads a rank
+                whole = S if self.cp == 1 else _counted(self.sc.prompt_len)
+                pairs = B * nh * _causal_pairs(whole, window) / self.cp
                 elem = (self.sc.kv if kv_from_cache else self.sc.activations).bytes
-                nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem)
-                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window)
+                nrb = _flash_row_blocks(whole, d_qk, self.buffer_bytes, elem)
+                kv_reads = B * (kv_qk + kv_sv) * _flash_keys_read(L, nrb, window) / self.cp
             else:                                           # S query tokens per sequence, K/V read once
                 pairs = B * nh * S * L
                 kv_reads = B * L * (kv_qk + kv_sv)
@@ -412,13 +447,48 @@ class _Builder:
         self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
                  **reads(scores, B * L * kv_sv))
 
+    def context_parallel(self, count, heads, v_dim):
+        """``cp_ring``, cp - 1 sends a layer around the ring: in a CP prefill each one rank's K/V
+        chunk, in a CP decode step each one rank's partial outputs and softmax statistics (the
+        gather); nothing without CP. (One name, kind and count in both: the iteration model reads a
+        prefill's operators onto the decode step's.) Under FlashAttention the prefill's ring steps
+        carry the attention too: the fused attention operator keeps the rank's own chunk pair (1/cp
+        of its work) and each of the cp - 1 ring steps the work of one chunk pair beside the send of
+        the next K/V chunk, priced max(attention, send) (``Operator.overlaps_link``; Liu et al. Sec. 3).
+        Sliding-window layers' sends (``sliding_cp_ring``) are priced beside their attention."""
+        if self.cp == 1:
+            return
+        sc, steps = self.sc, cpar.ring_steps(self.cp)
+        if self.stage == "prefill":
+            send = cpar.ring_send_elements(self.B, _counted(sc.prompt_len), self.cp,
+                                           kv_elems_per_token_per_layer(self.m, self.tp), sc.kv.bytes,
+                                           sc.activations.bytes)
+        else:
+            send = cpar.decode_combine_elements(self.T, heads, v_dim, self.cp) / steps
+        sliding = self.m.num_sliding_layers if not self.m.is_mla else 0
+        self.add("sliding_cp_ring", "collective", sliding * steps, p2p=send)
+        if not sc.flash_attention:
+            self.add("cp_ring", "collective", (count - sliding) * steps, p2p=send)
+            return
+        step = {}
+        if self.stage == "prefill":      # one chunk pair of the fused attention a ring step
+            at = max(i for i, op in enumerate(self.ops) if op.name == "flash_attention")
+            attn = self.ops[at]
+            moved = ("ops", "act_in", "act_out", "kv_in")
+            step = {f: _amount(getattr(attn, f) / self.cp) for f in moved}
+            step.update({f: getattr(attn, f) for f in ("shape_m", "shape_n", "shape_k", "heads", "kv_heads")})
+            self.ops[at] = replace(attn, **{f: _amount(getattr(attn, f) / self.cp) for f in moved})
+        if count - sliding > 0:
+            self.ops.append(Operator("cp_ring", "attention", int((count - sliding) * steps), p2p=_amount(send),
+                                     uses_kv=True, overlaps_link=True, **step))
+
     def attention(self, count):
         m, h = self.m, self.m.hidden_size
         if m.is_mla:
             return self.mla_attention(count)
         d, nh = m.head_dim, self.nh
         nkv = kv_heads_per_device(m, self.tp)
-        self.linear("q_proj", h, nh * d, count, bias=m.attention_bias)
+        self.linear("q_proj", h, nh * d * (2 if m.attn_output_gate else 1), count, bias=m.attention_bias)
         self.linear("k_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         if m.qk_norm:
@@ -427,6 +497,10 @@ class _Builder:
                      act_out=heads)
         self.attention_core(count - m.num_sliding_layers, nh, nkv, d, d)       # count: every layer
         self.attention_core(m.num_sliding_layers, nh, nkv, d, d, window=m.sliding_window)
+        if m.attn_output_gate:      # sigmoid(gate) x output: 4 + 1 ops an element
+            self.add("attn_gate", "vector", count, ops=5 * self.T * nh * d, act_in=2 * self.T * nh * d,
+                     act_out=self.T * nh * d)
+        self.context_parallel(count, nh, d)
         self.linear("o_proj", nh * d, h, count, bias=m.o_proj_bias)
 
     def mla_attention(self, count):
@@ -444,6 +518,9 @@ class _Builder:
         w_b = rkv * nh * (dn + dv)
         if m.is_sparse_attention:
             # DSA runs MLA in its absorbed (MQA) form in prefill and decode alike, over the selected tokens
+            if self.cp > 1:
+                raise DseError(f"context parallelism {self.cp}: model '{m.name}' has sparse attention (a lightning "
+                               "indexer and top-k selection), not modelled over a ring; use cp 1")
             self.indexer(count)
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
@@ -458,6 +535,7 @@ class _Builder:
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=rkv)
+        self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
 
     # ---- DeepSeek Sparse Attention (DeepSeek-V3.2)
@@ -527,6 +605,57 @@ class _Builder:
         self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, kv_in=kv_reads * d_v / per_token,
                  act_out=out, uses_kv=True)
 
+    # ---- recurrent layers (Gated DeltaNet, Mamba-2)
+    def recurrent(self, count):
+        """The operators of ``count`` recurrent layers (see the module docstring)."""
+        m, h, T, B = self.m, self.m.hidden_size, self.T, self.B
+        H = _split(m.ssm_heads, self.tp, "the recurrent layers' heads", m)
+        G = _split(m.ssm_groups, self.tp, "the recurrent layers' groups", m)
+        P, N, K = m.ssm_head_dim, m.ssm_state_dim, m.ssm_conv_kernel
+        gdn = m.recurrent_kind == "gdn"
+        conv = H * P + 2 * G * N                          # channels through the conv: x (v), B, C (q, k)
+        model_bytes, kv_bytes = self.sc.activations.bytes, self.sc.kv.bytes      # state in KV-format equivalents
+        scan_state = B * H * P * N * (m.ssm_state_bytes or model_bytes) / kv_bytes     # every sequence's
+        conv_state = B * conv * (K - 1) * model_bytes / kv_bytes
+        # GDN: q, k, v, z and the gates beta, alpha a head; Mamba-2: z, x, B, C and dt a head
+        self.linear("ssm_in_proj", h, conv + H * P + (2 if gdn else 1) * H, count)
+        bias = conv if m.ssm_conv_bias else 0
+        state_io = {"kv_in": conv_state, "kv_out": conv_state} if self.stage == "decode" else {"kv_out": conv_state}
+        self.add("ssm_conv", "vector", count, ops=2 * K * T * conv + T * conv * ACT_OPS["silu"], weight=conv * K + bias,
+                 act_in=T * conv, act_out=T * conv, **state_io)
+        if self.stage == "decode":
+            ops = T * H * P * N * SCAN_OPS[m.recurrent_kind]
+            state_io = {"kv_in": scan_state, "kv_out": scan_state}
+        else:
+            Q = m.ssm_chunk
+            ops = T * H * (2 * Q * (N + P) + 4 * N * P + (2 * Q * N if gdn else 0))
+            state_io = {"kv_out": scan_state}
+        self.add("ssm_scan", "vector", count, ops=ops, weight=(2 if gdn else 3) * H,   # A_log, dt_bias (, D)
+                 act_in=T * (conv + (2 if gdn else 1) * H), act_out=T * H * P, **state_io)
+        norm_w = P if gdn else H * P                      # GDN: one norm of a head's width; Mamba-2: of all heads
+        self.add("ssm_gate_norm", "vector", count, ops=(NORM_OPS["rmsnorm"] + ACT_OPS["silu"] + 1) * T * H * P,
+                 weight=norm_w, act_in=2 * T * H * P, act_out=T * H * P)
+        self.linear("ssm_out_proj", H * P, h, count)
+
+    def hybrid_layers(self):
+        """The layers of a hybrid model: a norm, its mixer (attention or recurrent), the all-reduce and
+        the residual add for each layer with a mixer; a norm, its MLP or MoE, the all-reduce and the
+        add for each layer with an FFN."""
+        m, h = self.m, self.m.hidden_size
+        mixers, ffns = m.num_mixer_layers, m.num_ffn_layers
+        self.norm("attn_norm", h, mixers)
+        if m.num_attention_layers:
+            self.attention(m.num_attention_layers)
+        self.recurrent(m.num_recurrent_layers)
+        self.allreduce("attn_all_reduce", mixers)
+        self.add_residual("attn_add", 2, mixers)
+        self.norm("mlp_norm", h, ffns)
+        self.mlp("", m.intermediate_size / self.tp, m.num_dense_layers, m.mlp_bias)
+        if m.num_moe_layers:
+            self.moe(m.num_moe_layers)
+        self.allreduce("mlp_all_reduce", ffns)
+        self.add_residual("mlp_add", 2, ffns)
+
     # ---- MLP
     def mlp(self, prefix, width, count, bias):
         h = self.m.hidden_size
@@ -559,16 +688,18 @@ class _Builder:
             self.add("moe_dispatch", "collective", count, p2p=a2a)
         n_mats = 3 if m.mlp_gated else 2
         bw, bh = (w, h) if m.mlp_bias else (0, 0)             # bias elements of an expert's up and down projections
+        # a grouped GEMM: each expert touched on this rank runs the tokens routed to it
+        up = dict(shape_m=routed / np.maximum(touched, 1e-12), shape_n=w, shape_k=h, groups=touched)
         if m.mlp_gated:
             self.add("expert_gate_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
-                     act_in=routed * h, act_out=routed * w)
+                     act_in=routed * h, act_out=routed * w, **up)
         self.add("expert_up_proj", "matmul", count, ops=2 * routed * h * w, weight=touched * (h * w + bw),
-                 act_in=routed * h, act_out=routed * w)
+                 act_in=routed * h, act_out=routed * w, **up)
         per = ACT_OPS.get(m.mlp_activation, 8)
         self.add("expert_act_fn", "vector", count, ops=per * routed * w,
                  act_in=(n_mats - 1) * routed * w, act_out=routed * w)
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
-                 act_in=routed * w, act_out=T * h)
+                 act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
             self.add("moe_combine", "collective", count, p2p=a2a)
         if m.shared_expert_intermediate_size:
@@ -586,7 +717,9 @@ class _Builder:
             if m.draft_head == "mtp":
                 self.norm("mtp_norms", h, 2)
             self.linear("draft_input_proj", 2 * h, h, 1)
-        if m.parallel_block:
+        if m.is_hybrid:
+            self.hybrid_layers()
+        elif m.parallel_block:
             self.norm("attn_norm", h, L)
             if m.norms_per_block > 1:
                 self.norm("mlp_norm", h, L)
@@ -685,7 +818,7 @@ def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, key
     prefix too, which sizes its live activations (an unfused score matrix of chunk x keys)."""
     ops = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes).build()
     return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
-                   scenario.tp, scenario.batch * scenario.prompt_len, scenario.prompt_len)
+                   scenario.tp, scenario.batch * -(-scenario.prompt_len // scenario.cp), scenario.prompt_len)
 
 
 def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:

@@ -225,6 +225,8 @@ def prune(model: ModelSpec, spec: dict | str, where: str = "prune") -> ModelSpec
 
     sliding = tuple(i for i in m.sliding_layers if i < layers)
     kw.update(sliding_layers=sliding, sliding_window=m.sliding_window if sliding else 0)
+    if m.is_hybrid:                         # the first ``layers`` layers keep their kinds
+        kw.update(layer_mixers=m.layer_mixers[:layers], layer_ffns=m.layer_ffns[:layers])
 
     text = prune_text(dims)
     kw.update(name=f"{m.name}[pruned {text}]",

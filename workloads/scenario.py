@@ -31,7 +31,10 @@ class Scenario:
     pp: pipeline-parallel stages;
     ep: expert-parallel groups (MoE): each group of tp x pp devices serves
         ceil(batch / ep) sequences with its own copy of the dense weights and holds
-        1/ep of the routed experts; devices = tp x pp x ep.
+        1/ep of the routed experts;
+    cp: context-parallel ranks (``workloads.context_parallel``): each holds 1/cp of a prompt's tokens
+        in the prefill (ring attention) and 1/cp of the KV cache in the decode, the weights
+        replicated; devices = tp x pp x ep x cp.
     techniques: sparsity, contextual sparsity, early exit, a KV budget, query tokens per decode
         step (``workloads.techniques``).
 
@@ -51,10 +54,11 @@ class Scenario:
     pp: int = 1
     ep: int = 1
     techniques: Techniques = NONE
+    cp: int = 1
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.ep
+        return self.tp * self.pp * self.ep * self.cp
 
     @property
     def many(self) -> bool:
@@ -85,7 +89,7 @@ class Scenario:
         arrays = [k for k in WORKLOAD_DIMS if isinstance(getattr(self, k), np.ndarray)]
         if arrays and len(arrays) != len(WORKLOAD_DIMS):
             raise DseError(f"{', '.join(WORKLOAD_DIMS)}: give all as arrays (one entry per workload) or none")
-        for key in ("batch", "prompt_len", "gen_len", "tp", "pp", "ep"):
+        for key in ("batch", "prompt_len", "gen_len", "tp", "pp", "ep", "cp"):
             v = getattr(self, key)
             if key in arrays:
                 if v.dtype.kind not in "iu" or v.shape != self.batch.shape or not np.all(v > 0):

@@ -34,6 +34,29 @@ not an end-to-end figure, so a crossing is never cheaper than a step inside the 
 - hierarchical all-to-all: an exchange inside the domain then one across domains, (d - 1)
   + (k - 1) hops: O(G_node + G / G_node) instead of O(G).
 
+A torus domain (TPU v5p 3D, v6e and Trainium2 2D; ``dims`` k_1 .. k_D): each chip's scale-up
+bandwidth ``bw`` per direction is spread over its 2 D torus links, b = bw / (2 D) per link and
+direction. A group of n devices fills the torus dimension by dimension (extents e_i, prod e_i = n);
+a dimension it fills whole is a ring both of whose directions carry half the message
+(c_i = 2), a part of one is a line (c_i = 1). The per-dimension ring all-reduce ('bucket'
+algorithm: a reduce-scatter along each dimension in turn, the message shrinking by e_i each
+time, then the all-gathers in reverse; the torus baseline of De Sensi, Bonato, Saam and Hoefler,
+'Swing: Short-cutting Rings for Higher Bandwidth Allreduce', NSDI 2024, arXiv:2401.09356, each
+dimension's ring Thakur et al.'s):
+
+- torus/bucket: 2 Σ_i (e_i - 1) / e_i x M_i / (c_i b) + 2 Σ_i (e_i - 1) lat,  M_1 = M,
+  M_{i+1} = M_i / e_i;
+- torus/multi: the message split into U shares (U dimensions used), share s taking the
+  dimensions in the order rotated by s, so that in each phase every share is on its own
+  dimension's links: 2 Σ_phases max_s (e - 1) / e x M_s / (c b) + 2 Σ_phases max_s (e - 1) lat;
+  on equal whole dimensions its bandwidth term is the switch ring's, 2 (n - 1) / n x M / bw;
+- ring: one bidirectional ring through the group (a Hamiltonian cycle of the sub-torus, two links
+  a chip; a line's ring runs each link both ways): 2 (n - 1) / n x M / (c b) + 2 (n - 1) lat;
+- all-to-all (dimension-ordered routing, each device holding M for the whole group): the busiest
+  link of dimension i carries M e_i / 8 over a whole ring (mean distance e_i / 4, 2 n links a
+  dimension) and M e_i / 4 over a line (its middle link), the dimensions' links in parallel:
+  max_i M e_i / (a_i b), a_i = 8 or 4, plus lat per hop of the group's diameter.
+
 Every function broadcasts over numpy arrays (one entry per design point); ``choose`` picks the
 fastest of the algorithms given for each point (``np.argmin`` over the candidates, as NCCL's tuner
 picks by message size) and says which. Times here are the wire's: the caller adds the software's
@@ -49,6 +72,8 @@ SINGLE_TIER_ALLREDUCE = ("ring", "one-shot", "tree")
 TWO_TIER_ALLREDUCE = ("ring", "hierarchical/ring", "hierarchical/one-shot", "hierarchical/tree")
 #: all-to-all algorithms over two tiers
 TWO_TIER_ALLTOALL = ("flat", "hierarchical")
+#: all-reduce algorithms inside a torus domain, in the order ``allreduce_torus`` lists them
+TORUS_ALLREDUCE = ("ring", "torus/bucket", "torus/multi")
 
 
 def allreduce_share(n):
@@ -171,3 +196,73 @@ def ring_one_shot_crossover_bytes(n, bw, lat):
     n = _f(n)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(n > 2, (2 * n - 3) * n * _f(lat) * _f(bw) / ((n - 1) * (n - 2)), np.inf)
+
+
+def torus_extents(n, dims) -> np.ndarray:
+    """[..., D] extents of a group of ``n`` devices ([...]) on a torus of ``dims`` ([..., D], 1 where a
+    point has fewer dimensions), filled dimension by dimension: e_i = min(k_i, what is left)."""
+    dims = _f(dims)
+    left = np.maximum(_f(n), 1.0)
+    out = []
+    for i in range(dims.shape[-1]):
+        e = np.minimum(dims[..., i], left)
+        out.append(e)
+        left = np.maximum(left / e, 1.0)
+    return np.stack(out, axis=-1)
+
+
+def _torus_terms(n, dims, bw):
+    """(extents [..., D], ring factor c [..., D]: 2 for a whole ring of more than 2, else 1, and the
+    bandwidth b of one link and direction, bw / (2 D) with D the torus's dimensions of size > 1)."""
+    dims = _f(dims)
+    e = torus_extents(n, dims)
+    c = np.where((e == dims) & (dims > 2), 2.0, 1.0)
+    d = np.maximum(np.sum(dims > 1, axis=-1), 1)
+    return e, c, _f(bw) / (2.0 * d)
+
+
+def allreduce_torus(message, n, dims, bw, lat) -> np.ndarray:
+    """[len(TORUS_ALLREDUCE), ...] seconds of each all-reduce of ``message`` bytes over ``n``
+    devices of a torus of ``dims`` ([..., D]) whose chips have ``bw`` bytes/s per direction in all
+    and ``lat`` s a hop (module docstring): one ring, the per-dimension bucket, and the bucket run
+    as U concurrent shares in rotated dimension orders. 0 for one device."""
+    m, n, lat = _f(message), _f(n), _f(lat)
+    e, c, b = _torus_terms(n, dims, bw)
+    one_line = np.sum(e > 1, axis=-1) <= 1
+    c_ring = np.where(one_line, np.max(c, axis=-1), 2.0)
+    ring = np.where(n > 1, allreduce_share(n) * _div(m, c_ring * b) + 2 * (n - 1) * lat, 0.0)
+    # bucket: dimensions in order, the message shrinking by each extent
+    bucket, mi = 0.0, m
+    for i in range(e.shape[-1]):
+        bucket = bucket + 2 * ((e[..., i] - 1) / e[..., i] * _div(mi, c[..., i] * b) + (e[..., i] - 1) * lat)
+        mi = mi / e[..., i]
+    # multi: the used dimensions first (largest extent first), U shares in rotated orders
+    order = np.argsort(-e, axis=-1, kind="stable")
+    es, cs = np.take_along_axis(e, order, axis=-1), np.take_along_axis(c, order, axis=-1)
+    used = np.sum(e > 1, axis=-1)
+    multi = bucket
+    for u in range(2, e.shape[-1] + 1):
+        total = 0.0
+        share = [m / u] * u
+        for phase in range(u):
+            step = 0.0
+            for s_ in range(u):
+                j = (s_ + phase) % u
+                t = (es[..., j] - 1) / es[..., j] * _div(share[s_], cs[..., j] * b) + (es[..., j] - 1) * lat
+                step = np.maximum(step, t)
+                share[s_] = share[s_] / es[..., j]
+            total = total + 2 * step
+        multi = np.where(used == u, total, multi)
+    return np.stack(np.broadcast_arrays(ring, bucket, multi))
+
+
+def alltoall_torus_s(message, n, dims, bw, lat):
+    """Seconds of an all-to-all in which each of ``n`` devices of a torus of ``dims`` holds
+    ``message`` bytes for the whole group (module docstring): max_i M e_i / (a_i b) + lat x the
+    group's diameter; 0 for one device."""
+    m, n = _f(message), _f(n)
+    e, c, b = _torus_terms(n, dims, bw)
+    a = np.where(c == 2.0, 8.0, 4.0)
+    wire = np.max(e / a, axis=-1) * _div(m, b)
+    hops = np.sum(np.where(c == 2.0, np.floor(e / 2), e - 1), axis=-1)
+    return np.where(n > 1, wire + hops * _f(lat), 0.0)

@@ -107,6 +107,8 @@ from dse.core.kernel_model import (
     context_attention_time,
     gemm_time,
     generation_attention_time,
+    grouped_gemm_time,
+    grouped_parameters,
     hardware_of,
     load_kernel_model,
 )
@@ -353,10 +355,22 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
         # the rows from the operator's own ops (2 m n k): its tokens however the arrays were built (an
         # iteration of continuous batching, a scaled or pruned step)
         rows = ops[g] / (2 * n[g] * k[g])
-        time[g] = gemm_time(rows, n[g], k[g], _KERNEL_FORMAT[col[g]], hw(g), prm["gemm"])
-        ideal[g] = ops[g]
         fmt = _KERNEL_FORMAT[col[g]]
-        moved[g] = (rows * k[g] + k[g] * n[g]) * _FORMAT_BYTES[fmt] + rows * n[g] * OUT_BYTES
+        # a grouped GEMM (experts): its weight bytes over one group's are its groups (the experts this
+        # step or iteration touches), of rows / groups rows each, every group's weights read
+        time[g] = gemm_time(rows, n[g], k[g], fmt, hw(g), prm["gemm"])
+        groups = np.ones_like(rows)
+        if op.group_weight_bytes is not None:
+            per_group = np.broadcast_to(np.asarray(op.group_weight_bytes, dtype=float), shape)[g]
+            is_grouped = per_group > 0
+            if is_grouped.any():
+                weights = np.broadcast_to(np.asarray(op.weight_bytes, dtype=float), shape)[g]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    groups = np.where(is_grouped, np.maximum(weights / np.where(is_grouped, per_group, 1.0), 1.0), 1.0)
+                time[g] = np.where(is_grouped, grouped_gemm_time(rows / groups, groups, n[g], k[g], fmt, hw(g),
+                                                                 grouped_parameters(prm)), time[g])
+        ideal[g] = ops[g]
+        moved[g] = (rows * k[g] + groups * k[g] * n[g]) * _FORMAT_BYTES[fmt] + rows * n[g] * OUT_BYTES
     a = attention & (m > 0) & (n > 0) & (k > 0) & (h > 0) & (hk > 0) & (ops > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         queries = ops / ((4 * k + SOFTMAX_OPS) * m * h * n)       # decode: query tokens a sequence

@@ -68,6 +68,9 @@ class SystemArrays:
              and s per switch hop (NaN / 0 where the topology has no scale-out tier: a group beyond
              the domain then stays on the scale-up link); None: no scale-out tier.
     ep: [P] expert-parallel ranks (each of ``tp`` devices) an all-to-all spans; None: 1.
+    torus_dims: [P, 3] the torus dimensions of each point's scale-up domain (1 where fewer or none);
+             None: no point's domain is a torus with cited dimensions.
+    cp: [P] context-parallel ranks (each of ``tp`` devices) a ring-attention ring spans; None: 1.
     """
 
     peak: np.ndarray
@@ -96,6 +99,8 @@ class SystemArrays:
     scale_out_bandwidth: np.ndarray | None = None
     scale_out_latency: np.ndarray | None = None
     ep: np.ndarray | None = None
+    torus_dims: np.ndarray | None = None
+    cp: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]
@@ -174,6 +179,12 @@ class OpArrays:
     shape_k: np.ndarray | None = None
     heads: np.ndarray | None = None
     kv_heads: np.ndarray | None = None
+    # a grouped GEMM's (experts') weight bytes of one group, 0: a plain GEMM; its groups are its
+    # weight bytes over these, so that they follow the weights an iteration reads (the experts it touches)
+    group_weight_bytes: np.ndarray | None = None
+    # [O] bool: operators whose link time overlaps their compute and memory, priced max(roofline, link)
+    # (a context-parallel ring step, ``workloads.context_parallel``); None: none (link time added)
+    overlapped: np.ndarray | None = None
 
     @cached_property
     def one_workload(self) -> bool:
@@ -215,7 +226,24 @@ class OpArrays:
                    np.array([op.kind == "matmul" for op in table.operators], dtype=bool),
                    np.array([PIM_ROLES.index(r) if r in PIM_ROLES else -1 for r in roles], dtype=int),
                    dequant if np.any(dequant) else None,
-                   *(table.column(f) for f in SHAPE_FIELDS))
+                   *(table.column(f) for f in SHAPE_FIELDS), _group_weight_bytes(table),
+                   overlapped=_overlapped(table))
+
+
+def _group_weight_bytes(table) -> np.ndarray | None:
+    """Weight bytes of one group of each grouped GEMM of ``table`` (its weight bytes over its
+    ``groups``; 0 for other operators), None when it has none."""
+    groups = table.column("groups")
+    if not np.any(groups > 0):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(groups > 0, table.weight_bytes / np.where(groups > 0, groups, 1.0), 0.0)
+
+
+def _overlapped(table) -> np.ndarray | None:
+    """[O] bool of the operators of ``table`` whose link time overlaps their work, or None."""
+    mask = np.array([op.overlaps_link for op in table.operators], dtype=bool)
+    return mask if mask.any() else None
 
 
 @dataclass(frozen=True, eq=False)

@@ -61,14 +61,14 @@ def _stackable(op, sys: SystemArrays) -> bool:
     """True when ``op`` is ``Stacked`` and the points' costs split into per-workload constants
     and per-point rates (``_separable``'s conditions but one workload per point's row)."""
     return (isinstance(op, Stacked) and sys.offload is None and _no_pim_work(op.op, sys) and sys.sparse_gain is None
-            and op.op.vector_ops is None)
+            and op.op.vector_ops is None and op.op.overlapped is None)
 
 
 def _separable(op: OpArrays, sys: SystemArrays) -> bool:
     """True when a step's cost splits into per-operator constants and per-point rates:
     one workload for all points (1-D operator arrays), no offload, PIM work, sparsity or dequantization."""
     return (sys.offload is None and _no_pim_work(op, sys) and sys.sparse_gain is None and op.vector_ops is None
-            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1)
+            and np.ndim(op.ops) == 1 and np.ndim(op.weight_bytes) == 1 and op.overlapped is None)
 
 
 def _ridge_tables(ops, mem, count, column) -> tuple:

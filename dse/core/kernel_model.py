@@ -26,6 +26,18 @@ GEMM (m x k by k x n, format ``fmt``)::
     memory   = bytes / (fm bandwidth (1 + hit (max(l2_ratio peak_16 / bandwidth, 1) - 1)))
     time     = (compute^p + memory^p)^(1/p) + t0[fmt]
 
+Grouped GEMM (the experts of a mixture: g GEMMs of m rows each, m x k by k x n, one launch)::
+
+    tiles    = g ceil(m / tile_s) ceil(n / 128)                   (tile_s as above, of m; no split-K)
+    waves    = ceil(tiles / sms);  waste = waves sms tile_s 128 / (g m n)
+    compute  = 2 g m n k / (peak[fmt] top[fmt]) waste^alpha + waves k t_k
+    memory   = g ((m k + k n) e_in + m n e_out) / (fm bandwidth')   (every group's weights read once)
+    time     = (compute^p + memory^p)^(1/p) + t0[fmt]
+
+with its own coefficients (``grouped_gemm``, fitted on the measured MoE tables: the expert block's
+gate, up and down projections of ``moe_perf``, so that the routing and permutation kernels the block
+runs besides its GEMMs are in them); a model without them prices it with the GEMM's coefficients.
+
 Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of size d)::
 
     bytes    = 2 b s hk d e_kv + 4 b h d e_act
@@ -83,6 +95,8 @@ ATTN_TILE = 128
 #: the collectives the model prices, and the bytes each puts on the busiest link per byte of message
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 KINDS = ("gemm", "generation_attention", "context_attention", "collective")
+#: kinds a model may lack (older fits): the kernel layer falls back as each function says
+OPTIONAL_KINDS = ("grouped_gemm",)
 
 
 @dataclass(frozen=True)
@@ -222,6 +236,37 @@ def gemm_time(m, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
              (_log2(np.maximum(ideal_c, ideal_m)), -26, -8, 2), (_log2(nbytes / hw.l2_bytes), -10, 4, 1),
              (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 6, 1)]
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
+
+
+def grouped_gemm_time(m, groups, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
+    """Seconds of one grouped GEMM: ``groups`` GEMMs (the experts touched) of ``m`` rows each (the
+    tokens routed to an expert), m x k by k x n each, 16-bit output, in one launch (module
+    docstring), with the fitted ``grouped_gemm`` parameters ``prm`` (or the GEMM's: no correction)."""
+    m, g, n, k = (np.asarray(x, dtype=float) for x in (m, groups, n, k))
+    m, g = np.maximum(m, 1e-9), np.maximum(g, 1.0)
+    codes = _format_codes(fmt)
+    e_in = np.array([b for _, b in GEMM_FORMATS.values()])[codes]
+    peak = _peak_of(hw, codes)
+    tile_s = np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), TILE_M_MIN, TILE_M_MAX)
+    tiles = g * np.ceil(m / tile_s) * np.ceil(n / TILE_N)
+    waves = np.ceil(tiles / hw.sms)
+    waste = waves * hw.sms * tile_s * TILE_N / (g * m * n)
+    ops = 2.0 * g * m * n * k
+    compute = ops / (peak * _per_format(prm["top"], codes)) * waste ** prm["alpha"] + waves * k * prm["t_k"]
+    nbytes = g * ((m * k + k * n) * e_in + m * n * OUT_BYTES)
+    memory = nbytes / (prm["fm"] * _effective_bandwidth(nbytes, hw, prm))
+    base = _softmax(compute, memory, prm["p"]) + _per_format(prm["t0"], codes)
+    ideal = np.maximum(ops / peak, nbytes / hw.bandwidth)
+    # flat beyond what the MoE tables measure: 1 to 2^12 tokens an expert, 1 to 2^9 experts a rank
+    terms = [(_log2(m), 0, 12, 1), (_log2(g), 0, 9, 1), (_log2(ideal), -24, -8, 2),
+             (_log2(ops / peak / (nbytes / hw.bandwidth)), -10, 4, 2)]
+    return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
+
+
+def grouped_parameters(parameters: dict) -> dict:
+    """The grouped GEMM's parameters of a model's ``parameters``: its fitted ``grouped_gemm``, or
+    (a model fitted before the MoE tables were) the GEMM's coefficients without their correction."""
+    return parameters.get("grouped_gemm") or {**parameters["gemm"], "correction": None}
 
 
 def _effective_bandwidth(nbytes, hw: Hardware, prm: dict) -> np.ndarray:

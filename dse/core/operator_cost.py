@@ -12,7 +12,10 @@ Where a tensor-parallel group (``tp``) or an expert all-to-all's group (``ep`` x
 than its scale-up domain (``SystemArrays.scale_up_size``) and a scale-out tier joins the domains,
 the collective takes the fastest two-tier algorithm of ``dse.core.collectives`` for its message
 (hierarchical or flat), never less than the same group inside one domain
-(``allreduce_across_domains_s``, ``alltoall_across_domains_s``).
+(``allreduce_across_domains_s``, ``alltoall_across_domains_s``). Inside a torus domain with cited
+dimensions (``SystemArrays.torus_dims``) a collective takes the torus closed forms instead: the
+fastest of one ring, the per-dimension bucket and its multi-share form for an all-reduce, the
+dimension-ordered all-to-all for the experts' (``allreduce_on_torus_s``, ``alltoall_on_torus_s``).
 A step is Σ count x time + eff.step_overhead_s; a decode of n steps, each operator's time summed
 exactly over the steps (closed form: step j of an operator costs op0 + j x slope, and its
 max(compute, memory) is split at the single crossing of two linear functions).
@@ -56,10 +59,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.core.collectives import (
+    TORUS_ALLREDUCE,
     TWO_TIER_ALLREDUCE,
     TWO_TIER_ALLTOALL,
     allreduce_share,
+    allreduce_torus,
     allreduce_two_tier,
+    alltoall_torus_s,
     alltoall_two_tier,
     choose,
     ring_allreduce_wire_s,
@@ -177,10 +183,17 @@ def p2p_time(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
     (``transfer_time``); where the expert-parallel group spans scale-up domains
     (``ep_spans``), the fastest two-tier all-to-all (``alltoall_across_domains_s``)."""
     t = transfer_time(p2p_bytes, sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    b = np.broadcast_to(np.asarray(p2p_bytes, dtype=float), t.shape)
+    torus = ep_on_torus(sys)
+    if torus is not None:
+        t = np.where(torus[:, None] & (b > 0), alltoall_on_torus_s(b, sys, eff), t)
+    ring = cp_spans(sys)
+    if ring is not None:        # a context-parallel ring's slowest hop is a scale-out one
+        t = np.where(ring[:, None], np.maximum(t, transfer_time(p2p_bytes, sys.scale_out_bandwidth[:, None],
+                                                                sys.scale_out_latency[:, None], eff)), t)
     span = ep_spans(sys)
     if span is None:
         return t
-    b = np.broadcast_to(np.asarray(p2p_bytes, dtype=float), t.shape)
     return np.where(span[:, None] & (b > 0), alltoall_across_domains_s(b, sys, eff)[0], t)
 
 
@@ -190,6 +203,9 @@ def collective_time(comm_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarra
     domains (``tp_spans``), the fastest two-tier algorithm (``allreduce_across_domains_s``)."""
     comm = np.asarray(comm_bytes, dtype=float)
     t = ring_allreduce_s(comm, 1.0, sys.tp[:, None], sys.link_bandwidth[:, None], sys.link_latency[:, None], eff)
+    torus = tp_on_torus(sys)
+    if torus is not None:
+        t = np.where(torus[:, None], allreduce_on_torus_s(np.broadcast_to(comm, t.shape), sys, eff)[0], t)
     span = tp_spans(sys)
     if span is not None:
         t = np.where(span[:, None], allreduce_across_domains_s(np.broadcast_to(comm, t.shape), sys, eff)[0], t)
@@ -218,9 +234,69 @@ def ep_spans(sys: SystemArrays) -> np.ndarray | None:
     return span if span.any() else None
 
 
+def _on_torus(sys: SystemArrays, devices) -> np.ndarray | None:
+    """[P] bool: a group of ``devices`` ([P]) of more than one lies inside its point's scale-up
+    domain and that domain is a torus with cited dimensions (``SystemArrays.torus_dims``)."""
+    if sys.torus_dims is None:
+        return None
+    size = np.inf if sys.scale_up_size is None else sys.scale_up_size
+    on = (np.prod(sys.torus_dims, axis=1) > 1) & (devices > 1) & (devices <= size)
+    return on if on.any() else None
+
+
+def tp_on_torus(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the tensor-parallel group lies inside a torus domain (``_on_torus``); None where none does."""
+    return _on_torus(sys, sys.tp)
+
+
+def ep_on_torus(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the expert-parallel group (ep ranks of tp devices) lies inside a torus domain."""
+    return None if sys.ep is None else _on_torus(sys, np.where(sys.ep > 1, sys.ep * sys.tp, 1.0))
+
+
+def allreduce_on_torus_s(message_bytes, sys: SystemArrays, eff: Efficiency) -> tuple:
+    """(seconds, index into ``collectives.TORUS_ALLREDUCE``) of one all-reduce of ``message_bytes``
+    ([P, O] or [P]) over each point's ``tp`` devices inside its torus domain: the fastest of one
+    ring, the per-dimension bucket and its rotated multi-share form (``collectives.allreduce_torus``)
+    on the device's link at its achieved collective fraction, plus the software latency once."""
+    m = np.asarray(message_bytes, dtype=float)
+    col = (slice(None), None) if m.ndim == 2 else slice(None)
+    dims = sys.torus_dims[:, None, :] if m.ndim == 2 else sys.torus_dims
+    t, algo = choose(allreduce_torus(m, sys.tp[col], dims, sys.link_bandwidth[col] * eff.collective,
+                                     sys.link_latency[col]))
+    return t + eff.collective_latency_s, algo
+
+
+def alltoall_on_torus_s(p2p_bytes, sys: SystemArrays, eff: Efficiency) -> np.ndarray:
+    """Seconds of one expert all-to-all inside a torus domain, each device sending ``p2p_bytes``
+    ((ep - 1) / ep of what it holds) to the ep - 1 other ranks ([P, O] or [P]): the torus closed
+    form (``collectives.alltoall_torus_s``) over the ep x tp devices the group fills, on the device's
+    link at its achieved collective fraction, plus the software latency once."""
+    b = np.asarray(p2p_bytes, dtype=float)
+    col = (slice(None), None) if b.ndim == 2 else slice(None)
+    dims = sys.torus_dims[:, None, :] if b.ndim == 2 else sys.torus_dims
+    ep = sys.ep[col]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        held = np.where(ep > 1, b * ep / (ep - 1), 0.0)
+    return (alltoall_torus_s(held, ep * sys.tp[col], dims, sys.link_bandwidth[col] * eff.collective,
+                             sys.link_latency[col]) + eff.collective_latency_s)
+
+
+def cp_spans(sys: SystemArrays) -> np.ndarray | None:
+    """[P] bool: the context-parallel ring (cp ranks of tp devices) is larger than a scale-up
+    domain and a scale-out tier joins the domains (the ``ep_spans`` rule), so some hop of the
+    ring, and with it every ring step, waits on the scale-out NIC; None where none is."""
+    if sys.scale_up_size is None or sys.scale_out_bandwidth is None or sys.cp is None:
+        return None
+    span = (sys.cp > 1) & (sys.cp * sys.tp > sys.scale_up_size) & _has_scale_out(sys)
+    return span if span.any() else None
+
+
 def spans_domains(sys: SystemArrays) -> bool:
-    """True when some point's tensor- or expert-parallel group crosses the scale-out tier."""
-    return tp_spans(sys) is not None or ep_spans(sys) is not None
+    """True when some point's tensor-, expert- or context-parallel group crosses the scale-out tier
+    or (tensor, expert) lies on a torus (its collectives priced operator by operator)."""
+    return (tp_spans(sys) is not None or ep_spans(sys) is not None or tp_on_torus(sys) is not None
+            or ep_on_torus(sys) is not None or cp_spans(sys) is not None)
 
 
 def _two_tiers(sys: SystemArrays, eff: Efficiency, col):
@@ -286,6 +362,13 @@ def collective_algorithms(comm_bytes, p2p_bytes, sys: SystemArrays, eff: Efficie
     ar = ["ring" if (t > 1 and c > 0) else "" for t, c in zip(sys.tp, comm)]
     a2a = ["point-to-point" if (e > 1 and b > 0) else ""
            for e, b in zip(np.ones(sys.size) if sys.ep is None else sys.ep, p2p)]
+    torus = tp_on_torus(sys)
+    if torus is not None:
+        algo = allreduce_on_torus_s(comm, sys, eff)[1]
+        ar = [TORUS_ALLREDUCE[a] if s and c > 0 else r for a, s, c, r in zip(algo, torus, comm, ar)]
+    torus = ep_on_torus(sys)
+    if torus is not None:
+        a2a = ["torus" if s and b > 0 else r for s, b, r in zip(torus, p2p, a2a)]
     span = tp_spans(sys)
     if span is not None:
         algo = allreduce_across_domains_s(comm, sys, eff)[1]
@@ -326,7 +409,10 @@ def _priced(op: OpArrays, sys: SystemArrays, eff: Efficiency, on_pim=None):
     compute, = _compute_terms(op, sys, eff, on_pim, (op.ops, op.vector_ops))
     (dev, host), = _memory_terms(op, sys, eff, on_pim, op)
     coll = link_time(op, sys, eff)
-    time = _combine(compute, dev, host, sys) + coll + np.where(has_work(op), eff.op_overhead_s, 0.0)
+    work = _combine(compute, dev, host, sys)
+    # a ring-attention step (``OpArrays.overlapped``): its send overlaps its work, max(work, send)
+    both = work + coll if op.overlapped is None else np.where(op.overlapped, np.maximum(work, coll), work + coll)
+    time = both + np.where(has_work(op), eff.op_overhead_s, 0.0)
     if on_pim is not None:
         time = time + pim_fixed(on_pim, sys)
     return compute, dev, host, coll, time

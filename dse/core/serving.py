@@ -139,13 +139,15 @@ class Load:
     prefix_tokens: np.ndarray
     pools: Pools | None = None
     dispersion: np.ndarray | None = None     # open loop: the arrival gaps' squared coefficient of variation
+    state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools", "dispersion")},
+                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks")},
                        pools=None if self.pools is None else self.pools.take(idx),
-                       dispersion=None if self.dispersion is None else self.dispersion[idx])
+                       dispersion=None if self.dispersion is None else self.dispersion[idx],
+                       state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -194,11 +196,12 @@ def _classes(load: Load) -> _Classes:
 
 def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     """KV blocks a running sequence holds on average, [P]: its own prompt part and half its
-    output, plus half a block of fragmentation; classes weighted by ``run`` [P, K] (default:
-    how long they run, 1 + their decode iterations)."""
+    output, plus half a block of fragmentation and its recurrent state's blocks (a hybrid
+    model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
+    run, 1 + their decode iterations)."""
     held = cls.work + cls.gen / 2.0
     run = cls.weight * (1.0 + cls.steps) if run is None else run
-    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5
+    return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 
 
 def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarray:

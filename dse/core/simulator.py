@@ -81,7 +81,10 @@ class EngineConfig:
     kv_block: tokens per block; token_budget: tokens (decode plus prompt) one iteration
     may process; max_running: sequences running at once; chunked: prompts cut to the
     budget left (else prefill-first with whole prompts); prefix_tokens: the prompt prefix
-    every request shares (tokens; its full blocks cached for the whole run; 0: none)."""
+    every request shares (tokens; its full blocks cached for the whole run; 0: none);
+    state_blocks: the blocks a running sequence's recurrent state takes beside its KV (a hybrid
+    model's, as vLLM's hybrid KV-cache manager gives each request's Mamba state pages of the
+    pool: constant in its context; 0: none)."""
 
     kv_blocks: int
     kv_block: int = 16
@@ -89,15 +92,17 @@ class EngineConfig:
     max_running: int = 256
     chunked: bool = True
     prefix_tokens: int = 0
+    state_blocks: int = 0     # blocks a sequence's recurrent state takes while it holds any (hybrid models)
 
     def __post_init__(self):
         for key in ("kv_blocks", "kv_block", "token_budget", "max_running"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
-        v = self.prefix_tokens
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise DseError(f"simulator: prefix_tokens must be a non-negative integer, got {v!r}")
+        for key in ("prefix_tokens", "state_blocks"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise DseError(f"simulator: {key} must be a non-negative integer, got {v!r}")
 
     @property
     def shared_blocks(self) -> int:
@@ -116,8 +121,10 @@ class EngineConfig:
 
     def own_blocks(self, prompt: int, tokens: int) -> int:
         """KV blocks a request of a ``prompt``-token prompt holding ``tokens`` tokens of
-        context needs beside the shared prefix's."""
-        return max(-(-int(tokens) // int(self.kv_block)) - self.shared_of(prompt), 0)
+        context needs beside the shared prefix's, and its recurrent state's ``state_blocks`` (a
+        hybrid model's: constant in its context) once it holds any."""
+        own = max(-(-int(tokens) // int(self.kv_block)) - self.shared_of(prompt), 0)
+        return own + (int(self.state_blocks) if tokens > 0 else 0)
 
 
 @dataclass
@@ -377,7 +384,8 @@ def _check_fits(engine: EngineConfig, prompts: np.ndarray, held: np.ndarray, *, 
     if room < 1:
         raise DseError(f"simulator: the shared prefix's {engine.shared_blocks} KV blocks leave no room for a "
                        f"request in the {pool}cache of {engine.kv_blocks}")
-    need = np.maximum(-(-held // blk) - np.minimum(engine.shared_blocks, prompts // blk), 0)   # own_blocks
+    need = np.maximum(-(-held // blk) - np.minimum(engine.shared_blocks, prompts // blk), 0) \
+        + engine.state_blocks                                                                  # own_blocks
     if np.any(need > room):
         i = int(np.argmax(need > room))
         beside = f" beside the shared prefix's {engine.shared_blocks}" if engine.shared_blocks else ""

@@ -35,6 +35,7 @@ from dse.core.kernel_model import (
     context_attention_time,
     gemm_time,
     generation_attention_time,
+    grouped_gemm_time,
 )
 
 #: the engine and version fitted: measured on the most GPUs (H100, H200, B200, GB200, B300, GB300,
@@ -169,6 +170,39 @@ def read_collectives(root, gpus=GPUS) -> pd.DataFrame:
                              gpus=df.num_gpus.astype(float), seconds=df.latency * 1e-3)).reset_index(drop=True)
 
 
+#: aiconfigurator's moe_dtype -> our GEMM format (the weight-only MXFP4 rows are left out)
+MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+
+
+def read_moe(root, gpus=GPUS, engine=ENGINE) -> pd.DataFrame:
+    """MoE-block rows (``moe/<engine>/<version>/moe_perf``: the routed experts' gate, up and down
+    projections with their routing and permutation, on one rank), balanced routing and gated
+    experts only: gpu, engine, version, tokens, hidden, inter (an expert's, per tensor-parallel
+    rank), groups (experts the rank runs: min(E, tokens x top-k) spread over the EP ranks),
+    m (tokens an expert), fmt, seconds."""
+    root = Path(root)
+    out = [d for g in gpus if (d := _read(root, g, "moe", "moe_perf", *engine)) is not None]
+    if not out:
+        raise DseError(f"{root}: no MoE table of {engine[0]} {engine[1]} for {', '.join(gpus)}")
+    df = pd.concat(out, ignore_index=True)
+    df = df[(df.distribution == "balanced") & df.moe_dtype.isin(list(MOE_DTYPES))
+            & (df.kernel_source != "moe_torch_flow_nongated")]
+    tokens, k, E, ep = (df[c].astype(float).to_numpy() for c in ("num_tokens", "topk", "num_experts", "moe_ep_size"))
+    groups = np.maximum(np.minimum(E, tokens * k) / ep, 1.0)
+    return pd.DataFrame(dict(gpu=df.gpu, engine=df.engine, version=df.version, tokens=tokens,
+                             hidden=df.hidden_size.astype(float).to_numpy(),
+                             inter=(df.inter_size / df.moe_tp_size).astype(float).to_numpy(), groups=groups,
+                             m=tokens * k / ep / groups, fmt=df.moe_dtype.map(MOE_DTYPES).to_numpy(),
+                             seconds=df.latency.to_numpy() * 1e-3)).reset_index(drop=True)
+
+
+def moe_block_time(m, groups, hidden, inter, fmt, hw: Hardware, prm: dict) -> np.ndarray:
+    """Seconds of a gated expert block as dse prices it: its gate and up projections (n = inter,
+    k = hidden) and its down projection (n = hidden, k = inter), each a grouped GEMM."""
+    return (2.0 * grouped_gemm_time(m, groups, inter, hidden, fmt, hw, prm)
+            + grouped_gemm_time(m, groups, hidden, inter, fmt, hw, prm))
+
+
 # ---- the model on table rows ----------------------------------------------------------------------
 
 def _hw_rows(df: pd.DataFrame, hw: pd.DataFrame) -> Hardware:
@@ -183,6 +217,13 @@ def predict_rows(kind: str, df: pd.DataFrame, hw: pd.DataFrame, prm: dict) -> np
     H = _hw_rows(df, hw)
     if kind == "gemm":
         return gemm_time(df.m.to_numpy(), df.n.to_numpy(), df.k.to_numpy(), df.fmt.to_numpy(), H, prm)
+    if kind == "grouped_gemm":
+        args = (df.m.to_numpy(), df.groups.to_numpy(), df.hidden.to_numpy(), df.inter.to_numpy(), df.fmt.to_numpy(), H)
+        if prm.get("design"):            # the fitter's call: one design matrix of the block (the gate's)
+            base, X = grouped_gemm_time(df.m.to_numpy(), df.groups.to_numpy(), df.inter.to_numpy(),
+                                        df.hidden.to_numpy(), df.fmt.to_numpy(), H, prm)
+            return moe_block_time(*args, {**prm, "design": False, "correction": None}), X
+        return moe_block_time(*args, prm)
     if kind == "generation_attention":
         return generation_attention_time(df.batch.to_numpy(), df.length.to_numpy(), df.heads.to_numpy(),
                                          df.kv_heads.to_numpy(), df.head_dim.to_numpy(), df.kv_bytes.to_numpy(),
@@ -203,6 +244,7 @@ SPECS = {
              (("t_k",), 1e-9, 1e-13, 1e-7), (("p",), 3.0, 1.0, 20.0), (("l2_share",), 0.5, 0.05, 2.0),
              (("l2_ratio",), 0.005, 1e-4, 0.1), (("t0", "bf16"), 3e-6, 1e-7, 1e-4), (("t0", "fp8"), 1e-5, 1e-7, 1e-4),
              (("t0", "fp8_block"), 1e-5, 1e-7, 1e-4), (("t0", "nvfp4"), 6e-6, 1e-7, 1e-4)],
+    "grouped_gemm": None,          # the GEMM's (below)
     "generation_attention": [(("top",), 0.5, 0.05, 1.0), (("fm",), 0.8, 0.1, 1.0), (("split",), 512.0, 16.0, 1e5),
                              (("p",), 3.0, 1.0, 20.0), (("t0",), 5e-6, 1e-7, 1e-4),
                              (("t_cta",), 1.5e-6, 1e-8, 1e-4)],
@@ -213,6 +255,7 @@ SPECS = {
                    for key, start, lo, hi in (("f", 0.7, 0.05, 1.5), ("lat0", 1e-5, 1e-7, 1e-3),
                                               ("lat_hop", 2e-6, 1e-8, 1e-3))],
 }
+SPECS["grouped_gemm"] = SPECS["gemm"]
 #: parameters held fixed (not fitted): the collective model reads no link latency (the tables'
 #: systems give only an 'unofficial' 10 us for every GPU), its per-hop latency is fitted instead
 FIXED = {"collective": {op: {"hop_links": 0.0} for op in COLLECTIVES}}
@@ -316,12 +359,17 @@ def read_all(root: Path, engine=ENGINE, gpus=GPUS) -> dict:
     return {"gemm": read_gemm(root, gpus, engine),
             "generation_attention": read_attention(root, "generation", gpus, engine),
             "context_attention": read_attention(root, "context", gpus, engine),
-            "collective": read_collectives(root, gpus)}
+            "collective": read_collectives(root, gpus),
+            "grouped_gemm": read_moe(root, gpus, engine)}
 
 
 def fit_all(tables: dict, hw: pd.DataFrame, fit_rows: int = 6000) -> dict:
-    """Each kind's parameters fitted on at most ``fit_rows`` rows per GPU (fixed seed)."""
-    return {kind: fit_kind(kind, sample(df, fit_rows), hw) for kind, df in tables.items()}
+    """Each kind's parameters fitted on at most ``fit_rows`` rows per GPU (fixed seed); the grouped
+    GEMM's start from the GEMM's."""
+    out = {}
+    for kind, df in tables.items():
+        out[kind] = fit_kind(kind, sample(df, fit_rows), hw, out.get("gemm") if kind == "grouped_gemm" else None)
+    return out
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ from basis.errors import DseError
 from basis.files import output_file
 from dse.present import display
 from dse.present.bottleneck import step_bound
-from dse.system.analysis import summary_of
+from dse.system.analysis import layout_text, summary_of
 from dse.system.reasons import MEMORY_CODES
 
 #: columns of the side-by-side table (and of the CSV), in order
@@ -73,13 +73,13 @@ def table_text(rows: list[dict]) -> str:
 
 
 def _layout_lines(rows: list[dict]) -> list[str]:
-    """'Layout:' and, for each compared design on more than one device, its TP x PP x EP and the
+    """'Layout:' and, for each compared design on more than one device, its TP x PP x EP x DP x CP and the
     collectives it runs with the tiers each crosses (analyze's line); [] where every design is one
     device."""
     many = [r for r in rows if r["devices"] > 1]
     if not many:
         return []
-    return ["Layout:"] + [f"  {r['hardware']}: TP {r['tp']} x PP {r['pp']} x EP {r['ep']}"
+    return ["Layout:"] + [f"  {r['hardware']}: {layout_text(r)}"
                           + (f"; {r['collectives']}" if r.get("collectives") else "") for r in many]
 
 

@@ -182,10 +182,13 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 # --model-path, --tp-size, --pp-size, --ep-size, --max-running-requests, --chunked-prefill-size (-1: off),
 # --page-size, --kv-cache-dtype {auto,fp8_e5m2,fp8_e4m3}, --quantization {...,fp8,w8a8_int8,modelopt_fp4,mxfp4,...},
 # --dtype, --context-length, --speculative-algorithm {...,STANDALONE,...}, --speculative-draft-model-path,
-# --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens, --host, --port
+# --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens, --host, --port;
+# --dp-size with --enable-dp-attention ("DP for attention, TP for FFN": docs.sglang.io cookbook, server arguments
+# reference; the DeepSeek-V3.2-Exp model card launches '--tp 8 --dp 8 --enable-dp-attention')
 SGLANG_SOURCE = ("SGLang server arguments, https://docs.sglang.io/advanced_features/server_arguments.html "
                  "(sgl-project/sglang b36e8e19)")
 SGLANG_FLAGS = {"model": "--model-path", "tp": "--tp-size", "pp": "--pp-size", "ep": "--ep-size",
+                "dp": "--dp-size", "dp_attention": "--enable-dp-attention",
                 "max_running": "--max-running-requests", "batched_tokens": "--chunked-prefill-size",
                 "kv": "--kv-cache-dtype", "kv_block": "--page-size", "weights": "--quantization",
                 "activations": "--dtype", "spec": "--speculative-algorithm",
@@ -310,10 +313,11 @@ def _sglang(design: Design) -> Launch:
     if design.pp > 1:
         argv += [f["pp"], str(design.pp)]
     if design.ep > 1:
-        argv += [f["ep"], str(world)]
+        argv += [f["ep"], str(world), f["dp"], str(design.ep), f["dp_attention"]]
         notes.append(f"expert parallel: dse's {design.ep} groups of tp {design.tp} run as --tp-size {world} "
-                     f"--ep-size {world}: whole experts over {world} ranks (the same bytes per device) and attention "
-                     f"tensor parallel over them, where dse runs it data parallel over the groups")
+                     f"--ep-size {world} --dp-size {design.ep} --enable-dp-attention: whole experts over {world} "
+                     f"ranks (the same bytes per device) and attention data parallel over {design.ep} groups of "
+                     f"{design.tp}, each its own batch and KV cache, as dse runs it")
     argv += [f["max_running"], str(design.max_running), f["batched_tokens"], str(design.batched_tokens or -1)]
     argv += _kv_flags(design, f["kv"], SGLANG_KV, "SGLang", notes)
     argv += [f["kv_block"], str(design.kv_block)]

@@ -518,8 +518,7 @@ def _table_report(res, display, asked_flash=None) -> str:
             ("bound", "bound", str), ("time_s", "time", lambda v: si(v, "s")),
             ("total_time_s", "x time", lambda v: si(v, "s")), ("share", "share", lambda v: f"{100 * v:.1f} %")]
     s = res.summary
-    par = (f", {s['devices']} devices (TP {s['tp']} x PP {s['pp']}" + (f" x EP {s['ep']}" if s["ep"] > 1 else "")
-           + ")") if s["devices"] > 1 else ""
+    par = f", {s['devices']} devices ({s['layout']})" if s["devices"] > 1 else ""
     par += f", {s['chips_required']} chips needed by capacity" if "chips_required" in s else ""
     par += f", {s['cpu_layers']} layers on {s['host_cpu']}" if "cpu_layers" in s else ""
     par += "".join(f", {text}" for text in s.get("techniques", {}).values())
@@ -546,7 +545,7 @@ def _table_report(res, display, asked_flash=None) -> str:
     for k in ("ttft_s", "tpot_s", "tokens_per_target_step", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
-              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes",
+              "weights_bytes", "kv_cache_bytes", "kv_pool_bytes", "state_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS,
               "quality_loss", "quality_source", "moe_imbalance", "moe_dropped_fraction",

@@ -65,7 +65,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     fits = not any(bool(ev.failed[c][i]) for c in R.MEMORY_CODES if c in ev.failed)
     s = {
         "model": p["model_name"], "hardware": p["hardware_name"], "devices": int(m["devices"]),
-        "tp": int(m["tp_used"]), "pp": int(m["pp_used"]), "ep": int(p.get("ep", 1)), "batch": int(m["batch_used"]),
+        "tp": int(m["tp_used"]), "pp": int(m["pp_used"]), "ep": int(p.get("ep", 1)), "cp": int(p.get("cp", 1)),
+        "batch": int(m["batch_used"]),
         "prompt_len": int(p["prompt_len"]), "gen_len": int(p["gen_len"]), "weights": p["weights"],
         "activations": p["activations"], "kv": p["kv"], "flash_attention": bool(p["flash_attention"]),
         "sparse": bool(p["sparse"]), "techniques": settings_text(p), "engine": p.get("engine_name", ""),
@@ -80,6 +81,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         "fits": fits, "feasible": bool(ev.feasible[i]),
         **{k: m[k] for k in ("moe_imbalance", "moe_dropped_fraction") if np.isfinite(m[k])},   # MoE models
     }
+    s["layout"] = layout_text(s)
     line = collectives_line(p, s, (ev.explained.get(i) or {}).get("collectives"))
     if line:
         s["collectives"] = line
@@ -92,6 +94,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     s["band"] = band_source(s["efficiency"]) if s["bands"] else (
         "none: no published row of this spatial machine is predicted (dataflow layer)" if is_dataflow(s["efficiency"])
         else "none (the ideal bound or a given efficiency)")
+    if m["state_bytes"] > 0:                 # a hybrid's recurrent state (in peak_memory_bytes)
+        s["state_bytes"] = m["state_bytes"]
     if np.isfinite(m["chips_required"]):
         s["chips_required"] = int(m["chips_required"])
     if int(p.get("cpu_layers", 0) or 0):
@@ -119,6 +123,13 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     return s
 
 
+def layout_text(s: dict) -> str:
+    """The parallel layout of a summary in words: 'TP 2 x PP 1 x EP 4 x DP 4 x CP 1'. DP is the
+    attention data-parallel degree: in dse an expert-parallel group runs attention data parallel,
+    each of its ep ranks with its own batch and KV cache, so DP equals EP."""
+    return f"TP {s['tp']} x PP {s['pp']} x EP {s['ep']} x DP {s['ep']} x CP {s.get('cp', 1)}"
+
+
 def collectives_line(p: dict, s: dict, algorithms: dict | None) -> str:
     """The collectives of the point's layout in words, with the tiers each crosses: 'tp 16:
     all-reduce hierarchical/ring (prefill), hierarchical/one-shot (decode), NVSwitch H100 8 + IB NDR
@@ -138,6 +149,10 @@ def collectives_line(p: dict, s: dict, algorithms: dict | None) -> str:
         group = f"tp {s['tp']}" if k == 0 else f"ep {s['ep']} x tp {s['tp']}"
         own = str(p["link"]) if p.get("link") else (None if top.scale_up.link else _own_link(p))
         parts.append(f"{group}: {name} {text}, {tiers_label(int(width), top, own)}")
+    if s.get("cp", 1) > 1:              # the ring attention's K/V sends (``workloads.context_parallel``)
+        own = str(p["link"]) if p.get("link") else (None if top.scale_up.link else _own_link(p))
+        parts.append(f"cp {s['cp']} x tp {s['tp']}: ring attention (K/V point-to-point), "
+                     f"{tiers_label(int(s['cp'] * s['tp']), top, own)}")
     return f"{top.name}: " + "; ".join(parts) if parts else ""
 
 

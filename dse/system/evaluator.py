@@ -533,7 +533,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
                                                                                  w.tech))),
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
-                "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes")}}
+                "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes", "state_bytes")}}
     base.update(system_figures(devices, hw.tdp_w, hw.price_usd))
     base.update(die_area_mm2=hw.die_area_m2 * 1e6, build_cost_usd=devices * hw.build_cost_usd)
     groups = []
@@ -552,7 +552,7 @@ def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
     disaggregated point's instance), the chip count of classes sized by capacity (NaN elsewhere),
     the batch (the largest that fits where asked) and the devices in all."""
     lay_devices, lay_tp, pooled = pool_layout(w, fail)
-    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep)
+    tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep * w.cp)     # cp rings of tp x pp x ep
     fail("layout", np.flatnonzero(~valid))
     sized = hw.sized_by_capacity & np.isnan(w.devices) & np.isnan(w.tp) & np.isnan(w.pp)
     chips = np.full(len(sized), np.nan)
@@ -562,12 +562,12 @@ def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
     batch = w.batch.copy()
     if w.batch_max.any():
         max_batch(w, hw, tp, pp, batch, fail)
-    return tp, pp, chips, batch, np.where(w.disaggregated, pooled, tp * pp * w.ep)
+    return tp, pp, chips, batch, np.where(w.disaggregated, pooled, tp * pp * w.ep * w.cp)
 
 
 def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list:
     """The arrays whose values together decide which points share a workload (one kernel call)."""
-    return [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep,
+    return [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep, w.cp,
             w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, w.cpu_layers,
             w.max_context, hw.host_cpu, hw.device_class, hw.family, w.engine, w.continuous,
             pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
@@ -589,7 +589,7 @@ def _prepared_group(idx: slice, w: WorkloadColumns, hw: HardwareArrays, tp, pp, 
         return unpriced(), None
     tech = w.techniques[w.tech[i0]]
     layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w.ep[i0]),
-              bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech)
+              bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech, int(w.cp[i0]))
     try:
         if many[i0]:
             t, spec = workload_batch(model, batch[idx], w.prompt[idx], w.gen[idx], *layout,
@@ -620,7 +620,8 @@ def _hold_memory(base: dict, memory_violation: np.ndarray, idx, m: GroupMemory) 
     base["weights_bytes"][idx] = m.weights_bytes
     base["kv_cache_bytes"][idx] = m.kv_cache_bytes
     base["activation_bytes"][idx] = m.activation_bytes
-    base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes
+    base["state_bytes"][idx] = m.state_bytes
+    base["memory_bytes"][idx] = m.weights_bytes + m.activation_bytes + m.kv_cache_bytes + m.state_bytes
     base["offloaded_bytes"][idx] = m.offloaded_bytes
     base["engine_reserve_bytes"][idx] = m.reserve_bytes
     base["kv_pool_bytes"][idx] = m.kv_pool_bytes

@@ -23,7 +23,7 @@ from dse.system.workload import WorkloadBatch, WorkloadTables, footprint_in_batc
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
-from workloads.footprint import chunk_activation_bytes, peak_activation_bytes
+from workloads.footprint import chunk_activation_bytes, peak_activation_bytes, state_bytes_per_sequence
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads.optable import kv_heads_per_device
@@ -36,6 +36,8 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     dis = w.disaggregated
     own = ~(np.isnan(w.decode_tp) & np.isnan(w.decode_ep))
     fail("layout", np.flatnonzero(own & ~dis), "decode_tp and decode_ep lay out a decode pool: give disaggregate P:D")
+    fail("layout", np.flatnonzero(dis & (w.cp > 1)), "context parallelism (cp > 1) is modelled for one engine, "
+                                                     "not for disaggregated pools")
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
@@ -135,8 +137,8 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
     """The largest batch that fits, for the points asking for it (in place); 1 (and
     'does not fit') where even one sequence does not."""
     idx_all = np.flatnonzero(w.batch_max)
-    key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "flash",
-                                   "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
+    key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "cp",
+                                   "flash", "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
                                                                np.where(w.flash, hw.buffer, 0.0)[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
@@ -148,9 +150,10 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
         names = [getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")]
         tech = w.techniques[w.tech[i0]]
         try:
+            c_ = int(w.cp[i0])
             fib = footprint_in_batch(model, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf,
-                                     tech)
-            one = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf, tech)
+                                     tech, c_)
+            one = tables(model, 1, int(w.prompt[i0]), int(w.gen[i0]), *names, t_, p_, e_, flash, buf, tech, c_)
         except DseError:
             continue                  # the layout does not divide the model: reported by the group check
         layer_w, sc1 = one.layer_weight_bytes, one.scenario
@@ -192,6 +195,7 @@ class GroupMemory:
     reserve_bytes: object = 0.0
     kv_pool_bytes: object = np.nan
     kv_request_bytes: object = np.nan    # an open loop's: KV bytes one request holds at its full length
+    state_bytes: object = 0.0            # recurrent layers' state of the sequences held (hybrid models)
 
 
 def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareArrays, i0: int, fail,
@@ -227,14 +231,14 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
         act = static_activation_bytes(model, t, memory_use, buffer)
     reserve = reserve_bytes(memory_use, cap, fp.weights_bytes, act)
     cap = cap - reserve                        # what the engine lets the model use
-    pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes, cap, sc.devices, share,
+    pl = _placement(policy, fp.weights_bytes, act, fp.kv_cache_bytes + fp.state_bytes, cap, sc.devices, share,
                     t.layer_weight_bytes)
     dev_ok = _check_memory(mark, pl, cap, hcap, hw.has_host[idx], share)
     wanted = sorted({matmul_compute_class(sc.activations, sc.weights), matmul_compute_class(sc.activations, sc.kv)})
     sys = _check_device(mark, sys, sc, wanted, w, hw, idx, i0, pl, share, policy)
     cpu = _cpu_split(mark, model, t, wanted, hw, idx, i0, share) if share else None
     serving = None
-    kv, pool, per_request = fp.kv_cache_bytes, np.nan, np.nan
+    kv, pool, per_request, state = fp.kv_cache_bytes, np.nan, np.nan, fp.state_bytes
     if continuous:
         try:
             serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit)
@@ -243,9 +247,11 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
             serving, pool = serving_inputs(model, sc, w, hw, idx, i0, cap, fp, act, lengths, length_spec, limit,
                                            own_decode=False)
         kv, per_request = requests_kv_bytes(serving, pool)
+        state = running_state_bytes(serving, state_bytes_per_sequence(model, sc))
+        kv = np.minimum(kv, pool - state)                  # the states' blocks are the pool's
         if spec is not None and spec.tables is not None:
             serving = speculative_serving(serving, spec, sc, hw, i0)
-        need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block)
+        need = np.ceil((sc.prompt_len + sc.gen_len) / serving.kv_block) + serving.state_blocks
         mark("device_memory", dev_ok & (serving.kv_blocks < need),
              "the paged KV cache holds less than one request: the memory left after weights and activations "
              "makes fewer KV blocks (kv_block tokens each) than prompt_len + gen_len need")
@@ -254,7 +260,7 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
                  "the decode pool's paged KV cache holds less than one request at its own layout (decode_tp, "
                  "decode_ep): the memory left after its weights and activations makes too few KV blocks")
     memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool,
-                         per_request)
+                         per_request, state)
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
     return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
                  w.engines[w.engine[i0]], float(kv_group), spec), memory
@@ -342,7 +348,7 @@ def _check_device(mark, sys: SystemArrays, sc, wanted: list, w: WorkloadColumns,
     if share == 0 and policy != "none" and (pl.fractions > 0).any():
         offload = np.ascontiguousarray(np.broadcast_to(pl.fractions, (size, 3)))
     return sys.replaced(tp=np.full(size, float(sc.tp)), offload=offload, overlap=w.overlap[idx].copy(),
-                        ep=np.full(size, float(sc.ep)))
+                        ep=np.full(size, float(sc.ep)), cp=np.full(size, float(sc.cp)))
 
 
 def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays, idx, i0: int, share: float) -> CpuSplit:
@@ -447,7 +453,7 @@ def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i
     tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
-                 sc.ep, sc.flash_attention, buffer, sc.techniques)
+                 sc.ep, sc.flash_attention, buffer, sc.techniques, sc.cp)
     return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
                      peak_activation_bytes(one.decode_table)))
 
@@ -517,6 +523,22 @@ def requests_kv_bytes(serving, pool):
         page_bytes = np.where(serving.kv_blocks > 0, pool / (serving.kv_blocks * serving.stages), 0.0)
     # an open loop's request lives on one attention rank: per device, 1 / ranks of its pages
     return held * page_bytes, np.where(np.isnan(serving.concurrency), pages * page_bytes / serving.ranks, np.nan)
+
+
+def running_state_bytes(serving, state: float):
+    """Bytes per device the recurrent state of a hybrid model's running sequences takes, [P] (0
+    without recurrent layers): ``state`` bytes a sequence per device, for a closed loop's requests
+    running at once (its concurrency per stream, at most max_running), an open loop's ceiling
+    (max_running), each at most what the pool holds at its full length and its state's blocks; a
+    stage's device holds its stages' streams'. The state is in these blocks of the pool
+    (``kv_pool_bytes``), not beside it."""
+    if not state:
+        return np.zeros(np.shape(serving.kv_blocks))
+    lengths, block = serving.lengths, serving.kv_block
+    pages = np.ceil((lengths.prompt + lengths.gen)[None, :] / np.asarray(block, dtype=float)[..., None]) @ lengths.weight
+    running = np.fmin(serving.concurrency / serving.streams, serving.max_running)
+    fit = np.floor(serving.kv_blocks / (pages + serving.state_blocks))
+    return np.minimum(running, fit) * serving.stages * state
 
 
 def open_loop_kv_bytes(running, per_request, pool, weights_activations):

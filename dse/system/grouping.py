@@ -113,6 +113,7 @@ class ServingInputs:
     stages: int = 1               # pipeline stages: as many micro-batch streams interleave through them
     ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
     decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
+    state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
 
     @property
     def streams(self) -> int:
@@ -236,7 +237,7 @@ def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarra
 
 #: the columns that decide which points share a workload (and so one kernel call)
 _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activations", "kv", "devices", "tp", "pp",
-                    "ep", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
+                    "ep", "cp", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
                     "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size")

@@ -437,14 +437,19 @@ def point_topologies(cols: Columns) -> tuple[np.ndarray, list]:
     return inv, out
 
 
-def topology_arrays(cols: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def topology_arrays(cols: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """[P] devices per scale-up domain (inf: one domain), scale-out bandwidth per direction
-    (NaN: no scale-out tier) and its switch-hop latency, of every point of ``cols``."""
+    (NaN: no scale-out tier) and its switch-hop latency, of every point of ``cols``; and [P, 3] the
+    torus dimensions of each point's domain (1 where it has fewer; None where no point's domain
+    is a torus with cited dimensions)."""
     inv, tops = point_topologies(cols)
     size = np.array([t.scale_up.size for t in tops], dtype=float)
     bw = np.array([t.scale_out.link.bandwidth_bytes_per_s if t.scale_out else np.nan for t in tops])
     lat = np.array([t.scale_out.link.latency_s if t.scale_out else 0.0 for t in tops])
-    return per_code(size, inv), per_code(bw, inv), per_code(lat, inv)
+    dims = [tuple(t.scale_up.dims) + (1,) * (3 - len(t.scale_up.dims))
+            if t.scale_up.shape == "torus" and 0 < len(t.scale_up.dims) <= 3 else (1, 1, 1) for t in tops]
+    torus = np.asarray(dims, dtype=float)[inv] if any(np.prod(d) > 1 for d in dims) else None
+    return per_code(size, inv), per_code(bw, inv), per_code(lat, inv), torus
 
 
 def _factorize_numbers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -577,11 +582,12 @@ def assemble(cols: Columns) -> HardwareArrays:
         price = np.where(own & np.isnan(given), np.nan, price)
         die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
         build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
-    up_size, out_bw, out_lat = topology_arrays(cols)
+    up_size, out_bw, out_lat, torus_dims = topology_arrays(cols)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
                           host_fraction=np.asarray(host_frac, dtype=float), host_latency=np.asarray(host_lat, dtype=float),
-                          scale_up_size=up_size, scale_out_bandwidth=out_bw, scale_out_latency=out_lat)
+                          scale_up_size=up_size, scale_out_bandwidth=out_bw, scale_out_latency=out_lat,
+                          torus_dims=torus_dims)
     dev_class = per_code(np.array([DEVICE_CLASSES.index(d.device_class) for d in devices], dtype=np.int64), inv)
     family_names = list(dict.fromkeys(family_of(d) for d in devices))
     family = per_code(np.array([family_names.index(family_of(d)) for d in devices], dtype=np.int64), inv)

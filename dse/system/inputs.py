@@ -52,6 +52,7 @@ class WorkloadColumns:
     prompt: np.ndarray            # [P] prompt length, tokens (a trace's mean)
     gen: np.ndarray               # [P] generated length, tokens (a trace's mean)
     ep: np.ndarray                # [P] expert parallelism
+    cp: np.ndarray                # [P] context parallelism (ring attention ranks)
     cpu_layers: np.ndarray        # [P] layers on the host CPU
     max_context: np.ndarray       # [P] context limit, tokens (0: the model's)
     devices: np.ndarray           # [P] devices given (NaN: laid out)
@@ -100,6 +101,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["policy"], w["policies"] = resolved_column(cols, "offload", parse_policy)
     w["prompt"], w["gen"] = cols.numbers("prompt_len"), cols.numbers("gen_len")
     w["ep"], w["cpu_layers"] = cols.numbers("ep"), cols.numbers("cpu_layers")
+    w["cp"] = cols.numbers("cp")
     w["max_context"] = cols.numbers("max_context")
     w["devices"], w["tp"], w["pp"] = cols.numbers("devices"), cols.numbers("tp"), cols.numbers("pp")
     w["flash"], w["sparse"], w["overlap"] = cols.flags("flash_attention"), w["sparse_units"], cols.flags("overlap")
@@ -155,7 +157,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         w["batch_max"] = pointwise(lambda m, c: m & ~c, w["batch_max"], w["continuous"])
     elif anywhere(w["batch_max"]):
         w["batch"] = pointwise(lambda m, b: np.where(m, 1.0, b), w["batch_max"], w["batch"])
-    for k in ("prompt", "gen", "ep"):
+    for k in ("prompt", "gen", "ep", "cp"):
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")

@@ -175,15 +175,17 @@ def _fit_points(prompt_len: int) -> tuple[int, int, int]:
 @lru_cache(maxsize=1024)
 def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations: str, kv: str, tp: int,
                     flash_attention: bool, buffer: float, techniques: Techniques = NONE, pp: int = 1,
-                    ep: int = 1) -> IterationModel:
+                    ep: int = 1, cp: int = 1) -> IterationModel:
     """The IterationModel of ``model`` on ``tp`` devices with these formats, read off the
     operator tables at the prompt length ``prompt_len`` (tokens); DseError when the layout does
     not divide the model. With ``pp`` stages the iteration is one micro-batch's pass through the
     whole pipeline (every stage's operators on one tp group, and the ``pp - 1`` hops between
     them); with ``ep`` it is one attention data-parallel rank's: its own tokens through attention,
-    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``)."""
+    the experts of its 1 / ep share fed by the tokens of all ``ep`` ranks (``workloads.optable``); with
+    ``cp`` one context-parallel rank's: an iteration's prompt tokens split over the cp ranks (ring
+    attention), its decode attending its 1/cp shard of each sequence's KV (``workloads.context_parallel``)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=1, weights=weights, activations=activations, kv=kv,
-                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     keys = prompt_len + 1
     # a VLM's encoder operators: zero in a decode step, per prompt in the prefill (``workloads.encoder``)
     images = encoder.prefill(model, sc, buffer)

@@ -233,6 +233,10 @@ TABLE: tuple[Param, ...] = (
     Param("pp", int, help="pipeline-parallel stages (default: 1)", flag="--pp"),
     Param("ep", int, help="expert-parallel groups for MoE models (devices = tp x pp x ep)", default=1, flag="--ep",
           flag_default=True),
+    Param("cp", int, default=1, flag="--cp", flag_default=True,
+          help="context-parallel ranks: a long prompt's tokens split over cp rings of tp devices, its K/V "
+               "chunks sent around the ring (ring attention), the KV cache sharded cp ways; devices = "
+               "tp x pp x ep x cp (default: 1)"),
     Param("flash_attention", bool, default=True, flag="--flash-attention",
           help="fused attention, one operator tiled in the on-chip buffer, as serving engines run it "
                "(default: on where the hardware has an on-chip buffer, onchip_buffer_bytes; on hardware "

@@ -78,8 +78,9 @@ def schedule(g: Group) -> Schedule:
     n_steps = steps_after_first(sc.gen_len)
     if g.spec is not None:              # (its time leaves a CPU layer split out; its energy is NaN)
         return replace(speculative_schedule(t, g.spec, n_steps, size), energy_unknown=g.cpu is not None)
-    decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=sc.tp) for d0, slope, n in t.decode_steps(n_steps))
-    return Schedule((Phase(t.prefill, ranks=sc.tp, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
+    ranks = sc.tp * sc.cp               # every context-parallel rank runs its own share of each step
+    decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=ranks) for d0, slope, n in t.decode_steps(n_steps))
+    return Schedule((Phase(t.prefill, ranks=ranks, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
                     np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu, energy_unknown=g.cpu is not None)
 
 

@@ -23,6 +23,7 @@ from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
 from dse.system.workload import tables
+from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
 
@@ -139,7 +140,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     k = s.streams
     with np.errstate(invalid="ignore"):
         ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
-        ranks = g.tables.scenario.tp * k
+        ranks = g.tables.scenario.tp * g.tables.scenario.cp * k     # every tp and context-parallel rank
         dynamic = ranks * step_energy_j(ops, g.system) / tpot
         floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
     one = np.ones(n)
@@ -273,7 +274,7 @@ def _load(s: ServingInputs, pools: Pools | None) -> Load:
     (Poisson arrivals, ``dispersion`` None, unless some point's are gamma of another shape)."""
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
                 s.request_rate, s.chunked, s.prefix_tokens, pools,
-                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float))
+                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks)
 
 
 @dataclass(frozen=True)
@@ -310,15 +311,19 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                    length_spec: LengthSpec, max_tokens: float, own_decode: bool = True) -> tuple[ServingInputs, np.ndarray]:
     """(the continuous-batching inputs of a group's points, KV bytes per device they hold):
     the iteration model and the paged KV cache, every byte of device memory left after the
-    weights and one iteration's activations, in blocks of ``kv_block`` tokens; requests of the
-    length classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each; a
-    disaggregated decode pool of its own layout (``decode_pool``) unless not ``own_decode``."""
+    weights and one iteration's activations, in blocks of ``kv_block`` tokens (a hybrid model's
+    running sequences each hold ``state_blocks`` of them for their state); requests of the length
+    classes ``lengths`` drawn from ``length_spec``, at most ``max_tokens`` each; a disaggregated
+    decode pool of its own layout (``decode_pool``) unless not ``own_decode``."""
     budget = w.prefill_chunk[idx]
     block = w.kv_block[idx]
     per_token, blocks = kv_blocks(fp, sc, cap, act, block)
+    if np.any(per_token <= 0):
+        raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
+                       "purely recurrent model is not modelled; give a hybrid or an attention model")
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
                          sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
-                         pp=sc.pp, ep=sc.ep)
+                         pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
@@ -336,7 +341,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         dispersion=1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
-        decode=decode)
+        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block))
     return serving, blocks * block * per_token * sc.pp
 
 
@@ -347,7 +352,8 @@ def kv_blocks(fp, sc, cap, act, block) -> tuple:
     of a pipeline stage holds the KV of its layers for every one of the pp streams."""
     per_token = fp.kv_cache_bytes / (sc.prompt_len + sc.gen_len)
     left = np.maximum(cap - fp.weights_bytes - act, 0.0)
-    return per_token, np.floor(left / (per_token * block) / sc.pp)
+    with np.errstate(divide="ignore", invalid="ignore"):     # no KV at all (a purely recurrent model): refused by the caller
+        return per_token, np.floor(left / (per_token * block) / sc.pp)
 
 
 def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, act, block) -> DecodePool | None:
@@ -365,6 +371,16 @@ def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int,
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp,
                          sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=d_ep)
     return DecodePool(it, np.asarray(blocks, dtype=float), d_tp, d_ep)
+
+
+def state_blocks(state, block_bytes):
+    """KV blocks (of ``block_bytes`` each, [P]) one sequence's recurrent state of ``state`` bytes per
+    device takes (0 for a model without recurrent layers): as vLLM's hybrid KV-cache manager
+    (V1; docs.vllm.ai, design/hybrid_kv_cache_manager: Mamba + full-attention models in one pool of
+    equal pages; vLLM pads the attention page to the state's, which this rounding leaves out) gives
+    each running request's Mamba / linear-attention state pages of the pool. The
+    state is constant in the context: blocks a running sequence holds, not blocks a token adds."""
+    return np.ceil(state / np.asarray(block_bytes, dtype=float)) if state else np.zeros(np.shape(block_bytes))
 
 
 def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: HardwareArrays, i0: int) -> ServingInputs:
@@ -404,7 +420,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     engine = EngineConfig(kv_blocks=max(int(s.kv_blocks[j]), 1), kv_block=int(s.kv_block[j]),
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
-                          prefix_tokens=int(s.prefix_tokens[j]))
+                          prefix_tokens=int(s.prefix_tokens[j]),
+                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]))
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode

@@ -66,11 +66,12 @@ class WorkloadTables:
 @lru_cache(maxsize=4096)
 def tables(model: ModelSpec, batch: int, prompt_len: int, gen_len: int, weights: str, activations: str, kv: str,
            tp: int, pp: int, ep: int, flash_attention: bool, buffer: float,
-           techniques: Techniques = NONE) -> WorkloadTables:
-    """The WorkloadTables of one workload; DseError when the layout does not divide the model."""
+           techniques: Techniques = NONE, cp: int = 1) -> WorkloadTables:
+    """The WorkloadTables of one workload (``cp``: context-parallel ranks); DseError when the
+    layout does not divide the model."""
     sc = Scenario.make(batch=batch, prompt_len=prompt_len, gen_len=gen_len, weights=weights,
                        activations=activations, kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention,
-                       techniques=techniques)
+                       techniques=techniques, cp=cp)
     return _built(model, sc, buffer)
 
 
@@ -200,12 +201,12 @@ class WorkloadBatch:
         sc = self.scenario
         return tables(self.model, int(sc.batch[row]), int(sc.prompt_len[row]), int(sc.gen_len[row]), sc.weights.name,
                       sc.activations.name, sc.kv.name, sc.tp, sc.pp, sc.ep, sc.flash_attention, self.buffer,
-                      sc.techniques)
+                      sc.techniques, sc.cp)
 
 
 def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, activations: str, kv: str, tp: int,
                    pp: int, ep: int, flash_attention: bool, buffer: float,
-                   techniques: Techniques = NONE, workload: np.ndarray | None = None) -> WorkloadBatch:
+                   techniques: Techniques = NONE, cp: int = 1, workload: np.ndarray | None = None) -> WorkloadBatch:
     """The WorkloadBatch of P points (batch, prompt_len, gen_len: integer arrays [P]) sharing
     everything else; the footprints of their distinct workloads come from the prefill and decode
     tables, built ``TABLE_ROWS`` at a time. ``workload``: [P] integers equal exactly where the
@@ -214,7 +215,7 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
     a time, ``tables``)."""
     sc = Scenario.make(batch=np.asarray(batch, dtype=np.int64), prompt_len=np.asarray(prompt_len, dtype=np.int64),
                        gen_len=np.asarray(gen_len, dtype=np.int64), weights=weights, activations=activations, kv=kv,
-                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     if workload is None:
         workload = np.unique(np.stack([sc.batch, sc.prompt_len, sc.gen_len]), axis=1, return_inverse=True)[1]
     workload, first = _distinct(np.asarray(workload).reshape(-1))
@@ -224,7 +225,8 @@ def workload_batch(model: ModelSpec, batch, prompt_len, gen_len, weights: str, a
         part = distinct.take(rows)
         parts.append(footprint(model, part, *_steps(model, part, buffer)))
     fp = Footprint(parts[0].weights_bytes, np.concatenate([f.kv_cache_bytes for f in parts])[workload],
-                   np.concatenate([f.activation_bytes for f in parts])[workload])
+                   np.concatenate([f.activation_bytes for f in parts])[workload],
+                   np.concatenate([np.broadcast_to(f.state_bytes, np.shape(f.kv_cache_bytes)) for f in parts])[workload])
     return WorkloadBatch(model, sc, buffer, fp, _layer_weight_bytes(model, sc), workload, distinct)
 
 
@@ -281,10 +283,10 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
 @lru_cache(maxsize=1024)
 def footprint_in_batch(model: ModelSpec, prompt_len: int, gen_len: int, weights: str, activations: str, kv: str,
                        tp: int, pp: int, ep: int, flash_attention: bool, buffer: float,
-                       techniques: Techniques = NONE) -> FootprintInBatch:
+                       techniques: Techniques = NONE, cp: int = 1) -> FootprintInBatch:
     """The FootprintInBatch of a workload (DseError when the layout does not divide the model)."""
     sc = Scenario.make(batch=1, prompt_len=prompt_len, gen_len=gen_len, weights=weights, activations=activations,
-                       kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques)
+                       kv=kv, tp=tp, pp=pp, ep=ep, flash_attention=flash_attention, techniques=techniques, cp=cp)
     a1, a2, a3 = (_live_activations(model, replace(sc, batch=b), buffer) for b in (1, 2, 3))
     slope, intercept = a2 - a1, 2 * a1 - a2
     if not np.allclose(a3, 3 * slope + intercept, rtol=1e-12, atol=0.0):
