@@ -2,7 +2,7 @@
 Scout and Maverick (text decoder of a multimodal config: MoE layers interleaved with dense ones, a
 shared expert, chunked attention) and the MoE configs shipped before them. Every shipped config loads,
 its parameter counts match the published figures (configs/models/SOURCES.md), Llama 4's chunked
-layers cache and read at most one chunk, and DeepSeek-V3.2's sparse attention is refused, never read
+layers cache and read at most one chunk, and DeepSeek-V3.2 is read with its sparse attention, never
 as V3."""
 import json
 
@@ -161,13 +161,15 @@ def test_bad_llama4_config_is_one_line_naming_file_and_key(tmp_path, change, key
     assert_one_line(e.value, p, f": {key}: ")
 
 
-def test_deepseek_v32_sparse_attention_is_refused(tmp_path):
+def test_deepseek_v32_sparse_attention_is_read_with_its_indexer(tmp_path):
+    # (issue 45: DSA is modelled, tests/test_sparse_attention.py); without its indexer fields it is refused
     cfg = {**cfg_of("deepseek-v3"), "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
            "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
-    p = write(tmp_path / "v32.json", cfg)
+    assert load_model(str(write(tmp_path / "v32.json", cfg))).index_topk == 2048
+    p = write(tmp_path / "v32-bare.json", {k: v for k, v in cfg.items() if k != "index_topk"})
     with pytest.raises(DseError) as e:
         load_model(str(p))
-    assert_one_line(e.value, p, ": model_type: ", "index_topk", "not modelled")
+    assert_one_line(e.value, p, ": index_topk: ")
 
 
 def test_analyze_says_the_vision_encoder_is_not_modelled():

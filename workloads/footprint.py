@@ -34,7 +34,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     if m.is_mla:
         dn, dr, dv, rkv, rq = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank
         attn = (h * rq + rq + rq * nh * (dn + dr)) if rq else h * nh * (dn + dr)
-        attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h
+        attn += h * (rkv + dr) + rkv + rkv * nh * (dn + dv) + nh * dv * h + indexer_parameter_count(m)
     else:
         nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
@@ -57,10 +57,19 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         experts = m.num_experts / ep * expert_parameter_count(m, tp)
         shared = mats * h * m.shared_expert_intermediate_size / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
+    total += draft_input_parameter_count(m)
     if pp == 1:
         return total
     layers = total - emb - head - final
     return layers / pp + max(emb, head + final)
+
+
+def indexer_parameter_count(m: ModelSpec) -> float:
+    """Parameters (elements, replicated over TP) of one layer's lightning indexer (DeepSeek-V3.2):
+    query (q_lora_rank -> heads x head size), key (hidden -> head size) and its LayerNorm, per-head
+    weights (hidden -> heads); 0 for dense attention."""
+    hi, di = m.index_n_heads, m.index_head_dim
+    return m.q_lora_rank * hi * di + m.hidden_size * di + 2 * di + m.hidden_size * hi if m.is_sparse_attention else 0
 
 
 def recurrent_parameter_count(m: ModelSpec, tp: int = 1) -> float:
@@ -106,11 +115,19 @@ def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:
     return mats * h * w + ((mats - 1) * w + h if m.mlp_bias else 0)
 
 
+def draft_input_parameter_count(m: ModelSpec) -> float:
+    """Parameters (elements, replicated over TP) of a native draft head's input projection
+    (``ModelSpec.draft_head``): 2h x h, and an MTP module's two RMSNorms (2h); 0 for a model."""
+    h = m.hidden_size
+    return 0.0 if not m.draft_head else 2 * h * h + (2 * h if m.draft_head == "mtp" else 0)
+
+
 def _outer_parameters(m: ModelSpec, tp: int = 1) -> tuple[float, float, float]:
-    """Parameters (elements per device) outside the layers: embedding, head, final norm."""
+    """Parameters (elements per device) outside the layers: embedding, head, final norm (a native
+    draft head's embedding and head are the target's: 0)."""
     h = m.hidden_size
     ln = m.norm_weights_per_element
-    vocab = m.vocab_size * h / tp
+    vocab = 0.0 if m.draft_head else m.vocab_size * h / tp
     emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
     head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
     final = ln * h if m.final_norm else 0

@@ -39,9 +39,13 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   position i attends i mod C + 1 <= C keys, about C/2 on average). Scout's ``use_qk_norm`` (an L2
   norm of q and k without weights, on RoPE layers) is left out: no parameters, ~4 vector ops per
   element. Defaults of keys a config leaves out: Llama4TextConfig (``_DEFAULTS``).
-- deepseek_v32 (DeepSeek-V3.2, DeepSeek Sparse Attention: a lightning indexer selects
-  ``index_topk`` tokens per query) is refused: sparse attention is not modelled yet, and it is never
-  read as deepseek_v3.
+- deepseek_v32 (DeepSeek-V3.2): DeepSeek-V3's layers with DeepSeek Sparse Attention: a lightning
+  indexer of ``index_n_heads`` heads of ``index_head_dim`` (one key a token, cached beside the MLA
+  latent) scores every earlier token and each query attends to the ``index_topk`` best
+  (``ModelSpec.index_topk``; ``workloads.optable`` prices the indexer and the attention over the
+  selected tokens, the KV cache still holds every token).
+- multi-token prediction: ``num_nextn_predict_layers`` (DeepSeek-V3) is read as ``mtp_layers``, the
+  MTP modules a ``--draft mtp:N`` chains (their weights are not in the main model's count).
 - gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
   positions), bloom (GeLU, ALiBi).
 
@@ -82,6 +86,7 @@ range (counts are integers from 1, or 0 where 0 means "none", up to ``MAX_SIZE``
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -156,6 +161,16 @@ class ModelSpec:
     max_position_embeddings: int = 0  # the longest context (prompt + generation); 0: not given
     chunked_attention: bool = False   # the windowed layers attend within fixed chunks of sliding_window
     #                                   tokens (Llama 4), priced as a sliding window of that size
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer and its top-k token selection
+    index_n_heads: int = 0            # indexer query heads (0: dense attention)
+    index_head_dim: int = 0           # indexer head size; its one key per token is cached per layer
+    index_topk: int = 0               # tokens each query attends (0: every earlier token)
+    # Multi-token prediction (DeepSeek-V3 sec. 2.2): MTP modules shipped beside the model
+    mtp_layers: int = 0               # num_nextn_predict_layers
+    # A native draft head run as a model of its own (``draft_head_model``): 'mtp' or 'eagle', its
+    # embedding and LM head the target's (shared, not counted again), an input projection of
+    # 2 x hidden -> hidden fusing the token's embedding with the target's hidden feature
+    draft_head: str = ""
     # Hybrid and linear-attention models (empty layer_mixers: every layer attention + its MLP or MoE)
     layer_mixers: tuple = ()          # per layer: 'attention', 'gdn' (Gated DeltaNet), 'mamba2' or '' (none)
     layer_ffns: tuple = ()            # per layer: 'mlp', 'moe' or '' (none)
@@ -179,6 +194,11 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def is_sparse_attention(self) -> bool:
+        """Whether a lightning indexer selects ``index_topk`` tokens per query (DeepSeek-V3.2)."""
+        return self.index_topk > 0
 
     @property
     def num_moe_layers(self) -> int:
@@ -266,8 +286,37 @@ class ModelSpec:
     def kv_elems_per_token_per_layer(self) -> int:
         """Elements of KV cache one token adds to one layer (K and V, or MLA's latent)."""
         if self.is_mla:
-            return self.kv_lora_rank + self.qk_rope_head_dim
+            return self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim   # and the indexer's key
         return 2 * self.num_kv_heads * self.head_dim
+
+
+#: the native draft heads ``draft_head_model`` builds
+DRAFT_HEADS = ("mtp", "eagle")
+
+
+def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
+    """The ModelSpec of one pass of a native draft head of target ``m`` (run once per drafted token):
+
+    - 'mtp' (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, sec. 2.2, Fig. 3): an
+      MTP module, RMSNorm of the previous depth's hidden state and of the next token's embedding,
+      their concatenation projected 2h -> h (M_k), one Transformer block of the main model's shape
+      (an MoE block where the model has experts, with its sparse-attention indexer where it has one),
+      the embedding and output head shared with the main model;
+    - 'eagle' (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+      ICML 2024, sec. 4): the target's feature and the next token's embedding concatenated, an FC
+      layer 2h -> h and one decoder layer: the target's attention and a dense gated MLP of its
+      ``intermediate_size`` (an MoE target's dense width; a hybrid's: an attention layer), its embedding and LM head the target's.
+
+    DseError for 'mtp' on a model that ships no MTP module (``num_nextn_predict_layers`` 0)."""
+    if kind == "mtp" and not m.mtp_layers:
+        raise DseError(f"spec_draft: mtp:N needs the model's multi-token-prediction modules; '{m.name}' ships none "
+                       "(num_nextn_predict_layers 0 or absent); use eagle or a draft model")
+    experts = {} if kind == "mtp" else dict(num_experts=0, experts_per_token=0, num_shared_experts=0,
+                                            shared_expert_intermediate_size=0, shared_expert_gate=False,
+                                            router_bias=False)
+    return dataclasses.replace(m, name=f"{m.name} {kind}", num_layers=1, first_dense_layers=0, **experts,
+                               sliding_layers=(), sliding_window=0, chunked_attention=False, mtp_layers=0,
+                               draft_head=kind, vision=None, notes=(), layer_mixers=(), layer_ffns=())
 
 
 def context_limit(m: ModelSpec, max_context: int = 0) -> int:
@@ -429,7 +478,7 @@ FAMILIES = {
     "gemma2": False, "gemma3": False, "gemma3_text": False,
     "gptj": False, "falcon": False, "opt": False, "bloom": False,
     "mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "gpt_oss": True, "dbrx": True,
-    "deepseek_v2": True, "deepseek_v3": True, "llama4": True, "llama4_text": True,
+    "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
     "qwen3_next": True, "qwen3_5": False, "qwen3_5_text": False, "qwen3_5_moe": True, "qwen3_5_moe_text": True,
     "nemotron_h": True,
@@ -448,11 +497,7 @@ _GDN_CHUNK = 64
 #: declares DeepseekV3ForCausalLM, the DeepSeek-V3 decoder)
 ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
 #: model_type -> why this reader refuses it (a known model whose attention it does not model yet)
-NOT_MODELLED = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (DeepSeek Sparse Attention: a lightning indexer of "
-                    "index_n_heads x index_head_dim selecting index_topk tokens per query) is not modelled yet; "
-                    "it is not read as deepseek_v3",
-}
+NOT_MODELLED: dict = {}
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
 #: keys that give a number of routed experts in some family's config
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -648,6 +693,19 @@ def _vision(cfg: dict, path, family: str) -> VisionSpec:
         raise _fail(path, _named(v, "hidden_size"), f"got {h}, not a multiple of the tower's {heads} heads; "
                     "expected a width the heads divide")
     return spec
+
+
+def _sparse_attention(cfg: dict, path, kw: dict) -> None:
+    """Read DeepSeek Sparse Attention's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)
+    into ``kw``; its queries project MLA's query latent, so the model must have one (q_lora_rank)."""
+    if not kw.get("kv_lora_rank"):
+        raise _fail(path, _named(cfg, "kv_lora_rank"), "config.json is missing 'kv_lora_rank'; DeepSeek Sparse "
+                    "Attention runs on multi-head latent attention (an integer from 1)")
+    if not kw.get("q_lora_rank"):
+        raise _fail(path, _named(cfg, "q_lora_rank"), f"got {_show(cfg.get('q_lora_rank'))}; the lightning "
+                    "indexer projects the query latent, expected an integer from 1")
+    kw.update(index_n_heads=_int(cfg, path, "index_n_heads"), index_head_dim=_int(cfg, path, "index_head_dim"),
+              index_topk=_int(cfg, path, "index_topk"))
 
 
 def _state_bytes(cfg: dict, path, *keys: str) -> float:
@@ -910,14 +968,14 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                                              hi_name="num_local_experts"),
                       moe_intermediate_size=inter, num_shared_experts=1, shared_expert_intermediate_size=inter,
                       first_dense_layers=layers - len(moe_layers))
-        elif mt in ("deepseek_v2", "deepseek_v3"):
+        elif mt in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
             experts = _int(cfg, path, "n_routed_experts")
             moe_inter = _int(cfg, path, "moe_intermediate_size")
             shared = _int(cfg, path, "n_shared_experts", default=0, lo=0)
             kw.update(num_experts=experts,
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="n_routed_experts"),
                       moe_intermediate_size=moe_inter, num_shared_experts=shared,
-                      shared_expert_intermediate_size=shared * moe_inter, router_bias=mt == "deepseek_v3",
+                      shared_expert_intermediate_size=shared * moe_inter, router_bias=mt != "deepseek_v2",
                       first_dense_layers=_int(cfg, path, "first_k_dense_replace", default=0, lo=0, hi=layers,
                                               hi_name="num_hidden_layers"))
             freq = _int(cfg, path, "moe_layer_freq", default=1)
@@ -931,6 +989,9 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                           qk_rope_head_dim=_int(cfg, path, "qk_rope_head_dim"),
                           v_head_dim=_int(cfg, path, "v_head_dim"))
                 head_dim = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+            kw.update(mtp_layers=_int(cfg, path, "num_nextn_predict_layers", default=0, lo=0, hi=MAX_LAYERS))
+            if mt == "deepseek_v32":
+                _sparse_attention(cfg, path, kw)
     if mt in _GDN_FAMILIES:
         kw.update(_gated_deltanet(cfg, path, layers, kw))
     window, sliding = _sliding(cfg, path, mt, layers, max_pos)

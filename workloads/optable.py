@@ -227,6 +227,8 @@ class OpTable:
         for op in self.operators:
             if op.kind == "matmul":
                 out.append(matmul_compute_class(self.activations, self.weights))
+            elif op.name == "indexer_scores":     # DSA's indexer computes in its keys' format (FP8 as served)
+                out.append(matmul_compute_class(self.kv, self.kv))
             elif op.kind == "attention":
                 out.append(matmul_compute_class(self.activations, self.kv if op.uses_kv else self.activations))
             elif op.kind == "vector":
@@ -306,7 +308,7 @@ def kv_heads_per_device(m: ModelSpec, tp: int) -> int:
 def kv_elems_per_token_per_layer(m: ModelSpec, tp: int = 1) -> int:
     """KV-cache elements one token adds to one layer on one device."""
     if m.is_mla:
-        return m.kv_lora_rank + m.qk_rope_head_dim          # latent is replicated over TP
+        return m.kv_lora_rank + m.qk_rope_head_dim + m.index_head_dim   # latent (and DSA's indexer key): replicated
     return 2 * kv_heads_per_device(m, tp) * m.head_dim
 
 
@@ -513,7 +515,16 @@ class _Builder:
         self.norm("kv_a_norm", rkv, count)
         T = self.T
         w_b = rkv * nh * (dn + dv)
-        if self.stage == "prefill":
+        if m.is_sparse_attention:
+            # DSA runs MLA in its absorbed (MQA) form in prefill and decode alike, over the selected tokens
+            if self.cp > 1:
+                raise DseError(f"context parallelism {self.cp}: model '{m.name}' has sparse attention (a lightning "
+                               "indexer and top-k selection), not modelled over a ring; use cp 1")
+            self.indexer(count)
+            self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
+                     act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
+            self.sparse_attention_core(count, nh, rkv + dr, rkv)
+        elif self.stage == "prefill":
             # decompress the latent of every prompt token into per-head K (nope part) and V
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b, kv_in=T * rkv,
                      act_out=T * nh * (dn + dv))
@@ -525,6 +536,73 @@ class _Builder:
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=0)
         self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
+
+    # ---- DeepSeek Sparse Attention (DeepSeek-V3.2)
+    def _indexer_pairs(self):
+        """(query, key) pairs a sequence's indexer scores: prefill's causal S(S+1)/2, decode's S x L."""
+        return _causal_pairs(self.S) if self.stage == "prefill" else self.S * self.L
+
+    def _selected_pairs(self):
+        """(query, key) pairs a sequence attends under top-k selection: a query at position i attends
+        min(i, index_topk) tokens (prefill: the sum over its prompt; decode: S x min(L, k))."""
+        k = self.m.index_topk
+        if self.stage == "prefill":
+            return _causal_pairs(self.S, k)
+        return self.S * np.minimum(np.minimum(self.L, k), self.tech.kv_budget or self.L)
+
+    def indexer(self, count):
+        """The lightning indexer (DeepSeek-V3.2-Exp report, sec. 2.1): per token a query of H_I heads of
+        d_I from MLA's query latent, one key of d_I from the hidden state (LayerNorm'd, cached per layer
+        beside the latent), a weight per head; the scores of every (query, earlier token) pair,
+        sum_j w_j ReLU(q_j . k), and the top-k selection over them (fused: only the selected indices are
+        written). Replicated over TP, as MLA's down-projections are. Ops per pair: H_I (2 d_I + 3)
+        (dot, ReLU, weight and sum), plus 1 to select."""
+        m, h, T, B = self.m, self.m.hidden_size, self.T, self.B
+        hi, di = m.index_n_heads, m.index_head_dim
+        self.linear("indexer_q_proj", m.q_lora_rank, hi * di, count)
+        self.linear("indexer_k_proj", h, di, count, kv_out=True)
+        self.add("indexer_k_norm", "vector", count, ops=NORM_OPS["layernorm"] * T * di, weight=2 * di,
+                 act_in=T * di, act_out=T * di)
+        self.linear("indexer_weights_proj", h, hi, count)
+        pairs = B * self._indexer_pairs()
+        keys = B * (self.S if self.stage == "prefill" else self.L) * di     # each sequence's keys read once
+        kw = {"kv_in": keys} if self.stage == "decode" else {}
+        act_keys = 0 if self.stage == "decode" else keys
+        self.add("indexer_scores", "attention", count, ops=pairs * (hi * (2 * di + 3) + 1),
+                 act_in=T * hi * (di + 1) + act_keys, act_out=B * self._selected_pairs(),
+                 uses_kv=self.stage == "decode", **kw)
+
+    def sparse_attention_core(self, count, nh, d_qk, d_v):
+        """MLA's absorbed attention over the tokens the indexer selected: ``_selected_pairs`` per sequence
+        and head. Decode reads the selected tokens' latents (as dense decode reads every token's: K and V
+        parts, ``kv_qk + kv_sv`` a token), at most min(L, S k) distinct tokens for S queries; prefill's block of
+        b query rows (FlashAttention's tiling) gathers at most min(prefix, b k) latents, b sum_r min(r, k) over
+        its blocks, FlashAttention's dense read when the prompt is within top-k. So at a context within top-k
+        every count equals dense MLA's."""
+        B, S, m = self.B, self.S, self.m
+        k = m.index_topk
+        pairs = B * nh * self._selected_pairs()
+        per_token = d_qk + d_v
+        if self.stage == "decode":
+            kv_reads = B * np.minimum(self.L, S * np.minimum(np.minimum(self.L, k), self.tech.kv_budget or self.L)
+                                      ) * per_token
+            keys = np.minimum(np.minimum(self.L, k), self.tech.kv_budget or self.L)
+        else:
+            elem = self.sc.kv.bytes
+            nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem) if self.sc.flash_attention else S
+            kv_reads = B * per_token * (S / nrb) * _causal_pairs(nrb, k)
+            keys = S
+        q, out = B * S * nh * d_qk, B * S * nh * d_v
+        if self.sc.flash_attention:
+            self.add("flash_attention", "attention", count, uses_kv=True, ops=2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs,
+                     act_in=q, kv_in=kv_reads, act_out=out, shape_m=B, shape_n=keys, shape_k=d_qk, heads=nh,
+                     kv_heads=1)
+            return
+        self.add("qk_matmul", "attention", count, ops=2 * pairs * d_qk, act_in=q, kv_in=kv_reads * d_qk / per_token,
+                 act_out=pairs, uses_kv=True)
+        self.add("softmax", "vector", count, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
+        self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, kv_in=kv_reads * d_v / per_token,
+                 act_out=out, uses_kv=True)
 
     # ---- recurrent layers (Gated DeltaNet, Mamba-2)
     def recurrent(self, count):
@@ -637,6 +715,10 @@ class _Builder:
         self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
+        if m.draft_head:                   # MTP / EAGLE: fuse the token's embedding with the target's feature
+            if m.draft_head == "mtp":
+                self.norm("mtp_norms", h, 2)
+            self.linear("draft_input_proj", 2 * h, h, 1)
         if m.is_hybrid:
             self.hybrid_layers()
         elif m.parallel_block:
@@ -785,7 +867,7 @@ def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     KV token budget once the budget is full: a new piece starts at the first step attending to
     more keys than each such limit above ``kv_len``."""
     limits = sorted({w for w in (model.sliding_window if model.num_sliding_layers else 0,
-                                 scenario.techniques.kv_budget) if w and np.any(w > kv_len)})
+                                 scenario.techniques.kv_budget, model.index_topk) if w and np.any(w > kv_len)})
     if limits and np.ndim(kv_len):
         raise DseError("a decode whose sliding window or KV budget fills is priced one workload at a time")
     pieces = [(0, *decode_linear(model, scenario, kv_len, buffer_bytes))]

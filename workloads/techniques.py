@@ -143,7 +143,13 @@ def tokens_per_target_step(acceptance, drafted):
     """Expected tokens a speculative-decoding target step yields: (1 - a^(g+1)) / (1 - a) for
     per-token acceptance rate a and g drafted tokens (Leviathan et al., "Fast Inference from
     Transformers via Speculative Decoding", ICML 2023, Eq. 1); g + 1 at a = 1; 1 without drafts.
-    Works on numbers or numpy arrays."""
+    Works on numbers or numpy arrays. A tuple is the acceptance by depth (a_1, a_2, ...: the
+    probability that the d-th drafted token is accepted given the ones before it were), as native
+    draft heads report it: 1 + sum_{d=1..g} prod_{j<=d} a_j, depths past the tuple accepting none
+    (a scalar a is a_j = a at every depth: the closed form above)."""
+    if isinstance(acceptance, tuple):
+        g = int(drafted)
+        return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance[:g], dtype=float))))
     a = np.asarray(acceptance, dtype=float)
     g = np.asarray(drafted, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

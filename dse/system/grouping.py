@@ -228,7 +228,7 @@ def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarra
     without speculative decoding or a CPU layer split, whose decode has one affine piece (no
     sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (``shared``: [n], how many points
     share each point's workload; a workload shared by many points is cheaper priced once for them all)."""
-    sliding = per_code([m.num_sliding_layers > 0 for m in w.models], w.model)
+    sliding = per_code([m.num_sliding_layers > 0 or m.is_sparse_attention for m in w.models], w.model)
     budget = per_code([t.kv_budget > 0 for t in w.techniques], w.tech)
     draft = per_code([d is not None for d in w.drafts], w.draft)
     ok = ~w.continuous & ~draft & (cpu_layers == 0) & ~sliding & ~budget

@@ -13,11 +13,14 @@ Columns (defaults change nothing):
   with those dimensions, costed like any other.
 - ``spec_draft`` (``none``, a model name or config path, ``self:N``: the target's first N layers, or
   ``medusa:N``: N Medusa heads drafting N tokens in one pass, ``spec_tokens`` then the candidate
-  tokens verified, a tree at least N wide),
+  tokens verified, a tree at least N wide; ``mtp:N``: the model's N chained MTP modules, and
+  ``eagle``: an EAGLE head, each a one-layer draft at the target's layout sharing its embedding and
+  LM head, ``workloads.model.draft_head_model``; these two may end in ``@a1,a2,...``, the acceptance
+  by depth, replacing ``spec_acceptance``),
   ``spec_tokens`` (tokens drafted per step, g; ignored without a draft, so a grid may cross both)
   and ``spec_acceptance`` (per-token acceptance rate, a in [0, 1]): decoding runs rounds of g draft
   steps and one target step verifying g + 1 tokens, each round yielding (1 - a^(g+1)) / (1 - a)
-  tokens; in a static batch, and under continuous batching (a draft model or self:N) where every
+  tokens; in a static batch, and under continuous batching (all but Medusa heads) where every
   running sequence gains that many tokens an iteration. A draft model of its
   own runs at tensor parallelism 1 on one of the target's devices, its weights and KV cache beside
   the target's there; a self-speculating draft shares the target's weights and KV cache (LayerSkip:
@@ -36,7 +39,7 @@ from dse.system.moe import ROUTING_COLUMNS, routing_columns
 from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
-from workloads.model import ModelSpec
+from workloads.model import ModelSpec, draft_head_model
 from workloads.pruning import parse_prune, prune
 from workloads.quality import quality_loss
 from workloads.techniques import Techniques, parse_sparsity, sparsity_text
@@ -57,6 +60,9 @@ class Draft:
     model: ModelSpec | None = None
     layers: int = 0
     heads: int = 0
+    kind: str = ""              # a native draft head of the target: 'mtp' or 'eagle' (``draft_head_model``)
+    depth: int = 0              # mtp:N: the chained MTP modules, one token each
+    by_depth: tuple = ()        # acceptance by depth (a_1, a_2, ...), replacing spec_acceptance where given
 
     @property
     def shares_target(self) -> bool:
@@ -64,7 +70,39 @@ class Draft:
 
 
 #: what ``spec_draft`` takes
-_DRAFTS = "'none', a model name (see 'list models') or config.json, 'self:N' or 'medusa:N' (N a positive integer)"
+_DRAFTS = ("'none', a model name or config.json, 'self:N', 'medusa:N', 'mtp:N' or 'eagle' (N from 1; "
+           "mtp, eagle: @a1,a2,... acceptance by depth)")
+
+
+def _by_depth(text: str, whole: str) -> tuple:
+    """The acceptance by depth of '@a1,a2,...' (each in [0, 1]); DseError naming what is allowed."""
+    try:
+        rates = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or len(rates) > MAX_SPEC_TOKENS or not all(0.0 <= a <= 1.0 for a in rates):
+        raise DseError(f"spec_draft: {whole if len(whole) <= 40 else whole[:39] + '…'!r}: after '@' give the "
+                       "acceptance by depth, numbers from 0 to 1 separated by commas (e.g. mtp:2@0.85,0.7)")
+    return rates
+
+
+def _native_head(text: str) -> Draft | None:
+    """The Draft of 'mtp:N[@a1,...]' or 'eagle[@a1,...]', None for any other text."""
+    low = text.lower()
+    head, _, rates = low.partition("@")
+    if head != "eagle" and not head.startswith("mtp:"):
+        return None
+    by_depth = _by_depth(rates, text) if "@" in low else ()
+    if head == "eagle":
+        return Draft(low, kind="eagle", by_depth=by_depth)
+    n = head[4:]
+    if not (n.isascii() and n.isdigit() and len(n) <= 12) or not 1 <= int(n) <= MAX_SPEC_TOKENS:
+        raise DseError(f"spec_draft: 'mtp:N' takes N, the chained MTP modules, from 1 to {MAX_SPEC_TOKENS:,}, got "
+                       f"{text if len(text) <= 40 else text[:39] + '…'!r}")
+    if by_depth and len(by_depth) != int(n):
+        raise DseError(f"spec_draft: {text!r}: mtp:{int(n)} drafts {int(n)} tokens; give {int(n)} acceptance rates "
+                       f"after '@', got {len(by_depth)}")
+    return Draft(low, kind="mtp", depth=int(n), by_depth=by_depth)
 
 
 def parse_draft(value) -> Draft | None:
@@ -74,6 +112,9 @@ def parse_draft(value) -> Draft | None:
         return None
     if not text:
         raise DseError(f"spec_draft: got an empty text; expected {_DRAFTS}")
+    native = _native_head(text)
+    if native is not None:
+        return native
     for kind, what in (("self", "the target's first N layers as the draft"), ("medusa", "N Medusa heads")):
         if text.lower().startswith(kind + ":"):
             n = text.split(":", 1)[1]
@@ -89,9 +130,12 @@ def parse_draft(value) -> Draft | None:
 
 
 def draft_model(draft: Draft, target: ModelSpec) -> ModelSpec:
-    """The model a draft runs: its own, or the target's first ``layers`` layers."""
+    """The model a draft runs: its own, a native draft head's one pass (``draft_head_model``), or the
+    target's first ``layers`` layers."""
     if draft.model is not None:
         return draft.model
+    if draft.kind:
+        return draft_head_model(target, draft.kind)
     if draft.layers >= target.num_layers:
         raise DseError(f"spec_draft: {draft.name} takes {draft.layers} of the target's {target.num_layers} layers; "
                        f"a self-speculating draft must use fewer")
@@ -150,7 +194,7 @@ def technique_columns(cols: Columns, w: dict) -> None:
     if anywhere(pointwise(lambda d, t: d & ~(t > 0), has_draft, w["spec_tokens"])):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
-    heads = per_code([d.heads if d is not None else 0 for d in w["drafts"]], w["draft"])
+    heads = per_code([(d.heads or d.depth) if d is not None else 0 for d in w["drafts"]], w["draft"])
     if anywhere(pointwise(lambda t, h: t < h, w["spec_tokens"], heads)):
         k = int(np.flatnonzero(w["spec_tokens"] < heads)[0])
         raise DseError(f"{cols.where}: spec_tokens: {w['drafts'][w['draft'][k]].name} drafts {int(heads[k])} tokens a "
