@@ -32,6 +32,7 @@ PUBLISHED = {
     "bloom-176b": 176_247_271_424,      # BigScience BLOOM model card
     "deepseek-v3": 671e9,               # DeepSeek-V3 technical report: 671B total, 37B activated
     "deepseek-r1": 671e9,               # DeepSeek-R1 card: same architecture as V3
+    "deepseek-v3.2": 671e9,             # V3.2-Exp: V3 + indexers, 671B main model (685B with MTP; SOURCES.md)
 }
 ACTIVE = {"mixtral-8x7b": 12.9e9, "deepseek-v3": 37e9}
 

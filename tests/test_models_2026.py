@@ -35,13 +35,9 @@ PUBLISHED_2026 = {
     KIMI: (1.04e12, 32.6e9, 0.02),
     SCOUT: (109e9, 17e9, 0.02),
     MAVERICK: (400e9, 17e9, 0.02),
-    # DeepSeek-V3.2 (issue 45): V3's 671 B main model and 37 B activated (V3 report; V3.2-Exp is V3.1-Terminus
-    # continued with the indexer added, 685 B with the MTP module): the 61 indexers add 0.85 B to both, 38.40 B
-    # active computed (tests/test_sparse_attention.py checks the total within 1 %)
-    "deepseek-v3.2": (671e9, 37e9, 0.04),
 }
 #: the families they are read as, and the model_type their own config.json declares (kept unmodified)
-FAMILY = {"deepseek-v3.2": ("deepseek_v32", "deepseek_v32"), KIMI: ("deepseek_v3", "kimi_k2"), SCOUT: ("llama4_text", "llama4"), MAVERICK: ("llama4_text", "llama4")}
+FAMILY = {KIMI: ("deepseek_v3", "kimi_k2"), SCOUT: ("llama4_text", "llama4"), MAVERICK: ("llama4_text", "llama4")}
 
 
 def cfg_of(name: str) -> dict:

@@ -17,7 +17,7 @@ from dse.system.hardware import system_arrays
 from hwmodels.presets import load_device
 from workloads import optable
 from workloads.footprint import kv_cache_bytes_per_sequence, parameter_count
-from workloads.model import MODELS_DIR, load_model, spec_from_config
+from workloads.model import MODELS_DIR, draft_head_model, load_model, spec_from_config
 from workloads.scenario import Scenario
 
 V32 = "deepseek-v3.2"
@@ -124,3 +124,21 @@ def test_bad_indexer_field_is_one_line(tmp_path):
         spec_from_config({**cfg, "index_topk": 0}, "x", "x.json")
     with pytest.raises(DseError, match=r"q_lora_rank"):
         spec_from_config({**cfg, "q_lora_rank": None}, "x", "x.json")
+
+
+def test_checkpoint_with_its_mtp_module_matches_the_published_685b():
+    # https://huggingface.co/deepseek-ai/DeepSeek-V3.2 and -V3.2-Exp model cards: 685B parameters, the main
+    # model and its MTP module (num_nextn_predict_layers 1: one block with its indexer, eh_proj, norms, and the
+    # checkpoint's own copy of the embedding and output head, which serving shares: not in the head's count)
+    m = load_model(V32)
+    shared = 2 * m.vocab_size * m.hidden_size
+    assert parameter_count(m) + parameter_count(draft_head_model(m, "mtp")) + shared == pytest.approx(685e9, rel=0.01)
+
+
+def test_prefill_within_top_k_equals_dense_absorbed_attention():
+    # a prompt within top-k: every query attends every earlier token, as MLA's absorbed attention over
+    # the causal pairs S(S+1)/2 of 128 heads, (576 + 512) x 2 + 5 ops a pair
+    m = load_model(V32)
+    S = 1500
+    t = optable.prefill(m, sc(batch=1, prompt=S), 50e6)
+    assert op(t, "flash_attention").ops == pytest.approx(128 * S * (S + 1) / 2 * (2 * (576 + 512) + 5))

@@ -46,10 +46,9 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         return mats * h * width + ((mats - 1) * width + h if m.mlp_bias else 0)
 
     dense_block = norms + attn + mlp(m.intermediate_size / tp)
-    fc = m.draft_fc_inputs * (h * h + h)        # a native draft head's input norms and projection (replicated)
-    total = emb + head + final + fc + m.num_dense_layers * dense_block
+    total = emb + head + final + m.num_dense_layers * dense_block
     if m.is_hybrid:     # each layer's own parts: a norm and its mixer, a norm and its FFN
-        total = (emb + head + final + fc + (m.num_mixer_layers + m.num_ffn_layers) * ln * h
+        total = (emb + head + final + (m.num_mixer_layers + m.num_ffn_layers) * ln * h
                  + m.num_attention_layers * attn + m.num_recurrent_layers * recurrent_parameter_count(m, tp)
                  + m.num_dense_layers * mlp(m.intermediate_size / tp))
         norms = attn = 0.0                                  # the MoE layers' below: their FFN only
@@ -58,6 +57,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         experts = m.num_experts / ep * expert_parameter_count(m, tp)
         shared = mats * h * m.shared_expert_intermediate_size / tp
         total += m.num_moe_layers * (norms + attn + router + experts + shared)
+    total += draft_input_parameter_count(m)
     if pp == 1:
         return total
     layers = total - emb - head - final
@@ -70,13 +70,6 @@ def indexer_parameter_count(m: ModelSpec) -> float:
     weights (hidden -> heads); 0 for dense attention."""
     hi, di = m.index_n_heads, m.index_head_dim
     return m.q_lora_rank * hi * di + m.hidden_size * di + 2 * di + m.hidden_size * hi if m.is_sparse_attention else 0
-
-
-def draft_head_parameter_count(head: ModelSpec, tp: int = 1, ep: int = 1) -> float:
-    """Parameters (elements per device) a native draft head (``optable.native_draft_model``) holds of its
-    own under ``tp`` and ``ep``: its input norms and projection, its block; not the embedding, LM head and
-    final norm it shares with the target."""
-    return parameter_count(head, tp, 1, ep) - sum(_outer_parameters(head, tp))
 
 
 def recurrent_parameter_count(m: ModelSpec, tp: int = 1) -> float:
@@ -122,11 +115,19 @@ def expert_parameter_count(m: ModelSpec, tp: int = 1) -> float:
     return mats * h * w + ((mats - 1) * w + h if m.mlp_bias else 0)
 
 
+def draft_input_parameter_count(m: ModelSpec) -> float:
+    """Parameters (elements, replicated over TP) of a native draft head's input projection
+    (``ModelSpec.draft_head``): 2h x h, and an MTP module's two RMSNorms (2h); 0 for a model."""
+    h = m.hidden_size
+    return 0.0 if not m.draft_head else 2 * h * h + (2 * h if m.draft_head == "mtp" else 0)
+
+
 def _outer_parameters(m: ModelSpec, tp: int = 1) -> tuple[float, float, float]:
-    """Parameters (elements per device) outside the layers: embedding, head, final norm."""
+    """Parameters (elements per device) outside the layers: embedding, head, final norm (a native
+    draft head's embedding and head are the target's: 0)."""
     h = m.hidden_size
     ln = m.norm_weights_per_element
-    vocab = m.vocab_size * h / tp
+    vocab = 0.0 if m.draft_head else m.vocab_size * h / tp
     emb = vocab + m.position_embeddings * h + (ln * h if m.embedding_norm else 0)
     head = 0.0 if m.tie_word_embeddings else vocab + (m.vocab_size / tp if m.lm_head_bias else 0)
     final = ln * h if m.final_norm else 0

@@ -86,6 +86,7 @@ range (counts are integers from 1, or 0 where 0 means "none", up to ``MAX_SIZE``
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import numbers
@@ -166,7 +167,10 @@ class ModelSpec:
     index_topk: int = 0               # tokens each query attends (0: every earlier token)
     # Multi-token prediction (DeepSeek-V3 sec. 2.2): MTP modules shipped beside the model
     mtp_layers: int = 0               # num_nextn_predict_layers
-    draft_fc_inputs: int = 0          # a native draft head (MTP, EAGLE): k hidden states (k normed inputs) -> hidden
+    # A native draft head run as a model of its own (``draft_head_model``): 'mtp' or 'eagle', its
+    # embedding and LM head the target's (shared, not counted again), an input projection of
+    # 2 x hidden -> hidden fusing the token's embedding with the target's hidden feature
+    draft_head: str = ""
     # Hybrid and linear-attention models (empty layer_mixers: every layer attention + its MLP or MoE)
     layer_mixers: tuple = ()          # per layer: 'attention', 'gdn' (Gated DeltaNet), 'mamba2' or '' (none)
     layer_ffns: tuple = ()            # per layer: 'mlp', 'moe' or '' (none)
@@ -284,6 +288,35 @@ class ModelSpec:
         if self.is_mla:
             return self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim   # and the indexer's key
         return 2 * self.num_kv_heads * self.head_dim
+
+
+#: the native draft heads ``draft_head_model`` builds
+DRAFT_HEADS = ("mtp", "eagle")
+
+
+def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
+    """The ModelSpec of one pass of a native draft head of target ``m`` (run once per drafted token):
+
+    - 'mtp' (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, sec. 2.2, Fig. 3): an
+      MTP module, RMSNorm of the previous depth's hidden state and of the next token's embedding,
+      their concatenation projected 2h -> h (M_k), one Transformer block of the main model's shape
+      (an MoE block where the model has experts, with its sparse-attention indexer where it has one),
+      the embedding and output head shared with the main model;
+    - 'eagle' (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+      ICML 2024, sec. 4): the target's feature and the next token's embedding concatenated, an FC
+      layer 2h -> h and one decoder layer: the target's attention and a dense gated MLP of its
+      ``intermediate_size`` (an MoE target's dense width; a hybrid's: an attention layer), its embedding and LM head the target's.
+
+    DseError for 'mtp' on a model that ships no MTP module (``num_nextn_predict_layers`` 0)."""
+    if kind == "mtp" and not m.mtp_layers:
+        raise DseError(f"spec_draft: mtp:N needs the model's multi-token-prediction modules; '{m.name}' ships none "
+                       "(num_nextn_predict_layers 0 or absent); use eagle or a draft model")
+    experts = {} if kind == "mtp" else dict(num_experts=0, experts_per_token=0, num_shared_experts=0,
+                                            shared_expert_intermediate_size=0, shared_expert_gate=False,
+                                            router_bias=False)
+    return dataclasses.replace(m, name=f"{m.name} {kind}", num_layers=1, first_dense_layers=0, **experts,
+                               sliding_layers=(), sliding_window=0, chunked_attention=False, mtp_layers=0,
+                               draft_head=kind, vision=None, notes=(), layer_mixers=(), layer_ffns=())
 
 
 def context_limit(m: ModelSpec, max_context: int = 0) -> int:
@@ -590,22 +623,6 @@ def _rope_layers(cfg: dict, path, layers: int) -> list[bool]:
     return [x == 1 for x in flags[:layers]]
 
 
-def _sparse_attention(cfg: dict, path, kw: dict) -> None:
-    """Read DeepSeek Sparse Attention's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)
-    into ``kw``; its queries project MLA's query latent, so the model must have one (q_lora_rank)."""
-    if not kw.get("kv_lora_rank"):
-        raise _fail(path, _named(cfg, "kv_lora_rank"), "config.json is missing 'kv_lora_rank'; DeepSeek Sparse "
-                    "Attention runs on multi-head latent attention (an integer from 1)")
-    if not kw.get("q_lora_rank"):
-        raise _fail(path, _named(cfg, "q_lora_rank"), f"got {_show(cfg.get('q_lora_rank'))}; the lightning "
-                    "indexer projects the query latent, expected an integer from 1")
-    kw.update(index_n_heads=_int(cfg, path, "index_n_heads"), index_head_dim=_int(cfg, path, "index_head_dim"),
-              index_topk=_int(cfg, path, "index_topk"))
-    kw["notes"] = (*kw["notes"], f"DeepSeek Sparse Attention: a lightning indexer of {kw['index_n_heads']} x "
-                   f"{kw['index_head_dim']} selects {kw['index_topk']} tokens a query; the KV cache holds every token "
-                   "and its indexer key")
-
-
 def _vision(cfg: dict, path, family: str) -> VisionSpec:
     """The VisionSpec of the ``vision_config`` of a multimodal config (``workloads.vision``), the
     images of a request not yet given; for Gemma 3 (``siglip``) the text width of ``text_config``
@@ -676,6 +693,22 @@ def _vision(cfg: dict, path, family: str) -> VisionSpec:
         raise _fail(path, _named(v, "hidden_size"), f"got {h}, not a multiple of the tower's {heads} heads; "
                     "expected a width the heads divide")
     return spec
+
+
+def _sparse_attention(cfg: dict, path, kw: dict) -> None:
+    """Read DeepSeek Sparse Attention's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)
+    into ``kw``; its queries project MLA's query latent, so the model must have one (q_lora_rank)."""
+    if not kw.get("kv_lora_rank"):
+        raise _fail(path, _named(cfg, "kv_lora_rank"), "config.json is missing 'kv_lora_rank'; DeepSeek Sparse "
+                    "Attention runs on multi-head latent attention (an integer from 1)")
+    if not kw.get("q_lora_rank"):
+        raise _fail(path, _named(cfg, "q_lora_rank"), f"got {_show(cfg.get('q_lora_rank'))}; the lightning "
+                    "indexer projects the query latent, expected an integer from 1")
+    kw.update(index_n_heads=_int(cfg, path, "index_n_heads"), index_head_dim=_int(cfg, path, "index_head_dim"),
+              index_topk=_int(cfg, path, "index_topk"))
+    kw["notes"] = (*kw["notes"], f"DeepSeek Sparse Attention: a lightning indexer of {kw['index_n_heads']} x "
+                   f"{kw['index_head_dim']} selects {kw['index_topk']} tokens a query; the KV cache holds every token "
+                   "and its indexer key")
 
 
 def _state_bytes(cfg: dict, path, *keys: str) -> float:

@@ -32,14 +32,6 @@ Conventions (documented so a reader can check them):
   where the model has them (gpt-oss).
 - MLA (DeepSeek): prefill decompresses the latent into per-head K and V
   (kv_b_proj); decode uses the absorbed form and attends over the latent.
-- DeepSeek Sparse Attention (DeepSeek-V3.2, ``ModelSpec.index_topk``): MLA in its absorbed form in
-  prefill and decode (the report's MQA mode), over the tokens the lightning indexer selects: a query
-  at position i attends min(i, k) tokens. The indexer (``indexer_*``, replicated over TP) scores
-  every earlier token, its score matrix streamed through a fused top-k (only the selected indices
-  written); its key per token is cached beside the latent. A decode step's attention is affine in
-  the context up to k and constant after it (``decode_pieces``), the indexer's affine throughout.
-- Native draft heads (``native_draft_model``: MTP, EAGLE) are one-layer models whose input is the
-  normed target hidden state and token embedding, projected 2h -> h (``draft_input``).
 - Tensor parallel over ``tp`` devices splits heads, MLP width, experts' width and
   the vocabulary; norms, adds, the router and MLA's down-projections are
   replicated; each block adds two all-reduces of the hidden state (one for
@@ -235,6 +227,8 @@ class OpTable:
         for op in self.operators:
             if op.kind == "matmul":
                 out.append(matmul_compute_class(self.activations, self.weights))
+            elif op.name == "indexer_scores":     # DSA's indexer computes in its keys' format (FP8 as served)
+                out.append(matmul_compute_class(self.kv, self.kv))
             elif op.kind == "attention":
                 out.append(matmul_compute_class(self.activations, self.kv if op.uses_kv else self.activations))
             elif op.kind == "vector":
@@ -247,7 +241,7 @@ class OpTable:
 # --------------------------------------------------------------------------- helpers
 
 #: operators outside the layers (not repeated per layer)
-NON_LAYER_OPS = ("embedding", "embedding_norm", "draft_input_norm", "draft_fc", "final_norm", "lm_head", "pp_hop")
+NON_LAYER_OPS = ("embedding", "embedding_norm", "final_norm", "lm_head", "pp_hop")
 #: weight matmuls that stay dense under weight sparsity (SparseGPT and Wanda prune the layers' projections)
 OUTER_MATMULS = ("lm_head", "router")
 #: decode operators that compute only the active neurons or heads under contextual sparsity
@@ -523,6 +517,9 @@ class _Builder:
         w_b = rkv * nh * (dn + dv)
         if m.is_sparse_attention:
             # DSA runs MLA in its absorbed (MQA) form in prefill and decode alike, over the selected tokens
+            if self.cp > 1:
+                raise DseError(f"context parallelism {self.cp}: model '{m.name}' has sparse attention (a lightning "
+                               "indexer and top-k selection), not modelled over a ring; use cp 1")
             self.indexer(count)
             self.add("kv_b_proj", "matmul", count, ops=2 * T * w_b, weight=w_b,
                      act_in=T * nh * (dn + rkv), act_out=T * nh * (rkv + dv))
@@ -539,14 +536,6 @@ class _Builder:
             self.attention_core(count, nh, 1, rkv + dr, rkv, kv_qk=rkv + dr, kv_sv=0)
         self.context_parallel(count, nh, dv if self.stage == "prefill" else rkv)
         self.linear("o_proj", nh * dv, h, count)
-
-    # ---- native draft heads (MTP, EAGLE)
-    def draft_input(self):
-        """A native draft head's input (``native_draft_model``): its k inputs (the target's hidden state and
-        the next token's embedding) each RMSNorm'd, concatenated and projected k h -> h."""
-        k, h = self.m.draft_fc_inputs, self.m.hidden_size
-        self.norm("draft_input_norm", k * h, 1)
-        self.linear("draft_fc", k * h, h, 1)
 
     # ---- DeepSeek Sparse Attention (DeepSeek-V3.2)
     def _indexer_pairs(self):
@@ -585,11 +574,12 @@ class _Builder:
 
     def sparse_attention_core(self, count, nh, d_qk, d_v):
         """MLA's absorbed attention over the tokens the indexer selected: ``_selected_pairs`` per sequence
-        and head, each selected token's latent (``d_qk``: K's latent and rope part, V the same latent) read
-        once, as dense MLA's decode reads every token's. Decode reads at most min(L, S k) distinct tokens for
-        S queries; prefill's block of b query rows (FlashAttention's tiling) gathers at most min(prefix, b k)
-        latents, b sum_r min(r, k) over its blocks, FlashAttention's dense read when the prompt is within
-        top-k. So at a context within top-k every count of a decode step equals dense MLA's."""
+        and head, each selected token's latent (``d_qk``: the latent and its rope part; V is the same
+        latent) read once, as dense MLA's decode reads every token's. Decode reads at most min(L, S k)
+        distinct tokens for S queries; prefill's block of b query rows (FlashAttention's tiling) gathers at
+        most min(prefix, b k) latents, b sum_r min(r, k) over its blocks, FlashAttention's dense read when
+        the prompt is within top-k. So at a context within top-k every count of a decode step equals dense
+        MLA's."""
         B, S, m = self.B, self.S, self.m
         k = m.index_topk
         pairs = B * nh * self._selected_pairs()
@@ -723,8 +713,10 @@ class _Builder:
         self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
-        if m.draft_fc_inputs:
-            self.draft_input()
+        if m.draft_head:                   # MTP / EAGLE: fuse the token's embedding with the target's feature
+            if m.draft_head == "mtp":
+                self.norm("mtp_norms", h, 2)
+            self.linear("draft_input_proj", 2 * h, h, 1)
         if m.is_hybrid:
             self.hybrid_layers()
         elif m.parallel_block:
@@ -851,39 +843,6 @@ def medusa_heads(model: ModelSpec, scenario: Scenario, heads: int) -> OpTable:
                     act_out=b * h),
            Operator("medusa_lm_head", "matmul", heads, ops=2 * b * h * v, weight=h * v, act_in=b * h, act_out=b * v))
     return OpTable("decode", ops, scenario.weights, scenario.activations, scenario.kv, scenario.tp, b, 0)
-
-
-#: native draft heads (``spec_draft`` mtp:N, eagle)
-NATIVE_DRAFTS = ("mtp", "eagle")
-
-
-def native_draft_model(target: ModelSpec, kind: str) -> ModelSpec:
-    """The one-layer model a native draft head runs a draft step with, sharing the target's embedding
-    and LM head (its weights are the target's; ``footprint.draft_head_parameter_count`` counts the head's
-    own): the embedding of the last token and the target's (or the previous module's) last hidden
-    state, each RMSNorm'd, concatenated and projected 2h -> h (``draft_fc``), then one transformer block.
-
-    - 'mtp': a DeepSeek-V3 multi-token-prediction module (DeepSeek-AI, "DeepSeek-V3 Technical Report",
-      arXiv:2412.19437, sec. 2.2: M_k h -> h projection of [RMSNorm(h_prev); RMSNorm(Emb(t))], one
-      Transformer block, the shared output head), its block shaped as the target's last layer (MoE where the
-      target's are, with its sparse attention); the model must ship one (num_nextn_predict_layers).
-    - 'eagle': an EAGLE draft head (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature
-      Uncertainty", ICML 2024, sec. 4.1: an FC layer 2h -> h over the feature and the token's embedding, one
-      decoder layer, the target's LM head): the target's dense decoder layer (its attention, a dense MLP of
-      intermediate_size; an MoE target's EAGLE layer is dense). The FC's bias is left out (h elements).
-    DseError when the kind is unknown or an MTP draft is asked of a model without MTP modules."""
-    if kind not in NATIVE_DRAFTS:
-        raise DseError(f"spec_draft: a native draft head is one of {', '.join(NATIVE_DRAFTS)}, got {kind!r}")
-    if kind == "mtp" and not target.mtp_layers:
-        raise DseError(f"spec_draft: mtp:N needs a model with multi-token-prediction modules; '{target.name}' has "
-                       f"none (num_nextn_predict_layers 0 or absent in {target.source or 'its config'})")
-    common = dict(name=f"{target.name}:{kind}", num_layers=1, sliding_window=0, sliding_layers=(), mtp_layers=0,
-                  draft_fc_inputs=2, notes=())
-    if kind == "mtp":
-        return replace(target, first_dense_layers=0, **common)
-    return replace(target, num_experts=0, experts_per_token=0, moe_intermediate_size=0, num_shared_experts=0,
-                   shared_expert_intermediate_size=0, shared_expert_gate=False, router_bias=False,
-                   first_dense_layers=0, **common)
 
 
 def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):

@@ -139,22 +139,17 @@ def sparsity_text(pair: tuple) -> str:
     return f"{pair[0]}:{pair[1]}" if pair else "none"
 
 
-def tokens_by_depth(rates) -> float:
-    """Expected tokens a round of a chained draft yields when the token drafted at depth d is accepted
-    with probability a_d given the tokens before it were: 1 + sum_{d=1..g} prod_{j<=d} a_j (the bonus
-    token, then each drafted token counts while every one before it was accepted; DeepSeek-V3 sec. 5.4.3
-    reports its second MTP token accepted 85-90 % of the time)."""
-    return 1.0 + float(np.sum(np.cumprod(np.asarray(rates, dtype=float))))
-
-
 def tokens_per_target_step(acceptance, drafted):
     """Expected tokens a speculative-decoding target step yields: (1 - a^(g+1)) / (1 - a) for
     per-token acceptance rate a and g drafted tokens (Leviathan et al., "Fast Inference from
     Transformers via Speculative Decoding", ICML 2023, Eq. 1); g + 1 at a = 1; 1 without drafts.
-    Works on numbers or numpy arrays; ``acceptance`` a tuple is the rate at each depth
-    (``tokens_by_depth`` of its first g), the same sum with a_j = a."""
+    Works on numbers or numpy arrays. A tuple is the acceptance by depth (a_1, a_2, ...: the
+    probability that the d-th drafted token is accepted given the ones before it were), as native
+    draft heads report it: 1 + sum_{d=1..g} prod_{j<=d} a_j, depths past the tuple accepting none
+    (a scalar a is a_j = a at every depth: the closed form above)."""
     if isinstance(acceptance, tuple):
-        return tokens_by_depth(acceptance[:int(drafted)])
+        g = int(drafted)
+        return 1.0 + float(np.sum(np.cumprod(np.asarray(acceptance[:g], dtype=float))))
     a = np.asarray(acceptance, dtype=float)
     g = np.asarray(drafted, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

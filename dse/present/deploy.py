@@ -266,19 +266,26 @@ def _spec_vllm(design: Design, notes: list) -> list[str]:
         return []
     if kind != "model":
         notes.append(f"spec_draft {design.spec_draft}: vLLM's --speculative-config needs a draft checkpoint "
-                     f"({'layer-skip self-drafting has none' if kind == 'self' else kind + ' heads trained for the target'}); "
+                     f"({_DRAFT_NEEDS[kind]}); "
                      f"left out")
         return []
     cfg = {"model": design.draft_checkpoint, "num_speculative_tokens": int(design.spec_tokens)}
     return [VLLM_FLAGS["spec"], json.dumps(cfg, separators=(",", ":"))]
 
 
+#: what a draft other than a draft model needs that a launch line does not give
+_DRAFT_NEEDS = {"medusa": "Medusa heads trained for the target", "self": "layer-skip self-drafting has none",
+                "mtp": "the model's MTP method, not written here", "eagle": "EAGLE heads trained for the target"}
+
+
 def _draft_kind(draft: str) -> str | None:
-    """None (no speculative decoding), 'self', 'medusa', 'mtp', 'eagle' (native heads) or 'model' (a draft model)."""
+    """None (no speculative decoding), 'self', 'medusa', 'mtp', 'eagle' or 'model' (a draft model)."""
     text = str(draft).strip().lower()
     if text in ("", "none"):
         return None
-    return next((k for k in ("self", "medusa", "mtp", "eagle") if text.split("@")[0].split(":")[0] == k), "model")
+    if text.partition("@")[0] == "eagle":
+        return "eagle"
+    return next((k for k in ("self", "medusa", "mtp") if text.startswith(k + ":")), "model")
 
 
 def _kv_flags(design: Design, flag: str, table: dict, engine: str, notes: list) -> list[str]:

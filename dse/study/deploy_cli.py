@@ -209,7 +209,7 @@ def design_of(row: dict, engine: str | None, checkpoint: str | None, draft_check
                        f"(or the folder) the engine loads")
     draft = str(_value(cols, "spec_draft"))
     draft_ckpt = ""
-    if draft.lower() != "none" and ":" not in draft:
+    if draft.lower() != "none" and ":" not in draft and draft.lower().partition("@")[0] != "eagle":  # a draft model
         draft_ckpt = draft_checkpoint or D.HF_REPOS.get(draft, "")
         if not draft_ckpt:
             raise DseError(f"--draft-checkpoint: dse knows no Hugging Face repository of the draft '{draft}'; give it")

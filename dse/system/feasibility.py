@@ -23,12 +23,7 @@ from dse.system.workload import WorkloadBatch, WorkloadTables, footprint_in_batc
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
-from workloads.footprint import (
-    chunk_activation_bytes,
-    draft_head_parameter_count,
-    peak_activation_bytes,
-    state_bytes_per_sequence,
-)
+from workloads.footprint import chunk_activation_bytes, peak_activation_bytes, state_bytes_per_sequence
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads.optable import kv_heads_per_device
@@ -318,7 +313,7 @@ def _check_serving(mark, sc, policy, cpu_layers: int, spec: Speculation | None, 
         mark("serving", np.ones(size, dtype=bool))
     if spec is not None and (spec.heads is not None or disaggregated):
         mark("serving", np.ones(size, dtype=bool), "speculative decoding under continuous batching is modelled "
-                                                   "with a draft model or self:N on one pool (not Medusa heads, "
+                                                   "with a draft model, self:N, mtp:N or eagle on one pool (not Medusa heads, "
                                                    "not disaggregated)")
     if disaggregated:                    # the KV cache moves between the pools over the link
         mark("interconnect", ~(np.isfinite(sys.link_bandwidth) & (sys.link_bandwidth > 0)))
@@ -411,8 +406,8 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
         heads = optable.medusa_heads(model, replace(sc, batch=sc.micro_batch), draft.heads)
         fp = replace(fp, weights_bytes=fp.weights_bytes + float(np.sum(heads.weight_bytes * heads.counts)))
         return Speculation(acceptance, draft.heads, float(sc.tp), fp, heads=OpArrays.from_table(heads))
-    if draft.native:                         # MTP / EAGLE: one layer on the target's devices, its head shared
-        return _native_speculation(t, model, draft, w, i0, buffer)
+    if draft.kind:                           # MTP / EAGLE: a head of the target's shape on its devices
+        return _native_head(draft, t, model, w, i0, buffer)
     own = not draft.shares_target
     layout = (1, 1, 1) if own else (sc.tp, sc.pp, sc.ep)
     dm = draft_model(draft, model)
@@ -425,23 +420,28 @@ def speculation(t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: f
     return Speculation(acceptance, int(w.spec_tokens[i0]), float(layout[0]), fp, tables=dt, model=dm)
 
 
-def _native_speculation(t: WorkloadTables, model, draft, w: WorkloadColumns, i0: int, buffer: float) -> Speculation:
-    """Speculation of a native draft head (mtp:N, eagle): its one-layer model's tables at the target's tensor
-    and expert parallelism, each drafted token one step of it; the footprint adds its own weights
-    (``draft_head_parameter_count``: min(N, the modules the model ships) MTP modules, one EAGLE head) and
-    their KV cache, the embedding and LM head being the target's."""
+def _native_head(draft, t: WorkloadTables, model, w: WorkloadColumns, i0: int, buffer: float) -> Speculation:
+    """The Speculation of a native draft head (``workloads.model.draft_head_model``): one pass of the
+    head per drafted token (mtp:N: N, eagle: spec_tokens), priced as a one-layer draft model at the
+    target's tensor (and, for an MoE head, expert) parallelism, prefilling the prompt too; its
+    weights (mtp: each distinct module, at most the model's ``num_nextn_predict_layers``) and its
+    KV cache beside the target's. Acceptance: the draft's by depth where given, else spec_acceptance."""
     sc = t.scenario
     dm = draft_model(draft, model)
-    ep = sc.ep if dm.is_moe else 1
-    dt = tables(dm, sc.batch, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name,
-                sc.tp, 1, ep, sc.flash_attention, buffer)
-    held = min(draft.modules, model.mtp_layers) if draft.native == "mtp" else 1
+    drafted = draft.depth or int(w.spec_tokens[i0])
+    if draft.by_depth and len(draft.by_depth) < drafted:
+        raise DseError(f"spec_draft: {draft.name} gives {len(draft.by_depth)} acceptance rates by depth for "
+                       f"{drafted} drafted tokens (spec_tokens); give one a drafted token")
+    layout = (sc.tp, 1, sc.ep if dm.is_moe else 1)
+    dt = tables(dm, sc.batch, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name,
+                sc.kv.name, *layout, sc.flash_attention, buffer)
+    modules = min(draft.depth, model.mtp_layers) if draft.kind == "mtp" else 1
     fp = t.footprint
-    fp = replace(fp, weights_bytes=fp.weights_bytes + held * draft_head_parameter_count(dm, sc.tp, ep) * sc.weights.bytes,
-                 kv_cache_bytes=fp.kv_cache_bytes + held * dt.footprint.kv_cache_bytes,
+    fp = replace(fp, weights_bytes=fp.weights_bytes + modules * dt.footprint.weights_bytes,
+                 kv_cache_bytes=fp.kv_cache_bytes + modules * dt.footprint.kv_cache_bytes,
                  activation_bytes=max(fp.activation_bytes, dt.footprint.activation_bytes))
-    acceptance = draft.depth_acceptance or float(w.spec_acceptance[i0])
-    return Speculation(acceptance, int(w.spec_tokens[i0]), float(sc.tp), fp, tables=dt, model=dm)
+    acceptance = draft.by_depth or float(w.spec_acceptance[i0])
+    return Speculation(acceptance, drafted, float(sc.tp), fp, tables=dt, model=dm)
 
 
 def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i0: int, longest: int,

@@ -337,9 +337,9 @@ TABLE: tuple[Param, ...] = (
                "intermediate=N,hidden=N' (any of them; default: none)"),
     Param("spec_draft", str, default="none", flag="--spec-draft",
           help="speculative decoding: the draft model (see 'list models', or a config.json), run at tp 1 "
-               "beside the target, 'self:N', the target's first N layers, 'medusa:N' heads, or a native head: "
-               "'mtp:N' (N chained MTP modules of the model) or 'eagle' (one EAGLE decoder layer), either "
-               "optionally '@a1,a2,...', the acceptance rate at each depth (default: none)"),
+               "beside the target, 'self:N', the target's first N layers, 'medusa:N' heads, 'mtp:N' (the "
+               "model's MTP modules chained N deep) or 'eagle' (one decoder layer on the target's features); "
+               "mtp and eagle may end in @a1,a2,...: the acceptance by depth (default: none)"),
     Param("spec_tokens", int, help="speculative decoding: tokens drafted per target step (gamma)", default=0,
           zero_allowed=True, zero_is_unset=True, at_most=MAX_SPEC_TOKENS, flag="--spec-tokens"),
     Param("spec_acceptance", float, default=0.0, zero_allowed=True, at_most_one=True, flag="--spec-acceptance",

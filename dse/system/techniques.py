@@ -13,21 +13,19 @@ Columns (defaults change nothing):
   with those dimensions, costed like any other.
 - ``spec_draft`` (``none``, a model name or config path, ``self:N``: the target's first N layers, or
   ``medusa:N``: N Medusa heads drafting N tokens in one pass, ``spec_tokens`` then the candidate
-  tokens verified, a tree at least N wide),
+  tokens verified, a tree at least N wide; ``mtp:N``: the model's N chained MTP modules, and
+  ``eagle``: an EAGLE head, each a one-layer draft at the target's layout sharing its embedding and
+  LM head, ``workloads.model.draft_head_model``; these two may end in ``@a1,a2,...``, the acceptance
+  by depth, replacing ``spec_acceptance``),
   ``spec_tokens`` (tokens drafted per step, g; ignored without a draft, so a grid may cross both)
   and ``spec_acceptance`` (per-token acceptance rate, a in [0, 1]): decoding runs rounds of g draft
   steps and one target step verifying g + 1 tokens, each round yielding (1 - a^(g+1)) / (1 - a)
-  tokens; in a static batch, and under continuous batching (a draft model or self:N) where every
+  tokens; in a static batch, and under continuous batching (all but Medusa heads) where every
   running sequence gains that many tokens an iteration. A draft model of its
   own runs at tensor parallelism 1 on one of the target's devices, its weights and KV cache beside
   the target's there; a self-speculating draft shares the target's weights and KV cache (LayerSkip:
   Elhoushi et al., "LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding", ACL
-  2024, Sec. 4). Native draft heads (``mtp:N``: N chained multi-token-prediction modules of the model,
-  DeepSeek-V3 sec. 2.2, drafting N tokens, ``spec_tokens`` N; ``eagle``: an EAGLE head, one decoder layer
-  on the target's features run ``spec_tokens`` times; ``workloads.optable.native_draft_model``) run on the
-  target's devices at its tensor parallelism, sharing its embedding and LM head, their own weights and KV
-  beside the target's; either may end in ``@a1,a2,...``, the acceptance rate at each depth (one per drafted
-  token, instead of ``spec_acceptance``): a round yields 1 + sum_d prod_{j<=d} a_j tokens.
+  2024, Sec. 4).
 """
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ from dse.system.moe import ROUTING_COLUMNS, routing_columns
 from dse.system.params import DEFAULTS, MAX_SPEC_TOKENS
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
-from workloads.model import ModelSpec
-from workloads.optable import native_draft_model
+from workloads.model import ModelSpec, draft_head_model
 from workloads.pruning import parse_prune, prune
 from workloads.quality import quality_loss
 from workloads.techniques import Techniques, parse_sparsity, sparsity_text
@@ -63,9 +60,9 @@ class Draft:
     model: ModelSpec | None = None
     layers: int = 0
     heads: int = 0
-    native: str = ""                    # 'mtp' or 'eagle': a native draft head (``optable.native_draft_model``)
-    modules: int = 0                    # mtp:N: the chained modules (tokens drafted a round)
-    depth_acceptance: tuple = ()        # acceptance rate at each drafting depth (``@a1,a2,...``)
+    kind: str = ""              # a native draft head of the target: 'mtp' or 'eagle' (``draft_head_model``)
+    depth: int = 0              # mtp:N: the chained MTP modules, one token each
+    by_depth: tuple = ()        # acceptance by depth (a_1, a_2, ...), replacing spec_acceptance where given
 
     @property
     def shares_target(self) -> bool:
@@ -73,35 +70,39 @@ class Draft:
 
 
 #: what ``spec_draft`` takes
-_DRAFTS = "'none', a model (or config.json), 'self:N', 'medusa:N', 'mtp:N' or 'eagle' (N from 1; the last two '@a1,...')"
+_DRAFTS = ("'none', a model name or config.json, 'self:N', 'medusa:N', 'mtp:N' or 'eagle' (N from 1; "
+           "mtp, eagle: @a1,a2,... acceptance by depth)")
 
 
-def _depth_acceptance(text: str, full: str) -> tuple:
-    """The acceptance rates of ``a1,a2,...`` (each in [0, 1]); DseError naming what is allowed."""
+def _by_depth(text: str, whole: str) -> tuple:
+    """The acceptance by depth of '@a1,a2,...' (each in [0, 1]); DseError naming what is allowed."""
     try:
         rates = tuple(float(x) for x in text.split(","))
     except ValueError:
         rates = ()
     if not rates or len(rates) > MAX_SPEC_TOKENS or not all(0.0 <= a <= 1.0 for a in rates):
-        raise DseError(f"spec_draft: '@a1,a2,...' takes the acceptance rate at each drafting depth, numbers from 0 "
-                       f"to 1, got {full if len(full) <= 40 else full[:39] + '…'!r}")
+        raise DseError(f"spec_draft: {whole if len(whole) <= 40 else whole[:39] + '…'!r}: after '@' give the "
+                       "acceptance by depth, numbers from 0 to 1 separated by commas (e.g. mtp:2@0.85,0.7)")
     return rates
 
 
-def _native_draft(text: str) -> Draft | None:
-    """The Draft of 'mtp:N[@...]' or 'eagle[@...]', else None."""
-    head, _, rates = text.partition("@")
-    kind, _, n = head.lower().partition(":")
-    if kind not in ("mtp", "eagle"):
+def _native_head(text: str) -> Draft | None:
+    """The Draft of 'mtp:N[@a1,...]' or 'eagle[@a1,...]', None for any other text."""
+    low = text.lower()
+    head, _, rates = low.partition("@")
+    if head != "eagle" and not head.startswith("mtp:"):
         return None
-    if kind == "eagle" and n:
-        raise DseError(f"spec_draft: 'eagle' takes no ':N' (it drafts spec_tokens tokens), got {text[:40]!r}")
-    if kind == "mtp" and (not (n.isascii() and n.isdigit() and len(n) <= 12) or int(n) < 1
-                          or int(n) > MAX_SPEC_TOKENS):
+    by_depth = _by_depth(rates, text) if "@" in low else ()
+    if head == "eagle":
+        return Draft(low, kind="eagle", by_depth=by_depth)
+    n = head[4:]
+    if not (n.isascii() and n.isdigit() and len(n) <= 12) or not 1 <= int(n) <= MAX_SPEC_TOKENS:
         raise DseError(f"spec_draft: 'mtp:N' takes N, the chained MTP modules, from 1 to {MAX_SPEC_TOKENS:,}, got "
                        f"{text if len(text) <= 40 else text[:39] + '…'!r}")
-    return Draft(text.lower(), native=kind, modules=int(n) if kind == "mtp" else 0,
-                 depth_acceptance=_depth_acceptance(rates, text) if "@" in text else ())
+    if by_depth and len(by_depth) != int(n):
+        raise DseError(f"spec_draft: {text!r}: mtp:{int(n)} drafts {int(n)} tokens; give {int(n)} acceptance rates "
+                       f"after '@', got {len(by_depth)}")
+    return Draft(low, kind="mtp", depth=int(n), by_depth=by_depth)
 
 
 def parse_draft(value) -> Draft | None:
@@ -111,7 +112,7 @@ def parse_draft(value) -> Draft | None:
         return None
     if not text:
         raise DseError(f"spec_draft: got an empty text; expected {_DRAFTS}")
-    native = _native_draft(text)
+    native = _native_head(text)
     if native is not None:
         return native
     for kind, what in (("self", "the target's first N layers as the draft"), ("medusa", "N Medusa heads")):
@@ -129,11 +130,12 @@ def parse_draft(value) -> Draft | None:
 
 
 def draft_model(draft: Draft, target: ModelSpec) -> ModelSpec:
-    """The model a draft runs: its own, a native head's one layer, or the target's first ``layers`` layers."""
-    if draft.native:
-        return native_draft_model(target, draft.native)
+    """The model a draft runs: its own, a native draft head's one pass (``draft_head_model``), or the
+    target's first ``layers`` layers."""
     if draft.model is not None:
         return draft.model
+    if draft.kind:
+        return draft_head_model(target, draft.kind)
     if draft.layers >= target.num_layers:
         raise DseError(f"spec_draft: {draft.name} takes {draft.layers} of the target's {target.num_layers} layers; "
                        f"a self-speculating draft must use fewer")
@@ -192,8 +194,7 @@ def technique_columns(cols: Columns, w: dict) -> None:
     if anywhere(pointwise(lambda d, t: d & ~(t > 0), has_draft, w["spec_tokens"])):
         raise DseError(f"{cols.where}: spec_draft and spec_tokens: a draft (spec_draft) needs the tokens it drafts "
                        f"per step (spec_tokens >= 1)")
-    _check_native(cols, w, given)
-    heads = per_code([d.heads if d is not None else 0 for d in w["drafts"]], w["draft"])
+    heads = per_code([(d.heads or d.depth) if d is not None else 0 for d in w["drafts"]], w["draft"])
     if anywhere(pointwise(lambda t, h: t < h, w["spec_tokens"], heads)):
         k = int(np.flatnonzero(w["spec_tokens"] < heads)[0])
         raise DseError(f"{cols.where}: spec_tokens: {w['drafts'][w['draft'][k]].name} drafts {int(heads[k])} tokens a "
@@ -223,25 +224,6 @@ def technique_columns(cols: Columns, w: dict) -> None:
             raise DseError(f"{cols.where}: {e}") from None
     w["tech"], w["techniques"] = inv, techniques
     w["sparse_units"] = per_code([t.sparsity == (2, 4) for t in techniques], inv)
-
-
-def _check_native(cols: Columns, w: dict, given: list) -> None:
-    """DseError where a native draft head's tokens disagree with spec_tokens: mtp:N drafts N, and an
-    acceptance list gives one rate per drafted token (and replaces spec_acceptance)."""
-    for code, d in enumerate(w["drafts"]):
-        if d is None or not d.native:
-            continue
-        at = np.flatnonzero(np.broadcast_to(w["draft"], (cols.n,)) == code)
-        tokens = np.unique(np.broadcast_to(w["spec_tokens"], (cols.n,))[at])
-        if d.modules and np.any(tokens != d.modules):
-            raise DseError(f"{cols.where}: spec_tokens: {d.name} drafts {d.modules} tokens a round (one a module); "
-                           f"give spec_tokens {d.modules}, got {int(tokens[tokens != d.modules][0])}")
-        if d.depth_acceptance and np.any(tokens != len(d.depth_acceptance)):
-            raise DseError(f"{cols.where}: spec_draft: {d.name} gives {len(d.depth_acceptance)} acceptance rates, one "
-                           f"a drafted token; spec_tokens asks {int(tokens[tokens != len(d.depth_acceptance)][0])}")
-        if d.depth_acceptance and "spec_acceptance" in given:
-            raise DseError(f"{cols.where}: spec_acceptance: {d.name} gives the acceptance rate at each depth; "
-                           "leave spec_acceptance out")
 
 
 def _drafts(cols: Columns) -> tuple[np.ndarray, list]:
