@@ -4,7 +4,7 @@ each query attends to the index_topk tokens it selects, the KV cache still holds
 Closed forms (DeepSeek-AI, "DeepSeek-V3.2-Exp: Boosting Long-Context Efficiency with DeepSeek Sparse
 Attention", 2025, sec. 2.1; the config deepseek-ai/DeepSeek-V3.2, vendored unmodified as
 configs/models/deepseek-v3.2.json): per layer and sequence a decode step reads min(L, k) tokens' latents
-(rkv + dr for K, rkv for V, as dense MLA's decode reads every token's) plus the indexer's L keys of
+(rkv + dr, read once for K and V, as dense MLA's decode reads every token's) plus the indexer's L keys of
 index_head_dim; a prefill query at position i attends min(i, k) tokens."""
 import json
 
@@ -61,7 +61,7 @@ def test_decode_read_is_the_selected_tokens_plus_the_indexer_keys(L):
     m, s = load_model(V32), sc(batch=3)
     t = optable.decode_step(m, s, L, buffer_bytes=50e6)
     rkv, dr, di = 512, 64, 128
-    assert op(t, "flash_attention").kv_in == pytest.approx(3 * min(L, K) * ((rkv + dr) + rkv))
+    assert op(t, "flash_attention").kv_in == pytest.approx(3 * min(L, K) * (rkv + dr))   # the latent read once
     assert op(t, "indexer_scores").kv_in == pytest.approx(3 * L * di)
     assert op(t, "indexer_scores").ops == pytest.approx(3 * L * (64 * (2 * di + 3) + 1))
     assert op(t, "flash_attention").count == op(t, "indexer_scores").count == 61

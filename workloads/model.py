@@ -706,6 +706,9 @@ def _sparse_attention(cfg: dict, path, kw: dict) -> None:
                     "indexer projects the query latent, expected an integer from 1")
     kw.update(index_n_heads=_int(cfg, path, "index_n_heads"), index_head_dim=_int(cfg, path, "index_head_dim"),
               index_topk=_int(cfg, path, "index_topk"))
+    kw["notes"] = (*kw["notes"], f"DeepSeek Sparse Attention: a lightning indexer of {kw['index_n_heads']} x "
+                   f"{kw['index_head_dim']} selects {kw['index_topk']} tokens a query; the KV cache holds every token "
+                   "and its indexer key")
 
 
 def _state_bytes(cfg: dict, path, *keys: str) -> float:

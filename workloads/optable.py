@@ -574,23 +574,22 @@ class _Builder:
 
     def sparse_attention_core(self, count, nh, d_qk, d_v):
         """MLA's absorbed attention over the tokens the indexer selected: ``_selected_pairs`` per sequence
-        and head. Decode reads the selected tokens' latents (as dense decode reads every token's: K and V
-        parts, ``kv_qk + kv_sv`` a token), at most min(L, S k) distinct tokens for S queries; prefill's block of
-        b query rows (FlashAttention's tiling) gathers at most min(prefix, b k) latents, b sum_r min(r, k) over
-        its blocks, FlashAttention's dense read when the prompt is within top-k. So at a context within top-k
-        every count equals dense MLA's."""
+        and head, each selected token's latent (``d_qk``: the latent and its rope part; V is the same
+        latent) read once, as dense MLA's decode reads every token's. Decode reads at most min(L, S k)
+        distinct tokens for S queries; prefill's block of b query rows (FlashAttention's tiling) gathers at
+        most min(prefix, b k) latents, b sum_r min(r, k) over its blocks, FlashAttention's dense read when
+        the prompt is within top-k. So at a context within top-k every count of a decode step equals dense
+        MLA's."""
         B, S, m = self.B, self.S, self.m
         k = m.index_topk
         pairs = B * nh * self._selected_pairs()
-        per_token = d_qk + d_v
         if self.stage == "decode":
-            kv_reads = B * np.minimum(self.L, S * np.minimum(np.minimum(self.L, k), self.tech.kv_budget or self.L)
-                                      ) * per_token
             keys = np.minimum(np.minimum(self.L, k), self.tech.kv_budget or self.L)
+            kv_reads = B * np.minimum(self.L, S * keys) * d_qk
         else:
             elem = self.sc.kv.bytes
             nrb = _flash_row_blocks(S, d_qk, self.buffer_bytes, elem) if self.sc.flash_attention else S
-            kv_reads = B * per_token * (S / nrb) * _causal_pairs(nrb, k)
+            kv_reads = B * d_qk * (S / nrb) * _causal_pairs(nrb, k)
             keys = S
         q, out = B * S * nh * d_qk, B * S * nh * d_v
         if self.sc.flash_attention:
@@ -598,11 +597,10 @@ class _Builder:
                      act_in=q, kv_in=kv_reads, act_out=out, shape_m=B, shape_n=keys, shape_k=d_qk, heads=nh,
                      kv_heads=1)
             return
-        self.add("qk_matmul", "attention", count, ops=2 * pairs * d_qk, act_in=q, kv_in=kv_reads * d_qk / per_token,
-                 act_out=pairs, uses_kv=True)
+        self.add("qk_matmul", "attention", count, ops=2 * pairs * d_qk, act_in=q, kv_in=kv_reads, act_out=pairs,
+                 uses_kv=True)
         self.add("softmax", "vector", count, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
-        self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, kv_in=kv_reads * d_v / per_token,
-                 act_out=out, uses_kv=True)
+        self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, act_out=out, uses_kv=True)
 
     # ---- recurrent layers (Gated DeltaNet, Mamba-2)
     def recurrent(self, count):

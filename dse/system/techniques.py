@@ -254,8 +254,10 @@ def settings_text(point: dict) -> dict[str, str]:
     if str(point.get("prune", "none")) != "none":
         out["prune"] = f"pruned {point['prune']}"
     if str(point.get("spec_draft", "none")) != "none":
+        by_depth = "@" in str(point["spec_draft"])       # a native head's acceptance by depth, in its name
         out["spec_draft"] = (f"speculative decoding: draft {point['spec_draft']}, {int(point.get('spec_tokens', 0))} "
-                             f"tokens a step, acceptance {float(point.get('spec_acceptance', 0.0)):g}")
+                             f"tokens a step" + ("" if by_depth else
+                                                 f", acceptance {float(point.get('spec_acceptance', 0.0)):g}"))
     return out
 
 
