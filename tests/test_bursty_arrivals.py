@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from agreement import model_vs_simulator
 from scipy.stats import gamma, poisson
 
 from dse.core.serving import arrival_counts
-from dse.system.analysis import simulate_point
 from dse.system.evaluator import evaluate
 
 BASE = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "prompt_len": 512, "gen_len": 128, "weights": "fp8",
@@ -64,8 +64,5 @@ def test_burstiness_is_checked():
 def test_bursty_open_loops_agree_with_the_simulator(k):
     cap = evaluate({**BASE, "concurrency": 100000})["requests_per_s"][0]
     for share in (0.2, 0.5):
-        point = {**BASE, "request_rate": share * cap, "burstiness": k}
-        ev, sim = evaluate(point), simulate_point(point, 3000)
-        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
-                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+        x, ttft, tpot = model_vs_simulator({**BASE, "request_rate": share * cap, "burstiness": k}, 3000)
         assert abs(x) <= 0.03 and abs(ttft) <= 0.10 and abs(tpot) <= 0.03, (k, share, x, ttft, tpot)

@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from agreement import load_ladder, model_vs_simulator, requests_for
 
 from dse import evaluate
 from dse.core.efficiency import DEFAULT
 from dse.core.roofline import OpArrays
 from dse.core.simulator import EngineConfig, simulate
-from dse.system.analysis import simulate_point
 from dse.system.iteration import iteration_model
 from workloads import optable
 from workloads.footprint import kv_cache_bytes_per_token
@@ -163,17 +163,9 @@ TTFT_TOLERANCE, TPOT_TOLERANCE = 0.12, 0.10
 def test_steady_state_agrees_with_the_simulator(cols, kind):
     """Light load to past saturation: throughput within 5 %; mean TTFT and TPOT within 10 % at
     most points, with the known exceptions the tolerances below admit."""
-    cap = evaluate({**cols, "concurrency": 100000})
-    x_max, b_max = cap["requests_per_s"][0], cap["running_batch"][0]
-    loads = [("concurrency", 1), ("concurrency", 8), ("concurrency", int(b_max)), ("concurrency", int(2 * b_max)),
-             ("request_rate", 0.2 * x_max), ("request_rate", 0.5 * x_max)]
     errors = []
-    for key, v in loads:
-        point = {**cols, key: v}
-        ev = evaluate(point)
-        sim = simulate_point(point, 1500 if key == "request_rate" else max(300, int(12 * v)))
-        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
-                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+    for key, v in load_ladder(cols):
+        x, ttft, tpot = model_vs_simulator({**cols, key: v}, requests_for(key, v))
         what = f"{key} {v:g}: throughput {x:+.1%}, TTFT {ttft:+.1%}, TPOT {tpot:+.1%}"
         errors.append((what, abs(x) <= 0.05 and abs(ttft) <= TTFT_TOLERANCE and abs(tpot) <= TPOT_TOLERANCE))
     assert all(ok for _, ok in errors), [w for w, ok in errors if not ok]

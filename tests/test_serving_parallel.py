@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from agreement import load_ladder, model_vs_simulator, requests_for
 
 from dse.core.simulator import EngineConfig, simulate
 from dse.system.analysis import simulate_point
@@ -111,17 +112,9 @@ MATRIX = [
 @pytest.mark.slow
 @pytest.mark.parametrize("cols,tol", MATRIX, ids=["ep4", "tp2-pp2", "ep2-pp2"])
 def test_steady_state_agrees_with_the_simulator_on_parallel_layouts(cols, tol):
-    cap = evaluate({**cols, "concurrency": 100000})
-    x_max, b_max = cap["requests_per_s"][0], cap["running_batch"][0]
-    loads = [("concurrency", 4), ("concurrency", 32), ("concurrency", int(b_max)), ("concurrency", int(2 * b_max)),
-             ("request_rate", 0.2 * x_max), ("request_rate", 0.5 * x_max)]
     errors = []
-    for key, v in loads:
-        point = {**cols, key: v}
-        ev = evaluate(point)
-        sim = simulate_point(point, 1500 if key == "request_rate" else max(300, int(12 * v)))
-        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
-                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+    for key, v in load_ladder(cols, low=(4, 32)):
+        x, ttft, tpot = model_vs_simulator({**cols, key: v}, requests_for(key, v))
         ok = abs(x) <= tol["x"] and abs(ttft) <= tol["ttft"] and abs(tpot) <= tol["tpot"]
         errors.append((f"{key} {v:g}: throughput {x:+.1%}, TTFT {ttft:+.1%}, TPOT {tpot:+.1%}", ok))
     assert all(ok for _, ok in errors), [w for w, ok in errors if not ok]
@@ -141,10 +134,7 @@ POOLS = [
 def test_disaggregated_parallel_engines_agree_with_the_simulator(cols, tol):
     cap = evaluate({**cols, "concurrency": 100000})["requests_per_s"][0]
     for share in (0.2, 0.5):
-        point = {**cols, "request_rate": share * cap}
-        ev, sim = evaluate(point), simulate_point(point, 1500)
-        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
-                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+        x, ttft, tpot = model_vs_simulator({**cols, "request_rate": share * cap}, 1500)
         assert abs(x) <= tol["x"] and abs(ttft) <= tol["ttft"] and abs(tpot) <= tol["tpot"], (share, x, ttft, tpot)
 
 
@@ -176,8 +166,5 @@ def test_a_decode_pool_of_its_own_layout_agrees_with_the_simulator():
     cols = {**EP4, "ep": 2, "decode_ep": 4, "disaggregate": "4:4"}
     cap = evaluate({**cols, "concurrency": 100000})["requests_per_s"][0]
     for share in (0.2, 0.5):
-        point = {**cols, "request_rate": share * cap}
-        ev, sim = evaluate(point), simulate_point(point, 1500)
-        x, ttft, tpot = (ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"),
-                                                            ("ttft_s", "ttft_mean_s"), ("tpot_s", "tpot_mean_s")))
+        x, ttft, tpot = model_vs_simulator({**cols, "request_rate": share * cap}, 1500)
         assert abs(x) <= 0.05 and abs(ttft) <= 0.25 and abs(tpot) <= 0.05, (share, x, ttft, tpot)
