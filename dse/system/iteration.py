@@ -115,8 +115,7 @@ class IterationModel:
         k = ranks * streams
         s = np.asarray(s, dtype=float)
         busy = np.clip(s, 1.0, k)                                   # ranks that hold a prompt
-        own = self.arrays(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) / busy,
-                          np.asarray(pctx) / busy, s / busy)
+        own = self.arrays(*busiest_rank_counts(d, dctx, c, pctx, s, k))
         if self.shared is None or not self.shared.any() or ranks == 1:
             return own
         share = np.clip(busy / streams, 1.0, ranks) / (busy * ranks)   # the stream's prompts over its ranks
@@ -141,6 +140,16 @@ class IterationModel:
     def _growing(self) -> np.ndarray:
         """Operators whose weight bytes grow with the iteration's tokens."""
         return np.flatnonzero(np.ptp(self.weight_bytes, axis=0))
+
+
+def busiest_rank_counts(d, dctx, c, pctx, s, ranks: int) -> tuple:
+    """(decode tokens, their keys, prompt tokens, their keys, prompts) of the busiest of ``ranks``
+    ranks sharing an iteration of these counts in all: the decode tokens spread evenly, each prompt
+    on one rank, over as many ranks as there are prompts (at least one, at most all)."""
+    s = np.asarray(s, dtype=float)
+    busy = np.clip(s, 1.0, ranks)
+    return (np.asarray(d) / ranks, np.asarray(dctx) / ranks, np.asarray(c) / busy, np.asarray(pctx) / busy,
+            s / busy)
 
 
 def _amounts(a: OpArrays) -> dict:

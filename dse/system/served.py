@@ -11,7 +11,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
-from dse.core.metrics import rates_per_user_and_device
+from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
@@ -19,7 +19,7 @@ from dse.core.simulator import EngineConfig
 from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.hardware import HardwareArrays
 from dse.system.inputs import WorkloadColumns
-from dse.system.iteration import IterationModel, iteration_model
+from dse.system.iteration import IterationModel, busiest_rank_counts, iteration_model
 from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
@@ -190,10 +190,8 @@ def group_pricer(pricer, ranks: int, stages: int):
         rank = pricer(model, sys, eff)        # speculative: every rank's amounts the busiest's
 
         def iteration_time(d, dctx, c, pctx, seqs, rows):
-            k = ranks * stages
-            busy = np.clip(np.asarray(seqs, dtype=float), 1.0, k)       # ranks prefilling, in all streams
-            return rank(np.asarray(d) / k, np.asarray(dctx) / k, np.asarray(c) / busy,
-                        np.asarray(pctx) / busy, np.asarray(seqs) / busy, rows) * pipeline_fill(seqs, c, stages)
+            return rank(*busiest_rank_counts(d, dctx, c, pctx, seqs, ranks * stages), rows) \
+                * pipeline_fill(seqs, c, stages)
         return iteration_time
     return make
 
@@ -202,12 +200,13 @@ def pipeline_fill(seqs, c, stages: int):
     """The factor by which the prompts of an iteration of ``stages`` interleaved streams lengthen it
     when they are in several streams (``seqs`` prompts, at most one stream each; ``c`` prompt
     tokens): m streams' prompt passes of ``t`` seconds each take every stage ``t / stages`` in turn,
-    so the j-th ends ``j t / stages`` after the first, the mean 1 + (m - 1) / (2 stages) times
-    ``t``; 1 without prompt tokens or stages."""
+    so the j-th ends ``j t / stages`` after the first (the last at ``pipelined_prefill_s``'s (m +
+    stages - 1) stage times); their mean, halfway between the first and the last, is 1 + (m - 1) /
+    (2 stages) times ``t``; 1 without prompt tokens or stages."""
     if stages == 1:
         return 1.0
     m = np.clip(np.asarray(seqs, dtype=float), 1.0, stages)
-    return np.where(np.asarray(c) > 0, 1.0 + (m - 1.0) / (2.0 * stages), 1.0)
+    return np.where(np.asarray(c) > 0, (1.0 + pipelined_prefill_s(1.0, m, stages)) / 2.0, 1.0)
 
 
 def _replicas(target_rate, good) -> np.ndarray:
