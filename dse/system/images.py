@@ -20,13 +20,13 @@ def image_columns(cols: Columns, w: dict) -> None:
     ``models`` (one code per distinct model, image count and size) and ``prompt`` (plus the image
     tokens). Nothing changes where no point asks for images."""
     images = cols.numbers("images")
-    if not anywhere(pointwise(lambda x: x > 0, images)):
-        return
     scodes, sizes = cols.labels("image_size")
-    try:
+    try:                                       # checked where given, images or not
         parsed = [parse_image_size(s) for s in sizes]
     except DseError as e:
         raise DseError(f"{cols.where}: {e}") from None
+    if not anywhere(pointwise(lambda x: x > 0, images)):
+        return
     n = cols.n
     imgs = np.broadcast_to(np.asarray(images, dtype=float), (n,)).astype(np.int64)
     codes = np.broadcast_to(np.asarray(w["model"]), (n,))
