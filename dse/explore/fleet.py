@@ -36,11 +36,15 @@ from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.metrics import cost_per_million_tokens_usd
 from dse.explore.plan import ENUMERATED, MAX_DEVICES, PlanAsk, check_ask, layouts
 from dse.system.evaluator import evaluate
+from dse.system.params import SPEC
 
 #: what a fleet may minimise: its cost a day ($: capital amortized + electricity), or its mean power (W)
 OBJECTIVES = ("cost", "power")
 #: hours a day: a rate curve's periods are read as a day's when they sum to this (else as given)
 HOURS_PER_DAY = 24.0
+#: the engine settings a fleet leaves at their defaults (vLLM's, ``dse.system.params``) unless the
+#: caller gives values to try: a fleet varies the hardware, the layout and the formats
+ENGINE_SETTINGS = ("max_running", "prefill_chunk")
 #: tokens an hour at one token a second: the cost rule's $ per million tokens times this is $ an hour
 _HOUR_TOKENS_PER_S = 1e6 / 3600.0
 
@@ -182,7 +186,8 @@ def _buckets(ask: FleetAsk) -> tuple[Bucket, ...]:
 def candidate_columns(ask: FleetAsk) -> tuple[dict, list[tuple[str, dict]]]:
     """(the columns of every candidate engine on every bucket, engine-major: row e x B + b; the
     engines as (hardware, layout)): the service's peak as ``target_rate``."""
-    fixed = {**{k: [v] for k, v in ask.base.items() if k in ENUMERATED}, **ask.fixed}
+    fixed = {**{k: [SPEC[k].default] for k in ENGINE_SETTINGS},
+             **{k: [v] for k, v in ask.base.items() if k in ENUMERATED}, **ask.fixed}
     rows = layouts(str(ask.base["model"]), ask.max_devices, fixed)
     engines = [(h, r) for h in ask.hardware for r in rows]
     buckets = _buckets(ask)

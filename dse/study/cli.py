@@ -32,7 +32,7 @@ from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
 from dse.present.drawing import Drawer
-from dse.study import calibration_cli, deploy_cli, plan_cli
+from dse.study import calibration_cli, deploy_cli, fleet_cli, plan_cli
 from dse.study.studyfile import available_studies, load_study, study_path
 from dse.system.analysis import (
     ENERGY_COST_METRICS,
@@ -81,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):  # one line, non-zero exit
         if "required: command" in message:
-            message = "choose a command: analyze, compare, plan, deploy, explore, run, validate, calibrate, list, show (see --help)"
+            message = "choose a command: analyze, compare, plan, fleet, deploy, explore, run, validate, calibrate, list, show (see --help)"
         raise DseError(f"{self.prog.replace(PROG, '').strip() or 'usage'}: {message}")
 
 
@@ -209,6 +209,9 @@ EXAMPLES = {
              "--gen-len 256 --slo-ttft 1 --slo-tpot 0.05",
              "dse plan --model llama-3.1-8b --hardware l40s h100-sxm --request-rate 50 --slo-tpot 0.03 --format json",
              "dse plan --study plan-llama70b"),
+    "fleet": ("dse fleet --model llama-3.1-8b --hardware rtx-4090 h100-sxm --rate-curve 8:5,10:40,6:15 "
+              "--buckets 0.8:256:256,0.2:8192:256 --slo-ttft 1 --slo-tpot 0.04",
+              "dse fleet --study fleet-mix"),
     "calibrate": ("dse calibrate", "dse calibrate --no-cross-validation --quiet",
                   "DSE_CALIBRATION=runs/calibrate/calibration.yaml dse validate"),
     "explore": ("dse explore", "dse explore runs/quant-roofline", "dse explore runs/gpu-sweep-1m --port 8051"),
@@ -290,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy_cli.add_parsers(command, deploy_cli.Hooks(lambda p: (_add_workload_args(p), add_flag(p, SPEC["hardware"])),
                                                      point_columns, (check_contradictions, check_named), cli_words))
     plan_cli.add_parsers(command, _add_workload_args, point_columns)
+    fleet_cli.add_parsers(command, _add_workload_args, point_columns)
     app_cli.add_parsers(command)
     return ap
 
@@ -574,6 +578,9 @@ def cmd_run(args) -> int:
     if plan_cli.is_plan_study(data):        # a plan study: its answer, not a sweep (dse.study.plan_cli)
         name = str(data.get("name") or Path(args.study).stem)
         return plan_cli.run_plan_study(data, name, args.out or Path("runs") / name, where=str(study_path(args.study)))
+    if fleet_cli.is_fleet_study(data):      # a fleet study: its answer (dse.study.fleet_cli)
+        name = str(data.get("name") or Path(args.study).stem)
+        return fleet_cli.run_fleet_study(data, name, args.out or Path("runs") / name, where=str(study_path(args.study)))
     for flag, given in (("--trials", args.trials), ("--storage", args.storage)):
         if given is not None and spec.method != "optuna":    # an option of optuna studies, left unused
             raise DseError(f"{flag}: applies to an optuna study, and {args.study} is a {spec.method} sweep; "
@@ -910,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         args.typed = typed_flags(sys.argv[1:] if argv is None else list(argv))
         return {"analyze": cmd_analyze, "list": cmd_list, "show": cmd_show, "run": cmd_run,
                 "compare": cmd_compare, **calibration_cli.COMMANDS,
-                **deploy_cli.COMMANDS, **plan_cli.COMMANDS, **app_cli.COMMANDS}[args.command](args)
+                **deploy_cli.COMMANDS, **plan_cli.COMMANDS, **fleet_cli.COMMANDS, **app_cli.COMMANDS}[args.command](args)
     except DseError as e:
         from_signal = type(e).__name__ == "Interrupted"     # on one line: a path's newline escaped
         print(f"dse.study: {'' if from_signal else 'error: '}{shown_path(e)}", file=sys.stderr)

@@ -43,7 +43,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: the shipped studies (``studies/``; package data in a wheel)
 STUDY_DIR = shipped("studies")
 KEYS = {"name", "description", "space", "objectives", "constraints", "method", "samples", "seed", "max_points",
-        "chunk_size", "ideal", "sampler", "trials", "population", "outputs", "plan", "report"}
+        "chunk_size", "ideal", "sampler", "trials", "population", "outputs", "plan", "fleet", "report"}
 #: the keys of ``outputs``
 OUTPUT_KEYS = ("rows", "sample")
 
