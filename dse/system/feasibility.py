@@ -12,7 +12,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.engines import EngineMemory, chunked_prefill, reserve_bytes
 from dse.core.roofline import _COL, OpArrays, SystemArrays
-from dse.system.columns import Columns, group
+from dse.system.columns import Columns, group, per_code
 from dse.system.grouping import CpuSplit, Group, Speculation, positions
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.inputs import WorkloadColumns
@@ -36,6 +36,11 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     dis = w.disaggregated
     own = ~(np.isnan(w.decode_tp) & np.isnan(w.decode_ep))
     fail("layout", np.flatnonzero(own & ~dis), "decode_tp and decode_ep lay out a decode pool: give disaggregate P:D")
+    if w.decode_hardwares is not None:
+        pooled = per_code([bool(h) for h in w.decode_hardwares], w.decode_hardware) | \
+            per_code([k is not None for k in w.pd_links], w.pd_link)
+        fail("layout", np.flatnonzero(pooled & ~dis), "decode_hardware and pd_link describe a decode pool: give "
+                                                      "disaggregate P:D")
     fail("layout", np.flatnonzero(dis & (w.cp > 1)), "context parallelism (cp > 1) is modelled for one engine, "
                                                      "not for disaggregated pools")
     if not dis.any():                  # no pools: the layout is the one given
@@ -259,11 +264,29 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
             mark("device_memory", serving.decode.kv_blocks < need,
                  "the decode pool's paged KV cache holds less than one request at its own layout (decode_tp, "
                  "decode_ep): the memory left after its weights and activations makes too few KV blocks")
+            _check_decode_hardware(mark, serving.decode, wanted, sc)
     memory = GroupMemory(fp.weights_bytes, kv, act, pl.host_bytes, pl.memory_violation(cap, hcap), reserve, pool,
                          per_request, state)
     kv_group = 1.0 if model.is_mla else (model.num_heads / sc.tp) / kv_heads_per_device(model, sc.tp)
     return Group(idx, t, sys, hw.kind(i0), cpu, serving, hw.families[hw.family[i0]],
                  w.engines[w.engine[i0]], float(kv_group), spec), memory
+
+
+def _check_decode_hardware(mark, d, wanted: list, sc) -> None:
+    """Mark the points whose decode pool on hardware of its own (``decode_hardware``) cannot compute the
+    formats ``wanted`` (``format``) or has no scale-up link for an engine of several devices, and
+    those whose KV cache has no known link to cross between the pools (``interconnect``)."""
+    if d.link_bandwidth is not None:
+        mark("interconnect", ~(d.link_bandwidth > 0), "the link between the prefill and decode pools: a pool's "
+             "hardware cites no scale-out NIC (configs/topologies.yaml); give pd_link (--pd-link, see 'list links')")
+    if d.system is None:
+        return
+    for c in wanted:
+        mark("format", ~(d.system.peak[:, _COL[c]] > 0), None)
+    if d.tp * d.ep * sc.pp > 1:
+        mark("interconnect", ~(np.isfinite(d.system.link_bandwidth) & (d.system.link_bandwidth > 0)),
+             "the decode pool's hardware has no scale-up link for an engine of several devices (decode_tp x pp x "
+             "decode_ep > 1)")
 
 
 def _marker(fail, idx, size: int):

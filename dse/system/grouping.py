@@ -74,15 +74,29 @@ class ServedSpeculation:
 @dataclass(frozen=True)
 class DecodePool:
     """A disaggregated decode pool laid out otherwise than the prefill pool (``decode_tp``,
-    ``decode_ep``): its engines' iteration, paged KV blocks ([P], one rank's) and layout."""
+    ``decode_ep``), on hardware of its own (``decode_hardware``) or over a link of its own
+    (``pd_link``): its engines' iteration, paged KV blocks ([P], one rank's) and layout; on its own
+    hardware its ``system`` ([P], tp 1, as ``HardwareArrays.system``; None: the prefill pool's), the
+    link the KV cache crosses (``link_bandwidth`` bytes/s and ``link_latency`` s, [P]; None: the
+    prefill pool's scale-up link; NaN: none known) and the whole point's ``cost_usd`` and
+    ``system_tdp_w`` (both pools, [P])."""
 
     iteration: IterationModel
     kv_blocks: np.ndarray
     tp: int
     ep: int
+    system: SystemArrays | None = None
+    link_bandwidth: np.ndarray | None = None
+    link_latency: np.ndarray | None = None
+    cost_usd: np.ndarray | None = None
+    system_tdp_w: np.ndarray | None = None
 
     def take(self, pos: np.ndarray) -> "DecodePool":
-        return replace(self, kv_blocks=self.kv_blocks[pos])
+        def part(a):
+            return None if a is None else a[pos]
+        return replace(self, kv_blocks=self.kv_blocks[pos], system=None if self.system is None else self.system.take(pos),
+                       link_bandwidth=part(self.link_bandwidth), link_latency=part(self.link_latency),
+                       cost_usd=part(self.cost_usd), system_tdp_w=part(self.system_tdp_w))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from dse.system.params import MAX_COUNT, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
+from hwmodels.links import load_link
 from hwmodels.placement import parse_policy
+from hwmodels.presets import load_device
 from workloads.lengths import FIXED, parse_lengths
 
 
@@ -86,6 +88,10 @@ class WorkloadColumns:
     decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
+    decode_hardware: np.ndarray | None = None   # [P] code into ``decode_hardwares``
+    decode_hardwares: list | None = None        # the decode pool's preset of each code ("": the point's own)
+    pd_link: np.ndarray | None = None           # [P] code into ``pd_links``
+    pd_links: list | None = None                # the prefill-to-decode link of each code (None: the default)
 
 
 def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
@@ -130,6 +136,8 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
     w["decode_tp"], w["decode_ep"] = cols.numbers("decode_tp"), cols.numbers("decode_ep")
+    w["decode_hardware"], w["decode_hardwares"] = resolved_column(cols, "decode_hardware", _decode_hardware)
+    w["pd_link"], w["pd_links"] = resolved_column(cols, "pd_link", lambda v: None if v == "default" else load_link(str(v)))
     asked = per_code([m == "continuous" for m in modes], w["serving"])
     loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
@@ -181,6 +189,15 @@ def _pools(value) -> tuple[int, int] | None:
         raise DseError(f"disaggregate: expected 'none' or 'P:D' (prefill devices : decode devices, positive "
                        f"integers, e.g. '2:6'), got {name_or_kind(value)}")
     return pair
+
+
+def _decode_hardware(value) -> str:
+    """The decode pool's hardware preset named by ``value`` ("" for 'same': the point's own); DseError
+    naming the valid presets."""
+    if value == "same":
+        return ""
+    load_device(str(value))
+    return str(value)
 
 
 def _trace_lengths(w: dict) -> None:

@@ -304,6 +304,14 @@ TABLE: tuple[Param, ...] = (
     Param("decode_ep", int, flag="--decode-ep",
           help="disaggregated: the decode pool's expert-parallel degree (default: ep, the prefill pool's; "
                "DeepSeek prefills on EP 32 and decodes on EP 144)"),
+    Param("decode_hardware", str, default="same", flag="--decode-hardware", metavar="HW",
+          help="disaggregated: the decode pool's hardware preset (see 'list hardware'), e.g. an MI355X decode pool "
+               "fed by H200 prefill engines (Splitwise's H100 prompt and A100 token machines); its memory, peaks "
+               "and price are its own (default: same, the point's hardware)"),
+    Param("pd_link", str, default="default", flag="--pd-link", metavar="LINK",
+          help="disaggregated: the link the KV cache crosses from the prefill to the decode pool (see 'list links'; "
+               "default: the scale-up link when both pools are one hardware, else the slower of the two "
+               "hardware's scale-out NICs, configs/topologies.yaml)"),
     Param("target_rate", float, default=0.0, zero_allowed=True, zero_is_unset=True,
           help="requests/s a whole service must carry: it takes ceil(target_rate / goodput) engines like this one "
                "(``replicas``; needs an SLO; 0: none)"),

@@ -11,13 +11,15 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
+from dse.core.engines import reserve_bytes
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.simulator import EngineConfig
 from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
-from dse.system.hardware import HardwareArrays
+from dse.system.columns import Columns
+from dse.system.hardware import HardwareArrays, assemble
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel, busiest_rank_counts, iteration_model
 from dse.system.params import DEFAULTS
@@ -116,9 +118,19 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             "requests_per_s": out["requests_per_s"], "total_tokens_per_s": out["total_tokens_per_s"],
             "queue_s": out["queue_s"], "running_batch": out["running_batch"],
             "kv_utilization": out["kv_utilization"], "batch_used": np.round(out["running_batch"]),
+            **_pools_figures(s),
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e),
             "slo_missed": (s.target_rate > 0) & (good <= 0)}
+
+
+def _pools_figures(s: ServingInputs) -> dict:
+    """The price and TDP of points whose decode pool runs on hardware of its own: both pools'
+    (``DecodePool.cost_usd``, ``system_tdp_w``); none otherwise (the plan's figures stand)."""
+    d = s.decode
+    if d is None or d.cost_usd is None:
+        return {}
+    return {"cost_usd": d.cost_usd, "system_tdp_w": d.system_tdp_w}
 
 
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
@@ -262,11 +274,22 @@ def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
         if s.decode is not None:
             d = s.decode
             d_load = group_load(replace(_load(s, None), kv_blocks=d.kv_blocks), d.ep, s.stages)
-            d_sys = sys.replaced(tp=np.full(sys.size, float(d.tp)), ep=np.full(sys.size, float(d.ep)))
-            d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, d_sys, eff)
-        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), kv_link(sys, eff),
+            d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, decode_system(d, sys), eff)
+        link = kv_link(sys, eff) if s.decode is None or s.decode.link_bandwidth is None else \
+            kv_link(sys.replaced(link_bandwidth=s.decode.link_bandwidth, link_latency=s.decode.link_latency), eff)
+        pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), link,
                       d_load, d_time)
     return group_load(_load(s, pools), s.ranks, s.stages)
+
+
+def decode_system(d: DecodePool, sys: SystemArrays) -> SystemArrays:
+    """The system a decode pool's iterations are priced on: its own hardware's (``d.system``) or the
+    prefill pool's (``sys``), at its tp and ep, with the prefill points' overlap, context parallelism
+    and two-batch overlap."""
+    if d.system is None:
+        return sys.replaced(tp=np.full(sys.size, float(d.tp)), ep=np.full(sys.size, float(d.ep)))
+    return d.system.replaced(tp=np.full(sys.size, float(d.tp)), ep=np.full(sys.size, float(d.ep)),
+                             overlap=sys.overlap, cp=sys.cp, two_batch_overlap=sys.two_batch_overlap)
 
 
 def _load(s: ServingInputs, pools: Pools | None) -> Load:
@@ -357,20 +380,85 @@ def kv_blocks(fp, sc, cap, act, block) -> tuple:
 
 
 def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, act, block) -> DecodePool | None:
-    """The decode pool of disaggregated points laid out otherwise (``decode_tp``, ``decode_ep``; None
-    where it is the prefill pool's layout): its iteration model and KV blocks at that layout; DseError
-    when the layout does not divide the model."""
+    """The decode pool of disaggregated points laid out otherwise (``decode_tp``, ``decode_ep``), on
+    hardware of its own (``decode_hardware``) or over a link of its own (``pd_link``); None where it
+    is the prefill pool's layout, hardware and link: its iteration model and KV blocks at that layout
+    on its hardware's memory (``decode_hardware``'s own system, as every point's is assembled:
+    ``dse.system.hardware.assemble``), the link the KV cache crosses and the point's price and TDP over
+    both pools; DseError when the layout does not divide the model."""
     d_tp = sc.tp if np.isnan(w.decode_tp[i0]) else int(w.decode_tp[i0])
     d_ep = sc.ep if np.isnan(w.decode_ep[i0]) else int(w.decode_ep[i0])
-    if (d_tp, d_ep) == (sc.tp, sc.ep):
+    d_hw, link = own_decode_hardware(w, hw, idx)
+    d_sys = None if d_hw is None else d_hw.system
+    if (d_tp, d_ep) == (sc.tp, sc.ep) and d_sys is None and link is None:
         return None
     buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
     fp = tables(model, 1, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp, sc.pp,
                 d_ep, sc.flash_attention, buffer, sc.techniques).footprint
+    figures = {}
+    if d_sys is not None:               # its own memory, less what its engine keeps back
+        raw = d_sys.capacity
+        cap = raw - reserve_bytes(w.engines[w.engine[i0]].memory, raw, fp.weights_bytes, act)
+        pre, dec = w.prefill_devices[idx], w.decode_devices[idx]
+        figures = {"cost_usd": pre * _at(hw.price_usd, idx, w) + dec * np.asarray(d_hw.price_usd, dtype=float),
+                   "system_tdp_w": pre * _at(hw.tdp_w, idx, w) + dec * np.asarray(d_hw.tdp_w, dtype=float)}
     _, blocks = kv_blocks(fp, sc, cap, act, block)
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp,
                          sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=d_ep)
-    return DecodePool(it, np.asarray(blocks, dtype=float), d_tp, d_ep)
+    bw, lat = (None, None) if link is None else link
+    return DecodePool(it, np.asarray(blocks, dtype=float), d_tp, d_ep, d_sys, bw, lat, **figures)
+
+
+def _at(a, idx, w: WorkloadColumns) -> np.ndarray:
+    """Per-point figure ``a`` (one per point of the plan, or one for all) at points ``idx``."""
+    return np.broadcast_to(np.asarray(a, dtype=float), np.shape(w.disaggregated))[idx]
+
+
+def _decode_names(w: WorkloadColumns, hw: HardwareArrays, idx) -> tuple[np.ndarray, np.ndarray]:
+    """(each point's own preset name, its decode pool's preset name) at points ``idx``, [P] object arrays."""
+    n = np.shape(w.disaggregated)
+    own = np.asarray(hw.names, dtype=object)[np.broadcast_to(hw.name, n)[idx]]
+    if w.decode_hardwares is None:
+        return own, own
+    codes = np.broadcast_to(w.decode_hardware, n)[idx]
+    given = np.asarray(w.decode_hardwares, dtype=object)[codes]
+    return own, np.where(given == "", own, given)
+
+
+def own_decode_hardware(w: WorkloadColumns, hw: HardwareArrays, idx) -> tuple:
+    """(the decode pool's hardware at points ``idx`` (``HardwareArrays``, its system at tp 1; None where
+    every point decodes on its own hardware), the link the KV cache crosses: (bytes/s, s) [P], or None for the prefill pool's
+    scale-up link). The link: ``pd_link`` where given; else, where the pools' hardware differ, the
+    slower of the two hardware's scale-out NICs (their topologies', ``hwmodels.topology``) and the
+    longer latency, NaN where either cites none (refused: ``interconnect``)."""
+    own, dec = _decode_names(w, hw, idx)
+    other = own != dec
+    d_hw = d_sys = None
+    if other.any():
+        d_hw = assemble(Columns({"hardware": dec, "model": ""}))
+        d_sys = d_hw.system
+    n = len(own)
+    links = None if w.pd_links is None else np.broadcast_to(w.pd_link, np.shape(w.disaggregated))[idx]
+    given = links is not None and any(w.pd_links[c] is not None for c in np.unique(links))
+    if d_hw is None and not given:
+        return None, None
+    sys = hw.system.take(idx)
+    bw = np.where(np.isfinite(sys.link_bandwidth), sys.link_bandwidth, np.nan)
+    lat = np.asarray(sys.link_latency, dtype=float).copy()
+    if d_sys is not None:
+        def nic(s):
+            if s.scale_out_bandwidth is None:
+                return np.full(n, np.nan), np.zeros(n)
+            return np.where(s.scale_out_bandwidth > 0, s.scale_out_bandwidth, np.nan), s.scale_out_latency
+        (b1, l1), (b2, l2) = nic(sys), nic(d_sys)
+        bw = np.where(other, np.fmin(b1, b2) + 0.0 * b1 * b2, bw)      # NaN where either side cites none
+        lat = np.where(other, np.maximum(l1, l2), lat)
+    if given:
+        for c in np.unique(links):
+            if w.pd_links[c] is not None:
+                at = links == c
+                bw[at], lat[at] = w.pd_links[c].bandwidth_bytes_per_s, w.pd_links[c].latency_s
+    return d_hw, (bw, lat)
 
 
 def state_blocks(state, block_bytes):
@@ -425,8 +513,7 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode
-        decode_step = _rank_step(d.iteration, sys_j.replaced(tp=np.array([float(d.tp)]), ep=np.array([float(d.ep)])),
-                                 eff, d.ep)
+        decode_step = _rank_step(d.iteration, decode_system(d.take(np.array([j])), sys_j), eff, d.ep)
         decode_engine = replace(engine, kv_blocks=max(int(d.kv_blocks[j]), 1))
     conc, rate = s.concurrency[j], s.request_rate[j]
     pools = transfer_s = None
@@ -434,7 +521,9 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
         prefill, decode, kv_token_bytes = s.pools
         pools = (int(prefill[j]), int(decode[j]))
         per_token = float(np.broadcast_to(kv_token_bytes, prefill.shape)[j])
-        link = kv_link(g.system.take(np.array([j])), eff)
+        link = kv_link(g.system.take(np.array([j])) if s.decode is None or s.decode.link_bandwidth is None else
+                       g.system.take(np.array([j])).replaced(link_bandwidth=s.decode.link_bandwidth[[j]],
+                                                            link_latency=s.decode.link_latency[[j]]), eff)
 
         def transfer_s(prompt: int) -> float:
             sent = prompt - engine.cached_tokens(prompt)
