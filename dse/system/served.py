@@ -17,8 +17,8 @@ from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.simulator import EngineConfig
-from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.columns import Columns
+from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
 from dse.system.hardware import HardwareArrays, assemble
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel, busiest_rank_counts, iteration_model
@@ -75,8 +75,12 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     on several devices without a link between them (infeasible for ``interconnect``) has NaN
     figures: the roofline cannot price its iterations, and the queueing model is not asked to."""
     unlinked = (g.serving.devices > 1) & ~(np.isfinite(g.system.link_bandwidth) & (g.system.link_bandwidth > 0))
+    d_unlinked = _decode_unlinked(g.serving)
+    unlinked = unlinked | d_unlinked
     if unlinked.any():             # priced on a stand-in link, then its figures dropped
         stand = replace(g, system=g.system.replaced(link_bandwidth=np.where(unlinked, 1e12, g.system.link_bandwidth)))
+        if d_unlinked.any():
+            stand = replace(stand, serving=replace(stand.serving, decode=_decode_linked(stand.serving.decode)))
         out = price_served(stand, eff)
         for k, v in out.items():      # admission's figures stay (batch, KV use, tokens a step), as a closed
             #                           loop at fixed lengths gave them before; every timed figure is NaN
@@ -122,6 +126,27 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e),
             "slo_missed": (s.target_rate > 0) & (good <= 0)}
+
+
+def _decode_unlinked(s: ServingInputs) -> np.ndarray:
+    """[P] bool: points whose decode pool on hardware of its own has no known link, between the pools
+    (``DecodePool.link_bandwidth`` NaN) or inside an engine of several devices (infeasible:
+    ``interconnect``)."""
+    d, n = s.decode, len(s.devices)
+    if d is None:
+        return np.zeros(n, dtype=bool)
+    out = np.zeros(n, dtype=bool) if d.link_bandwidth is None else ~(d.link_bandwidth > 0)
+    if d.system is not None and d.tp * d.ep * s.stages > 1:
+        out = out | ~(np.isfinite(d.system.link_bandwidth) & (d.system.link_bandwidth > 0))
+    return out
+
+
+def _decode_linked(d: DecodePool) -> DecodePool:
+    """``d`` with a stand-in link (1 TB/s) wherever it has none known (``_decode_unlinked``)."""
+    def linked(a):
+        return None if a is None else np.where(np.isfinite(a) & (a > 0), a, 1e12)
+    system = None if d.system is None else d.system.replaced(link_bandwidth=linked(d.system.link_bandwidth))
+    return replace(d, link_bandwidth=linked(d.link_bandwidth), system=system)
 
 
 def _pools_figures(s: ServingInputs) -> dict:
