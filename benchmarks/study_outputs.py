@@ -39,8 +39,8 @@ def run_study(name: str, out: Path) -> tuple[int, float, str]:
     return done.returncode, time.perf_counter() - start, tail
 
 
-#: what a run keeps of its rows, in the order compared: a sweep's or search's results, a plan's answer
-RESULTS = ("results.parquet", "plan.csv")
+#: what a run keeps of its rows, in the order compared: a sweep's or search's results, a plan's answer, a fleet's
+RESULTS = ("results.parquet", "plan.csv", "fleet.csv")
 
 
 def results_file(run: Path) -> Path:

@@ -13,6 +13,7 @@ from conftest import run_cli
 
 from basis.errors import DseError
 from dse.study.cli import main
+from dse.study.fleet_cli import is_fleet_study
 from dse.study.plan_cli import is_plan_study
 from dse.study.studyfile import STUDY_DIR, load_study
 
@@ -77,6 +78,9 @@ def test_every_shipped_study_declares_its_figures_and_its_answer(name):
     data, spec = load_study(name)           # checked on loading
     if is_plan_study(data):                 # its answer is the plan (plan.json, plan.csv), not a sweep's report
         assert data["plan"] and not data.get("report")
+        return
+    if is_fleet_study(data):                # its answer is the fleet (fleet.json, fleet.csv), not a sweep's report
+        assert data["fleet"] and not data.get("report")
         return
     report = data.get("report") or {}
     assert report.get("compare"), f"{name}: no comparison declared"

@@ -176,6 +176,29 @@ def ask_from_study(data: dict, where: str) -> FleetAsk:
     return ask
 
 
+#: the keys of a fleet's CSV rows: one row per engine of the mix and of each single type's best fleet
+CSV_KEYS = ("fleet", "hardware", "tp", "pp", "ep", "weights", "activations", "kv", "devices_per_replica", "owned",
+            "running", "usd_per_day", "mean_power_w", "utilization")
+
+
+def csv_rows(answer: Fleet) -> list[dict]:
+    """The fleet's rows (``CSV_KEYS``): the mix's engines ('mixed'), then each single type's; a fleet's
+    figures (a day's $, mean W, utilization) on each of its rows."""
+    out = []
+    for name, m in (("mixed", answer.mix), *answer.single.items()):
+        for r in (m.rows if m is not None else ()):
+            out.append({**{k: r[k] for k in CSV_KEYS if k in r}, "fleet": name,
+                        "running": "/".join(map(str, r["running"])), "usd_per_day": m.usd_per_day,
+                        "mean_power_w": m.mean_power_w, "utilization": m.utilization})
+    return out
+
+
+def _alone(answer: Fleet, h: str) -> str:
+    """Why hardware ``h`` has no fleet of its own: left out (its note), or it cannot serve the rate alone."""
+    return next((n.removeprefix(f"{h}: ") for n in answer.notes if n.startswith(f"{h}: left out")),
+                "cannot serve the rate alone")
+
+
 def _money(v: float) -> str:
     return "-" if not math.isfinite(v) else f"${v:,.2f}"
 
@@ -208,9 +231,7 @@ def fleet_text(answer: Fleet, ask: FleetAsk, seconds: float) -> str:
     out += ["", "Single types:"]
     for h, s in answer.single.items():
         if s is None:
-            why = next((n.removeprefix(f"{h}: ") for n in answer.notes if n.startswith(f"{h}: left out")),
-                       "cannot serve the rate alone")
-            out.append(f"  {h}: {why}")
+            out.append(f"  {h}: {_alone(answer, h)}")
         else:
             out.append(f"  {h}: {_mix_line(s)}: {_money(s.usd_per_day)} a day, mean "
                        f"{display.si(s.mean_power_w, 'W')}; the mix saves {answer.saving(h):.0%}")
@@ -238,7 +259,7 @@ def run_fleet_study(data: dict, name: str, out: Path, where: str | None = None) 
     rows = [["mixed", _mix_line(answer.mix), _money(answer.mix.usd_per_day), display.si(answer.mix.mean_power_w, "W"),
              str(answer.mix.devices), "-"]]
     for h, s in answer.single.items():
-        rows.append([h, "cannot serve alone" if s is None else _mix_line(s),
+        rows.append([h, _alone(answer, h) if s is None else _mix_line(s),
                      "-" if s is None else _money(s.usd_per_day), "-" if s is None else display.si(s.mean_power_w, "W"),
                      "-" if s is None else str(s.devices),
                      "-" if s is None else f"{answer.saving(h):.0%}"])
@@ -246,16 +267,17 @@ def run_fleet_study(data: dict, name: str, out: Path, where: str | None = None) 
                           Section("The study's answer: the mix beside each single type",
                                   [Table(header, rows, id="answer-table"), Bullets(list(answer.notes))], id="answer"),
                           Section("The fleet", [Code(text)], id="fleet")])
-    for fname, body in (("fleet.json", display.json_text(answer.as_dict()) + "\n"), ("summary.md", markdown(doc)),
+    for fname, body in (("fleet.json", display.json_text(answer.as_dict()) + "\n"),
+                        ("fleet.csv", display.csv_text(csv_rows(answer), list(CSV_KEYS))), ("summary.md", markdown(doc)),
                         ("report.html", html_page(doc, out))):
         atomic_write(out / fname, lambda tmp, body=body: Path(tmp).write_text(body))
     print(text)
-    print(f"  fleet:   {out / 'fleet.json'}\n  summary: {out / 'summary.md'}\n  report:  {out / 'report.html'}")
+    print(f"  fleet:   {out / 'fleet.json'}\n  csv:     {out / 'fleet.csv'}\n  summary: {out / 'summary.md'}\n  report:  {out / 'report.html'}")
     return 0
 
 
 #: the handler of each subcommand this module adds
 COMMANDS = {"fleet": cmd_fleet}
 
-__all__ = ["add_parsers", "cmd_fleet", "run_fleet_study", "is_fleet_study", "ask_from_study", "COMMANDS",
+__all__ = ["csv_rows", "CSV_KEYS", "add_parsers", "cmd_fleet", "run_fleet_study", "is_fleet_study", "ask_from_study", "COMMANDS",
            "fleet_text"]
