@@ -9,7 +9,7 @@ import math
 import time
 from pathlib import Path
 
-from basis.errors import DseError
+from basis.errors import DseError, kind_of
 from basis.files import atomic_write, output_folder
 from basis.yamlfile import load_yaml
 from dse.explore.fleet import OBJECTIVES, Bucket, Fleet, FleetAsk, Mix, check_fleet, fleet
@@ -163,7 +163,7 @@ def ask_from_study(data: dict, where: str) -> FleetAsk:
     hardware = tuple(hw) if isinstance(hw, list) else (hw,) if isinstance(hw, str) else ()
     curve = section.get("rate_curve")
     if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) == 2 for p in curve):
-        raise DseError(f"{where}: fleet.rate_curve: expected a list of [hours, requests/s] pairs, got {curve!r}")
+        raise DseError(f"{where}: fleet.rate_curve: expected a list of [hours, requests/s] pairs, got {kind_of(curve)}")
     raw = section.get("buckets") or []
     if not isinstance(raw, list) or not all(isinstance(b, dict) and set(b) == {"share", "prompt_len", "gen_len"}
                                             for b in raw):
