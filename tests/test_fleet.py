@@ -115,6 +115,7 @@ def test_unpriced_hardware_is_named_and_left_out():
     (((24.0, 5.0),), (Bucket(0.5, 256, 256),), "cost", "sum to 0.5"),
     (((24.0, 5.0),), (Bucket(1.0, 0, 256),), "cost", "buckets[0].prompt_len"),
     (((24.0, 5.0),), (), "speed", "objective"),
+    (((24.0, 0.0),), (), "cost", "every period's rate is 0"),
 ])
 def test_bad_questions_refused(periods, buckets, objective, words):
     with pytest.raises(DseError, match=None) as e:
@@ -138,3 +139,20 @@ def test_cli_prints_the_mix_beside_each_type(capsys):
                  "--activations", "fp8", "--kv", "fp8", "--slo-tpot", "0.04", "--request-rate", "20"])
     out = capsys.readouterr().out
     assert code == 0 and "Answer (cost)" in out and "h100-sxm:" in out
+
+
+def test_study_run_writes_the_answer(tmp_path, capsys):
+    """A study with a ``fleet:`` section runs through ``dse run`` into fleet.json, fleet.csv, summary.md
+    and report.html; the power objective is one key."""
+    study = tmp_path / "tiny-fleet.yaml"
+    study.write_text("""name: tiny-fleet
+description: one H100 SXM engine of Llama-3.1-8B in FP8 at a two-period day, lowest mean power; a test of the fleet study path
+space: {hardware: [h100-sxm, gaudi3], model: llama-3.1-8b, prompt_len: 256, gen_len: 256, tp: 1, pp: 1,
+        weights: fp8, activations: fp8, kv: fp8, slo_tpot: 0.04}
+objectives: {service_cost_usd: min}
+fleet: {rate_curve: [[12, 10], [12, 40]], objective: power}
+""")
+    assert main(["run", str(study), "--out", str(tmp_path / "run")]) == 0
+    for f in ("fleet.json", "fleet.csv", "summary.md", "report.html"):
+        assert (tmp_path / "run" / f).exists()
+    assert "Answer (power)" in capsys.readouterr().out

@@ -130,13 +130,12 @@ class Fleet:
     single: dict
     candidates: int
     notes: tuple[str, ...] = ()
+    objective: str = "cost"
 
     def saving(self, hardware: str) -> float:
         """The mix's saving on the objective against ``hardware`` alone (a share; NaN: it cannot serve)."""
         s = self.single.get(hardware)
         return math.nan if s is None else 1.0 - self._value(self.mix) / self._value(s)
-
-    objective: str = "cost"
 
     def _value(self, m: Mix) -> float:
         return m.usd_per_day if self.objective == "cost" else m.mean_power_w
@@ -162,8 +161,9 @@ def check_fleet(ask: FleetAsk, where: str = "fleet") -> None:
             if not ok:
                 raise DseError(f"{where}: rate_curve[{k}].{name}: expected a number "
                                f"{'> 0' if low is not None else '>= 0'} (hours, requests/s), got {v!r}")
-    check_ask(PlanAsk(ask.base, ask.hardware, ask.peak if ask.peak > 0 else -1.0, ask.fixed, ("devices",),
-                      ask.max_devices), where)
+    if not ask.peak > 0:
+        raise DseError(f"{where}: rate_curve: every period's rate is 0; give a rate > 0 in some period")
+    check_ask(PlanAsk(ask.base, ask.hardware, ask.peak, ask.fixed, ("devices",), ask.max_devices), where)
     if ask.objective not in OBJECTIVES:
         raise DseError(f"{where}: objective: expected one of {', '.join(OBJECTIVES)}, got {ask.objective!r}")
     for k, b in enumerate(ask.buckets):
@@ -291,7 +291,8 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
         c[nN:nN + nn] = (eng.energy_usd_h[keep][:, None] * hours[None, :]).ravel()
     else:
         c[nN:nN + nn] = (eng.power_w[keep][:, None] * hours[None, :]).ravel() / hours.sum()
-        c[:nN] = 1e-9 * eng.capital_usd_h[keep] if np.isfinite(eng.capital_usd_h[keep]).all() else 0.0
+        cap = eng.capital_usd_h[keep]          # a tie-break: own no replica more than needed
+        c[:nN] = 1e-9 * np.where(np.isfinite(cap), cap, 1.0)
     rows, cols_, vals, lo, hi = [], [], [], [], []
     r = 0
     for b in range(B):                       # demand: sum_e x[e, b, t] >= need[t, b]
