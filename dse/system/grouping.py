@@ -90,6 +90,20 @@ class DecodePool:
     link_latency: np.ndarray | None = None
     cost_usd: np.ndarray | None = None
     system_tdp_w: np.ndarray | None = None
+    family: str = ""              # on hardware of its own: its efficiency family (``dse.core.efficiency``)
+
+    def efficiency(self, eff: Efficiency, engine: Engine | None, kv_group: float, family: str) -> Efficiency:
+        """The Efficiency the pool's iterations are priced with, given the prefill pool's ``eff`` (of
+        ``family``, under ``engine``): the same on the same hardware or for the ideal roofline; on
+        hardware of another family its family's under the same engine (``engine_efficiency``); on
+        other hardware of the same family ``eff`` without the prefill hardware's kernel-layer
+        description (the learned kernel layer describes one hardware: the pool's is priced by the
+        family fractions)."""
+        if self.system is None or eff.name == "ideal":
+            return eff
+        if self.family and self.family != family:
+            return engine_efficiency(efficiency_for(self.family), engine, kv_group, family=self.family)
+        return eff if eff.kernel is None else replace(eff, kernel=None)
 
     def take(self, pos: np.ndarray) -> "DecodePool":
         def part(a):
@@ -254,7 +268,8 @@ _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activ
                     "ep", "cp", "flash_attention", "offload", "overlap", "sparse", "cpu_layers", "max_context", "hardware", "link",
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
-                    "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size", "two_batch_overlap")
+                    "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size", "two_batch_overlap",
+                    "decode_hardware", "pd_link")
 
 
 #: the workload inputs across which points are priced together (``many_workloads``)

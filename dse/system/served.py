@@ -92,7 +92,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     spec = s.speculation
     pricer = group_pricer(iteration_pricer if spec is None else _speculative_pricer(spec), s.ranks, s.stages)
     iteration_time = pricer(s.iteration, g.system, eff)
-    load = _engine_load(s, g.system, eff)
+    d_eff = None if s.decode is None else s.decode.efficiency(eff, g.engine, g.kv_group, g.family)
+    load = _engine_load(s, g.system, eff, d_eff)
     pooled = load.pools is not None
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
@@ -109,7 +110,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     if (slo & priced).any():
         at = np.flatnonzero(slo & priced)
         good[at] = (disaggregated_goodput if pooled else goodput)(
-                           _engine_load(s.take(at), g.system.take(at), eff), pricer(s.iteration, g.system.take(at), eff),
+                           _engine_load(s.take(at), g.system.take(at), eff, d_eff), pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
     energy = _serving_energy(g, s, out, load, spec is not None or pooled)
@@ -287,11 +288,12 @@ def kv_link(sys: SystemArrays, eff: Efficiency):
     return transfer
 
 
-def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
+def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency, d_eff: Efficiency | None = None) -> Load:
     """The serving Load of a group's continuous-batching inputs (``sys``: its points' systems), its
     engine seen as one (``group_load``); disaggregated: its pools, the KV cache sent over each point's
     scale-up link as one message per request, and a decode pool of its own layout its own engines
-    and iterations (its tp and ep, each layout's collectives priced on its own group sizes)."""
+    and iterations (its tp and ep, each layout's collectives priced on its own group sizes; on hardware
+    of its own priced with ``d_eff``, ``DecodePool.efficiency``)."""
     pools = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
@@ -299,7 +301,7 @@ def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency) -> Load:
         if s.decode is not None:
             d = s.decode
             d_load = group_load(replace(_load(s, None), kv_blocks=d.kv_blocks), d.ep, s.stages)
-            d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, decode_system(d, sys), eff)
+            d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, decode_system(d, sys), d_eff or eff)
         link = kv_link(sys, eff) if s.decode is None or s.decode.link_bandwidth is None else \
             kv_link(sys.replaced(link_bandwidth=s.decode.link_bandwidth, link_latency=s.decode.link_latency), eff)
         pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), link,
@@ -431,6 +433,11 @@ def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int,
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp,
                          sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=d_ep)
     bw, lat = (None, None) if link is None else link
+    if d_hw is not None:
+        if d_hw.dataflow.any():
+            raise DseError("decode_hardware: a dataflow (spatial) class as a decode pool is not modelled; give a GPU, "
+                           "TPU or other engine-run preset")
+        figures["family"] = str(d_hw.families[int(np.asarray(d_hw.family).flat[0])])
     return DecodePool(it, np.asarray(blocks, dtype=float), d_tp, d_ep, d_sys, bw, lat, **figures)
 
 
@@ -538,7 +545,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode
-        decode_step = _rank_step(d.iteration, decode_system(d.take(np.array([j])), sys_j), eff, d.ep)
+        decode_step = _rank_step(d.iteration, decode_system(d.take(np.array([j])), sys_j),
+                                 d.efficiency(eff, g.engine, g.kv_group, g.family), d.ep)
         decode_engine = replace(engine, kv_blocks=max(int(d.kv_blocks[j]), 1))
     conc, rate = s.concurrency[j], s.request_rate[j]
     pools = transfer_s = None
