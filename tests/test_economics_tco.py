@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from basis.errors import DseError
+from basis.shipped import shipped
+from basis.yamlfile import load_yaml
 from dse.core.economics import COST_COLUMNS, cost_items_text, economics_defaults
 from dse.study.cli import main
 from dse.system.evaluator import evaluate
+from hwmodels.presets import available_hardware, load_device
 
 pytestmark = pytest.mark.usefixtures("fixed_calibration")
 
@@ -129,3 +132,9 @@ def test_analyze_prints_the_split_and_the_cost_note(capsys):
         assert key in out
     note = next(line for line in out.splitlines() if "cost_note" in line)
     assert "accelerator price cited" in note and "PUE given" in note and "host power not modelled" in note
+
+
+def test_the_tco_study_covers_every_priced_preset():
+    study = load_yaml(str(shipped("studies", "tco-70b.yaml")), "study")
+    priced = {n for n in available_hardware() if load_device(n).price_usd is not None}
+    assert set(study["space"]["hardware"]) == priced
