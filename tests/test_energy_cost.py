@@ -92,7 +92,8 @@ def test_a_design_over_its_tdp_is_infeasible_with_the_reason_power():
 
 def test_cost_per_million_tokens_is_price_over_life_plus_electricity():
     ev = evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "batch": 16, "static_power_w": 70.0,
-                   "electricity_usd_per_kwh": 0.2, "amortization_years": 4.0, "utilization": 0.5})
+                   "electricity_usd_per_kwh": 0.2, "amortization_years": 4.0, "utilization": 0.5,
+                   "pue": 1.0, "host_cost_share": 0.0, "network_cost_share": 0.0})   # the device alone
     life = 4.0 * 365.25 * 86400
     busy = 0.5 * life
     energy = ev["power_w"][0] * busy + 70.0 * (life - busy)
@@ -102,8 +103,9 @@ def test_cost_per_million_tokens_is_price_over_life_plus_electricity():
     d = economics_defaults()
     plain = evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "batch": 16, "static_power_w": 70.0})
     tokens = plain["output_tokens_per_s"][0] * d["utilization"] * d["amortization_years"] * SECONDS_PER_YEAR
+    capital = 25000.0 * (1 + d["host_cost_share"]) / (1 - d["network_cost_share"])
     assert plain["cost_per_million_tokens_usd"][0] == pytest.approx(
-        1e6 * (25000.0 + plain["power_w"][0] * tokens / plain["output_tokens_per_s"][0] / 3.6e6
+        1e6 * (capital + plain["power_w"][0] * d["pue"] * tokens / plain["output_tokens_per_s"][0] / 3.6e6
                * d["electricity_usd_per_kwh"]) / tokens)
 
 
@@ -113,7 +115,8 @@ def test_economics_file_errors_name_the_file_and_key(tmp_path):
                  "utilization: {value: 1, source: a}\n")
     with pytest.raises(DseError, match="amortization_years"):
         economics_defaults(str(f))
-    assert set(economics_defaults()) == {"electricity_usd_per_kwh", "amortization_years", "utilization"}
+    assert set(economics_defaults()) == {"electricity_usd_per_kwh", "amortization_years", "utilization", "pue",
+                                         "host_cost_share", "network_cost_share"}
 
 
 def test_a_preset_naming_an_unknown_energy_profile_is_an_error():

@@ -1,5 +1,5 @@
 """Serving metrics of a prefill plus a generation, from step times (seconds); energy, power and
-the cost of serving from a run's energy and the system's price."""
+the cost of ownership of a system and what its tokens cost."""
 from __future__ import annotations
 
 import functools
@@ -111,20 +111,48 @@ def power_demand_w(phases, devices, static_w) -> np.ndarray:
 
 
 SECONDS_PER_YEAR = 365.25 * 86400.0
+SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3.6e6
 
 
-def cost_per_million_tokens_usd(cost_usd, power_w, idle_w, tokens_per_s, electricity_usd_per_kwh,
-                                amortization_years, utilization) -> np.ndarray:
-    """$ per million output tokens of a system, [P]: its price (``cost_usd``) spread over
-    ``amortization_years``, plus electricity at ``electricity_usd_per_kwh``: ``power_w`` while it
-    serves (a share ``utilization`` of the time, at ``tokens_per_s``) and ``idle_w`` (its static
-    power) the rest of the time; divided by the tokens served in that life. NaN where the price,
-    the power or the rate is unknown."""
-    life = np.asarray(amortization_years, dtype=float) * SECONDS_PER_YEAR
-    busy = np.asarray(utilization, dtype=float) * life
+def capital_usd(price_usd, host_cost_share, network_cost_share) -> np.ndarray:
+    """Capital of a system whose accelerators cost ``price_usd`` ($, all of them), [P]: with its
+    host (CPUs, memory, board, chassis: ``host_cost_share`` $ per $ of accelerator) and its share of
+    the network (``network_cost_share`` of the whole hardware cost): price x (1 + host) / (1 - network),
+    in $. NaN where the price is unknown."""
+    return (np.asarray(price_usd, dtype=float) * (1.0 + np.asarray(host_cost_share, dtype=float))
+            / (1.0 - np.asarray(network_cost_share, dtype=float)))
+
+
+def tco_usd_per_s(capital, power_w, idle_w, electricity_usd_per_kwh, amortization_years, utilization,
+                  pue) -> np.ndarray:
+    """Total cost of ownership of a system per second of its life, $/s, [P]: its ``capital`` ($)
+    spread over ``amortization_years``, plus electricity at ``electricity_usd_per_kwh`` for the
+    facility's energy (the IT energy x ``pue``): ``power_w`` while it serves (a share ``utilization``
+    of the time) and ``idle_w`` (its static power; 0 where unknown) the rest. NaN where the capital
+    or the power is unknown."""
+    u = np.asarray(utilization, dtype=float)
     idle = np.nan_to_num(np.asarray(idle_w, dtype=float), nan=0.0)
+    watts = (u * np.asarray(power_w, dtype=float) + (1.0 - u) * idle) * np.asarray(pue, dtype=float)
+    return (np.asarray(capital, dtype=float) / (np.asarray(amortization_years, dtype=float) * SECONDS_PER_YEAR)
+            + watts / JOULES_PER_KWH * np.asarray(electricity_usd_per_kwh, dtype=float))
+
+
+def token_costs(tco_per_s, utilization, input_tokens_per_s, output_tokens_per_s, prefill_share) -> dict[str, np.ndarray]:
+    """What the tokens a system serves cost, [P], from its ``tco_per_s`` ($/s of its life), the share
+    ``utilization`` of that life it serves at ``input_tokens_per_s`` (prompt tokens processed) and
+    ``output_tokens_per_s``, and ``prefill_share``, the share of its machine time the prefill takes:
+    ``cost_per_million_tokens_usd`` ($ per million output tokens, the whole cost), the same cost split
+    as providers price tokens (``cost_per_mtok_input_usd``: the prefill's share of the machine time
+    over the prompt tokens; ``cost_per_mtok_output_usd``: the decode's share over the output tokens,
+    so input $ + output $ = the whole), ``tokens_per_dollar`` (output tokens per $ of the whole cost)
+    and ``tco_usd_per_hour`` ($ per hour of the system's life). NaN where an input is unknown."""
+    per_s = np.asarray(tco_per_s, dtype=float)
+    busy = np.asarray(utilization, dtype=float)
+    share = np.asarray(prefill_share, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        energy_j = np.asarray(power_w, dtype=float) * busy + idle * (life - busy)
-        usd = np.asarray(cost_usd, dtype=float) + energy_j / JOULES_PER_KWH * np.asarray(electricity_usd_per_kwh, dtype=float)
-        return 1e6 * usd / (np.asarray(tokens_per_s, dtype=float) * busy)
+        whole = 1e6 * per_s / (np.asarray(output_tokens_per_s, dtype=float) * busy)
+        return {"cost_per_million_tokens_usd": whole,
+                "cost_per_mtok_input_usd": 1e6 * per_s * share / (np.asarray(input_tokens_per_s, dtype=float) * busy),
+                "cost_per_mtok_output_usd": whole * (1.0 - share),
+                "tokens_per_dollar": 1e6 / whole, "tco_usd_per_hour": per_s * SECONDS_PER_HOUR}

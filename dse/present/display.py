@@ -123,6 +123,10 @@ def quantity_text(name: str, value, compute_class: str = "") -> str:
         return "-" if value is None else str(value)
     if math.isnan(value):
         return "-"
+    if name == "tokens_per_dollar":            # (a plain number on an axis: no kind of its own)
+        return f"{value:,.0f} tokens/$" if abs(value) >= 100 else f"{value:.3g} tokens/$"
+    if name.endswith("_usd_per_hour"):
+        return f"${value:,.2f}/h"
     kind = kind_of(name)
     if kind == "bytes":
         return bytes_text(value)

@@ -553,7 +553,7 @@ def _table_report(res, display, asked_flash=None) -> str:
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS,
               "quality_loss", "quality_source", "moe_imbalance", "moe_dropped_fraction",
-              "chips_required", "fits", "why", "energy_note", "hardware_note", "lengths_note"):
+              "chips_required", "fits", "why", "energy_note", "cost_note", "hardware_note", "lengths_note"):
         if k in s:
             out.append(f"  {k:32s} {display.quantity_text(k, s[k])}")
     if s.get("kernel_source"):

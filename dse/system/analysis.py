@@ -16,6 +16,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_source, is_dataflow
+from dse.core.economics import COST_COLUMNS, cost_items_text
 from dse.core.engines import efficiency_source
 from dse.core.kernel_model import band_of
 from dse.core.serving import PERCENTILES, overhead_in_flight
@@ -39,7 +40,8 @@ SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "runn
 #: energy, power and cost beside speed (NaN where the hardware has no measured energy profile,
 #: static power or price)
 ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
-                       "cost_per_million_tokens_usd")
+                       "cost_per_million_tokens_usd", "capital_usd", "tco_usd_per_hour", "cost_per_mtok_input_usd",
+                       "cost_per_mtok_output_usd", "tokens_per_dollar")
 #: the serving settings a summary names under continuous batching
 SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
 
@@ -115,6 +117,9 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     note = unknown_energy_note(m)
     if note:
         s["energy_note"] = note
+    s["cost_note"] = cost_items_text("given" if np.isfinite(float(p.get("price_usd", np.nan) or np.nan)) else
+                                     "cited" if np.isfinite(m["cost_usd"]) else "missing",
+                                     bool(np.isfinite(m["power_w"])), [k for k in COST_COLUMNS if k in p])
     if p.get("hardware_note_name"):          # a derived design: why its price, die area or TDP is unknown
         s["hardware_note"] = p["hardware_note_name"]
     if not ev.feasible[i]:

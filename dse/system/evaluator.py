@@ -42,7 +42,7 @@ from dse.core.efficiency import Efficiency, KernelHardware
 from dse.core.engines import get_engine, runs_as_prior
 from dse.core.kernel_arrays import PEAK_COLUMNS
 from dse.core.kernel_model import MEASURED_PRESETS, OPS_PER_SM, load_kernel_model
-from dse.core.metrics import cost_per_million_tokens_usd, system_figures
+from dse.core.metrics import capital_usd, system_figures, tco_usd_per_s, token_costs
 from dse.core.roofline import KEPT
 from dse.system import reasons as R
 from dse.system.columns import Columns, constant, group, per_code, pointwise
@@ -245,12 +245,18 @@ class Plan:
         return violations, keys
 
     def _cost_of_serving(self, out: dict) -> None:
-        """``cost_per_million_tokens_usd`` of every point (held order): the system's price over its
-        amortization, and its electricity (``power_w`` serving, static power idle), over the
-        output tokens it serves (``dse.core.metrics.cost_per_million_tokens_usd``)."""
+        """The cost of ownership of every point (held order): its capital (devices' price, host and
+        network shares: ``capital_usd``), its TCO per second (capital over its amortization, and the
+        facility's electricity: ``power_w`` serving, static power idle, x PUE: ``tco_usd_per_s``) and
+        what its tokens cost (``token_costs``: $ per million output tokens, split into input and
+        output by ``prefill_time_share``, tokens per $, TCO per hour; ``dse.core.metrics``)."""
+        e = self.economics
         idle = self.hw.system.static_w * out["devices"] if self.hw.system.static_w is not None else np.nan
-        out["cost_per_million_tokens_usd"] = cost_per_million_tokens_usd(
-            out["cost_usd"], out["power_w"], idle, out["output_tokens_per_s"], **self.economics)
+        out["capital_usd"] = capital_usd(out["cost_usd"], e["host_cost_share"], e["network_cost_share"])
+        per_s = tco_usd_per_s(out["capital_usd"], out["power_w"], idle, e["electricity_usd_per_kwh"],
+                              e["amortization_years"], e["utilization"], e["pue"])
+        out.update(token_costs(per_s, e["utilization"], out["total_tokens_per_s"] - out["output_tokens_per_s"],
+                               out["output_tokens_per_s"], out["prefill_time_share"]))
 
     def _bands(self, out: dict) -> None:
         """The error band of every point's default prediction (``dse.core.bands``: factors on the
@@ -636,6 +642,9 @@ def _economics(cols: Columns) -> dict:
     out = {}
     for k in COST_COLUMNS:                 # a column left out is its default for every point: a number
         out[k] = np.where(np.isnan(own := cols.numbers(k)), defaults[k], own) if cols.has(k) else float(defaults[k])
+    if np.any(np.asarray(out["pue"]) < 1):     # (its declaration checks > 0; a PUE is at least 1)
+        raise DseError(f"{cols.where}: pue: expected facility over IT energy, at least 1, got "
+                       f"{float(np.min(out['pue'])):g}")
     return out
 
 

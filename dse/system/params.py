@@ -381,6 +381,12 @@ TABLE: tuple[Param, ...] = (
           flag="--amortization-years", noun="a number of years"),
     _cost("utilization", "share of the time the system serves at the modelled rate, in (0, 1] (default: 1)",
           at_most_one=True, flag="--utilization"),
+    _cost("pue", "facility power usage effectiveness: facility energy over the IT energy, at least 1 "
+          f"{_CONFIG_ECONOMICS}", flag="--pue", noun="a PUE"),
+    _cost("host_cost_share", "the host server's cost (CPUs, memory, board, chassis) per $ of accelerator, >= 0 "
+          f"{_CONFIG_ECONOMICS}", zero_allowed=True, flag="--host-cost-share", noun="a share"),
+    _cost("network_cost_share", "the network's share of the whole hardware cost, in [0, 1) "
+          f"{_CONFIG_ECONOMICS}", zero_allowed=True, below=1.0, flag="--network-cost-share", noun="a share"),
 )
 #: each parameter's declaration by name
 SPEC: dict[str, Param] = {p.name: p for p in TABLE}
@@ -394,8 +400,9 @@ def _types(group: str) -> dict[str, type]:
 HARDWARE_PARAMS = _types("hardware")
 #: workload parameters: name -> type
 WORKLOAD_PARAMS = _types("workload")
-#: the cost of serving: electricity price ($/kWh), the years a system's price is spread over, and the
-#: share of the time it serves; left out, the cited defaults of ``configs/economics.yaml``
+#: the cost of ownership: electricity price ($/kWh), the years a system's price is spread over, the
+#: share of the time it serves, the facility's PUE, the host's and the network's shares of the capital;
+#: left out, the cited defaults of ``configs/economics.yaml``
 COST_PARAMS = _types("cost")
 PARAMS = {**HARDWARE_PARAMS, **WORKLOAD_PARAMS, **COST_PARAMS}
 #: the value of each parameter left out (those without one are "not given")

@@ -217,6 +217,7 @@ def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):  # both phases at once while they overlap
         both = static_overlap(eff.prefill_decode_overlap, sc.batch) * np.minimum(prefill, decode_s)
         share = [np.where(t > 0, both / t, 0.0) for t in (prefill, decode_s)]
+        out["prefill_time_share"] = prefill / (prefill + decode_s)   # of the machine time (cost split)
     out.update(power_and_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
                                 sc.devices, sys, [(f_pre, prefill), (f_dec, decode_s),
                                                   (f_pre * share[0] + f_dec * share[1], both)]))

@@ -98,6 +98,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
                                 load.concurrency, late)
+    share = prefill_time_share(out, load, iteration_time,
+                               s.pools[0] * g.tables.scenario.devices / s.devices if pooled else None)
     e = 1.0 if spec is None else spec.e
     if spec is not None:                       # a round of E tokens stood for one token: back to tokens
         out["tpot_s"] = out["tpot_s"] / e
@@ -125,7 +127,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             "kv_utilization": out["kv_utilization"], "batch_used": np.round(out["running_batch"]),
             **_pools_figures(s),
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
-            "tokens_per_target_step": np.full(len(slo), e),
+            "tokens_per_target_step": np.full(len(slo), e), "prefill_time_share": share,
             "slo_missed": (s.target_rate > 0) & (good <= 0)}
 
 
@@ -157,6 +159,26 @@ def _pools_figures(s: ServingInputs) -> dict:
     if d is None or d.cost_usd is None:
         return {}
     return {"cost_usd": d.cost_usd, "system_tdp_w": d.system_tdp_w}
+
+
+def prefill_time_share(out: dict, load: Load, iteration_time, pool_share=None) -> np.ndarray:
+    """The share of an engine's machine time its prefill takes, [P] (what the cost of its input tokens
+    is charged: ``dse.core.metrics.token_costs``): in the mean iteration of the steady state ``out``
+    (``running_batch`` sequences decoding over the mean prompt plus half the mean output; the prompts
+    arriving during it, over half their prompt), the time of its prompt chunks priced alone over that
+    plus the time of its decode priced alone (``iteration_time``: each as an iteration of its own, its
+    fixed costs counted in each). Disaggregated (``pool_share``: the prefill pool's share of the
+    devices, [P]): that share, the prefill pool's machine time."""
+    if pool_share is not None:
+        return np.asarray(pool_share, dtype=float) * np.ones(len(out["tpot_s"]))
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b = np.asarray(out["running_batch"], dtype=float)
+    arrivals = out["requests_per_s"] * out["tpot_s"]
+    chunk, zero, rows = arrivals * prompt, np.zeros(len(b)), np.arange(len(b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pre = np.where(arrivals > 0, iteration_time(zero, zero, chunk, chunk * prompt / 2.0, arrivals, rows), 0.0)
+        dec = np.where(b > 0, iteration_time(b, b * (prompt + gen / 2.0), zero, zero, zero, rows), 0.0)
+        return pre / (pre + dec)
 
 
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
