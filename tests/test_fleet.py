@@ -32,14 +32,16 @@ def mixed_engines():
 
 def test_one_type_is_todays_replicas():
     """One hardware at one rate: the fleet owns ceil(rate / goodput) replicas, the evaluator's
-    ``replicas`` at that ``target_rate``, and its capital a day is their price over 5 years."""
+    ``replicas`` at that ``target_rate``, and its capital a day is their price with the host and network
+    shares over 5 years."""
     rate = 37.0
     f = fleet(FleetAsk(BASE, ("h100-sxm",), ((24.0, rate),)))
     ev = evaluate({**BASE, "hardware": "h100-sxm", "target_rate": rate, "serving": "continuous"})
     (row,) = f.mix.rows
     assert row["owned"] == ev["replicas"][0] == math.ceil(rate / ev["goodput"][0])
-    years = economics_defaults()["amortization_years"]
-    assert f.mix.capital_usd_per_day == pytest.approx(ev["service_cost_usd"][0] / (years * SECONDS_PER_YEAR) * 86400)
+    econ = economics_defaults()
+    capital = ev["service_cost_usd"][0] * (1 + econ["host_cost_share"]) / (1 - econ["network_cost_share"])
+    assert f.mix.capital_usd_per_day == pytest.approx(capital / (econ["amortization_years"] * SECONDS_PER_YEAR) * 86400)
 
 
 def test_curve_sized_for_its_peak(mixed_engines):

@@ -5,9 +5,9 @@ Every candidate engine (each hardware preset x the parallel layouts and formats 
 ``dse.explore.plan.layouts``) is evaluated on every request-size bucket in ONE call of the one
 ``evaluate`` (``target_rate`` and the SLOs: its goodput, the largest Poisson rate meeting them,
 requests/s per replica), then once more at that goodput (its power there, W per replica). A
-replica's cost an hour is its price spread over the amortization plus the electricity of its power
-(``dse.core.metrics.cost_per_million_tokens_usd`` at one hour's tokens, utilization 1, so the same
-rule as the evaluator's $ per million tokens).
+replica's cost an hour is its capital (price with the host and network shares) spread over the
+amortization plus the facility's electricity of its power (``dse.core.metrics.tco_usd_per_s`` at
+utilization 1, the same rule as the evaluator's cost of ownership).
 
 The mix is a mixed-integer program (``scipy.optimize.milp``, HiGHS), Mélange's formulation (Griggs
 et al., "Mélange: Cost Efficient Large Language Model Serving by Exploiting GPU Heterogeneity",
@@ -33,7 +33,7 @@ from scipy.sparse import coo_matrix
 
 from basis.errors import DseError
 from dse.core.economics import COST_COLUMNS, economics_defaults
-from dse.core.metrics import cost_per_million_tokens_usd
+from dse.core.metrics import SECONDS_PER_HOUR, capital_usd, tco_usd_per_s
 from dse.explore.plan import ENUMERATED, MAX_DEVICES, PlanAsk, check_ask, layouts
 from dse.system.evaluator import evaluate
 from dse.system.params import SPEC
@@ -45,8 +45,6 @@ HOURS_PER_DAY = 24.0
 #: the engine settings a fleet leaves at their defaults (vLLM's, ``dse.system.params``) unless the
 #: caller gives values to try: a fleet varies the hardware, the layout and the formats
 ENGINE_SETTINGS = ("max_running", "prefill_chunk")
-#: tokens an hour at one token a second: the cost rule's $ per million tokens times this is $ an hour
-_HOUR_TOKENS_PER_S = 1e6 / 3600.0
 
 
 @dataclass(frozen=True)
@@ -259,10 +257,12 @@ def _economics(base: dict) -> dict:
 
 
 def usd_per_hour(price_usd, power_w, econ: dict):
-    """$ an hour of one replica of ``price_usd`` drawing ``power_w``, busy all the time: its price over
-    the amortization plus its electricity (``cost_per_million_tokens_usd`` of one hour's tokens)."""
-    return cost_per_million_tokens_usd(price_usd, power_w, 0.0, _HOUR_TOKENS_PER_S, econ["electricity_usd_per_kwh"],
-                                       econ["amortization_years"], 1.0)
+    """$ an hour of one replica of ``price_usd`` drawing ``power_w``, busy all the time: its capital
+    (with the host and network shares: ``capital_usd``) over the amortization plus the facility's
+    electricity (x PUE), the evaluator's cost of ownership (``tco_usd_per_s``) at utilization 1."""
+    capital = capital_usd(price_usd, econ["host_cost_share"], econ["network_cost_share"])
+    return tco_usd_per_s(capital, power_w, 0.0, econ["electricity_usd_per_kwh"], econ["amortization_years"], 1.0,
+                         econ["pue"]) * SECONDS_PER_HOUR
 
 
 def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray) -> Mix | None:
