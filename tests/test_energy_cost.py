@@ -19,7 +19,8 @@ from dse.core.roofline import decode_total_energy_j, step_energy_j
 from dse.system.evaluator import evaluate
 from dse.system.hardware import system_arrays
 from dse.system.workload import resolve_model, tables
-from hwmodels.energy import LEVELS, energy_per_step_j, load_technology
+from hwmodels.energy import LEVELS, energy_per_step_j
+from hwmodels.power import serving_floor_w
 from hwmodels.presets import device_from_dict, load_device
 from hwmodels.template import a100, h100, physical_figures, varied
 
@@ -46,7 +47,7 @@ def test_static_batch_energy_is_the_scalar_model_over_its_steps():
     ev = evaluate({"hardware": "a100-40gb", "model": "llama-3.1-8b", "batch": 8, "prompt_len": 256, "gen_len": 2},
                   efficiency=IDEAL)
     dynamic = _by_hand(t.prefill_table, "a100-sxm4-40gb", 1) + _by_hand(t.decode_table, "a100-sxm4-40gb", 1)
-    static = load_technology().profile("a100-sxm4-40gb").constant_power_w
+    static = serving_floor_w(400.0)          # the A100's serving floor: the fitted share of its 400 W TDP
     energy = dynamic + static * ev["e2e_latency_s"][0]
     assert ev["energy_per_token_j"][0] == pytest.approx(energy / (8 * 2), rel=2e-3)
     assert ev["power_w"][0] == pytest.approx(energy / ev["e2e_latency_s"][0], rel=2e-3)
@@ -75,12 +76,15 @@ def test_continuous_serving_of_one_request_costs_what_a_batch_of_one_does():
     assert many["energy_per_token_j"][0] < 0.3 * served["energy_per_token_j"][0]
 
 
-def test_energy_is_unknown_where_no_profile_or_static_power_is_published():
-    ev = evaluate({"hardware": ["b200", "h100-sxm", "h100-sxm"], "model": "llama-3.1-8b",
-                   "static_power_w": [np.nan, np.nan, 70.0]})
-    assert np.isnan(ev["energy_per_token_j"][0]) and np.isnan(ev["power_demand_w"][0])
-    assert np.isnan(ev["energy_per_token_j"][1]) and ev["power_demand_w"][1] > 0      # Hopper: no static power
-    assert ev["energy_per_token_j"][2] > 0 and ev.feasible.all()
+def test_every_preset_has_energy_and_says_on_what_basis():
+    """No preset prints nothing: a measured profile (H100), its own TDP (B200) or its class's
+    (TPU v5e: no TDP cited); a given static power replaces the serving floor."""
+    ev = evaluate({"hardware": ["b200", "h100-sxm", "h100-sxm", "tpu-v5e"], "model": "llama-3.1-8b",
+                   "static_power_w": [np.nan, np.nan, 70.0, np.nan]})
+    assert np.all(ev["energy_per_token_j"] > 0) and np.all(ev["power_w"] > 0) and ev.feasible.all()
+    assert list(ev.to_frame()["energy_basis"]) == ["tdp", "measured", "measured", "class"]
+    # the serving floor 0.24 x 700 W against the given 70 W: the same dynamic energy, more static power
+    assert ev["power_w"][1] - ev["power_w"][2] == pytest.approx(0.24 * 700 - 70, rel=1e-6)
 
 
 def test_a_design_over_its_tdp_is_infeasible_with_the_reason_power():
@@ -194,4 +198,4 @@ def test_analyze_json_summary_has_energy_power_and_cost():
     assert math.isclose(s["tokens_per_joule"], 1 / s["energy_per_token_j"])
     plain = subprocess.run([sys.executable, "-m", "dse.study", "analyze", "--model", "llama-3.1-8b", "--hardware",
                             "b200"], capture_output=True, text=True, check=True).stdout
-    assert "energy_note" in plain and "no measured energy profile" in plain
+    assert "energy_per_token_j" in plain and "energy_basis" in plain and " tdp" in plain

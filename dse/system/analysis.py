@@ -112,6 +112,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]
+    s["energy_basis"] = p.get("energy_basis_name", "")     # measured / tdp / class (hwmodels.power)
     note = unknown_energy_note(m)
     if note:
         s["energy_note"] = note
@@ -172,9 +173,8 @@ def unknown_energy_note(m: dict) -> str:
     """Why a point's energy or cost figures are missing ("" when none is): no measured energy
     profile (or a run whose energy is not modelled), an unpublished static power, no price."""
     if np.isnan(m["power_demand_w"]):
-        return ("energy, power and cost per token unknown: the device has no measured energy profile "
-                "(configs/technology.yaml), or the run's energy is not modelled (layers on the CPU, PIM units, "
-                "a speculative or disaggregated engine under a load)")
+        return ("energy, power and cost per token unknown: the run's energy is not modelled (layers on the CPU, "
+                "PIM units, a speculative or disaggregated engine under a load)")
     if np.isnan(m["energy_per_token_j"]):
         return ("energy per token unknown: the device's static power is not published; give it "
                 "(static_power_w / --static-power-w)")

@@ -181,9 +181,10 @@ class Evaluation:
             df.insert(list(df.columns).index("hardware") + 1, "design", pd.Categorical.from_codes(*designs))
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
-        if "kernel_source" in self.labels:        # which layer's values priced each point
-            codes, names = self.labels["kernel_source"]
-            df["kernel_source"] = np.asarray(names, dtype=object)[np.asarray(codes)]
+        for key in ("kernel_source", "energy_basis"):   # which layer's values priced each point; its power's basis
+            if key in self.labels:
+                codes, names = self.labels[key]
+                df[key] = np.asarray(names, dtype=object)[np.asarray(codes)]
         return df
 
 
