@@ -87,11 +87,16 @@ def test_every_preset_has_energy_and_says_on_what_basis():
     assert ev["power_w"][1] - ev["power_w"][2] == pytest.approx(0.24 * 700 - 70, rel=1e-6)
 
 
-def test_a_design_over_its_tdp_is_infeasible_with_the_reason_power():
-    ev = evaluate({"hardware": "a100-40gb", "model": "llama-3.1-8b", "batch": 64, "tdp_w": [400.0, 150.0]})
-    assert ev.feasible[0] and ev["power_demand_w"][0] < 400
-    assert not ev.feasible[1] and ev.reason_key(1) == "power"
-    assert ev["power_demand_w"][1] > 150 and "TDP" in ev.reason_text(1)
+def test_a_design_over_its_limit_runs_at_a_lower_clock_and_below_its_floor_is_refused():
+    """A100 at batch 64 asks ~300 W in its prefill: a 250 W limit throttles it (slower, cooler,
+    clock < 1, its demand at the limit); an 80 W one is under its 96 W serving floor, so no clock
+    meets it."""
+    ev = evaluate({"hardware": "a100-40gb", "model": "llama-3.1-8b", "batch": 64, "tdp_w": [400.0, 250.0, 80.0]})
+    assert ev.feasible[0] and ev["power_demand_w"][0] < 400 and ev["clock_fraction"][0] == 1
+    assert ev.feasible[1] and ev["clock_fraction"][1] < 1
+    assert ev["power_demand_w"][1] <= 250 * 1.001 and ev["power_demand_w"][1] > 250 * 0.9   # bisected to ~4 %
+    assert ev["output_tokens_per_s"][1] < ev["output_tokens_per_s"][0] and ev["power_w"][1] < ev["power_w"][0]
+    assert not ev.feasible[2] and ev.reason_key(2) == "power" and "TDP" in ev.reason_text(2)
 
 
 def test_cost_per_million_tokens_is_price_over_life_plus_electricity():

@@ -584,9 +584,9 @@ def assemble(cols: Columns) -> HardwareArrays:
         price = np.where(own & np.isnan(given), np.nan, price)
         die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
         build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
-    if cols.has("power_limit_w"):       # a power cap: the limit the device throttles to (dse.system.evaluator)
-        cap = cols.numbers("power_limit_w")
-        tdp = np.where(np.isnan(cap), tdp, np.fmin(cap, tdp))
+    if cols.has("power_cap_w"):         # an operator's cap: the limit the device throttles to (dse.system.evaluator)
+        limit = cols.numbers("power_cap_w")
+        tdp = np.where(np.isnan(limit), tdp, np.fmin(limit, tdp))
     up_size, out_bw, out_lat, torus_dims = topology_arrays(cols)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
