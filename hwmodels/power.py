@@ -166,17 +166,17 @@ def device_power(device, table: PowerTable | None = None) -> DevicePower | None:
 
 
 def class_power(members: list[DevicePower], everyone: list[DevicePower]) -> DevicePower:
-    """DevicePower of a device without a TDP: the median floor, J/op (each class, over the members
-    that have a peak in it) and J/bit of ``members`` (the presets of its device class that have a
-    TDP), or of ``everyone`` where its class has none (basis ``class``)."""
-    pool = members or everyone
-
-    def med(values):
-        v = np.array([x for x in values if np.isfinite(x)], dtype=float)
-        return float(np.median(v)) if len(v) else np.nan
-    op = MappingProxyType({c: med(p.op_j[c] for p in pool) for c in COMPUTE_CLASSES})
-    return DevicePower(op, med(p.vector_j for p in pool), op, med(p.bit_j for p in pool),
-                       med(p.floor_w for p in pool), "class")
+    """DevicePower of a device without a TDP: the median floor, J/op (each compute class, over the
+    members that have a peak in it) and J/bit of ``members`` (the presets of its device class that
+    have a TDP), or of ``everyone`` for a figure none of its class has (basis ``class``)."""
+    def med(get):        # the class's median; every preset's where none of the class has the figure
+        for pool in (members, everyone):
+            v = np.array([x for x in map(get, pool) if np.isfinite(x)], dtype=float)
+            if len(v):
+                return float(np.median(v))
+        return np.nan
+    op = MappingProxyType({c: med(lambda p, c=c: p.op_j[c]) for c in COMPUTE_CLASSES})
+    return DevicePower(op, med(lambda p: p.vector_j), op, med(lambda p: p.bit_j), med(lambda p: p.floor_w), "class")
 
 
 @lru_cache(maxsize=16)
@@ -197,6 +197,18 @@ def power_of(device) -> DevicePower:
         return DevicePower(own.op_j, own.vector_j, own.floor_op_j, own.bit_j,
                            _class_power(device.device_class).floor_w, "class")
     return own
+
+
+# ------------------------------------------------------------------------------------- fitting
+
+def fit_floor_fraction(measured_j, dynamic_j, tdp_w, devices, tokens_per_s) -> float:
+    """The serving-floor fraction of TDP that best fits measured energy per token (J, arrays [R])
+    as ``fraction x TDP x devices / tokens_per_s + dynamic_j`` (the measured run's wall time, the
+    modelled dynamic energy per token): least squares on the relative error, in closed form."""
+    y, dyn = np.asarray(measured_j, dtype=float), np.asarray(dynamic_j, dtype=float)
+    x = np.asarray(tdp_w, dtype=float) * np.asarray(devices, dtype=float) / np.asarray(tokens_per_s, dtype=float)
+    w = 1.0 / y ** 2
+    return float(np.sum(w * x * (y - dyn)) / np.sum(w * x * x))
 
 
 # ---------------------------------------------------------------------------------------- DVFS
