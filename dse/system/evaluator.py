@@ -384,13 +384,14 @@ def _capped(g: Group, eff: Efficiency, given, metrics: dict) -> dict:
     n = len(np.atleast_1d(metrics["power_demand_w"]))
     clock = np.ones(n)
     over = np.array(np.broadcast_to(metrics.pop("over_tdp", False), (n,)), dtype=bool)
+    checked = metrics.pop("checked_demand_w", None)     # the demand the limit is checked against
     at = np.flatnonzero(over)
     if not len(at):
         metrics.update(over_tdp=over, clock_fraction=clock)
         return metrics
     sys, lowest = g.system, load_power().min_clock_fraction
     static, limit = sys.static_w[at], sys.tdp_w[at]
-    demand = np.broadcast_to(metrics["power_demand_w"], (n,))[at]
+    demand = np.broadcast_to(checked, (n,))[at]
     lo = np.full(len(at), lowest)
     hi = np.maximum(clock_fraction(static, demand - static, limit), lowest)
 
@@ -402,7 +403,7 @@ def _capped(g: Group, eff: Efficiency, given, metrics: dict) -> dict:
         out = _priced(part, eff, given, False)
         out.pop("over_tdp", None)
         with np.errstate(invalid="ignore"):
-            return out, np.broadcast_to(out["power_demand_w"], (len(at),)) > limit * (1 + 1e-3)
+            return out, np.broadcast_to(out.pop("checked_demand_w"), (len(at),)) > limit * (1 + 1e-3)
     for step in range(CAP_PASSES):
         f = hi if step == 0 else 0.5 * (lo + hi)
         _, high = price_at(f)
