@@ -41,7 +41,7 @@ POWER_FILE = shipped("configs", "power.yaml")
 #: where a preset's power coefficients come from, most trusted first
 BASES = ("measured", "tdp", "class")
 _TOP = {"description", "sources", "serving_floor_fraction_of_tdp", "ops_fraction_of_headroom",
-        "bits_fraction_of_headroom", "class_band_factor", "dvfs"}
+        "bits_fraction_of_headroom", "energy_error", "band_widening", "dvfs"}
 _DVFS = {"power_exponent", "min_clock_fraction"}
 
 
@@ -53,7 +53,8 @@ class PowerTable:
     floor_fraction: float
     ops_fraction: float
     bits_fraction: float
-    class_band_factor: float
+    energy_error: float
+    band_widening: float
     power_exponent: float
     min_clock_fraction: float
     sources: Mapping[str, str]
@@ -103,7 +104,8 @@ def power_table_from_dict(d, path: str) -> PowerTable:
         floor_fraction=_fraction(d["serving_floor_fraction_of_tdp"], f"{path}: serving_floor_fraction_of_tdp"),
         ops_fraction=_fraction(d["ops_fraction_of_headroom"], f"{path}: ops_fraction_of_headroom", 2.0),
         bits_fraction=_fraction(d["bits_fraction_of_headroom"], f"{path}: bits_fraction_of_headroom", 2.0),
-        class_band_factor=_fraction(d["class_band_factor"], f"{path}: class_band_factor", None),
+        energy_error=_fraction(d["energy_error"], f"{path}: energy_error"),
+        band_widening=_fraction(d["band_widening"], f"{path}: band_widening", None),
         power_exponent=_fraction(dv["power_exponent"], f"{path}: dvfs.power_exponent", 4.0),
         min_clock_fraction=_fraction(dv["min_clock_fraction"], f"{path}: dvfs.min_clock_fraction"),
         sources=MappingProxyType({str(k): v for k, v in sources.items()}))
@@ -197,6 +199,17 @@ def power_of(device) -> DevicePower:
         return DevicePower(own.op_j, own.vector_j, own.floor_op_j, own.bit_j,
                            _class_power(device.device_class).floor_w, "class")
     return own
+
+
+def energy_band(basis: str, table: PowerTable | None = None) -> tuple[float, float]:
+    """(low, high) factors on a predicted energy per token or power for a point whose power
+    figures have ``basis`` (one of ``BASES``): 1 -/+ the measured p90 error (``energy_error``),
+    widened by ``band_widening`` per step away from measured (low at least 0.1)."""
+    t = table or load_power()
+    if basis not in BASES:
+        raise DseError(f"energy_band: basis '{basis}' is not one of {', '.join(BASES)}")
+    e = t.energy_error * t.band_widening ** BASES.index(basis)
+    return max(1.0 - e, 0.1), 1.0 + e
 
 
 # ------------------------------------------------------------------------------------- fitting

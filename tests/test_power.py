@@ -16,6 +16,7 @@ from hwmodels.energy import LEVELS, load_technology
 from hwmodels.power import (
     class_power,
     clock_fraction,
+    energy_band,
     fit_floor_fraction,
     load_power,
     power_of,
@@ -146,3 +147,13 @@ def test_a_bad_power_cap_is_one_line_and_exit_2(bad):
     if bad not in ("abc", "nan"):          # a column (NaN there: not given, the TDP): the same check
         with pytest.raises(DseError, match="power_cap_w"):
             evaluate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "power_cap_w": float(bad)})
+
+
+def test_the_energy_band_widens_away_from_measured_coefficients():
+    """measured: 1 -/+ the ML.ENERGY p90 error; x1.5 wider from a chip's TDP, x2.25 from its class."""
+    ev = evaluate({"hardware": ["h100-sxm", "b200", "tpu-v6e"], "model": "llama-3.1-8b", "batch": 8})
+    e = POWER.energy_error
+    assert ev["energy_band_high"] == pytest.approx([1 + e, 1 + 1.5 * e, 1 + 2.25 * e])
+    assert ev["energy_band_low"][0] == pytest.approx(1 - e)
+    with pytest.raises(DseError, match="basis 'guess'"):
+        energy_band("guess")

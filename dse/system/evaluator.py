@@ -76,7 +76,7 @@ from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.served import ServedPoint, price_served_in_slices, served_point
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
-from hwmodels.power import clock_fraction, load_power, op_energy_factor
+from hwmodels.power import clock_fraction, energy_band, load_power, op_energy_factor
 
 
 class Plan:
@@ -183,6 +183,7 @@ class Plan:
         nan.flags.writeable = False            # one read-only array for every metric no group wrote
         out = {k: out[k] if k in out else nan for k in METRICS}
         self._cost_of_serving(out)
+        self._energy_bands(out)
         _service_figures(out)
         if efficiency is None and not ideal:
             self._bands(out)
@@ -252,6 +253,15 @@ class Plan:
         idle = self.hw.system.static_w * out["devices"] if self.hw.system.static_w is not None else np.nan
         out["cost_per_million_tokens_usd"] = cost_per_million_tokens_usd(
             out["cost_usd"], out["power_w"], idle, out["output_tokens_per_s"], **self.economics)
+
+    def _energy_bands(self, out: dict) -> None:
+        """``energy_band_low`` / ``energy_band_high`` of every point (held order): factors on its
+        energy per token and power from the basis of its device's power figures
+        (``hwmodels.power.energy_band``); NaN where its energy is not modelled."""
+        bands = np.array([energy_band(b) if b else (np.nan, np.nan) for b in self.hw.energy_basis or [""]])
+        known = np.isfinite(out["energy_per_token_j"])
+        for j, end in enumerate(("low", "high")):
+            out[f"energy_band_{end}"] = np.where(known, bands[self.hw.name, j], np.nan)
 
     def _bands(self, out: dict) -> None:
         """The error band of every point's default prediction (``dse.core.bands``: factors on the

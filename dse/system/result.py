@@ -31,7 +31,8 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e_latency") for q in PERCENTILES), "goodput",
            "goodput_per_device", "replicas", "service_devices", "service_cost_usd", "service_power_w", "service_tdp_w",
            *(f"band_{f}_{end}" for f in BAND_FAMILIES for end in ("low", "high")), "tokens_per_target_step",
-           "quality_loss", "moe_imbalance", "moe_dropped_fraction", "state_bytes", "clock_fraction")
+           "quality_loss", "moe_imbalance", "moe_dropped_fraction", "state_bytes", "clock_fraction",
+           "energy_band_low", "energy_band_high")
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
 PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 
