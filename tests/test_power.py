@@ -157,3 +157,10 @@ def test_the_energy_band_widens_away_from_measured_coefficients():
     assert ev["energy_band_low"][0] == pytest.approx(1 - e)
     with pytest.raises(DseError, match="basis 'guess'"):
         energy_band("guess")
+
+
+def test_analyze_prints_the_clock_a_cap_leaves():
+    r = subprocess.run([sys.executable, "-m", "dse.study", "analyze", "--model", "llama-3.1-8b", "--hardware",
+                        "h100-sxm", "--batch", "256", "--power-cap-w", "350"], capture_output=True, text=True, check=True)
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("clock_fraction"))
+    assert 0.3 <= float(line.split()[-1]) < 1 and "energy_basis                     measured" in r.stdout

@@ -113,6 +113,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]
     s["energy_basis"] = p.get("energy_basis_name", "")     # measured / tdp / class (hwmodels.power)
+    if m["clock_fraction"] < 1:                            # a power cap (or the TDP) lowered its clock
+        s["clock_fraction"] = m["clock_fraction"]
     if np.isfinite(m["energy_band_low"]):
         s["energy_band"] = [m["energy_band_low"], m["energy_band_high"]]
     note = unknown_energy_note(m)
