@@ -36,8 +36,8 @@ SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "
 #: what a summary adds under continuous batching (``dse.core.serving``)
 SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization",
                         *(f"{m}_p{q}_s" for m in PERCENTILE_METRICS for q in PERCENTILES))
-#: energy, power and cost beside speed (NaN where the hardware has no measured energy profile,
-#: static power or price)
+#: energy, power and cost beside speed (NaN where the run's energy is not modelled: PIM, CPU splits, ...
+#: or where no price is cited)
 ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
                        "cost_per_million_tokens_usd")
 #: the serving settings a summary names under continuous batching
