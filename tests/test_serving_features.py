@@ -186,7 +186,7 @@ def test_a_service_takes_as_many_engines_as_its_rate_over_the_goodput():
         r = int(ev["replicas"][i])
         assert r > 1 and ev["service_devices"][i] == 2 * r
         assert ev["service_tdp_w"][i] == pytest.approx(r * ev["system_tdp_w"][i])
-        assert np.isnan(ev["service_power_w"][i])           # neither part's static power is published
+        assert ev["service_power_w"][i] == pytest.approx(r * ev["power_w"][i])   # every engine draws its power
         share = evaluate({**cols, "hardware": cols["hardware"][i], "target_rate": 0.0, "slo_ttft": 0.0,
                           "slo_tpot": 0.0, "request_rate": [30.0 / r, 30.0 / (r - 1)]})
         ok = (share["ttft_p90_s"] <= slo["slo_ttft"]) & (share["tpot_p90_s"] <= slo["slo_tpot"]) & share["feasible"]

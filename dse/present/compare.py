@@ -20,7 +20,7 @@ from dse.system.reasons import MEMORY_CODES
 
 #: columns of the side-by-side table (and of the CSV), in order
 COLUMNS = ("hardware", "devices", "batch", "ttft_s", "tpot_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
-           "output_tokens_per_s_per_device", "energy_per_token_j", "tokens_per_joule", "power_w", "cost_usd",
+           "output_tokens_per_s_per_device", "energy_per_token_j", "tokens_per_joule", "power_w", "energy_basis", "cost_usd",
            "cost_per_million_tokens_usd", "cost_per_mtok_input_usd", "cost_per_mtok_output_usd", "tokens_per_dollar",
            "tco_usd_per_hour", "peak_memory_bytes", "capacity_bytes", "fits", "decode_bound",
            "decode_bound_share", "prefill_bound")
@@ -45,12 +45,13 @@ def compare_rows(ev) -> list[dict]:
 def table_text(rows: list[dict]) -> str:
     """Metrics as rows, hardware as columns."""
     fmt = {"fits": lambda v: "yes" if v else "NO", "decode_bound_share": lambda v: f"{100 * v:.0f} %",
-           "cost_usd": lambda v: "unknown" if v != v else display.quantity_text("cost_usd", v)}
+           "cost_usd": lambda v: "unknown" if v != v else display.quantity_text("cost_usd", v),
+           "energy_basis": lambda v: v or "-"}
     label = {"peak_memory_bytes": "memory per device", "capacity_bytes": "capacity per device",
              "decode_bound_share": "decode time on that bound", "output_tokens_per_s": "tokens/s",
              "output_tokens_per_s_per_user": "tokens/s per user",
              "output_tokens_per_s_per_device": "tokens/s per device", "energy_per_token_j": "energy per token",
-             "tokens_per_joule": "tokens per joule", "power_w": "average power",
+             "tokens_per_joule": "tokens per joule", "power_w": "average power", "energy_basis": "power figures from",
              "cost_per_million_tokens_usd": "$ per million tokens", "cost_per_mtok_input_usd": "$ per million input",
              "cost_per_mtok_output_usd": "$ per million output", "tokens_per_dollar": "tokens per $",
              "tco_usd_per_hour": "TCO per hour"}
@@ -71,6 +72,7 @@ def table_text(rows: list[dict]) -> str:
             f"{first['efficiency']} roofline")
     notes = [f"  {r['hardware']} does not fit: {r['why']}" for r in rows if not r["fits"] and r.get("why")]
     notes += [f"  {r['hardware']}: {r['hardware_note']}" for r in rows if r.get("hardware_note")]
+    notes += [f"  {r['hardware']}: {r['energy_note']}" for r in rows if r.get("energy_note")]
     notes += [f"  {r['hardware']} cost: {r['cost_note']}" for r in rows if r.get("cost_note")]
     layout = _layout_lines(rows)
     return "\n".join([head, ""] + lines + ([""] + layout if layout else []) + ([""] + notes if notes else []))

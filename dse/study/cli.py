@@ -551,7 +551,7 @@ def _table_report(res, display, asked_flash=None) -> str:
               "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
               "weights_bytes", "kv_cache_bytes", "kv_pool_bytes", "state_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
-              *ENERGY_COST_METRICS,
+              *ENERGY_COST_METRICS, "energy_basis", "clock_fraction",
               "quality_loss", "quality_source", "moe_imbalance", "moe_dropped_fraction",
               "chips_required", "fits", "why", "energy_note", "cost_note", "hardware_note", "lengths_note"):
         if k in s:

@@ -37,8 +37,8 @@ SUMMARY_METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "
 #: what a summary adds under continuous batching (``dse.core.serving``)
 SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "running_batch", "kv_utilization",
                         *(f"{m}_p{q}_s" for m in PERCENTILE_METRICS for q in PERCENTILES))
-#: energy, power and cost beside speed (NaN where the hardware has no measured energy profile,
-#: static power or price)
+#: energy, power and cost beside speed (NaN where the run's energy is not modelled: PIM, CPU splits, ...
+#: or where no price is cited)
 ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
                        "cost_per_million_tokens_usd", "capital_usd", "tco_usd_per_hour", "cost_per_mtok_input_usd",
                        "cost_per_mtok_output_usd", "tokens_per_dollar")
@@ -114,6 +114,11 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]
+    s["energy_basis"] = p.get("energy_basis_name", "")     # measured / tdp / class (hwmodels.power)
+    if m["clock_fraction"] < 1:                            # a power cap (or the TDP) lowered its clock
+        s["clock_fraction"] = m["clock_fraction"]
+    if np.isfinite(m["energy_band_low"]):
+        s["energy_band"] = [m["energy_band_low"], m["energy_band_high"]]
     note = unknown_energy_note(m)
     if note:
         s["energy_note"] = note
@@ -177,9 +182,8 @@ def unknown_energy_note(m: dict) -> str:
     """Why a point's energy or cost figures are missing ("" when none is): no measured energy
     profile (or a run whose energy is not modelled), an unpublished static power, no price."""
     if np.isnan(m["power_demand_w"]):
-        return ("energy, power and cost per token unknown: the device has no measured energy profile "
-                "(configs/technology.yaml), or the run's energy is not modelled (layers on the CPU, PIM units, "
-                "a speculative or disaggregated engine under a load)")
+        return ("energy, power and cost per token unknown: the run's energy is not modelled (layers on the CPU, "
+                "PIM units, a speculative or disaggregated engine under a load)")
     if np.isnan(m["energy_per_token_j"]):
         return ("energy per token unknown: the device's static power is not published; give it "
                 "(static_power_w / --static-power-w)")

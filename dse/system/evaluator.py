@@ -76,6 +76,7 @@ from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.served import ServedPoint, price_served_in_slices, served_point
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
+from hwmodels.power import clock_fraction, energy_band, load_power, op_energy_factor
 
 
 class Plan:
@@ -163,7 +164,7 @@ class Plan:
                     eff_names.append(eff.name)
                 eff_code[idx] = eff_names.index(eff.name)
                 sub = g if idx is g.index else subgroup(g, idx)
-                metrics = _priced(sub, eff, e, ideal)
+                metrics = _priced(sub, eff, e, ideal) if ideal else _capped(sub, eff, e, _priced(sub, eff, e, ideal))
                 saturated[idx] = metrics.pop("saturated", False)
                 slo_missed[idx] = metrics.pop("slo_missed", False)
                 over_tdp[idx] = metrics.pop("over_tdp", False)
@@ -182,6 +183,7 @@ class Plan:
         nan.flags.writeable = False            # one read-only array for every metric no group wrote
         out = {k: out[k] if k in out else nan for k in METRICS}
         self._cost_of_serving(out)
+        self._energy_bands(out)
         _service_figures(out)
         if efficiency is None and not ideal:
             self._bands(out)
@@ -257,6 +259,15 @@ class Plan:
                               e["amortization_years"], e["utilization"], e["pue"])
         out.update(token_costs(per_s, e["utilization"], out["total_tokens_per_s"] - out["output_tokens_per_s"],
                                out["output_tokens_per_s"], out["prefill_time_share"]))
+
+    def _energy_bands(self, out: dict) -> None:
+        """``energy_band_low`` / ``energy_band_high`` of every point (held order): factors on its
+        energy per token and power from the basis of its device's power figures
+        (``hwmodels.power.energy_band``); NaN where its energy is not modelled."""
+        bands = np.array([energy_band(b) if b else (np.nan, np.nan) for b in self.hw.energy_basis or [""]])
+        known = np.isfinite(out["energy_per_token_j"])
+        for j, end in enumerate(("low", "high")):
+            out[f"energy_band_{end}"] = np.where(known, bands[self.hw.name, j], np.nan)
 
     def _bands(self, out: dict) -> None:
         """The error band of every point's default prediction (``dse.core.bands``: factors on the
@@ -370,6 +381,57 @@ def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
     if isinstance(g.tables, WorkloadBatch):
         return price_many(g, eff, given, ideal)
     return price_static(g, eff, given, ideal)
+
+
+#: pricing passes that bisect a capped point's clock (the first at the most it can be): the clock
+#: is then known to within (1 - lowest) / 2^(passes - 1), about 4 % of the boost clock
+CAP_PASSES = 5
+
+
+def _capped(g: Group, eff: Efficiency, given, metrics: dict) -> dict:
+    """``metrics`` of a group's points (``_priced``) with every point whose power demand exceeds its
+    limit (``power_cap_w``, else its TDP) priced again at the highest clock f that meets it
+    (``hwmodels.power``: compute peaks x f, energy per operation x f^2; memory untouched): f is
+    bracketed between the lowest clock and ``clock_fraction``'s (all dynamic power following the
+    clock: the most f can be) and bisected (``CAP_PASSES``), then priced at the bracket's low end.
+    A point over its limit even at the lowest clock keeps ``over_tdp`` (reason ``power``). One
+    clock for the whole run: a static batch's decode, drawing less than its prefill, is slowed as
+    much (an upper bound on its slowdown)."""
+    n = len(np.atleast_1d(metrics["power_demand_w"]))
+    clock = np.ones(n)
+    over = np.array(np.broadcast_to(metrics.pop("over_tdp", False), (n,)), dtype=bool)
+    checked = metrics.pop("checked_demand_w", None)     # the demand the limit is checked against
+    at = np.flatnonzero(over)
+    if not len(at):
+        metrics.update(over_tdp=over, clock_fraction=clock)
+        return metrics
+    sys, lowest = g.system, load_power().min_clock_fraction
+    static, limit = sys.static_w[at], sys.tdp_w[at]
+    demand = np.broadcast_to(checked, (n,))[at]
+    lo = np.full(len(at), lowest)
+    hi = np.maximum(clock_fraction(static, demand - static, limit), lowest)
+
+    def price_at(f):
+        part = subgroup(g, positions(g.index)[at])
+        ps, scale = part.system, op_energy_factor(f)[:, None]
+        part = replace(part, system=ps.replaced(peak=ps.peak * f[:, None], energy_op_j=ps.energy_op_j * scale,
+                                                energy_op_floor_j=ps.energy_op_floor_j * scale))
+        out = _priced(part, eff, given, False)
+        out.pop("over_tdp", None)
+        with np.errstate(invalid="ignore"):
+            return out, np.broadcast_to(out.pop("checked_demand_w"), (len(at),)) > limit * (1 + 1e-3)
+    for step in range(CAP_PASSES):
+        f = hi if step == 0 else 0.5 * (lo + hi)
+        _, high = price_at(f)
+        hi, lo = np.where(high, f, hi), np.where(high, lo, f)
+    again, still = price_at(lo)
+    for key, v in again.items():
+        whole = np.array(np.broadcast_to(metrics[key], (n,)))
+        whole[at] = v
+        metrics[key] = whole
+    over[at], clock[at] = still, lo
+    metrics.update(over_tdp=over, clock_fraction=clock)
+    return metrics
 
 
 def _write(out: dict, metrics: dict, idx, n: int) -> None:
@@ -613,6 +675,7 @@ def _labels(w: WorkloadColumns, hw: HardwareArrays) -> dict:
     """The names of the categorical inputs: {key: (code per point, the name of each code)}."""
     return {"model": (w.model, [m.name for m in w.models]), "hardware": (hw.design, hw.designs),
             "hardware_note": (hw.design, hw.notes),
+            "energy_basis": (hw.name, hw.energy_basis or [""]),
             "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
             "serving": (w.continuous.astype(np.int64), list(SERVING_MODES)),
             "lengths": (w.lengths, [spec.name for spec in w.length_specs]),

@@ -42,9 +42,10 @@ from hwmodels.derived import (
     terms_of,
 )
 from hwmodels.device import Device
-from hwmodels.energy import bit_energy_j, load_technology, profile_coefficients
+from hwmodels.energy import bit_energy_j, load_technology
 from hwmodels.formats import COMPUTE_CLASSES, widening_choice
 from hwmodels.links import available_links, host_link_fraction, load_link
+from hwmodels.power import power_of
 from hwmodels.presets import load_device
 from hwmodels.template import (
     FIGURE_PARAMS,
@@ -110,6 +111,7 @@ class HardwareArrays:
     design: np.ndarray | None = None
     designs: list | None = None
     notes: list | None = None
+    energy_basis: list | None = None      # per device of ``names``: where its power figures come from (hwmodels.power.BASES)
 
     def used(self, i: int) -> np.ndarray:
         """[C] the class that runs each class's work at point ``i``."""
@@ -570,7 +572,7 @@ def assemble(cols: Columns) -> HardwareArrays:
                       pim_concurrent=np.array([bool(d.pim and d.pim.concurrent) for d in devices])[inv],
                       pim_fixed_s=np.array([d.pim.fixed_s if d.pim else 0.0 for d in devices])[inv])
 
-    energy = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
+    energy, energy_basis = _energy_coefficients(cols, devices, inv, pattern, used_by_pattern)
     tdp = field("tdp_w", lambda d: d.tdp_w)
     price = field("price_usd", lambda d: d.price_usd)
     die_area = _per_device(physical, inv, lambda f: f["die_area_m2"])
@@ -582,6 +584,9 @@ def assemble(cols: Columns) -> HardwareArrays:
         price = np.where(own & np.isnan(given), np.nan, price)
         die_area = np.where(own, designs.die_area_m2[designs.code], die_area)
         build_cost = np.where(own, designs.build_cost_usd[designs.code], build_cost)
+    if cols.has("power_cap_w"):         # an operator's cap: the limit the device throttles to (dse.system.evaluator)
+        limit = cols.numbers("power_cap_w")
+        tdp = np.where(np.isnan(limit), tdp, np.fmin(limit, tdp))
     up_size, out_bw, out_lat, torus_dims = topology_arrays(cols)
     system = SystemArrays(peak, bw, cap, link_bw, link_lat, np.ones(n), np.minimum(host_link, host_mem_bw),
                           None, None, None, **pim_kw, **energy, tdp_w=tdp,
@@ -599,32 +604,31 @@ def assemble(cols: Columns) -> HardwareArrays:
         buffer=field("onchip_buffer_bytes", lambda d: d.onchip_buffer_bytes, 0.0),
         has_host=has_host, host_capacity=host_cap, host_link_bandwidth=host_link, host_link_latency=host_lat,
         die_area_m2=die_area, build_cost_usd=build_cost, tdp_w=tdp, price_usd=price,
-        host_cpu=cpu_idx, cpus=cpus,
+        host_cpu=cpu_idx, cpus=cpus, energy_basis=energy_basis,
         design=inv if designs is None else designs.code,
         designs=[d.name for d in devices] if designs is None else designs.names,
         notes=[""] * len(devices) if designs is None else designs.notes)
 
 
-def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> dict:
-    """SystemArrays' energy fields of every point: J per op of the class each column's work runs in
-    (and the same counting only classes measured themselves: ``energy_op_floor_j``), J per bit of device-memory traffic and static W, from each base device's measured energy
-    profile (``hwmodels.energy.profile_coefficients``; NaN where it has none). The static power is
-    the ``static_power_w`` column, else the preset's cited one, else the profile's measured constant."""
+def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> tuple[dict, list]:
+    """(SystemArrays' energy fields of every point: J per op of the class each column's work runs in
+    (and the same counting only classes measured themselves: ``energy_op_floor_j``), J per bit of
+    device-memory traffic and static W (the serving floor); the basis of each base device's
+    figures), from ``hwmodels.power.power_of``: its measured profile, its TDP, or its class's. The
+    static power is the ``static_power_w`` column where given."""
     n_cols = len(PEAK_COLUMNS)
     op_dev = np.full((len(devices), _C + 1), np.nan)          # [D, classes + vector]
     floor_dev = np.full((len(devices), _C + 1), np.nan)
     bit_dev = np.full(len(devices), np.nan)
     static_dev = np.full(len(devices), np.nan)
-    for k, d in enumerate(devices):
-        if d.energy_profile:
-            ops, floor, bit, const = profile_coefficients(d.energy_profile)
-            bit = bit + _off_hbm_access_j(d.memory.name, d.energy_profile)
-            op_dev[k] = [ops[c] for c in COMPUTE_CLASSES] + [ops["vector"]]
-            floor_dev[k] = [floor[c] for c in COMPUTE_CLASSES] + [floor["vector"]]
-            bit_dev[k] = bit
-            static_dev[k] = d.static_power_w if d.static_power_w is not None else (np.nan if const is None else const)
-        elif d.static_power_w is not None:
-            static_dev[k] = d.static_power_w
+    basis = []
+    for k, d in enumerate(devices):       # every device: measured, from its TDP, or its class's (hwmodels.power)
+        pw = power_of(d)
+        op_dev[k] = [pw.op_j[c] for c in COMPUTE_CLASSES] + [pw.vector_j]
+        floor_dev[k] = [pw.floor_op_j[c] for c in COMPUTE_CLASSES] + [pw.vector_j]
+        bit_dev[k] = pw.bit_j + (_off_hbm_access_j(d.memory.name, d.energy_profile) if pw.basis == "measured" else 0.0)
+        static_dev[k] = pw.floor_w
+        basis.append(pw.basis)
     n_patterns = len(used_by_pattern)
 
     def per_column(table):
@@ -645,7 +649,7 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
         given = cols.numbers("static_power_w")
         static = np.where(np.isnan(given), static, given)
     return {"energy_op_j": per_column(op_dev), "energy_op_floor_j": per_column(floor_dev), "energy_bit_j": per_code(bit_dev, inv),
-            "static_w": static}
+            "static_w": static}, basis
 
 
 def _off_hbm_access_j(memory: str, profile: str) -> float:

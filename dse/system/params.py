@@ -200,6 +200,10 @@ TABLE: tuple[Param, ...] = (
     _hardware("static_power_w", float, "static (idle) power of one device in W (default: the preset's cited figure "
               "or its measured energy profile's; energy per token is unknown without one)", zero_allowed=True,
               unit="watts", flag="--static-power-w", noun="a power in W"),
+    _hardware("power_cap_w", float, "operator's power cap of one device in W (nvidia-smi -pl; default: none, "
+              "the TDP is the limit): a design whose demand exceeds its limit runs at lower clocks, slower and "
+              "cooler (configs/power.yaml dvfs), instead of being refused", unit="watts", flag="--power-cap-w",
+              noun="a power in W"),
     # the accelerator template (``hwmodels.template.TEMPLATE_COLUMNS``): vary the microarchitecture of a
     # preset that has one (a100-80gb, h100-sxm)
     _hardware("cores", int, "template: compute cores (SMs)"),

@@ -233,12 +233,12 @@ def measured_only(sys: SystemArrays) -> SystemArrays:
 def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
     """Energy per token, average power of the system (W), tokens per joule and the power demand
     of one device (W) of a run (or one second of a steady state) of a group's points, with
-    ``over_tdp`` where a device would need more than its TDP in some phase (``phases``: the
+    ``over_tdp`` where a device would need more than its limit in some phase (``checked_demand_w``; ``phases``: the
     dynamic energy and seconds of each, the energy counted with ``measured_only``, so the demand
     is one the design cannot avoid; work in a class without a measured J/op of its own, such as
     FP8 on Hopper, is charged at a wider class's J/op in the energy reported, an upper bound, but
-    nothing in this check): such a design is infeasible (reason ``power``), not throttled, since
-    no published voltage-frequency curve says how much slower it would run. The check applies to
+    nothing in this check): such a design runs at a lower clock (``dse.system.evaluator``'s
+    ``_capped``), or is infeasible (reason ``power``) where no clock meets it. The check applies to
     predictions (calibrated or given efficiencies), not to the ideal roofline, which bounds speed
     and may ask for more power than the chip has. The demand reported is at least the average
     power per device (an average lies below the largest of its phases; where the unmeasured work
@@ -251,7 +251,7 @@ def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, pha
     with np.errstate(invalid="ignore"):
         out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, out["power_w"] / devices))
     tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
-    return {**out, "over_tdp": demand > tdp}
+    return {**out, "over_tdp": demand > tdp, "checked_demand_w": demand}
 
 
 def split_counts(op, layer_ops: np.ndarray, share: float):

@@ -63,7 +63,7 @@ REASONS = (
            "{slo_percentile}): even a trickle of requests misses them"),
     Reason(16, "power", "needs more power than its TDP",
            "a device of '{hardware_name}' would draw more than its TDP (tdp_w) in some phase of the run "
-           "(power_demand_w); the design cannot hold these rates within its power limit"),
+           "(power_demand_w) even at its lowest clock (configs/power.yaml dvfs); no clock holds it within its power limit"),
 )
 #: template fields holding a footprint metric of the point, written as a size ('80 GiB', by
 #: ``basis.units.bytes_text``): field -> metric

@@ -33,7 +33,7 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            *(f"band_{f}_{end}" for f in BAND_FAMILIES for end in ("low", "high")), "tokens_per_target_step",
            "quality_loss", "moe_imbalance", "moe_dropped_fraction", "state_bytes",
            "prefill_time_share", "capital_usd", "cost_per_mtok_input_usd", "cost_per_mtok_output_usd",
-           "tokens_per_dollar", "tco_usd_per_hour")
+           "tokens_per_dollar", "tco_usd_per_hour", "clock_fraction", "energy_band_low", "energy_band_high")
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
 PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 
@@ -183,9 +183,10 @@ class Evaluation:
             df.insert(list(df.columns).index("hardware") + 1, "design", pd.Categorical.from_codes(*designs))
         df["feasible"] = self.feasible
         df["reason"] = self.reason_labels()
-        if "kernel_source" in self.labels:        # which layer's values priced each point
-            codes, names = self.labels["kernel_source"]
-            df["kernel_source"] = np.asarray(names, dtype=object)[np.asarray(codes)]
+        for key in ("kernel_source", "energy_basis"):   # which layer's values priced each point; its power's basis
+            if key in self.labels:
+                codes, names = self.labels[key]
+                df[key] = np.asarray(names, dtype=object)[np.asarray(codes)]
         return df
 
 

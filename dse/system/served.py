@@ -193,7 +193,7 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     if unmodelled:
         nan = np.full(n, np.nan)
         return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
-                "over_tdp": np.zeros(n, dtype=bool)}
+                "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
     prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
     b, tpot = out["running_batch"], out["tpot_s"]
     arrivals = out["requests_per_s"] * tpot                      # prompts finished an iteration
