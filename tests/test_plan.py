@@ -107,10 +107,10 @@ def test_json_keys_are_stable():
     (["--hardware", "h100-sxm", "--request-rate", "20", "--slo-ttft", "1", "--batch", "4"], "--batch"),
     (["--hardware", "h100-sxm", "--request-rate", "20", "--slo-ttft", "0.0001", "--slo-tpot", "0.0001"],
      "best TTFT p90 reached"),
-    (["--hardware", "h100-sxm", "mi300x", "--request-rate", "20", "--slo-ttft", "1", "--objective", "cost"],
-     "cost asked, and mi300x has no $ per million tokens: cost per token unknown: the device has no cited price"),
-    (["--hardware", "mi300x", "--request-rate", "20", "--slo-ttft", "1", "--objective", "cost"],
-     "mi300x has no $ per million tokens: cost per token unknown: the device has no cited price"),
+    (["--hardware", "h100-sxm", "l40s", "--request-rate", "20", "--slo-ttft", "1", "--objective", "cost"],
+     "cost asked, and l40s has no $ per million tokens: cost per token unknown: the device has no cited price"),
+    (["--hardware", "l40s", "--request-rate", "20", "--slo-ttft", "1", "--objective", "cost"],
+     "l40s has no $ per million tokens: cost per token unknown: the device has no cited price"),
 ])
 def test_bad_inputs_are_one_line_exit_2(extra, words):
     r = run_cli("plan", *SMALL, *extra, timeout=120)
@@ -162,10 +162,10 @@ def test_a_plan_study_names_its_bad_keys(tmp_path):
 
 
 def test_a_study_whose_objective_no_design_can_have_is_refused_before_it_runs(tmp_path):
-    # the MI300X preset cites no price: $ per million tokens is empty for
+    # the L40S preset cites no price: $ per million tokens is empty for
     # every design, which ended in a ZeroDivisionError in the Pareto plot (issue 43)
     path = tmp_path / "nocost.yaml"
-    path.write_text(yaml.safe_dump({"name": "nocost", "space": {"hardware": ["mi300x"], "model": "llama-2-7b",
+    path.write_text(yaml.safe_dump({"name": "nocost", "space": {"hardware": ["l40s"], "model": "llama-2-7b",
                                                                 "batch": [1, 4]},
                                     "objectives": {"cost_per_million_tokens_usd": "min", "tpot_s": "min"}}))
     r = run_cli("run", path, "--out", tmp_path / "o")
@@ -174,7 +174,7 @@ def test_a_study_whose_objective_no_design_can_have_is_refused_before_it_runs(tm
     assert "no cited price" in r.stderr
     assert not (tmp_path / "o" / "results.parquet").exists()
     # one hardware with a price and an energy figure: the study runs (its other designs have no value)
-    path.write_text(yaml.safe_dump({"name": "nocost", "space": {"hardware": ["mi300x", "h100-sxm"],
+    path.write_text(yaml.safe_dump({"name": "nocost", "space": {"hardware": ["l40s", "h100-sxm"],
                                                                 "model": "llama-2-7b", "static_power_w": 88},
                                     "objectives": {"cost_per_million_tokens_usd": "min"}}))
     r = run_cli("run", path, "--out", tmp_path / "o2", timeout=180)

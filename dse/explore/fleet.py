@@ -28,8 +28,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from basis.errors import DseError
 from dse.core.economics import COST_COLUMNS, economics_defaults
@@ -323,6 +321,10 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
             lo.append(-np.inf)
             hi.append(0.0)
             r += 1
+    # scipy is imported here, not at the top: the CLI imports this module, and its light commands
+    # (analyze, compare) must not pay scipy's import
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
     A = coo_matrix((vals, (rows, cols_)), shape=(r, len(c))).tocsr()
     upper = np.full(len(c), np.inf)
     for e in range(E):
