@@ -229,12 +229,14 @@ def gemm_time(m, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
     compute = ops / (peak * top) * waste ** prm["alpha"] + waves * k / splits * prm["t_k"]
     nbytes = (m * k + k * n) * e_in + m * n * OUT_BYTES
     memory = nbytes / (prm["fm"] * _effective_bandwidth(nbytes, hw, prm))
-    base = _softmax(compute, memory, prm["p"]) + _per_format(prm["t0"], codes)
+    base = _softmax(compute, memory, prm["p"]) + _floor(_per_format(prm["t0"], codes), hw, prm)
     ideal_c, ideal_m = ops / peak, nbytes / hw.bandwidth
     # flat beyond the sizes the tables hold densely, so that a huge GEMM is the base model's closed form
     terms = [(_log2(ideal_c / ideal_m), -10, 4, 2), (_log2(m), 0, 13, 2), (_log2(n), 5, 14, 2), (_log2(k), 5, 14, 2),
              (_log2(np.maximum(ideal_c, ideal_m)), -26, -8, 2), (_log2(nbytes / hw.l2_bytes), -10, 4, 1),
              (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 6, 1)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
@@ -274,8 +276,34 @@ def _effective_bandwidth(nbytes, hw: Hardware, prm: dict) -> np.ndarray:
     raised toward the on-chip cache's (``l2_ratio`` x the 16-bit peak in bytes/s) when the bytes fit
     the cache (a smooth hit share, half at ``l2_share`` x its size)."""
     hit = 1.0 / (1.0 + (nbytes / (prm["l2_share"] * hw.l2_bytes)) ** 4)
-    ratio = np.maximum(prm["l2_ratio"] * hw.peak_16 / hw.bandwidth, 1.0)
-    return hw.bandwidth * (1.0 + hit * (ratio - 1.0))
+    device = _device_bandwidth(hw, prm)
+    cache = prm["l2_sm"] * hw.sms if "l2_sm" in prm else prm["l2_ratio"] * hw.peak_16
+    ratio = np.maximum(cache / device, 1.0)
+    return device * (1.0 + hit * (ratio - 1.0))
+
+
+def _device_bandwidth(hw: Hardware, prm: dict) -> np.ndarray:
+    """Bytes/s the SMs can draw from device memory: the memory's bandwidth in series with what the
+    SMs keep in flight (Little's law: each SM sustains ``bw_sm`` bytes/s, its outstanding requests
+    over the memory latency), 1 / (1 / bandwidth + 1 / (sms bw_sm)); the bandwidth itself without
+    ``bw_sm`` (a model fitted before it). A GPU with much bandwidth per SM reaches less of its peak."""
+    bw_sm = prm.get("bw_sm")
+    if bw_sm is None:
+        return hw.bandwidth
+    return 1.0 / (1.0 / hw.bandwidth + 1.0 / (hw.sms * bw_sm))
+
+
+def _floor(t0, hw: Hardware, prm: dict) -> np.ndarray:
+    """A kernel's fixed floor (s): ``t0`` on an SM of OPS_PER_SM dense 16-bit ops/s, scaled by the
+    SM's size to the power ``t0_exp``; ``t0`` itself without ``t0_exp``."""
+    e = prm.get("t0_exp")
+    return t0 if e is None else t0 * (hw.peak_16 / hw.sms / OPS_PER_SM) ** e
+
+
+def _hardware_terms(hw: Hardware) -> list:
+    """The correction's terms of the hardware alone (log2, clipped to the measured GPUs' range):
+    dense 16-bit ops/s per SM and device-memory bytes/s per SM."""
+    return [(_log2(hw.peak_16 / hw.sms), 41, 44, 1), (_log2(hw.bandwidth / hw.sms), 32, 36, 1)]
 
 
 def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes, hw: Hardware, prm: dict,
@@ -289,13 +317,15 @@ def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes
     s = np.maximum(s, 1.0)
     nbytes = 2.0 * b * s * hk * d * e + 4.0 * b * h * d * OUT_BYTES
     units = b * hk * np.ceil(s / prm["split"]) / hw.sms
-    memory = nbytes / (prm["fm"] * hw.bandwidth)
+    memory = nbytes / (prm["fm"] * _device_bandwidth(hw, prm))
     compute = 4.0 * b * h * s * d / (hw.peak_16 * prm["top"])
-    base = _softmax(compute, memory, prm["p"]) + prm["t0"] + np.ceil(units) * prm["t_cta"]
+    base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm) + np.ceil(units) * prm["t_cta"]
     ideal = np.maximum(nbytes / hw.bandwidth, 4.0 * b * h * s * d / hw.peak_16)
     terms = [(_log2(b), 0, 11, 1), (_log2(s), 0, 17, 1), (_log2(hk), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
              (_log2(d), 6, 8, 1), (_log2(ideal), -26, -4, 2), (_log2(units), -8, 16, 2),
              (_log2(nbytes / hw.l2_bytes), -12, 8, 2)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, (e < 2).astype(int), 2, prm)
 
 
@@ -315,12 +345,14 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
     top = _per_format(prm["top"], codes)
     compute = (4.0 * b * h * pairs * d / (peak * top) * waste ** prm["alpha"]
                * (1.0 + prm["d_fill"] / d) * (1.0 + prm["s_fill"] / s))
-    memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * hw.bandwidth)
-    base = _softmax(compute, memory, prm["p"]) + prm["t0"]
+    memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * _device_bandwidth(hw, prm))
+    base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm)
     ideal = np.maximum(4.0 * b * h * pairs * d / peak, b * s * (2.0 * h + 2.0 * hk) * d * e / hw.bandwidth)
     terms = [(_log2(b), 0, 8, 1), (_log2(s), 0, 14, 1), (_log2(h), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
              (_log2(d), 6, 8, 1), (_log2(ideal), -26, -2, 2), (_log2(tiles / hw.sms), -8, 14, 2),
              (_log2(wc / s), -7, 0, 1)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
@@ -341,6 +373,11 @@ def collective_time(op, message_bytes, gpus, hw: Hardware, prm: dict) -> np.ndar
     for i, name in enumerate(COLLECTIVES):
         codes = np.where(op == name, i, codes)
     terms = [(_log2(nb), 8, 29, 1), (_log2(ideal), -28, -6, 2)]
+    if prm.get("hardware_terms"):        # the link's class: PCIe (32-64 GB/s) to NVLink 5 (900 GB/s)
+        terms += [(_log2(hw.link_bandwidth), 34, 40, 2)]
+        if prm.get("hardware_terms") == "shared":
+            slow = np.clip((40.0 - _log2(hw.link_bandwidth)) / 6.0, 0.0, 1.0)
+            terms += [(_log2(n) * slow, 0, 3, 4)]
     return _corrected(out, terms, codes, len(COLLECTIVES), prm)
 
 
