@@ -39,16 +39,18 @@ def _decode_rows(**columns) -> list[dict]:
 
 def test_the_law_streams_every_groups_weights_when_tokens_per_expert_are_few():
     # one token for each of 64 experts, bf16: weights 64 x 2048 x 768 x 2 B = 201 MB, far above the
-    # L2, and 0.2 GFLOP: the law is its memory term, bytes / (fm x bandwidth), plus its fixed cost
+    # L2, and 0.2 GFLOP: the law is its memory term, bytes / (fm x bandwidth), plus its fixed cost; the
+    # bandwidth what the 132 SMs draw, the memory's in series with bw_sm each (Little's law)
     prm = grouped_parameters({"gemm": load_kernel_model()["parameters"]["gemm"]})   # the GEMM's, no correction
     g, m, n, k = 64, 1.0, EXPERT, HIDDEN
     nbytes = g * ((m * k + k * n) * GEMM_FORMATS["bf16"][1] + m * n * OUT_BYTES)
-    closed = nbytes / (prm["fm"] * 3.35e12) + prm["t0"]["bf16"]
+    device = 1.0 / (1.0 / 3.35e12 + 1.0 / (132 * prm.get("bw_sm", np.inf)))
+    closed = nbytes / (prm["fm"] * device) + prm["t0"]["bf16"]
     assert float(grouped_gemm_time(m, g, n, k, "bf16", H100, prm)) == pytest.approx(closed, rel=0.05)
     # the same 64 routed rows as ONE group read one expert's weights: the 63 other experts' weights,
     # streamed from memory, are the difference
     one = float(grouped_gemm_time(64.0, 1, n, k, "bf16", H100, prm))
-    extra = (g - 1) * k * n * GEMM_FORMATS["bf16"][1] / (prm["fm"] * 3.35e12)
+    extra = (g - 1) * k * n * GEMM_FORMATS["bf16"][1] / (prm["fm"] * device)
     assert float(grouped_gemm_time(m, g, n, k, "bf16", H100, prm)) - one == pytest.approx(extra, rel=0.05)
 
 

@@ -38,7 +38,8 @@ _POWER_LIMITED = pytest.mark.xfail(strict=True, reason="power/clock limit not a 
                                  pytest.param("l40s", marks=_POWER_LIMITED)])
 def test_huge_gemm_is_compute_bound_near_the_measured_fraction(gpu):
     """m = n = k from 16384 to 32768: time grows as the ops (8x), the implied fraction of peak is
-    at most 1 and within 15 % (about the GEMM fit's median error) of the median the tables measured on that GPU's BF16 GEMMs with
+    at most 1 and within 20 % (the refit with per-SM terms: B200 +15 %, GB200 +18 %, the worst measured HBM GPU
+    on it; README 'Kernel layer') of the median the tables measured on that GPU's BF16 GEMMs with
     m, n, k >= 8192 (tests/data/kernel_gemm_large.csv: every such row of the tables)."""
     hw = km.measured_hardware(gpu, MODEL)
     size = np.array([16384.0, 32768.0])
@@ -49,7 +50,7 @@ def test_huge_gemm_is_compute_bound_near_the_measured_fraction(gpu):
     big = pd.read_csv(DATA / "kernel_gemm_large.csv")
     big = big[big.gpu == gpu]
     measured = np.median(_fraction_of_peak(big.seconds, 2 * big.m * big.n * big.k, HW_TABLE.loc[gpu, "peak_16"]))
-    assert frac[1] == pytest.approx(measured, rel=0.15)
+    assert frac[1] == pytest.approx(measured, rel=0.20)
 
 
 @pytest.mark.parametrize("gpu", ["h100_sxm", "b200_sxm", "rtx_pro_6000_server"])
@@ -103,8 +104,8 @@ def test_priced_over_design_points_at_once():
 
 #: the shipped model on rows of the sample (same GPUs; most rows were not among those fitted):
 #: median and p90 APE at most (README 'Kernel layer', fit error, plus a margin for 150-250 rows per GPU)
-IN_SAMPLE = {"gemm": (12, 40), "generation_attention": (20, 70), "context_attention": (20, 60),
-             "collective": (25, 70)}
+IN_SAMPLE = {"gemm": (11, 35), "generation_attention": (15, 66), "context_attention": (15, 50),
+             "collective": (10, 40)}
 
 
 @pytest.mark.parametrize("kind", list(IN_SAMPLE))
@@ -117,7 +118,7 @@ def test_shipped_model_predicts_measured_rows(kind):
 
 #: leave one GPU out on the sample: fit on the other GPUs' rows, predict the held-out GPU's
 #: (figures: README 'Kernel layer', leave-one-GPU-out, plus a margin for the small sample)
-TRANSFER = {("gemm", "b300_sxm"): (20, 50), ("context_attention", "h200_sxm"): (25, 70)}
+TRANSFER = {("gemm", "b300_sxm"): (15, 40), ("context_attention", "h200_sxm"): (20, 55)}
 
 
 @pytest.mark.slow
@@ -183,3 +184,32 @@ def test_prediction_equals_the_fitted_design(kind):
     base, X = kt.predict_rows(kind, rows, HW_TABLE, {**PRM[kind], "design": True})
     expected = base * np.exp(X @ np.asarray(PRM[kind]["correction"]))
     assert kt.predict_rows(kind, rows, HW_TABLE, PRM[kind]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_gemv_reaches_less_of_a_bandwidth_its_sms_cannot_keep_in_flight():
+    """Little's law: the SMs draw at most sms x bw_sm bytes/s, in series with the memory. A large GEMV
+    (1 GiB of BF16 weights, far above the L2) on H100's 132 SMs takes, in the base law (no correction),
+    bytes / (fm x device) + t0 with device = 1 / (1 / bandwidth + 1 / (132 bw_sm)); with twice the
+    bandwidth and the same SMs it is faster, by less than 2x."""
+    prm = {**PRM["gemm"], "correction": None}
+    nbytes = 16384.0 * 32768 * 2
+    times = []
+    for bw in (3.35e12, 6.7e12):
+        hw = km.hardware_of(989e12, 1979e12, 1979e12, bw, sms=132, l2_bytes=50 * 2**20)
+        t = float(km.gemm_time(1.0, 32768.0, 16384.0, "bf16", hw, prm))
+        device = 1.0 / (1.0 / bw + 1.0 / (132 * prm["bw_sm"]))
+        assert t == pytest.approx(nbytes / (prm["fm"] * device) + prm["t0"]["bf16"], rel=0.05)
+        times.append(t)
+    assert 1.0 < times[0] / times[1] < 2.0
+
+
+def test_a_larger_group_slows_a_slow_shared_link_more_than_nvlink():
+    """The collectives' link terms: from 2 to 8 GPUs, a 64 MB all-reduce's time per bus byte grows more
+    on PCIe 4.0 x16 (32 GB/s, GPUs sharing the host bridge) than on NVLink 4 (450 GB/s)."""
+    prm = PRM["collective"]
+    growth = []
+    for link in (32e9, 450e9):
+        hw = km.hardware_of(989e12, 1979e12, 1979e12, 3.35e12, sms=132, link_bandwidth=link, link_latency=0.0)
+        t2, t8 = km.collective_time("all_reduce", 64 * 2**20, np.array([2.0, 8.0]), hw, prm)
+        growth.append((t8 / (2 * 7 / 8)) / (t2 / (2 * 1 / 2)))
+    assert growth[0] > growth[1]

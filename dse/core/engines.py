@@ -316,6 +316,17 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
     return out, notes
 
 
+def without_message_notes(name: str) -> str:
+    """``name`` (an Efficiency name of ``engine_efficiency``) without its notes on the all-reduce
+    class's values (``allreduce.<algorithm>``, e.g. a latency at its bound): what a point that sends
+    no collective or message (one device a replica) shows, since those values never price it."""
+    head, sep, notes = name.partition(" (")
+    if not sep or not notes.endswith(")"):
+        return name
+    kept = [n for n in notes[:-1].split("; ") if " of allreduce." not in n]
+    return head + (f" ({'; '.join(kept)})" if kept else "")
+
+
 def efficiency_source(name: str) -> str:
     """Which layer's values an Efficiency called ``name`` (``engine_efficiency``'s) uses, in words:
     'kernel layer: prior gpu; engine layer: calibrated engine vllm' (with any value at its bound),

@@ -22,9 +22,13 @@ GEMM (m x k by k x n, format ``fmt``)::
     waves    = ceil(tiles splits / sms)
     waste    = waves sms tile_s 128 / (m n splits)                 (>= 1: padding and the last wave)
     compute  = 2 m n k / (peak[fmt] top[fmt]) waste^alpha + waves (k / splits) t_k
+    device   = 1 / (1 / bandwidth + 1 / (sms bw_sm))      (Little's law: what the SMs keep in flight,
+                                                           in series with the memory)
     on-chip  = hit share of the bytes when they fit the cache: 1 / (1 + (bytes / (l2_share l2_bytes))^4)
-    memory   = bytes / (fm bandwidth (1 + hit (max(l2_ratio peak_16 / bandwidth, 1) - 1)))
-    time     = (compute^p + memory^p)^(1/p) + t0[fmt]
+    bw'      = device (1 + hit (max(l2_sm sms / device, 1) - 1))   (the cache's bandwidth: per SM)
+    memory   = bytes / (fm bw')
+    quant    = quant[fmt] m k (2 + e_in) / (fm bw'(those bytes))  (activations quantized to the format)
+    time     = (compute^p + memory^p)^(1/p) + t0[fmt] + quant
 
 Grouped GEMM (the experts of a mixture: g GEMMs of m rows each, m x k by k x n, one launch)::
 
@@ -42,17 +46,19 @@ Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of
 
     bytes    = 2 b s hk d e_kv + 4 b h d e_act
     units    = b hk ceil(s / split) / sms                         (work items per SM, split-K decoding)
-    memory   = bytes / (fm bandwidth)
+    memory   = bytes / (fm device)                                (device as for the GEMM)
     compute  = 4 b h s d / (peak_16 top)
-    time     = (compute^p + memory^p)^(1/p) + t0 + ceil(units) t_cta    (each wave of work items' fixed cost)
+    floor    = t0 (peak_16 / sms / OPS_PER_SM)^t0_exp             (the SM's size: a bigger SM's kernel
+                                                                   has a longer fixed part)
+    time     = (compute^p + memory^p)^(1/p) + floor + ceil(units) t_cta  (each wave of work items' fixed cost)
 
 Prefill attention (causal over s tokens, window w: 0 for none)::
 
     pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
     tiles    = b h ceil(s / 128);  waste = ceil(tiles / sms) sms / tiles
     compute  = 4 b h pairs d / (peak[fmt] top[fmt]) waste^alpha (1 + d_fill / d) (1 + s_fill / s)
-    memory   = b s (2 h + 2 hk) d e / (fm bandwidth)
-    time     = (compute^p + memory^p)^(1/p) + t0
+    memory   = b s (2 h + 2 hk) d e / (fm device)
+    time     = (compute^p + memory^p)^(1/p) + floor                (floor as for decode)
 
 Collectives (NCCL: all_reduce, all_gather, reduce_scatter, alltoall over n GPUs, message bytes)::
 
@@ -63,7 +69,12 @@ Each of these is the kind's base; the time returned is base x exp(correction), t
 linear function (fitted weights, shared plus one set per format or collective) of hinge features of
 the same physical quantities in log2 (arithmetic intensity over the ridge peak / bandwidth, sizes,
 the ideal time, bytes over the L2, work items per SM), each clipped to the range the tables cover
-so that the correction is flat beyond it (a huge GEMM keeps the base's closed form).
+so that the correction is flat beyond it (a huge GEMM keeps the base's closed form). The attention
+kinds' corrections also have the SM's terms (dense 16-bit ops/s and memory bytes/s per SM), the
+collectives' the link's (its bandwidth, and log2 n x its slowness: GPUs on a host-bridged bus
+share it). A parameter a model lacks (a model fitted before it: ``bw_sm``, ``t0_exp``, ``l2_sm``,
+``quant``) drops its term: ``device`` is the bandwidth, the floor ``t0``, the cache's bandwidth
+``l2_ratio`` x peak_16, no quantization pass.
 """
 from __future__ import annotations
 
@@ -229,12 +240,17 @@ def gemm_time(m, n, k, fmt, hw: Hardware, prm: dict) -> np.ndarray:
     compute = ops / (peak * top) * waste ** prm["alpha"] + waves * k / splits * prm["t_k"]
     nbytes = (m * k + k * n) * e_in + m * n * OUT_BYTES
     memory = nbytes / (prm["fm"] * _effective_bandwidth(nbytes, hw, prm))
-    base = _softmax(compute, memory, prm["p"]) + _per_format(prm["t0"], codes)
+    base = _softmax(compute, memory, prm["p"]) + _floor(_per_format(prm["t0"], codes), hw, prm)
+    if "quant" in prm:                   # the activations quantized to the format first: read in 16 bits, written
+        qbytes = m * k * (OUT_BYTES + e_in)
+        base = base + _per_format(prm["quant"], codes) * qbytes / (prm["fm"] * _effective_bandwidth(qbytes, hw, prm))
     ideal_c, ideal_m = ops / peak, nbytes / hw.bandwidth
     # flat beyond the sizes the tables hold densely, so that a huge GEMM is the base model's closed form
     terms = [(_log2(ideal_c / ideal_m), -10, 4, 2), (_log2(m), 0, 13, 2), (_log2(n), 5, 14, 2), (_log2(k), 5, 14, 2),
              (_log2(np.maximum(ideal_c, ideal_m)), -26, -8, 2), (_log2(nbytes / hw.l2_bytes), -10, 4, 1),
              (_log2(m * n / (TILE_N * TILE_N * hw.sms)), -14, 6, 1)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
@@ -270,12 +286,39 @@ def grouped_parameters(parameters: dict) -> dict:
 
 
 def _effective_bandwidth(nbytes, hw: Hardware, prm: dict) -> np.ndarray:
-    """Bytes/s a kernel streaming ``nbytes`` reaches before its fraction: device-memory bandwidth,
-    raised toward the on-chip cache's (``l2_ratio`` x the 16-bit peak in bytes/s) when the bytes fit
-    the cache (a smooth hit share, half at ``l2_share`` x its size)."""
+    """Bytes/s a kernel streaming ``nbytes`` reaches before its fraction: what the SMs draw from
+    device memory (``_device_bandwidth``), raised toward the on-chip cache's bandwidth (``l2_sm`` per
+    SM; a model without it: ``l2_ratio`` x the 16-bit peak in bytes/s) when the bytes fit the cache
+    (a smooth hit share, half at ``l2_share`` x its size)."""
     hit = 1.0 / (1.0 + (nbytes / (prm["l2_share"] * hw.l2_bytes)) ** 4)
-    ratio = np.maximum(prm["l2_ratio"] * hw.peak_16 / hw.bandwidth, 1.0)
-    return hw.bandwidth * (1.0 + hit * (ratio - 1.0))
+    device = _device_bandwidth(hw, prm)
+    cache = prm["l2_sm"] * hw.sms if "l2_sm" in prm else prm["l2_ratio"] * hw.peak_16
+    ratio = np.maximum(cache / device, 1.0)
+    return device * (1.0 + hit * (ratio - 1.0))
+
+
+def _device_bandwidth(hw: Hardware, prm: dict) -> np.ndarray:
+    """Bytes/s the SMs can draw from device memory: the memory's bandwidth in series with what the
+    SMs keep in flight (Little's law: each SM sustains ``bw_sm`` bytes/s, its outstanding requests
+    over the memory latency), 1 / (1 / bandwidth + 1 / (sms bw_sm)); the bandwidth itself without
+    ``bw_sm`` (a model fitted before it). A GPU with much bandwidth per SM reaches less of its peak."""
+    bw_sm = prm.get("bw_sm")
+    if bw_sm is None:
+        return hw.bandwidth
+    return 1.0 / (1.0 / hw.bandwidth + 1.0 / (hw.sms * bw_sm))
+
+
+def _floor(t0, hw: Hardware, prm: dict) -> np.ndarray:
+    """A kernel's fixed floor (s): ``t0`` on an SM of OPS_PER_SM dense 16-bit ops/s, scaled by the
+    SM's size to the power ``t0_exp``; ``t0`` itself without ``t0_exp``."""
+    e = prm.get("t0_exp")
+    return t0 if e is None else t0 * (hw.peak_16 / hw.sms / OPS_PER_SM) ** e
+
+
+def _hardware_terms(hw: Hardware) -> list:
+    """The correction's terms of the hardware alone (log2, clipped to the measured GPUs' range):
+    dense 16-bit ops/s per SM and device-memory bytes/s per SM."""
+    return [(_log2(hw.peak_16 / hw.sms), 41, 44, 1), (_log2(hw.bandwidth / hw.sms), 32, 36, 1)]
 
 
 def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes, hw: Hardware, prm: dict,
@@ -289,13 +332,15 @@ def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes
     s = np.maximum(s, 1.0)
     nbytes = 2.0 * b * s * hk * d * e + 4.0 * b * h * d * OUT_BYTES
     units = b * hk * np.ceil(s / prm["split"]) / hw.sms
-    memory = nbytes / (prm["fm"] * hw.bandwidth)
+    memory = nbytes / (prm["fm"] * _device_bandwidth(hw, prm))
     compute = 4.0 * b * h * s * d / (hw.peak_16 * prm["top"])
-    base = _softmax(compute, memory, prm["p"]) + prm["t0"] + np.ceil(units) * prm["t_cta"]
+    base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm) + np.ceil(units) * prm["t_cta"]
     ideal = np.maximum(nbytes / hw.bandwidth, 4.0 * b * h * s * d / hw.peak_16)
     terms = [(_log2(b), 0, 11, 1), (_log2(s), 0, 17, 1), (_log2(hk), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
              (_log2(d), 6, 8, 1), (_log2(ideal), -26, -4, 2), (_log2(units), -8, 16, 2),
              (_log2(nbytes / hw.l2_bytes), -12, 8, 2)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, (e < 2).astype(int), 2, prm)
 
 
@@ -315,12 +360,14 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
     top = _per_format(prm["top"], codes)
     compute = (4.0 * b * h * pairs * d / (peak * top) * waste ** prm["alpha"]
                * (1.0 + prm["d_fill"] / d) * (1.0 + prm["s_fill"] / s))
-    memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * hw.bandwidth)
-    base = _softmax(compute, memory, prm["p"]) + prm["t0"]
+    memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * _device_bandwidth(hw, prm))
+    base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm)
     ideal = np.maximum(4.0 * b * h * pairs * d / peak, b * s * (2.0 * h + 2.0 * hk) * d * e / hw.bandwidth)
     terms = [(_log2(b), 0, 8, 1), (_log2(s), 0, 14, 1), (_log2(h), 0, 7, 1), (_log2(h / hk), 0, 7, 1),
              (_log2(d), 6, 8, 1), (_log2(ideal), -26, -2, 2), (_log2(tiles / hw.sms), -8, 14, 2),
              (_log2(wc / s), -7, 0, 1)]
+    if prm.get("hardware_terms"):
+        terms += _hardware_terms(hw)
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
@@ -341,7 +388,24 @@ def collective_time(op, message_bytes, gpus, hw: Hardware, prm: dict) -> np.ndar
     for i, name in enumerate(COLLECTIVES):
         codes = np.where(op == name, i, codes)
     terms = [(_log2(nb), 8, 29, 1), (_log2(ideal), -28, -6, 2)]
+    if prm.get("link_terms"):
+        terms += _link_terms(hw, n)
     return _corrected(out, terms, codes, len(COLLECTIVES), prm)
+
+
+#: log2 of the link bandwidths (bytes/s) the tables measured: PCIe 4.0 x16 (32 GB/s, 2^34.9) to NVLink 5
+#: (900 GB/s, 2^39.7), rounded out to whole powers
+LINK_LOG2 = (34.0, 40.0)
+
+
+def _link_terms(hw: Hardware, n) -> list:
+    """The collective correction's terms of the link (log2 bytes/s, clipped to LINK_LOG2) and of
+    the group on a slow link: log2(n) x the link's slowness (1 at the slowest measured link, 0 at
+    the fastest), since GPUs on a host-bridged bus share its upstream bandwidth and a larger group
+    slows each of them, where a switched fabric (NVLink) gives each its own."""
+    lo, hi = LINK_LOG2
+    slow = np.clip((hi - _log2(hw.link_bandwidth)) / (hi - lo), 0.0, 1.0)
+    return [(_log2(hw.link_bandwidth), lo, hi, 2), (_log2(n) * slow, 0, 3, 4)]
 
 
 # ---- the shipped fitted model ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_source, is_dataflow
 from dse.core.economics import COST_COLUMNS, cost_items_text
-from dse.core.engines import efficiency_source
+from dse.core.engines import efficiency_source, without_message_notes
 from dse.core.kernel_model import band_of
 from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
@@ -84,6 +84,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         **{k: m[k] for k in ("moe_imbalance", "moe_dropped_fraction") if np.isfinite(m[k])},   # MoE models
     }
     s["layout"] = layout_text(s)
+    if s["tp"] * s["pp"] * s["ep"] * s["cp"] == 1 and str(p.get("disaggregate") or "none") == "none":   # no message
+        s["efficiency"] = without_message_notes(s["efficiency"])
     line = collectives_line(p, s, (ev.explained.get(i) or {}).get("collectives"))
     if line:
         s["collectives"] = line
