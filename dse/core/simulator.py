@@ -536,7 +536,12 @@ class _EventLoop:
         self.busy_s = 0.0
 
     def _dispatch(self, pool: range, r: _Request) -> None:
-        """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first)."""
+        """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first), or of
+        the one the ``router`` picks (an entry pool of replicas behind a router, ``dse.core.router``)."""
+        router = getattr(self, "router", None)
+        if router is not None and pool is self.entry:
+            self.instances[router(self.instances, r)].engine.enqueue(r)
+            return
         i = min(pool, key=lambda i: (self.instances[i].engine.load, i))
         self.instances[i].engine.enqueue(r)
 
@@ -758,14 +763,14 @@ class _Engine:
             r = self.waiting[0]
             left = r.target - r.done_prompt
             take = min(left, budget)
-            if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) > self.free:
-                break
+            if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) - r.blocks > self.free:
+                break                             # (r.blocks: those it holds already, a session's cached history)
             self.waiting.popleft()
             if np.isnan(r.admitted):
                 r.admitted = t
-            grow = self._own(r, r.done_prompt + take)
+            grow = self._own(r, r.done_prompt + take) - r.blocks
             self.free -= grow
-            r.blocks = grow
+            r.blocks += grow
             self.running.append(r)
             chunks.append((r, take))
             budget -= take

@@ -13,7 +13,7 @@ from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
 from dse.system.images import image_columns
-from dse.system.params import MAX_COUNT, checked_choice
+from dse.system.params import MAX_COUNT, ROUTERS, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
@@ -86,6 +86,10 @@ class WorkloadColumns:
     decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
+    router_replicas: np.ndarray   # [P] engines behind the router (1: one)
+    router: np.ndarray            # [P] code into ``ROUTERS``
+    session_turns: np.ndarray     # [P] turns of a session (1: no sessions)
+    think_time: np.ndarray        # [P] sessions: seconds from a turn's last token to the next turn
 
 
 def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
@@ -115,6 +119,10 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
     w["burstiness"] = cols.numbers("burstiness")
+    w["router_replicas"], w["session_turns"] = cols.numbers("router_replicas"), cols.numbers("session_turns")
+    w["think_time"] = cols.numbers("think_time")
+    codes, routers = resolved_column(cols, "router", partial(checked_choice, "router"))
+    w["router"] = per_code(np.array([ROUTERS.index(r) for r in routers], dtype=np.int64), codes)
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
