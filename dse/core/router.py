@@ -17,8 +17,8 @@ leaves it:
   outstanding sends each request to the replica with the fewest in it, which spreads arrivals at
   least as evenly; taken as round-robin's (its pooling gain past that, a shorter queue when replicas'
   loads drift apart, is a queueing effect the in-flight engine below its capacity does not have).
-  Session affinity sends a session's turns where its first went: a replica sees a random 1 / N of
-  the sessions, the fleet's arrivals thinned, 1 + (c^2 - 1) / N;
+  Session affinity sends a session's first turn as least-outstanding does and its later turns where
+  the first went: a random 1 / N of the sessions' later turns (``replica_dispersion``);
 - **cache hits** (``session_hits``): a turn finds the history its replica holds of its session.
   With affinity that is the whole history (the previous turn ran there); under round-robin or
   least-outstanding the previous turn ran on the same replica 1 / N of the time, else the last turn
@@ -61,13 +61,20 @@ from dse.core.simulator import (
 ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY = 0, 1, 2
 
 
-def replica_dispersion(dispersion, replicas, router) -> np.ndarray:
+def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarray:
     """The squared coefficient of variation of the gaps between requests reaching one of
-    ``replicas`` replicas, [P]: round-robin and least-outstanding c^2 / N, session affinity
-    1 + (c^2 - 1) / N (``dispersion``: the fleet's c^2)."""
+    ``replicas`` replicas, [P] (``dispersion``: c^2 of the gaps between sessions' starts, the
+    fleet's requests without sessions). Streams superposed take their rates' mean of c^2 (Whitt's
+    QNA): with sessions of T turns the fleet's turns are the starts (1 / T of them, c^2) and the
+    later turns, sent a think time after turns end (1 (Poisson), their times independent). Round-
+    robin and least-outstanding hand a replica every N-th of them: c^2 / N. Session affinity routes
+    first turns as least-outstanding does (c^2 / N) and pins the later ones (a random 1 / N of the
+    sessions: 1 after thinning); without sessions it is least-outstanding."""
     d = np.asarray(dispersion, dtype=float)
     n = np.asarray(replicas, dtype=float)
-    return np.where(np.asarray(router) == SESSION_AFFINITY, 1.0 + (d - 1.0) / n, d / n)
+    first = 1.0 / max(int(turns), 1)
+    fleet = first * d + (1.0 - first)
+    return np.where(np.asarray(router) == SESSION_AFFINITY, first * d / n + (1.0 - first), fleet / n)
 
 
 def turn_hit_share(turn, replicas, router) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +133,8 @@ def retention(rate, turns: int, think_s, per_turn: float, kv_block, spare_blocks
 class Routed:
     """What a router and sessions do to one replica's load, per point [P]: ``replicas``, ``router``
     (code), session ``turns`` (one per group), ``think_s`` (seconds), the classes' history turns
-    ``history_turns`` [K] and ``per_turn`` (tokens a turn adds to a session's history)."""
+    ``history_turns`` [K], ``per_turn`` (tokens a turn adds to a session's history) and the fleet's
+    arrival ``dispersion`` [P] (the gaps' squared coefficient of variation, before the router)."""
 
     replicas: np.ndarray
     router: np.ndarray
@@ -134,9 +142,11 @@ class Routed:
     think_s: np.ndarray
     history_turns: np.ndarray
     per_turn: float
+    dispersion: np.ndarray
 
     def take(self, idx) -> "Routed":
-        return replace(self, replicas=self.replicas[idx], router=self.router[idx], think_s=self.think_s[idx])
+        return replace(self, replicas=self.replicas[idx], router=self.router[idx], think_s=self.think_s[idx],
+                       dispersion=self.dispersion[idx])
 
 
 def with_sessions(load: Load, routed: Routed, state: Callable[[Load], dict]) -> Load:

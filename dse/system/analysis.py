@@ -18,6 +18,7 @@ from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_source, is_dataflow
 from dse.core.engines import efficiency_source
 from dse.core.kernel_model import band_of
+from dse.core.router import simulate_routed
 from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system import reasons as R
@@ -215,7 +216,10 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         gaps = rng.exponential(1.0, requests) if k == 1.0 else rng.gamma(k, 1.0 / k, requests)
         arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
-    if point.pools is None:
+    routed = point.replicas > 1 or point.session_turns > 1
+    if routed:                           # replicas behind a router; sessions of turns: their first turns' starts
+        res, hits = routed_run(point, prompts, gens, arrivals)
+    elif point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
                        progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
     else:
@@ -225,10 +229,15 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                                      arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
                                      ranks=point.ranks, decode_ranks=point.decode_ranks)
     out = res.metrics()
+    n = point.replicas
+    if routed:                           # one replica's throughput, as evaluate reports it
+        for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+            out[k] /= n
+        out["session_hits"] = float(hits)
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s
     scale, hidden = (float(v[0]) for v in overhead_in_flight(
-        np.array([np.nan if point.concurrency is None else float(point.concurrency)]), np.array([out["running_mean"]]),
+        np.array([np.nan if point.concurrency is None else float(point.concurrency) / n]), np.array([out["running_mean"]]),
         np.array([out["requests_per_s"]]), np.array([out["e2e_mean_s"]]), o))
     for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
         out[k] *= scale
@@ -236,6 +245,23 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         out[k] += o - hidden
     out["queue_mean_s"] -= hidden
     return out
+
+
+def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals):
+    """(SimulationResult, turns that found their history cached) of a served point's replicas behind
+    its router (``dse.core.router.simulate_routed``): the drawn requests, in order, cut into sessions of
+    ``session_turns`` turns (each turn's new input and output), the sessions starting with the first of
+    the drawn arrival gaps scaled to a mean of ``session_turns`` / rate (so that turns arrive at the
+    rate, the sessions' starts as bursty as the arrivals), or a closed loop."""
+    t = point.session_turns
+    pairs = list(zip(prompts.tolist(), gens.tolist()))
+    sessions = [pairs[i:i + t] for i in range(0, len(pairs), t)]
+    starts = None
+    if arrivals is not None:            # the first gaps, their mean t / rate exactly
+        gaps = np.diff(arrivals, prepend=0.0)[:len(sessions)]
+        starts = np.cumsum(gaps / gaps.mean() * t / point.request_rate)
+    return simulate_routed(point.step, point.engine, point.replicas, point.router, sessions,
+                           concurrency=point.concurrency, starts=starts, think_s=point.think_s)
 
 
 #: the most requests ``simulate_point`` runs (a reference run of minutes, not hours)

@@ -142,7 +142,8 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
               **{k: pointwise(lambda x: x > 0, w[k]) for k in ("prefix_hit", "slo_ttft", "slo_tpot")},
-              "disaggregate": w["disaggregated"]}
+              "disaggregate": w["disaggregated"],
+              **{k: pointwise(lambda x: x > 1, w[k]) for k in ("router_replicas", "session_turns")}}
     static = per_code([m == "static" and cols.has("serving") for m in modes], w["serving"])
     for key, on in served.items():
         if anywhere(pointwise(lambda s, o: s & o, static, on)):
@@ -153,6 +154,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
     w["continuous"] = pointwise(lambda a, *on: a | np.any(on, axis=0), asked, *served.values())
+    _routed_checks(cols, w)
     short = pointwise(lambda c, p, m: c & (p > 0) & (p < m), w["continuous"], w["prefill_chunk"], w["max_running"])
     if anywhere(short):
         k = int(np.flatnonzero(short)[0])
@@ -172,6 +174,18 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return WorkloadColumns(**w)
+
+
+def _routed_checks(cols: Columns, w: dict) -> None:
+    """DseError where replicas behind a router or sessions meet what they do not model: sessions of
+    several turns in a closed loop, either on disaggregated pools."""
+    if anywhere(pointwise(lambda t, r: (t > 1) & ~(r > 0), w["session_turns"], w["request_rate"])):
+        raise DseError(f"{cols.where}: session_turns: sessions of several turns arrive in an open loop; give "
+                       f"request_rate (turns per second)")
+    for key in ("router_replicas", "session_turns"):
+        if anywhere(pointwise(lambda x, d: (x > 1) & d, w[key], w["disaggregated"])):
+            raise DseError(f"{cols.where}: {key}: replicas behind a router and sessions are modelled for "
+                           f"colocated engines, not disaggregated pools; leave disaggregate out or {key} at 1")
 
 
 def _pools(value) -> tuple[int, int] | None:
