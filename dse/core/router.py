@@ -25,8 +25,7 @@ leaves it:
   it ran there (turn i of the j - 1 before: probability (1 / N)(1 - 1 / N)^(j - 1 - i)), else none.
   Either holds only while the replica kept it (``retention``): its least-recently-used entries are
   evicted as the blocks running sequences do not use fill with newer ones, so a history survives
-  the think time when the entries kept meanwhile fit in the blocks left (a normal tail over their
-  count).
+  the think time (exponential) when the entries kept meanwhile fit in the blocks left.
 
 Sources (facts, not code): the interarrival times of every N-th event of a renewal process are sums
 of N gaps (Cox, 'Renewal Theory', 1962); independent thinning of a renewal process (Cox and Isham,
@@ -59,6 +58,8 @@ from dse.core.simulator import (
 
 #: the routers, in the order of ``dse.system.params.ROUTERS`` (codes)
 ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY = 0, 1, 2
+#: Gauss-Laguerre nodes of the think time's exponential (``retention``)
+_THINK_NODES = 24
 
 
 def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarray:
@@ -113,20 +114,25 @@ def session_hits(history_turns, per_turn: float, kv_block, replicas, router, ret
 def retention(rate, turns: int, think_s, per_turn: float, kv_block, spare_blocks) -> np.ndarray:
     """The probability [P] that a session's entry is still kept when its next turn comes: the
     entries kept after it during the think time (one per turn with a next, ``rate`` (T - 1) / T of
-    them a second on the replica, each of the history's blocks, a turn of mean history T / 2 turns of
-    ``per_turn`` tokens, uniform over turns 1 .. T - 1) take the LRU queue's ``spare_blocks`` (the blocks running sequences leave)
-    before it is evicted; their count over ``think_s`` Poisson, its blocks normal: P(kept <= spare)."""
+    them a second on the replica, each of the history's blocks, a history of i turns of ``per_turn``
+    tokens, i uniform over 1 .. T - 1) take the LRU queue's ``spare_blocks`` (the blocks running
+    sequences leave) before it is evicted; an entry taken by its own next turn leaves the queue, so
+    those newer entries still kept at s after it are the ones whose think time has not ended: with
+    think times exponential of mean m = ``think_s``, Poisson of mean rate m (1 - exp(-s / m)), their
+    blocks normal: P(kept <= spare | s), over s exponential of mean m (Gauss-Laguerre)."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     t = float(turns)
     if t <= 1:
         return np.ones(np.shape(rate))
-    count = np.asarray(rate, dtype=float) * (t - 1.0) / t * np.asarray(think_s, dtype=float)
-    unit = per_turn / np.asarray(kv_block, dtype=float)             # blocks a turn adds to a history
+    x, w = np.polynomial.laguerre.laggauss(_THINK_NODES)          # s = think_s x, x ~ Exp(1)
+    per_s = (np.asarray(rate, dtype=float) * (t - 1.0) / t * np.asarray(think_s, dtype=float))[..., None] \
+        * -np.expm1(-x)                                           # newer entries still waiting at s
+    unit = (per_turn / np.asarray(kv_block, dtype=float))[..., None]   # blocks a turn adds to a history
     entry, second = unit * t / 2.0, unit ** 2 * t * (2.0 * t - 1.0) / 6.0   # E[i], E[i^2], i uniform on 1..T-1
-    mean, sd = count * entry, np.sqrt(count * second)
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = (np.asarray(spare_blocks, dtype=float) - mean) / sd
-    return np.where(count > 0, ndtr(z), 1.0)
+        z = (np.asarray(spare_blocks, dtype=float)[..., None] - per_s * entry) / np.sqrt(per_s * second)
+    kept = np.where(per_s > 0, ndtr(z), 1.0) @ w
+    return np.clip(kept, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -200,8 +206,8 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
     """Run ``sessions`` (each a list of (new input, output) tokens per turn; one turn each: plain
     requests) on ``replicas`` engines of ``engine`` behind ``router`` (a code: ``ROUND_ROBIN``,
     ``LEAST_OUTSTANDING``, ``SESSION_AFFINITY``). Turn j's prompt is the session's history (every
-    earlier turn's input and output) plus its new input; it is sent ``think_s`` seconds after turn
-    j - 1's last token. Open loop: the sessions start at ``starts`` (seconds, non-decreasing); closed
+    earlier turn's input and output) plus its new input; it is sent ``think_s`` seconds (one number,
+    or one per turn in order) after turn j - 1's last token. Open loop: the sessions start at ``starts`` (seconds, non-decreasing); closed
     loop (plain requests only): ``concurrency`` requests in flight over the fleet. Returns (the
     SimulationResult over every turn, as ``dse.core.simulator.simulate``'s, its throughput the
     fleet's and its running batch one replica's mean; the turns that found their history cached).
@@ -215,6 +221,9 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
     multi = any(len(s) > 1 for s in sessions)
     if multi and concurrency is not None:
         raise DseError("simulator: sessions of several turns run in an open loop (give start times)")
+    think = np.broadcast_to(np.asarray(think_s, dtype=float), (sum(len(s) for s in sessions),))
+    if not np.all(np.isfinite(think) & (think >= 0)):
+        raise DseError("simulator: think times must be finite numbers of seconds >= 0")
     turns: list[Turn] = []
     firsts: list[Turn] = []
     for sid, session in enumerate(sessions):
@@ -222,7 +231,7 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
         for j, (p, g) in enumerate(session):
             prompt = history + int(p)
             t = Turn(len(turns), float("nan"), prompt, int(g), prompt, engine.cached_tokens(prompt),
-                     session=sid if len(session) > 1 else -1, turn=j + 1, think_s=float(think_s))
+                     session=sid if len(session) > 1 else -1, turn=j + 1, think_s=float(think[len(turns)]))
             if prev is None:
                 firsts.append(t)
             else:

@@ -162,7 +162,7 @@ def add_flag(parser: argparse.ArgumentParser, p: Param, **kw) -> None:
     for key in ("choices", "metavar", "required"):
         if getattr(p, key):
             args[key] = getattr(p, key)
-    parser.add_argument(p.flag, **{**args, **kw})
+    parser.add_argument(p.flag, dest=p.name, **{**args, **kw})
 
 
 #: the order of the parameters' flags in --help: the workload first
@@ -332,7 +332,7 @@ def _flag_words(text: str) -> str:
 
 #: the parameters of continuous batching alone, whose flags have a default: typed at a point that runs one
 #: static batch, they would be left unused without a word
-CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile")
+CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile", "router", "think_time")
 
 
 def typed_flags(argv: list[str]) -> frozenset[str]:

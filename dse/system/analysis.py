@@ -218,7 +218,7 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     routed = point.replicas > 1 or point.session_turns > 1
     if routed:                           # replicas behind a router; sessions of turns: their first turns' starts
-        res, hits = routed_run(point, prompts, gens, arrivals)
+        res, hits = routed_run(point, prompts, gens, arrivals, rng)
     elif point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
                        progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
@@ -247,12 +247,14 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     return out
 
 
-def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals):
+def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals, rng):
     """(SimulationResult, turns that found their history cached) of a served point's replicas behind
     its router (``dse.core.router.simulate_routed``): the drawn requests, in order, cut into sessions of
     ``session_turns`` turns (each turn's new input and output), the sessions starting with the first of
     the drawn arrival gaps scaled to a mean of ``session_turns`` / rate (so that turns arrive at the
-    rate, the sessions' starts as bursty as the arrivals), or a closed loop."""
+    rate, the sessions' starts as bursty as the arrivals), or a closed loop; think times exponential of
+    mean ``think_s`` drawn with ``rng`` (a fixed one would lock later turns' arrivals to the phase of
+    the iteration that ended the turn before, an artefact no user or tool has)."""
     t = point.session_turns
     pairs = list(zip(prompts.tolist(), gens.tolist()))
     sessions = [pairs[i:i + t] for i in range(0, len(pairs), t)]
@@ -260,8 +262,9 @@ def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals):
     if arrivals is not None:            # the first gaps, their mean t / rate exactly
         gaps = np.diff(arrivals, prepend=0.0)[:len(sessions)]
         starts = np.cumsum(gaps / gaps.mean() * t / point.request_rate)
+    think = rng.exponential(point.think_s, len(prompts)) if point.think_s > 0 else 0.0
     return simulate_routed(point.step, point.engine, point.replicas, point.router, sessions,
-                           concurrency=point.concurrency, starts=starts, think_s=point.think_s)
+                           concurrency=point.concurrency, starts=starts, think_s=think)
 
 
 #: the most requests ``simulate_point`` runs (a reference run of minutes, not hours)

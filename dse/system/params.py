@@ -396,7 +396,8 @@ TABLE: tuple[Param, ...] = (
                "request_rate counts turns (default: 1, no sessions)"),
     Param("think_time", float, default=0.0, zero_allowed=True, unit="seconds", flag="--think-time",
           flag_default=True, noun="seconds",
-          help="sessions: seconds from a turn's last token to the session's next turn (default: 0)"),
+          help="sessions: mean seconds from a turn's last token to the session's next turn (exponential: "
+               "users and tools vary) (default: 0)"),
 )
 #: each parameter's declaration by name
 SPEC: dict[str, Param] = {p.name: p for p in TABLE}
