@@ -203,6 +203,8 @@ def test_sessions_need_an_open_loop_and_a_colocated_engine():
         evaluate({**BASE, "concurrency": 8, "session_turns": 3})
     with pytest.raises(DseError, match="router_replicas.*disaggregated"):
         evaluate({**BASE, "request_rate": 5.0, "router_replicas": 2, "disaggregate": "1:1"})
+    with pytest.raises(DseError, match="pp 1 and ep 1"):
+        simulate_point({**BASE, "request_rate": 5.0, "router_replicas": 2, "pp": 2, "devices": 2}, 100)
 
 
 def test_cli_flags_reach_the_point(cli):

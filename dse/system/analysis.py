@@ -255,6 +255,9 @@ def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals, rng):
     rate, the sessions' starts as bursty as the arrivals), or a closed loop; think times exponential of
     mean ``think_s`` drawn with ``rng`` (a fixed one would lock later turns' arrivals to the phase of
     the iteration that ended the turn before, an artefact no user or tool has)."""
+    if point.stages > 1 or point.ranks > 1:
+        raise DseError("simulate: replicas behind a router and sessions are simulated for engines of one batch "
+                       "(pp 1 and ep 1); the steady-state model prices the others")
     t = point.session_turns
     pairs = list(zip(prompts.tolist(), gens.tolist()))
     sessions = [pairs[i:i + t] for i in range(0, len(pairs), t)]
