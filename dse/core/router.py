@@ -266,8 +266,7 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
         loop._push(nxt.arrival + loop.delay, _ENTER, -1, nxt)
 
     insts = [_Instance(SessionEngine(engine, follow), step_time) for _ in range(int(replicas))]
-    loop = _EventLoop(insts, [], future, spare, delay=delay)
-    loop.router = _Router(int(router))
+    loop = _EventLoop(insts, [], future, spare, delay=delay, router=_Router(int(router)))
     loop.run(0.0, start)
     _check_done(turns, "the replicas cannot make progress (KV cache too small for a turn)")
     res = _result(turns, loop, loop.instances, warmup, concurrency)

@@ -519,8 +519,10 @@ class _EventLoop:
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
-                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1):
+                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1,
+                 router: Callable[[list, _Request], int] | None = None):
         self.stages = stages
+        self.router = router            # picks the entry instance of a request (None: the least loaded)
         self.stage_free: dict[int, list[float]] = {}   # per pipeline: when each stage is next free (s)
         self.progress = progress
         self.tokens = tokens
@@ -538,9 +540,8 @@ class _EventLoop:
     def _dispatch(self, pool: range, r: _Request) -> None:
         """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first), or of
         the one the ``router`` picks (an entry pool of replicas behind a router, ``dse.core.router``)."""
-        router = getattr(self, "router", None)
-        if router is not None and pool is self.entry:
-            self.instances[router(self.instances, r)].engine.enqueue(r)
+        if self.router is not None and pool is self.entry:
+            self.instances[self.router(self.instances, r)].engine.enqueue(r)
             return
         i = min(pool, key=lambda i: (self.instances[i].engine.load, i))
         self.instances[i].engine.enqueue(r)
