@@ -125,9 +125,9 @@ def test_affinity_hit_rate_is_the_carried_over_share_when_the_cache_holds_it():
     cached = [((j * (p + g) - 1) // blk) * blk if j else 0 for j in range(t)]
     prompts = [j * (p + g) + p for j in range(t)]
     # the model's expected hits
-    model = session_hits(np.arange(t, dtype=float), float(p + g), np.array([blk]), np.array([8.0]),
-                         np.array([SESSION_AFFINITY]), np.array([1.0]))
-    assert np.array_equal(model[0], cached)
+    model, second = session_hits(np.arange(t, dtype=float), float(p + g), np.array([blk]), np.array([8.0]),
+                                 np.array([SESSION_AFFINITY]), np.array([1.0]))
+    assert np.array_equal(model[0], cached) and np.array_equal(second[0], np.square(cached))   # always that many
     # the simulator: 8 replicas, 60 sessions; every prompt token computed is counted
     computed = []
 
@@ -213,3 +213,12 @@ def test_cli_flags_reach_the_point(cli):
     assert r.returncode == 0, r.stderr
     r = cli("analyze", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--request-rate", "40", "--replicas", "0")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--replicas" in r.stderr
+
+
+def test_round_robin_hits_are_a_mixture_of_earlier_turns():
+    """Turn 3 of a session over 4 replicas by round-robin: turn 2's history (479 tokens -> 464 cached
+    in blocks of 16) with probability 1/4, turn 1's (239 -> 224) with 3/16, none with 9/16."""
+    mean, second = session_hits(np.array([2.0]), 240.0, np.array([16.0]), np.array([4.0]), np.array([ROUND_ROBIN]),
+                                np.array([1.0]))
+    assert mean[0, 0] == pytest.approx(464 / 4 + 224 * 3 / 16)
+    assert second[0, 0] == pytest.approx(464 ** 2 / 4 + 224 ** 2 * 3 / 16)

@@ -100,15 +100,25 @@ def turn_hit_share(turn, replicas, router) -> tuple[np.ndarray, np.ndarray]:
     return p, mean
 
 
-def session_hits(history_turns, per_turn: float, kv_block, replicas, router, retained) -> np.ndarray:
-    """Tokens of each class's prompt found cached, expected, [P, K]: the history its replica holds
-    (``turn_hit_share``; ``per_turn``: tokens a turn adds to the history, the mean input plus output)
-    in whole blocks of ``kv_block`` [P], the last token of that turn's output excepted (never fed
-    back), kept with probability ``retained`` [P]."""
-    p, turns = turn_hit_share(history_turns, replicas, router)
+def session_hits(history_turns, per_turn: float, kv_block, replicas, router, retained) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens of each class's prompt found cached, their second moment; [P, K], over the class's
+    requests): the history its replica holds, the last of the session's turns that ran there (turn i
+    of the ``history_turns`` before it, with ``turn_hit_share``'s probabilities; ``per_turn``: tokens a
+    turn adds to the history, the mean input plus output) in whole blocks of ``kv_block`` [P], the
+    last token of that turn's output excepted (never fed back), kept with probability ``retained`` [P]."""
+    j1 = np.asarray(history_turns, dtype=float)[None, :]
+    n = np.asarray(replicas, dtype=float)[:, None]
+    q = 1.0 / n
+    pinned = (np.asarray(router)[:, None] == SESSION_AFFINITY) | (n == 1)
     blk = np.asarray(kv_block, dtype=float)[:, None]
-    tokens = np.where(turns > 0, np.floor(np.maximum(turns * per_turn - 1.0, 0.0) / blk) * blk, 0.0)
-    return p * tokens * np.asarray(retained, dtype=float)[:, None]
+    mean, second = np.zeros(np.broadcast_shapes(j1.shape, n.shape)), np.zeros(np.broadcast_shapes(j1.shape, n.shape))
+    for i in range(1, int(j1.max(initial=0.0)) + 1):      # the last turn on the replica was turn i
+        tokens = np.floor(max(i * per_turn - 1.0, 0.0) / blk) * blk
+        prob = np.where(pinned, (j1 == i).astype(float), np.where(j1 >= i, q * (1.0 - q) ** (j1 - i), 0.0))
+        mean += prob * tokens
+        second += prob * tokens ** 2
+    kept = np.asarray(retained, dtype=float)[:, None]
+    return kept * mean, kept * second
 
 
 def retention(rate, turns: int, think_s, per_turn: float, kv_block, spare_blocks) -> np.ndarray:
@@ -162,16 +172,17 @@ def with_sessions(load: Load, routed: Routed, state: Callable[[Load], dict]) -> 
     sequences hold the entries."""
     if routed.turns <= 1:
         return load
-    full = session_hits(routed.history_turns, routed.per_turn, load.kv_block, routed.replicas, routed.router,
-                        np.ones(len(load.kv_block)))
-    first = replace(load, session_cached=full)
+    full, second = session_hits(routed.history_turns, routed.per_turn, load.kv_block, routed.replicas,
+                                routed.router, np.ones(len(load.kv_block)))
+    first = replace(load, session_cached=full, session_spread=np.maximum(second - full ** 2, 0.0))
     out = state(first)
     spare = load.kv_blocks * (1.0 - np.nan_to_num(out["kv_utilization"], nan=1.0))
     rate = np.where(np.isfinite(load.request_rate), load.request_rate, np.nan_to_num(out["requests_per_s"]))
     kept = retention(rate, routed.turns, routed.think_s, routed.per_turn, load.kv_block, spare)
     if np.all(kept >= 1.0):
         return first
-    return replace(load, session_cached=full * kept[:, None])
+    k = kept[:, None]
+    return replace(load, session_cached=full * k, session_spread=np.maximum(second * k - (full * k) ** 2, 0.0))
 
 
 # --------------------------------------------------------------------------- the simulator's fleet

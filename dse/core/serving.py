@@ -141,13 +141,16 @@ class Load:
     dispersion: np.ndarray | None = None     # open loop: the arrival gaps' squared coefficient of variation
     state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
     session_cached: np.ndarray | None = None  # [P, K] tokens of each class's prompt a session's cache holds (sessions)
+    session_spread: np.ndarray | None = None  # [P, K] their variance over the class's requests (hit or not), tokens^2
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached")},
+                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached",
+                                                  "session_spread")},
                        pools=None if self.pools is None else self.pools.take(idx),
                        session_cached=None if self.session_cached is None else self.session_cached[idx],
+                       session_spread=None if self.session_spread is None else self.session_spread[idx],
                        dispersion=None if self.dispersion is None else self.dispersion[idx],
                        state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
 
@@ -195,6 +198,8 @@ def _classes(load: Load) -> _Classes:
         cached = cached + own
     work = prompt - cached
     pairs = (prompt * (prompt - 1.0) - cached * np.maximum(cached - 1.0, 0.0)) / 2.0
+    if load.session_spread is not None:       # E[c (c - 1)] of a cached part that varies: its variance more
+        pairs = np.maximum(pairs - load.session_spread / 2.0, work * (work - 1.0) / 2.0)
     steps = np.maximum(gen - 1.0, 0.0)
     keys = prompt + np.maximum(gen - 2.0, 0.0) / 2.0   # the prompt and half the output fed back
     shared = np.where(full[:, 0] > 0, full[:, 0] / load.kv_block, 0.0)

@@ -108,7 +108,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         at = np.flatnonzero(slo & priced)
         g_load = _engine_load(s.take(at), g.system.take(at), eff)
         if load.session_cached is not None:    # the hits at the point's own load
-            g_load = replace(g_load, session_cached=load.session_cached[at])
+            g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
         good[at] = (disaggregated_goodput if pooled else goodput)(
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
