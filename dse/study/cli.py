@@ -530,6 +530,10 @@ def _table_report(res, display, asked_flash=None) -> str:
         load += f", lengths {s['lengths']}" if s["lengths"] != "fixed" else ""
         load += f", prefix hit {100 * s['prefix_hit']:g} %" if s["prefix_hit"] else ""
         load += f", disaggregated {s['disaggregate']} (prefill:decode devices)" if s["disaggregate"] != "none" else ""
+        load += (f" over {s['router_replicas']} replicas ({s['router']}; metrics one replica's)"
+                 if s.get("router_replicas", 1) > 1 else "")
+        load += (f", sessions of {s['session_turns']} turns, think time {s['think_time']:g} s"
+                 if s.get("session_turns", 1) > 1 else "")
         slos = [f"{k.removeprefix('slo_').upper()} {display.quantity_text(k, s[k])}" for k in ("slo_ttft", "slo_tpot")
                 if s[k]]
         load += f", SLO {' and '.join(slos)} at p{s['slo_percentile']:g}" if slos else ""

@@ -42,7 +42,8 @@ SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "runn
 ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
                        "cost_per_million_tokens_usd")
 #: the serving settings a summary names under continuous batching
-SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
+SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
+                    "router_replicas", "router", "session_turns", "think_time")
 
 #: the operator kinds the kernel layer prices in a prediction, whose bands ``analyze`` shows
 KERNEL_BAND_KINDS = ("gemm", "generation_attention", "context_attention")
