@@ -140,12 +140,17 @@ class Load:
     pools: Pools | None = None
     dispersion: np.ndarray | None = None     # open loop: the arrival gaps' squared coefficient of variation
     state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
+    session_cached: np.ndarray | None = None  # [P, K] tokens of each class's prompt a session's cache holds (sessions)
+    session_spread: np.ndarray | None = None  # [P, K] their variance over the class's requests (hit or not), tokens^2
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks")},
+                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached",
+                                                  "session_spread")},
                        pools=None if self.pools is None else self.pools.take(idx),
+                       session_cached=None if self.session_cached is None else self.session_cached[idx],
+                       session_spread=None if self.session_spread is None else self.session_spread[idx],
                        dispersion=None if self.dispersion is None else self.dispersion[idx],
                        state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
 
@@ -168,9 +173,11 @@ class _Classes:
     gen_var: np.ndarray
     weight: np.ndarray
     shared_blocks: np.ndarray
+    own_cached: np.ndarray | float = 0.0     # [P, K] cached tokens a request holds itself (a session's history)
 
     def take(self, idx) -> "_Classes":
-        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "weight"})
+        return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
+                                if f.name != "weight" and np.ndim(getattr(self, f.name))})
 
     def mean(self, x: np.ndarray) -> np.ndarray:
         """The request-weighted mean over classes of ``x`` [P, K], [P]."""
@@ -185,13 +192,19 @@ def _classes(load: Load) -> _Classes:
     blk = load.kv_block[:, None]
     full = np.floor(load.prefix_tokens[:, None] / blk) * blk            # cached: whole blocks only
     cached = np.clip(np.minimum(full, prompt - 1.0), 0.0, None)
+    own = 0.0
+    if load.session_cached is not None:       # a session's history found cached: its own blocks, past the prefix's
+        own = np.clip(np.minimum(load.session_cached, prompt - 1.0) - cached, 0.0, None)
+        cached = cached + own
     work = prompt - cached
     pairs = (prompt * (prompt - 1.0) - cached * np.maximum(cached - 1.0, 0.0)) / 2.0
+    if load.session_spread is not None:       # E[c (c - 1)] of a cached part that varies: its variance more
+        pairs = np.maximum(pairs - load.session_spread / 2.0, work * (work - 1.0) / 2.0)
     steps = np.maximum(gen - 1.0, 0.0)
     keys = prompt + np.maximum(gen - 2.0, 0.0) / 2.0   # the prompt and half the output fed back
     shared = np.where(full[:, 0] > 0, full[:, 0] / load.kv_block, 0.0)
     spread = [np.broadcast_to(v, prompt.shape) for v in (load.lengths.prompt_var, load.lengths.gen_var)]
-    return _Classes(prompt, gen, cached, work, pairs, steps, keys, *spread, load.lengths.weight, shared)
+    return _Classes(prompt, gen, cached, work, pairs, steps, keys, *spread, load.lengths.weight, shared, own)
 
 
 def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
@@ -199,7 +212,7 @@ def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     output, plus half a block of fragmentation and its recurrent state's blocks (a hybrid
     model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
     run, 1 + their decode iterations)."""
-    held = cls.work + cls.gen / 2.0
+    held = cls.work + cls.own_cached + cls.gen / 2.0
     run = cls.weight * (1.0 + cls.steps) if run is None else run
     return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 

@@ -519,8 +519,10 @@ class _EventLoop:
 
     def __init__(self, entry: list[_Instance], decode: list[_Instance], arrivals: deque, replacements: deque, *,
                  transfer: dict[int, float] | None = None, progress: Callable[[int], None] | None = None,
-                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1):
+                 delay: float = 0.0, tokens: Callable[[int], None] | None = None, stages: int = 1,
+                 router: Callable[[list, _Request], int] | None = None):
         self.stages = stages
+        self.router = router            # picks the entry instance of a request (None: the least loaded)
         self.stage_free: dict[int, list[float]] = {}   # per pipeline: when each stage is next free (s)
         self.progress = progress
         self.tokens = tokens
@@ -536,7 +538,11 @@ class _EventLoop:
         self.busy_s = 0.0
 
     def _dispatch(self, pool: range, r: _Request) -> None:
-        """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first)."""
+        """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first), or of
+        the one the ``router`` picks (an entry pool of replicas behind a router, ``dse.core.router``)."""
+        if self.router is not None and pool is self.entry:
+            self.instances[self.router(self.instances, r)].engine.enqueue(r)
+            return
         i = min(pool, key=lambda i: (self.instances[i].engine.load, i))
         self.instances[i].engine.enqueue(r)
 
@@ -758,14 +764,14 @@ class _Engine:
             r = self.waiting[0]
             left = r.target - r.done_prompt
             take = min(left, budget)
-            if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) > self.free:
-                break
+            if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) - r.blocks > self.free:
+                break                             # (r.blocks: those it holds already, a session's cached history)
             self.waiting.popleft()
             if np.isnan(r.admitted):
                 r.admitted = t
-            grow = self._own(r, r.done_prompt + take)
+            grow = self._own(r, r.done_prompt + take) - r.blocks
             self.free -= grow
-            r.blocks = grow
+            r.blocks += grow
             self.running.append(r)
             chunks.append((r, take))
             budget -= take

@@ -162,7 +162,7 @@ def add_flag(parser: argparse.ArgumentParser, p: Param, **kw) -> None:
     for key in ("choices", "metavar", "required"):
         if getattr(p, key):
             args[key] = getattr(p, key)
-    parser.add_argument(p.flag, **{**args, **kw})
+    parser.add_argument(p.flag, dest=p.name, **{**args, **kw})
 
 
 #: the order of the parameters' flags in --help: the workload first
@@ -336,7 +336,7 @@ def _flag_words(text: str) -> str:
 
 #: the parameters of continuous batching alone, whose flags have a default: typed at a point that runs one
 #: static batch, they would be left unused without a word
-CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile")
+CONTINUOUS_ONLY = ("kv_block", "max_running", "prefill_chunk", "slo_percentile", "router", "think_time")
 
 
 def typed_flags(argv: list[str]) -> frozenset[str]:
@@ -534,6 +534,10 @@ def _table_report(res, display, asked_flash=None) -> str:
         load += f", lengths {s['lengths']}" if s["lengths"] != "fixed" else ""
         load += f", prefix hit {100 * s['prefix_hit']:g} %" if s["prefix_hit"] else ""
         load += f", disaggregated {s['disaggregate']} (prefill:decode devices)" if s["disaggregate"] != "none" else ""
+        load += (f" over {s['router_replicas']} replicas ({s['router']}; metrics one replica's)"
+                 if s.get("router_replicas", 1) > 1 else "")
+        load += (f", sessions of {s['session_turns']} turns, think time {s['think_time']:g} s"
+                 if s.get("session_turns", 1) > 1 else "")
         slos = [f"{k.removeprefix('slo_').upper()} {display.quantity_text(k, s[k])}" for k in ("slo_ttft", "slo_tpot")
                 if s[k]]
         load += f", SLO {' and '.join(slos)} at p{s['slo_percentile']:g}" if slos else ""

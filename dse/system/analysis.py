@@ -19,6 +19,7 @@ from dse.core.bands import band_source, is_dataflow
 from dse.core.economics import COST_COLUMNS, cost_items_text
 from dse.core.engines import efficiency_source, without_message_notes
 from dse.core.kernel_model import band_of
+from dse.core.router import simulate_routed
 from dse.core.serving import PERCENTILES, overhead_in_flight
 from dse.core.simulator import simulate, simulate_disaggregated
 from dse.system import reasons as R
@@ -43,7 +44,8 @@ ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "pow
                        "cost_per_million_tokens_usd", "capital_usd", "tco_usd_per_hour", "cost_per_mtok_input_usd",
                        "cost_per_mtok_output_usd", "tokens_per_dollar")
 #: the serving settings a summary names under continuous batching
-SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile")
+SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
+                    "router_replicas", "router", "session_turns", "think_time")
 
 #: the operator kinds the kernel layer prices in a prediction, whose bands ``analyze`` shows
 KERNEL_BAND_KINDS = ("gemm", "generation_attention", "context_attention")
@@ -226,7 +228,10 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         gaps = rng.exponential(1.0, requests) if k == 1.0 else rng.gamma(k, 1.0 / k, requests)
         arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
     prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
-    if point.pools is None:
+    routed = point.replicas > 1 or point.session_turns > 1
+    if routed:                           # replicas behind a router; sessions of turns: their first turns' starts
+        res, hits = routed_run(point, prompts, gens, arrivals, rng)
+    elif point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
                        progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
     else:
@@ -236,10 +241,15 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                                      arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
                                      ranks=point.ranks, decode_ranks=point.decode_ranks)
     out = res.metrics()
+    n = point.replicas
+    if routed:                           # one replica's throughput, as evaluate reports it
+        for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+            out[k] /= n
+        out["session_hits"] = float(hits)
     # the request overhead as evaluate prices it: in flight, in place of queueing where there is some
     o = point.request_overhead_s
     scale, hidden = (float(v[0]) for v in overhead_in_flight(
-        np.array([np.nan if point.concurrency is None else float(point.concurrency)]), np.array([out["running_mean"]]),
+        np.array([np.nan if point.concurrency is None else float(point.concurrency) / n]), np.array([out["running_mean"]]),
         np.array([out["requests_per_s"]]), np.array([out["e2e_mean_s"]]), o))
     for k in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
         out[k] *= scale
@@ -247,6 +257,29 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         out[k] += o - hidden
     out["queue_mean_s"] -= hidden
     return out
+
+
+def routed_run(point, prompts: np.ndarray, gens: np.ndarray, arrivals, rng):
+    """(SimulationResult, turns that found their history cached) of a served point's replicas behind
+    its router (``dse.core.router.simulate_routed``): the drawn requests, in order, cut into sessions of
+    ``session_turns`` turns (each turn's new input and output), the sessions starting with the first of
+    the drawn arrival gaps scaled to a mean of ``session_turns`` / rate (so that turns arrive at the
+    rate, the sessions' starts as bursty as the arrivals), or a closed loop; think times exponential of
+    mean ``think_s`` drawn with ``rng`` (a fixed one would lock later turns' arrivals to the phase of
+    the iteration that ended the turn before, an artefact no user or tool has)."""
+    if point.stages > 1 or point.ranks > 1:
+        raise DseError("simulate: replicas behind a router and sessions are simulated for engines of one batch "
+                       "(pp 1 and ep 1); the steady-state model prices the others")
+    t = point.session_turns
+    pairs = list(zip(prompts.tolist(), gens.tolist()))
+    sessions = [pairs[i:i + t] for i in range(0, len(pairs), t)]
+    starts = None
+    if arrivals is not None:            # the first gaps, their mean t / rate exactly
+        gaps = np.diff(arrivals, prepend=0.0)[:len(sessions)]
+        starts = np.cumsum(gaps / gaps.mean() * t / point.request_rate)
+    think = rng.exponential(point.think_s, len(prompts)) if point.think_s > 0 else 0.0
+    return simulate_routed(point.step, point.engine, point.replicas, point.router, sessions,
+                           concurrency=point.concurrency, starts=starts, think_s=think)
 
 
 #: the most requests ``simulate_point`` runs (a reference run of minutes, not hours)

@@ -639,7 +639,8 @@ def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list
             w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, w.cpu_layers,
             w.max_context, hw.host_cpu, hw.device_class, hw.family, w.engine, w.continuous,
             pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
-            w.tech, w.draft, w.spec_acceptance, w.decode_tp, w.decode_ep, w.decode_hardware, w.pd_link]
+            w.tech, w.draft, w.spec_acceptance, w.decode_tp, w.decode_ep, w.decode_hardware, w.pd_link,
+            w.session_turns]
 
 
 def _prepared_group(idx: slice, w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, many, workload,

@@ -13,6 +13,7 @@ from dse.core.dataflow import dataflow_efficiency, decoder_layers
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency
 from dse.core.roofline import SystemArrays
+from dse.core.router import Routed
 from dse.system.columns import Columns, group, group_codes, groups_of, per_code
 from dse.system.inputs import WorkloadColumns
 from dse.system.iteration import IterationModel
@@ -142,6 +143,7 @@ class ServingInputs:
     ranks: int = 1                # attention data-parallel ranks of an expert-parallel group, in lock-step
     decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
     state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
+    routed: Routed | None = None   # replicas behind a router and sessions (None: one engine, no sessions)
 
     @property
     def streams(self) -> int:
@@ -157,6 +159,7 @@ class ServingInputs:
             prefill, decode, kv_token_bytes = pools
             pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
         return replace(self, pools=pools, decode=None if self.decode is None else self.decode.take(pos),
+                       routed=None if self.routed is None else self.routed.take(pos),
                        **{f.name: getattr(self, f.name)[pos] for f in fields(self)
                           if isinstance(getattr(self, f.name), np.ndarray)})
 

@@ -13,7 +13,7 @@ from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
 from dse.system.images import image_columns
-from dse.system.params import MAX_COUNT, checked_choice
+from dse.system.params import MAX_COUNT, ROUTERS, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
@@ -88,6 +88,10 @@ class WorkloadColumns:
     decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
+    router_replicas: np.ndarray   # [P] engines behind the router (1: one)
+    router: np.ndarray            # [P] code into ``ROUTERS``
+    session_turns: np.ndarray     # [P] turns of a session (1: no sessions)
+    think_time: np.ndarray        # [P] sessions: seconds from a turn's last token to the next turn
     decode_hardware: np.ndarray | None = None   # [P] code into ``decode_hardwares``
     decode_hardwares: list | None = None        # the decode pool's preset of each code ("": the point's own)
     pd_link: np.ndarray | None = None           # [P] code into ``pd_links``
@@ -121,6 +125,10 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
     w["burstiness"] = cols.numbers("burstiness")
+    w["router_replicas"], w["session_turns"] = cols.numbers("router_replicas"), cols.numbers("session_turns")
+    w["think_time"] = cols.numbers("think_time")
+    codes, routers = resolved_column(cols, "router", partial(checked_choice, "router"))
+    w["router"] = per_code(np.array([ROUTERS.index(r) for r in routers], dtype=np.int64), codes)
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
@@ -142,7 +150,8 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     loaded = pointwise(lambda c, r: (c > 0) | (r > 0), w["concurrency"], w["request_rate"])
     served = {"concurrency": loaded, "lengths": per_code([spec.kind != FIXED for spec in w["length_specs"]], w["lengths"]),
               **{k: pointwise(lambda x: x > 0, w[k]) for k in ("prefix_hit", "slo_ttft", "slo_tpot")},
-              "disaggregate": w["disaggregated"]}
+              "disaggregate": w["disaggregated"],
+              **{k: pointwise(lambda x: x > 1, w[k]) for k in ("router_replicas", "session_turns")}}
     static = per_code([m == "static" and cols.has("serving") for m in modes], w["serving"])
     for key, on in served.items():
         if anywhere(pointwise(lambda s, o: s & o, static, on)):
@@ -153,6 +162,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         raise DseError(f"{cols.where}: concurrency and request_rate: give one load per design point "
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
     w["continuous"] = pointwise(lambda a, *on: a | np.any(on, axis=0), asked, *served.values())
+    _routed_checks(cols, w)
     short = pointwise(lambda c, p, m: c & (p > 0) & (p < m), w["continuous"], w["prefill_chunk"], w["max_running"])
     if anywhere(short):
         k = int(np.flatnonzero(short)[0])
@@ -172,6 +182,18 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
     return WorkloadColumns(**w)
+
+
+def _routed_checks(cols: Columns, w: dict) -> None:
+    """DseError where replicas behind a router or sessions meet what they do not model: sessions of
+    several turns in a closed loop, either on disaggregated pools."""
+    if anywhere(pointwise(lambda t, r: (t > 1) & ~(r > 0), w["session_turns"], w["request_rate"])):
+        raise DseError(f"{cols.where}: session_turns: sessions of several turns arrive in an open loop; give "
+                       f"request_rate (turns per second)")
+    for key in ("router_replicas", "session_turns"):
+        if anywhere(pointwise(lambda x, d: (x > 1) & d, w[key], w["disaggregated"])):
+            raise DseError(f"{cols.where}: {key}: replicas behind a router and sessions are modelled for "
+                           f"colocated engines, not disaggregated pools; leave disaggregate out or {key} at 1")
 
 
 def _pools(value) -> tuple[int, int] | None:

@@ -56,6 +56,13 @@ MAX_MOE_SKEW = 100.0
 MAX_REDUNDANT_EXPERTS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
+#: how a router in front of ``router_replicas`` engines picks one (``dse.core.router``)
+ROUTERS = ("round-robin", "least-outstanding", "session-affinity")
+#: the most engine replicas behind one router (``router_replicas``): far above the fleets the simulator
+#: runs; enough to state any real fleet
+MAX_REPLICAS = 4096
+#: the most turns a session may have (``session_turns``): each turn's prompt carries every earlier one
+MAX_TURNS = 1024
 #: which layer prices a GPU's matmuls and attention (``kernel_layer``): the calibrated per-family
 #: fractions (``fitted``), or the kernel model's achieved time per operator shape (``learned``,
 #: ``dse.core.kernel_model``)
@@ -391,6 +398,24 @@ TABLE: tuple[Param, ...] = (
           f"{_CONFIG_ECONOMICS}", zero_allowed=True, flag="--host-cost-share", noun="a share"),
     _cost("network_cost_share", "the network's share of the whole hardware cost, in [0, 1) "
           f"{_CONFIG_ECONOMICS}", zero_allowed=True, below=1.0, flag="--network-cost-share", noun="a share"),
+    # ---- replicas behind a router, and multi-turn sessions (``dse.core.router``, ``dse.core.sessions``)
+    Param("router_replicas", int, default=1, at_most=MAX_REPLICAS, flag="--replicas", flag_default=True,
+          noun="a number of engine replicas",
+          help="continuous batching: engines like this one behind a router sharing the load (request_rate and "
+               "concurrency are the whole fleet's; a point's metrics are one replica's) (default: 1)"),
+    Param("router", str, default="round-robin", choices=ROUTERS, flag="--router", flag_default=True,
+          help="how the router picks a replica: round-robin (in turn), least-outstanding (fewest requests queued "
+               "and running), session-affinity (a session's turns on the replica of its first, which the fewest "
+               "outstanding picked) (default: round-robin)"),
+    Param("session_turns", int, default=1, at_most=MAX_TURNS, flag="--session-turns", flag_default=True,
+          noun="a number of turns",
+          help="continuous batching, open loop: requests come in sessions of this many turns, each turn's "
+               "prompt the session's history (every earlier prompt and output) plus prompt_len new tokens; "
+               "request_rate counts turns (default: 1, no sessions)"),
+    Param("think_time", float, default=0.0, zero_allowed=True, unit="seconds", flag="--think-time",
+          flag_default=True, noun="seconds",
+          help="sessions: mean seconds from a turn's last token to the session's next turn (exponential: "
+               "users and tools vary) (default: 0)"),
 )
 #: each parameter's declaration by name
 SPEC: dict[str, Param] = {p.name: p for p in TABLE}
@@ -446,4 +471,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 __all__ = ["Param", "TABLE", "SPEC", "checked_choice", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
            "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
-           "UNITS", "GROUPS"]
+           "UNITS", "GROUPS", "ROUTERS"]

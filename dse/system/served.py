@@ -15,7 +15,9 @@ from dse.core.engines import reserve_bytes
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
+from dse.core.router import Routed, replica_dispersion, with_sessions
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
+from dse.core.sessions import session_lengths
 from dse.core.simulator import EngineConfig
 from dse.system.columns import Columns
 from dse.system.grouping import DecodePool, Group, ServedSpeculation, ServingInputs, Speculation, positions
@@ -94,6 +96,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     iteration_time = pricer(s.iteration, g.system, eff)
     d_eff = None if s.decode is None else s.decode.efficiency(eff, g.engine, g.kv_group, g.family)
     load = _engine_load(s, g.system, eff, d_eff)
+    if s.routed is not None:                   # a session's history found cached where the router sends it
+        load = with_sessions(load, s.routed, lambda ld: steady_state(ld, iteration_time))
     pooled = load.pools is not None
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
@@ -111,8 +115,11 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     priced = np.isfinite(out["requests_per_s"])   # NaN: an iteration the roofline cannot price (no link)
     if (slo & priced).any():
         at = np.flatnonzero(slo & priced)
+        g_load = _engine_load(s.take(at), g.system.take(at), eff, d_eff)
+        if load.session_cached is not None:    # the hits at the point's own load
+            g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
         good[at] = (disaggregated_goodput if pooled else goodput)(
-                           _engine_load(s.take(at), g.system.take(at), eff, d_eff), pricer(s.iteration, g.system.take(at), eff),
+                           g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
     energy = _serving_energy(g, s, out, load, spec is not None or pooled)
@@ -377,6 +384,10 @@ class ServedPoint:
     decode_step: object = None    # a decode pool of its own layout: its step, engine and ranks (None: the same)
     decode_engine: EngineConfig | None = None
     decode_ranks: int | None = None
+    replicas: int = 1             # engines behind the router (concurrency and request_rate: the fleet's)
+    router: int = 0               # the router's code (``dse.core.router``)
+    session_turns: int = 1        # turns of a session (1: plain requests)
+    think_s: float = 0.0          # sessions: seconds from a turn's last token to the next turn
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
@@ -398,6 +409,18 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                          pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
+    replicas = np.broadcast_to(np.nan_to_num(w.router_replicas[idx], nan=1.0), np.shape(rate)).astype(float)
+    router = np.broadcast_to(w.router[idx], np.shape(rate))
+    turns = int(np.nan_to_num(w.session_turns[i0], nan=1.0))
+    per_turn = lengths.mean_prompt + lengths.mean_gen
+    lengths, history, _ = session_lengths(lengths, turns)          # a session's turns: its history grows
+    routed = None
+    fleet = 1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float)
+    if turns > 1 or np.any(replicas > 1):
+        routed = Routed(replicas, np.asarray(router), turns,
+                        np.broadcast_to(np.nan_to_num(w.think_time[idx], nan=0.0), np.shape(rate)).astype(float),
+                        history / per_turn, per_turn, fleet)
+        conc, rate = conc / replicas, rate / replicas                # one replica's share of the fleet's load
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
     decode = decode_pool(model, sc, w, hw, idx, i0, cap, act, block) if w.disaggregated[i0] and own_decode else None
     d_devices = sc.devices if decode is None else decode.tp * sc.pp * decode.ep
@@ -410,10 +433,11 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
-        dispersion=1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float),
+        dispersion=replica_dispersion(fleet, replicas, router, turns),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
-        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block))
+        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
+        routed=routed)
     return serving, blocks * block * per_token * sc.pp
 
 
@@ -571,6 +595,9 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                                  d.efficiency(eff, g.engine, g.kv_group, g.family), d.ep)
         decode_engine = replace(engine, kv_blocks=max(int(d.kv_blocks[j]), 1))
     conc, rate = s.concurrency[j], s.request_rate[j]
+    r = s.routed
+    n = 1 if r is None else int(r.replicas[j])
+    conc, rate = conc * n, rate * n                  # the fleet's load (the inputs hold one replica's)
     pools = transfer_s = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
@@ -584,10 +611,12 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
             sent = prompt - engine.cached_tokens(prompt)
             return float(link(np.array([[per_token * sent]]), np.zeros(1, dtype=np.int64))[0, 0])
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
-                       None if np.isnan(conc) else int(conc), None if np.isnan(rate) else float(rate),
+                       None if np.isnan(conc) else int(round(conc)), None if np.isnan(rate) else float(rate),
                        eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
-                       1.0 / float(s.dispersion[j]), decode_step, decode_engine,
-                       None if s.decode is None else int(s.decode.ep))
+                       1.0 / float((s.dispersion if r is None else r.dispersion)[j]), decode_step, decode_engine,
+                       None if s.decode is None else int(s.decode.ep), replicas=n,
+                       router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
+                       think_s=0.0 if r is None else float(r.think_s[j]))
 
 
 def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: int):
