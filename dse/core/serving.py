@@ -389,6 +389,25 @@ def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (1.0 - part) * f0 + part * f1, (1.0 - part) * f1 + part * f2
 
 
+def _windows(first: np.ndarray, length: int):
+    """``take(start)``: ``first`` [A, K] (past its end, its last entry) read from ``start`` ([A, J]
+    integers, 0..K) on, [A, J, length]: row (a, j) is first[a, start[a, j]:][:length] (rows
+    copied whole, no gather per entry)."""
+    a, kk = first.shape
+    padded = np.concatenate([first, np.repeat(first[:, -1:], length, axis=1)], axis=1)
+    view = np.lib.stride_tricks.sliding_window_view(padded, length, axis=1)     # [A, K + 1, length]
+    return lambda start: view[np.arange(a)[:, None], start]
+
+
+def _shifted_rows(rows: np.ndarray):
+    """``shift(by)``: the rows [A, J, K] of ``rows`` moved ``by`` ([A, J] integers, 0..K) entries
+    to the right, zeros coming in (what falls off the end dropped), [A, J, K]."""
+    a, jj, kk = rows.shape
+    padded = np.concatenate([np.zeros((a, jj, kk + 1)), rows], axis=2)
+    view = np.lib.stride_tricks.sliding_window_view(padded, kk, axis=2)        # [A, J, K + 2, K]
+    return lambda by: view[np.arange(a)[:, None], np.arange(jj)[None, :], kk + 1 - by]
+
+
 def _overflow(mean, var, room) -> np.ndarray:
     """The share of ``mean`` tokens (variance ``var``) beyond ``room``: E[(S - room)+] / E[S]
     of a normal S (its upper tail: the prompts that wait an iteration more)."""
@@ -572,43 +591,58 @@ class _Chain:
         fit = np.where(pf, np.floor(self.budget[at] / np.maximum(self.whole[at], 1e-300)),
                        room / np.maximum(self.tok[at], 1e-300))
         fit = np.maximum(fit, 1.0)
-        carry = np.zeros((a, kmax + 1)) if closed else np.maximum(j[None, :] - fit[:, None], 0.0)
+        most = np.minimum(fit, kmax + 1)                      # prompts one's own iteration holds at most
+        at_most = _at_count(first, most[:, None])[0][:, 0]     # ... its seconds (a full iteration)
         if closed:
-            arrive = np.broadcast_to(_poisson(x * t, kmax)[:, None, :], (a, kmax + 1, kmax + 1))
-            trans, pi = arrive, arrive[:, 0, :]
+            # arrivals at an iteration's end, as many as finished in it, whatever its length: every
+            # state alike, so one's own iteration and what it waits for are vectors over the counts
+            pi = _poisson(x * t, kmax)
+            t1 = (pi * tau).sum(axis=1)
+            landing = pi
+            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1)
+            at_count, one_more = _at_count(first, np.minimum(j[None, :] + 1.0, most[:, None]))
+            row = np.ones((1, kmax + 1))
+            own = (pi * at_count).sum(axis=1)[:, None] * row
+            own2 = (pi * at_count ** 2).sum(axis=1)[:, None] * row
+            more = (pi * one_more).sum(axis=1)[:, None] * row
+            ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            waits = np.floor(j[None, :] / fit[:, None])
+            wait = (ahead @ waits[:, :, None])[..., 0] * at_most[:, None]
+            wait2 = (ahead @ (waits ** 2)[:, :, None])[..., 0] * at_most[:, None] ** 2
         else:               # state: prompts waiting; the unserved ones stay (a fraction: by chance), arrivals join
+            carry = np.maximum(j[None, :] - fit[:, None], 0.0)
             arrive = arrivals((x[:, None] * tau).ravel(), kmax + 1).reshape(a, kmax + 1, kmax + 1)
             low = np.floor(carry).astype(np.int64)
             part = carry - low
-            trans = np.zeros_like(arrive)
-            for c, share in ((low, 1.0 - part), (low + 1, part)):
-                shift = j[None, None, :] - c[:, :, None]
-                trans += share[:, :, None] * np.where(shift >= 0, np.take_along_axis(arrive, np.clip(shift, 0, kmax),
-                                                                                      axis=2), 0.0)
+            shifted = _shifted_rows(arrive)
+            trans = (1.0 - part)[:, :, None] * shifted(low) + part[:, :, None] * shifted(low + 1)
             trans[:, :, -1] += np.maximum(1.0 - trans.sum(axis=2), 0.0)
             pi = _stationary(trans)
-        t1 = (pi * tau).sum(axis=1)
-        landing = pi if closed else pi * tau / t1[:, None]
-        # a token per iteration, or prefill-first: per decoding iteration (state 0) only
-        tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1)
-        if not closed:      # a sequence sees iterations in proportion to the sequences decoding in them
-            tpot = tpot * self._crowding(r, dec, self.ctx[at])
-        # one's own iteration: one's prompt beside those still waiting and the others that arrived
-        # with it, as many as the budget holds
-        count = np.minimum(carry[:, :, None] + j[None, None, :] + 1, np.minimum(fit, kmax + 1)[:, None, None])
-        at_count, one_more = _at_count(first, count)
-        company = arrive if disp is None or closed else \
-            arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
-        own = (company * at_count).sum(axis=2)
-        own2 = (company * at_count ** 2).sum(axis=2)
-        more = (company * one_more).sum(axis=2)              # ... and one more
-        # full iterations one waits for first: those ahead of it (still waiting, and half of the
-        # arrivals with it), a budget's worth at a time
-        ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
-        full = _at_count(first, np.minimum(fit, kmax + 1)[:, None])[0][:, 0]
-        waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
-        wait = (ahead * waits).sum(axis=2) * full[:, None]
-        wait2 = (ahead * waits ** 2).sum(axis=2) * full[:, None] ** 2
+            t1 = (pi * tau).sum(axis=1)
+            landing = pi * tau / t1[:, None]
+            # a token per iteration, or prefill-first: per decoding iteration (state 0) only; a
+            # sequence sees iterations in proportion to the sequences decoding in them
+            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1) * self._crowding(r, dec, self.ctx[at])
+            # one's own iteration: one's prompt beside those still waiting and the others that
+            # arrived with it, as many as the budget holds (``_at_count`` at carry + j + 1, capped)
+            window = _windows(first, kmax + 1)
+            capped = (carry[:, :, None] + (j + 1.0)[None, None, :]) > most[:, None, None]
+            w1, w2, w3 = (window(low + d) for d in (1, 2, 3))
+            keep = (1.0 - part)[:, :, None]
+            at_count = np.where(capped, at_most[:, None, None], keep * w1 + part[:, :, None] * w2)
+            beyond = _at_count(first, most[:, None])[1][:, 0]
+            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * w3)
+            company = arrive if disp is None else \
+                arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            own = (company * at_count).sum(axis=2)
+            own2 = (company * at_count ** 2).sum(axis=2)
+            more = (company * one_more).sum(axis=2)          # ... and one more
+            # full iterations one waits for first: those ahead of it (still waiting, and half of
+            # the arrivals with it), a budget's worth at a time
+            ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
+            wait = (ahead * waits).sum(axis=2) * at_most[:, None]
+            wait2 = (ahead * waits ** 2).sum(axis=2) * at_most[:, None] ** 2
 
         mean_own = (landing * own).sum(axis=1)
         slope = ((landing * more).sum(axis=1) - mean_own) / np.maximum(np.where(pf, self.whole[at], self.tok[at]),
