@@ -510,24 +510,26 @@ class _Chain:
         zero = np.zeros(len(self.rows))
         return _priced(self.it, self.rows, np.ones(len(self.rows)), self.ctx, zero, zero, zero)
 
-    def state(self, at, x, b, t, longest, closed: bool = False) -> dict:
+    def state(self, at, x, b, t, longest, closed: bool = False, complete: bool = True) -> dict:
         """The chain of points ``at`` at throughput ``x``, running batch ``b`` and mean
         iteration ``t`` ([A']; ``longest``: the longest iteration expected): stationary
         moments [A'] and, per state ([A', J], zero past a point's last state), landing
         probabilities and own-iteration moments. A closed loop's requests arrive as others
         finish, at the end of an iteration, as many as finished in it (Poisson of mean X t,
         whatever its length): no chain, no residual. Points are taken in groups of similar
-        numbers of states, so that a few busy points do not widen every point's chain."""
+        numbers of states, so that a few busy points do not widen every point's chain.
+        ``complete`` False: only what the fixed point of ``_mixed`` reads (t1, tpot, own, longest:
+        no waiting, variances or first decode iteration)."""
         most = x * longest
         wide = 1.0 if self.dispersion is None or closed else np.maximum(self.dispersion[at], 1.0)
         need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6), _MOST_STATES)
         size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
         parts = [(np.flatnonzero(size == v), int(v)) for v in np.unique(size)]
         if len(parts) == 1:
-            return self._state(at, x, b, t, parts[0][1], closed)
+            return self._state(at, x, b, t, parts[0][1], closed, complete)
         out = {}
         for idx, kmax in parts:
-            got = self._state(at[idx], x[idx], b[idx], t[idx], kmax, closed)
+            got = self._state(at[idx], x[idx], b[idx], t[idx], kmax, closed, complete)
             for key, v in got.items():
                 if key not in out:
                     out[key] = np.zeros((len(at),) + ((int(size.max()) + 1,) if v.ndim == 2 else ()))
@@ -552,8 +554,9 @@ class _Chain:
             ratio = (weight * times).sum(axis=1) / (weight.sum(axis=1) * mean)
         return np.where(np.isfinite(ratio) & (dec > 0), ratio, 1.0)
 
-    def _state(self, at, x, b, t, kmax: int, closed: bool) -> dict:
-        """``state`` of points ``at`` with ``kmax`` + 1 states."""
+    def _state(self, at, x, b, t, kmax: int, closed: bool, complete: bool = True) -> dict:
+        """``state`` of points ``at`` with ``kmax`` + 1 states (``complete`` False: only t1, tpot,
+        own and longest)."""
         r = self.rows[at]
         k = np.arange(kmax + 3)[None, :]
         ks, spread = _sampled(kmax + 2)                      # priced at a few k, linear between
@@ -603,6 +606,8 @@ class _Chain:
             at_count, one_more = _at_count(first, np.minimum(j[None, :] + 1.0, most[:, None]))
             row = np.ones((1, kmax + 1))
             own = (pi * at_count).sum(axis=1)[:, None] * row
+            if not complete:
+                return {"t1": t1, "tpot": tpot, "own": (landing * own).sum(axis=1), "longest": tau.max(axis=1)}
             own2 = (pi * at_count ** 2).sum(axis=1)[:, None] * row
             more = (pi * one_more).sum(axis=1)[:, None] * row
             ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
@@ -627,14 +632,15 @@ class _Chain:
             # arrived with it, as many as the budget holds (``_at_count`` at carry + j + 1, capped)
             window = _windows(first, kmax + 1)
             capped = (carry[:, :, None] + (j + 1.0)[None, None, :]) > most[:, None, None]
-            w1, w2, w3 = (window(low + d) for d in (1, 2, 3))
-            keep = (1.0 - part)[:, :, None]
-            at_count = np.where(capped, at_most[:, None, None], keep * w1 + part[:, :, None] * w2)
-            beyond = _at_count(first, most[:, None])[1][:, 0]
-            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * w3)
+            keep, w2 = (1.0 - part)[:, :, None], window(low + 2)
+            at_count = np.where(capped, at_most[:, None, None], keep * window(low + 1) + part[:, :, None] * w2)
             company = arrive if disp is None else \
                 arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
             own = (company * at_count).sum(axis=2)
+            if not complete:
+                return {"t1": t1, "tpot": tpot, "own": (landing * own).sum(axis=1), "longest": tau.max(axis=1)}
+            beyond = _at_count(first, most[:, None])[1][:, 0]
+            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * window(low + 3))
             own2 = (company * at_count ** 2).sum(axis=2)
             more = (company * one_more).sum(axis=2)          # ... and one more
             # full iterations one waits for first: those ahead of it (still waiting, and half of
@@ -669,19 +675,24 @@ class _Chain:
 
 
 def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, *, rate=None,
-           running=None) -> _Mixing:
+           running=None, start=None) -> _Mixing:
     """The mixing regime at a Poisson ``rate`` (requests/s; the running batch follows) or at a
     fixed ``running`` batch (closed loop; the throughput follows), arrays [A]. Each
     iteration prefills the prompts that arrived during the one before beside the sequences
     decoding: the iterations are a Markov chain in the number of prompts they carry (a long
     iteration gathers more arrivals for the next, ``_Chain``); solved for its stationary
-    distribution with the running batch or the throughput, each point until it settles."""
+    distribution with the running batch or the throughput, each point until it settles.
+    ``start``: (mean iteration, running batch) [A] to start from (an open loop's solution at a
+    nearby rate; NaN: from an idle engine)."""
     a = len(rows)
     chain = _Chain(load, cls, iteration_time, rows)
     t = chain.idle()
     given_rate = rate is not None
     x = np.array(rate, dtype=float) if given_rate else running / ((chain.en + chain.es) * t)
     b = np.ones(a) if given_rate else np.array(running, dtype=float)
+    if start is not None and given_rate:
+        near = np.isfinite(start[0]) & np.isfinite(start[1]) & (start[0] > 0) & (start[1] > 0)
+        t, b = np.where(near, start[0], t), np.where(near, np.minimum(start[1], cap), b)
     longest = t.copy()
     # the unknowns u = (mean iteration, running batch or throughput), solved by Anderson
     # acceleration of depth 1 (a secant step on the residual g(u) - u), damped where it strays
@@ -694,7 +705,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
             break
         tl, vl = u[live, 0], u[live, 1]
         bl, xl = (vl, x[live]) if given_rate else (b[live], vl)
-        st = chain.state(live, xl, bl, tl, longest[live], not given_rate)
+        st = chain.state(live, xl, bl, tl, longest[live], not given_rate, complete=False)
         stay = chain.en[live] * st["own"] + chain.es[live] * st["tpot"]   # admission to the end, seconds
         g = np.stack([st["t1"], np.minimum(xl * stay, cap[live]) if given_rate else bl / stay], axis=1)
         f = (g - u[live]) / (np.maximum(np.abs(g), np.abs(u[live])) + 1e-12)   # relative residual
@@ -950,11 +961,12 @@ def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTi
     return out
 
 
-def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
+def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, start=None) -> dict:
     """An open loop at a Poisson ``rate`` [A] below capacity: the mixing regime. Returns b
-    (running batch), ttft and tpot means and their mixtures."""
-    m = _mixed(load, cls, iteration_time, rows, cap, rate=rate)
-    return {"b": m.b, **_mixing_mixtures(m, cls, 0.0)}
+    (running batch), ttft and tpot means and their mixtures, and ``solved`` (mean iteration,
+    running batch: a ``start`` for ``_mixed`` at a nearby rate)."""
+    m = _mixed(load, cls, iteration_time, rows, cap, rate=rate, start=start)
+    return {"b": m.b, "solved": (m.t1, m.b), **_mixing_mixtures(m, cls, 0.0)}
 
 
 def _with_queue(mix, queue):
@@ -1090,9 +1102,12 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
+    last = (np.full(n, np.nan), np.full(n, np.nan))      # each point's open loop at the rate tried last
 
     def meets(rate, idx):
-        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx])
+        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx],
+                       start=(last[0][idx], last[1][idx]))
+        last[0][idx], last[1][idx] = o["solved"]
         ttft = _row_quantile(o["ttft_mix"], q[idx])
         tpot = _row_quantile(o["tpot_mix"], q[idx])
         return (ttft <= ttft_slo[idx]) & (tpot <= tpot_slo[idx])
