@@ -174,7 +174,13 @@ class _Classes:
 
     def mean(self, x: np.ndarray) -> np.ndarray:
         """The request-weighted mean over classes of ``x`` [P, K], [P]."""
-        return x @ self.weight
+        return _dot(x, self.weight)
+
+
+def _dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x`` [P, K] weighted by ``w`` [K] and summed over K, [P]: row by row, so that a point's
+    figure does not depend on the points beside it (a matrix product rounds by its blocking)."""
+    return (x * w).sum(axis=-1)
 
 
 def _classes(load: Load) -> _Classes:
@@ -496,14 +502,14 @@ class _Chain:
         self.budget, self.chunked = load.token_budget, load.chunked
         budget = np.maximum(self.budget - 1.0, 1.0)[:, None]
         self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
-        self.en, self.es = self.n @ w, cls.steps @ w
+        self.en, self.es = _dot(self.n, w), _dot(cls.steps, w)
         chunk = cls.work / self.n
-        self.tok = chunk @ w                                 # prompt tokens an arrival brings per iteration
-        self.chunk_var = np.maximum((chunk ** 2) @ w - self.tok ** 2, 0.0)
-        self.pair = ((cls.pairs / self.n) @ w) / np.maximum(self.tok, 1e-300)
-        self.ends = (1.0 / self.n) @ w
-        self.whole, self.whole_pairs = cls.work @ w, cls.pairs @ w
-        self.ctx = np.where(self.es > 0, ((cls.steps * cls.keys) @ w) / np.maximum(self.es, 1e-300), cls.keys @ w)
+        self.tok = _dot(chunk, w)                                 # prompt tokens an arrival brings per iteration
+        self.chunk_var = np.maximum(_dot(chunk ** 2, w) - self.tok ** 2, 0.0)
+        self.pair = _dot(cls.pairs / self.n, w) / np.maximum(self.tok, 1e-300)
+        self.ends = _dot(1.0 / self.n, w)
+        self.whole, self.whole_pairs = _dot(cls.work, w), _dot(cls.pairs, w)
+        self.ctx = np.where(self.es > 0, _dot(cls.steps * cls.keys, w) / np.maximum(self.es, 1e-300), _dot(cls.keys, w))
 
     def idle(self) -> np.ndarray:
         """Seconds of an iteration decoding one sequence, [A]."""
@@ -583,7 +589,7 @@ class _Chain:
             t_dec[pf] = _priced(self.it, r[pf], bb, bb * self.ctx[at][pf], zero, zero, zero)
             times = np.where(pf[:, None], np.where(ks > 0, alone, t_dec[:, None]), times)
             first = np.where(pf[:, None], alone, first)
-        times, first = times @ spread, first @ spread
+        times, first = (np.einsum("as,sk->ak", v, spread) for v in (times, first))   # row by row
         # prompts past the budget wait for the next iteration: the share of a k-prompt iteration's
         # tokens that does not fit (prompt sizes spread; normal partial expectation), one more iteration
         first = first + _overflow(k * self.tok[at][:, None], k * self.chunk_var[at][:, None], room[:, None]) * t[:, None]
@@ -748,18 +754,18 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     extra = (cls.work / m.n - m.tok[:, None]) * m.slope[:, None]              # [A, K] per own iteration
     var_own = np.maximum(m.own2 - m.own ** 2, 0.0)                             # [A, J]
     # TTFT of class k from state j: tau_j U + queue + n_k (own_j + extra_k)
-    en = m.n @ w
+    en = _dot(m.n, w)
     midway = 0.0 if m.closed else 1.0                   # a closed loop's arrivals wait for no iteration to end
     # the rest of an iteration of state j, landed in uniformly (its length varying: E[T^2] / 2E[T])
     with np.errstate(invalid="ignore", divide="ignore"):
         rest = np.where(m.tau > 0, (m.tau ** 2 + m.tau_var) / (2.0 * m.tau), 0.0)
         rest_var = np.where(m.tau > 0, (m.tau ** 2 + 3.0 * m.tau_var) / 3.0 - rest ** 2, 0.0)
-    mean_j = midway * rest + queue[:, None] + m.wait + en[:, None] * m.own + ((m.n * extra) @ w)[:, None]
+    mean_j = midway * rest + queue[:, None] + m.wait + en[:, None] * m.own + _dot(m.n * extra, w)[:, None]
     # the classes' spread: Var_k(n_k own_j + n_k extra_k)
     ne = m.n * extra
-    var_n, var_ne = m.n ** 2 @ w - en ** 2, ne ** 2 @ w - (ne @ w) ** 2
-    cov = (m.n * ne) @ w - en * (ne @ w)
-    within = (cls.prompt_var * m.slope[:, None] ** 2) @ w              # lengths spread inside a class
+    var_n, var_ne = _dot(m.n ** 2, w) - en ** 2, _dot(ne ** 2, w) - _dot(ne, w) ** 2
+    cov = _dot(m.n * ne, w) - en * _dot(ne, w)
+    within = _dot(cls.prompt_var * m.slope[:, None] ** 2, w)              # lengths spread inside a class
     class_var = np.maximum(m.own ** 2 * var_n[:, None] + var_ne[:, None] + 2.0 * m.own * cov[:, None], 0.0) \
         + within[:, None]
     var_j = (midway * np.maximum(rest_var, 0.0) + en[:, None] * var_own + class_var
@@ -790,7 +796,7 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
     tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
     e2e = ttft_k + decode_k
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e @ w, "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
+    return {"ttft": ttft, "tpot": tpot, "e2e": _dot(e2e, w), "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
             "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
@@ -830,13 +836,13 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     its concurrency, [A]), T (seconds of such an iteration), b (sequences in the engine: the
     d decoding, the p / c prefilling and the one a chunk boundary splits) and steps (s)."""
     w = cls.weight
-    c = np.maximum(cls.work @ w, 1e-300)
-    s = cls.steps @ w
+    c = np.maximum(_dot(cls.work, w), 1e-300)
+    s = _dot(cls.steps, w)
     budget = load.token_budget
     p = budget * c / (c + s)
     d = budget - p
-    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
-    pair = (cls.pairs @ w) / c
+    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    pair = _dot(cls.pairs, w) / c
     ends = p / c
     t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
     return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
@@ -857,9 +863,9 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
     N past the full engine's d + p / c it is ``_full``'s engine."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     w = cls.weight
-    c = np.maximum(cls.work @ w, 1e-300)
-    s = cls.steps @ w
-    var = np.maximum((cls.work ** 2) @ w - c ** 2, 0.0) + cls.prompt_var @ w
+    c = np.maximum(_dot(cls.work, w), 1e-300)
+    s = _dot(cls.steps, w)
+    var = np.maximum(_dot(cls.work ** 2, w) - c ** 2, 0.0) + _dot(cls.prompt_var, w)
     budget = load.token_budget
     n = np.asarray(running, dtype=float)
 
@@ -880,8 +886,8 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
         full = np.where(v > 0, ndtr((mean - room) / np.sqrt(v)), (mean >= room).astype(float))
     full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
     part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
-    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
-    pair = (cls.pairs @ w) / c
+    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    pair = _dot(cls.pairs, w) / c
     toks = np.stack([room, part], 1)
     t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
     mean = full * t[:, 0] + (1.0 - full) * t[:, 1]
