@@ -545,19 +545,23 @@ class _Chain:
                     out[key][idx] = v
         return out
 
-    def _crowding(self, r, dec, ctx) -> np.ndarray:
-        """E[d T(d)] / (E[d] T(E[d])) of a decoding iteration whose d sequences vary as in an
-        open loop (Poisson about ``dec``, at five normal nodes): how much longer the iterations a
-        sequence decodes in are than the mean one (more for a mixture of experts, whose next
-        token touches new experts), [A']."""
+    @staticmethod
+    def _crowded(dec) -> np.ndarray:
+        """The decoders an open loop's iteration holds at five normal nodes about ``dec`` (their
+        count Poisson), then ``dec`` itself, [A', 6]: where ``_crowding`` prices the iteration."""
         spread = np.sqrt(np.maximum(dec, 0.0))[:, None] * _NODES[None, :]
-        d = np.maximum(dec[:, None] + spread, 0.0)
-        zero = np.zeros(1)
-        times = _priced(self.it, r, d, d * ctx[:, None], zero, zero, zero)
-        weight = _NODE_WEIGHTS[None, :] * d
-        mean = _priced(self.it, r, dec, dec * ctx, zero, zero, zero)
+        return np.concatenate([np.maximum(dec[:, None] + spread, 0.0), dec[:, None]], axis=1)
+
+    @staticmethod
+    def _crowding(dec, d, times) -> np.ndarray:
+        """E[d T(d)] / (E[d] T(E[d])) of a decoding iteration whose d sequences vary as in an
+        open loop (Poisson about ``dec``, at the five normal nodes of ``_crowded``, ``d`` [A', 6],
+        the iteration ``times`` there): how much longer the iterations a sequence decodes in are
+        than the mean one (more for a mixture of experts, whose next token touches new
+        experts), [A']."""
+        weight = _NODE_WEIGHTS[None, :] * d[:, :-1]
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = (weight * times).sum(axis=1) / (weight.sum(axis=1) * mean)
+            ratio = (weight * times[:, :-1]).sum(axis=1) / (weight.sum(axis=1) * times[:, -1])
         return np.where(np.isfinite(ratio) & (dec > 0), ratio, 1.0)
 
     def _state(self, at, x, b, t, kmax: int, closed: bool, complete: bool = True) -> dict:
@@ -575,8 +579,17 @@ class _Chain:
         dec = np.where(self.es[at] > 0, np.maximum(b - x * t * self.en[at], 0.0), 0.0)   # none: a prefill pool
         room = np.maximum(self.budget[at] - dec, 1.0)
         chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
-        times = first = _priced(self.it, r, dec[:, None], (dec * self.ctx[at])[:, None], chunk,
-                                chunk * self.pair[at][:, None], ks * self.ends[at][:, None])
+        parts = [np.broadcast_to(v, chunk.shape) for v in (dec[:, None], (dec * self.ctx[at])[:, None], chunk,
+                                                            chunk * self.pair[at][:, None], ks * self.ends[at][:, None])]
+        if not closed:         # and (one call) the decoding iterations ``_crowding`` weighs
+            crowd = self._crowded(dec)
+            none = np.zeros_like(crowd)
+            parts = [np.concatenate([v, c], axis=1) for v, c in zip(parts, (crowd, crowd * self.ctx[at][:, None],
+                                                                          none, none, none))]
+        times = first = _priced(self.it, r, *parts)
+        if not closed:
+            times, crowd_times = times[:, :chunk.shape[1]], times[:, chunk.shape[1]:]
+            times = first = np.ascontiguousarray(times)
         pf = ~self.chunked[at]
         if pf.any():           # prefill-first: k whole prompts in an iteration of their own; none: a decoding one
             alone = np.zeros_like(times)
@@ -633,7 +646,7 @@ class _Chain:
             landing = pi * tau / t1[:, None]
             # a token per iteration, or prefill-first: per decoding iteration (state 0) only; a
             # sequence sees iterations in proportion to the sequences decoding in them
-            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1) * self._crowding(r, dec, self.ctx[at])
+            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1) * self._crowding(dec, crowd, crowd_times)
             # one's own iteration: one's prompt beside those still waiting and the others that
             # arrived with it, as many as the budget holds (``_at_count`` at carry + j + 1, capped)
             window = _windows(first, kmax + 1)
