@@ -6,23 +6,50 @@ loop (Poisson, 0.5 to 15 requests/s; past a design's capacity a point is saturat
 fixed and lognormal lengths; goodput under a TTFT and a TPOT SLO; disaggregated pools. Per point: the iteration model priced by the roofline, the steady state, the
 percentiles and, for goodput, the bisection over the request rate.
 
-    python benchmarks/bench_serving.py [points] [--memory [--slice N]]
+    python benchmarks/bench_serving.py [points] [--only CASE] [--against DIR]
+    python benchmarks/bench_serving.py [points] --memory [--case CASE] [--slice N]
+    python benchmarks/bench_serving.py --study [NAME] [--against DIR]
 
 ``--memory``: one ``evaluate`` of the open loop with lognormal lengths (the case whose
 steady state holds the most per point) and nothing else, its wall time and the process's
 peak resident memory (``getrusage``; run it under ``/usr/bin/time -v`` for the kernel's
 figure of the whole process). The evaluator prices served points in slices of
 ``dse.system.served.SERVED_SLICE``, so the peak should not grow with the points; ``--slice N``
-prices them N at a time instead (0: the whole group in one call, as before slicing).
+prices them N at a time instead (0: the whole group in one call, as before slicing); ``--case``
+runs another case's points (``goodput ...``: a served sweep under SLOs, e.g. 10^5 points).
+
+``--study``: the shipped served study (``capacity-planning`` by default) end to end, ``python -m
+dse.study run NAME`` in a child process: its wall time and the CPU seconds it used (this box is
+shared: CPU seconds are the steadier figure).
+
+``--against DIR``: every line run twice, alternately, with the ``dse`` of checkout DIR (e.g. main,
+or the previous commit's ``git worktree``) and with this one's, each in its own child process,
+so both see the same load (figures side by side in one run).
+
+Measured (2 loaded cores, CPU seconds on one core, ``512 --only CASE --against`` main at 6a6ac11,
+before -> after the batched chain): closed loop, lognormal lengths 508 -> 1,049 points/s; open loop,
+fixed lengths 1,334 -> 2,176; open loop, lognormal lengths 143 -> 829; goodput 62 -> 125;
+``--study capacity-planning`` 11.5 -> 7.9 CPU-s, ``serving-cost`` 2.5 -> 2.3 CPU-s (its 84 points
+are closed-loop waves: fixed costs); ``10000 --memory`` 201 s at 376 MiB -> 12 s at 157 MiB.
 """
-import argparse
-import resource
-import time
+import os
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")     # one core: CPU seconds are one core's
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from dse.system import served
-from dse.system.evaluator import evaluate
+import argparse  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dse.system import served  # noqa: E402
+from dse.system.evaluator import evaluate  # noqa: E402
 
 CASES = {
     "closed, fixed lengths": {"concurrency": "closed"},
@@ -34,6 +61,8 @@ CASES = {
 }
 #: the case ``--memory`` runs
 MEMORY_CASE = "open, lognormal lengths"
+#: this checkout
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def columns(points: int, case: dict) -> dict:
@@ -46,30 +75,63 @@ def columns(points: int, case: dict) -> dict:
     return {**fixed, **hw, **{k: (load[v] if isinstance(v, str) and v in load else v) for k, v in case.items()}}
 
 
-def memory(points: int) -> None:
-    """One evaluate of MEMORY_CASE: wall time and peak resident memory of this process."""
-    cols = columns(points, CASES[MEMORY_CASE])
+def memory(points: int, case: str = MEMORY_CASE) -> None:
+    """One evaluate of ``case``: wall time and peak resident memory of this process."""
+    cols = columns(points, CASES[case])
     t = time.perf_counter()
     out = evaluate(cols)
     dt = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: kilobytes
     slices = "one call" if served.SERVED_SLICE >= points else f"slices of {served.SERVED_SLICE:,}"
-    print(f"[memory] {MEMORY_CASE}, {points:,} points, {slices}: evaluate {dt:.2f} s ({points / dt:,.0f} points/s), "
+    print(f"[memory] {case}, {points:,} points, {slices}: evaluate {dt:.2f} s ({points / dt:,.0f} points/s), "
           f"peak resident memory {peak / 2**20:,.0f} MiB ({int(out['feasible'].sum()):,} feasible)")
 
 
-def main(points: int = 2_000, repeats: int = 3):
+def study(name: str) -> None:
+    """``dse.study run NAME`` end to end in a child process: wall time and CPU seconds."""
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "dse.study", "run", name, "--out", str(Path(out) / name)],
+                              capture_output=True, text=True)
+        dt = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    status = "ok" if done.returncode == 0 else f"failed: {(done.stderr.strip().splitlines() or [''])[-1]}"
+    print(f"[study] run {name}: wall {dt:.1f} s, CPU {cpu:.1f} s ({status})")
+
+
+def side_by_side(other: str, argv: list[str]) -> None:
+    """Each line of this benchmark run with checkout ``other``'s dse, then this one's, alternately."""
+    lines = [["--study", a] for a in argv[argv.index("--study") + 1:][:1]] if "--study" in argv else None
+    if lines is None:
+        only = [argv[argv.index("--only") + 1]] if "--only" in argv else list(CASES)
+        points = [a for a in argv if a.isdigit()][:1]
+        lines = [[*points, "--only", c] for c in only]
+    for line in lines:
+        for label, root in (("before", Path(other).resolve()), ("after ", ROOT)):
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *line], cwd=root, env=env,
+                                  capture_output=True, text=True)
+            text = done.stdout.strip() or (done.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"{label} {text}", flush=True)
+
+
+def main(points: int = 2_000, repeats: int = 3, only: str | None = None):
     for name, case in CASES.items():
+        if only is not None and name != only:
+            continue
         cols = columns(points, case)
         evaluate({k: (v[:10] if isinstance(v, np.ndarray) else v) for k, v in cols.items()})   # warm the caches
-        times = []
+        times, cpus = [], []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = evaluate(cols)
             times.append(time.perf_counter() - t)
-        median = sorted(times)[len(times) // 2]
-        print(f"{name:45s} {points:,} points: median {median:.2f} s = {points / median:,.0f} served points/s "
-              f"({int(out['feasible'].sum()):,} feasible)")
+            cpus.append(time.process_time() - c)
+        median, cpu = sorted(times)[len(times) // 2], sorted(cpus)[len(cpus) // 2]
+        print(f"{name:45s} {points:,} points: median CPU {cpu:.2f} s = {points / cpu:,.0f} served points/s "
+              f"on one core (wall {median:.2f} s; {int(out['feasible'].sum()):,} feasible)")
 
 
 if __name__ == "__main__":
@@ -78,7 +140,19 @@ if __name__ == "__main__":
     ap.add_argument("--memory", action="store_true", help="one evaluate of the open lognormal case: time, peak memory")
     ap.add_argument("--slice", type=int, default=None,
                     help="served points priced at once (default SERVED_SLICE; 0: a whole group in one call)")
+    ap.add_argument("--case", default=MEMORY_CASE, choices=list(CASES), help="the case --memory runs")
+    ap.add_argument("--only", default=None, choices=list(CASES), help="run this case alone")
+    ap.add_argument("--study", nargs="?", const="capacity-planning", default=None,
+                    help="a shipped served study end to end (default capacity-planning)")
+    ap.add_argument("--against", default=None, help="another checkout: every line run with its dse, then this one's")
     args = ap.parse_args()
     if args.slice is not None:
         served.SERVED_SLICE = args.slice or 2**62
-    memory(args.points) if args.memory else main(args.points)
+    if args.against:
+        side_by_side(args.against, sys.argv[1:])
+    elif args.study:
+        study(args.study)
+    elif args.memory:
+        memory(args.points, args.case)
+    else:
+        main(args.points, only=args.only)

@@ -181,7 +181,13 @@ class _Classes:
 
     def mean(self, x: np.ndarray) -> np.ndarray:
         """The request-weighted mean over classes of ``x`` [P, K], [P]."""
-        return x @ self.weight
+        return _dot(x, self.weight)
+
+
+def _dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x`` [P, K] weighted by ``w`` [K] and summed over K, [P]: row by row, so that a point's
+    figure does not depend on the points beside it (a matrix product rounds by its blocking)."""
+    return (x * w).sum(axis=-1)
 
 
 def _classes(load: Load) -> _Classes:
@@ -402,6 +408,25 @@ def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (1.0 - part) * f0 + part * f1, (1.0 - part) * f1 + part * f2
 
 
+def _windows(first: np.ndarray, length: int):
+    """``take(start)``: ``first`` [A, K] (past its end, its last entry) read from ``start`` ([A, J]
+    integers, 0..K) on, [A, J, length]: row (a, j) is first[a, start[a, j]:][:length] (rows
+    copied whole, no gather per entry)."""
+    a, kk = first.shape
+    padded = np.concatenate([first, np.repeat(first[:, -1:], length, axis=1)], axis=1)
+    view = np.lib.stride_tricks.sliding_window_view(padded, length, axis=1)     # [A, K + 1, length]
+    return lambda start: view[np.arange(a)[:, None], start]
+
+
+def _shifted_rows(rows: np.ndarray):
+    """``shift(by)``: the rows [A, J, K] of ``rows`` moved ``by`` ([A, J] integers, 0..K) entries
+    to the right, zeros coming in (what falls off the end dropped), [A, J, K]."""
+    a, jj, kk = rows.shape
+    padded = np.concatenate([np.zeros((a, jj, kk + 1)), rows], axis=2)
+    view = np.lib.stride_tricks.sliding_window_view(padded, kk, axis=2)        # [A, J, K + 2, K]
+    return lambda by: view[np.arange(a)[:, None], np.arange(jj)[None, :], kk + 1 - by]
+
+
 def _overflow(mean, var, room) -> np.ndarray:
     """The share of ``mean`` tokens (variance ``var``) beyond ``room``: E[(S - room)+] / E[S]
     of a normal S (its upper tail: the prompts that wait an iteration more)."""
@@ -490,38 +515,40 @@ class _Chain:
         self.budget, self.chunked = load.token_budget, load.chunked
         budget = np.maximum(self.budget - 1.0, 1.0)[:, None]
         self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
-        self.en, self.es = self.n @ w, cls.steps @ w
+        self.en, self.es = _dot(self.n, w), _dot(cls.steps, w)
         chunk = cls.work / self.n
-        self.tok = chunk @ w                                 # prompt tokens an arrival brings per iteration
-        self.chunk_var = np.maximum((chunk ** 2) @ w - self.tok ** 2, 0.0)
-        self.pair = ((cls.pairs / self.n) @ w) / np.maximum(self.tok, 1e-300)
-        self.ends = (1.0 / self.n) @ w
-        self.whole, self.whole_pairs = cls.work @ w, cls.pairs @ w
-        self.ctx = np.where(self.es > 0, ((cls.steps * cls.keys) @ w) / np.maximum(self.es, 1e-300), cls.keys @ w)
+        self.tok = _dot(chunk, w)                                 # prompt tokens an arrival brings per iteration
+        self.chunk_var = np.maximum(_dot(chunk ** 2, w) - self.tok ** 2, 0.0)
+        self.pair = _dot(cls.pairs / self.n, w) / np.maximum(self.tok, 1e-300)
+        self.ends = _dot(1.0 / self.n, w)
+        self.whole, self.whole_pairs = _dot(cls.work, w), _dot(cls.pairs, w)
+        self.ctx = np.where(self.es > 0, _dot(cls.steps * cls.keys, w) / np.maximum(self.es, 1e-300), _dot(cls.keys, w))
 
     def idle(self) -> np.ndarray:
         """Seconds of an iteration decoding one sequence, [A]."""
         zero = np.zeros(len(self.rows))
         return _priced(self.it, self.rows, np.ones(len(self.rows)), self.ctx, zero, zero, zero)
 
-    def state(self, at, x, b, t, longest, closed: bool = False) -> dict:
+    def state(self, at, x, b, t, longest, closed: bool = False, complete: bool = True) -> dict:
         """The chain of points ``at`` at throughput ``x``, running batch ``b`` and mean
         iteration ``t`` ([A']; ``longest``: the longest iteration expected): stationary
         moments [A'] and, per state ([A', J], zero past a point's last state), landing
         probabilities and own-iteration moments. A closed loop's requests arrive as others
         finish, at the end of an iteration, as many as finished in it (Poisson of mean X t,
         whatever its length): no chain, no residual. Points are taken in groups of similar
-        numbers of states, so that a few busy points do not widen every point's chain."""
+        numbers of states, so that a few busy points do not widen every point's chain.
+        ``complete`` False: only what the fixed point of ``_mixed`` reads (t1, tpot, own, longest:
+        no waiting, variances or first decode iteration)."""
         most = x * longest
         wide = 1.0 if self.dispersion is None or closed else np.maximum(self.dispersion[at], 1.0)
         need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6), _MOST_STATES)
         size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
         parts = [(np.flatnonzero(size == v), int(v)) for v in np.unique(size)]
         if len(parts) == 1:
-            return self._state(at, x, b, t, parts[0][1], closed)
+            return self._state(at, x, b, t, parts[0][1], closed, complete)
         out = {}
         for idx, kmax in parts:
-            got = self._state(at[idx], x[idx], b[idx], t[idx], kmax, closed)
+            got = self._state(at[idx], x[idx], b[idx], t[idx], kmax, closed, complete)
             for key, v in got.items():
                 if key not in out:
                     out[key] = np.zeros((len(at),) + ((int(size.max()) + 1,) if v.ndim == 2 else ()))
@@ -531,23 +558,28 @@ class _Chain:
                     out[key][idx] = v
         return out
 
-    def _crowding(self, r, dec, ctx) -> np.ndarray:
-        """E[d T(d)] / (E[d] T(E[d])) of a decoding iteration whose d sequences vary as in an
-        open loop (Poisson about ``dec``, at five normal nodes): how much longer the iterations a
-        sequence decodes in are than the mean one (more for a mixture of experts, whose next
-        token touches new experts), [A']."""
+    @staticmethod
+    def _crowded(dec) -> np.ndarray:
+        """The decoders an open loop's iteration holds at five normal nodes about ``dec`` (their
+        count Poisson), then ``dec`` itself, [A', 6]: where ``_crowding`` prices the iteration."""
         spread = np.sqrt(np.maximum(dec, 0.0))[:, None] * _NODES[None, :]
-        d = np.maximum(dec[:, None] + spread, 0.0)
-        zero = np.zeros(1)
-        times = _priced(self.it, r, d, d * ctx[:, None], zero, zero, zero)
-        weight = _NODE_WEIGHTS[None, :] * d
-        mean = _priced(self.it, r, dec, dec * ctx, zero, zero, zero)
+        return np.concatenate([np.maximum(dec[:, None] + spread, 0.0), dec[:, None]], axis=1)
+
+    @staticmethod
+    def _crowding(dec, d, times) -> np.ndarray:
+        """E[d T(d)] / (E[d] T(E[d])) of a decoding iteration whose d sequences vary as in an
+        open loop (Poisson about ``dec``, at the five normal nodes of ``_crowded``, ``d`` [A', 6],
+        the iteration ``times`` there): how much longer the iterations a sequence decodes in are
+        than the mean one (more for a mixture of experts, whose next token touches new
+        experts), [A']."""
+        weight = _NODE_WEIGHTS[None, :] * d[:, :-1]
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = (weight * times).sum(axis=1) / (weight.sum(axis=1) * mean)
+            ratio = (weight * times[:, :-1]).sum(axis=1) / (weight.sum(axis=1) * times[:, -1])
         return np.where(np.isfinite(ratio) & (dec > 0), ratio, 1.0)
 
-    def _state(self, at, x, b, t, kmax: int, closed: bool) -> dict:
-        """``state`` of points ``at`` with ``kmax`` + 1 states."""
+    def _state(self, at, x, b, t, kmax: int, closed: bool, complete: bool = True) -> dict:
+        """``state`` of points ``at`` with ``kmax`` + 1 states (``complete`` False: only t1, tpot,
+        own and longest)."""
         r = self.rows[at]
         k = np.arange(kmax + 3)[None, :]
         ks, spread = _sampled(kmax + 2)                      # priced at a few k, linear between
@@ -560,8 +592,17 @@ class _Chain:
         dec = np.where(self.es[at] > 0, np.maximum(b - x * t * self.en[at], 0.0), 0.0)   # none: a prefill pool
         room = np.maximum(self.budget[at] - dec, 1.0)
         chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
-        times = first = _priced(self.it, r, dec[:, None], (dec * self.ctx[at])[:, None], chunk,
-                                chunk * self.pair[at][:, None], ks * self.ends[at][:, None])
+        parts = [np.broadcast_to(v, chunk.shape) for v in (dec[:, None], (dec * self.ctx[at])[:, None], chunk,
+                                                            chunk * self.pair[at][:, None], ks * self.ends[at][:, None])]
+        if not closed:         # and (one call) the decoding iterations ``_crowding`` weighs
+            crowd = self._crowded(dec)
+            none = np.zeros_like(crowd)
+            parts = [np.concatenate([v, c], axis=1) for v, c in zip(parts, (crowd, crowd * self.ctx[at][:, None],
+                                                                          none, none, none))]
+        times = first = _priced(self.it, r, *parts)
+        if not closed:
+            times, crowd_times = times[:, :chunk.shape[1]], times[:, chunk.shape[1]:]
+            times = first = np.ascontiguousarray(times)
         pf = ~self.chunked[at]
         if pf.any():           # prefill-first: k whole prompts in an iteration of their own; none: a decoding one
             alone = np.zeros_like(times)
@@ -574,7 +615,7 @@ class _Chain:
             t_dec[pf] = _priced(self.it, r[pf], bb, bb * self.ctx[at][pf], zero, zero, zero)
             times = np.where(pf[:, None], np.where(ks > 0, alone, t_dec[:, None]), times)
             first = np.where(pf[:, None], alone, first)
-        times, first = times @ spread, first @ spread
+        times, first = (np.einsum("as,sk->ak", v, spread) for v in (times, first))   # row by row
         # prompts past the budget wait for the next iteration: the share of a k-prompt iteration's
         # tokens that does not fit (prompt sizes spread; normal partial expectation), one more iteration
         first = first + _overflow(k * self.tok[at][:, None], k * self.chunk_var[at][:, None], room[:, None]) * t[:, None]
@@ -585,43 +626,61 @@ class _Chain:
         fit = np.where(pf, np.floor(self.budget[at] / np.maximum(self.whole[at], 1e-300)),
                        room / np.maximum(self.tok[at], 1e-300))
         fit = np.maximum(fit, 1.0)
-        carry = np.zeros((a, kmax + 1)) if closed else np.maximum(j[None, :] - fit[:, None], 0.0)
+        most = np.minimum(fit, kmax + 1)                      # prompts one's own iteration holds at most
+        at_most = _at_count(first, most[:, None])[0][:, 0]     # ... its seconds (a full iteration)
         if closed:
-            arrive = np.broadcast_to(_poisson(x * t, kmax)[:, None, :], (a, kmax + 1, kmax + 1))
-            trans, pi = arrive, arrive[:, 0, :]
+            # arrivals at an iteration's end, as many as finished in it, whatever its length: every
+            # state alike, so one's own iteration and what it waits for are vectors over the counts
+            pi = _poisson(x * t, kmax)
+            t1 = (pi * tau).sum(axis=1)
+            landing = pi
+            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1)
+            at_count, one_more = _at_count(first, np.minimum(j[None, :] + 1.0, most[:, None]))
+            row = np.ones((1, kmax + 1))
+            own = (pi * at_count).sum(axis=1)[:, None] * row
+            if not complete:
+                return {"t1": t1, "tpot": tpot, "own": (landing * own).sum(axis=1), "longest": tau.max(axis=1)}
+            own2 = (pi * at_count ** 2).sum(axis=1)[:, None] * row
+            more = (pi * one_more).sum(axis=1)[:, None] * row
+            ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            waits = np.floor(j[None, :] / fit[:, None])
+            wait = (ahead @ waits[:, :, None])[..., 0] * at_most[:, None]
+            wait2 = (ahead @ (waits ** 2)[:, :, None])[..., 0] * at_most[:, None] ** 2
         else:               # state: prompts waiting; the unserved ones stay (a fraction: by chance), arrivals join
+            carry = np.maximum(j[None, :] - fit[:, None], 0.0)
             arrive = arrivals((x[:, None] * tau).ravel(), kmax + 1).reshape(a, kmax + 1, kmax + 1)
             low = np.floor(carry).astype(np.int64)
             part = carry - low
-            trans = np.zeros_like(arrive)
-            for c, share in ((low, 1.0 - part), (low + 1, part)):
-                shift = j[None, None, :] - c[:, :, None]
-                trans += share[:, :, None] * np.where(shift >= 0, np.take_along_axis(arrive, np.clip(shift, 0, kmax),
-                                                                                      axis=2), 0.0)
+            shifted = _shifted_rows(arrive)
+            trans = (1.0 - part)[:, :, None] * shifted(low) + part[:, :, None] * shifted(low + 1)
             trans[:, :, -1] += np.maximum(1.0 - trans.sum(axis=2), 0.0)
             pi = _stationary(trans)
-        t1 = (pi * tau).sum(axis=1)
-        landing = pi if closed else pi * tau / t1[:, None]
-        # a token per iteration, or prefill-first: per decoding iteration (state 0) only
-        tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1)
-        if not closed:      # a sequence sees iterations in proportion to the sequences decoding in them
-            tpot = tpot * self._crowding(r, dec, self.ctx[at])
-        # one's own iteration: one's prompt beside those still waiting and the others that arrived
-        # with it, as many as the budget holds
-        count = np.minimum(carry[:, :, None] + j[None, None, :] + 1, np.minimum(fit, kmax + 1)[:, None, None])
-        at_count, one_more = _at_count(first, count)
-        company = arrive if disp is None or closed else \
-            arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
-        own = (company * at_count).sum(axis=2)
-        own2 = (company * at_count ** 2).sum(axis=2)
-        more = (company * one_more).sum(axis=2)              # ... and one more
-        # full iterations one waits for first: those ahead of it (still waiting, and half of the
-        # arrivals with it), a budget's worth at a time
-        ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
-        full = _at_count(first, np.minimum(fit, kmax + 1)[:, None])[0][:, 0]
-        waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
-        wait = (ahead * waits).sum(axis=2) * full[:, None]
-        wait2 = (ahead * waits ** 2).sum(axis=2) * full[:, None] ** 2
+            t1 = (pi * tau).sum(axis=1)
+            landing = pi * tau / t1[:, None]
+            # a token per iteration, or prefill-first: per decoding iteration (state 0) only; a
+            # sequence sees iterations in proportion to the sequences decoding in them
+            tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1) * self._crowding(dec, crowd, crowd_times)
+            # one's own iteration: one's prompt beside those still waiting and the others that
+            # arrived with it, as many as the budget holds (``_at_count`` at carry + j + 1, capped)
+            window = _windows(first, kmax + 1)
+            capped = (carry[:, :, None] + (j + 1.0)[None, None, :]) > most[:, None, None]
+            keep, w2 = (1.0 - part)[:, :, None], window(low + 2)
+            at_count = np.where(capped, at_most[:, None, None], keep * window(low + 1) + part[:, :, None] * w2)
+            company = arrive if disp is None else \
+                arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            own = (company * at_count).sum(axis=2)
+            if not complete:
+                return {"t1": t1, "tpot": tpot, "own": (landing * own).sum(axis=1), "longest": tau.max(axis=1)}
+            beyond = _at_count(first, most[:, None])[1][:, 0]
+            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * window(low + 3))
+            own2 = (company * at_count ** 2).sum(axis=2)
+            more = (company * one_more).sum(axis=2)          # ... and one more
+            # full iterations one waits for first: those ahead of it (still waiting, and half of
+            # the arrivals with it), a budget's worth at a time
+            ahead = arrivals((x[:, None] * tau / 2.0).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
+            waits = np.floor((carry[:, :, None] + j[None, None, :]) / fit[:, None, None])
+            wait = (ahead * waits).sum(axis=2) * at_most[:, None]
+            wait2 = (ahead * waits ** 2).sum(axis=2) * at_most[:, None] ** 2
 
         mean_own = (landing * own).sum(axis=1)
         slope = ((landing * more).sum(axis=1) - mean_own) / np.maximum(np.where(pf, self.whole[at], self.tok[at]),
@@ -648,19 +707,24 @@ class _Chain:
 
 
 def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, *, rate=None,
-           running=None) -> _Mixing:
+           running=None, start=None) -> _Mixing:
     """The mixing regime at a Poisson ``rate`` (requests/s; the running batch follows) or at a
     fixed ``running`` batch (closed loop; the throughput follows), arrays [A]. Each
     iteration prefills the prompts that arrived during the one before beside the sequences
     decoding: the iterations are a Markov chain in the number of prompts they carry (a long
     iteration gathers more arrivals for the next, ``_Chain``); solved for its stationary
-    distribution with the running batch or the throughput, each point until it settles."""
+    distribution with the running batch or the throughput, each point until it settles.
+    ``start``: (mean iteration, running batch) [A] to start from (an open loop's solution at a
+    nearby rate; NaN: from an idle engine)."""
     a = len(rows)
     chain = _Chain(load, cls, iteration_time, rows)
     t = chain.idle()
     given_rate = rate is not None
     x = np.array(rate, dtype=float) if given_rate else running / ((chain.en + chain.es) * t)
     b = np.ones(a) if given_rate else np.array(running, dtype=float)
+    if start is not None and given_rate:
+        near = np.isfinite(start[0]) & np.isfinite(start[1]) & (start[0] > 0) & (start[1] > 0)
+        t, b = np.where(near, start[0], t), np.where(near, np.minimum(start[1], cap), b)
     longest = t.copy()
     # the unknowns u = (mean iteration, running batch or throughput), solved by Anderson
     # acceleration of depth 1 (a secant step on the residual g(u) - u), damped where it strays
@@ -673,7 +737,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
             break
         tl, vl = u[live, 0], u[live, 1]
         bl, xl = (vl, x[live]) if given_rate else (b[live], vl)
-        st = chain.state(live, xl, bl, tl, longest[live], not given_rate)
+        st = chain.state(live, xl, bl, tl, longest[live], not given_rate, complete=False)
         stay = chain.en[live] * st["own"] + chain.es[live] * st["tpot"]   # admission to the end, seconds
         g = np.stack([st["t1"], np.minimum(xl * stay, cap[live]) if given_rate else bl / stay], axis=1)
         f = (g - u[live]) / (np.maximum(np.abs(g), np.abs(u[live])) + 1e-12)   # relative residual
@@ -716,18 +780,18 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     extra = (cls.work / m.n - m.tok[:, None]) * m.slope[:, None]              # [A, K] per own iteration
     var_own = np.maximum(m.own2 - m.own ** 2, 0.0)                             # [A, J]
     # TTFT of class k from state j: tau_j U + queue + n_k (own_j + extra_k)
-    en = m.n @ w
+    en = _dot(m.n, w)
     midway = 0.0 if m.closed else 1.0                   # a closed loop's arrivals wait for no iteration to end
     # the rest of an iteration of state j, landed in uniformly (its length varying: E[T^2] / 2E[T])
     with np.errstate(invalid="ignore", divide="ignore"):
         rest = np.where(m.tau > 0, (m.tau ** 2 + m.tau_var) / (2.0 * m.tau), 0.0)
         rest_var = np.where(m.tau > 0, (m.tau ** 2 + 3.0 * m.tau_var) / 3.0 - rest ** 2, 0.0)
-    mean_j = midway * rest + queue[:, None] + m.wait + en[:, None] * m.own + ((m.n * extra) @ w)[:, None]
+    mean_j = midway * rest + queue[:, None] + m.wait + en[:, None] * m.own + _dot(m.n * extra, w)[:, None]
     # the classes' spread: Var_k(n_k own_j + n_k extra_k)
     ne = m.n * extra
-    var_n, var_ne = m.n ** 2 @ w - en ** 2, ne ** 2 @ w - (ne @ w) ** 2
-    cov = (m.n * ne) @ w - en * (ne @ w)
-    within = (cls.prompt_var * m.slope[:, None] ** 2) @ w              # lengths spread inside a class
+    var_n, var_ne = _dot(m.n ** 2, w) - en ** 2, _dot(ne ** 2, w) - _dot(ne, w) ** 2
+    cov = _dot(m.n * ne, w) - en * _dot(ne, w)
+    within = _dot(cls.prompt_var * m.slope[:, None] ** 2, w)              # lengths spread inside a class
     class_var = np.maximum(m.own ** 2 * var_n[:, None] + var_ne[:, None] + 2.0 * m.own * cov[:, None], 0.0) \
         + within[:, None]
     var_j = (midway * np.maximum(rest_var, 0.0) + en[:, None] * var_own + class_var
@@ -758,7 +822,7 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
     tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
     e2e = ttft_k + decode_k
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e @ w, "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
+    return {"ttft": ttft, "tpot": tpot, "e2e": _dot(e2e, w), "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
             "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
@@ -798,13 +862,13 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     its concurrency, [A]), T (seconds of such an iteration), b (sequences in the engine: the
     d decoding, the p / c prefilling and the one a chunk boundary splits) and steps (s)."""
     w = cls.weight
-    c = np.maximum(cls.work @ w, 1e-300)
-    s = cls.steps @ w
+    c = np.maximum(_dot(cls.work, w), 1e-300)
+    s = _dot(cls.steps, w)
     budget = load.token_budget
     p = budget * c / (c + s)
     d = budget - p
-    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
-    pair = (cls.pairs @ w) / c
+    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    pair = _dot(cls.pairs, w) / c
     ends = p / c
     t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
     return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
@@ -825,9 +889,9 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
     N past the full engine's d + p / c it is ``_full``'s engine."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     w = cls.weight
-    c = np.maximum(cls.work @ w, 1e-300)
-    s = cls.steps @ w
-    var = np.maximum((cls.work ** 2) @ w - c ** 2, 0.0) + cls.prompt_var @ w
+    c = np.maximum(_dot(cls.work, w), 1e-300)
+    s = _dot(cls.steps, w)
+    var = np.maximum(_dot(cls.work ** 2, w) - c ** 2, 0.0) + _dot(cls.prompt_var, w)
     budget = load.token_budget
     n = np.asarray(running, dtype=float)
 
@@ -848,8 +912,8 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
         full = np.where(v > 0, ndtr((mean - room) / np.sqrt(v)), (mean >= room).astype(float))
     full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
     part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
-    ctx = np.where(s > 0, ((cls.steps * cls.keys) @ w) / np.maximum(s, 1e-300), cls.keys @ w)
-    pair = (cls.pairs @ w) / c
+    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    pair = _dot(cls.pairs, w) / c
     toks = np.stack([room, part], 1)
     t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
     mean = full * t[:, 0] + (1.0 - full) * t[:, 1]
@@ -929,11 +993,12 @@ def _closed_loop(running, load: Load, cls: _Classes, iteration_time: IterationTi
     return out
 
 
-def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap) -> dict:
+def _open_loop(rate, load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, start=None) -> dict:
     """An open loop at a Poisson ``rate`` [A] below capacity: the mixing regime. Returns b
-    (running batch), ttft and tpot means and their mixtures."""
-    m = _mixed(load, cls, iteration_time, rows, cap, rate=rate)
-    return {"b": m.b, **_mixing_mixtures(m, cls, 0.0)}
+    (running batch), ttft and tpot means and their mixtures, and ``solved`` (mean iteration,
+    running batch: a ``start`` for ``_mixed`` at a nearby rate)."""
+    m = _mixed(load, cls, iteration_time, rows, cap, rate=rate, start=start)
+    return {"b": m.b, "solved": (m.t1, m.b), **_mixing_mixtures(m, cls, 0.0)}
 
 
 def _with_queue(mix, queue):
@@ -1069,9 +1134,12 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
+    last = (np.full(n, np.nan), np.full(n, np.nan))      # each point's open loop at the rate tried last
 
     def meets(rate, idx):
-        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx])
+        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx],
+                       start=(last[0][idx], last[1][idx]))
+        last[0][idx], last[1][idx] = o["solved"]
         ttft = _row_quantile(o["ttft_mix"], q[idx])
         tpot = _row_quantile(o["tpot_mix"], q[idx])
         return (ttft <= ttft_slo[idx]) & (tpot <= tpot_slo[idx])

@@ -75,6 +75,7 @@ class Columns:
         self.n = 1 if n is None else n
         self.given = cols
         self._checked: set[str] = set()       # numeric columns whose every entry is known to be allowed
+        self._labels: dict[str, tuple] = {}   # codes of the columns of names, worked out once a call
         if self.n == 0:
             raise DseError(f"{where}: no design points (empty columns)")
         for k in cols:
@@ -87,6 +88,7 @@ class Columns:
         out.where, out.n = self.where, len(order)
         out.given = {k: (v[order] if _is_array(v) else v) for k, v in self.given.items()}
         out._checked = set(self._checked)    # its points' entries are these points'
+        out._labels = {}
         return out
 
     def has(self, name: str) -> bool:
@@ -170,8 +172,15 @@ class Columns:
         return (constant(batch[0], self.n), constant(is_max[0], self.n)) if one else (batch, is_max)
 
     def labels(self, name: str) -> tuple[np.ndarray, list]:
-        """(code per point, distinct values) of a column of names or objects."""
-        return factorize(self.raw(name), self.n)
+        """(code per point, distinct values) of a column of names or objects: encoded once (every
+        module that groups or resolves a column of names asks again; the answer is read-only)."""
+        got = self._labels.get(name)
+        if got is None:
+            codes, values = factorize(self.raw(name), self.n)
+            if isinstance(codes, np.ndarray) and codes.flags.writeable:
+                codes.flags.writeable = False
+            got = self._labels[name] = (codes, values)
+        return got[0], list(got[1])
 
 
 def factorize(v, n: int) -> tuple[np.ndarray, list]:
@@ -185,10 +194,13 @@ def factorize(v, n: int) -> tuple[np.ndarray, list]:
             raise DseError("a column of names has missing entries")
         return codes, list(v.categories)
     a = np.asarray(v)
-    if a.dtype.kind in "USb" or (a.dtype == object and all(isinstance(x, str) for x in a[:64])
-                                 and all(isinstance(x, str) for x in a)):
+    if a.dtype.kind in "USb":
         uniq, codes = np.unique(a.astype(str), return_inverse=True)
         return codes.astype(np.int64).ravel(), [str(u) for u in uniq]
+    if a.dtype == object and isinstance(a[0], str):
+        text = _text_codes(a)
+        if text is not None:
+            return text
     keys, uniq, codes = {}, [], np.empty(len(a), dtype=np.int64)
     for i, x in enumerate(a):
         k = x if isinstance(x, (str, bool, int, float)) else ("id", id(x))
@@ -197,6 +209,20 @@ def factorize(v, n: int) -> tuple[np.ndarray, list]:
             uniq.append(x)
         codes[i] = keys[k]
     return codes, uniq
+
+
+def _text_codes(a: np.ndarray) -> tuple[np.ndarray, list] | None:
+    """``factorize`` of an object array of text: (codes in the sorted order of the distinct names,
+    those names), by hashing (no sort of the points); None when some entry is not text."""
+    items = a.ravel().tolist()
+    first = dict.fromkeys(items)                       # the distinct entries, by hash
+    if not all(type(x) is str for x in first):
+        return None
+    uniq = sorted(first)
+    if len(uniq) == 1:
+        return constant(np.int64(0), len(items)), uniq
+    at = {x: i for i, x in enumerate(uniq)}
+    return np.fromiter(map(at.__getitem__, items), dtype=np.int64, count=len(items)), uniq
 
 
 def group(keys: list, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -36,16 +36,15 @@ from workloads.techniques import tokens_per_target_step
 #: the default budget (``dse.system.params``)
 UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
 
-#: served points priced at once (``price_served_in_slices``). The steady state of a point holds
-#: about 1.1 MB while it is worked out (an open loop with lognormal lengths: Markov chains of up to
-#: a few hundred states a length class), so a group priced whole grew without bound (peak 4.4 GiB
-#: at 4,000 points, 14 GB at 10^4). In slices of 64 a process peaks at 0.16 / 0.16 / 0.24 GiB at
-#: 10^3 / 4 x 10^3 / 10^4 such points (what still grows is the results and the plan's per-point
-#: figures, ~14 kB a point) and runs 2.4x as fast as in one call; slices of 16-128 ran within 30 %
-#: of that, 256 at half its speed, 1,024 at 0.4x in 1.2 GiB, and no served case ran slower in
-#: slices of 64 than whole (``benchmarks/bench_serving.py N --memory --slice S``, 2 loaded cores).
-#: Patchable: tests force small slices (``tests/test_served_slices.py``: one call's results).
-SERVED_SLICE = 64
+#: served points priced at once (``price_served_in_slices``). The steady state of a point held
+#: about 1.1 MB while it was worked out (Markov chains of up to a few hundred states, a [states x
+#: counts] table each), so slices were 64 points; a closed loop's chain is now vectors and the fixed
+#: point reads no tables it does not need, so slices of 256 pay the pricer's fixed cost a quarter as
+#: often: 10^4 open-loop lognormal points 27 s in slices of 64 -> 12 s in slices of 256 at a peak of
+#: 145 -> 157 MiB; 1,000 goodput points 10.2 -> 8.7 s, 71 -> 91 MiB (``benchmarks/bench_serving.py
+#: N --memory [--case C] --slice S``, 2 loaded cores). Patchable: tests force small slices
+#: (``tests/test_served_slices.py``: one call's results).
+SERVED_SLICE = 256
 
 
 def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
