@@ -69,6 +69,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from dse.core import kv_tiers
+from dse.core.kv_tiers import TierLoad
 from workloads.lengths import Lengths
 
 #: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences, rows) -> seconds:
@@ -140,11 +142,13 @@ class Load:
     pools: Pools | None = None
     dispersion: np.ndarray | None = None     # open loop: the arrival gaps' squared coefficient of variation
     state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
+    tier: TierLoad | None = None             # the KV cache's second tier and preemption (``_tiered``; None: today's)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
-                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks")},
+                                if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "tier")},
+                       tier=None if self.tier is None else self.tier.take(idx),
                        pools=None if self.pools is None else self.pools.take(idx),
                        dispersion=None if self.dispersion is None else self.dispersion[idx],
                        state_blocks=self.state_blocks[idx] if np.ndim(self.state_blocks) else self.state_blocks)
@@ -212,6 +216,54 @@ def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarra
     held = _blocks_per_sequence(load, cls) if held is None else held
     free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
     return np.minimum(load.max_running, np.floor(free / held))
+
+
+def _tiered(load: Load, cls: _Classes, iteration_time: IterationTime, running, hits) -> tuple:
+    """(the length classes, the iteration pricer) of points with a KV tier (``dse.core.kv_tiers``;
+    unchanged where ``load.tier`` is None), ``running`` [P] sequences in the engine, ``hits`` [P]
+    (device, tier) the shares of requests finding their prefix there (``kv_tiers.prefix_hits``). A
+    request whose prefix is in neither computes it (the classes' cached tokens and key pairs are
+    the mixture of hits and misses); one in the tier reloads it, and a swapped sequence moves its KV
+    out and back: seconds each request adds to the iteration that finishes its prompt (the pricer's
+    prompts finished). Preemptions per request (``kv_tiers.preemptions_per_request``) from the
+    running sequences' KV demand over the free blocks, each holding its own prompt blocks and a
+    uniform share of its output (variance: the classes' spread, the prompts' within them, gen^2 /
+    12); a victim (the latest admitted) holds its computed prompt: recompute computes it again
+    (work and key pairs scaled by 1 + preemptions), swap moves it out and back."""
+    tier = load.tier
+    if tier is None:
+        return cls, iteration_time
+    device, in_tier = hits
+    miss = np.clip(1.0 - device - in_tier, 0.0, 1.0)[:, None]
+    cached = cls.cached * (1.0 - miss)
+    pairs = cls.pairs * (1.0 - miss) + miss * cls.prompt * (cls.prompt - 1.0) / 2.0
+    blk = load.kv_block[:, None]
+    run = cls.weight * (1.0 + cls.steps)
+    held = (cls.work + cls.gen / 2.0) / blk
+    second = ((held ** 2 + (cls.gen ** 2 / 12.0 + cls.prompt_var + cls.gen_var / 3.0) / blk ** 2) * run).sum(axis=1)
+    mean = (held * run).sum(axis=1) / run.sum(axis=1)
+    var = np.maximum(second / run.sum(axis=1) - mean ** 2, 0.0)
+    free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
+    victim = cls.mean(cls.work)
+    pre = kv_tiers.preemptions_per_request(running, free, _blocks_per_sequence(load, cls, run), var,
+                                           victim / load.kv_block + 0.5)
+    again = np.where(tier.swap, 0.0, pre)[:, None]
+    work = (cls.prompt - cached) * (1.0 + again)
+    cls = replace(cls, cached=cached, work=work, pairs=pairs * (1.0 + again))
+    reload = np.where(in_tier > 0, in_tier * kv_tiers.reload_s(tier, load.prefix_tokens, load.kv_block), 0.0)
+    stall = reload + np.where(tier.swap & (pre > 0), pre * kv_tiers.swap_s(tier, victim), 0.0)
+    if not np.any(stall > 0):
+        return cls, iteration_time
+
+    def timed(d, dctx, c, pctx, s, rows):
+        return iteration_time(d, dctx, c, pctx, s, rows) + np.asarray(s, dtype=float) * stall[rows]
+    return cls, timed
+
+
+def _tier_hits(load: Load) -> tuple | None:
+    """(device, tier) shares of requests finding their prefix cached (``kv_tiers.prefix_hits``), or
+    None without a tier."""
+    return None if load.tier is None else kv_tiers.prefix_hits(load.tier, load.prefix_tokens, load.kv_block)
 
 
 def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s) -> np.ndarray:
@@ -957,7 +1009,8 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     rate = np.nan_to_num(load.request_rate, nan=0.0)
     conc = np.nan_to_num(load.concurrency, nan=1.0)
     b = np.where(closed, np.minimum(conc, cap), cap)      # closed loop; open: its ceiling
-    c = _closed_loop(b, load, cls, iteration_time, rows, cap)
+    hits = _tier_hits(load)
+    c = _closed_loop(b, load, *_tiered(load, cls, iteration_time, b, hits), rows, cap)
     capacity = c["x"]
     b = np.where(closed, c["b"], b)
     saturated = ~closed & (rate >= capacity)
@@ -968,7 +1021,8 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
            "e2e_mix": _with_queue(c["e2e_mix"], queue)}
     opened = np.flatnonzero(~closed & ~saturated)
     if len(opened):
-        o = _open_loop(rate[opened], load.take(opened), cls.take(opened), iteration_time, opened, cap[opened])
+        o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
+        o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
         x[opened], ttft[opened], tpot[opened], b[opened] = rate[opened], o["ttft"], o["tpot"], o["b"]
         e2e_open[opened] = o["e2e"]
         for k in mix:
@@ -1052,13 +1106,17 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     n = len(load.kv_block)
     cls = _classes(load)
     cap = np.maximum(running_cap(load), 1.0)
-    capacity = _closed_loop(cap, load, cls, iteration_time, np.arange(n), cap)["x"]
+    hits = _tier_hits(load)
+    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
 
     def meets(rate, idx):
-        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx])
+        running = cap.copy()
+        running[idx] = cap[idx] * np.minimum(rate / capacity[idx], 1.0)
+        o_cls, o_time = _tiered(load, cls, iteration_time, running, hits)
+        o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx])
         ttft = _row_quantile(o["ttft_mix"], q[idx])
         tpot = _row_quantile(o["tpot_mix"], q[idx])
         return (ttft <= ttft_slo[idx]) & (tpot <= tpot_slo[idx])

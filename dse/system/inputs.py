@@ -86,6 +86,11 @@ class WorkloadColumns:
     decode_ep: np.ndarray         # [P] the decode pool's expert parallelism (NaN: the prefill pool's)
     disaggregated: np.ndarray     # [P] bool: prefill and decode on pools of their own
     continuous: np.ndarray        # [P] bool: served under continuous batching
+    kv_tier: np.ndarray           # [P] code into ``kv_tiers`` (the KV cache's second tier)
+    kv_tiers: list                # each code's tier name ('none', 'host', 'cxl', 'ssd')
+    swap: np.ndarray              # [P] bool: swap preemption (else recompute)
+    prefix_count: np.ndarray      # [P] distinct shared prefixes
+    prefix_zipf: np.ndarray       # [P] the Zipf exponent of their popularity
 
 
 def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
@@ -163,6 +168,10 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
+    w["kv_tier"], w["kv_tiers"] = resolved_column(cols, "kv_tier", partial(checked_choice, "kv_tier"))
+    codes, rules = resolved_column(cols, "preemption", partial(checked_choice, "preemption"))
+    w["swap"] = per_code([r == "swap" for r in rules], codes)
+    w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
     return WorkloadColumns(**w)
 
 

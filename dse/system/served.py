@@ -11,6 +11,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
+from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
@@ -24,6 +25,7 @@ from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
 from dse.system.workload import tables
+from hwmodels.tiers import load_tier, tier_fraction
 from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
@@ -274,7 +276,8 @@ def _load(s: ServingInputs, pools: Pools | None) -> Load:
     (Poisson arrivals, ``dispersion`` None, unless some point's are gamma of another shape)."""
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
                 s.request_rate, s.chunked, s.prefix_tokens, pools,
-                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks)
+                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks,
+                s.tier)
 
 
 @dataclass(frozen=True)
@@ -341,8 +344,45 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         dispersion=1.0 / np.broadcast_to(np.nan_to_num(w.burstiness[idx], nan=1.0), np.shape(rate)).astype(float),
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
-        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block))
+        decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
+        tier=kv_tier(w, hw, idx, per_token, sc.devices))
     return serving, blocks * block * per_token * sc.pp
+
+
+#: the tier presets ``kv_tier`` names (configs/tiers.yaml): a CXL memory box, an NVMe drive
+KV_TIER_PRESETS = {"cxl": "cxl-cmm-b-16tb", "ssd": "nvme-990pro-2tb"}
+
+
+def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int) -> TierLoad | None:
+    """The KV tier of a group's points (``dse.core.kv_tiers.TierLoad``; None where every point keeps
+    today's engine: no tier, recompute preemption, one shared prefix). 'host': each device's own
+    host DRAM over its host link (the preset's capacity, the link's measured fraction of its
+    bandwidth); 'cxl' and 'ssd': one unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity
+    and achieved bandwidth (rated x its cited achieved fraction) shared by the engine's ``devices``.
+    DseError for swap without a tier, or a host tier on a device without host memory."""
+    names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
+    swap = np.asarray(w.swap)[idx].astype(bool)
+    count, zipf = np.asarray(w.prefix_count, dtype=float)[idx], np.asarray(w.prefix_zipf, dtype=float)[idx]
+    if np.all(names == "none") and not swap.any() and np.all(count == 1):
+        return None
+    if np.any(swap & (names == "none")):
+        raise DseError("preemption: 'swap' writes a preempted sequence's KV cache to a second tier; give kv_tier "
+                       "(host, cxl or ssd), or preemption 'recompute'")
+    host = names == "host"
+    if np.any(host & ~np.asarray(hw.has_host)[idx]):
+        raise DseError("kv_tier: 'host' needs a device with host memory and a host link; give cxl or ssd, or a "
+                       "preset with a host")
+    sys = hw.system
+    bandwidth = np.where(host, sys.host_bandwidth[idx] * sys.host_fraction[idx], 0.0)
+    capacity = np.where(host, np.nan_to_num(np.asarray(hw.host_capacity, dtype=float)[idx]), 0.0)
+    for name, preset in KV_TIER_PRESETS.items():
+        t = load_tier(preset)
+        at = names == name
+        bandwidth = np.where(at, t.bandwidth_bytes_per_s * (tier_fraction(preset) or 1.0) / devices, bandwidth)
+        capacity = np.where(at, t.capacity_bytes / devices, capacity)
+    shape = np.shape(bandwidth)
+    return TierLoad(np.broadcast_to(np.asarray(per_token, dtype=float), shape).copy(), bandwidth, capacity,
+                    count, zipf, swap)
 
 
 def kv_blocks(fp, sc, cap, act, block) -> tuple:
