@@ -20,10 +20,9 @@ KV to and from it costs, vectorized over design points; used by the steady-state
 - **Preemption.** When the running set's KV outgrows the device, the scheduler evicts the latest
   admitted sequence (vLLM): ``recompute`` drops its KV and prefills its context again;
   ``swap`` writes its KV to the tier and reads it back when it is readmitted (2 x its KV bytes
-  over the tier's bandwidth, vLLM's swap space). Expected preemptions per request: the running
-  set's KV demand D (the sum of its sequences' blocks: own prompt blocks plus a uniform share of
-  the output) taken normal, E[(D - K)+] / (victim blocks x running sequences), K the free blocks
-  (a normal-overflow estimate, not a queueing result; the simulator is its reference).
+  over the tier's bandwidth, vLLM's swap space). Expected preemptions per request: the free
+  blocks as a random walk between completions (``preemptions_per_request``; this model's
+  estimate, the simulator its reference).
 
 Units: bytes, seconds, tokens, blocks. Returns arrays [P] unless said.
 """
@@ -47,7 +46,8 @@ class TierLoad:
     moves to or from the tier (its achieved figure; 0: no tier); capacity: the tier's bytes
     for one device's KV (0: no tier); prefix_count: distinct shared prefixes (1: every prompt the
     same, today's prefix caching); prefix_zipf: the Zipf exponent of their popularity (0:
-    uniform); swap: bool, swap preemption (else recompute)."""
+    uniform); swap: bool, swap preemption (else recompute); priced: bool, the steady state prices
+    preemption (else leaves it out, as before tiers)."""
 
     token_bytes: np.ndarray
     bandwidth: np.ndarray
@@ -55,6 +55,7 @@ class TierLoad:
     prefix_count: np.ndarray
     prefix_zipf: np.ndarray
     swap: np.ndarray
+    priced: np.ndarray
 
     def take(self, idx) -> "TierLoad":
         """The design points ``idx``."""
@@ -133,26 +134,20 @@ def swap_s(tier: TierLoad, tokens) -> np.ndarray:
         return 2.0 * np.asarray(tokens, dtype=float) * tier.token_bytes / tier.bandwidth
 
 
-def expected_excess(mean, var, room) -> np.ndarray:
-    """E[(D - room)+] of a normal D of ``mean`` and ``var`` (a point mass where var is 0), [P]."""
-    from scipy.special import ndtr  # scipy on first use: importing dse stays light
-    sd = np.sqrt(np.maximum(var, 0.0))
-    gap = np.asarray(mean, dtype=float) - room
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = gap / sd
-        tail = gap * ndtr(z) + sd * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
-    return np.maximum(np.where(sd > 0, tail, np.maximum(gap, 0.0)), 0.0)
-
-
-def preemptions_per_request(running, free_blocks, held_mean, held_var, victim_blocks) -> np.ndarray:
-    """Expected preemptions a request suffers, [P], with ``running`` sequences [P] sharing
-    ``free_blocks`` KV blocks, each holding ``held_mean`` blocks on average with variance
-    ``held_var`` (blocks^2), a preemption freeing ``victim_blocks``: the normal excess of their
-    demand over the blocks, E[(D - K)+], over the victim's blocks and the running sequences."""
+def preemptions_per_request(running, free_blocks, held_mean, prompt_blocks, step_var) -> np.ndarray:
+    """Expected preemptions a request suffers, [P]: the free KV blocks as a zero-drift random walk
+    from one completion to the next (a completion frees its prompt and output, the next admission
+    takes its prompt, the running sequences grow by about an output's worth in between), kept below
+    the admission threshold (a prompt's blocks, ``prompt_blocks``) plus the slack the running set
+    leaves (``free_blocks`` - ``running`` x ``held_mean``); each step below zero preempts a
+    sequence. Uniform on that range, a step Delta ~ N(0, ``step_var`` blocks^2) crosses zero with
+    probability E[(-Delta)+] / range = sd / sqrt(2 pi) / range per completion, that is per request.
+    This model's own estimate (no published closed form was found), checked against the
+    simulator (tests/test_kv_tier_agreement.py)."""
     b = np.asarray(running, dtype=float)
-    excess = expected_excess(b * held_mean, b * held_var, free_blocks)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(b > 0, np.nan_to_num(excess / (np.maximum(victim_blocks, 1.0) * b)), 0.0)
+    slack = np.maximum(np.asarray(free_blocks, dtype=float) - b * held_mean, 0.0)
+    reach = np.sqrt(np.maximum(step_var, 0.0)) / np.sqrt(2.0 * np.pi)
+    return np.where(b > 0, reach / np.maximum(prompt_blocks + slack, 1.0), 0.0)
 
 
 def lru_outcomes(ids, device_slots: int, tier_slots: int) -> np.ndarray:

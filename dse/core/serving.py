@@ -225,11 +225,12 @@ def _tiered(load: Load, cls: _Classes, iteration_time: IterationTime, running, h
     request whose prefix is in neither computes it (the classes' cached tokens and key pairs are
     the mixture of hits and misses); one in the tier reloads it, and a swapped sequence moves its KV
     out and back: seconds each request adds to the iteration that finishes its prompt (the pricer's
-    prompts finished). Preemptions per request (``kv_tiers.preemptions_per_request``) from the
-    running sequences' KV demand over the free blocks, each holding its own prompt blocks and a
-    uniform share of its output (variance: the classes' spread, the prompts' within them, gen^2 /
-    12); a victim (the latest admitted) holds its computed prompt: recompute computes it again
-    (work and key pairs scaled by 1 + preemptions), swap moves it out and back."""
+    prompts finished). Preemptions per request (``kv_tiers.preemptions_per_request``; where
+    ``tier.priced``): the free blocks' walk between completions, a step's variance that of two
+    prompts' computed tokens, an output and the growth between completions (an output's worth,
+    exponential: its mean squared); a victim (the latest admitted) holds about its computed
+    prompt: recompute computes it again (work and key pairs scaled by 1 + preemptions), swap
+    moves it out and back."""
     tier = load.tier
     if tier is None:
         return cls, iteration_time
@@ -237,21 +238,26 @@ def _tiered(load: Load, cls: _Classes, iteration_time: IterationTime, running, h
     miss = np.clip(1.0 - device - in_tier, 0.0, 1.0)[:, None]
     cached = cls.cached * (1.0 - miss)
     pairs = cls.pairs * (1.0 - miss) + miss * cls.prompt * (cls.prompt - 1.0) / 2.0
-    blk = load.kv_block[:, None]
-    run = cls.weight * (1.0 + cls.steps)
-    held = (cls.work + cls.gen / 2.0) / blk
-    second = ((held ** 2 + (cls.gen ** 2 / 12.0 + cls.prompt_var + cls.gen_var / 3.0) / blk ** 2) * run).sum(axis=1)
-    mean = (held * run).sum(axis=1) / run.sum(axis=1)
-    var = np.maximum(second / run.sum(axis=1) - mean ** 2, 0.0)
+    blk = load.kv_block
+    w = cls.weight
+    work_var = np.maximum((cls.work ** 2) @ w - (cls.work @ w) ** 2, 0.0) + cls.prompt_var @ w
+    gen = cls.gen @ w
+    gen_var = np.maximum((cls.gen ** 2) @ w - gen ** 2, 0.0) + cls.gen_var @ w
     free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
     victim = cls.mean(cls.work)
-    pre = kv_tiers.preemptions_per_request(running, free, _blocks_per_sequence(load, cls, run), var,
-                                           victim / load.kv_block + 0.5)
+    held = _blocks_per_sequence(load, cls)
+    free = np.where(running >= running_cap(load, cls, held), running * held, free)   # a queue takes the slack
+    pre = kv_tiers.preemptions_per_request(running, free, held, victim / blk,
+                                           (2.0 * work_var + gen_var + gen ** 2) / blk ** 2)
+    pre = np.where(tier.priced, pre, 0.0)
     again = np.where(tier.swap, 0.0, pre)[:, None]
     work = (cls.prompt - cached) * (1.0 + again)
-    cls = replace(cls, cached=cached, work=work, pairs=pairs * (1.0 + again))
-    reload = np.where(in_tier > 0, in_tier * kv_tiers.reload_s(tier, load.prefix_tokens, load.kv_block), 0.0)
-    stall = reload + np.where(tier.swap & (pre > 0), pre * kv_tiers.swap_s(tier, victim), 0.0)
+    # hits and misses make prompts of one class differ in computed tokens: their spread
+    spread = miss * (1.0 - miss) * cls.cached ** 2
+    cls = replace(cls, cached=cached, work=work, pairs=pairs * (1.0 + again), prompt_var=cls.prompt_var + spread)
+    with np.errstate(invalid="ignore"):           # no tier: nothing reloaded or swapped (0 x inf)
+        reload = np.where(in_tier > 0, in_tier * kv_tiers.reload_s(tier, load.prefix_tokens, load.kv_block), 0.0)
+        stall = reload + np.where(tier.swap & (pre > 0), pre * kv_tiers.swap_s(tier, victim), 0.0)
     if not np.any(stall > 0):
         return cls, iteration_time
 

@@ -89,6 +89,7 @@ class WorkloadColumns:
     kv_tier: np.ndarray           # [P] code into ``kv_tiers`` (the KV cache's second tier)
     kv_tiers: list                # each code's tier name ('none', 'host', 'cxl', 'ssd')
     swap: np.ndarray              # [P] bool: swap preemption (else recompute)
+    preempt_priced: np.ndarray    # [P] bool: the steady state prices preemption (``preemption`` not 'unpriced')
     prefix_count: np.ndarray      # [P] distinct shared prefixes
     prefix_zipf: np.ndarray       # [P] the Zipf exponent of their popularity
 
@@ -171,6 +172,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["kv_tier"], w["kv_tiers"] = resolved_column(cols, "kv_tier", partial(checked_choice, "kv_tier"))
     codes, rules = resolved_column(cols, "preemption", partial(checked_choice, "preemption"))
     w["swap"] = per_code([r == "swap" for r in rules], codes)
+    w["preempt_priced"] = per_code([r != "unpriced" for r in rules], codes)
     w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
     return WorkloadColumns(**w)
 

@@ -63,7 +63,7 @@ SERVING_MODES = ("static", "continuous")
 KERNEL_LAYERS = ("fitted", "learned")
 #: the KV cache's second tier (``kv_tier``; ``dse.system.served``) and what preemption does (``preemption``)
 KV_TIERS = ("none", "host", "cxl", "ssd")
-PREEMPTIONS = ("recompute", "swap")
+PREEMPTIONS = ("unpriced", "recompute", "swap")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -383,10 +383,11 @@ TABLE: tuple[Param, ...] = (
                "host link), 'cxl' (a CXL memory box, configs/tiers.yaml cxl-cmm-b-16tb) or 'ssd' (an NVMe "
                "drive, nvme-990pro-2tb), at its achieved bandwidth: it holds shared prefixes the device "
                "evicted (reloaded instead of recomputed) and swapped-out sequences (default: none)"),
-    Param("preemption", str, default="recompute", choices=PREEMPTIONS, flag="--preemption",
+    Param("preemption", str, default="unpriced", choices=PREEMPTIONS, flag="--preemption",
           help="continuous batching: what the scheduler does to the latest sequence when the device's KV "
-               "blocks run out: recompute (drop its KV, prefill it again; vLLM's default) or swap (write "
-               "its KV to --kv-tier and read it back) (default: recompute)"),
+               "blocks run out, priced in the steady state: recompute (drop its KV, prefill it again; vLLM's "
+               "default) or swap (write its KV to --kv-tier and read it back); unpriced: the steady state "
+               "leaves preemption out, as before this option (the simulator recomputes) (default: unpriced)"),
     Param("prefix_count", int, default=1, flag="--prefix-count", flag_default=True, at_most=MAX_PREFIXES,
           help="continuous batching with --prefix-hit: distinct shared prefixes (system prompts, documents) "
                "the prompts start with, drawn with a Zipf popularity (--prefix-zipf); the device keeps one, "

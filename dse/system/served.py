@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core import kv_tiers
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.kv_tiers import TierLoad
@@ -355,15 +356,16 @@ KV_TIER_PRESETS = {"cxl": "cxl-cmm-b-16tb", "ssd": "nvme-990pro-2tb"}
 
 def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int) -> TierLoad | None:
     """The KV tier of a group's points (``dse.core.kv_tiers.TierLoad``; None where every point keeps
-    today's engine: no tier, recompute preemption, one shared prefix). 'host': each device's own
+    today's engine: no tier, preemption unpriced, one shared prefix). 'host': each device's own
     host DRAM over its host link (the preset's capacity, the link's measured fraction of its
     bandwidth); 'cxl' and 'ssd': one unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity
     and achieved bandwidth (rated x its cited achieved fraction) shared by the engine's ``devices``.
     DseError for swap without a tier, or a host tier on a device without host memory."""
     names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
     swap = np.asarray(w.swap)[idx].astype(bool)
+    priced = np.asarray(w.preempt_priced)[idx].astype(bool)
     count, zipf = np.asarray(w.prefix_count, dtype=float)[idx], np.asarray(w.prefix_zipf, dtype=float)[idx]
-    if np.all(names == "none") and not swap.any() and np.all(count == 1):
+    if np.all(names == "none") and not priced.any() and np.all(count == 1):
         return None
     if np.any(swap & (names == "none")):
         raise DseError("preemption: 'swap' writes a preempted sequence's KV cache to a second tier; give kv_tier "
@@ -382,7 +384,7 @@ def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int
         capacity = np.where(at, t.capacity_bytes / devices, capacity)
     shape = np.shape(bandwidth)
     return TierLoad(np.broadcast_to(np.asarray(per_token, dtype=float), shape).copy(), bandwidth, capacity,
-                    count, zipf, swap)
+                    count, zipf, swap, priced)
 
 
 def kv_blocks(fp, sc, cap, act, block) -> tuple:
@@ -461,7 +463,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
                           prefix_tokens=int(s.prefix_tokens[j]),
-                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]))
+                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]),
+                          **_tier_engine(s, j))
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode
@@ -484,6 +487,20 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                        eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
                        1.0 / float(s.dispersion[j]), decode_step, decode_engine,
                        None if s.decode is None else int(s.decode.ep))
+
+
+def _tier_engine(s: ServingInputs, j: int) -> dict:
+    """The simulator's KV-tier settings (``EngineConfig``) of point ``j`` of a group (none without a tier)."""
+    t = s.tier
+    if t is None:
+        return {}
+    one = t.take(np.array([j]))
+    prefix, block = s.prefix_tokens[j:j + 1], s.kv_block[j:j + 1]
+    bw = float(one.bandwidth[0])
+    return {"swap": bool(one.swap[0]), "swap_s_per_token": float(one.token_bytes[0]) / bw if bw > 0 else 0.0,
+            "prefix_count": int(one.prefix_count[0]), "prefix_zipf": float(one.prefix_zipf[0]),
+            "tier_slots": int(kv_tiers.tier_slots(one, prefix, block)[0]),
+            "reload_s": float(np.nan_to_num(kv_tiers.reload_s(one, prefix, block)[0], posinf=0.0)) if bw > 0 else 0.0}
 
 
 def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: int):
