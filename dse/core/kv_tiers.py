@@ -47,7 +47,9 @@ class TierLoad:
     for one device's KV (0: no tier); prefix_count: distinct shared prefixes (1: every prompt the
     same, today's prefix caching); prefix_zipf: the Zipf exponent of their popularity (0:
     uniform); swap: bool, swap preemption (else recompute); priced: bool, the steady state prices
-    preemption (else leaves it out, as before tiers)."""
+    preemption (else leaves it out, as before tiers); device_hit, tier_hit: the shares of requests
+    finding their prefix on the device and in the tier (``prefix_hits``; a request whose prefix is
+    not the device's holds its own copy of it while it runs)."""
 
     token_bytes: np.ndarray
     bandwidth: np.ndarray
@@ -56,10 +58,13 @@ class TierLoad:
     prefix_zipf: np.ndarray
     swap: np.ndarray
     priced: np.ndarray
+    device_hit: np.ndarray | None = None
+    tier_hit: np.ndarray | None = None
 
     def take(self, idx) -> "TierLoad":
         """The design points ``idx``."""
-        return replace(self, **{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)})
+        return replace(self, **{f.name: np.asarray(getattr(self, f.name))[idx] for f in fields(self)
+                                if getattr(self, f.name) is not None})
 
 
 def zipf_popularity(count: int, exponent: float) -> np.ndarray:
@@ -118,6 +123,12 @@ def prefix_hits(tier: TierLoad, prefix_tokens, kv_block) -> tuple[np.ndarray, np
     device = che_hit_rate(q, np.ones(len(q)))
     both = che_hit_rate(q, 1.0 + tier_slots(tier, prefix_tokens, kv_block))
     return device, np.maximum(both - device, 0.0)
+
+
+def with_hits(tier: TierLoad, prefix_tokens, kv_block) -> TierLoad:
+    """``tier`` with its ``device_hit`` and ``tier_hit`` shares (``prefix_hits``) filled in."""
+    device, in_tier = prefix_hits(tier, prefix_tokens, kv_block)
+    return replace(tier, device_hit=device, tier_hit=in_tier)
 
 
 def reload_s(tier: TierLoad, prefix_tokens, kv_block) -> np.ndarray:

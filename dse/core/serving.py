@@ -204,6 +204,8 @@ def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
     run, 1 + their decode iterations)."""
     held = cls.work + cls.gen / 2.0
+    if load.tier is not None:       # a prefix not the device's is the request's own while it runs
+        held = held + (1.0 - load.tier.device_hit)[:, None] * cls.cached
     run = cls.weight * (1.0 + cls.steps) if run is None else run
     return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 
@@ -269,7 +271,7 @@ def _tiered(load: Load, cls: _Classes, iteration_time: IterationTime, running, h
 def _tier_hits(load: Load) -> tuple | None:
     """(device, tier) shares of requests finding their prefix cached (``kv_tiers.prefix_hits``), or
     None without a tier."""
-    return None if load.tier is None else kv_tiers.prefix_hits(load.tier, load.prefix_tokens, load.kv_block)
+    return None if load.tier is None else (load.tier.device_hit, load.tier.tier_hit)
 
 
 def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s) -> np.ndarray:

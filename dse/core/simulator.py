@@ -153,6 +153,7 @@ class _Request:
     blocks: int = 0               # KV blocks held beside the shared prefix's
     reload: float = 0.0           # seconds to reload its prefix from the KV tier (paid on admission)
     swapped: bool = False         # its KV is in the tier (swap preemption), read back on readmission
+    private: bool = False         # its prefix is not the device's: it holds its own copy while it runs
     admitted: float = float("nan")
     first_token: float = float("nan")
     finish: float = float("nan")
@@ -452,13 +453,15 @@ def _prefix_population(reqs: list[_Request], engine: EngineConfig) -> None:
     """With ``engine.prefix_count`` prefixes, each request's prefix drawn (Zipf ``prefix_zipf``,
     independently, a fixed seed) and looked up in arrival order in the LRU stack of one device slot
     and ``tier_slots`` tier slots (``kv_tiers.lru_outcomes``): a device hit keeps its cached tokens,
-    a tier hit too and pays ``reload_s`` when admitted, a miss computes its whole prompt."""
+    a tier hit too and pays ``reload_s`` when admitted, a miss computes its whole prompt; both hold
+    their prefix's blocks as their own while they run."""
     if engine.prefix_count <= 1 or engine.shared_blocks == 0:
         return
     ids = np.random.default_rng(0).choice(engine.prefix_count, size=len(reqs),
                                           p=zipf_popularity(engine.prefix_count, engine.prefix_zipf))
     order = sorted(reqs, key=lambda r: (r.arrival, r.index))
     for r, where in zip(order, lru_outcomes(ids, 1, engine.tier_slots)):
+        r.private = bool(where)
         if where == 1:
             r.reload = float(engine.reload_s)
         elif where == 2:
@@ -723,7 +726,10 @@ class _Engine:
         return self.advance(t, *plan)
 
     def _own(self, r: _Request, tokens: int) -> int:
-        """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens."""
+        """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens (all of them
+        when its prefix is not the device's)."""
+        if r.private:
+            return -(-int(tokens) // int(self.config.kv_block)) + (int(self.config.state_blocks) if tokens > 0 else 0)
         return self.config.own_blocks(r.prompt, tokens)
 
     def schedule(self, t: float) -> tuple[list[_Request], list[tuple[_Request, int]]]:

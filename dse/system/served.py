@@ -346,7 +346,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
-        tier=kv_tier(w, hw, idx, per_token, sc.devices))
+        tier=kv_tier(w, hw, idx, per_token, sc.devices, prefix, block))
     return serving, blocks * block * per_token * sc.pp
 
 
@@ -354,12 +354,13 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
 KV_TIER_PRESETS = {"cxl": "cxl-cmm-b-16tb", "ssd": "nvme-990pro-2tb"}
 
 
-def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int) -> TierLoad | None:
+def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int, prefix, block) -> TierLoad | None:
     """The KV tier of a group's points (``dse.core.kv_tiers.TierLoad``; None where every point keeps
     today's engine: no tier, preemption unpriced, one shared prefix). 'host': each device's own
     host DRAM over its host link (the preset's capacity, the link's measured fraction of its
     bandwidth); 'cxl' and 'ssd': one unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity
-    and achieved bandwidth (rated x its cited achieved fraction) shared by the engine's ``devices``.
+    and achieved bandwidth (rated x its cited achieved fraction) shared by the engine's ``devices``;
+    the prefix hit shares of ``prefix`` tokens in blocks of ``block`` (``kv_tiers.with_hits``).
     DseError for swap without a tier, or a host tier on a device without host memory."""
     names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
     swap = np.asarray(w.swap)[idx].astype(bool)
@@ -383,8 +384,8 @@ def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int
         bandwidth = np.where(at, t.bandwidth_bytes_per_s * (tier_fraction(preset) or 1.0) / devices, bandwidth)
         capacity = np.where(at, t.capacity_bytes / devices, capacity)
     shape = np.shape(bandwidth)
-    return TierLoad(np.broadcast_to(np.asarray(per_token, dtype=float), shape).copy(), bandwidth, capacity,
-                    count, zipf, swap, priced)
+    return kv_tiers.with_hits(TierLoad(np.broadcast_to(np.asarray(per_token, dtype=float), shape).copy(), bandwidth,
+                                       capacity, count, zipf, swap, priced), prefix, block)
 
 
 def kv_blocks(fp, sc, cap, act, block) -> tuple:
