@@ -356,10 +356,11 @@ KV_TIER_PRESETS = {"cxl": "cxl-cmm-b-16tb", "ssd": "nvme-990pro-2tb"}
 
 def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int, prefix, block) -> TierLoad | None:
     """The KV tier of a group's points (``dse.core.kv_tiers.TierLoad``; None where every point keeps
-    today's engine: no tier, preemption unpriced, one shared prefix). 'host': each device's own
-    host DRAM over its host link (the preset's capacity, the link's measured fraction of its
-    bandwidth); 'cxl' and 'ssd': one unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity
-    and achieved bandwidth (rated x its cited achieved fraction) shared by the engine's ``devices``;
+    today's engine: no tier, preemption unpriced, one shared prefix). 'host': the host DRAM over
+    each device's own host link (at the link's measured fraction of its bandwidth), its capacity (a
+    preset's host memory is its node's) shared by the engine's ``devices``; 'cxl' and 'ssd': one
+    unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity and achieved bandwidth (rated x
+    its cited achieved fraction) shared by the engine's ``devices``;
     the prefix hit shares of ``prefix`` tokens in blocks of ``block`` (``kv_tiers.with_hits``).
     DseError for swap without a tier, or a host tier on a device without host memory."""
     names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
@@ -377,7 +378,7 @@ def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int
                        "preset with a host")
     sys = hw.system
     bandwidth = np.where(host, sys.host_bandwidth[idx] * sys.host_fraction[idx], 0.0)
-    capacity = np.where(host, np.nan_to_num(np.asarray(hw.host_capacity, dtype=float)[idx]), 0.0)
+    capacity = np.where(host, np.nan_to_num(np.asarray(hw.host_capacity, dtype=float)[idx]) / devices, 0.0)
     for name, preset in KV_TIER_PRESETS.items():
         t = load_tier(preset)
         at = names == name
