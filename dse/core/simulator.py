@@ -896,15 +896,18 @@ class _LockStep:
     def has_work(plan) -> bool:
         return any(_Engine.has_work(p) for p in plan)
 
-    @staticmethod
-    def price(step_time: StepTime, plan) -> float:
+    def price(self, step_time: StepTime, plan) -> float:
         """The slowest rank's seconds: ``step_time.ranks`` of every rank's counts ([R, 5] ->
         seconds) where the pricer has it (a rank's experts fed by every rank's tokens), else the
-        most of ``step_time`` over the ranks with work."""
+        most of ``step_time`` over the ranks with work; plus the longest KV-tier traffic a rank's
+        scheduling started (``_Engine.stall``)."""
+        stall = max(e.stall for e in self.ranks)
+        for e in self.ranks:
+            e.stall = 0.0
         ranks = getattr(step_time, "ranks", None)
         if ranks is not None:
-            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float)))
-        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p))
+            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float))) + stall
+        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p)) + stall
 
     @staticmethod
     def sequences(plan) -> list[_Request]:

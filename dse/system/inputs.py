@@ -174,6 +174,14 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["swap"] = per_code([r == "swap" for r in rules], codes)
     w["preempt_priced"] = per_code([r != "unpriced" for r in rules], codes)
     w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
+    tier = per_code([t != "none" for t in w["kv_tiers"]], w["kv_tier"])
+    if anywhere(pointwise(lambda s, t: s & ~t, w["swap"], tier)):
+        raise DseError(f"{cols.where}: preemption: 'swap' writes a preempted sequence's KV cache to a second tier; "
+                       f"give kv_tier (host, cxl or ssd) at those points, or preemption 'recompute'")
+    host = per_code([t == "host" for t in w["kv_tiers"]], w["kv_tier"])
+    if anywhere(pointwise(lambda h, ok: h & ~ok, host, hw.has_host)):
+        raise DseError(f"{cols.where}: kv_tier: 'host' needs a device with host memory and a host link; give cxl or "
+                       f"ssd, or a preset with a host")
     return WorkloadColumns(**w)
 
 

@@ -361,21 +361,15 @@ def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int
     preset's host memory is its node's) shared by the engine's ``devices``; 'cxl' and 'ssd': one
     unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity and achieved bandwidth (rated x
     its cited achieved fraction) shared by the engine's ``devices``;
-    the prefix hit shares of ``prefix`` tokens in blocks of ``block`` (``kv_tiers.with_hits``).
-    DseError for swap without a tier, or a host tier on a device without host memory."""
+    the prefix hit shares of ``prefix`` tokens in blocks of ``block`` (``kv_tiers.with_hits``; swap
+    without a tier and a host tier without a host are refused by ``workload_columns``)."""
     names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
     swap = np.asarray(w.swap)[idx].astype(bool)
     priced = np.asarray(w.preempt_priced)[idx].astype(bool)
     count, zipf = np.asarray(w.prefix_count, dtype=float)[idx], np.asarray(w.prefix_zipf, dtype=float)[idx]
     if np.all(names == "none") and not priced.any() and np.all(count == 1):
         return None
-    if np.any(swap & (names == "none")):
-        raise DseError("preemption: 'swap' writes a preempted sequence's KV cache to a second tier; give kv_tier "
-                       "(host, cxl or ssd), or preemption 'recompute'")
     host = names == "host"
-    if np.any(host & ~np.asarray(hw.has_host)[idx]):
-        raise DseError("kv_tier: 'host' needs a device with host memory and a host link; give cxl or ssd, or a "
-                       "preset with a host")
     sys = hw.system
     bandwidth = np.where(host, sys.host_bandwidth[idx] * sys.host_fraction[idx], 0.0)
     capacity = np.where(host, np.nan_to_num(np.asarray(hw.host_capacity, dtype=float)[idx]) / devices, 0.0)
