@@ -69,6 +69,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from dse.core import kv_tiers
+from dse.core.kv_tiers import TierLoad
 from workloads.lengths import Lengths
 
 #: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences, rows) -> seconds:
@@ -142,12 +144,14 @@ class Load:
     state_blocks: np.ndarray | float = 0.0   # blocks a running sequence's recurrent state takes (hybrids)
     session_cached: np.ndarray | None = None  # [P, K] tokens of each class's prompt a session's cache holds (sessions)
     session_spread: np.ndarray | None = None  # [P, K] their variance over the class's requests (hit or not), tokens^2
+    tier: TierLoad | None = None             # the KV cache's second tier and preemption (``_tiered``; None: today's)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
                                 if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached",
-                                                  "session_spread")},
+                                                  "session_spread", "tier")},
+                       tier=None if self.tier is None else self.tier.take(idx),
                        pools=None if self.pools is None else self.pools.take(idx),
                        session_cached=None if self.session_cached is None else self.session_cached[idx],
                        session_spread=None if self.session_spread is None else self.session_spread[idx],
@@ -219,6 +223,8 @@ def _blocks_per_sequence(load: Load, cls: _Classes, run=None) -> np.ndarray:
     model's, ``Load.state_blocks``); classes weighted by ``run`` [P, K] (default: how long they
     run, 1 + their decode iterations)."""
     held = cls.work + cls.own_cached + cls.gen / 2.0
+    if load.tier is not None:       # a prefix not the device's is the request's own while it runs
+        held = held + (1.0 - load.tier.device_hit)[:, None] * cls.cached
     run = cls.weight * (1.0 + cls.steps) if run is None else run
     return (held * run).sum(axis=1) / run.sum(axis=1) / load.kv_block + 0.5 + load.state_blocks
 
@@ -231,6 +237,60 @@ def running_cap(load: Load, cls: _Classes | None = None, held=None) -> np.ndarra
     held = _blocks_per_sequence(load, cls) if held is None else held
     free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
     return np.minimum(load.max_running, np.floor(free / held))
+
+
+def _tiered(load: Load, cls: _Classes, iteration_time: IterationTime, running, hits) -> tuple:
+    """(the length classes, the iteration pricer) of points with a KV tier (``dse.core.kv_tiers``;
+    unchanged where ``load.tier`` is None), ``running`` [P] sequences in the engine, ``hits`` [P]
+    (device, tier) the shares of requests finding their prefix there (``kv_tiers.prefix_hits``). A
+    request whose prefix is in neither computes it (the classes' cached tokens and key pairs are
+    the mixture of hits and misses); one in the tier reloads it, and a swapped sequence moves its KV
+    out and back: seconds each request adds to the iteration that finishes its prompt (the pricer's
+    prompts finished). Preemptions per request (``kv_tiers.preemptions_per_request``; where
+    ``tier.priced``): the free blocks' walk between completions, a step's variance that of two
+    prompts' computed tokens, an output and the growth between completions (an output's worth,
+    exponential: its mean squared); a victim (the latest admitted) holds about its computed
+    prompt: recompute computes it again (work and key pairs scaled by 1 + preemptions), swap
+    moves it out and back."""
+    tier = load.tier
+    if tier is None:
+        return cls, iteration_time
+    device, in_tier = hits
+    miss = np.clip(1.0 - device - in_tier, 0.0, 1.0)[:, None]
+    cached = cls.cached * (1.0 - miss)
+    pairs = cls.pairs * (1.0 - miss) + miss * cls.prompt * (cls.prompt - 1.0) / 2.0
+    blk = load.kv_block
+    w = cls.weight
+    work_var = np.maximum((cls.work ** 2) @ w - (cls.work @ w) ** 2, 0.0) + cls.prompt_var @ w
+    gen = cls.gen @ w
+    gen_var = np.maximum((cls.gen ** 2) @ w - gen ** 2, 0.0) + cls.gen_var @ w
+    free = np.maximum(load.kv_blocks - cls.shared_blocks, 0.0)
+    victim = cls.mean(cls.work)
+    held = _blocks_per_sequence(load, cls)
+    free = np.where(running >= running_cap(load, cls, held), running * held, free)   # a queue takes the slack
+    pre = kv_tiers.preemptions_per_request(running, free, held, victim / blk,
+                                           (2.0 * work_var + gen_var + gen ** 2) / blk ** 2)
+    pre = np.where(tier.priced, pre, 0.0)
+    again = np.where(tier.swap, 0.0, pre)[:, None]
+    work = (cls.prompt - cached) * (1.0 + again)
+    # hits and misses make prompts of one class differ in computed tokens: their spread
+    spread = miss * (1.0 - miss) * cls.cached ** 2
+    cls = replace(cls, cached=cached, work=work, pairs=pairs * (1.0 + again), prompt_var=cls.prompt_var + spread)
+    with np.errstate(invalid="ignore"):           # no tier: nothing reloaded or swapped (0 x inf)
+        reload = np.where(in_tier > 0, in_tier * kv_tiers.reload_s(tier, load.prefix_tokens, load.kv_block), 0.0)
+        stall = reload + np.where(tier.swap & (pre > 0), pre * kv_tiers.swap_s(tier, victim), 0.0)
+    if not np.any(stall > 0):
+        return cls, iteration_time
+
+    def timed(d, dctx, c, pctx, s, rows):
+        return iteration_time(d, dctx, c, pctx, s, rows) + np.asarray(s, dtype=float) * stall[rows]
+    return cls, timed
+
+
+def _tier_hits(load: Load) -> tuple | None:
+    """(device, tier) shares of requests finding their prefix cached (``kv_tiers.prefix_hits``), or
+    None without a tier."""
+    return None if load.tier is None else (load.tier.device_hit, load.tier.tier_hit)
 
 
 def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s) -> np.ndarray:
@@ -1035,7 +1095,8 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     rate = np.nan_to_num(load.request_rate, nan=0.0)
     conc = np.nan_to_num(load.concurrency, nan=1.0)
     b = np.where(closed, np.minimum(conc, cap), cap)      # closed loop; open: its ceiling
-    c = _closed_loop(b, load, cls, iteration_time, rows, cap)
+    hits = _tier_hits(load)
+    c = _closed_loop(b, load, *_tiered(load, cls, iteration_time, b, hits), rows, cap)
     capacity = c["x"]
     b = np.where(closed, c["b"], b)
     saturated = ~closed & (rate >= capacity)
@@ -1046,7 +1107,8 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
            "e2e_mix": _with_queue(c["e2e_mix"], queue)}
     opened = np.flatnonzero(~closed & ~saturated)
     if len(opened):
-        o = _open_loop(rate[opened], load.take(opened), cls.take(opened), iteration_time, opened, cap[opened])
+        o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
+        o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
         x[opened], ttft[opened], tpot[opened], b[opened] = rate[opened], o["ttft"], o["tpot"], o["b"]
         e2e_open[opened] = o["e2e"]
         for k in mix:
@@ -1130,14 +1192,18 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     n = len(load.kv_block)
     cls = _classes(load)
     cap = np.maximum(running_cap(load), 1.0)
-    capacity = _closed_loop(cap, load, cls, iteration_time, np.arange(n), cap)["x"]
+    hits = _tier_hits(load)
+    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
     last = (np.full(n, np.nan), np.full(n, np.nan))      # each point's open loop at the rate tried last
 
     def meets(rate, idx):
-        o = _open_loop(rate, load.take(idx), cls.take(idx), iteration_time, idx, cap[idx],
+        running = cap.copy()
+        running[idx] = cap[idx] * np.minimum(rate / capacity[idx], 1.0)
+        o_cls, o_time = _tiered(load, cls, iteration_time, running, hits)
+        o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx],
                        start=(last[0][idx], last[1][idx]))
         last[0][idx], last[1][idx] = o["solved"]
         ttft = _row_quantile(o["ttft_mix"], q[idx])

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.kv_tiers import lru_outcomes, zipf_popularity
 from dse.core.metrics import steps_after_first
 
 #: (decode_seqs, decode_context, prefill_tokens, prefill_context, prompts_finished) -> seconds
@@ -93,13 +94,26 @@ class EngineConfig:
     chunked: bool = True
     prefix_tokens: int = 0
     state_blocks: int = 0     # blocks a sequence's recurrent state takes while it holds any (hybrid models)
+    # the KV tier (``dse.core.kv_tiers``): swap preemption and seconds to move a token's KV one way;
+    # a population of ``prefix_count`` prefixes (Zipf ``prefix_zipf``), one kept on the device and
+    # ``tier_slots`` in the tier (an LRU stack), a tier hit costing ``reload_s`` in its first iteration
+    swap: bool = False
+    swap_s_per_token: float = 0.0
+    prefix_count: int = 1
+    prefix_zipf: float = 1.0
+    tier_slots: int = 0
+    reload_s: float = 0.0
 
     def __post_init__(self):
         for key in ("kv_blocks", "kv_block", "token_budget", "max_running"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DseError(f"simulator: {key} must be a positive integer, got {v!r}")
-        for key in ("prefix_tokens", "state_blocks"):
+        for key in ("swap_s_per_token", "prefix_zipf", "reload_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 <= v < np.inf:
+                raise DseError(f"simulator: {key} must be a finite number >= 0, got {v!r}")
+        for key in ("prefix_tokens", "state_blocks", "tier_slots"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise DseError(f"simulator: {key} must be a non-negative integer, got {v!r}")
@@ -137,6 +151,9 @@ class _Request:
     done_prompt: int = 0          # of those, prefilled (or found cached) so far
     generated: int = 0            # output tokens produced
     blocks: int = 0               # KV blocks held beside the shared prefix's
+    reload: float = 0.0           # seconds to reload its prefix from the KV tier (paid on admission)
+    swapped: bool = False         # its KV is in the tier (swap preemption), read back on readmission
+    private: bool = False         # its prefix is not the device's: it holds its own copy while it runs
     admitted: float = float("nan")
     first_token: float = float("nan")
     finish: float = float("nan")
@@ -242,6 +259,7 @@ def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], 
     _check_fits(engine, prompts, prompts + gens, prefill=True)
     stages, ranks = _positive("stages", stages), _positive("ranks", ranks)
     reqs, start, future, spare = _load(prompts, gens, engine, concurrency, arrivals)
+    _prefix_population(reqs, engine)
     streams = [_Instance(_LockStep(engine, ranks) if ranks > 1 else _Engine(engine), step_time)
                for _ in range(stages)]
     loop = _EventLoop(streams, [], future, spare, progress=progress,
@@ -429,6 +447,25 @@ def _load(prompts: np.ndarray, gens: np.ndarray, engine: EngineConfig, concurren
     if isinstance(concurrency, bool) or int(concurrency) < 1:
         raise DseError(f"simulator: concurrency must be a positive integer, got {concurrency!r}")
     return reqs, reqs[:int(concurrency)], deque(), deque(reqs[int(concurrency):])
+
+
+def _prefix_population(reqs: list[_Request], engine: EngineConfig) -> None:
+    """With ``engine.prefix_count`` prefixes, each request's prefix drawn (Zipf ``prefix_zipf``,
+    independently, a fixed seed) and looked up in arrival order in the LRU stack of one device slot
+    and ``tier_slots`` tier slots (``kv_tiers.lru_outcomes``): a device hit keeps its cached tokens,
+    a tier hit too and pays ``reload_s`` when admitted, a miss computes its whole prompt; both hold
+    their prefix's blocks as their own while they run."""
+    if engine.prefix_count <= 1 or engine.shared_blocks == 0:
+        return
+    ids = np.random.default_rng(0).choice(engine.prefix_count, size=len(reqs),
+                                          p=zipf_popularity(engine.prefix_count, engine.prefix_zipf))
+    order = sorted(reqs, key=lambda r: (r.arrival, r.index))
+    for r, where in zip(order, lru_outcomes(ids, 1, engine.tier_slots)):
+        r.private = bool(where)
+        if where == 1:
+            r.reload = float(engine.reload_s)
+        elif where == 2:
+            r.done_prompt = 0
 
 
 def _check_done(reqs: list[_Request], why: str) -> None:
@@ -660,6 +697,7 @@ class _Engine:
         self.running: list[_Request] = []
         self.free = config.kv_blocks - config.shared_blocks
         self.preemptions = 0
+        self.stall = 0.0          # seconds of KV-tier traffic (reloads, swaps) the next iteration waits for
 
     @property
     def load(self) -> int:
@@ -681,9 +719,10 @@ class _Engine:
     def has_work(plan) -> bool:
         return bool(plan[0] or plan[1])
 
-    @staticmethod
-    def price(step_time: StepTime, plan) -> float:
-        return _price(step_time, *plan)
+    def price(self, step_time: StepTime, plan) -> float:
+        """Seconds of the iteration ``plan``, with the KV-tier traffic its scheduling started."""
+        dt, self.stall = _price(step_time, *plan) + self.stall, 0.0
+        return dt
 
     @staticmethod
     def sequences(plan) -> list[_Request]:
@@ -693,7 +732,10 @@ class _Engine:
         return self.advance(t, *plan)
 
     def _own(self, r: _Request, tokens: int) -> int:
-        """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens."""
+        """KV blocks ``r`` needs beside the shared prefix's to hold ``tokens`` tokens (all of them
+        when its prefix is not the device's)."""
+        if r.private:
+            return -(-int(tokens) // int(self.config.kv_block)) + (int(self.config.state_blocks) if tokens > 0 else 0)
         return self.config.own_blocks(r.prompt, tokens)
 
     def schedule(self, t: float) -> tuple[list[_Request], list[tuple[_Request, int]]]:
@@ -725,14 +767,20 @@ class _Engine:
         return out
 
     def _preempt(self, keep: _Request) -> bool:
-        """Recompute-preempt the latest-arrived running sequence (possibly ``keep`` itself):
-        its blocks are freed and it waits at the head of the queue to prefill again (past
-        its cached prefix)."""
+        """Preempt the latest-arrived running sequence (possibly ``keep`` itself): its blocks are
+        freed and it waits at the head of the queue, to prefill again (past its cached prefix)
+        or, with ``swap``, its KV written to the tier (the iteration waits for it) to be read back."""
         if not self.running:
             return False
         victim = max(self.running, key=lambda r: (r.arrival, r.index))
         self.running.remove(victim)
         self.free += victim.blocks
+        if self.config.swap:
+            self.stall += victim.blocks * self.config.kv_block * self.config.swap_s_per_token
+            victim.blocks, victim.swapped = 0, True
+            self.preemptions += 1
+            self.waiting.appendleft(victim)
+            return victim is not keep
         victim.blocks = 0
         victim.target = victim.prompt + max(victim.generated - 1, 0)
         victim.done_prompt = self.config.cached_tokens(victim.prompt)
@@ -762,6 +810,15 @@ class _Engine:
             budget -= take
         while budget > 0 and len(self.running) < cfg.max_running and self.waiting:
             r = self.waiting[0]
+            if r.swapped:                         # read its KV back; it goes on where it stopped
+                if self._own(r, r.context + self.spare) > self.free:
+                    break
+                self.waiting.popleft()
+                r.blocks, r.swapped = self._own(r, r.context), False
+                self.free -= r.blocks
+                self.stall += r.blocks * cfg.kv_block * cfg.swap_s_per_token
+                self.running.append(r)
+                continue
             left = r.target - r.done_prompt
             take = min(left, budget)
             if (not cfg.chunked and take < left) or self._own(r, r.target + self.spare) - r.blocks > self.free:
@@ -769,6 +826,7 @@ class _Engine:
             self.waiting.popleft()
             if np.isnan(r.admitted):
                 r.admitted = t
+                self.stall, r.reload = self.stall + r.reload, 0.0
             grow = self._own(r, r.done_prompt + take) - r.blocks
             self.free -= grow
             r.blocks += grow
@@ -844,15 +902,18 @@ class _LockStep:
     def has_work(plan) -> bool:
         return any(_Engine.has_work(p) for p in plan)
 
-    @staticmethod
-    def price(step_time: StepTime, plan) -> float:
+    def price(self, step_time: StepTime, plan) -> float:
         """The slowest rank's seconds: ``step_time.ranks`` of every rank's counts ([R, 5] ->
         seconds) where the pricer has it (a rank's experts fed by every rank's tokens), else the
-        most of ``step_time`` over the ranks with work."""
+        most of ``step_time`` over the ranks with work; plus the longest KV-tier traffic a rank's
+        scheduling started (``_Engine.stall``)."""
+        stall = max(e.stall for e in self.ranks)
+        for e in self.ranks:
+            e.stall = 0.0
         ranks = getattr(step_time, "ranks", None)
         if ranks is not None:
-            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float)))
-        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p))
+            return _checked(ranks(np.array([_counts(*p) for p in plan], dtype=float))) + stall
+        return max(_price(step_time, *p) for p in plan if _Engine.has_work(p)) + stall
 
     @staticmethod
     def sequences(plan) -> list[_Request]:

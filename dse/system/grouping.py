@@ -12,6 +12,7 @@ import numpy as np
 from dse.core.dataflow import dataflow_efficiency, decoder_layers
 from dse.core.efficiency import Efficiency, choose, efficiency_for
 from dse.core.engines import Engine, engine_efficiency
+from dse.core.kv_tiers import TierLoad
 from dse.core.roofline import SystemArrays
 from dse.core.router import Routed
 from dse.system.columns import Columns, group, group_codes, groups_of, per_code
@@ -144,6 +145,7 @@ class ServingInputs:
     decode: DecodePool | None = None   # disaggregated: a decode pool of its own layout (None: the prefill's)
     state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
     routed: Routed | None = None   # replicas behind a router and sessions (None: one engine, no sessions)
+    tier: TierLoad | None = None  # the KV cache's second tier, prefix population and preemption (None: today's)
 
     @property
     def streams(self) -> int:
@@ -160,6 +162,7 @@ class ServingInputs:
             pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
         return replace(self, pools=pools, decode=None if self.decode is None else self.decode.take(pos),
                        routed=None if self.routed is None else self.routed.take(pos),
+                       tier=None if self.tier is None else self.tier.take(pos),
                        **{f.name: getattr(self, f.name)[pos] for f in fields(self)
                           if isinstance(getattr(self, f.name), np.ndarray)})
 

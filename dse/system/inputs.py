@@ -92,6 +92,12 @@ class WorkloadColumns:
     router: np.ndarray            # [P] code into ``ROUTERS``
     session_turns: np.ndarray     # [P] turns of a session (1: no sessions)
     think_time: np.ndarray        # [P] sessions: seconds from a turn's last token to the next turn
+    kv_tier: np.ndarray           # [P] code into ``kv_tiers`` (the KV cache's second tier)
+    kv_tiers: list                # each code's tier name ('none', 'host', 'cxl', 'ssd')
+    swap: np.ndarray              # [P] bool: swap preemption (else recompute)
+    preempt_priced: np.ndarray    # [P] bool: the steady state prices preemption (``preemption`` not 'unpriced')
+    prefix_count: np.ndarray      # [P] distinct shared prefixes
+    prefix_zipf: np.ndarray       # [P] the Zipf exponent of their popularity
     decode_hardware: np.ndarray | None = None   # [P] code into ``decode_hardwares``
     decode_hardwares: list | None = None        # the decode pool's preset of each code ("": the point's own)
     pd_link: np.ndarray | None = None           # [P] code into ``pd_links``
@@ -181,6 +187,19 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         if anywhere(pointwise(lambda x: x < 1, w[k])):
             raise DseError(f"{cols.where}: {dict(prompt='prompt_len', gen='gen_len').get(k, k)}: "
                            f"expected a positive integer")
+    w["kv_tier"], w["kv_tiers"] = resolved_column(cols, "kv_tier", partial(checked_choice, "kv_tier"))
+    codes, rules = resolved_column(cols, "preemption", partial(checked_choice, "preemption"))
+    w["swap"] = per_code([r == "swap" for r in rules], codes)
+    w["preempt_priced"] = per_code([r != "unpriced" for r in rules], codes)
+    w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
+    tier = per_code([t != "none" for t in w["kv_tiers"]], w["kv_tier"])
+    if anywhere(pointwise(lambda s, t: s & ~t, w["swap"], tier)):
+        raise DseError(f"{cols.where}: preemption: 'swap' writes a preempted sequence's KV cache to a second tier; "
+                       f"give kv_tier (host, cxl or ssd) at those points, or preemption 'recompute'")
+    host = per_code([t == "host" for t in w["kv_tiers"]], w["kv_tier"])
+    if anywhere(pointwise(lambda h, ok: h & ~ok, host, hw.has_host)):
+        raise DseError(f"{cols.where}: kv_tier: 'host' needs a device with host memory and a host link; give cxl or "
+                       f"ssd, or a preset with a host")
     return WorkloadColumns(**w)
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basis.errors import MAX_FIGURE, DseError
+from dse.core.kv_tiers import MAX_PREFIXES
 from hwmodels.formats import COMPUTE_CLASSES
 
 #: the largest count (batch, tokens, devices, layers) a design point may ask for
@@ -67,6 +68,9 @@ MAX_TURNS = 1024
 #: fractions (``fitted``), or the kernel model's achieved time per operator shape (``learned``,
 #: ``dse.core.kernel_model``)
 KERNEL_LAYERS = ("fitted", "learned")
+#: the KV cache's second tier (``kv_tier``; ``dse.system.served``) and what preemption does (``preemption``)
+KV_TIERS = ("none", "host", "cxl", "ssd")
+PREEMPTIONS = ("unpriced", "recompute", "swap")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -416,6 +420,26 @@ TABLE: tuple[Param, ...] = (
           flag_default=True, noun="seconds",
           help="sessions: mean seconds from a turn's last token to the session's next turn (exponential: "
                "users and tools vary) (default: 0)"),
+    # ---- the KV cache's second tier under load and preemption (``dse.core.kv_tiers``)
+    Param("kv_tier", str, default="none", choices=KV_TIERS, flag="--kv-tier",
+          help="continuous batching: a second tier for the KV cache, 'host' (the device's host DRAM over its "
+               "host link), 'cxl' (a CXL memory box, configs/tiers.yaml cxl-cmm-b-16tb) or 'ssd' (an NVMe "
+               "drive, nvme-990pro-2tb), at its achieved bandwidth: it holds shared prefixes the device "
+               "evicted (reloaded instead of recomputed) and swapped-out sequences (default: none)"),
+    Param("preemption", str, default="unpriced", choices=PREEMPTIONS, flag="--preemption",
+          help="continuous batching: what the scheduler does to the latest sequence when the device's KV "
+               "blocks run out, priced in the steady state: recompute (drop its KV, prefill it again; vLLM's "
+               "default) or swap (write its KV to --kv-tier and read it back); unpriced: the steady state "
+               "leaves preemption out, as before this option (the simulator recomputes) (default: unpriced)"),
+    Param("prefix_count", int, default=1, flag="--prefix-count", flag_default=True, at_most=MAX_PREFIXES,
+          help="continuous batching with --prefix-hit: distinct shared prefixes (system prompts, documents) "
+               "the prompts start with, drawn with a Zipf popularity (--prefix-zipf); the device keeps one, "
+               "--kv-tier the least recently used others its capacity holds: the hit rate follows (Che's "
+               "approximation) (default: 1, every prompt the same prefix)"),
+    Param("prefix_zipf", float, default=1.0, zero_allowed=True, at_most=MAX_MOE_SKEW, flag="--prefix-zipf",
+          flag_default=True, noun="a Zipf exponent",
+          help="the Zipf exponent of the shared prefixes' popularity, share of rank i proportional to i^-s "
+               "(0: uniform) (default: 1)"),
 )
 #: each parameter's declaration by name
 SPEC: dict[str, Param] = {p.name: p for p in TABLE}
@@ -471,4 +495,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 __all__ = ["Param", "TABLE", "SPEC", "checked_choice", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
            "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
-           "UNITS", "GROUPS", "ROUTERS"]
+           "UNITS", "GROUPS", "ROUTERS", "KV_TIERS", "PREEMPTIONS"]

@@ -9,9 +9,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core import kv_tiers
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.engines import reserve_bytes
+from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
@@ -28,6 +30,7 @@ from dse.system.params import DEFAULTS
 from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
 from dse.system.workload import tables
+from hwmodels.tiers import load_tier, tier_fraction
 from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
@@ -352,7 +355,8 @@ def _load(s: ServingInputs, pools: Pools | None) -> Load:
     (Poisson arrivals, ``dispersion`` None, unless some point's are gamma of another shape)."""
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
                 s.request_rate, s.chunked, s.prefix_tokens, pools,
-                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks)
+                None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks,
+                s.tier)
 
 
 @dataclass(frozen=True)
@@ -436,8 +440,41 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
-        routed=routed)
+        routed=routed, tier=kv_tier(w, hw, idx, per_token, sc.devices, prefix, block))
     return serving, blocks * block * per_token * sc.pp
+
+
+#: the tier presets ``kv_tier`` names (configs/tiers.yaml): a CXL memory box, an NVMe drive
+KV_TIER_PRESETS = {"cxl": "cxl-cmm-b-16tb", "ssd": "nvme-990pro-2tb"}
+
+
+def kv_tier(w: WorkloadColumns, hw: HardwareArrays, idx, per_token, devices: int, prefix, block) -> TierLoad | None:
+    """The KV tier of a group's points (``dse.core.kv_tiers.TierLoad``; None where every point keeps
+    today's engine: no tier, preemption unpriced, one shared prefix). 'host': the host DRAM over
+    each device's own host link (at the link's measured fraction of its bandwidth), its capacity (a
+    preset's host memory is its node's) shared by the engine's ``devices``; 'cxl' and 'ssd': one
+    unit of the preset (``KV_TIER_PRESETS``) per engine, its capacity and achieved bandwidth (rated x
+    its cited achieved fraction) shared by the engine's ``devices``;
+    the prefix hit shares of ``prefix`` tokens in blocks of ``block`` (``kv_tiers.with_hits``; swap
+    without a tier and a host tier without a host are refused by ``workload_columns``)."""
+    names = np.asarray(w.kv_tiers, dtype=object)[np.asarray(w.kv_tier)[idx]]
+    swap = np.asarray(w.swap)[idx].astype(bool)
+    priced = np.asarray(w.preempt_priced)[idx].astype(bool)
+    count, zipf = np.asarray(w.prefix_count, dtype=float)[idx], np.asarray(w.prefix_zipf, dtype=float)[idx]
+    if np.all(names == "none") and not priced.any() and np.all(count == 1):
+        return None
+    host = names == "host"
+    sys = hw.system
+    bandwidth = np.where(host, sys.host_bandwidth[idx] * sys.host_fraction[idx], 0.0)
+    capacity = np.where(host, np.nan_to_num(np.asarray(hw.host_capacity, dtype=float)[idx]) / devices, 0.0)
+    for name, preset in KV_TIER_PRESETS.items():
+        t = load_tier(preset)
+        at = names == name
+        bandwidth = np.where(at, t.bandwidth_bytes_per_s * (tier_fraction(preset) or 1.0) / devices, bandwidth)
+        capacity = np.where(at, t.capacity_bytes / devices, capacity)
+    shape = np.shape(bandwidth)
+    return kv_tiers.with_hits(TierLoad(np.broadcast_to(np.asarray(per_token, dtype=float), shape).copy(), bandwidth,
+                                       capacity, count, zipf, swap, priced), prefix, block)
 
 
 def kv_blocks(fp, sc, cap, act, block) -> tuple:
@@ -586,7 +623,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                           token_budget=int(s.budget[j]), max_running=int(s.max_running[j]),
                           chunked=bool(s.chunked[j]),
                           prefix_tokens=int(s.prefix_tokens[j]),
-                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]))
+                          state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]),
+                          **_tier_engine(s, j))
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode
@@ -616,6 +654,20 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                        None if s.decode is None else int(s.decode.ep), replicas=n,
                        router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
                        think_s=0.0 if r is None else float(r.think_s[j]))
+
+
+def _tier_engine(s: ServingInputs, j: int) -> dict:
+    """The simulator's KV-tier settings (``EngineConfig``) of point ``j`` of a group (none without a tier)."""
+    t = s.tier
+    if t is None:
+        return {}
+    one = t.take(np.array([j]))
+    prefix, block = s.prefix_tokens[j:j + 1], s.kv_block[j:j + 1]
+    bw = float(one.bandwidth[0])
+    return {"swap": bool(one.swap[0]), "swap_s_per_token": float(one.token_bytes[0]) / bw if bw > 0 else 0.0,
+            "prefix_count": int(one.prefix_count[0]), "prefix_zipf": float(one.prefix_zipf[0]),
+            "tier_slots": int(kv_tiers.tier_slots(one, prefix, block)[0]),
+            "reload_s": float(np.nan_to_num(kv_tiers.reload_s(one, prefix, block)[0], posinf=0.0)) if bw > 0 else 0.0}
 
 
 def _rank_step(it: IterationModel, sys_j: SystemArrays, eff: Efficiency, ranks: int):
