@@ -356,7 +356,7 @@ def _load(s: ServingInputs, pools: Pools | None) -> Load:
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
                 s.request_rate, s.chunked, s.prefix_tokens, pools,
                 None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks,
-                s.tier)
+                tier=s.tier)
 
 
 @dataclass(frozen=True)
