@@ -71,6 +71,10 @@ def scenarios(draw, hardware=HARDWARE):
                     memory_capacity=d.memory.capacity_bytes * rng.uniform(0.05, 2, N),
                     host_link_bandwidth=d.host_link.bandwidth_bytes_per_s * rng.uniform(0.3, 3, N),
                     host_memory_capacity=1e14, overlap=draw(st.booleans()))
+    # the roofline's invariants with power unlimited: under a power limit more bandwidth or a shorter
+    # context can leave less power for compute, and a capped design runs a lower clock
+    # (dse.system.evaluator._capped; its own properties: tests/test_power.py)
+    cols["tdp_w"] = 1e6
     return cols, d
 
 

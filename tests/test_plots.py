@@ -189,7 +189,7 @@ def test_validation_plot_has_one_panel_per_metric_in_its_unit(tmp_path):
 STUDY = """\
 name: plot-choices
 space:
-  hardware: [h200, gaudi3]
+  hardware: [l40s, gaudi3]
   model: llama-3.1-8b
   weights: [fp16, fp8]
   kv: [fp16, fp8]
@@ -233,7 +233,7 @@ def test_cost_plot_draws_only_priced_designs_and_says_so(report):
 
 
 def test_cost_plot_is_skipped_with_a_note_when_no_preset_has_a_price(tmp_path):
-    (tmp_path / "s.yaml").write_text(STUDY.replace("[h200, gaudi3]", "[h200, b200]"))
+    (tmp_path / "s.yaml").write_text(STUDY.replace("[l40s, gaudi3]", "[l40s, gh200]"))
     r = run_cli("run", tmp_path / "s.yaml", "--out", tmp_path / "o", "--quiet")
     assert r.returncode == 0, r.stderr
     rec = json.loads((tmp_path / "o" / "plots.json").read_text())["pareto_cost_usd.png"]

@@ -283,6 +283,13 @@ class KernelHardware:
         return KernelHardware(tuple(float(x) for x in self.peaks[j]), float(self.bandwidth[j]), float(self.sms[j]),
                               float(self.l2_bytes[j]))
 
+    def take(self, idx) -> KernelHardware:
+        """The hardware of points ``idx`` (of a per-point description; this one otherwise)."""
+        if not self.per_point:
+            return self
+        return KernelHardware(np.asarray(self.peaks)[idx], np.asarray(self.bandwidth)[idx],
+                              np.asarray(self.sms)[idx], np.asarray(self.l2_bytes)[idx])
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(peaks [C] or [P, 1, C], bandwidth a number or [P, 1]): shaped to broadcast over operators."""
         peaks, bw = np.asarray(self.peaks, dtype=float), np.asarray(self.bandwidth, dtype=float)

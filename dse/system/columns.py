@@ -215,9 +215,9 @@ def _text_codes(a: np.ndarray) -> tuple[np.ndarray, list] | None:
     """``factorize`` of an object array of text: (codes in the sorted order of the distinct names,
     those names), by hashing (no sort of the points); None when some entry is not text."""
     items = a.ravel().tolist()
-    first = dict.fromkeys(items)                       # the distinct entries, by hash
-    if not all(type(x) is str for x in first):
+    if not all(type(x) is str for x in items):         # a mix of names and objects (dicts: unhashable)
         return None
+    first = dict.fromkeys(items)                       # the distinct entries, by hash
     uniq = sorted(first)
     if len(uniq) == 1:
         return constant(np.int64(0), len(items)), uniq

@@ -60,6 +60,7 @@ from dse.system.grouping import (
     MANY_BELOW,
     MANY_WORKLOADS,
     Group,
+    group_rows,
     many_workloads,
     one_workload,
     positions,
@@ -411,12 +412,16 @@ def _capped(g: Group, eff: Efficiency, given, metrics: dict) -> dict:
     lo = np.full(len(at), lowest)
     hi = np.maximum(clock_fraction(static, demand - static, limit), lowest)
 
+    # the learned kernel layer's description of each point priced again (its fractions of the peak are
+    # read at the boost clock's peaks: the capped peak scales the roofline, not the fractions)
+    part_eff = eff if eff.kernel is None else replace(eff, kernel=eff.kernel.take(at))
+
     def price_at(f):
-        part = subgroup(g, positions(g.index)[at])
+        part = group_rows(g, at)
         ps, scale = part.system, op_energy_factor(f)[:, None]
         part = replace(part, system=ps.replaced(peak=ps.peak * f[:, None], energy_op_j=ps.energy_op_j * scale,
                                                 energy_op_floor_j=ps.energy_op_floor_j * scale))
-        out = _priced(part, eff, given, False)
+        out = _priced(part, part_eff, given, False)
         out.pop("over_tdp", None)
         with np.errstate(invalid="ignore"):
             return out, np.broadcast_to(out.pop("checked_demand_w"), (len(at),)) > limit * (1 + 1e-3)

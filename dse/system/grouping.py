@@ -201,12 +201,18 @@ def positions(index) -> np.ndarray:
 
 
 def subgroup(g: Group, idx: np.ndarray) -> Group:
-    """The points ``idx`` (positions) of group ``g``."""
-    pos = idx - positions(g.index)[0]
-    cpu = None if g.cpu is None else g.cpu.take(pos)
-    serving = None if g.serving is None else g.serving.take(pos)
-    t = g.tables.take(pos) if isinstance(g.tables, WorkloadBatch) else g.tables
-    return Group(idx, t, g.system.take(pos), g.device_class, cpu, serving, g.family, g.engine, g.kv_group)
+    """The points ``idx`` (positions) of group ``g`` (a group of consecutive positions)."""
+    return group_rows(g, idx - positions(g.index)[0])
+
+
+def group_rows(g: Group, rows: np.ndarray) -> Group:
+    """The points at ``rows`` of group ``g``'s own arrays (0 .. its size - 1), whatever positions it
+    holds (consecutive or not)."""
+    cpu = None if g.cpu is None else g.cpu.take(rows)
+    serving = None if g.serving is None else g.serving.take(rows)
+    t = g.tables.take(rows) if isinstance(g.tables, WorkloadBatch) else g.tables
+    return Group(positions(g.index)[rows], t, g.system.take(rows), g.device_class, cpu, serving, g.family, g.engine,
+                 g.kv_group)
 
 
 def one_workload(g: Group, j: int) -> Group:
