@@ -316,6 +316,29 @@ def engine_name(name: str) -> str:
 STUDY_KEYS = ("objectives", "max_devices", "top")
 
 
+def space_columns(space: dict, where: str, kind: str, skip: tuple = ()) -> tuple[dict, dict, tuple]:
+    """(the scalar columns, {column of ``ENUMERATED``: the values tried}, the hardware to consider) of
+    the ``space`` of a ``kind`` study (a plan or a fleet) that enumerates layouts itself: a list of an
+    ``ENUMERATED`` column restricts what it tries, a single value fixes it; ``hardware`` is one name
+    or a list; ``skip``: keys the caller reads itself. DseError naming the file and the key for a
+    list or mapping of any other column."""
+    base, fixed = {}, {}
+    for k, v in space.items():
+        if k == "hardware" or k in skip:
+            continue
+        if isinstance(v, list) and k in ENUMERATED:
+            fixed[k] = list(v)
+        elif isinstance(v, (list, dict)):
+            raise DseError(f"{where}: space.{k}: a {kind} study gives one value here (it enumerates "
+                           f"{', '.join(ENUMERATED)} itself, and lists of those restrict it)")
+        elif k in ENUMERATED:
+            fixed[k] = [v]
+        else:
+            base[k] = v
+    hw = space.get("hardware")
+    return base, fixed, tuple(hw) if isinstance(hw, list) else (hw,) if isinstance(hw, str) else ()
+
+
 def ask_from_study(data: dict, where: str) -> PlanAsk:
     """The PlanAsk of a study file's mapping ``data`` that has a ``plan:`` section: its ``space``
     gives the scalar columns, ``hardware`` (one or a list: the hardware to consider), the rate as
@@ -329,21 +352,7 @@ def ask_from_study(data: dict, where: str) -> PlanAsk:
     if unknown:
         raise DseError(f"{where}: plan: unknown key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(STUDY_KEYS)}")
     space = data.get("space") or {}
-    base, fixed = {}, {}
-    for k, v in space.items():
-        if k == "hardware" or k == "target_rate":
-            continue
-        if isinstance(v, list) and k in ENUMERATED:
-            fixed[k] = list(v)
-        elif isinstance(v, (list, dict)):
-            raise DseError(f"{where}: space.{k}: a plan study gives one value here (it enumerates "
-                           f"{', '.join(ENUMERATED)} itself, and lists of those restrict it)")
-        elif k in ENUMERATED:
-            fixed[k] = [v]
-        else:
-            base[k] = v
-    hw = space.get("hardware")
-    hardware = tuple(hw) if isinstance(hw, list) else (hw,) if isinstance(hw, str) else ()
+    base, fixed, hardware = space_columns(space, where, "plan", ("target_rate",))
     rate = space.get("target_rate")
     if rate is None:
         raise DseError(f"{where}: space.target_rate: a plan study gives the requests/s its service must carry")

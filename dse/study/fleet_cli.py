@@ -13,11 +13,11 @@ from basis.errors import DseError, kind_of
 from basis.files import atomic_write, output_folder
 from basis.yamlfile import load_yaml
 from dse.explore.fleet import OBJECTIVES, Bucket, Fleet, FleetAsk, Mix, check_fleet, fleet
-from dse.explore.plan import ENUMERATED, MAX_COUNT, MAX_DEVICES
+from dse.explore.plan import MAX_COUNT, MAX_DEVICES, space_columns
 from dse.present import display
 from dse.present.document import Bullets, Code, Document, Section, Table, html_page, markdown
+from dse.study.plan_cli import flag_columns
 from dse.study.studyfile import study_path
-from hwmodels.presets import load_device
 
 #: what ``fleet`` prints (``--format``)
 FORMATS = ("table", "json")
@@ -109,17 +109,10 @@ def ask_from_args(args) -> FleetAsk:
         raise DseError("fleet: give --request-rate (requests/s all day) or --rate-curve HOURS:RATE,...")
     if args.rate_curve is not None and args.request_rate:
         raise DseError("fleet: --request-rate and --rate-curve both give the rate: give one of them")
-    for h in dict.fromkeys(args.hardware):
-        try:
-            load_device(h)
-        except DseError as e:
-            raise DseError(f"fleet: --hardware: {e}") from None
-    cols = args.columns_of(args, None)
-    fixed = {k: [cols[k]] for k in ENUMERATED if k in cols and (k in typed or k in ("tp", "pp"))}
-    base = {k: v for k, v in cols.items() if k not in ENUMERATED and k not in ("hardware", "request_rate")}
+    base, fixed, hardware = flag_columns(args, "fleet")
     periods = args.rate_curve or ((24.0, float(args.request_rate)),)
-    return FleetAsk(base, tuple(dict.fromkeys(args.hardware)), periods, args.buckets or (), fixed, args.objective,
-                    args.max_devices, bool(args.ideal))
+    return FleetAsk(base, hardware, periods, args.buckets or (), fixed, args.objective, args.max_devices,
+                    bool(args.ideal))
 
 
 def load_fleet_study(name_or_path: str) -> dict:
@@ -147,20 +140,7 @@ def ask_from_study(data: dict, where: str) -> FleetAsk:
     unknown = sorted(set(map(str, section)) - set(STUDY_KEYS))
     if unknown:
         raise DseError(f"{where}: fleet: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(STUDY_KEYS)}")
-    space = data.get("space") or {}
-    base, fixed = {}, {}
-    for k, v in space.items():
-        if k == "hardware":
-            continue
-        if isinstance(v, list) and k in ENUMERATED:
-            fixed[k] = list(v)
-        elif isinstance(v, (list, dict)):
-            raise DseError(f"{where}: space.{k}: a fleet study gives one value here (it enumerates "
-                           f"{', '.join(ENUMERATED)} itself, and lists of those restrict it)")
-        else:
-            base[k] = v
-    hw = space.get("hardware")
-    hardware = tuple(hw) if isinstance(hw, list) else (hw,) if isinstance(hw, str) else ()
+    base, fixed, hardware = space_columns(data.get("space") or {}, where, "fleet")
     curve = section.get("rate_curve")
     if not isinstance(curve, list) or not curve or not all(isinstance(p, list) and len(p) == 2 for p in curve):
         raise DseError(f"{where}: fleet.rate_curve: expected a list of [hours, requests/s] pairs, got {kind_of(curve)}")

@@ -81,16 +81,25 @@ def ask_from_args(args) -> PlanAsk:
         raise DseError("plan: --hardware: give the presets to consider (see 'list hardware'), or --study FILE")
     if not args.request_rate:
         raise DseError("plan: --request-rate: give the requests/s the service must carry (> 0)")
+    base, fixed, hardware = flag_columns(args, "plan")
+    return PlanAsk(base, hardware, float(args.request_rate), fixed, tuple(dict.fromkeys(args.objective)),
+                   args.max_devices, args.top, bool(args.ideal))
+
+
+def flag_columns(args, command: str) -> tuple[dict, dict, tuple]:
+    """(the scalar columns, {column of ``ENUMERATED``: [the value a flag fixed]}, the hardware to
+    consider) of a ``command`` (plan or fleet) that enumerates layouts itself: a typed flag of an
+    ``ENUMERATED`` column (and tp, pp) fixes it. DseError naming --hardware for an unknown preset."""
+    typed = getattr(args, "typed", frozenset())
     for h in dict.fromkeys(args.hardware):
         try:
             load_device(h)
         except DseError as e:
-            raise DseError(f"plan: --hardware: {e}") from None
+            raise DseError(f"{command}: --hardware: {e}") from None
     cols = args.columns_of(args, None)
     fixed = {k: [cols[k]] for k in ENUMERATED if k in cols and (k in typed or k in ("tp", "pp"))}
     base = {k: v for k, v in cols.items() if k not in ENUMERATED and k not in ("hardware", "request_rate")}
-    return PlanAsk(base, tuple(dict.fromkeys(args.hardware)), float(args.request_rate), fixed,
-                   tuple(dict.fromkeys(args.objective)), args.max_devices, args.top, bool(args.ideal))
+    return base, fixed, tuple(dict.fromkeys(args.hardware))
 
 
 def load_plan_study(name_or_path: str) -> dict:
