@@ -191,12 +191,13 @@ def prefill_time_share(out: dict, load: Load, iteration_time, pool_share=None) -
 
 
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
-    """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of the
-    mean iteration (``running_batch`` decoding sequences over the mean prompt plus half the mean
-    output, and the prompt tokens of the requests that arrive during it, over half their prompt)
-    times the iterations a second (one a TPOT), on each of the tp ranks, shared evenly by the
-    engine's streams and ranks (``group_load``: each a tp group's iteration of its share); every
-    amount of an iteration is affine in these counts, so the mean iteration carries the mean energy.
+    """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of an
+    iteration of ``running_batch`` decoding sequences (over the mean prompt plus half the mean output)
+    times the iterations a second (one a TPOT), plus each request's prompt (the energy its prompt
+    tokens over half the prompt add to such an iteration) times the requests a second, on each of
+    the tp ranks, shared evenly by the engine's streams and ranks (``group_load``: each a tp group's
+    iteration of its share). For a dense model, whose amounts are affine in the counts, this is the
+    energy of the mean iteration; a mixture's experts are read once a prompt, not every TPOT.
     Speculative and disaggregated engines are left out (NaN): their iterations are not one model's."""
     n = len(out["tpot_s"])
     if unmodelled:
@@ -205,14 +206,24 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
                 "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
     prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
     b, tpot = out["running_batch"], out["tpot_s"]
-    arrivals = out["requests_per_s"] * tpot                      # prompts finished an iteration
-    chunk = arrivals * prompt
     k = s.streams
+    zero = np.zeros(n)
     with np.errstate(invalid="ignore"):
-        ops = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, chunk / k, chunk * prompt / 2.0 / k, arrivals / k)
-        ranks = g.tables.scenario.tp * g.tables.scenario.cp * k     # every tp and context-parallel rank
-        dynamic = ranks * step_energy_j(ops, g.system) / tpot
-        floor = ranks * step_energy_j(ops, measured_only(g.system)) / tpot
+        decoding = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        prompted = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0,
+                                      zero + 1.0)
+        ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
+        # decoding iterations a second: one a TPOT, none where a request decodes no token after its first
+        steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
+
+        def watts(system):
+            """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as
+            the energy it adds to an iteration of its stream's decoders (not the mean iteration's: the
+            experts a mixture reads grow concavely with the tokens, so an iteration of the mean
+            prompt share would read nearly every expert every TPOT)."""
+            dec = step_energy_j(decoding, system)
+            return ranks * (k * dec * steps + out["requests_per_s"] * (step_energy_j(prompted, system) - dec))
+        dynamic, floor = watts(g.system), watts(measured_only(g.system))
     one = np.ones(n)
     return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
 
