@@ -18,6 +18,7 @@ import pytest
 from browser import Browser, browser_or_skip, page_errors
 
 from dse.study.cli import main
+from dse.study.fleet_cli import is_fleet_study
 from dse.study.plan_cli import is_plan_study
 from dse.study.studyfile import STUDY_DIR, load_study
 
@@ -144,6 +145,11 @@ def test_every_shipped_studys_report_is_interactive_offline_and_answers(name, ch
         assert chromium.js("document.querySelector('#answer h2').textContent").startswith("The study's answer")
         cells = chromium.js("Array.from(document.querySelectorAll('#answer-table tbody tr'), r => r.cells[0].textContent)")
         assert cells == list(data["space"]["hardware"])
+        return
+    if is_fleet_study(data):                # a fleet's answer: the mix, then each single type beside it
+        assert chromium.js("document.querySelector('#answer h2').textContent").startswith("The study's answer")
+        cells = chromium.js("Array.from(document.querySelectorAll('#answer-table tbody tr'), r => r.cells[0].textContent)")
+        assert cells == ["mixed", *data["space"]["hardware"]]
         return
 
     # every pareto, sweep and declared figure is a chart with data
