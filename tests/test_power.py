@@ -164,3 +164,15 @@ def test_analyze_prints_the_clock_a_cap_leaves():
                         "h100-sxm", "--batch", "256", "--power-cap-w", "350"], capture_output=True, text=True, check=True)
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("clock_fraction"))
     assert 0.3 <= float(line.split()[-1]) < 1 and "energy_basis                     measured" in r.stdout
+
+
+@pytest.mark.parametrize("hardware, basis, steps", [("h100-sxm", "measured", 0), ("mi300x", "tdp", 1)])
+def test_analyze_prints_the_energy_band_of_the_basis(hardware, basis, steps):
+    # the band is the shipped p90 error widened band_widening per step away from measured
+    # coefficients (configs/power.yaml read here, not through hwmodels.power)
+    table = load_yaml(shipped("configs", "power.yaml"), "power")
+    e = table["energy_error"]["value"] * table["band_widening"]["value"] ** steps
+    r = subprocess.run([sys.executable, "-m", "dse.study", "analyze", "--model", "llama-3.1-8b", "--hardware",
+                        hardware, "--batch", "16"], capture_output=True, text=True, check=True)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("Energy band:"))
+    assert line.startswith(f"Energy band: x{1 - e:.2f} .. x{1 + e:.2f} (power figures: {basis}"), line

@@ -572,6 +572,10 @@ def _table_report(res, display, asked_flash=None) -> str:
         out.append(f"  ({s['band']})")
     elif s.get("band", "").startswith("none:"):
         out += ["", f"Error bands: {s['band']}"]
+    if s.get("energy_band"):
+        low, high = s["energy_band"]
+        out.append(f"Energy band: x{low:.2f} .. x{high:.2f} (power figures: {s.get('energy_basis', '')}, "
+                   f"configs/power.yaml)")
     if s.get("efficiency_source"):
         out.append(f"Values used: {s['efficiency_source']}")
     return "\n".join(out)
