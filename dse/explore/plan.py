@@ -20,6 +20,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.engines import default_engine
+from dse.core.metrics import SECONDS_PER_HOUR
 from dse.core.serving import PERCENTILES
 from dse.system.analysis import unknown_energy_note
 from dse.system.evaluator import evaluate
@@ -51,7 +52,6 @@ ROW_KEYS = ("hardware", "devices", "replicas", "devices_per_replica", "tp", "pp"
             "kv", "max_running", "prefill_chunk", "engine", "goodput_per_replica", "rate_per_replica",
             "ttft_s", "tpot_s", "output_tokens_per_s", "cost_per_million_tokens_usd", "fleet_usd_per_hour",
             "fleet_price_usd", "efficiency", "band_ttft", "band_tpot", "band_throughput")
-SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from basis.errors import DseError, kind_of
 from basis.files import atomic_write, output_folder
-from basis.yamlfile import load_yaml
 from dse.explore.fleet import OBJECTIVES, Bucket, Fleet, FleetAsk, Mix, check_fleet, fleet
-from dse.explore.plan import MAX_COUNT, MAX_DEVICES, space_columns
+from dse.explore.plan import MAX_DEVICES, space_columns
 from dse.present import display
 from dse.present.document import Bullets, Code, Document, Section, Table, html_page, markdown
-from dse.study.plan_cli import flag_columns
-from dse.study.studyfile import study_path
+from dse.study.plan_cli import count_arg, flag_columns
+from dse.study.studyfile import has_section, load_section_study, study_path
 
 #: what ``fleet`` prints (``--format``)
 FORMATS = ("table", "json")
@@ -25,12 +24,6 @@ FORMATS = ("table", "json")
 STUDY_KEYS = ("rate_curve", "buckets", "objective", "max_devices")
 #: the flags of a design point that a fleet sets itself
 _SET_BY_FLEET = {"batch": "--batch", "concurrency": "--concurrency", "devices": "--devices"}
-
-
-def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and 0 < int(text) <= MAX_COUNT):
-        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_COUNT}, got {text!r}")
-    return int(text)
 
 
 def _number(text: str, what: str) -> float:
@@ -84,7 +77,7 @@ def add_parsers(command, workload_args, point_columns) -> None:
                         "default: --prompt-len and --gen-len)")
     p.add_argument("--objective", choices=OBJECTIVES, default="cost",
                    help="what to minimise: cost ($ a day: price amortized + electricity) or power (mean W)")
-    p.add_argument("--max-devices", type=_count, default=MAX_DEVICES,
+    p.add_argument("--max-devices", type=count_arg, default=MAX_DEVICES,
                    help="most devices one replica (engine) may span")
     p.add_argument("--study", default=None, metavar="FILE",
                    help="read the question from a fleet study (a study file with a 'fleet:' section)")
@@ -96,7 +89,7 @@ def ask_from_args(args) -> FleetAsk:
     """The FleetAsk of ``fleet``'s flags; DseError for a flag a fleet sets itself or a missing one."""
     typed = getattr(args, "typed", frozenset())
     if args.study:
-        return ask_from_study(load_fleet_study(args.study), str(study_path(args.study)))
+        return ask_from_study(load_section_study(args.study, "fleet"), str(study_path(args.study)))
     for name, flag in _SET_BY_FLEET.items():
         if name in typed:
             raise DseError(f"fleet: {flag}: a fleet chooses the load and the devices of each replica itself; "
@@ -115,18 +108,9 @@ def ask_from_args(args) -> FleetAsk:
                     bool(args.ideal))
 
 
-def load_fleet_study(name_or_path: str) -> dict:
-    """The mapping of a fleet study (a study file with a ``fleet:`` section); DseError otherwise."""
-    path = study_path(name_or_path)
-    data = load_yaml(path, "study file")
-    if not is_fleet_study(data):
-        raise DseError(f"{path}: not a fleet study: it has no 'fleet:' section (run it with 'dse run')")
-    return data
-
-
 def is_fleet_study(data: dict) -> bool:
     """True when a study's mapping asks for a fleet (a ``fleet:`` section)."""
-    return isinstance(data, dict) and "fleet" in data
+    return has_section(data, "fleet")
 
 
 def ask_from_study(data: dict, where: str) -> FleetAsk:

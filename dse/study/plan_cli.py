@@ -10,7 +10,6 @@ from pathlib import Path
 
 from basis.errors import DseError
 from basis.files import atomic_write, output_folder
-from basis.yamlfile import load_yaml
 from dse.explore.plan import (
     ENUMERATED,
     MAX_COUNT,
@@ -24,7 +23,7 @@ from dse.explore.plan import (
 )
 from dse.present import display
 from dse.present.document import Bullets, Code, Document, Section, Table, html_page, markdown
-from dse.study.studyfile import study_path
+from dse.study.studyfile import has_section, load_section_study, study_path
 from hwmodels.presets import load_device
 
 #: what ``plan`` prints (``--format``)
@@ -34,7 +33,7 @@ _SET_BY_PLAN = {"batch": "--batch", "concurrency": "--concurrency", "devices": "
                 "target_rate": "--request-rate"}
 
 
-def _count(text: str) -> int:
+def count_arg(text: str) -> int:
     """An argparse type: an integer from 1 to ``MAX_COUNT``."""
     if not (text.isascii() and text.isdigit() and 0 < int(text) <= MAX_COUNT):
         raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_COUNT}, got {text!r}")
@@ -56,9 +55,9 @@ def add_parsers(command, workload_args, point_columns) -> None:
     p.add_argument("--objective", nargs="+", choices=OBJECTIVES, default=["devices"],
                    help="what to rank by: devices (fewest in the service) and/or cost ($ per million output tokens; "
                         "every hardware then needs a price and an energy figure, else it is refused)")
-    p.add_argument("--max-devices", type=_count, default=MAX_DEVICES,
+    p.add_argument("--max-devices", type=count_arg, default=MAX_DEVICES,
                    help="most devices one replica (engine) may span: one scale-up node")
-    p.add_argument("--top", type=_count, default=5, help="layouts shown per hardware")
+    p.add_argument("--top", type=count_arg, default=5, help="layouts shown per hardware")
     p.add_argument("--study", default=None, metavar="FILE",
                    help="read the question from a plan study (a study file with a 'plan:' section) instead")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
@@ -69,7 +68,7 @@ def ask_from_args(args) -> PlanAsk:
     """The PlanAsk of ``plan``'s flags; DseError for a flag a plan sets itself or a missing one."""
     typed = getattr(args, "typed", frozenset())
     if args.study:
-        data = load_plan_study(args.study)
+        data = load_section_study(args.study, "plan")
         return ask_from_study(data, str(study_path(args.study)))
     for name, flag in _SET_BY_PLAN.items():
         if name in typed and name != "target_rate":
@@ -102,18 +101,9 @@ def flag_columns(args, command: str) -> tuple[dict, dict, tuple]:
     return base, fixed, tuple(dict.fromkeys(args.hardware))
 
 
-def load_plan_study(name_or_path: str) -> dict:
-    """The mapping of a plan study (a study file with a ``plan:`` section); DseError otherwise."""
-    path = study_path(name_or_path)
-    data = load_yaml(path, "study file")
-    if not isinstance(data, dict) or "plan" not in data:
-        raise DseError(f"{path}: not a plan study: it has no 'plan:' section (run it with 'dse run')")
-    return data
-
-
 def is_plan_study(data: dict) -> bool:
     """True when a study's mapping asks for a plan (a ``plan:`` section)."""
-    return isinstance(data, dict) and "plan" in data
+    return has_section(data, "plan")
 
 
 def cmd_plan(args) -> int:

@@ -145,3 +145,19 @@ def _outputs(path: Path, outputs, rows: str | None) -> dict:
     if rows is not None:
         out["rows"] = rows
     return out
+
+
+def has_section(data, section: str) -> bool:
+    """True when a study's mapping has a ``section`` (``plan:``, ``fleet:``): a study that asks for
+    that command's answer instead of a sweep."""
+    return isinstance(data, dict) and section in data
+
+
+def load_section_study(name_or_path: str, section: str) -> dict:
+    """The mapping of a study file (a shipped name or a path) that has a ``section`` (``has_section``);
+    DseError naming the file otherwise."""
+    path = study_path(name_or_path)
+    data = load_yaml(path, "study file")
+    if not has_section(data, section):
+        raise DseError(f"{path}: not a {section} study: it has no '{section}:' section (run it with 'dse run')")
+    return data
