@@ -49,6 +49,10 @@ UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
 #: (``tests/test_served_slices.py``: one call's results).
 SERVED_SLICE = 256
 
+#: bytes/s of the link an engine without a known one is priced on before its timed figures are dropped
+#: (``price_served``; the point is infeasible for ``interconnect``)
+STAND_IN_LINK = 1e12
+
 
 def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
     """``price_served`` of a group's points, ``SERVED_SLICE`` points at a time so that the memory
@@ -82,7 +86,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     d_unlinked = _decode_unlinked(g.serving)
     unlinked = unlinked | d_unlinked
     if unlinked.any():             # priced on a stand-in link, then its figures dropped
-        stand = replace(g, system=g.system.replaced(link_bandwidth=np.where(unlinked, 1e12, g.system.link_bandwidth)))
+        stand = replace(g, system=g.system.replaced(link_bandwidth=np.where(unlinked, STAND_IN_LINK,
+                                                                            g.system.link_bandwidth)))
         if d_unlinked.any():
             stand = replace(stand, serving=replace(stand.serving, decode=_decode_linked(stand.serving.decode)))
         out = price_served(stand, eff)
@@ -154,9 +159,9 @@ def _decode_unlinked(s: ServingInputs) -> np.ndarray:
 
 
 def _decode_linked(d: DecodePool) -> DecodePool:
-    """``d`` with a stand-in link (1 TB/s) wherever it has none known (``_decode_unlinked``)."""
+    """``d`` with the stand-in link (``STAND_IN_LINK``) wherever it has none known (``_decode_unlinked``)."""
     def linked(a):
-        return None if a is None else np.where(np.isfinite(a) & (a > 0), a, 1e12)
+        return None if a is None else np.where(np.isfinite(a) & (a > 0), a, STAND_IN_LINK)
     system = None if d.system is None else d.system.replaced(link_bandwidth=linked(d.system.link_bandwidth))
     return replace(d, link_bandwidth=linked(d.link_bandwidth), system=system)
 
