@@ -57,7 +57,7 @@ def test_a_numeric_flag_refuses_digits_of_other_scripts(p, text):
     # int('١٢') and float('１２') are 12 in Python; the command line takes ASCII digits, as a study does
     with pytest.raises(argparse.ArgumentTypeError, match=f"got '{text}'"):
         flag_type(p)(text)
-    ascii_value = "1" if p.type is int else "0.5"       # allowed by every numeric flag of its type
+    ascii_value = "1" if p.type is int else str(p.at_least or 0.5)   # allowed by the flag's declared range
     assert flag_type(p)(ascii_value) == float(ascii_value)
 
 

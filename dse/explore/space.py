@@ -220,6 +220,18 @@ class DesignSpace:
             stride *= n
         return {a.name: cols[a.name] for a in self.axes}
 
+    def probe_chunk(self) -> dict:
+        """Columns of the few points (as many as the longest list of names or switches) in which each
+        listed value of every name or switch axis appears at least once, every other axis at its first
+        value (a range at its low end): points of the space itself, evaluated before a study's run
+        folder is written so a value only the evaluator checks (an engine, a declared choice, a pool's
+        hardware, a length distribution) is refused before anything is on disk."""
+        named = {a.name for a in self.axes if PARAMS[a.name] in (str, bool) and len(a.values) > 1}
+        n = max((len(a.values) for a in self.axes if a.name in named), default=1)
+        rows = np.arange(n)
+        return {a.name: _take(a.values, rows % len(a.values)) if a.name in named
+                else (a.values[0] if a.values else a.low) for a in self.axes}
+
     def sample_chunk(self, unit: np.ndarray) -> dict[str, np.ndarray]:
         """Columns of points from a [N, axes] array of numbers in [0, 1): ranges are
         drawn continuously (log ranges in log space; integers rounded), choices uniformly."""

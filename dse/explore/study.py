@@ -16,7 +16,7 @@ from dse.explore.plan import empty_objectives
 from dse.explore.runio import FrameResults, ResultsFile, RunLock, write_atomic
 from dse.explore.search import run_search
 from dse.explore.spec import SweepSpec
-from dse.explore.sweep import front_of, run_sweep, unvalued
+from dse.explore.sweep import check_values, front_of, run_sweep, unvalued
 
 
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
@@ -39,6 +39,7 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
     if scheduler is not None and workers != 1:
         raise DseError("give --workers (processes of this machine) or --scheduler (a Dask cluster), not both")
     empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)  # an empty front, refused before the run
+    check_values(spec)                   # a value only the evaluator checks, refused before the folder exists
     out = output_folder(out)
     with RunLock(out):
         if spec.method != "optuna":

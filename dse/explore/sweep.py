@@ -61,12 +61,24 @@ COUNTS = ("devices", "batch_used", "tp_used", "pp_used")
 #: the layout of a sweep folder this module writes (sweep.json ``layout``): 2, chunk states and a dataset
 LAYOUT = 2
 
-__all__ = ["COUNTS", "changed_settings", "chunk_task", "evaluate_chunk", "evaluate_columns", "front_of", "run_sweep"]
+__all__ = ["COUNTS", "changed_settings", "check_values", "chunk_task", "evaluate_chunk", "evaluate_columns", "front_of", "run_sweep"]
+
+
+def _evaluate(spec: SweepSpec, cols: dict):
+    """The ``Evaluation`` of the points ``cols`` of ``spec``'s space; a bad value's DseError names the study."""
+    return evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
+
+
+def check_values(spec: SweepSpec) -> None:
+    """DseError, one line naming the study and the key, when a value of ``spec``'s space is refused by
+    the evaluator (an unknown engine, choice or pool hardware: what parsing the space cannot check):
+    its probe points (``DesignSpace.probe_chunk``, every listed name once) evaluated at once."""
+    _evaluate(spec, spec.space.probe_chunk())
 
 
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:
     """(rows, evaluation) of the points ``cols`` (named ``ids``): parameters, metrics, feasible and reason."""
-    ev = evaluate(cols, ideal=spec.ideal, constraints=spec.constraints, where=f"{spec.where}: space")
+    ev = _evaluate(spec, cols)
     data = {id_name: np.asarray(ids, dtype=np.int64), **cols}   # one frame over these arrays, none copied
     for name in METRICS:
         v = ev.metrics[name]

@@ -598,12 +598,14 @@ def cmd_run(args) -> int:
     if spec.method != "optuna" and args.workers > 1 and args.scheduler is None:
         start_server()                      # the workers' server starts while this process gets ready
     from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
+    from dse.explore.sweep import check_values
 
     if args.overwrite and args.storage:
         raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
                        "--storage (or delete that study there) instead")
     name = str(data.get("name") or Path(args.study).stem)
     empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)   # refused before its folder is made
+    check_values(spec)                      # so is a value only the evaluator checks
     out = output_folder(args.out or Path("runs") / name)
     signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops a run as Ctrl-C does: work done is kept
     with RunLock(out):

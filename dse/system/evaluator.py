@@ -711,9 +711,6 @@ def _economics(cols: Columns) -> dict:
     out = {}
     for k in COST_COLUMNS:                 # a column left out is its default for every point: a number
         out[k] = np.where(np.isnan(own := cols.numbers(k)), defaults[k], own) if cols.has(k) else float(defaults[k])
-    if np.any(np.asarray(out["pue"]) < 1):     # (its declaration checks > 0; a PUE is at least 1)
-        raise DseError(f"{cols.where}: pue: expected facility over IT energy, at least 1, got "
-                       f"{float(np.min(out['pue'])):g}")
     return out
 
 

@@ -86,7 +86,8 @@ class Param:
     base preset's figure or a derived value; a numeric parameter without a default may then be NaN
     at a point: ``MAY_BE_MISSING``). The range of a number: positive, or ``zero_allowed`` (>= 0);
     at most ``MAX_COUNT`` (int) or ``MAX_FIGURE`` (float), or ``at_most`` where it declares a
-    smaller bound; ``below`` an upper bound it must stay under; ``at_most_one`` a fraction.
+    smaller bound; ``at_least`` a lower bound above 0 (a PUE); ``below`` an upper bound it must stay
+    under; ``at_most_one`` a fraction.
     ``zero_is_unset``: 0 means "none" (the default), so the
     command line, where one leaves the flag out instead, refuses it. ``words``: words taken besides
     numbers (``batch``: 'max'); ``choices``: the only values of a name. ``unit``: the quantity it
@@ -108,6 +109,7 @@ class Param:
     zero_allowed: bool = False
     below: float | None = None
     at_most: float | None = None
+    at_least: float | None = None
     at_most_one: bool = False
     zero_is_unset: bool = False
     words: tuple[str, ...] = ()
@@ -151,6 +153,9 @@ class Param:
         if self.at_most is not None:
             bad |= a > self.at_most
             return bad, f"a number {'>= 0' if zero else '> 0'} up to {self.at_most:g}"
+        if self.at_least is not None:
+            bad |= a < self.at_least
+            return bad, f"a number at least {self.at_least:g} up to {MAX_FIGURE:g}"
         return bad, f"a finite number {'>= 0' if zero else '> 0'} up to {MAX_FIGURE:g}"
 
 
@@ -397,7 +402,7 @@ TABLE: tuple[Param, ...] = (
     _cost("utilization", "share of the time the system serves at the modelled rate, in (0, 1] (default: 1)",
           at_most_one=True, flag="--utilization"),
     _cost("pue", "facility power usage effectiveness: facility energy over the IT energy, at least 1 "
-          f"{_CONFIG_ECONOMICS}", flag="--pue", noun="a PUE"),
+          f"{_CONFIG_ECONOMICS}", flag="--pue", noun="a PUE", at_least=1.0),
     _cost("host_cost_share", "the host server's cost (CPUs, memory, board, chassis) per $ of accelerator, >= 0 "
           f"{_CONFIG_ECONOMICS}", zero_allowed=True, flag="--host-cost-share", noun="a share"),
     _cost("network_cost_share", "the network's share of the whole hardware cost, in [0, 1) "
