@@ -565,8 +565,11 @@ class _Mixing:
 
 
 class _Chain:
-    """The iterations of the mixing regime for a group's points: one with k prompts lasts
-    tau_k, during which Poisson(X tau_k) requests arrive for the next (a Markov chain in k)."""
+    """The iterations of the mixing regime for a group's points: one with k prompt chunks lasts
+    tau_k, during which Poisson(X tau_k) requests arrive for the next (a Markov chain in k). A
+    prompt cut into n chunks (chunked prefill, a prompt past the token budget) brings n chunks
+    at once: chunks arrive at X E[n], with an index of dispersion E[n^2] / E[n] (an open loop),
+    and a chunk's means weigh each length class by its chunks."""
 
     def __init__(self, load: Load, cls: _Classes, iteration_time: IterationTime, rows):
         w = cls.weight
@@ -576,11 +579,14 @@ class _Chain:
         budget = np.maximum(self.budget - 1.0, 1.0)[:, None]
         self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
         self.en, self.es = _dot(self.n, w), _dot(cls.steps, w)
+        self.batched = _dot(self.n ** 2, w) / self.en      # chunks' index of dispersion: n each prompt brings
+        # the chain counts chunks, a class's n of them each: a chunk's means weigh a class by w n
+        per_chunk = w * self.n / self.en[:, None]
         chunk = cls.work / self.n
-        self.tok = _dot(chunk, w)                                 # prompt tokens an arrival brings per iteration
-        self.chunk_var = np.maximum(_dot(chunk ** 2, w) - self.tok ** 2, 0.0)
-        self.pair = _dot(cls.pairs / self.n, w) / np.maximum(self.tok, 1e-300)
-        self.ends = _dot(1.0 / self.n, w)
+        self.tok = _dot(chunk, per_chunk)                         # prompt tokens a chunk brings to its iteration
+        self.chunk_var = np.maximum(_dot(chunk ** 2, per_chunk) - self.tok ** 2, 0.0)
+        self.pair = _dot(cls.pairs / self.n, per_chunk) / np.maximum(self.tok, 1e-300)
+        self.ends = 1.0 / self.en                                 # prompts a chunk ends
         self.whole, self.whole_pairs = _dot(cls.work, w), _dot(cls.pairs, w)
         self.ctx = np.where(self.es > 0, _dot(cls.steps * cls.keys, w) / np.maximum(self.es, 1e-300), _dot(cls.keys, w))
 
@@ -599,7 +605,7 @@ class _Chain:
         numbers of states, so that a few busy points do not widen every point's chain.
         ``complete`` False: only what the fixed point of ``_mixed`` reads (t1, tpot, own, longest:
         no waiting, variances or first decode iteration)."""
-        most = x * longest
+        most = x * self.en[at] * longest          # chunks arriving in the longest iteration
         wide = 1.0 if self.dispersion is None or closed else np.maximum(self.dispersion[at], 1.0)
         need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6), _MOST_STATES)
         size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
@@ -644,12 +650,16 @@ class _Chain:
         k = np.arange(kmax + 3)[None, :]
         ks, spread = _sampled(kmax + 2)                      # priced at a few k, linear between
         disp = None if self.dispersion is None or closed else self.dispersion[at]
+        if not closed and np.any(self.en[at] > 1):   # a prompt's n chunks come at once: E[n^2] / E[n] the variance
+            disp = (1.0 if disp is None else disp) * self.batched[at]
 
         def arrivals(mean, per_row: int = 1, since_one: bool = False):
             """Arrival counts of means ``mean`` (``per_row`` of them a point, raveled); ``since_one``:
             those that follow an arrival (an ordinary renewal process) rather than a random instant."""
             return arrival_counts(mean, kmax, None if disp is None else np.repeat(disp, per_row), since_one)
         dec = np.where(self.es[at] > 0, np.maximum(b - x * t * self.en[at], 0.0), 0.0)   # none: a prefill pool
+        # the chain counts chunks: a prompt cut into n comes as n of them (n = 1 unchunked, or fitting)
+        x = x * self.en[at]
         room = np.maximum(self.budget[at] - dec, 1.0)
         chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
         parts = [np.broadcast_to(v, chunk.shape) for v in (dec[:, None], (dec * self.ctx[at])[:, None], chunk,
