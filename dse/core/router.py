@@ -54,6 +54,7 @@ from dse.core.simulator import (
     _Instance,
     _overhead,
     _result,
+    scheduled,
 )
 
 #: the routers, in the order of ``dse.system.params.ROUTERS`` (codes)
@@ -249,6 +250,7 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
                 prev.next_turn = t
             turns.append(t)
             history, prev = prompt + int(g), t
+    scheduled(turns, engine, concurrency)
     prompts = np.array([t.prompt for t in turns], dtype=np.int64)
     gens = np.array([t.gen for t in turns], dtype=np.int64)
     if np.any(prompts < 1) or np.any(gens < 1):
