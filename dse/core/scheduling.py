@@ -150,3 +150,17 @@ def policy(code: int, high_share: float = 0.1, patience_s: float = 1.0) -> Fcfs:
     if code == SLO_ADMISSION:
         return SloAdmission(patience_s)
     raise DseError(f"scheduler: a scheduler code must be 0 (fcfs), 1 (priority) or 2 (slo-admission), got {code!r}")
+
+
+def priority_ttft(ttft, wait_fcfs, rho, high_share) -> tuple[np.ndarray, np.ndarray]:
+    """(the high class's mean TTFT, the low class's) [P], seconds: the FCFS engine's ``ttft`` [P] with
+    its admission wait ``wait_fcfs`` [P] replaced by each class's (``priority_waits``, two classes,
+    ``high_share`` [P] of the requests high) at load ``rho`` [P]."""
+    share = np.asarray(high_share, dtype=float)
+    rho = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+    w = np.asarray(wait_fcfs, dtype=float)
+    w0 = np.where(np.isfinite(w), w, 0.0) * (1.0 - rho)
+    k = cobham_waits(w0, np.stack([rho * share, rho * (1.0 - share)], axis=-1))
+    base = np.asarray(ttft, dtype=float) - np.where(np.isfinite(w), w, 0.0)
+    hi, lo = base + k[..., 0], base + k[..., 1]
+    return np.where(np.isfinite(w), hi, np.inf), np.where(np.isfinite(w), lo, np.inf)
