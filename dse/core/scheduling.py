@@ -112,7 +112,7 @@ def cobham_waits(w0, rho_k) -> np.ndarray:
     rho_k = np.asarray(rho_k, dtype=float)
     sigma = np.cumsum(rho_k, axis=-1)
     before = sigma - rho_k
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         out = np.asarray(w0, dtype=float)[..., None] / ((1.0 - before) * (1.0 - sigma))
     return np.where(sigma < 1.0, out, np.inf)
 
