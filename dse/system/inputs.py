@@ -195,6 +195,11 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["swap"] = per_code([r == "swap" for r in rules], codes)
     w["preempt_priced"] = per_code([r != "unpriced" for r in rules], codes)
     w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
+    prefix = ROUTERS.index("prefix-affinity")
+    if anywhere(pointwise(lambda r, n, c: (r == prefix) & (n > 1) & ~(c > 1), w["router"], w["router_replicas"],
+                          w["prefix_count"])):
+        raise DseError(f"{cols.where}: router: prefix-affinity routes by shared prefix; give prefix_count above 1 "
+                       f"(and prefix_hit) at those points")
     tier = per_code([t != "none" for t in w["kv_tiers"]], w["kv_tier"])
     if anywhere(pointwise(lambda s, t: s & ~t, w["swap"], tier)):
         raise DseError(f"{cols.where}: preemption: 'swap' writes a preempted sequence's KV cache to a second tier; "

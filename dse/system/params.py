@@ -58,7 +58,7 @@ MAX_REDUNDANT_EXPERTS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: how a router in front of ``router_replicas`` engines picks one (``dse.core.router``)
-ROUTERS = ("round-robin", "least-outstanding", "session-affinity")
+ROUTERS = ("round-robin", "least-outstanding", "session-affinity", "prefix-affinity")
 #: the most engine replicas behind one router (``router_replicas``): far above the fleets the simulator
 #: runs; enough to state any real fleet
 MAX_REPLICAS = 4096
@@ -412,7 +412,9 @@ TABLE: tuple[Param, ...] = (
     Param("router", str, default="round-robin", choices=ROUTERS, flag="--router", flag_default=True,
           help="how the router picks a replica: round-robin (in turn), least-outstanding (fewest requests queued "
                "and running), session-affinity (a session's turns on the replica of its first, which the fewest "
-               "outstanding picked) (default: round-robin)"),
+               "outstanding picked), prefix-affinity (every request of a shared prefix, --prefix-count, on one "
+               "replica: prefix rank p on replica p mod N; its cache sees only its own prefixes, at the cost of "
+               "balance under a skewed popularity) (default: round-robin)"),
     Param("session_turns", int, default=1, at_most=MAX_TURNS, flag="--session-turns", flag_default=True,
           noun="a number of turns",
           help="continuous batching, open loop: requests come in sessions of this many turns, each turn's "

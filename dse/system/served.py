@@ -17,7 +17,7 @@ from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
-from dse.core.router import Routed, replica_dispersion, with_sessions
+from dse.core.router import PREFIX_AFFINITY, Routed, prefix_routed_hits, replica_dispersion, with_sessions
 from dse.core.scheduling import PRIORITY, SLO_ADMISSION, dropped_share, policy, priority_ttft
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.sessions import session_lengths
@@ -475,6 +475,12 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                         history / per_turn, per_turn, fleet)
         conc, rate = conc / replicas, rate / replicas                # one replica's share of the fleet's load
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
+    tier = kv_tier(w, hw, idx, per_token, sc.devices, prefix, block)
+    if tier is not None and np.any((np.asarray(router) == PREFIX_AFFINITY) & (replicas > 1)):
+        device, in_tier, share = prefix_routed_hits(tier, prefix, block, replicas, router)
+        tier = replace(tier, device_hit=device, tier_hit=in_tier)       # the busiest replica's prefixes
+        conc, rate = conc * replicas * share, rate * replicas * share    # and its share of the load
+        routed = replace(routed, share=share)
     decode = decode_pool(model, sc, w, hw, idx, i0, cap, act, block) if w.disaggregated[i0] and own_decode else None
     d_devices = sc.devices if decode is None else decode.tp * sc.pp * decode.ep
     pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / d_devices, per_token) \
@@ -490,7 +496,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
-        routed=routed, tier=kv_tier(w, hw, idx, per_token, sc.devices, prefix, block),
+        routed=routed, tier=tier,
         scheduler=None if w.scheduler is None else np.broadcast_to(w.scheduler[idx], np.shape(rate)).copy(),
         priority_share=None if w.priority_share is None else
         np.broadcast_to(np.nan_to_num(w.priority_share[idx], nan=0.1), np.shape(rate)).astype(float))
@@ -687,7 +693,10 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     conc, rate = s.concurrency[j], s.request_rate[j]
     r = s.routed
     n = 1 if r is None else int(r.replicas[j])
-    conc, rate = conc * n, rate * n                  # the fleet's load (the inputs hold one replica's)
+    if r is not None and r.share is not None:        # the fleet's load (the inputs hold one replica's)
+        conc, rate = conc / float(r.share[j]), rate / float(r.share[j])
+    else:
+        conc, rate = conc * n, rate * n
     pools = transfer_s = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
