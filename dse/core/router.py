@@ -64,7 +64,7 @@ ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY, PREFIX_AFFINITY = 0, 1, 2, 3
 _THINK_NODES = 24
 
 
-def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarray:
+def replica_dispersion(dispersion, replicas, router, turns: int = 1, share=None) -> np.ndarray:
     """The squared coefficient of variation of the gaps between requests reaching one of
     ``replicas`` replicas, [P] (``dispersion``: c^2 of the gaps between sessions' starts, the
     fleet's requests without sessions). Streams superposed take their rates' mean of c^2 (Whitt's
@@ -73,15 +73,16 @@ def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarr
     robin and least-outstanding hand a replica every N-th of them: c^2 / N. Session affinity routes
     first turns as least-outstanding does (c^2 / N) and pins the later ones (a random 1 / N of the
     sessions: 1 after thinning); without sessions it is least-outstanding. Prefix affinity sends a
-    replica the requests of its prefixes, about 1 / N of them chosen by their prefix, not by time: a
-    thinned renewal process, 1 - 1 / N + c^2 / N (Cox and Isham)."""
+    replica the requests of its prefixes, a share s of them (``share`` [P]; None: 1 / N) chosen by their
+    prefix, not by time: a thinned renewal process, 1 - s + s c^2 (Cox and Isham)."""
     d = np.asarray(dispersion, dtype=float)
     n = np.asarray(replicas, dtype=float)
     first = 1.0 / max(int(turns), 1)
     fleet = first * d + (1.0 - first)
     code = np.asarray(router)
+    s = 1.0 / n if share is None else np.asarray(share, dtype=float)
     return np.where(code == SESSION_AFFINITY, first * d / n + (1.0 - first),
-                    np.where(code == PREFIX_AFFINITY, 1.0 - 1.0 / n + fleet / n, fleet / n))
+                    np.where(code == PREFIX_AFFINITY, 1.0 - s + s * fleet, fleet / n))
 
 
 def prefix_routed_hits(tier, prefix_tokens, kv_block, replicas, router) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

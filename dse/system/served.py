@@ -481,6 +481,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         tier = replace(tier, device_hit=device, tier_hit=in_tier)       # the busiest replica's prefixes
         conc, rate = conc * replicas * share, rate * replicas * share    # and its share of the load
         routed = replace(routed, share=share)
+    dispersion = replica_dispersion(fleet, replicas, router, turns, None if routed is None else routed.share)
     decode = decode_pool(model, sc, w, hw, idx, i0, cap, act, block) if w.disaggregated[i0] and own_decode else None
     d_devices = sc.devices if decode is None else decode.tp * sc.pp * decode.ep
     pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / d_devices, per_token) \
@@ -492,7 +493,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
-        dispersion=replica_dispersion(fleet, replicas, router, turns),
+        dispersion=dispersion,
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
