@@ -167,16 +167,23 @@ def lru_outcomes(ids, device_slots: int, tier_slots: int) -> np.ndarray:
     nowhere (then it is computed and pushed on top; the stack's overflow is dropped). The direct
     simulation Che's approximation is checked against, and the simulator's prefix cache."""
     stack: list[int] = []
-    size = int(device_slots) + int(tier_slots)
     out = np.empty(len(ids), dtype=np.int8)
     for n, i in enumerate(np.asarray(ids).tolist()):
-        try:
-            depth = stack.index(i)
-        except ValueError:
-            depth = -1
-        out[n] = 2 if depth < 0 else (0 if depth < device_slots else 1)
-        if depth >= 0:
-            del stack[depth]
-        stack.insert(0, i)
-        del stack[size:]
+        out[n] = lru_lookup(stack, i, device_slots, tier_slots)
     return out
+
+
+def lru_lookup(stack: list, item: int, device_slots: int, tier_slots: int) -> int:
+    """Where ``item`` is found in the LRU ``stack`` (most recent first; updated in place: ``item``
+    moved or pushed on top, the overflow past ``device_slots`` + ``tier_slots`` dropped): 0 the
+    device, 1 the tier, 2 nowhere."""
+    try:
+        depth = stack.index(item)
+    except ValueError:
+        depth = -1
+    where = 2 if depth < 0 else (0 if depth < device_slots else 1)
+    if depth >= 0:
+        del stack[depth]
+    stack.insert(0, item)
+    del stack[int(device_slots) + int(tier_slots):]
+    return where

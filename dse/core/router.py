@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basis.errors import DseError
+from dse.core.kv_tiers import che_hit_rate, lru_lookup, tier_slots, zipf_popularity
 from dse.core.serving import Load
 from dse.core.sessions import SessionEngine, Turn
 from dse.core.simulator import (
@@ -54,15 +55,16 @@ from dse.core.simulator import (
     _Instance,
     _overhead,
     _result,
+    scheduled,
 )
 
 #: the routers, in the order of ``dse.system.params.ROUTERS`` (codes)
-ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY = 0, 1, 2
+ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY, PREFIX_AFFINITY = 0, 1, 2, 3
 #: Gauss-Laguerre nodes of the think time's exponential (``retention``)
 _THINK_NODES = 24
 
 
-def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarray:
+def replica_dispersion(dispersion, replicas, router, turns: int = 1, share=None) -> np.ndarray:
     """The squared coefficient of variation of the gaps between requests reaching one of
     ``replicas`` replicas, [P] (``dispersion``: c^2 of the gaps between sessions' starts, the
     fleet's requests without sessions). Streams superposed take their rates' mean of c^2 (Whitt's
@@ -70,12 +72,39 @@ def replica_dispersion(dispersion, replicas, router, turns: int = 1) -> np.ndarr
     later turns, sent a think time after turns end (1 (Poisson), their times independent). Round-
     robin and least-outstanding hand a replica every N-th of them: c^2 / N. Session affinity routes
     first turns as least-outstanding does (c^2 / N) and pins the later ones (a random 1 / N of the
-    sessions: 1 after thinning); without sessions it is least-outstanding."""
+    sessions: 1 after thinning); without sessions it is least-outstanding. Prefix affinity sends a
+    replica the requests of its prefixes, a share s of them (``share`` [P]; None: 1 / N) chosen by their
+    prefix, not by time: a thinned renewal process, 1 - s + s c^2 (Cox and Isham)."""
     d = np.asarray(dispersion, dtype=float)
     n = np.asarray(replicas, dtype=float)
     first = 1.0 / max(int(turns), 1)
     fleet = first * d + (1.0 - first)
-    return np.where(np.asarray(router) == SESSION_AFFINITY, first * d / n + (1.0 - first), fleet / n)
+    code = np.asarray(router)
+    s = 1.0 / n if share is None else np.asarray(share, dtype=float)
+    return np.where(code == SESSION_AFFINITY, first * d / n + (1.0 - first),
+                    np.where(code == PREFIX_AFFINITY, 1.0 - s + s * fleet, fleet / n))
+
+
+def prefix_routed_hits(tier, prefix_tokens, kv_block, replicas, router) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(share of its requests whose prefix is on the device, share in its tier, its share of the fleet's
+    requests), [P], of the replica the steady state prices under ``router`` (codes [P]) over
+    ``replicas`` [P]. Prefix affinity sends every request of prefix p (popularity rank p = 0, 1, ...;
+    Zipf ``tier.prefix_zipf`` over ``tier.prefix_count``) to replica p mod N, whose LRU stack of one
+    device slot and ``tier_slots`` tier slots sees only its own prefixes; the busiest replica (0: it
+    holds the most popular prefix, and each of its prefixes outranks the other replicas' i-th) is the
+    one priced: Che's approximation on its prefixes' popularity, its share their sum. Other routers
+    spread every prefix over every replica, 1 / N each: the whole population's hits
+    (``kv_tiers.prefix_hits``, ``tier``'s own ``device_hit`` and ``tier_hit``)."""
+    device, in_tier = np.array(tier.device_hit, dtype=float), np.array(tier.tier_hit, dtype=float)
+    share = 1.0 / np.asarray(replicas, dtype=float)
+    slots = 1.0 + tier_slots(tier, prefix_tokens, kv_block)
+    for j in np.flatnonzero((np.asarray(router) == PREFIX_AFFINITY) & (np.asarray(replicas) > 1)):
+        n, q = int(replicas[j]), zipf_popularity(int(tier.prefix_count[j]), float(tier.prefix_zipf[j]))
+        part = q[0::n]
+        share[j] = part.sum()
+        hits = che_hit_rate(np.broadcast_to(part / share[j], (2, len(part))), np.array([1.0, slots[j]]))
+        device[j], in_tier[j] = hits[0], max(hits[1] - hits[0], 0.0)
+    return device, in_tier, share
 
 
 def turn_hit_share(turn, replicas, router) -> tuple[np.ndarray, np.ndarray]:
@@ -159,10 +188,15 @@ class Routed:
     history_turns: np.ndarray
     per_turn: float
     dispersion: np.ndarray
+    share: np.ndarray | None = None     # [P] the priced replica's share of the fleet's requests (None: 1 / replicas)
 
     def take(self, idx) -> "Routed":
         return replace(self, replicas=self.replicas[idx], router=self.router[idx], think_s=self.think_s[idx],
-                       dispersion=self.dispersion[idx])
+                       dispersion=self.dispersion[idx], share=None if self.share is None else self.share[idx])
+
+    def fleet_share(self) -> np.ndarray:
+        """The priced replica's share of the fleet's requests, [P]."""
+        return 1.0 / self.replicas if self.share is None else self.share
 
 
 def with_sessions(load: Load, routed: Routed, state: Callable[[Load], dict]) -> Load:
@@ -191,12 +225,28 @@ class _Router:
     """The simulator's router over an entry pool of replicas: ``__call__(instances, request)`` ->
     the index of the replica it goes to."""
 
-    def __init__(self, kind: int):
+    def __init__(self, kind: int, engine: EngineConfig | None = None, replicas: int = 1):
         self.kind = kind
         self.next = 0
         self.home: dict[int, int] = {}
+        self.engine = engine          # with several prefixes: each replica's LRU stack of them
+        self.stacks: list[list[int]] = [[] for _ in range(replicas)]
 
     def __call__(self, instances: list[_Instance], r) -> int:
+        i = self._pick(instances, r)
+        prefix = getattr(r, "prefix", -1)
+        if prefix >= 0 and np.isnan(r.admitted):    # its prefix looked up where it goes (``_prefix_population``)
+            e = self.engine
+            where = lru_lookup(self.stacks[i], prefix, 1, e.tier_slots)
+            r.private = bool(where)
+            r.reload = float(e.reload_s) if where == 1 else 0.0
+            if where == 2:
+                r.done_prompt = 0
+        return i
+
+    def _pick(self, instances: list[_Instance], r) -> int:
+        if self.kind == PREFIX_AFFINITY and getattr(r, "prefix", -1) >= 0:
+            return int(r.prefix) % len(instances)
         if self.kind == ROUND_ROBIN:
             i = self.next % len(instances)
             self.next += 1
@@ -225,8 +275,8 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
     DseError for a bad replica count or router, or a turn that can never fit an engine."""
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas < 1:
         raise DseError(f"simulator: replicas must be a positive integer, got {replicas!r}")
-    if router not in (ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY):
-        raise DseError(f"simulator: router must be a router code (0, 1, 2), got {router!r}")
+    if router not in (ROUND_ROBIN, LEAST_OUTSTANDING, SESSION_AFFINITY, PREFIX_AFFINITY):
+        raise DseError(f"simulator: router must be a router code (0, 1, 2, 3), got {router!r}")
     if (concurrency is None) == (starts is None):
         raise DseError("simulator: give either a concurrency (closed loop) or session start times (open loop)")
     multi = any(len(s) > 1 for s in sessions)
@@ -249,6 +299,12 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
                 prev.next_turn = t
             turns.append(t)
             history, prev = prompt + int(g), t
+    scheduled(turns, engine, concurrency)
+    if engine.prefix_count > 1 and engine.shared_blocks > 0:    # several prefixes: each request's (Zipf, seed 0)
+        ids = np.random.default_rng(0).choice(engine.prefix_count, size=len(turns),
+                                              p=zipf_popularity(engine.prefix_count, engine.prefix_zipf))
+        for t, p in zip(turns, ids):
+            t.prefix = int(p)
     prompts = np.array([t.prompt for t in turns], dtype=np.int64)
     gens = np.array([t.gen for t in turns], dtype=np.int64)
     if np.any(prompts < 1) or np.any(gens < 1):
@@ -277,7 +333,7 @@ def simulate_routed(step_time: StepTime, engine: EngineConfig, replicas: int, ro
         loop._push(nxt.arrival + loop.delay, _ENTER, -1, nxt)
 
     insts = [_Instance(SessionEngine(engine, follow), step_time) for _ in range(int(replicas))]
-    loop = _EventLoop(insts, [], future, spare, delay=delay, router=_Router(int(router)))
+    loop = _EventLoop(insts, [], future, spare, delay=delay, router=_Router(int(router), engine, int(replicas)))
     loop.run(0.0, start)
     _check_done(turns, "the replicas cannot make progress (KV cache too small for a turn)")
     res = _result(turns, loop, loop.instances, warmup, concurrency)

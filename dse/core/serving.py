@@ -892,7 +892,8 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
     tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
     tpot = np.where(decoding.sum(axis=1) > 0, tpot, m.tpot)
     e2e = ttft_k + decode_k
-    return {"ttft": ttft, "tpot": tpot, "e2e": _dot(e2e, w), "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
+    return {"ttft": ttft, "tpot": tpot, "e2e": _dot(e2e, w), "wait": queue + ahead, "admission": res + queue + ahead,
+            "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
             "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
@@ -1113,6 +1114,8 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     queue = np.where(closed, np.maximum(conc - b, 0.0) / capacity, 0.0)
     x, ttft, tpot = capacity.copy(), c["ttft"] + queue, c["tpot"].copy()
     e2e_open = np.full(n, np.nan)
+    wait = queue.copy()                           # waits behind others: a closed loop's queue, an open loop's prompts ahead
+    admission = queue.copy()                      # arrival to admission (an open loop: the rest of an iteration too)
     mix = {"ttft_mix": _with_queue(c["ttft_mix"], queue), "tpot_mix": c["tpot_mix"],
            "e2e_mix": _with_queue(c["e2e_mix"], queue)}
     opened = np.flatnonzero(~closed & ~saturated)
@@ -1121,6 +1124,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
         x[opened], ttft[opened], tpot[opened], b[opened] = rate[opened], o["ttft"], o["tpot"], o["b"]
         e2e_open[opened] = o["e2e"]
+        wait[opened], admission[opened] = o["wait"], o["admission"]
         for k in mix:
             mix[k] = _assign(mix[k], opened, o[k])
     ttft[saturated] = np.inf
@@ -1138,6 +1142,9 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         "running_batch": b,
         "kv_utilization": np.minimum(blocks / np.maximum(load.kv_blocks, 1.0), 1.0),
         "saturated": saturated,
+        "wait_s": np.where(saturated, np.inf, wait),   # seconds waited behind the requests ahead (``dse.core.scheduling``)
+        "admission_s": np.where(saturated, np.inf, admission),   # seconds from arrival to admission
+        "capacity_requests_per_s": capacity,            # the largest rate the engine serves
     }
     out.update(_percentiles(mix, saturated))
     return out

@@ -62,6 +62,7 @@ class Turn(_Request):
     turn: int = 1
     next_turn: "Turn | None" = None
     think_s: float = 0.0
+    prefix: int = -1              # its shared prefix's rank among several (``prefix_count``; -1: none drawn)
 
 
 class SessionEngine(_Engine):

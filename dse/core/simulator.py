@@ -65,6 +65,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.core.kv_tiers import lru_outcomes, zipf_popularity
 from dse.core.metrics import steps_after_first
+from dse.core.scheduling import HIGH, Fcfs
 
 #: (decode_seqs, decode_context, prefill_tokens, prefill_context, prompts_finished) -> seconds
 StepTime = Callable[[int, int, int, int, int], float]
@@ -103,6 +104,8 @@ class EngineConfig:
     prefix_zipf: float = 1.0
     tier_slots: int = 0
     reload_s: float = 0.0
+    # the scheduling policy (``dse.core.scheduling``): the waiting queue's order and what it drops
+    scheduler: Fcfs = Fcfs()
 
     def __post_init__(self):
         for key in ("kv_blocks", "kv_block", "token_budget", "max_running"):
@@ -154,6 +157,8 @@ class _Request:
     reload: float = 0.0           # seconds to reload its prefix from the KV tier (paid on admission)
     swapped: bool = False         # its KV is in the tier (swap preemption), read back on readmission
     private: bool = False         # its prefix is not the device's: it holds its own copy while it runs
+    priority: int = HIGH          # its class under the scheduler (lower first; FCFS: all one)
+    dropped: bool = False         # refused by the scheduler before admission (SLO-aware admission)
     admitted: float = float("nan")
     first_token: float = float("nan")
     finish: float = float("nan")
@@ -193,6 +198,8 @@ class SimulationResult:
     preemptions: int
     measured: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     concurrency: int | None = None
+    priority: np.ndarray | None = None     # per request: its class (``dse.core.scheduling``; None: one class)
+    dropped: np.ndarray | None = None      # per request: refused before admission (None: none)
 
     @property
     def completed(self) -> int:
@@ -229,6 +236,14 @@ class SimulationResult:
         out["running_mean"] = self.running
         out["kv_utilization"] = self.kv_used
         out["preemptions"] = float(self.preemptions)
+        if self.dropped is not None:                 # the share of the measured arrivals refused
+            out["dropped_share"] = float(np.mean(self.dropped[self.measured]))
+        if self.priority is not None:                # per class: high (0) and low (1) priority
+            for k, name in enumerate(("high", "low")):
+                c = self.priority[m] == k
+                out[f"ttft_{name}_mean_s"] = float(np.mean(ttft[c])) if c.any() else float("nan")
+                t = tpot[c]
+                out[f"tpot_{name}_mean_s"] = float(np.mean(t[np.isfinite(t)])) if np.isfinite(t).any() else float("nan")
         return out
 
 
@@ -437,6 +452,7 @@ def _load(prompts: np.ndarray, gens: np.ndarray, engine: EngineConfig, concurren
     n = len(prompts)
     reqs = [_Request(i, 0.0, int(prompts[i]), int(gens[i]), int(prompts[i]), engine.cached_tokens(int(prompts[i])))
             for i in range(n)]
+    scheduled(reqs, engine, concurrency)
     if arrivals is not None:
         arr = np.asarray(arrivals, dtype=float)
         if len(arr) != n or np.any(np.diff(arr) < 0) or not np.all(np.isfinite(arr)):
@@ -447,6 +463,16 @@ def _load(prompts: np.ndarray, gens: np.ndarray, engine: EngineConfig, concurren
     if isinstance(concurrency, bool) or int(concurrency) < 1:
         raise DseError(f"simulator: concurrency must be a positive integer, got {concurrency!r}")
     return reqs, reqs[:int(concurrency)], deque(), deque(reqs[int(concurrency):])
+
+
+def scheduled(reqs: Sequence[_Request], engine: EngineConfig, concurrency) -> None:
+    """Each request's class under ``engine.scheduler`` (in index order); DseError for a scheduler
+    that drops requests in a closed loop (a dropped request is not replaced: give a request rate)."""
+    if engine.scheduler.drops and concurrency is not None:
+        raise DseError("simulator: SLO-aware admission drops requests: run it in an open loop (a request rate)")
+    if engine.scheduler.reorders:
+        for r in reqs:
+            r.priority = engine.scheduler.priority(r.index)
 
 
 def _prefix_population(reqs: list[_Request], engine: EngineConfig) -> None:
@@ -469,8 +495,9 @@ def _prefix_population(reqs: list[_Request], engine: EngineConfig) -> None:
 
 
 def _check_done(reqs: list[_Request], why: str) -> None:
-    """DseError(``why``) when a request did not finish (the instances stalled)."""
-    if any(np.isnan(r.finish) for r in reqs):
+    """DseError(``why``) when a request did not finish (the instances stalled), one the scheduler
+    dropped excepted."""
+    if any(np.isnan(r.finish) and not r.dropped for r in reqs):
         raise DseError(f"simulator: {why}")
 
 
@@ -497,7 +524,9 @@ def _result(reqs: list[_Request], loop: _EventLoop, figures: list[_Instance], wa
                             finish, np.array([r.prompt for r in reqs], dtype=np.int64),
                             np.array([r.gen for r in reqs], dtype=np.int64), loop.steps, loop.busy_s, running,
                             kv_used, sum(inst.engine.preemptions for inst in loop.instances), measured,
-                            None if concurrency is None else int(concurrency))
+                            None if concurrency is None else int(concurrency),
+                            np.array([r.priority for r in reqs]) if any(r.priority != HIGH for r in reqs) else None,
+                            np.array([r.dropped for r in reqs]) if any(r.dropped for r in reqs) else None)
 
 
 def _counts(decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> tuple[int, int, int, int, int]:
@@ -710,8 +739,16 @@ class _Engine:
         return (self.config.kv_blocks - self.free) / self.config.kv_blocks
 
     def enqueue(self, r: _Request) -> None:
-        """``r`` is dispatched here: it waits at the tail of the queue."""
-        self.waiting.append(r)
+        """``r`` is dispatched here: it waits at the tail of the queue, or (a scheduler of priority
+        classes) behind every waiting request of its class or a higher one and those already
+        started (preempted, swapped out), ahead of the lower classes' waiting requests."""
+        if not self.config.scheduler.reorders:
+            self.waiting.append(r)
+            return
+        at = len(self.waiting)
+        while at > 0 and self.waiting[at - 1].priority > r.priority and np.isnan(self.waiting[at - 1].admitted):
+            at -= 1
+        self.waiting.insert(at, r)
 
     # an iteration's plan is (decode_now, chunks) (``schedule``); a group of ranks has its own
     # (``_LockStep``): the event loop asks the engine about its plans through these four
@@ -818,6 +855,11 @@ class _Engine:
                 self.free -= r.blocks
                 self.stall += r.blocks * cfg.kv_block * cfg.swap_s_per_token
                 self.running.append(r)
+                continue
+            if np.isnan(r.admitted) and cfg.scheduler.dropped(t - r.arrival):
+                self.waiting.popleft()            # SLO-aware admission: it can no longer meet its TTFT SLO
+                r.dropped = True
+                self.release(r)                   # (a session's turn: the history it took)
                 continue
             left = r.target - r.done_prompt
             take = min(left, budget)

@@ -38,6 +38,7 @@ from dse.system.analysis import (
     ENERGY_COST_METRICS,
     MAX_SIMULATED,
     ROW_KEYS,
+    SCHEDULER_METRICS,
     SERVING_LOAD_METRICS,
     analyze_point,
     simulate_point,
@@ -552,7 +553,7 @@ def _table_report(res, display, asked_flash=None) -> str:
            display.text_table(res.decode, cols, left=words), "", "Summary"]
     for k in ("ttft_s", "tpot_s", "tokens_per_target_step", "e2e_latency_s", "output_tokens_per_s", "output_tokens_per_s_per_user",
               "output_tokens_per_s_per_device", "prefill_tokens_per_s", "requests_per_s", "total_tokens_per_s",
-              "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], "goodput", "batch",
+              "queue_s", "running_batch", "kv_utilization", *SERVING_LOAD_METRICS[5:], *SCHEDULER_METRICS, "goodput", "batch",
               "weights_bytes", "kv_cache_bytes", "kv_pool_bytes", "state_bytes",
               "activation_bytes", "peak_memory_bytes", "capacity_bytes", "engine_reserve_bytes", "offloaded_bytes",
               *ENERGY_COST_METRICS, "energy_basis", "clock_fraction",

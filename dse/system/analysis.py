@@ -43,9 +43,11 @@ SERVING_LOAD_METRICS = ("requests_per_s", "total_tokens_per_s", "queue_s", "runn
 ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "power_demand_w", "system_tdp_w", "cost_usd",
                        "cost_per_million_tokens_usd", "capital_usd", "tco_usd_per_hour", "cost_per_mtok_input_usd",
                        "cost_per_mtok_output_usd", "tokens_per_dollar")
+#: the scheduling policy's figures a summary shows where they apply (priority classes, SLO-aware admission)
+SCHEDULER_METRICS = ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")
 #: the serving settings a summary names under continuous batching
 SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
-                    "router_replicas", "router", "session_turns", "think_time")
+                    "router_replicas", "router", "session_turns", "think_time", "scheduler", "priority_share")
 
 #: the operator kinds the kernel layer prices in a prediction, whose bands ``analyze`` shows
 KERNEL_BAND_KINDS = ("gemm", "generation_attention", "context_attention")
@@ -118,6 +120,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s.update({k: p.get(k, DEFAULTS[k]) for k in SERVING_SETTINGS if k != "lengths"})
         if s["slo_ttft"] or s["slo_tpot"]:
             s["goodput"] = m["goodput"]
+        s.update({k: m[k] for k in SCHEDULER_METRICS if np.isfinite(m[k])})   # the scheduler's (dse.core.scheduling)
     s["energy_basis"] = p.get("energy_basis_name", "")     # measured / tdp / class (hwmodels.power)
     if m["clock_fraction"] < 1:                            # a power cap (or the TDP) lowered its clock
         s["clock_fraction"] = m["clock_fraction"]

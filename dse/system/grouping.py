@@ -146,6 +146,8 @@ class ServingInputs:
     state_blocks: np.ndarray | float = 0.0   # KV blocks a running sequence's recurrent state takes (hybrids)
     routed: Routed | None = None   # replicas behind a router and sessions (None: one engine, no sessions)
     tier: TierLoad | None = None  # the KV cache's second tier, prefix population and preemption (None: today's)
+    scheduler: np.ndarray | None = None       # [P] the scheduling policy's code (``dse.core.scheduling``; None: FCFS)
+    priority_share: np.ndarray | None = None  # [P] --scheduler priority: the high class's share of the requests
 
     @property
     def streams(self) -> int:

@@ -13,7 +13,7 @@ from dse.core.engines import get_engine
 from dse.system.columns import Columns, anywhere, per_code, pointwise
 from dse.system.hardware import HardwareArrays
 from dse.system.images import image_columns
-from dse.system.params import MAX_COUNT, ROUTERS, checked_choice
+from dse.system.params import MAX_COUNT, ROUTERS, SCHEDULERS, checked_choice
 from dse.system.techniques import pruned_models, quality_columns, technique_columns
 from dse.system.workload import resolve_model
 from hwmodels.formats import get_format
@@ -102,6 +102,8 @@ class WorkloadColumns:
     decode_hardwares: list | None = None        # the decode pool's preset of each code ("": the point's own)
     pd_link: np.ndarray | None = None           # [P] code into ``pd_links``
     pd_links: list | None = None                # the prefill-to-decode link of each code (None: the default)
+    scheduler: np.ndarray | None = None         # [P] code into ``SCHEDULERS`` (``dse.core.scheduling``)
+    priority_share: np.ndarray | None = None    # [P] --scheduler priority: the high class's share of the requests
 
 
 def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
@@ -169,6 +171,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
                        f"(a closed loop at a concurrency, or an open loop at a request rate)")
     w["continuous"] = pointwise(lambda a, *on: a | np.any(on, axis=0), asked, *served.values())
     _routed_checks(cols, w)
+    _scheduler_columns(cols, w)
     short = pointwise(lambda c, p, m: c & (p > 0) & (p < m), w["continuous"], w["prefill_chunk"], w["max_running"])
     if anywhere(short):
         k = int(np.flatnonzero(short)[0])
@@ -192,6 +195,11 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["swap"] = per_code([r == "swap" for r in rules], codes)
     w["preempt_priced"] = per_code([r != "unpriced" for r in rules], codes)
     w["prefix_count"], w["prefix_zipf"] = cols.numbers("prefix_count"), cols.numbers("prefix_zipf")
+    prefix = ROUTERS.index("prefix-affinity")
+    if anywhere(pointwise(lambda r, n, c: (r == prefix) & (n > 1) & ~(c > 1), w["router"], w["router_replicas"],
+                          w["prefix_count"])):
+        raise DseError(f"{cols.where}: router: prefix-affinity routes by shared prefix; give prefix_count above 1 "
+                       f"(and prefix_hit) at those points")
     tier = per_code([t != "none" for t in w["kv_tiers"]], w["kv_tier"])
     if anywhere(pointwise(lambda s, t: s & ~t, w["swap"], tier)):
         raise DseError(f"{cols.where}: preemption: 'swap' writes a preempted sequence's KV cache to a second tier; "
@@ -201,6 +209,25 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         raise DseError(f"{cols.where}: kv_tier: 'host' needs a device with host memory and a host link; give cxl or "
                        f"ssd, or a preset with a host")
     return WorkloadColumns(**w)
+
+
+def _scheduler_columns(cols: Columns, w: dict) -> None:
+    """The scheduling policy's columns (``scheduler``, ``priority_share``); DseError where a policy
+    other than FCFS meets what it does not model: a closed loop, disaggregated pools, and SLO-aware
+    admission without a TTFT SLO."""
+    codes, names = resolved_column(cols, "scheduler", partial(checked_choice, "scheduler"))
+    w["scheduler"] = per_code(np.array([SCHEDULERS.index(n) for n in names], dtype=np.int64), codes)
+    w["priority_share"] = cols.numbers("priority_share")
+    other = pointwise(lambda s: s > 0, w["scheduler"])
+    if anywhere(pointwise(lambda o, r: o & ~(r > 0), other, w["request_rate"])):
+        raise DseError(f"{cols.where}: scheduler: priority and slo-admission are modelled in an open loop; give "
+                       f"request_rate at those points (or scheduler fcfs)")
+    if anywhere(pointwise(lambda o, d: o & d, other, w["disaggregated"])):
+        raise DseError(f"{cols.where}: scheduler: priority and slo-admission are modelled for colocated engines, "
+                       f"not disaggregated pools; leave disaggregate out or scheduler fcfs")
+    if anywhere(pointwise(lambda s, t: (s == 2) & ~(t > 0), w["scheduler"], w["slo_ttft"])):
+        raise DseError(f"{cols.where}: scheduler: slo-admission drops a request waiting past its TTFT SLO; give "
+                       f"slo_ttft at those points")
 
 
 def _routed_checks(cols: Columns, w: dict) -> None:

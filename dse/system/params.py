@@ -58,7 +58,7 @@ MAX_REDUNDANT_EXPERTS = 4096
 #: how requests are scheduled (``serving``)
 SERVING_MODES = ("static", "continuous")
 #: how a router in front of ``router_replicas`` engines picks one (``dse.core.router``)
-ROUTERS = ("round-robin", "least-outstanding", "session-affinity")
+ROUTERS = ("round-robin", "least-outstanding", "session-affinity", "prefix-affinity")
 #: the most engine replicas behind one router (``router_replicas``): far above the fleets the simulator
 #: runs; enough to state any real fleet
 MAX_REPLICAS = 4096
@@ -71,6 +71,8 @@ KERNEL_LAYERS = ("fitted", "learned")
 #: the KV cache's second tier (``kv_tier``; ``dse.system.served``) and what preemption does (``preemption``)
 KV_TIERS = ("none", "host", "cxl", "ssd")
 PREEMPTIONS = ("unpriced", "recompute", "swap")
+#: the scheduling policies (``scheduler``; ``dse.core.scheduling``, codes in this order)
+SCHEDULERS = ("fcfs", "priority", "slo-admission")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -415,7 +417,9 @@ TABLE: tuple[Param, ...] = (
     Param("router", str, default="round-robin", choices=ROUTERS, flag="--router", flag_default=True,
           help="how the router picks a replica: round-robin (in turn), least-outstanding (fewest requests queued "
                "and running), session-affinity (a session's turns on the replica of its first, which the fewest "
-               "outstanding picked) (default: round-robin)"),
+               "outstanding picked), prefix-affinity (every request of a shared prefix, --prefix-count, on one "
+               "replica: prefix rank p on replica p mod N; its cache sees only its own prefixes, at the cost of "
+               "balance under a skewed popularity) (default: round-robin)"),
     Param("session_turns", int, default=1, at_most=MAX_TURNS, flag="--session-turns", flag_default=True,
           noun="a number of turns",
           help="continuous batching, open loop: requests come in sessions of this many turns, each turn's "
@@ -425,6 +429,17 @@ TABLE: tuple[Param, ...] = (
           flag_default=True, noun="seconds",
           help="sessions: mean seconds from a turn's last token to the session's next turn (exponential: "
                "users and tools vary) (default: 0)"),
+    # ---- the scheduling policy (``dse.core.scheduling``)
+    Param("scheduler", str, default="fcfs", choices=SCHEDULERS, flag="--scheduler", flag_default=True,
+          help="continuous batching, open loop: the order the engine admits waiting requests in: fcfs (arrival "
+               "order, vLLM's default), priority (a share --priority-share of the requests admitted before the "
+               "others, non-preemptive; metrics ttft_high_s, ttft_low_s, tpot_high_s, tpot_low_s) or "
+               "slo-admission (a request still waiting for admission after --slo-ttft seconds is dropped: it "
+               "can no longer meet its SLO; metric dropped_share) (default: fcfs)"),
+    Param("priority_share", float, default=0.1, below=1.0, unit="share", flag="--priority-share",
+          flag_default=True, noun="a share",
+          help="--scheduler priority: the share of the requests in the high-priority class, in (0, 1) "
+               "(default: 0.1)"),
     # ---- the KV cache's second tier under load and preemption (``dse.core.kv_tiers``)
     Param("kv_tier", str, default="none", choices=KV_TIERS, flag="--kv-tier",
           help="continuous batching: a second tier for the KV cache, 'host' (the device's host DRAM over its "
@@ -500,4 +515,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 __all__ = ["Param", "TABLE", "SPEC", "checked_choice", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
            "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
-           "UNITS", "GROUPS", "ROUTERS", "KV_TIERS", "PREEMPTIONS"]
+           "UNITS", "GROUPS", "ROUTERS", "KV_TIERS", "PREEMPTIONS", "SCHEDULERS"]

@@ -33,7 +33,8 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            *(f"band_{f}_{end}" for f in BAND_FAMILIES for end in ("low", "high")), "tokens_per_target_step",
            "quality_loss", "moe_imbalance", "moe_dropped_fraction", "state_bytes",
            "prefill_time_share", "capital_usd", "cost_per_mtok_input_usd", "cost_per_mtok_output_usd",
-           "tokens_per_dollar", "tco_usd_per_hour", "clock_fraction", "energy_band_low", "energy_band_high")
+           "tokens_per_dollar", "tco_usd_per_hour", "clock_fraction", "energy_band_low", "energy_band_high",
+           "ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
 PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 

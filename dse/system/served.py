@@ -17,7 +17,8 @@ from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
-from dse.core.router import Routed, replica_dispersion, with_sessions
+from dse.core.router import PREFIX_AFFINITY, Routed, prefix_routed_hits, replica_dispersion, with_sessions
+from dse.core.scheduling import PRIORITY, SLO_ADMISSION, dropped_share, policy, priority_ttft
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.sessions import session_lengths
 from dse.core.simulator import EngineConfig
@@ -109,6 +110,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
     out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
                                 load.concurrency, late)
+    out, per_class = _scheduled(s, out, load, iteration_time, late)
     share = prefill_time_share(out, load, iteration_time,
                                s.pools[0] * g.tables.scenario.devices / s.devices if pooled else None)
     e = 1.0 if spec is None else spec.e
@@ -142,7 +144,39 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             **_pools_figures(s),
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e), "prefill_time_share": share,
-            "slo_missed": (s.target_rate > 0) & (good <= 0)}
+            "slo_missed": (s.target_rate > 0) & (good <= 0), **per_class}
+
+
+def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) -> tuple[dict, dict]:
+    """(``out`` with SLO-aware admission's points at the rate it admits, the scheduler's columns:
+    ttft_high_s, ttft_low_s, tpot_high_s, tpot_low_s (priority classes; request overhead ``late``
+    included) and dropped_share (SLO-aware admission); NaN where they do not apply), [P] each
+    (``dse.core.scheduling``)."""
+    n = len(load.kv_block)
+    cols = {k: np.full(n, np.nan) for k in ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")}
+    if s.scheduler is None or not np.any(s.scheduler > 0):
+        return out, cols
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.asarray(out["requests_per_s"] / out["capacity_requests_per_s"], dtype=float)
+    rho = np.where(out["saturated"], 1.0, rho)
+    drops = np.flatnonzero(s.scheduler == SLO_ADMISSION)
+    if len(drops):
+        p = dropped_share(out["admission_s"][drops], rho[drops], np.maximum(s.slo_ttft[drops] - late, 1e-300))
+        cols["dropped_share"][drops] = p
+        admitted = load.take(drops)
+        admitted = replace(admitted, request_rate=admitted.request_rate * (1.0 - p))
+        again = steady_state(admitted, lambda *a: iteration_time(*a[:-1], drops[a[-1]]))
+        out = dict(out)
+        for k, v in again.items():
+            if k in out and np.shape(out[k])[:1] == (n,):
+                out[k] = np.array(out[k], copy=True)
+                out[k][drops] = v
+    hi = np.flatnonzero(s.scheduler == PRIORITY)
+    if len(hi):
+        high, low = priority_ttft(out["ttft_s"][hi], out["wait_s"][hi], rho[hi], s.priority_share[hi])
+        cols["ttft_high_s"][hi], cols["ttft_low_s"][hi] = high + late, low + late
+        cols["tpot_high_s"][hi] = cols["tpot_low_s"][hi] = out["tpot_s"][hi]   # a running request is never preempted
+    return out, cols
 
 
 def _decode_unlinked(s: ServingInputs) -> np.ndarray:
@@ -441,6 +475,13 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
                         history / per_turn, per_turn, fleet)
         conc, rate = conc / replicas, rate / replicas                # one replica's share of the fleet's load
     prefix = np.round(w.prefix_hit[idx] * sc.prompt_len)
+    tier = kv_tier(w, hw, idx, per_token, sc.devices, prefix, block)
+    if tier is not None and np.any((np.asarray(router) == PREFIX_AFFINITY) & (replicas > 1)):
+        device, in_tier, share = prefix_routed_hits(tier, prefix, block, replicas, router)
+        tier = replace(tier, device_hit=device, tier_hit=in_tier)       # the busiest replica's prefixes
+        conc, rate = conc * replicas * share, rate * replicas * share    # and its share of the load
+        routed = replace(routed, share=share)
+    dispersion = replica_dispersion(fleet, replicas, router, turns, None if routed is None else routed.share)
     decode = decode_pool(model, sc, w, hw, idx, i0, cap, act, block) if w.disaggregated[i0] and own_decode else None
     d_devices = sc.devices if decode is None else decode.tp * sc.pp * decode.ep
     pools = (w.prefill_devices[idx] / sc.devices, w.decode_devices[idx] / d_devices, per_token) \
@@ -452,11 +493,14 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
-        dispersion=replica_dispersion(fleet, replicas, router, turns),
+        dispersion=dispersion,
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
-        routed=routed, tier=kv_tier(w, hw, idx, per_token, sc.devices, prefix, block))
+        routed=routed, tier=tier,
+        scheduler=None if w.scheduler is None else np.broadcast_to(w.scheduler[idx], np.shape(rate)).copy(),
+        priority_share=None if w.priority_share is None else
+        np.broadcast_to(np.nan_to_num(w.priority_share[idx], nan=0.1), np.shape(rate)).astype(float))
     return serving, blocks * block * per_token * sc.pp
 
 
@@ -640,7 +684,7 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                           chunked=bool(s.chunked[j]),
                           prefix_tokens=int(s.prefix_tokens[j]),
                           state_blocks=int(np.broadcast_to(s.state_blocks, s.kv_blocks.shape)[j]),
-                          **_tier_engine(s, j))
+                          scheduler=_scheduler(s, j, eff.request_overhead_s), **_tier_engine(s, j))
     decode_step = decode_engine = None
     if s.decode is not None:
         d = s.decode
@@ -650,7 +694,10 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     conc, rate = s.concurrency[j], s.request_rate[j]
     r = s.routed
     n = 1 if r is None else int(r.replicas[j])
-    conc, rate = conc * n, rate * n                  # the fleet's load (the inputs hold one replica's)
+    if r is not None and r.share is not None:        # the fleet's load (the inputs hold one replica's)
+        conc, rate = conc / float(r.share[j]), rate / float(r.share[j])
+    else:
+        conc, rate = conc * n, rate * n
     pools = transfer_s = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
@@ -670,6 +717,14 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                        None if s.decode is None else int(s.decode.ep), replicas=n,
                        router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
                        think_s=0.0 if r is None else float(r.think_s[j]))
+
+
+def _scheduler(s: ServingInputs, j: int, late: float):
+    """The simulator's scheduling policy at point ``j`` (``dse.core.scheduling``): SLO-aware admission's
+    patience the TTFT SLO less the request overhead (spent before the scheduler sees a request)."""
+    if s.scheduler is None:
+        return policy(0)
+    return policy(int(s.scheduler[j]), float(s.priority_share[j]), max(float(s.slo_ttft[j]) - late, 1e-9))
 
 
 def _tier_engine(s: ServingInputs, j: int) -> dict:

@@ -1,0 +1,166 @@
+"""Scheduling policies of an in-flight-batching engine, one object read by both the simulator
+(``dse.core.simulator``: which waiting request is admitted next, which one is dropped) and the
+steady-state model (``dse.core.serving``'s figures turned into per-class ones here).
+
+- **FCFS** (``Fcfs``): requests are admitted in arrival order (vLLM's default; today's engine,
+  bit-identical: the simulator's queue and the model's figures are untouched).
+- **Priority classes** (``PriorityClasses``): a share ``high_share`` of the requests (spread evenly
+  over them: request i is high when floor((i + 1) s) > floor(i s)) is high priority, admitted before
+  any waiting low-priority request; a request admitted runs to its end (non-preemptive: a high
+  request never evicts a running low one). The steady-state model keeps the FCFS engine's
+  figures and re-divides its admission wait W (the seconds a request waits behind the prompts
+  ahead of it) between the classes by the textbook non-preemptive priority queue (Cobham 1954):
+  in an M/G/1 queue of load rho = sum_k rho_k, class k (1 = highest) waits
+  W_k = W_0 / ((1 - sigma_{k-1})(1 - sigma_k)), sigma_k = rho_1 + ... + rho_k, and FCFS waits
+  W = W_0 / (1 - rho); so W_k = W (1 - rho) / ((1 - sigma_{k-1})(1 - sigma_k)) (their rate-weighted
+  mean is W again: Kleinrock's conservation law). rho is the point's rate over its capacity (the
+  largest rate the engine serves), each class's rho_k its share of it.
+- **SLO-aware admission** (``SloAdmission``): a request still waiting for admission when its
+  wait reaches what its TTFT SLO leaves after its own prefill (``patience_s``) is dropped (it could
+  no longer meet the SLO; dropping it costs no engine time). The model: an M/M/1 queue whose
+  customers leave at a fixed patience tau (M/M/1+D): the share dropped is
+  (1 - rho) rho e^(-theta tau) / (1 - rho^2 e^(-theta tau)), theta = mu - lambda, with theta = rho / W
+  from the FCFS wait W (M/M/1: W = rho / (mu - lambda)).
+
+Sources (facts, not code): A. Cobham, "Priority assignment in waiting line problems", J. Operations
+Research Society of America 2(1), 1954 (non-preemptive priority M/G/1); L. Kleinrock, "Queueing
+Systems, vol. II", 1976, sec. 3.4-3.6 (conservation law, Cobham's formula); F. Baccelli, P. Boyer,
+G. Hebuterne, "Single-server queues with impatient customers", Adv. Appl. Prob. 16, 1984 (M/M/1+D,
+the abandonment probability above); vLLM's scheduler (FCFS, and its 'priority' policy: lower
+value first, ties by arrival).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from basis.errors import DseError
+
+#: the policies' codes, in the order of ``dse.system.params.SCHEDULERS``
+FCFS, PRIORITY, SLO_ADMISSION = 0, 1, 2
+#: request classes: high priority first (lower value first, as vLLM's priority policy)
+HIGH, LOW = 0, 1
+
+
+@dataclass(frozen=True)
+class Fcfs:
+    """First come, first served: one class, nothing dropped."""
+
+    code = FCFS
+    classes = 1
+    reorders = False         # the simulator's queue keeps arrival order
+    drops = False            # nothing is refused
+
+    def priority(self, index: int) -> int:
+        """The class of the ``index``-th request (0: the only one)."""
+        return HIGH
+
+    def shares(self) -> np.ndarray:
+        """Each class's share of the requests [K]."""
+        return np.ones(1)
+
+    def dropped(self, waited_s: float) -> bool:
+        """Whether a request that has waited ``waited_s`` seconds for admission is dropped."""
+        return False
+
+
+@dataclass(frozen=True)
+class PriorityClasses(Fcfs):
+    """Two classes: ``high_share`` of the requests (in (0, 1)) admitted before the others."""
+
+    high_share: float = 0.1
+    code = PRIORITY
+    classes = 2
+    reorders = True
+
+    def __post_init__(self):
+        s = self.high_share
+        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or not 0 < s < 1:
+            raise DseError(f"scheduler: priority_share must be a number in (0, 1), got {s!r}")
+
+    def priority(self, index: int) -> int:
+        s = float(self.high_share)
+        return HIGH if np.floor((index + 1) * s) > np.floor(index * s) else LOW
+
+    def shares(self) -> np.ndarray:
+        return np.array([float(self.high_share), 1.0 - float(self.high_share)])
+
+
+@dataclass(frozen=True)
+class SloAdmission(Fcfs):
+    """One class; a request waiting ``patience_s`` seconds (> 0) for admission is dropped."""
+
+    patience_s: float = 1.0
+    code = SLO_ADMISSION
+    drops = True
+
+    def __post_init__(self):
+        p = self.patience_s
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0 < p < np.inf:
+            raise DseError(f"scheduler: the admission patience must be a finite number of seconds > 0, got {p!r}")
+
+    def dropped(self, waited_s: float) -> bool:
+        return waited_s >= float(self.patience_s)
+
+
+def cobham_waits(w0, rho_k) -> np.ndarray:
+    """Mean waits (seconds, [..., K]) of the K classes (highest first) of a non-preemptive priority
+    M/G/1 queue: W_0 / ((1 - sigma_{k-1})(1 - sigma_k)), ``w0`` [...] the mean residual work found
+    (sum of lambda_k E[S_k^2] / 2, seconds), ``rho_k`` [..., K] each class's load; inf where
+    sigma_k >= 1 (that class saturated)."""
+    rho_k = np.asarray(rho_k, dtype=float)
+    sigma = np.cumsum(rho_k, axis=-1)
+    before = sigma - rho_k
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.asarray(w0, dtype=float)[..., None] / ((1.0 - before) * (1.0 - sigma))
+    return np.where(sigma < 1.0, out, np.inf)
+
+
+def priority_waits(wait_fcfs, rho, shares) -> np.ndarray:
+    """Each class's mean admission wait (seconds, [P, K]) under non-preemptive priority, from the
+    FCFS engine's ``wait_fcfs`` [P] (seconds) at load ``rho`` [P] (rate over capacity, in [0, 1)) with
+    the classes' ``shares`` [K] of the requests (highest first): Cobham's W_k with W_0 = W (1 - rho)."""
+    rho = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+    w0 = np.asarray(wait_fcfs, dtype=float) * (1.0 - rho)
+    return cobham_waits(w0, rho[:, None] * np.asarray(shares, dtype=float)[None, :])
+
+
+def dropped_share(wait_fcfs, rho, patience_s) -> np.ndarray:
+    """The share [P] of requests an M/M/1+D queue drops at a fixed ``patience_s`` [P] (seconds):
+    (1 - rho) rho e^(-theta tau) / (1 - rho^2 e^(-theta tau)), theta = rho / W (``wait_fcfs``, the
+    FCFS queue's mean wait, seconds; 0: no queue, nothing dropped); rho >= 1: the share the overload
+    leaves unserved at least (1 - 1 / rho)."""
+    rho = np.asarray(rho, dtype=float)
+    w = np.asarray(wait_fcfs, dtype=float)
+    tau = np.asarray(patience_s, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        e = np.exp(-np.where(w > 0, rho / w, np.inf) * tau)
+        share = (1.0 - rho) * rho * e / (1.0 - rho ** 2 * e)
+    share = np.where(w > 0, np.nan_to_num(share, nan=0.0), 0.0)
+    return np.where(rho >= 1.0, np.maximum(1.0 - 1.0 / np.maximum(rho, 1e-300), 0.0), np.clip(share, 0.0, 1.0))
+
+
+def policy(code: int, high_share: float = 0.1, patience_s: float = 1.0) -> Fcfs:
+    """The policy object of a scheduler ``code`` (``FCFS``, ``PRIORITY``, ``SLO_ADMISSION``)."""
+    if code == FCFS:
+        return Fcfs()
+    if code == PRIORITY:
+        return PriorityClasses(high_share)
+    if code == SLO_ADMISSION:
+        return SloAdmission(patience_s)
+    raise DseError(f"scheduler: a scheduler code must be 0 (fcfs), 1 (priority) or 2 (slo-admission), got {code!r}")
+
+
+def priority_ttft(ttft, wait_fcfs, rho, high_share) -> tuple[np.ndarray, np.ndarray]:
+    """(the high class's mean TTFT, the low class's) [P], seconds: the FCFS engine's ``ttft`` [P] with
+    its admission wait ``wait_fcfs`` [P] replaced by each class's (``priority_waits``, two classes,
+    ``high_share`` [P] of the requests high) at load ``rho`` [P]."""
+    share = np.asarray(high_share, dtype=float)
+    rho = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+    w = np.asarray(wait_fcfs, dtype=float)
+    w0 = np.where(np.isfinite(w), w, 0.0) * (1.0 - rho)
+    k = cobham_waits(w0, np.stack([rho * share, rho * (1.0 - share)], axis=-1))
+    base = np.asarray(ttft, dtype=float) - np.where(np.isfinite(w), w, 0.0)
+    hi, lo = base + k[..., 0], base + k[..., 1]
+    return np.where(np.isfinite(w), hi, np.inf), np.where(np.isfinite(w), lo, np.inf)
