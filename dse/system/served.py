@@ -16,7 +16,7 @@ from dse.core.engines import reserve_bytes
 from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
-from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
+from dse.core.roofline import OpArrays, SystemArrays, step_energy_j, transfer_time
 from dse.core.router import Routed, replica_dispersion, with_sessions
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
 from dse.core.sessions import session_lengths
@@ -31,9 +31,11 @@ from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
 from dse.system.workload import tables
 from hwmodels.tiers import load_tier, tier_fraction
+from workloads import encoder as vision_encoder
 from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
+from workloads.vision import request_image_tokens
 
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
 #: the default budget (``dse.system.params``)
@@ -351,8 +353,13 @@ def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency, d_eff: Ef
             d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, decode_system(d, sys), d_eff or eff)
         link = kv_link(sys, eff) if s.decode is None or s.decode.link_bandwidth is None else \
             kv_link(sys.replaced(link_bandwidth=s.decode.link_bandwidth, link_latency=s.decode.link_latency), eff)
+        enc = {}
+        if s.encoder is not None:        # E:P:D: the encoder pool's instances, seconds a request, embedding bytes
+            n_enc, arrays, nbytes = s.encoder
+            enc = {"encoders": n_enc, "encode_s": step_s(arrays, sys, eff),
+                   "embed_bytes": np.full(n_enc.shape, float(nbytes))}
         pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), link,
-                      d_load, d_time)
+                      d_load, d_time, **enc)
     return group_load(_load(s, pools), s.ranks, s.stages)
 
 
@@ -423,9 +430,15 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
     if np.any(per_token <= 0):
         raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
                        "purely recurrent model is not modelled; give a hybrid or an attention model")
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    enc_devices = np.zeros(np.shape(idx)) if w.encoder_devices is None else \
+        np.broadcast_to(np.asarray(w.encoder_devices, dtype=float), np.shape(w.disaggregated))[idx]
+    encoder = None
+    if w.disaggregated[i0] and enc_devices.size and enc_devices.flat[0] > 0:     # E:P:D (one kind a group)
+        encoder = (enc_devices / sc.devices, *encoder_request(model, sc, buffer))
+        model = replace(model, vision=replace(model.vision, images=0))            # the prefill pool's iterations
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
-                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
-                         pp=sc.pp, ep=sc.ep, cp=sc.cp)
+                         sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     replicas = np.broadcast_to(np.nan_to_num(w.router_replicas[idx], nan=1.0), np.shape(rate)).astype(float)
@@ -453,11 +466,23 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
         dispersion=replica_dispersion(fleet, replicas, router, turns),
-        devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
+        devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx] + enc_devices,
+                         float(sc.devices)), encoder=encoder,
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
         routed=routed, tier=kv_tier(w, hw, idx, per_token, sc.devices, prefix, block))
     return serving, blocks * block * per_token * sc.pp
+
+
+def encoder_request(model, sc, buffer: float) -> tuple:
+    """(the vision encoder's OpArrays for one request on one engine of ``sc``'s layout, bytes of that
+    request's image embeddings: its image tokens x hidden_size in the activations format), as an
+    encoder pool runs it and sends it to the prefill pool (E:P:D)."""
+    one = replace(sc, batch=1)
+    table = vision_encoder.prefill(model, one, buffer)
+    ops = tuple(o for o in table.operators if o.name.startswith(vision_encoder.PREFIX))
+    arrays = OpArrays.from_table(replace(table, operators=ops, arrays={}))
+    return arrays, request_image_tokens(model.vision) * model.hidden_size * sc.activations.bytes
 
 
 #: the tier presets ``kv_tier`` names (configs/tiers.yaml): a CXL memory box, an NVMe drive
