@@ -656,6 +656,9 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     if g.serving.speculation is not None:
         raise DseError("simulate: the simulator runs one token per decoding sequence an iteration; speculative "
                        "decoding is priced by the steady-state model only")
+    if g.serving.encoder is not None:
+        raise DseError("simulate: encoder_devices: the simulator runs prefill and decode pools; an encoder pool "
+                       "(E:P:D) is priced by the steady-state model only (give encoder_devices 0)")
     eff = g.efficiency(efficiency, ideal)
     s, sc = g.serving, g.tables.scenario
     sys_j = g.system.take(np.array([j]))
