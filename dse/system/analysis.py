@@ -70,6 +70,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     s = {
         "model": p["model_name"], "hardware": p["hardware_name"], "devices": int(m["devices"]),
         "tp": int(m["tp_used"]), "pp": int(m["pp_used"]), "ep": int(p.get("ep", 1)), "cp": int(p.get("cp", 1)),
+        "encoder_devices": int(np.nan_to_num(float(p.get("encoder_devices", 0) or 0))),
         "batch": int(m["batch_used"]),
         "prompt_len": int(p["prompt_len"]), "gen_len": int(p["gen_len"]), "weights": p["weights"],
         "activations": p["activations"], "kv": p["kv"], "flash_attention": bool(p["flash_attention"]),

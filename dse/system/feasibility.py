@@ -63,7 +63,7 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     d_per = np.where(np.isnan(w.decode_tp), inst, w.decode_tp) * stages * d_ep
     split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, d_per) != 0) | (np.mod(enc, per) != 0))
     fail("layout", np.flatnonzero(split), "with disaggregate P:D, an engine's devices (tp x pp x ep) must divide "
-                                          "P, encoder_devices and D (the decode pool's: decode_tp x pp x decode_ep)")
+                                          "P and D (the decode pool's: decode_tp x pp x decode_ep) and encoder_devices")
     return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
 
 
