@@ -240,7 +240,9 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                                      point.decode_engine or point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
                                      arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
-                                     ranks=point.ranks, decode_ranks=point.decode_ranks)
+                                     ranks=point.ranks, decode_ranks=point.decode_ranks,
+                                     **({} if point.encoder is None else
+                                        {"encoders": point.encoder[0], "encode_s": point.encoder[1]}))
     out = res.metrics()
     n = point.replicas
     if routed:                           # one replica's throughput, as evaluate reports it

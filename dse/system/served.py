@@ -414,6 +414,7 @@ class ServedPoint:
     router: int = 0               # the router's code (``dse.core.router``)
     session_turns: int = 1        # turns of a session (1: plain requests)
     think_s: float = 0.0          # sessions: seconds from a turn's last token to the next turn
+    encoder: tuple | None = None  # E:P:D: (encoder instances, seconds each takes a request: encode + send)
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
@@ -656,9 +657,6 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     if g.serving.speculation is not None:
         raise DseError("simulate: the simulator runs one token per decoding sequence an iteration; speculative "
                        "decoding is priced by the steady-state model only")
-    if g.serving.encoder is not None:
-        raise DseError("simulate: encoder_devices: the simulator runs prefill and decode pools; an encoder pool "
-                       "(E:P:D) is priced by the steady-state model only (give encoder_devices 0)")
     eff = g.efficiency(efficiency, ideal)
     s, sc = g.serving, g.tables.scenario
     sys_j = g.system.take(np.array([j]))
@@ -679,7 +677,7 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
     r = s.routed
     n = 1 if r is None else int(r.replicas[j])
     conc, rate = conc * n, rate * n                  # the fleet's load (the inputs hold one replica's)
-    pools = transfer_s = None
+    pools = transfer_s = encoder = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
         pools = (int(prefill[j]), int(decode[j]))
@@ -691,13 +689,17 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
         def transfer_s(prompt: int) -> float:
             sent = prompt - engine.cached_tokens(prompt)
             return float(link(np.array([[per_token * sent]]), np.zeros(1, dtype=np.int64))[0, 0])
+        if s.encoder is not None:                   # the encoder pool: as ``_engine_load`` prices it
+            n_enc, arrays, nbytes = s.encoder
+            send = float(link(np.array([[float(nbytes)]]), np.zeros(1, dtype=np.int64))[0, 0])
+            encoder = (int(round(float(n_enc[j]))), float(step_s(arrays, g.system.take(np.array([j])), eff)[0]) + send)
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
                        None if np.isnan(conc) else int(round(conc)), None if np.isnan(rate) else float(rate),
                        eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
                        1.0 / float((s.dispersion if r is None else r.dispersion)[j]), decode_step, decode_engine,
                        None if s.decode is None else int(s.decode.ep), replicas=n,
                        router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
-                       think_s=0.0 if r is None else float(r.think_s[j]))
+                       think_s=0.0 if r is None else float(r.think_s[j]), encoder=encoder)
 
 
 def _tier_engine(s: ServingInputs, j: int) -> dict:
