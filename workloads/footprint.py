@@ -40,6 +40,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
         attn = qkv + nh * d * h + (h if m.o_proj_bias else 0) + (2 * d if m.qk_norm else 0)
         attn += h * nh * d if m.attn_output_gate else 0     # the output gate's half of q_proj
+        attn += nh if m.attention_sinks else 0              # one sink logit a head (gpt-oss)
     mats = 3 if m.mlp_gated else 2
 
     def mlp(width):

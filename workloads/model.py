@@ -13,7 +13,9 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   out take the defaults of the transformers config class (cited at ``_DEFAULTS``).
 - mixture of experts: mixtral, qwen2_moe (shared expert with a sigmoid gate, ``decoder_sparse_step``
   and ``mlp_only_layers``), qwen3_moe, gpt_oss (biases on attention, router and experts; the
-  per-head attention sinks, 64 numbers a layer, are left out), dbrx (nested ``attn_config`` and
+  per-head attention sinks, ``num_attention_heads`` learned logits a layer, each joining a query's
+  softmax denominator: counted as parameters and as one more softmax element per query and head,
+  ``ModelSpec.attention_sinks``; gpt-oss model card, arXiv:2508.10925 sec. 2.1), dbrx (nested ``attn_config`` and
   ``ffn_config``, LayerNorm without bias), deepseek_v2 / deepseek_v3 (MLA + MoE with shared
   experts), llama4 (read from its ``text_config``, or llama4_text: see below).
 - qwen3_vl (Qwen3-VL): the Qwen3 decoder of ``text_config`` (model_type qwen3_vl_text) and the
@@ -161,6 +163,8 @@ class ModelSpec:
     max_position_embeddings: int = 0  # the longest context (prompt + generation); 0: not given
     chunked_attention: bool = False   # the windowed layers attend within fixed chunks of sliding_window
     #                                   tokens (Llama 4), priced as a sliding window of that size
+    attention_sinks: bool = False     # a learned logit per head joins each query's softmax denominator
+    #                                   (gpt-oss: num_attention_heads numbers a layer, no value)
     # DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer and its top-k token selection
     index_n_heads: int = 0            # indexer query heads (0: dense attention)
     index_head_dim: int = 0           # indexer head size; its one key per token is cached per layer
@@ -950,7 +954,7 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                 raise fail("experts_per_token", f"got {_show(cfg['experts_per_token'])}, not num_experts_per_tok "
                            f"({top_k}); give one top-k")
             kw.update(num_experts=experts, moe_intermediate_size=inter, experts_per_token=top_k,
-                      router_bias=mt == "gpt_oss")
+                      router_bias=mt == "gpt_oss", attention_sinks=mt == "gpt_oss")
         elif mt in ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
             experts = _int(cfg, path, "num_experts")
             step = _int(cfg, path, "decoder_sparse_step", default=1, hi=layers, hi_name="num_hidden_layers")

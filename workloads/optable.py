@@ -413,6 +413,8 @@ class _Builder:
         kv_qk = nkv * d_qk if kv_qk is None else kv_qk      # K elements per token
         kv_sv = nkv * d_v if kv_sv is None else kv_sv       # V elements per token
         kvk = "kv_in" if kv_from_cache else "act_in"
+        sink_w = nh if self.m.attention_sinks else 0          # the sink logits: one a head, read as weights
+        sinks = B * S * sink_w                                # ... each joining a query-head's softmax
         if self.sc.flash_attention:
             if self.stage == "prefill":
                 # context parallel: 1/cp of the whole prompt's causal pairs and key reads a rank
@@ -425,9 +427,9 @@ class _Builder:
                 pairs = B * nh * S * L
                 kv_reads = B * L * (kv_qk + kv_sv)
             q = B * S * nh * d_qk
-            kw = {"ops": 2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs, "act_out": B * S * nh * d_v,
+            kw = {"ops": 2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * (pairs + sinks), "act_out": B * S * nh * d_v,
                   "shape_m": B, "shape_n": L if self.stage == "decode" else S, "shape_k": d_qk, "heads": nh,
-                  "kv_heads": nkv}
+                  "kv_heads": nkv, "weight": sink_w}
             if kv_from_cache:
                 kw.update(act_in=q, kv_in=kv_reads)
             else:
@@ -442,7 +444,8 @@ class _Builder:
             return {"act_in": first, kvk: keys} if kv_from_cache else {"act_in": first + keys}
         self.add(f"{prefix}qk_matmul", "attention", count, ops=2 * scores * d_qk, act_out=scores,
                  uses_kv=kv_from_cache, **reads(q, B * L * kv_qk))
-        self.add(f"{prefix}softmax", "vector", count, ops=SOFTMAX_OPS * scores, act_in=scores, act_out=scores)
+        self.add(f"{prefix}softmax", "vector", count, ops=SOFTMAX_OPS * (scores + sinks), act_in=scores, act_out=scores,
+                 weight=sink_w)
         self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
                  **reads(scores, B * L * kv_sv))
 

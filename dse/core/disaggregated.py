@@ -14,6 +14,12 @@ At a request throughput X, spread evenly over the instances:
   Little's law, T(b) the decode-only iteration; capped by its KV cache (the whole context of
   a decoding sequence) and max_running.
 
+- **encoder pool** (E:P:D, ``pools.encoders`` instances; vision-language requests): each
+  instance encodes a request's images and sends their embeddings to a prefill instance over the
+  same link pricing as the KV (``pools.transfer``), one request at a time: an M/D/1 queue
+  (every request carries the same images: the Pollaczek-Khinchine wait of a constant service s,
+  lambda s^2 / 2(1 - rho)); its wait, the encoding and the send come before the prefill's TTFT.
+
 TPOT is (link wait + transfer + decode iterations) / (G - 1): the time between the first
 token and the last, per token. The capacity is the least of the three stages'. A closed
 loop at concurrency N runs at the X where X x E[end-to-end latency] = N (Little's law;
@@ -88,6 +94,22 @@ class _Stages:
         self.s1, self.s2 = self.xfer @ w, (self.xfer ** 2) @ w
         self.x_link = np.where(self.s1 > 0, pools.prefill / np.maximum(self.s1, 1e-300), np.inf)
         self.capacity = np.minimum(np.minimum(self.x_prefill, self.x_decode), self.x_link)
+        self.enc = np.zeros(len(rows)) if pools.encoders is None else np.asarray(pools.encoders, float)
+        self.s_enc = np.zeros(len(rows))          # seconds an encoder instance takes a request: encode + send
+        if pools.encoders is not None:
+            embed = pools.transfer(np.asarray(pools.embed_bytes, float)[:, None], rows)[:, 0]
+            self.s_enc = np.where(self.enc > 0, pools.encode_s + embed, 0.0)
+            x_enc = np.where(self.s_enc > 0, self.enc / np.maximum(self.s_enc, 1e-300), np.inf)
+            self.capacity = np.minimum(self.capacity, x_enc)
+
+    def _encoder_delay(self, x, at) -> np.ndarray:
+        """Seconds [A'] before a request of points ``at`` at ``x`` requests/s reaches the prefill pool:
+        the encoder pool's M/D/1 wait, the encoding and the embeddings' send (0 without an encoder pool)."""
+        s, e = self.s_enc[at], self.enc[at]
+        lam = x / np.maximum(e, 1e-300)
+        rho = lam * s
+        wait = np.where(rho < 1, lam * s * s / (2.0 * np.maximum(1.0 - rho, 1e-300)), np.inf)
+        return np.where(e > 0, wait + s, 0.0)
 
     def _decode_iteration(self, b, at) -> np.ndarray:
         """Seconds of a decode-only iteration of ``b`` sequences on points ``at``."""
@@ -111,12 +133,14 @@ class _Stages:
         decoding = np.where(cls.steps > 0, cls.weight, 0.0)
         tpot = (tpot_k * decoding).sum(axis=1) / np.maximum(decoding.sum(axis=1), 1e-300)
         ttft_k, ttft_sd = first["ttft_class"]
-        e2e = ttft_k + after
+        enc = self._encoder_delay(x, at)
+        e2e = ttft_k + enc[:, None] + after
         zero = np.zeros_like(e2e)
         w = np.broadcast_to(cls.weight, e2e.shape)
         e2e_sd = np.sqrt(ttft_sd ** 2 + cls.gen_var * t_d[:, None] ** 2)
-        return {"ttft": first["ttft"], "tpot": tpot, "e2e": e2e @ cls.weight, "b": b,
-                "ttft_mix": first["ttft_mix"], "tpot_mix": (tpot_k, zero, decoding), "e2e_mix": (e2e, e2e_sd, w)}
+        return {"ttft": first["ttft"] + enc, "tpot": tpot, "e2e": e2e @ cls.weight, "b": b,
+                "ttft_mix": _with_queue(first["ttft_mix"], enc), "tpot_mix": (tpot_k, zero, decoding),
+                "e2e_mix": (e2e, e2e_sd, w)}
 
     def waves(self, conc, at) -> dict:
         """A closed loop of ``conc`` requests [A'] of one length class at points ``at``: they
@@ -134,6 +158,8 @@ class _Stages:
         each = np.maximum(wave / (pools.prefill[at] * pools.decode[at]), 1.0)
         zero = np.zeros(len(at))
         t_p = _priced(self.it, self.rows[at], zero, zero, each * c, each * pairs, each)
+        e = self.enc[at]                                       # the wave's encodings, one after another
+        t_p = t_p + np.where(e > 0, self.s_enc[at] * (np.maximum(wave / np.maximum(e, 1e-300), 1.0) + 1.0) / 2.0, 0.0)
         xfer = self.xfer[at][:, 0]
         link = xfer * (each + 1.0) / 2.0                       # the wave's transfers, one after another
         steps = cls.steps[:, 0]

@@ -100,7 +100,9 @@ class Pools:
     seconds of one such message on each point's link. A decode pool laid out otherwise than the
     prefill pool has its own ``decode_load`` (its engines' KV blocks, running cap and budget: the
     request lengths and load are the prefill's) and ``decode_time`` (its iterations' pricer); None:
-    the prefill pool's."""
+    the prefill pool's. An encoder pool (E:P:D) of ``encoders`` instances [P] (0: none) runs each
+    request's vision encoder in ``encode_s`` seconds and sends its ``embed_bytes`` of image
+    embeddings to a prefill instance over ``transfer`` (``dse.core.disaggregated``)."""
 
     prefill: np.ndarray
     decode: np.ndarray
@@ -108,11 +110,16 @@ class Pools:
     transfer: Callable[[np.ndarray, np.ndarray], np.ndarray]
     decode_load: "Load | None" = None
     decode_time: "IterationTime | None" = None
+    encoders: np.ndarray | None = None
+    encode_s: np.ndarray | None = None
+    embed_bytes: np.ndarray | None = None
 
     def take(self, idx) -> "Pools":
         """The design points ``idx`` (``transfer`` and ``decode_time`` still take rows of the whole group)."""
+        enc = {} if self.encoders is None else {"encoders": self.encoders[idx], "encode_s": self.encode_s[idx],
+                                                "embed_bytes": self.embed_bytes[idx]}
         return replace(self, prefill=self.prefill[idx], decode=self.decode[idx], kv_token_bytes=self.kv_token_bytes[idx],
-                       decode_load=None if self.decode_load is None else self.decode_load.take(idx))
+                       decode_load=None if self.decode_load is None else self.decode_load.take(idx), **enc)
 
 
 @dataclass(frozen=True)

@@ -293,7 +293,8 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            warmup: float = 0.2, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
                            tokens: Callable[[int, int], None] | None = None, stages: int = 1,
-                           ranks: int = 1, decode_ranks: int | None = None) -> SimulationResult:
+                           ranks: int = 1, decode_ranks: int | None = None, encoders: int = 0,
+                           encode_s: float = 0.0) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths, tokens) through disaggregated
     prefill and decode (DistServe, Splitwise): ``prefill_instances`` engines of
     ``prefill_engine`` whose iterations ``prefill_step`` prices and ``decode_instances``
@@ -338,7 +339,10 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
     instances (mean per instance, time-weighted over their iterations). ``stages`` and
     ``ranks``: each instance is ``stages`` micro-batch streams through its own pipeline, each
     stream ``ranks`` lock-step ranks (as in ``simulate``; the engines' configs are one rank's;
-    ``decode_ranks``: the decode pool's, when its layout is its own).
+    ``decode_ranks``: the decode pool's, when its layout is its own). An encoder pool (E:P:D) of
+    ``encoders`` instances (0: none) takes each request first: the instance free soonest (ties:
+    the lowest index) encodes it and sends its image embeddings in ``encode_s`` seconds, one request
+    at a time, first come, first served; the request then enters the prefill pool.
     DseError for non-positive instance counts, a transfer time not finite and >= 0, or a request
     that can never fit an instance (a prefill instance: its prompt's blocks and, prefill-first,
     its computed prompt tokens in the budget; a decode instance: the blocks of its prompt
@@ -362,6 +366,11 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
            for _ in range(int(decode_instances) * stages)]
     loop = _EventLoop(pre, dec, future, spare, transfer=sent, progress=progress,
                       delay=_overhead(request_overhead_s), tokens=_token_hook(tokens, gens), stages=stages)
+    if encoders:
+        if not (isinstance(encoders, (int, np.integer)) and encoders > 0 and np.isfinite(encode_s) and encode_s >= 0):
+            raise DseError(f"simulator: encoders must be a positive integer and encode_s finite seconds >= 0, "
+                           f"got {encoders!r} and {encode_s!r}")
+        loop.encoder_free, loop.encode_s = [0.0] * int(encoders), float(encode_s)
     loop.run(0.0, start)
     _check_done(reqs, "the prefill and decode instances cannot make progress")
     res = _result(reqs, loop, dec, warmup, concurrency)
@@ -602,6 +611,18 @@ class _EventLoop:
         self.scheduled = 0
         self.steps = 0
         self.busy_s = 0.0
+        self.encoder_free: list[float] = []   # an encoder pool (E:P:D): when each instance is next free (s)
+        self.encode_s = 0.0
+
+    def _encode(self, t: float, r: _Request) -> bool:
+        """``r``, ready at ``t`` (s), to the encoder instance free soonest, entering the entry pool when
+        encoded and sent (an event); False without an encoder pool."""
+        if not self.encoder_free:
+            return False
+        i = min(range(len(self.encoder_free)), key=lambda k: (self.encoder_free[k], k))
+        self.encoder_free[i] = max(t, self.encoder_free[i]) + self.encode_s
+        self._push(self.encoder_free[i], _ENTER, -1, r)
+        return True
 
     def _dispatch(self, pool: range, r: _Request) -> None:
         """``r`` joins the queue of the least-loaded instance of ``pool`` (ties: the first), or of
@@ -614,6 +635,8 @@ class _EventLoop:
 
     def _enter(self, t: float, r: _Request) -> None:
         """``r`` arrives at ``t`` (s): dispatched now, or ``delay`` later (an event)."""
+        if self._encode(t + self.delay, r):
+            return
         if self.delay > 0:
             self._push(t + self.delay, _ENTER, -1, r)
         else:
@@ -638,7 +661,9 @@ class _EventLoop:
                 else:
                     self._dispatch(self.entry, r)
             while self.arrivals and self.arrivals[0].arrival + self.delay <= t:
-                self._dispatch(self.entry, self.arrivals.popleft())
+                r = self.arrivals.popleft()
+                if not self._encode(r.arrival + self.delay, r):
+                    self._dispatch(self.entry, r)
             self._start_idle(t)
 
     def _next_time(self) -> float | None:

@@ -535,6 +535,7 @@ def _table_report(res, display, asked_flash=None) -> str:
         load += f", lengths {s['lengths']}" if s["lengths"] != "fixed" else ""
         load += f", prefix hit {100 * s['prefix_hit']:g} %" if s["prefix_hit"] else ""
         load += f", disaggregated {s['disaggregate']} (prefill:decode devices)" if s["disaggregate"] != "none" else ""
+        load += f" and an encoder pool of {s['encoder_devices']} devices" if s.get("encoder_devices") else ""
         load += (f" over {s['router_replicas']} replicas ({s['router']}; metrics one replica's)"
                  if s.get("router_replicas", 1) > 1 else "")
         load += (f", sessions of {s['session_turns']} turns, think time {s['think_time']:g} s"

@@ -72,6 +72,7 @@ def summary_of(ev: Evaluation, i: int) -> dict:
     s = {
         "model": p["model_name"], "hardware": p["hardware_name"], "devices": int(m["devices"]),
         "tp": int(m["tp_used"]), "pp": int(m["pp_used"]), "ep": int(p.get("ep", 1)), "cp": int(p.get("cp", 1)),
+        "encoder_devices": int(np.nan_to_num(float(p.get("encoder_devices", 0) or 0))),
         "batch": int(m["batch_used"]),
         "prompt_len": int(p["prompt_len"]), "gen_len": int(p["gen_len"]), "weights": p["weights"],
         "activations": p["activations"], "kv": p["kv"], "flash_attention": bool(p["flash_attention"]),
@@ -242,7 +243,9 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
                                      point.decode_engine or point.engine, *point.pools,
                                      point.transfer_s, prompts, gens, concurrency=point.concurrency,
                                      arrivals=arrivals, progress=progress, tokens=tokens, stages=point.stages,
-                                     ranks=point.ranks, decode_ranks=point.decode_ranks)
+                                     ranks=point.ranks, decode_ranks=point.decode_ranks,
+                                     **({} if point.encoder is None else
+                                        {"encoders": point.encoder[0], "encode_s": point.encoder[1]}))
     out = res.metrics()
     n = point.replicas
     if routed:                           # one replica's throughput, as evaluate reports it

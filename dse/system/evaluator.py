@@ -645,7 +645,7 @@ def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list
             w.max_context, hw.host_cpu, hw.device_class, hw.family, w.engine, w.continuous,
             pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
             w.tech, w.draft, w.spec_acceptance, w.decode_tp, w.decode_ep, w.decode_hardware, w.pd_link,
-            w.session_turns]
+            w.session_turns, pointwise(lambda e: e > 0, w.encoder_devices)]
 
 
 def _prepared_group(idx: slice, w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, many, workload,

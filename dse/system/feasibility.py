@@ -46,7 +46,9 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
     if not dis.any():                  # no pools: the layout is the one given
         return w.devices, w.tp, np.full(len(dis), np.nan)
     pre, dec = np.nan_to_num(w.prefill_devices, nan=1.0), np.nan_to_num(w.decode_devices, nan=1.0)
-    total = pre + dec
+    enc = np.zeros(len(dis)) if w.encoder_devices is None else \
+        np.broadcast_to(np.asarray(w.encoder_devices, dtype=float), np.shape(dis))
+    total = pre + dec + enc                                      # an encoder pool's devices too (E:P:D)
     stages = np.nan_to_num(w.pp, nan=1.0)
     d_ep = np.where(np.isnan(w.decode_ep), w.ep, w.decode_ep)
     pre_units, dec_units = pre / (stages * w.ep), dec / (stages * d_ep)      # tp ranks' worth of devices
@@ -56,12 +58,12 @@ def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.nd
                       np.gcd(pre.astype(np.int64), dec.astype(np.int64)))
     inst = np.where(np.isnan(w.tp), common, w.tp)               # tp: given, or the largest both pools take
     wrong = dis & ~np.isnan(w.devices) & (w.devices != total)
-    fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D")
+    fail("layout", np.flatnonzero(wrong), "with disaggregate P:D, devices (if given) must be P + D (+ encoder_devices)")
     per = inst * stages * w.ep
     d_per = np.where(np.isnan(w.decode_tp), inst, w.decode_tp) * stages * d_ep
-    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, d_per) != 0))
+    split = dis & ((np.mod(pre, per) != 0) | (np.mod(dec, d_per) != 0) | (np.mod(enc, per) != 0))
     fail("layout", np.flatnonzero(split), "with disaggregate P:D, an engine's devices (tp x pp x ep) must divide "
-                                          "P and D (the decode pool's: decode_tp x pp x decode_ep)")
+                                          "P and D (the decode pool's: decode_tp x pp x decode_ep) and encoder_devices")
     return (np.where(dis, np.nan, w.devices), np.where(dis, inst, w.tp), np.where(dis, total, np.nan))
 
 

@@ -148,6 +148,8 @@ class ServingInputs:
     tier: TierLoad | None = None  # the KV cache's second tier, prefix population and preemption (None: today's)
     scheduler: np.ndarray | None = None       # [P] the scheduling policy's code (``dse.core.scheduling``; None: FCFS)
     priority_share: np.ndarray | None = None  # [P] --scheduler priority: the high class's share of the requests
+    encoder: tuple | None = None  # E:P:D: (encoder instances [P], the encoder's OpArrays for one request,
+    #                               bytes of one request's image embeddings) (None: no encoder pool)
 
     @property
     def streams(self) -> int:
@@ -162,7 +164,8 @@ class ServingInputs:
         if pools is not None:
             prefill, decode, kv_token_bytes = pools
             pools = (prefill[pos], decode[pos], np.broadcast_to(kv_token_bytes, prefill.shape)[pos])
-        return replace(self, pools=pools, decode=None if self.decode is None else self.decode.take(pos),
+        encoder = None if self.encoder is None else (self.encoder[0][pos], *self.encoder[1:])
+        return replace(self, pools=pools, encoder=encoder, decode=None if self.decode is None else self.decode.take(pos),
                        routed=None if self.routed is None else self.routed.take(pos),
                        tier=None if self.tier is None else self.tier.take(pos),
                        **{f.name: getattr(self, f.name)[pos] for f in fields(self)
@@ -283,7 +286,7 @@ _WORKLOAD_INPUTS = ("model", "batch", "prompt_len", "gen_len", "weights", "activ
                     "host_tier", "host_cpu", "onchip_buffer_bytes", "native_formats", "serving", "concurrency",
                     "request_rate", "prefill_chunk", "lengths", "engine", *TECHNIQUE_COLUMNS, "prune",
                     "spec_acceptance", "decode_tp", "decode_ep", "images", "image_size", "two_batch_overlap",
-                    "decode_hardware", "pd_link")
+                    "decode_hardware", "pd_link", "encoder_devices")
 
 
 #: the workload inputs across which points are priced together (``many_workloads``)

@@ -104,6 +104,7 @@ class WorkloadColumns:
     pd_links: list | None = None                # the prefill-to-decode link of each code (None: the default)
     scheduler: np.ndarray | None = None         # [P] code into ``SCHEDULERS`` (``dse.core.scheduling``)
     priority_share: np.ndarray | None = None    # [P] --scheduler priority: the high class's share of the requests
+    encoder_devices: np.ndarray | None = None   # [P] devices of the vision-encoder pool (0: on the prefill engines)
 
 
 def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
@@ -152,6 +153,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["decode_devices"] = per_code(np.array([p[1] if p else np.nan for p in pools], dtype=float), codes)
     w["disaggregated"] = pointwise(lambda p: ~np.isnan(p), w["prefill_devices"])
     w["decode_tp"], w["decode_ep"] = cols.numbers("decode_tp"), cols.numbers("decode_ep")
+    w["encoder_devices"] = _encoder_devices(cols, w)
     w["decode_hardware"], w["decode_hardwares"] = resolved_column(cols, "decode_hardware", _decode_hardware)
     w["pd_link"], w["pd_links"] = resolved_column(cols, "pd_link", lambda v: None if v == "default" else load_link(str(v)))
     asked = per_code([m == "continuous" for m in modes], w["serving"])
@@ -286,3 +288,14 @@ def resolved_column(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]
         said = str(e)
         head = f"{cols.where}: " if said.startswith(key) else f"{cols.where}: {key}: "
         raise DseError(head + said, verbatim_from=len(head) + (len(key) if said.startswith(key) else 0)) from None
+
+
+def _encoder_devices(cols: Columns, w: dict) -> np.ndarray:
+    """``encoder_devices`` [P] (0: none); DseError naming the column where a point gives an encoder
+    pool without a disaggregated layout or without images."""
+    enc = cols.numbers("encoder_devices")
+    bad = pointwise(lambda e, d, i: (e > 0) & (~d | ~(i > 0)), enc, w["disaggregated"], cols.numbers("images"))
+    if anywhere(bad):
+        raise DseError(f"{cols.where}: encoder_devices: an encoder pool is a third pool of a disaggregated layout "
+                       f"whose requests carry images; give disaggregate P:D and images > 0 with it, or leave it 0")
+    return enc

@@ -321,6 +321,12 @@ TABLE: tuple[Param, ...] = (
           help="continuous batching on two pools: prompts on P devices, decoding on D others, the KV "
                "cache sent over the link (DistServe, Splitwise); engines of --tp devices (default: the "
                "largest dividing P and D)"),
+    Param("encoder_devices", int, default=0, zero_allowed=True, zero_is_unset=True, flag="--encoder-devices",
+          noun="a number of devices",
+          help="disaggregated vision-language models (E:P:D): devices of a pool of their own running the vision "
+               "encoder, engines of the prefill pool's layout; each request's image embeddings cross the P/D "
+               "link to the prefill pool and the encoder pool's queue adds to TTFT (0: the encoder runs on the "
+               "prefill engines)"),
     Param("decode_tp", int, flag="--decode-tp",
           help="disaggregated: the decode pool's tensor-parallel degree (default: tp, the prefill pool's)"),
     Param("decode_ep", int, flag="--decode-ep",

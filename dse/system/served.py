@@ -16,7 +16,7 @@ from dse.core.engines import reserve_bytes
 from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
-from dse.core.roofline import SystemArrays, step_energy_j, transfer_time
+from dse.core.roofline import OpArrays, SystemArrays, step_energy_j, transfer_time
 from dse.core.router import PREFIX_AFFINITY, Routed, prefix_routed_hits, replica_dispersion, with_sessions
 from dse.core.scheduling import PRIORITY, SLO_ADMISSION, dropped_share, policy, priority_ttft
 from dse.core.serving import PERCENTILES, Load, Pools, goodput, steady_state, with_request_overhead
@@ -32,9 +32,11 @@ from dse.system.pricing import measured_only, power_and_energy
 from dse.system.result import PERCENTILE_METRICS
 from dse.system.workload import tables
 from hwmodels.tiers import load_tier, tier_fraction
+from workloads import encoder as vision_encoder
 from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
 from workloads.techniques import tokens_per_target_step
+from workloads.vision import request_image_tokens
 
 #: tokens a prefill-first iteration (prefill_chunk 0) may hold, or one whole prompt if longer:
 #: the default budget (``dse.system.params``)
@@ -385,8 +387,13 @@ def _engine_load(s: ServingInputs, sys: SystemArrays, eff: Efficiency, d_eff: Ef
             d_time = group_pricer(iteration_pricer, d.ep, s.stages)(d.iteration, decode_system(d, sys), d_eff or eff)
         link = kv_link(sys, eff) if s.decode is None or s.decode.link_bandwidth is None else \
             kv_link(sys.replaced(link_bandwidth=s.decode.link_bandwidth, link_latency=s.decode.link_latency), eff)
+        enc = {}
+        if s.encoder is not None:        # E:P:D: the encoder pool's instances, seconds a request, embedding bytes
+            n_enc, arrays, nbytes = s.encoder
+            enc = {"encoders": n_enc, "encode_s": step_s(arrays, sys, eff),
+                   "embed_bytes": np.full(n_enc.shape, float(nbytes))}
         pools = Pools(prefill, decode, np.broadcast_to(kv_token_bytes, prefill.shape).astype(float), link,
-                      d_load, d_time)
+                      d_load, d_time, **enc)
     return group_load(_load(s, pools), s.ranks, s.stages)
 
 
@@ -441,6 +448,7 @@ class ServedPoint:
     router: int = 0               # the router's code (``dse.core.router``)
     session_turns: int = 1        # turns of a session (1: plain requests)
     think_s: float = 0.0          # sessions: seconds from a turn's last token to the next turn
+    encoder: tuple | None = None  # E:P:D: (encoder instances, seconds each takes a request: encode + send)
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
@@ -457,9 +465,15 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
     if np.any(per_token <= 0):
         raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
                        "purely recurrent model is not modelled; give a hybrid or an attention model")
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    enc_devices = np.zeros(np.shape(idx)) if w.encoder_devices is None else \
+        np.broadcast_to(np.asarray(w.encoder_devices, dtype=float), np.shape(w.disaggregated))[idx]
+    encoder = None
+    if w.disaggregated[i0] and enc_devices.size and enc_devices.flat[0] > 0:     # E:P:D (one kind a group)
+        encoder = (enc_devices / sc.devices, *encoder_request(model, sc, buffer))
+        model = replace(model, vision=replace(model.vision, images=0))            # the prefill pool's iterations
     it = iteration_model(model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp,
-                         sc.flash_attention, float(hw.buffer[i0]) if sc.flash_attention else 0.0, sc.techniques,
-                         pp=sc.pp, ep=sc.ep, cp=sc.cp)
+                         sc.flash_attention, buffer, sc.techniques, pp=sc.pp, ep=sc.ep, cp=sc.cp)
     conc = w.concurrency[idx]
     rate = w.request_rate[idx]
     replicas = np.broadcast_to(np.nan_to_num(w.router_replicas[idx], nan=1.0), np.shape(rate)).astype(float)
@@ -494,7 +508,8 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
         dispersion=dispersion,
-        devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx], float(sc.devices)),
+        devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx] + enc_devices,
+                         float(sc.devices)), encoder=encoder,
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
         decode=decode, state_blocks=state_blocks(state_bytes_per_sequence(model, sc), per_token * block),
         routed=routed, tier=tier,
@@ -502,6 +517,17 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         priority_share=None if w.priority_share is None else
         np.broadcast_to(np.nan_to_num(w.priority_share[idx], nan=0.1), np.shape(rate)).astype(float))
     return serving, blocks * block * per_token * sc.pp
+
+
+def encoder_request(model, sc, buffer: float) -> tuple:
+    """(the vision encoder's OpArrays for one request on one engine of ``sc``'s layout, bytes of that
+    request's image embeddings: its image tokens x hidden_size in the activations format), as an
+    encoder pool runs it and sends it to the prefill pool (E:P:D)."""
+    one = replace(sc, batch=1)
+    table = vision_encoder.prefill(model, one, buffer)
+    ops = tuple(o for o in table.operators if o.name.startswith(vision_encoder.PREFIX))
+    arrays = OpArrays.from_table(replace(table, operators=ops, arrays={}))
+    return arrays, request_image_tokens(model.vision) * model.hidden_size * sc.activations.bytes
 
 
 #: the tier presets ``kv_tier`` names (configs/tiers.yaml): a CXL memory box, an NVMe drive
@@ -698,7 +724,7 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
         conc, rate = conc / float(r.share[j]), rate / float(r.share[j])
     else:
         conc, rate = conc * n, rate * n
-    pools = transfer_s = None
+    pools = transfer_s = encoder = None
     if s.pools is not None:
         prefill, decode, kv_token_bytes = s.pools
         pools = (int(prefill[j]), int(decode[j]))
@@ -710,13 +736,17 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
         def transfer_s(prompt: int) -> float:
             sent = prompt - engine.cached_tokens(prompt)
             return float(link(np.array([[per_token * sent]]), np.zeros(1, dtype=np.int64))[0, 0])
+        if s.encoder is not None:                   # the encoder pool: as ``_engine_load`` prices it
+            n_enc, arrays, nbytes = s.encoder
+            send = float(link(np.array([[float(nbytes)]]), np.zeros(1, dtype=np.int64))[0, 0])
+            encoder = (int(round(float(n_enc[j]))), float(step_s(arrays, g.system.take(np.array([j])), eff)[0]) + send)
     return ServedPoint(step, engine, s.length_spec, sc.prompt_len, sc.gen_len, s.max_tokens,
                        None if np.isnan(conc) else int(round(conc)), None if np.isnan(rate) else float(rate),
                        eff.request_overhead_s, pools, transfer_s, int(s.stages), int(s.ranks),
                        1.0 / float((s.dispersion if r is None else r.dispersion)[j]), decode_step, decode_engine,
                        None if s.decode is None else int(s.decode.ep), replicas=n,
                        router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
-                       think_s=0.0 if r is None else float(r.think_s[j]))
+                       think_s=0.0 if r is None else float(r.think_s[j]), encoder=encoder)
 
 
 def _scheduler(s: ServingInputs, j: int, late: float):
