@@ -176,23 +176,39 @@ def _pools_figures(s: ServingInputs) -> dict:
 
 
 def prefill_time_share(out: dict, load: Load, iteration_time, pool_share=None) -> np.ndarray:
-    """The share of an engine's machine time its prefill takes, [P] (what the cost of its input tokens
-    is charged: ``dse.core.metrics.token_costs``): in the mean iteration of the steady state ``out``
-    (``running_batch`` sequences decoding over the mean prompt plus half the mean output; the prompts
-    arriving during it, over half their prompt), the time of its prompt chunks priced alone over that
-    plus the time of its decode priced alone (``iteration_time``: each as an iteration of its own, its
-    fixed costs counted in each). Disaggregated (``pool_share``: the prefill pool's share of the
-    devices, [P]): that share, the prefill pool's machine time."""
+    """The share of an engine's busy machine time its prefill takes, [P] (what the cost of its input
+    tokens is charged: ``dse.core.metrics.token_costs``): each request's prompt priced once as the
+    time it adds to an iteration of the engine's ``running_batch`` decoders (``serving_shares``, the
+    rule ``_serving_energy`` prices energy by; ``iteration_time``: the engine's iteration pricer),
+    over that plus the decoding iterations' time. Not the mean iteration's prompt share, which reads
+    a mixture's experts for the prompt every TPOT (its expert reads grow concavely with tokens).
+    Disaggregated (``pool_share``: the prefill pool's share of the devices, [P]): that share, the
+    prefill pool's machine time."""
     if pool_share is not None:
         return np.asarray(pool_share, dtype=float) * np.ones(len(out["tpot_s"]))
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b = np.asarray(out["running_batch"], dtype=float)
-    arrivals = out["requests_per_s"] * out["tpot_s"]
-    chunk, zero, rows = arrivals * prompt, np.zeros(len(b)), np.arange(len(b))
+    rows = np.arange(len(out["tpot_s"]))
+    dec, pre = serving_shares(lambda *counts: iteration_time(*counts, rows), out, load, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        pre = np.where(arrivals > 0, iteration_time(zero, zero, chunk, chunk * prompt / 2.0, arrivals, rows), 0.0)
-        dec = np.where(b > 0, iteration_time(b, b * (prompt + gen / 2.0), zero, zero, zero, rows), 0.0)
         return pre / (pre + dec)
+
+
+def serving_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.ndarray]:
+    """The amount a second (time: s/s, energy: J/s) of a steady state ``out``, split ([P] each):
+    decode, ``streams`` streams' iterations of their share of ``running_batch`` decoding sequences
+    (over the mean prompt plus half the mean output) once a TPOT (none where a request decodes no
+    token after its first); prompt, each request's prompt (its tokens over half the prompt) once, as
+    the amount it adds to such an iteration of its stream's decoders. ``cost(d, dctx, c, pctx,
+    seqs)``: one stream's iteration's amount of those counts, [P]."""
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, tpot = out["running_batch"], out["tpot_s"]
+    k = streams
+    zero = np.zeros(len(tpot))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        prompted = cost(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+        steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
+        rps = out["requests_per_s"]
+        return k * dec * steps, rps * (prompted - dec)
 
 
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
@@ -209,26 +225,14 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
         nan = np.full(n, np.nan)
         return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
                 "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b, tpot = out["running_batch"], out["tpot_s"]
-    k = s.streams
-    zero = np.zeros(n)
-    with np.errstate(invalid="ignore"):
-        decoding = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
-        prompted = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0,
-                                      zero + 1.0)
-        ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
-        # decoding iterations a second: one a TPOT, none where a request decodes no token after its first
-        steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
+    ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
 
-        def watts(system):
-            """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as
-            the energy it adds to an iteration of its stream's decoders (not the mean iteration's: the
-            experts a mixture reads grow concavely with the tokens, so an iteration of the mean
-            prompt share would read nearly every expert every TPOT)."""
-            dec = step_energy_j(decoding, system)
-            return ranks * (k * dec * steps + out["requests_per_s"] * (step_energy_j(prompted, system) - dec))
-        dynamic, floor = watts(g.system), watts(measured_only(g.system))
+    def watts(system):
+        """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as the
+        energy it adds to an iteration of its stream's decoders (``serving_shares``)."""
+        dec, pre = serving_shares(lambda *c: step_energy_j(s.iteration.arrays(*c), system), out, load, s.streams)
+        return ranks * (dec + pre)
+    dynamic, floor = watts(g.system), watts(measured_only(g.system))
     one = np.ones(n)
     return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
 
