@@ -129,7 +129,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    energy = _serving_energy(g, s, out, load, spec is not None or pooled)
+    energy = _serving_energy(g, s, out, load, spec is not None or s.decode is not None)
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
@@ -211,6 +211,32 @@ def serving_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np
         return k * dec * steps, rps * (prompted - dec)
 
 
+def pooled_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.ndarray]:
+    """As ``serving_shares``, of a disaggregated steady state ``out`` (pools of engines alike): decode,
+    the decode engines' iterations of ``running_batch`` sequences (a decode engine's, the same counts
+    as ``serving_shares``'), as many a second as the decode steps the requests ask (E[gen - 1] each:
+    b = rate x E[gen - 1] x T(b) per engine, so iterations a second = requests_per_s x E[gen - 1] / b);
+    prompt, each request's prompt once, an iteration of its own on a prefill engine."""
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, rps = out["running_batch"], out["requests_per_s"]
+    k = streams
+    zero = np.zeros(len(b))
+    steps = np.maximum(np.asarray(load.lengths.gen, dtype=float) - 1.0, 0.0) @ np.asarray(load.lengths.weight, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        iterations = np.where(b > 0, rps * steps / np.where(b > 0, b, 1.0), 0.0)
+        return k * dec * iterations, rps * cost(zero, zero, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+
+
+def kv_transfer_j(load: Load, devices, system: SystemArrays) -> np.ndarray:
+    """J of one request's KV cache sent from its prefill engine to its decode engine, [P]: each of the
+    engine's ``devices`` sends ``kv_token_bytes`` a prompt token, read from its memory and written to
+    the receiver's, each at the device-memory J/bit (``step_energy_j``'s rule for transfers; the
+    link's own energy per bit is not published, left out); the mean prompt, none of it cached."""
+    bit_j = np.asarray(system.energy_bit_j, dtype=float) if system.energy_bit_j is not None else np.nan
+    return 2.0 * 8.0 * load.pools.kv_token_bytes * load.lengths.mean_prompt * devices * bit_j
+
+
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
     """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of an
     iteration of ``running_batch`` decoding sequences (over the mean prompt plus half the mean output)
@@ -219,7 +245,9 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     the tp ranks, shared evenly by the engine's streams and ranks (``group_load``: each a tp group's
     iteration of its share). For a dense model, whose amounts are affine in the counts, this is the
     energy of the mean iteration; a mixture's experts are read once a prompt, not every TPOT.
-    Speculative and disaggregated engines are left out (NaN): their iterations are not one model's."""
+    Disaggregated (pools on the same hardware and layout): ``pooled_shares`` plus the KV transfers
+    (``kv_transfer_j``), the floor over both pools' devices. Speculative engines and decode pools of
+    their own hardware or layout are left out (NaN): their iterations are not one model's."""
     n = len(out["tpot_s"])
     if unmodelled:
         nan = np.full(n, np.nan)
@@ -229,8 +257,14 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
 
     def watts(system):
         """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as the
-        energy it adds to an iteration of its stream's decoders (``serving_shares``)."""
-        dec, pre = serving_shares(lambda *c: step_energy_j(s.iteration.arrays(*c), system), out, load, s.streams)
+        energy it adds to an iteration of its stream's decoders (``serving_shares``); disaggregated,
+        the two pools' and the KV transfers' (``pooled_shares``)."""
+        def cost(*c):
+            return step_energy_j(s.iteration.arrays(*c), system)
+        if load.pools is not None:
+            dec, pre = pooled_shares(cost, out, load, s.streams)
+            return ranks * (dec + pre) + kv_transfer_j(load, g.tables.scenario.devices, system) * out["requests_per_s"]
+        dec, pre = serving_shares(cost, out, load, s.streams)
         return ranks * (dec + pre)
     dynamic, floor = watts(g.system), watts(measured_only(g.system))
     one = np.ones(n)
