@@ -129,7 +129,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    energy = _serving_energy(g, s, out, load, spec is not None or s.decode is not None)
+    energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
@@ -246,8 +246,9 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     iteration of its share). For a dense model, whose amounts are affine in the counts, this is the
     energy of the mean iteration; a mixture's experts are read once a prompt, not every TPOT.
     Disaggregated (pools on the same hardware and layout): ``pooled_shares`` plus the KV transfers
-    (``kv_transfer_j``), the floor over both pools' devices. Speculative engines and decode pools of
-    their own hardware or layout are left out (NaN): their iterations are not one model's."""
+    (``kv_transfer_j``), the floor over both pools' devices. Speculative: each iteration a round of
+    the target's verification and the draft's g steps (on the draft's tp devices), once a TPOT x E.
+    Decode pools of their own hardware or layout, and speculative pools, are left out (NaN)."""
     n = len(out["tpot_s"])
     if unmodelled:
         nan = np.full(n, np.nan)
@@ -255,17 +256,30 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
                 "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
     ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
 
+    spec = s.speculation
+    # speculative: an iteration is a round (the target verifying, the draft's g steps), one a TPOT x E
+    rounds = out if spec is None else {**out, "tpot_s": out["tpot_s"] * spec.e}
+
     def watts(system):
         """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as the
         energy it adds to an iteration of its stream's decoders (``serving_shares``); disaggregated,
         the two pools' and the KV transfers' (``pooled_shares``)."""
-        def cost(*c):
-            return step_energy_j(s.iteration.arrays(*c), system)
+        draft = None if spec is None else system.replaced(tp=np.full(system.size, spec.tp))
+
+        def cost(d, dctx, c, pctx, seqs):
+            """J of one stream's iteration on all its ranks; speculative, the round ``_speculative_pricer``
+            times: the target's iteration, the draft's first step (with the prompts) and g - 1 more."""
+            j = ranks * step_energy_j(s.iteration.arrays(d, dctx, c, pctx, seqs), system)
+            if spec is None:
+                return j
+            zero = np.zeros_like(np.asarray(c, dtype=float))
+            return j + spec.tp * (step_energy_j(spec.draft.arrays(d, dctx, c, pctx, seqs), draft) + (spec.drafted - 1)
+                                  * step_energy_j(spec.draft.arrays(d, dctx, zero, zero, zero), draft))
         if load.pools is not None:
             dec, pre = pooled_shares(cost, out, load, s.streams)
-            return ranks * (dec + pre) + kv_transfer_j(load, g.tables.scenario.devices, system) * out["requests_per_s"]
-        dec, pre = serving_shares(cost, out, load, s.streams)
-        return ranks * (dec + pre)
+            return dec + pre + kv_transfer_j(load, g.tables.scenario.devices, system) * out["requests_per_s"]
+        dec, pre = serving_shares(cost, rounds, load, s.streams)
+        return dec + pre
     dynamic, floor = watts(g.system), watts(measured_only(g.system))
     one = np.ones(n)
     return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
