@@ -67,8 +67,8 @@ class Schedule:
     cpu: CpuSplit | None = None   # layers on the host CPU: each step split between device and CPU
     rounds: bool = False          # speculative rounds: the decode's energy sums each phase's ranks x its
     #                               pieces; else (one kind of step on the target) its ranks x their sum
-    energy_unknown: bool = False  # some work runs where no energy profile is measured (layers on the
-    #                               host CPU): the energy is NaN
+    energy_unknown: bool = False  # work the energy model does not place (a speculative run's layers on
+    #                               the host CPU, whose time leaves the split out): the energy is NaN
 
 
 def schedule(g: Group) -> Schedule:
@@ -82,7 +82,7 @@ def schedule(g: Group) -> Schedule:
     ranks = sc.tp * sc.cp               # every context-parallel rank runs its own share of each step
     decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=ranks) for d0, slope, n in t.decode_steps(n_steps))
     return Schedule((Phase(t.prefill, ranks=ranks, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
-                    np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu, energy_unknown=g.cpu is not None)
+                    np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu)
 
 
 def speculative_schedule(t, spec: Speculation, n_steps, size: int) -> Schedule:
@@ -155,18 +155,39 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
     return prefill, decode
 
 
-def run_energy(s: Schedule, *systems: SystemArrays) -> list[tuple[np.ndarray, np.ndarray]]:
+def _split_work(s: Schedule, layer_ops, part: int) -> tuple[list, list]:
+    """What the energy counts (``step_work``) of each prefill and decode phase of ``s``: the whole
+    step, or under a CPU layer split its device's (``part`` 0) or its CPU's (1) share
+    (``split_counts``, as ``run_time`` prices them)."""
+    def share(op):
+        return op if s.cpu is None or op is None else split_counts(op, layer_ops, s.cpu.share)[part]
+    prefill = [step_work(share(ph.op)) for ph in s.prefill]
+    decode = [step_work(share(ph.op)) if ph.slope is None else decode_total_work(share(ph.op), share(ph.slope), ph.steps)
+              for ph in s.decode]
+    return prefill, decode
+
+
+def cpu_energy_j(s: Schedule, layer_ops) -> np.ndarray:
+    """Dynamic energy (J, [P]) of the host CPU's share of a run under a CPU layer split: its layers'
+    work at the CPU preset's J/op and J/bit (``hwmodels.power``: its own TDP's or its class's
+    coefficients), once a step; 0 without a split. The host's floor is not modelled, as elsewhere."""
+    if s.cpu is None:
+        return np.zeros(1)
+    prefill, decode = _split_work(s, layer_ops, 1)
+    return sum(energy_j(w, s.cpu.system) for w in prefill + decode)
+
+
+def run_energy(s: Schedule, *systems: SystemArrays, layer_ops=None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Dynamic energy (J, [P]) of the run ``s``'s prefill and of its whole decode on all its
     devices, on each of ``systems`` (the group's points, with the J/op of each; the work of each
     phase counted once for all): the tables are one tp rank's share of the whole model for one
     micro-batch, so each step counts its ranks x (micro-batches for a pipelined prefill) times;
-    layers on the CPU: NaN (no CPU has a measured energy profile)."""
+    under a CPU layer split (``layer_ops``: which operators are per layer) the device's share only
+    (the CPU's: ``cpu_energy_j``); NaN where ``s.energy_unknown``."""
     if s.energy_unknown:
         nan = np.full(systems[0].size, np.nan)
         return [(nan, nan) for _ in systems]
-    prefill = [step_work(ph.op) for ph in s.prefill]
-    decode = [step_work(ph.op) if ph.slope is None else decode_total_work(ph.op, ph.slope, ph.steps)
-              for ph in s.decode]
+    prefill, decode = _split_work(s, layer_ops, 0)
     out = []
     for sys in systems:
         on = (sys, sys if s.draft_tp is None else sys.replaced(tp=np.full(sys.size, s.draft_tp)))
@@ -210,7 +231,7 @@ def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
     # a static batch's sequences start, and end, together: every percentile is the mean
     out.update({f"{m}_p{q}_s": out[f"{m}_s"] for m in PERCENTILE_METRICS for q in PERCENTILES})
     out["tokens_per_target_step"] = s.tokens_per_step
-    (e_pre, e_dec), (f_pre, f_dec) = run_energy(s, sys, measured_only(sys))
+    (e_pre, e_dec), (f_pre, f_dec) = run_energy(s, sys, measured_only(sys), layer_ops=g.tables.layer_ops)
     ran = np.asarray(sc.gen_len) > 1          # gen_len 1: the decode step priced for TPOT is never run
     e_dec, f_dec = (np.where(ran, x, 0.0) for x in (e_dec, f_dec))
     decode_s = np.where(ran, decode, 0.0)
@@ -218,7 +239,7 @@ def price_static(g: Group, eff: Efficiency, given, ideal: bool) -> dict:
         both = static_overlap(eff.prefill_decode_overlap, sc.batch) * np.minimum(prefill, decode_s)
         share = [np.where(t > 0, both / t, 0.0) for t in (prefill, decode_s)]
         out["prefill_time_share"] = prefill / (prefill + decode_s)   # of the machine time (cost split)
-    out.update(power_and_energy(e_pre + e_dec, out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
+    out.update(power_and_energy(e_pre + e_dec + cpu_energy_j(s, g.tables.layer_ops), out["e2e_latency_s"], np.asarray(sc.batch, dtype=float) * sc.gen_len,
                                 sc.devices, sys, [(f_pre, prefill), (f_dec, decode_s),
                                                   (f_pre * share[0] + f_dec * share[1], both)]))
     return out

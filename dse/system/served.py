@@ -133,7 +133,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    energy = _serving_energy(g, s, out, load, spec is not None or pooled)
+    energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
@@ -212,23 +212,65 @@ def _pools_figures(s: ServingInputs) -> dict:
 
 
 def prefill_time_share(out: dict, load: Load, iteration_time, pool_share=None) -> np.ndarray:
-    """The share of an engine's machine time its prefill takes, [P] (what the cost of its input tokens
-    is charged: ``dse.core.metrics.token_costs``): in the mean iteration of the steady state ``out``
-    (``running_batch`` sequences decoding over the mean prompt plus half the mean output; the prompts
-    arriving during it, over half their prompt), the time of its prompt chunks priced alone over that
-    plus the time of its decode priced alone (``iteration_time``: each as an iteration of its own, its
-    fixed costs counted in each). Disaggregated (``pool_share``: the prefill pool's share of the
-    devices, [P]): that share, the prefill pool's machine time."""
+    """The share of an engine's busy machine time its prefill takes, [P] (what the cost of its input
+    tokens is charged: ``dse.core.metrics.token_costs``): each request's prompt priced once as the
+    time it adds to an iteration of the engine's ``running_batch`` decoders (``serving_shares``, the
+    rule ``_serving_energy`` prices energy by; ``iteration_time``: the engine's iteration pricer),
+    over that plus the decoding iterations' time. Not the mean iteration's prompt share, which reads
+    a mixture's experts for the prompt every TPOT (its expert reads grow concavely with tokens).
+    Disaggregated (``pool_share``: the prefill pool's share of the devices, [P]): that share, the
+    prefill pool's machine time."""
     if pool_share is not None:
         return np.asarray(pool_share, dtype=float) * np.ones(len(out["tpot_s"]))
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b = np.asarray(out["running_batch"], dtype=float)
-    arrivals = out["requests_per_s"] * out["tpot_s"]
-    chunk, zero, rows = arrivals * prompt, np.zeros(len(b)), np.arange(len(b))
+    rows = np.arange(len(out["tpot_s"]))
+    dec, pre = serving_shares(lambda *counts: iteration_time(*counts, rows), out, load, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        pre = np.where(arrivals > 0, iteration_time(zero, zero, chunk, chunk * prompt / 2.0, arrivals, rows), 0.0)
-        dec = np.where(b > 0, iteration_time(b, b * (prompt + gen / 2.0), zero, zero, zero, rows), 0.0)
         return pre / (pre + dec)
+
+
+def serving_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.ndarray]:
+    """The amount a second (time: s/s, energy: J/s) of a steady state ``out``, split ([P] each):
+    decode, ``streams`` streams' iterations of their share of ``running_batch`` decoding sequences
+    (over the mean prompt plus half the mean output) once a TPOT (none where a request decodes no
+    token after its first); prompt, each request's prompt (its tokens over half the prompt) once, as
+    the amount it adds to such an iteration of its stream's decoders. ``cost(d, dctx, c, pctx,
+    seqs)``: one stream's iteration's amount of those counts, [P]."""
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, tpot = out["running_batch"], out["tpot_s"]
+    k = streams
+    zero = np.zeros(len(tpot))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        prompted = cost(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+        steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
+        rps = out["requests_per_s"]
+        return k * dec * steps, rps * (prompted - dec)
+
+
+def pooled_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.ndarray]:
+    """As ``serving_shares``, of a disaggregated steady state ``out`` (pools of engines alike): decode,
+    the decode engines' iterations of ``running_batch`` sequences (a decode engine's, the same counts
+    as ``serving_shares``'), as many a second as the decode steps the requests ask (E[gen - 1] each:
+    b = rate x E[gen - 1] x T(b) per engine, so iterations a second = requests_per_s x E[gen - 1] / b);
+    prompt, each request's prompt once, an iteration of its own on a prefill engine."""
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b, rps = out["running_batch"], out["requests_per_s"]
+    k = streams
+    zero = np.zeros(len(b))
+    steps = np.maximum(np.asarray(load.lengths.gen, dtype=float) - 1.0, 0.0) @ np.asarray(load.lengths.weight, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        iterations = np.where(b > 0, rps * steps / np.where(b > 0, b, 1.0), 0.0)
+        return k * dec * iterations, rps * cost(zero, zero, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+
+
+def kv_transfer_j(load: Load, devices, system: SystemArrays) -> np.ndarray:
+    """J of one request's KV cache sent from its prefill engine to its decode engine, [P]: each of the
+    engine's ``devices`` sends ``kv_token_bytes`` a prompt token, read from its memory and written to
+    the receiver's, each at the device-memory J/bit (``step_energy_j``'s rule for transfers; the
+    link's own energy per bit is not published, left out); the mean prompt, none of it cached."""
+    bit_j = np.asarray(system.energy_bit_j, dtype=float) if system.energy_bit_j is not None else np.nan
+    return 2.0 * 8.0 * load.pools.kv_token_bytes * load.lengths.mean_prompt * devices * bit_j
 
 
 def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
@@ -239,32 +281,42 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     the tp ranks, shared evenly by the engine's streams and ranks (``group_load``: each a tp group's
     iteration of its share). For a dense model, whose amounts are affine in the counts, this is the
     energy of the mean iteration; a mixture's experts are read once a prompt, not every TPOT.
-    Speculative and disaggregated engines are left out (NaN): their iterations are not one model's."""
+    Disaggregated (pools on the same hardware and layout): ``pooled_shares`` plus the KV transfers
+    (``kv_transfer_j``), the floor over both pools' devices. Speculative: each iteration a round of
+    the target's verification and the draft's g steps (on the draft's tp devices), once a TPOT x E.
+    Decode pools of their own hardware or layout, and speculative pools, are left out (NaN)."""
     n = len(out["tpot_s"])
     if unmodelled:
         nan = np.full(n, np.nan)
         return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
                 "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b, tpot = out["running_batch"], out["tpot_s"]
-    k = s.streams
-    zero = np.zeros(n)
-    with np.errstate(invalid="ignore"):
-        decoding = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
-        prompted = s.iteration.arrays(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0,
-                                      zero + 1.0)
-        ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
-        # decoding iterations a second: one a TPOT, none where a request decodes no token after its first
-        steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
+    ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
 
-        def watts(system):
-            """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as
-            the energy it adds to an iteration of its stream's decoders (not the mean iteration's: the
-            experts a mixture reads grow concavely with the tokens, so an iteration of the mean
-            prompt share would read nearly every expert every TPOT)."""
-            dec = step_energy_j(decoding, system)
-            return ranks * (k * dec * steps + out["requests_per_s"] * (step_energy_j(prompted, system) - dec))
-        dynamic, floor = watts(g.system), watts(measured_only(g.system))
+    spec = s.speculation
+    # speculative: an iteration is a round (the target verifying, the draft's g steps), one a TPOT x E
+    rounds = out if spec is None else {**out, "tpot_s": out["tpot_s"] * spec.e}
+
+    def watts(system):
+        """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as the
+        energy it adds to an iteration of its stream's decoders (``serving_shares``); disaggregated,
+        the two pools' and the KV transfers' (``pooled_shares``)."""
+        draft = None if spec is None else system.replaced(tp=np.full(system.size, spec.tp))
+
+        def cost(d, dctx, c, pctx, seqs):
+            """J of one stream's iteration on all its ranks; speculative, the round ``_speculative_pricer``
+            times: the target's iteration, the draft's first step (with the prompts) and g - 1 more."""
+            j = ranks * step_energy_j(s.iteration.arrays(d, dctx, c, pctx, seqs), system)
+            if spec is None:
+                return j
+            zero = np.zeros_like(np.asarray(c, dtype=float))
+            return j + spec.tp * (step_energy_j(spec.draft.arrays(d, dctx, c, pctx, seqs), draft) + (spec.drafted - 1)
+                                  * step_energy_j(spec.draft.arrays(d, dctx, zero, zero, zero), draft))
+        if load.pools is not None:
+            dec, pre = pooled_shares(cost, out, load, s.streams)
+            return dec + pre + kv_transfer_j(load, g.tables.scenario.devices, system) * out["requests_per_s"]
+        dec, pre = serving_shares(cost, rounds, load, s.streams)
+        return dec + pre
+    dynamic, floor = watts(g.system), watts(measured_only(g.system))
     one = np.ones(n)
     return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
 
