@@ -71,6 +71,8 @@ KERNEL_LAYERS = ("fitted", "learned")
 #: the KV cache's second tier (``kv_tier``; ``dse.system.served``) and what preemption does (``preemption``)
 KV_TIERS = ("none", "host", "cxl", "ssd")
 PREEMPTIONS = ("unpriced", "recompute", "swap")
+#: how the busiest expert-parallel rank's routed tokens are taken (``expert_load``, ``workloads.routing``)
+EXPERT_LOADS = ("expected", "finite")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -389,6 +391,11 @@ TABLE: tuple[Param, ...] = (
     Param("expert_histogram", str, default="none", flag="--expert-histogram", metavar="FILE",
           help="MoE models: measured tokens per expert, a CSV file with a header 'expert,count' or "
                "'layer,expert,count' (experts numbered from 0), instead of --moe-skew (default: none)"),
+    Param("expert_load", str, default="expected", choices=EXPERT_LOADS, flag="--expert-load",
+          help="MoE models: the busiest expert-parallel rank's routed tokens: expected (the popularity "
+               "alone) or finite (plus the chance spread of a finite batch: the expected most of the ranks' "
+               "counts taken as normal, which exceeds the mean even under uniform routing at "
+               "small batches) (default: expected)"),
     # ---- the cost of serving (``dse.core.economics``); left out, the cited defaults of configs/economics.yaml
     _cost("electricity_usd_per_kwh", f"electricity price for $ per million tokens {_CONFIG_ECONOMICS}",
           flag="--electricity-usd-per-kwh", noun="an amount in $"),
