@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from basis.errors import DseError
 from dse.study.cli import main
 from dse.system.evaluator import evaluate
 from workloads.routing import UNIFORM, Routing, expert_load, finite_busiest, zipf_shares
@@ -84,3 +85,8 @@ def test_bad_expert_load_is_one_line_exit_2(capsys, value):
     rc = main(["analyze", "--model", "mixtral-8x7b", "--hardware", "h200", "--expert-load", value])
     err = capsys.readouterr().err
     assert rc == 2 and "expert" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_expert_load_in_a_study_column_names_the_key():
+    with pytest.raises(DseError, match="expert_load: expected one of expected, finite, got 'abc'"):
+        evaluate({"model": "mixtral-8x7b", "hardware": "h100-sxm", "ep": 2, "expert_load": "abc"})

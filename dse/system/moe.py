@@ -8,6 +8,7 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system.columns import Columns, group
+from dse.system.params import checked_choice
 from workloads.routing import Routing, expert_load, load_histogram
 
 #: the columns that set a point's Routing
@@ -30,7 +31,7 @@ def routing_columns(cols: Columns) -> tuple[np.ndarray, list]:
             routings.append(Routing(skew=float(numbers[0][i]), redundant=int(numbers[1][i]),
                                     capacity=float(numbers[2][i]), histogram=hist or (),
                                     source=str(files[hcodes[i]]) if hist else "",
-                                    finite=str(loads[lcodes[i]]) == "finite"))
+                                    finite=checked_choice("expert_load", str(loads[lcodes[i]])) == "finite"))
         except DseError as e:
             raise DseError(f"{cols.where}: {e}") from None
     return inv, routings
