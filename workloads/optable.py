@@ -682,7 +682,7 @@ class _Builder:
         else:                                               # the busiest rank's tokens and experts
             load = expert_load(routing, E, k, self.ep, m.name)
             touched = load.experts_touched(T * self.ep)
-            routed = T * self.ep * k * load.busiest
+            routed = load.busiest_tokens(T * self.ep, routing.finite)
         a2a = routed * h * (self.ep - 1) / self.ep / self.tp
         if self.ep > 1:
             self.add("moe_dispatch", "collective", count, p2p=a2a)

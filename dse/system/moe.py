@@ -8,10 +8,11 @@ import numpy as np
 
 from basis.errors import DseError
 from dse.system.columns import Columns, group
+from dse.system.params import checked_choice
 from workloads.routing import Routing, expert_load, load_histogram
 
 #: the columns that set a point's Routing
-ROUTING_COLUMNS = ("moe_skew", "redundant_experts", "capacity_factor", "expert_histogram")
+ROUTING_COLUMNS = ("moe_skew", "redundant_experts", "capacity_factor", "expert_histogram", "expert_load")
 
 
 def routing_columns(cols: Columns) -> tuple[np.ndarray, list]:
@@ -20,7 +21,8 @@ def routing_columns(cols: Columns) -> tuple[np.ndarray, list]:
     numbers = [cols.numbers(k) for k in ROUTING_COLUMNS[:3]]
     hcodes, files = cols.labels("expert_histogram")
     histograms = [None if str(f).strip().lower() == "none" else _histogram(cols, str(f)) for f in files]
-    inv, order, starts = group([*numbers, hcodes], cols.n)
+    lcodes, loads = cols.labels("expert_load")
+    inv, order, starts = group([*numbers, hcodes, lcodes], cols.n)
     routings = []
     for g in range(len(starts) - 1):
         i = int(order[starts[g]])
@@ -28,7 +30,8 @@ def routing_columns(cols: Columns) -> tuple[np.ndarray, list]:
         try:
             routings.append(Routing(skew=float(numbers[0][i]), redundant=int(numbers[1][i]),
                                     capacity=float(numbers[2][i]), histogram=hist or (),
-                                    source=str(files[hcodes[i]]) if hist else ""))
+                                    source=str(files[hcodes[i]]) if hist else "",
+                                    finite=checked_choice("expert_load", str(loads[lcodes[i]])) == "finite"))
         except DseError as e:
             raise DseError(f"{cols.where}: {e}") from None
     return inv, routings

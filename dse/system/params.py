@@ -73,6 +73,8 @@ KV_TIERS = ("none", "host", "cxl", "ssd")
 PREEMPTIONS = ("unpriced", "recompute", "swap")
 #: the scheduling policies (``scheduler``; ``dse.core.scheduling``, codes in this order)
 SCHEDULERS = ("fcfs", "priority", "slo-admission")
+#: how the busiest expert-parallel rank's routed tokens are taken (``expert_load``, ``workloads.routing``)
+EXPERT_LOADS = ("expected", "finite")
 #: the value of ``batch`` that asks for the largest batch that fits
 BATCH_MAX = "max"
 #: the groups of parameters: hardware (override the base preset named by ``hardware``), the
@@ -402,6 +404,11 @@ TABLE: tuple[Param, ...] = (
     Param("expert_histogram", str, default="none", flag="--expert-histogram", metavar="FILE",
           help="MoE models: measured tokens per expert, a CSV file with a header 'expert,count' or "
                "'layer,expert,count' (experts numbered from 0), instead of --moe-skew (default: none)"),
+    Param("expert_load", str, default="expected", choices=EXPERT_LOADS, flag="--expert-load",
+          help="MoE models: the busiest expert-parallel rank's routed tokens: expected (the popularity "
+               "alone) or finite (plus the chance spread of a finite batch: the expected most of the ranks' "
+               "counts taken as normal, which exceeds the mean even under uniform routing at "
+               "small batches) (default: expected)"),
     # ---- the cost of serving (``dse.core.economics``); left out, the cited defaults of configs/economics.yaml
     _cost("electricity_usd_per_kwh", f"electricity price for $ per million tokens {_CONFIG_ECONOMICS}",
           flag="--electricity-usd-per-kwh", noun="an amount in $"),
@@ -521,4 +528,4 @@ def out_of_range(name: str, values: np.ndarray) -> tuple[np.ndarray, str]:
 __all__ = ["Param", "TABLE", "SPEC", "checked_choice", "out_of_range", "MAX_COUNT", "MAX_FIGURE", "PARAMS", "HARDWARE_PARAMS",
            "WORKLOAD_PARAMS", "COST_PARAMS", "DEFAULTS", "ZERO_ALLOWED", "BELOW", "AT_MOST_ONE", "BATCH_MAX",
            "MAY_BE_MISSING", "REQUIRED", "MAX_KV_BLOCK", "MAX_SPEC_TOKENS", "DERIVED_FROM", "SERVING_MODES", "KERNEL_LAYERS",
-           "UNITS", "GROUPS", "ROUTERS", "KV_TIERS", "PREEMPTIONS", "SCHEDULERS"]
+           "UNITS", "GROUPS", "ROUTERS", "KV_TIERS", "PREEMPTIONS", "SCHEDULERS", "EXPERT_LOADS"]

@@ -1,0 +1,71 @@
+"""The steady-state serving model against the discrete-event simulator over the parallel layouts of
+issue 44 (pipeline, expert parallelism with attention data-parallel ranks, context parallelism at
+32k-128k prompts), each under two closed loops (4 requests, the running cap) and two open loops
+(20 % and 50 % of the model's capacity): throughput within 5 %, mean TTFT and TPOT within 10 %.
+
+The points outside are strict xfails carrying the measured errors (model / simulator - 1, 2026-11-28,
+branch s7-moe): they are the open gaps this matrix tracks, and one that closes fails here until its
+mark is lifted. Both sides derive their iterations from one pricer (``dse.system.served.group_pricer``);
+what differs is the scheduling each side assumes: the pipeline's closed loop at the running cap (the
+model charges a prompt pass ``pipeline_fill``, 1 + (m - 1)/(2 stages); priced without it the same
+points go the other way: PP 2 at 32 sequences throughput +12.6 %, TPOT -13.2 %, at 4 TTFT -18.5 %),
+and long prompts under an open loop (the same at cp 1, tests/test_context_parallel.py: the serving
+model's prefill-heavy regime, not context parallelism)."""
+from __future__ import annotations
+
+import pytest
+from agreement import model_vs_simulator
+
+from dse.system.evaluator import evaluate
+
+FP8 = {"weights": "fp8", "activations": "fp8", "kv": "fp8"}
+LAYOUTS = {
+    "pp2": {"model": "llama-3.1-70b", "hardware": "h100-sxm", "tp": 2, "pp": 2, "prompt_len": 1024, "gen_len": 64,
+            "max_running": 32, **FP8},
+    "pp4": {"model": "llama-3.1-70b", "hardware": "h100-sxm", "tp": 2, "pp": 4, "prompt_len": 1024, "gen_len": 64,
+            "max_running": 32, **FP8},
+    "ep8-dp": {"model": "qwen3-30b-a3b", "hardware": "h100-sxm", "ep": 8, "prompt_len": 512, "gen_len": 64,
+               "max_running": 32, **FP8},
+    "cp2-32k": {"model": "llama-3.1-8b", "hardware": "h100-sxm", "cp": 2, "tp": 1, "prompt_len": 32768, "gen_len": 64,
+                "max_running": 16, **FP8},
+    "cp4-128k": {"model": "llama-3.1-8b", "hardware": "h100-sxm", "cp": 4, "tp": 1, "prompt_len": 131072,
+                 "gen_len": 64, "max_running": 8, **FP8},
+}
+#: the loads: a closed loop of 4 requests, one at the running cap, open loops at 20 % and 50 % of capacity
+LOADS = ("closed-4", "closed-cap", "open-0.2", "open-0.5")
+
+#: (layout, load) -> the measured errors (throughput, TTFT, TPOT) of the points outside the bounds
+GAPS = {
+    ("pp2", "closed-cap"): "-1.6 % / +19.2 % / -3.8 %",
+    ("pp4", "closed-cap"): "-11.1 % / +29.6 % / +9.3 %",
+    ("pp4", "open-0.5"): "+13.3 % / -6.3 % / -0.3 % (the simulator past its capacity: the model's is 11 % high)",
+    ("cp2-32k", "closed-cap"): "+0.5 % / -15.0 % / +0.7 %",
+    ("cp2-32k", "open-0.2"): "+2.9 % / -9.2 % / -33.9 %",
+    ("cp2-32k", "open-0.5"): "+0.7 % / -29.1 % / -69.1 %",
+    ("cp4-128k", "open-0.2"): "+2.9 % / -8.9 % / -62.4 %",
+    ("cp4-128k", "open-0.5"): "+2.1 % / -27.5 % / -84.8 %",
+}
+
+
+def _cases():
+    for name in LAYOUTS:
+        for load in LOADS:
+            gap = GAPS.get((name, load))
+            marks = [pytest.mark.xfail(strict=True, reason=f"measured {gap}")] if gap else []
+            yield pytest.param(name, load, marks=marks, id=f"{name}-{load}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,load", list(_cases()))
+def test_model_agrees_with_the_simulator(name, load):
+    cols = LAYOUTS[name]
+    cap = evaluate({**cols, "concurrency": 100000})
+    if load.startswith("closed"):
+        key, v = "concurrency", 4 if load == "closed-4" else int(cap["running_batch"][0])
+        requests = max(200, 8 * v)
+    else:
+        key, v = "request_rate", float(load.split("-")[1]) * cap["requests_per_s"][0]
+        requests = 600
+    x, ttft, tpot = model_vs_simulator({**cols, key: v}, requests)
+    assert abs(x) <= 0.05 and abs(ttft) <= 0.10 and abs(tpot) <= 0.10, \
+        f"{name} {key} {v:.4g}: throughput {x:+.1%}, TTFT {ttft:+.1%}, TPOT {tpot:+.1%}"
