@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import ndtr
 
 from basis.errors import DseError
 
@@ -163,6 +162,7 @@ def finite_busiest(tokens, shares: np.ndarray, top_k: int, physical: int):
     with np.errstate(divide="ignore", invalid="ignore"):
         z = (x[..., None, :] - mu[..., None]) / sigma[..., None]                           # [..., G, N]
     z = np.where(sigma[..., None] > 0, z, np.where(x[..., None, :] >= mu[..., None], np.inf, -np.inf))
+    from scipy.special import ndtr  # scipy on first use (a finite expert load): importing dse stays light
     below = np.prod(ndtr(z), axis=-2)                                                       # P(max <= x)
     dx = (hi - lo) / (MAX_NODES - 1)
     tail = 1.0 - below
