@@ -40,10 +40,20 @@ def _with_layer(layer: str):
 def engines(argv) -> int:
     """The engine-version transfer figures (module docstring) printed as YAML; 2 on a bad folder."""
     rows = 1500
-    if "--fit-rows" in argv:
-        i = argv.index("--fit-rows")
-        rows, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    try:
+        if "--fit-rows" in argv:
+            i = argv.index("--fit-rows")
+            rows, argv = int((argv[i + 1:] or ["?"])[0]), argv[:i] + argv[i + 2:]
+            if rows < 1:
+                raise ValueError
+    except ValueError:
+        print("error: --fit-rows: expected a whole number of rows a GPU, at least 1", file=sys.stderr)
+        return 2
     root, kinds = argv[0], argv[1:] or list(kernel_tables.ENGINE_KINDS)
+    bad = [k for k in kinds if k not in kernel_tables.ENGINE_KINDS]
+    if bad:
+        print(f"error: unknown kind '{bad[0]}'; known: {', '.join(kernel_tables.ENGINE_KINDS)}", file=sys.stderr)
+        return 2
     try:
         hw = kernel_tables.hardware_table(root)
         start = load_kernel_model()["parameters"]
