@@ -52,6 +52,14 @@ Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of
                                                                    has a longer fixed part)
     time     = (compute^p + memory^p)^(1/p) + floor + ceil(units) t_cta  (each wave of work items' fixed cost)
 
+  A head group larger than GROUPED_HEADS_MAX (h / hk > 32 query heads per K/V head) leaves the
+  grouped (tensor-core) decode kernel: its fallback works one query head at a time on the SMs' vector
+  units, compute = 4 b h s d / (sms v_sm) (``v_sm``: the fallback's ops/s per SM, fitted), which the
+  tables measure as a cliff: H100/H200/B200 reach 0.5 to 0.8 of their bandwidth up to 32 query heads a
+  K/V head and 0.01 to 0.04 of it from 48 on, their time then proportional to h s d at ~45e9 ops/s per
+  SM on both H100 and B200 (aiconfigurator-core 0.12.0, TensorRT-LLM 1.3.0rc20 generation-attention
+  tables, rows with s >= 4096 and b >= 8; a model without ``v_sm`` has no fallback).
+
 Prefill attention (causal over s tokens, window w: 0 for none)::
 
     pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
@@ -103,6 +111,9 @@ TILE_N, TILE_M_MAX, TILE_M_MIN = 128, 128, 16
 K_SPLIT = 512
 #: query rows per prefill-attention tile
 ATTN_TILE = 128
+#: the most query heads per K/V head the grouped decode-attention kernel takes (beyond: the per-head
+#: fallback, ``generation_attention_time``); the cliff in the measured tables lies between 32 and 48
+GROUPED_HEADS_MAX = 32
 #: the collectives the model prices, and the bytes each puts on the busiest link per byte of message
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 KINDS = ("gemm", "generation_attention", "context_attention", "collective")
@@ -334,6 +345,8 @@ def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes
     units = b * hk * np.ceil(s / prm["split"]) / hw.sms
     memory = nbytes / (prm["fm"] * _device_bandwidth(hw, prm))
     compute = 4.0 * b * h * s * d / (hw.peak_16 * prm["top"])
+    if "v_sm" in prm:                    # beyond the grouped kernel's head group: the per-head fallback
+        compute = np.where(h / hk > GROUPED_HEADS_MAX, 4.0 * b * h * s * d / (hw.sms * prm["v_sm"]), compute)
     base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm) + np.ceil(units) * prm["t_cta"]
     ideal = np.maximum(nbytes / hw.bandwidth, 4.0 * b * h * s * d / hw.peak_16)
     terms = [(_log2(b), 0, 11, 1), (_log2(s), 0, 17, 1), (_log2(hk), 0, 7, 1), (_log2(h / hk), 0, 7, 1),

@@ -262,7 +262,9 @@ SPECS = {
     "grouped_gemm": [(("l2_ratio",), 0.005, 1e-4, 0.1) if s[0] == ("l2_sm",) else s for s in _GEMM if s is not _BW_SM],
     "generation_attention": [(("top",), 0.5, 0.05, 1.0), (("fm",), 0.8, 0.1, 1.0), (("split",), 512.0, 16.0, 1e5),
                              (("p",), 3.0, 1.0, 20.0), (("t0",), 5e-6, 1e-7, 1e-4),
-                             (("t_cta",), 1.5e-6, 1e-8, 1e-4), _BW_SM, _T0_EXP],
+                             (("t_cta",), 1.5e-6, 1e-8, 1e-4), _BW_SM, _T0_EXP,
+                             # the per-head fallback's ops/s per SM (h / hk > GROUPED_HEADS_MAX)
+                             (("v_sm",), 4.5e10, 1e9, 1e12)],
     "context_attention": [(("top", "bf16"), 0.6, 0.1, 1.0), (("top", "fp8"), 0.5, 0.1, 1.0), (("fm",), 0.8, 0.1, 1.0),
                           (("alpha",), 0.5, 0.01, 1.0), (("d_fill",), 32.0, 0.1, 1e3), (("s_fill",), 64.0, 0.1, 1e4),
                           (("p",), 3.0, 1.0, 20.0), (("t0",), 1e-5, 1e-7, 1e-4), _BW_SM, _T0_EXP],
@@ -344,7 +346,7 @@ def sample(df: pd.DataFrame, per_group: int, by=("gpu",), seed: int = 0) -> pd.D
 
 
 def leave_one_out(kind: str, df: pd.DataFrame, hw: pd.DataFrame, column: str, fit_rows: int = 4000,
-                  start: dict | None = None) -> dict:
+                  start: dict | None = None, band_of: bool = True) -> dict:
     """Transfer figures of ``kind``: for each value of ``column`` (a GPU, a GPU count), fit on the
     other rows (at most ``fit_rows`` per GPU) and predict the held-out ones. {held out: figures,
     'all': figures of every held-out row together}."""
@@ -359,8 +361,40 @@ def leave_one_out(kind: str, df: pd.DataFrame, hw: pd.DataFrame, column: str, fi
         errs.append(e)
         ratios.append(test.seconds.to_numpy() / pred)
     out["all"] = _figures(np.concatenate(errs))
-    out["band"] = band(np.concatenate(ratios))
+    if band_of:
+        out["band"] = band(np.concatenate(ratios))
     return out
+
+
+def engine_versions(root, op: str, gpus=GPUS) -> list[tuple[str, str]]:
+    """Every (engine, version) with a table of ``op`` ('gemm' or 'attention') on any of ``gpus``."""
+    root = Path(root)
+    found = {(p.parent.name, p.name) for g in gpus for p in (root / "data" / g / op).glob("*/*") if p.is_dir()}
+    return sorted(found, key=lambda ev: (ev[0], _version_key(ev[1])))
+
+
+#: each kind the engine-version transfer measures: (reader of one engine version's rows, table folder)
+ENGINE_KINDS = {"gemm": (lambda root, ev: read_gemm(root, GPUS, ev), "gemm"),
+                "generation_attention": (lambda root, ev: read_attention(root, "generation", GPUS, ev), "attention"),
+                "context_attention": (lambda root, ev: read_attention(root, "context", GPUS, ev), "attention")}
+
+
+def leave_one_engine_version_out(kind: str, root, hw: pd.DataFrame, fit_rows: int = 1500,
+                                 start: dict | None = None) -> dict:
+    """Transfer figures of ``kind`` to a kernel library version the fit never saw: every (engine,
+    version) measured is held out in turn, the model fitted on the other versions' rows (at most
+    ``fit_rows`` per GPU) and the held-out rows predicted. {'engine version': figures, 'all': every
+    held-out row together}."""
+    read, op = ENGINE_KINDS[kind]
+    frames = []
+    for ev in engine_versions(root, op):
+        try:
+            d = read(root, ev)
+        except DseError:                     # a version with no table of this kind on these GPUs
+            continue
+        frames.append(d.assign(engine_version=f"{ev[0]} {ev[1]}"))
+    df = pd.concat(frames, ignore_index=True)
+    return leave_one_out(kind, df, hw, "engine_version", fit_rows=fit_rows, start=start, band_of=False)
 
 
 def band(ratios: np.ndarray, coverage: float = 0.9) -> dict:
