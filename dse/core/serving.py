@@ -893,10 +893,25 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
 def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -> np.ndarray:
     """Quantiles ``q`` (percent, [Q]) of mixtures of normals (sd 0: a point mass), one per row
     of ``mean``, ``sd``, ``weight`` ([A, C]; weights need not sum to 1), [A, Q]; found by
-    bisection on the mixture's CDF (relative precision 2^-36 of its span)."""
-    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    bisection on the mixture's CDF (relative precision 2^-36 of its span). Rows of point
+    masses only (no sd above 0) skip the normal CDF: their answers are the same, at a fifth of
+    the cost."""
     mean, sd = np.asarray(mean, float), np.asarray(sd, float)
     w = np.asarray(weight, float) / np.maximum(np.asarray(weight, float).sum(axis=1, keepdims=True), 1e-300)
+    mean, sd, w = np.broadcast_arrays(mean, sd, w)
+    masses = ~np.any(sd > 0, axis=1)
+    if masses.all() or not masses.any():
+        return _bisected(mean, sd, w, q, smooth=not masses.all())
+    out = np.empty((len(mean), len(np.atleast_1d(q))))
+    out[masses] = _bisected(mean[masses], sd[masses], w[masses], q, smooth=False)
+    out[~masses] = _bisected(mean[~masses], sd[~masses], w[~masses], q, smooth=True)
+    return out
+
+
+def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
+    """``mixture_quantiles`` of mixtures with normalized weights ``w`` [A, C], [A, Q]; ``smooth``
+    False: every component a point mass (its CDF a step)."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     target = np.asarray(q, float)[None, :, None] / 100.0            # [1, Q, 1]
     lo = np.min(np.where(w > 0, mean - 8 * sd, np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
     hi = np.max(np.where(w > 0, mean + 8 * sd, -np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
@@ -904,8 +919,11 @@ def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -
     with np.errstate(invalid="ignore", divide="ignore"):
         for _ in range(36):
             mid = 0.5 * (lo + hi)
-            z = (mid[:, :, None] - m) / s
-            cdf = (ww * np.where(s > 0, ndtr(z), (mid[:, :, None] >= m))).sum(axis=2)
+            if smooth:
+                z = (mid[:, :, None] - m) / s
+                cdf = (ww * np.where(s > 0, ndtr(z), (mid[:, :, None] >= m))).sum(axis=2)
+            else:
+                cdf = (ww * (mid[:, :, None] >= m)).sum(axis=2)
             below = cdf < target[:, :, 0]
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return hi
