@@ -31,6 +31,10 @@ before -> after the batched chain): closed loop, lognormal lengths 508 -> 1,049 
 fixed lengths 1,334 -> 2,176; open loop, lognormal lengths 143 -> 829; goodput 62 -> 125;
 ``--study capacity-planning`` 11.5 -> 7.9 CPU-s, ``serving-cost`` 2.5 -> 2.3 CPU-s (its 84 points
 are closed-loop waves: fixed costs); ``10000 --memory`` 201 s at 376 MiB -> 12 s at 157 MiB.
+Then (side by side with main at a88ef61, CPU seconds): naming 2 x 256 distinct designs 3.73 ->
+1.53 ms; ``--study capacity-planning`` 10.1 -> 11.0, ``serving-cost`` 3.2 -> 2.8, ``llama70b-slo``
+6.0 -> 5.5 (within this box's noise); ``100000 --memory``: 156 CPU-s (394 s wall at 42 % of a
+core), peak resident memory 314 MiB (``/usr/bin/time -v``), every metric equal to main's.
 """
 import os
 

@@ -89,6 +89,7 @@ _LONGEST = sorted(BY_KEY, key=len, reverse=True)
 
 _DECIMAL = {"": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50}
+_DECIMAL_DOWN = sorted(_DECIMAL.items(), key=lambda pe: -pe[1])   # largest power first
 _NUMBER = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]{1,3}))?(?P<prefix>Ki|Mi|Gi|Ti|Pi|[kMGTPE])?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.,-]*")
 SEPARATOR = "+"
@@ -181,8 +182,10 @@ def _number_text(value: float, binary: bool) -> str:
     (``repr``) with the power-of-1000 prefix that leaves 1 to 999.99.. before it (none below 1000),
     or, for bytes, a power-of-1024 prefix where that is shorter (``80Gi``)."""
     exact = Decimal(repr(float(value)))
-    p = max((p for p, e in _DECIMAL.items() if exact >= Decimal(10) ** e), key=_DECIMAL.get, default="")
-    text = (_plain(exact / Decimal(10) ** _DECIMAL[p]) or repr(float(value))) + p
+    # the largest power 10^e at or below the value: compared as floats (10^e to 10^18 is a float
+    # exactly, and the shortest decimal of a float is on the same side of it), scaled exactly
+    p, e = next(((p, e) for p, e in _DECIMAL_DOWN if value >= 10.0 ** e), ("", 0))
+    text = (_plain(exact.scaleb(-e)) or repr(float(value))) + p
     if binary:
         for q, e in _BINARY.items():
             scaled = exact / Decimal(2) ** e

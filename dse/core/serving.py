@@ -911,10 +911,25 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
 def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -> np.ndarray:
     """Quantiles ``q`` (percent, [Q]) of mixtures of normals (sd 0: a point mass), one per row
     of ``mean``, ``sd``, ``weight`` ([A, C]; weights need not sum to 1), [A, Q]; found by
-    bisection on the mixture's CDF (relative precision 2^-36 of its span)."""
-    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    bisection on the mixture's CDF (relative precision 2^-36 of its span). Rows of point
+    masses only (no sd above 0) skip the normal CDF: their answers are the same, at a fifth of
+    the cost."""
     mean, sd = np.asarray(mean, float), np.asarray(sd, float)
     w = np.asarray(weight, float) / np.maximum(np.asarray(weight, float).sum(axis=1, keepdims=True), 1e-300)
+    mean, sd, w = np.broadcast_arrays(mean, sd, w)
+    masses = ~np.any(sd > 0, axis=1)
+    if masses.all() or not masses.any():
+        return _bisected(mean, sd, w, q, smooth=not masses.all())
+    out = np.empty((len(mean), len(np.atleast_1d(q))))
+    out[masses] = _bisected(mean[masses], sd[masses], w[masses], q, smooth=False)
+    out[~masses] = _bisected(mean[~masses], sd[~masses], w[~masses], q, smooth=True)
+    return out
+
+
+def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
+    """``mixture_quantiles`` of mixtures with normalized weights ``w`` [A, C], [A, Q]; ``smooth``
+    False: every component a point mass (its CDF a step)."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     target = np.asarray(q, float)[None, :, None] / 100.0            # [1, Q, 1]
     lo = np.min(np.where(w > 0, mean - 8 * sd, np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
     hi = np.max(np.where(w > 0, mean + 8 * sd, -np.inf), axis=1)[:, None] * np.ones((1, len(target[0])))
@@ -922,8 +937,11 @@ def mixture_quantiles(mean: np.ndarray, sd: np.ndarray, weight: np.ndarray, q) -
     with np.errstate(invalid="ignore", divide="ignore"):
         for _ in range(36):
             mid = 0.5 * (lo + hi)
-            z = (mid[:, :, None] - m) / s
-            cdf = (ww * np.where(s > 0, ndtr(z), (mid[:, :, None] >= m))).sum(axis=2)
+            if smooth:
+                z = (mid[:, :, None] - m) / s
+                cdf = (ww * np.where(s > 0, ndtr(z), (mid[:, :, None] >= m))).sum(axis=2)
+            else:
+                cdf = (ww * (mid[:, :, None] >= m)).sum(axis=2)
             below = cdf < target[:, :, 0]
             lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return hi
@@ -1230,9 +1248,7 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
         o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx],
                        start=(last[0][idx], last[1][idx]))
         last[0][idx], last[1][idx] = o["solved"]
-        ttft = _row_quantile(o["ttft_mix"], q[idx])
-        tpot = _row_quantile(o["tpot_mix"], q[idx])
-        return (ttft <= ttft_slo[idx]) & (tpot <= tpot_slo[idx])
+        return _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx]) & _row_at_most(o["tpot_mix"], q[idx], tpot_slo[idx])
 
     return largest_rate(meets, capacity, _GOODPUT_STEPS)
 
@@ -1262,6 +1278,29 @@ def largest_rate(meets, capacity, steps: int) -> np.ndarray:
         lo[live] = np.where(ok, mid, lo[live])
         hi[live] = np.where(ok, hi[live], mid)
     return lo
+
+
+def _row_at_most(mix, q, x) -> np.ndarray:
+    """True where the ``q[a]``-th percentile of row a of mixture ``mix`` is at most ``x[a]``
+    (seconds), [A]: the mixture's CDF at x reaches q / 100, one look instead of the bisection
+    (they differ only where x is within its precision of the percentile). Rows with no bound (x
+    infinite), a component not finite or a percentile within 1e-9 of 0 or 100 (where the
+    bisection stops at the edge of its span) take ``_row_quantile``'s answer."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    mean, sd, weight = np.broadcast_arrays(*(np.asarray(a, float) for a in mix))
+    x, q = np.asarray(x, float), np.asarray(q, float)
+    target = q / 100.0
+    w = weight / np.maximum(weight.sum(axis=1, keepdims=True), 1e-300)
+    plain = np.isfinite(x) & (target > 1e-9) & (target < 1.0 - 1e-9) & (w > 0).any(axis=1) \
+        & np.all((w == 0) | (np.isfinite(mean) & np.isfinite(sd)), axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (x[:, None] - mean) / sd
+        cdf = (w * np.where(sd > 0, ndtr(z), x[:, None] >= mean)).sum(axis=1)
+    out = cdf >= target
+    if not plain.all():
+        odd = ~plain
+        out[odd] = _row_quantile(tuple(a[odd] for a in (mean, sd, weight)), q[odd]) <= x[odd]
+    return out
 
 
 def _row_quantile(mix, q) -> np.ndarray:

@@ -297,8 +297,8 @@ def _texts(param: str, distinct) -> np.ndarray:
     """'+TERM' of parameter ``param`` for each of its ``distinct`` values
     (``hwmodels.derived.term_text``; "" for one not given: NaN or empty)."""
     key = BY_PARAM[param].key
-    return np.array(["" if not _given(v) else f"+{term_text(Term(key, v if isinstance(v, str) else float(v)))}"
-                     for v in distinct], dtype=object)
+    values = distinct.tolist() if isinstance(distinct, np.ndarray) else list(distinct)   # Python floats: cheaper
+    return np.array(["" if not _given(v) else f"+{term_text(Term(key, v))}" for v in values], dtype=object)
 
 
 def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: dict) -> None:
@@ -319,7 +319,7 @@ def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: d
 
 def _given(v) -> bool:
     """True for a design's value of a parameter that is given (not "" or NaN)."""
-    return bool(v) if isinstance(v, str) else not np.isnan(v)
+    return bool(v) if isinstance(v, str) else v == v      # NaN: not given
 
 
 def _figures(cols: Columns, first, base, hw_names, own, values: dict, derived) -> tuple:
