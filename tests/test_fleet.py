@@ -76,7 +76,7 @@ def test_melange_mixed_sizes_need_a_mix(mixed_engines):
     """Mélange's mixed setting (short and long requests, abstract: 51 % saving): short requests are cheaper
     on the small GPU, long ones only fit the SLOs on the big one, so the cheapest fleet holds both and
     costs less than every single type that serves the load (the RTX 4090 alone cannot: its 8,192-token
-    prompts miss the 1 s TTFT). Direction only: the saving here is 5-15 % (90 % short requests at 100-200
+    prompts miss the 1 s TTFT). Direction only: the saving here is 6-9 % (90 % short requests at 100-200
     requests/s; at 50 requests/s the H100s the long requests need have room for the short ones too),
     smaller than Mélange's, with purchase prices (H100 SXM 15.6x an RTX 4090) instead of its cloud rental
     prices."""
