@@ -8,11 +8,11 @@ encoder devices count in the devices; bad values are refused in one line; the se
 with the simulator's encoder pool under load."""
 import numpy as np
 import pytest
+from agreement import model_vs_simulator
 from conftest import run_cli
 
 from basis.errors import DseError
 from dse import evaluate
-from dse.system.analysis import simulate_point
 from hwmodels.presets import load_device
 from workloads.encoder import with_images
 from workloads.model import load_model
@@ -85,9 +85,5 @@ def test_the_serving_model_agrees_with_the_simulator_on_an_encoder_pool(encoders
     TTFT and TPOT within 10 % of the simulator's, whose encoder instances serve requests first come,
     first served before the prefill pool."""
     cols = {**POOL, "images": IMAGES, "image_size": str(SIZE), "encoder_devices": encoders, "request_rate": rate}
-    ev = evaluate(cols)
-    sim = simulate_point(cols, 1000)
-    err = {a: ev[a][0] / sim[b] - 1 for a, b in (("requests_per_s", "requests_per_s"), ("ttft_s", "ttft_mean_s"),
-                                                  ("tpot_s", "tpot_mean_s"))}
-    limits = {"requests_per_s": 0.05, "ttft_s": 0.10, "tpot_s": 0.10}
-    assert all(abs(err[k]) <= limits[k] for k in err), {k: f"{v:+.1%}" for k, v in err.items()}
+    x, ttft, tpot = model_vs_simulator(cols, 1000)
+    assert abs(x) <= 0.05 and abs(ttft) <= 0.10 and abs(tpot) <= 0.10, f"{x:+.1%} / {ttft:+.1%} / {tpot:+.1%}"
