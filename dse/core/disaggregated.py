@@ -70,6 +70,15 @@ def _cap(load: Load, cls: _Classes, held_per_seq) -> np.ndarray:
     return np.maximum(running_cap(load, cls, held_per_seq), 1.0)
 
 
+def mg1_wait(lam, s1, s2) -> np.ndarray:
+    """Mean seconds a request waits in an M/G/1 queue at ``lam`` requests/s whose service has mean
+    ``s1`` (seconds) and second moment ``s2`` (s^2): Pollaczek-Khinchine, lam s2 / 2(1 - lam s1); inf
+    at or past saturation. The KV link of each prefill instance, and an encoder instance (M/D/1:
+    s2 = s1^2)."""
+    rho = lam * s1
+    return np.where(rho < 1, lam * s2 / (2.0 * np.maximum(1.0 - rho, 1e-300)), np.inf)
+
+
 class _Stages:
     """The three stages of a group's points (arrays [A]) and their capacities (requests/s)."""
 
@@ -106,10 +115,7 @@ class _Stages:
         """Seconds [A'] before a request of points ``at`` at ``x`` requests/s reaches the prefill pool:
         the encoder pool's M/D/1 wait, the encoding and the embeddings' send (0 without an encoder pool)."""
         s, e = self.s_enc[at], self.enc[at]
-        lam = x / np.maximum(e, 1e-300)
-        rho = lam * s
-        wait = np.where(rho < 1, lam * s * s / (2.0 * np.maximum(1.0 - rho, 1e-300)), np.inf)
-        return np.where(e > 0, wait + s, 0.0)
+        return np.where(e > 0, mg1_wait(x / np.maximum(e, 1e-300), s, s * s) + s, 0.0)
 
     def _decode_iteration(self, b, at) -> np.ndarray:
         """Seconds of a decode-only iteration of ``b`` sequences on points ``at``."""
@@ -123,9 +129,7 @@ class _Stages:
         pcls = self.pcls.take(at)
         m = _mixed(load, pcls, self.it, self.rows[at], self.cap_p[at], rate=x / pools.prefill[at])
         first = _mixing_mixtures(m, pcls, 0.0)
-        lam = x / pools.prefill[at]
-        rho = lam * self.s1[at]
-        wait = np.where(rho < 1, lam * self.s2[at] / (2.0 * np.maximum(1.0 - rho, 1e-300)), np.inf)
+        wait = mg1_wait(x / pools.prefill[at], self.s1[at], self.s2[at])
         b, t_d = self._decode_batch(x / pools.decode[at], at)
         after = wait[:, None] + self.xfer[at] + cls.steps * t_d[:, None]      # first token to last, [A', K]
         steps = np.maximum(cls.steps, 1.0)
@@ -284,4 +288,4 @@ def disaggregated_goodput(load: Load, iteration_time: IterationTime, slo_ttft, s
     return largest_rate(meets, st.capacity, _BISECT // 2)
 
 
-__all__ = ["disaggregated_state", "disaggregated_goodput"]
+__all__ = ["disaggregated_state", "disaggregated_goodput", "mg1_wait"]

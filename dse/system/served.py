@@ -235,16 +235,25 @@ def serving_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np
     token after its first); prompt, each request's prompt (its tokens over half the prompt) once, as
     the amount it adds to such an iteration of its stream's decoders. ``cost(d, dctx, c, pctx,
     seqs)``: one stream's iteration's amount of those counts, [P]."""
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b, tpot = out["running_batch"], out["tpot_s"]
-    k = streams
-    zero = np.zeros(len(tpot))
+    gen, tpot, k = load.lengths.mean_gen, out["tpot_s"], streams
+    decoding, prompt = _iteration_counts(out, load, k)
     with np.errstate(invalid="ignore", divide="ignore"):
-        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
-        prompted = cost(b / k, b * (prompt + gen / 2.0) / k, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+        dec = cost(*decoding)
+        prompted = cost(*decoding[:2], *prompt)
         steps = np.where((gen > 1) & (tpot > 0), 1.0 / np.where(tpot > 0, tpot, 1.0), 0.0)
-        rps = out["requests_per_s"]
-        return k * dec * steps, rps * (prompted - dec)
+        return k * dec * steps, out["requests_per_s"] * (prompted - dec)
+
+
+def _iteration_counts(out: dict, load: Load, streams) -> tuple[tuple, tuple]:
+    """The counts (``IterationArrays``' order) ``serving_shares`` and ``pooled_shares`` price, [P] each:
+    (decode: one stream's share of ``running_batch`` decoding sequences over the mean prompt plus half
+    the mean output; no prompt), (one request's prompt: its tokens over half the prompt, one sequence)."""
+    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
+    b = out["running_batch"]
+    zero = np.zeros(len(out["tpot_s"]))
+    with np.errstate(invalid="ignore"):
+        decoding = (b / streams, b * (prompt + gen / 2.0) / streams, zero, zero, zero)
+    return decoding, (zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
 
 
 def pooled_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.ndarray]:
@@ -253,15 +262,14 @@ def pooled_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.
     as ``serving_shares``'), as many a second as the decode steps the requests ask (E[gen - 1] each:
     b = rate x E[gen - 1] x T(b) per engine, so iterations a second = requests_per_s x E[gen - 1] / b);
     prompt, each request's prompt once, an iteration of its own on a prefill engine."""
-    prompt, gen = load.lengths.mean_prompt, load.lengths.mean_gen
-    b, rps = out["running_batch"], out["requests_per_s"]
-    k = streams
-    zero = np.zeros(len(b))
+    b, rps, k = out["running_batch"], out["requests_per_s"], streams
+    decoding, prompt = _iteration_counts(out, load, k)
+    zero = decoding[2]
     steps = np.maximum(np.asarray(load.lengths.gen, dtype=float) - 1.0, 0.0) @ np.asarray(load.lengths.weight, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        dec = cost(b / k, b * (prompt + gen / 2.0) / k, zero, zero, zero)
+        dec = cost(*decoding)
         iterations = np.where(b > 0, rps * steps / np.where(b > 0, b, 1.0), 0.0)
-        return k * dec * iterations, rps * cost(zero, zero, zero + prompt, zero + prompt * prompt / 2.0, zero + 1.0)
+        return k * dec * iterations, rps * cost(zero, zero, *prompt)
 
 
 def kv_transfer_j(load: Load, devices, system: SystemArrays) -> np.ndarray:
