@@ -19,8 +19,18 @@ from dse.explore.spec import SweepSpec
 from dse.explore.sweep import check_values, front_of, run_sweep, unvalued
 
 
+def check_study_inputs(spec: SweepSpec) -> None:
+    """DseError, one line naming the study and the key, for a study that cannot run, before its folder
+    is made: an objective no design can have a value of (no price, no energy figure:
+    ``empty_objectives``), or a value only the evaluator checks (an engine, a choice, a pool's hardware:
+    ``check_values``)."""
+    empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)
+    check_values(spec)
+
+
 def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, workers: int = 1,
-              quiet: bool = True, scheduler: str | None = None, progress: bool | None = None) -> pd.DataFrame:
+              quiet: bool = True, scheduler: str | None = None, progress: bool | None = None,
+              checked: bool = False) -> pd.DataFrame:
     """Run a sweep or an Optuna search into ``out`` (resuming), write ``pareto.csv`` and
     ``best.json`` (the best design per objective, explained), and return the Pareto front.
     ``workers``: processes of this machine (an Optuna search's trials, a sweep's chunks);
@@ -30,7 +40,8 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
     would make it (some have no value, NaN, of an objective: ``pareto.front_note``), else
     None; it is said on stderr (``quiet`` silences progress only).
     The folder is locked for the run: a second run on it is refused (DseError), and so is a study
-    whose objective no design can have a value of (no price, no energy figure: ``empty_objectives``)."""
+    whose objective no design can have a value of, or with a value the evaluator refuses
+    (``check_study_inputs``; ``checked``: the caller has made those checks before making the folder)."""
     if spec.method != "optuna" and storage is not None:
         raise DseError("--storage applies to optuna studies (method: optuna)")
     if spec.method == "optuna" and scheduler is not None:
@@ -38,8 +49,8 @@ def run_study(spec: SweepSpec, out: str | Path, storage: str | None = None, work
                        "trials through --storage")
     if scheduler is not None and workers != 1:
         raise DseError("give --workers (processes of this machine) or --scheduler (a Dask cluster), not both")
-    empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)  # an empty front, refused before the run
-    check_values(spec)                   # a value only the evaluator checks, refused before the folder exists
+    if not checked:
+        check_study_inputs(spec)         # refused before the folder exists
     out = output_folder(out)
     with RunLock(out):
         if spec.method != "optuna":

@@ -27,7 +27,6 @@ from dse.app import cli as app_cli
 from dse.core.bands import COVERAGE
 from dse.core.engines import default_engine, engines
 from dse.explore.executors import start_server
-from dse.explore.plan import empty_objectives
 from dse.explore.spec import SEED_LIMIT
 from dse.present import display, plots
 from dse.present.compare import check_plot_path, compare_rows, show
@@ -600,14 +599,13 @@ def cmd_run(args) -> int:
     if spec.method != "optuna" and args.workers > 1 and args.scheduler is None:
         start_server()                      # the workers' server starts while this process gets ready
     from dse.explore.runio import RunLock, check_study, remove_run_files  # pandas: only when a study runs
-    from dse.explore.sweep import check_values
+    from dse.explore.study import check_study_inputs
 
     if args.overwrite and args.storage:
         raise DseError("--overwrite deletes a run's own files in its folder, not a study in --storage; give a new "
                        "--storage (or delete that study there) instead")
     name = str(data.get("name") or Path(args.study).stem)
-    empty_objectives(spec.space, spec.objectives, spec.where, spec.ideal)   # refused before its folder is made
-    check_values(spec)                      # so is a value only the evaluator checks
+    check_study_inputs(spec)                # refused before its folder is made
     out = output_folder(args.out or Path("runs") / name)
     signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops a run as Ctrl-C does: work done is kept
     with RunLock(out):
@@ -647,7 +645,7 @@ def _study_and_report(args, data: dict, spec, name: str, out: Path, drawer: Draw
     from dse.explore.study import run_study
     t0 = time.perf_counter()
     front = run_study(spec, out, storage=args.storage, workers=args.workers, quiet=args.quiet,
-                      scheduler=args.scheduler, progress=args.progress)
+                      scheduler=args.scheduler, progress=args.progress, checked=True)
     dt = time.perf_counter() - t0
     if spec.method == "optuna":
         counts = trial_counts(args.storage, out, spec)
