@@ -1,0 +1,69 @@
+"""Qwen3-Next-80B-A3B and Jamba-1.5-Mini (issue 45): their shipped configs read as hybrids, their
+parameter counts against the published figures, their KV and recurrent state against the closed
+forms of their config dims.
+
+Expectations are independent of the code: the published counts (configs/models/SOURCES.md), a
+safetensors tally of the released checkpoint, and closed forms written from the config's fields."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workloads.footprint import (
+    active_parameter_count,
+    kv_cache_bytes_per_token,
+    parameter_count,
+    state_bytes_per_sequence,
+)
+from workloads.model import MODELS_DIR, load_model
+from workloads.scenario import Scenario
+
+QWEN3_NEXT = "qwen3-next-80b-a3b-instruct"
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((MODELS_DIR / f"{name}.json").read_text())
+
+
+def _sc(**kw) -> Scenario:
+    return Scenario.make(batch=1, prompt_len=1000, gen_len=1, weights="bf16", activations="bf16", kv="bf16", **kw)
+
+
+#: The MTP module's tensors in Qwen/Qwen3-Next-80B-A3B-Instruct's safetensors (shapes as the
+#: checkpoint's weight table lists them; SOURCES.md): fc 2048 x 4096, one decoder layer (attention
+#: q 8192 x 2048 with its output gate, k and v 512 x 2048, o 2048 x 4096, q/k norms of 256; 512
+#: experts and a shared expert of 3 x 512 x 2048, router 512 x 2048, shared gate 2048; two layer
+#: norms) and three norms (final, pre-fc embedding, pre-fc hidden) of 2048.
+QWEN3_NEXT_MTP = (2048 * 4096 + 8192 * 2048 + 2 * 512 * 2048 + 2048 * 4096 + 2 * 256
+                  + 512 * 3 * 512 * 2048 + 3 * 512 * 2048 + 512 * 2048 + 2048 + 2 * 2048 + 3 * 2048)
+#: the checkpoint's safetensors hold 81,324,862,720 parameters, its MTP module included
+QWEN3_NEXT_CHECKPOINT = 81_324_862_720
+
+
+def test_qwen3_next_parameter_count_is_the_checkpoint_without_its_mtp_module():
+    m = load_model(QWEN3_NEXT)
+    assert parameter_count(m) == QWEN3_NEXT_CHECKPOINT - QWEN3_NEXT_MTP          # 79,674,391,296 exactly
+    assert parameter_count(m) == pytest.approx(80e9, rel=0.01)                 # model card: 80B in total
+    # model card: 79B non-embedding (rounded): the count less the embedding and the untied head
+    assert parameter_count(m) - 2 * 151936 * 2048 == pytest.approx(79e9, rel=0.01)
+    # 3B activated (rounded): 10 routed experts + the shared one of 48 layers, the mixers, embedding, head
+    assert 3e9 < active_parameter_count(m) < 4e9
+    assert "`qwen3-next-80b-a3b-instruct.json`" in (MODELS_DIR / "SOURCES.md").read_text()
+
+
+def test_qwen3_next_layers_kv_and_state_follow_its_config():
+    c = _cfg(QWEN3_NEXT)
+    m = load_model(QWEN3_NEXT)
+    layers, every = c["num_hidden_layers"], c["full_attention_interval"]
+    assert (m.num_attention_layers, m.num_recurrent_layers, m.num_moe_layers) == (layers // every,
+                                                                                  layers - layers // every, layers)
+    # KV: the 12 gated-attention layers only, 2 kv heads x 256 x (K, V) x 2 bytes
+    assert kv_cache_bytes_per_token(m, _sc()) == layers // every * 2 * c["num_key_value_heads"] * c["head_dim"] * 2
+    # state: per Gated DeltaNet layer, 32 value heads x 128 x 128 (bf16: no mamba_ssm_dtype in this config)
+    # and the conv's last 3 inputs of q, k (16 x 128 each) and v (32 x 128)
+    hv, dk, dv = c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv = 2 * c["linear_num_key_heads"] * dk + hv * dv
+    want = (layers - layers // every) * (hv * dk * dv + conv * (c["linear_conv_kernel_dim"] - 1)) * 2
+    assert state_bytes_per_sequence(m, _sc()) == want
+    assert want / 2**20 == pytest.approx(36 * (1 + 0.046875), rel=1e-12)       # 36 x (1 MiB + 48 KiB)
