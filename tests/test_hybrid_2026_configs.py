@@ -10,10 +10,12 @@ import json
 
 import pytest
 
+from workloads import optable
 from workloads.footprint import (
     active_parameter_count,
     kv_cache_bytes_per_token,
     parameter_count,
+    recurrent_parameter_count,
     state_bytes_per_sequence,
 )
 from workloads.model import MODELS_DIR, load_model
@@ -67,3 +69,63 @@ def test_qwen3_next_layers_kv_and_state_follow_its_config():
     want = (layers - layers // every) * (hv * dk * dv + conv * (c["linear_conv_kernel_dim"] - 1)) * 2
     assert state_bytes_per_sequence(m, _sc()) == want
     assert want / 2**20 == pytest.approx(36 * (1 + 0.046875), rel=1e-12)       # 36 x (1 MiB + 48 KiB)
+
+
+JAMBA = "jamba-1.5-mini"
+
+
+def test_jamba_parameter_counts_match_published():
+    """Jamba-1.5-Mini: 52B total, 12B active (AI21 model card; Jamba-1.5 paper, arXiv:2408.12570)."""
+    m = load_model(JAMBA)
+    assert parameter_count(m) == pytest.approx(52e9, rel=0.01)
+    assert active_parameter_count(m) == pytest.approx(12e9, rel=0.01)
+    assert "`jamba-1.5-mini.json`" in (MODELS_DIR / "SOURCES.md").read_text()
+
+
+def test_jamba_mamba_layer_parameters_are_the_mixer_tensors():
+    """One Mamba layer, tensor by tensor as transformers' JambaMambaMixer holds them: in_proj
+    h x 2 d_inner, conv d_inner x K and its bias, x_proj d_inner x (R + 2 N), dt_proj R x d_inner and
+    its bias, A_log d_inner x N, D, out_proj d_inner x h, and the dt, B, C RMSNorms (R + 2 N)."""
+    c = _cfg(JAMBA)
+    h, n, r, k = c["hidden_size"], c["mamba_d_state"], c["mamba_dt_rank"], c["mamba_d_conv"]
+    d = c["mamba_expand"] * h
+    mixer = h * 2 * d + d * k + d + d * (r + 2 * n) + r * d + d + d * n + d + d * h + (r + 2 * n)
+    m = load_model(JAMBA)
+    assert recurrent_parameter_count(m) == mixer
+    assert recurrent_parameter_count(m, tp=2) == pytest.approx(mixer / 2 + (r + 2 * n) / 2, rel=1e-12)
+
+
+def test_jamba_layers_kv_and_state_follow_its_config():
+    c = _cfg(JAMBA)
+    m = load_model(JAMBA)
+    layers = c["num_hidden_layers"]
+    attn = [i for i in range(layers) if i % c["attn_layer_period"] == c["attn_layer_offset"]]
+    assert attn == [4, 12, 20, 28]
+    assert [i for i, k in enumerate(m.layer_mixers) if k == "attention"] == attn
+    assert (m.num_recurrent_layers, m.num_moe_layers, m.num_dense_layers) == (28, 16, 16)
+    # Jamba paper (arXiv:2403.19887, Table 1): 4GB of KV cache at 256K tokens in 16-bit
+    kv = kv_cache_bytes_per_token(m, _sc())
+    assert kv == len(attn) * 2 * c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"] * 2
+    assert kv * 256 * 1024 == 4 * 2**30
+    # state: per Mamba layer d_inner x d_state and the conv's last K - 1 inputs of x, bf16
+    d = c["mamba_expand"] * c["hidden_size"]
+    assert state_bytes_per_sequence(m, _sc()) == 28 * d * (c["mamba_d_state"] + c["mamba_d_conv"] - 1) * 2
+
+
+def test_jamba_decode_reads_every_weight_once_and_does_not_grow_in_its_mamba_layers():
+    """A batch-1 decode step reads every parameter but the embedding table (one row) and the
+    experts not chosen (two of 16 a MoE layer); the Mamba layers' operators are the same at any context."""
+    m = load_model(JAMBA)
+    sc = Scenario.make(batch=1, weights="bf16", activations="bf16", kv="bf16")
+    short, long = (optable.decode_step(m, sc, n) for n in (1_000, 100_000))
+    read = sum(o.weight * o.count for o in short.operators)
+    h, e = m.hidden_size, m.num_experts
+    idle_experts = m.num_moe_layers * (e - m.experts_per_token) * 3 * h * m.moe_intermediate_size
+    assert read == pytest.approx(parameter_count(m) - m.vocab_size * h + h - idle_experts, rel=1e-9)
+    ssm = [o.name for o in short.operators if o.name.startswith("ssm_")]
+    assert ssm == ["ssm_in_proj", "ssm_conv", "ssm_x_proj", "ssm_dt_bc_norm", "ssm_dt_proj", "ssm_scan",
+                   "ssm_gate", "ssm_out_proj"]
+    by_name = {o.name: o for o in long.operators}
+    for o in short.operators:
+        if o.name in ssm:
+            assert (o.ops, o.kv_in, o.kv_out) == (by_name[o.name].ops, by_name[o.name].kv_in, by_name[o.name].kv_out)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from workloads.model import ModelSpec
+from workloads.model import RECURRENT_KINDS, ModelSpec
 from workloads.optable import (
     OpTable,
     kv_elems_per_token_per_layer,
@@ -78,8 +78,14 @@ def recurrent_parameter_count(m: ModelSpec, tp: int = 1) -> float:
     ``recurrent``): in_proj (Gated DeltaNet: q, k, v, z and beta, alpha a head; Mamba-2: z, x, B,
     C and dt a head), the depthwise conv (and its bias), the per-head decay and step (and Mamba-2's
     D), the gated norm (GDN: a head's width; Mamba-2: every head's) and out_proj; heads and groups
-    split over ``tp``."""
+    split over ``tp``. Mamba-1 (Jamba): in_proj to x and z, the conv over x (and its bias), x_proj
+    to dt's rank and B, C, their three RMSNorms, dt_proj (and its bias), A (d_inner x N), D and
+    out_proj; d_inner split over ``tp`` (x_proj's outputs and the norms replicated)."""
     h, gdn = m.hidden_size, m.recurrent_kind == "gdn"
+    if m.recurrent_kind == "mamba1":
+        d, r, n = m.ssm_heads / tp, m.ssm_dt_rank, m.ssm_state_dim
+        return (h * 2 * d + d * m.ssm_conv_kernel + (d if m.ssm_conv_bias else 0) + d * (r + 2 * n) + (r + 2 * n)
+                + r * d + d + d * n + d + d * h)
     hp = m.ssm_heads * m.ssm_head_dim / tp
     conv = hp + 2 * m.ssm_groups * m.ssm_state_dim / tp
     heads = m.ssm_heads / tp
@@ -96,7 +102,7 @@ def state_bytes_per_sequence(m: ModelSpec, sc: Scenario) -> float:
     without recurrent layers."""
     if not m.num_recurrent_layers:
         return 0.0
-    layers = _most_per_stage(m, sc.pp, ("gdn", "mamba2"))
+    layers = _most_per_stage(m, sc.pp, RECURRENT_KINDS)
     scan = m.ssm_state_elems / sc.tp * (m.ssm_state_bytes or sc.activations.bytes)
     conv = m.ssm_conv_state_elems / sc.tp * sc.activations.bytes
     return layers * (scan + conv)

@@ -70,6 +70,16 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   element is 4 bytes where the config fixes float32 (``mamba_ssm_dtype``,
   ``mamba_ssm_cache_dtype``), else the activations' (the model's dtype). minimax_m2
   (MiniMax-M2/M2.5) is full attention in every layer (no lightning attention in its config) and is not read (not a known family).
+  jamba (Jamba, Jamba-1.5): attention in layer i where i % ``attn_layer_period`` ==
+  ``attn_layer_offset``, Mamba-1 in the others (Gu & Dao, "Mamba: Linear-Time Sequence Modeling with
+  Selective State Spaces", arXiv:2312.00752; transformers' JambaMambaMixer): in_proj to x and z of
+  d_inner = ``mamba_expand`` x hidden each, a depthwise conv of ``mamba_d_conv`` over x (bias
+  ``mamba_conv_bias``), x_proj to the time step's rank ``mamba_dt_rank`` and B, C of
+  ``mamba_d_state``, each RMS-normed, dt_proj back to d_inner (with bias), A (d_inner x d_state) and
+  D, y * silu(z), out_proj; a state of d_inner x d_state per layer (read as ``ssm_heads`` = d_inner
+  heads of width 1, no groups). MoE (``num_experts`` of ``intermediate_size``, top-k
+  ``num_experts_per_tok``, a router without bias) in layer i where i % ``expert_layer_period`` ==
+  ``expert_layer_offset``, a gated MLP in the others.
 
 A config of a dense family that names routed experts (``num_local_experts``, ``num_experts``,
 ``n_routed_experts`` or ``moe_num_experts`` above 0) is refused: an MoE is never read as dense.
@@ -107,6 +117,9 @@ from workloads.vision import (
     QWEN3_VL_MIN_PIXELS,
     VisionSpec,
 )
+
+#: the recurrent mixers a layer may hold (a fixed-size state per sequence, no KV cache)
+RECURRENT_KINDS = ("gdn", "mamba2", "mamba1")
 
 #: the shipped model configs (``configs/models``; package data in a wheel)
 MODELS_DIR = shipped("configs", "models")
@@ -176,7 +189,7 @@ class ModelSpec:
     # 2 x hidden -> hidden fusing the token's embedding with the target's hidden feature
     draft_head: str = ""
     # Hybrid and linear-attention models (empty layer_mixers: every layer attention + its MLP or MoE)
-    layer_mixers: tuple = ()          # per layer: 'attention', 'gdn' (Gated DeltaNet), 'mamba2' or '' (none)
+    layer_mixers: tuple = ()          # per layer: 'attention', 'gdn' (Gated DeltaNet), 'mamba2', 'mamba1' or '' (none)
     layer_ffns: tuple = ()            # per layer: 'mlp', 'moe' or '' (none)
     attn_output_gate: bool = False    # a sigmoid gate on the attention output (q_proj twice as wide)
     ssm_heads: int = 0                # recurrent layers: value heads H (GDN's value heads, Mamba-2's heads)
@@ -187,6 +200,7 @@ class ModelSpec:
     ssm_conv_bias: bool = False
     ssm_chunk: int = 0                # tokens a chunk of the prefill's chunked scan
     ssm_state_bytes: float = 0.0      # bytes of a state element where the config fixes it (float32: 4); 0: activations'
+    ssm_dt_rank: int = 0              # Mamba-1: rank of the time step's low-rank projection (x_proj -> dt_proj)
     notes: tuple = ()                 # what of the config is read how, or not modelled (shown by describe, analyze)
     source: str = ""
     vision: VisionSpec | None = None  # the vision tower of a vision-language model (``vision_config``)
@@ -229,13 +243,13 @@ class ModelSpec:
 
     @property
     def recurrent_kind(self) -> str:
-        """'gdn', 'mamba2' or '' (no recurrent layers)."""
-        return next((k for k in self.layer_mixers if k in ("gdn", "mamba2")), "")
+        """'gdn', 'mamba2', 'mamba1' or '' (no recurrent layers)."""
+        return next((k for k in self.layer_mixers if k in RECURRENT_KINDS), "")
 
     @property
     def num_recurrent_layers(self) -> int:
         """Layers with a recurrent mixer (a fixed-size state per sequence, no KV cache)."""
-        return sum(1 for k in self.layer_mixers if k in ("gdn", "mamba2"))
+        return sum(1 for k in self.layer_mixers if k in RECURRENT_KINDS)
 
     @property
     def num_mixer_layers(self) -> int:
@@ -485,7 +499,7 @@ FAMILIES = {
     "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
     "qwen3_next": True, "qwen3_5": False, "qwen3_5_text": False, "qwen3_5_moe": True, "qwen3_5_moe_text": True,
-    "nemotron_h": True,
+    "nemotron_h": True, "jamba": True,
 }
 #: hybrid families with Gated DeltaNet layers (``layer_types`` linear_attention) and their text decoders
 _GDN_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -799,6 +813,28 @@ def _nemotron_h(cfg: dict, path, layers: int, hidden: int, heads: int) -> dict:
     return kw
 
 
+def _jamba(cfg: dict, path, layers: int, hidden: int) -> dict:
+    """Jamba: which layers are attention (``attn_layer_period``, ``attn_layer_offset``) and which
+    MoE (``expert_layer_period``, ``expert_layer_offset``), the Mamba-1 dims, the experts."""
+    def layer_set(period_key: str, offset_key: str) -> set:
+        period = _int(cfg, path, period_key, hi=layers, hi_name="num_hidden_layers")
+        offset = _int(cfg, path, offset_key, lo=0, hi=period - 1, hi_name=f"{period_key} - 1")
+        return {i for i in range(layers) if i % period == offset}
+    attention, moe = layer_set("attn_layer_period", "attn_layer_offset"), layer_set("expert_layer_period",
+                                                                                    "expert_layer_offset")
+    if _flag(cfg, path, "mamba_proj_bias", False):
+        raise _fail(path, "mamba_proj_bias", "got true; only false (no bias on the Mamba projections) is modelled")
+    inter, experts = _int(cfg, path, "intermediate_size"), _int(cfg, path, "num_experts")
+    return dict(layer_mixers=tuple("attention" if i in attention else "mamba1" for i in range(layers)),
+                layer_ffns=tuple("moe" if i in moe else "mlp" for i in range(layers)),
+                intermediate_size=inter, moe_intermediate_size=inter, num_experts=experts,
+                experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_experts"),
+                ssm_heads=_int(cfg, path, "mamba_expand") * hidden, ssm_head_dim=1,
+                ssm_state_dim=_int(cfg, path, "mamba_d_state"), ssm_groups=0,
+                ssm_dt_rank=_int(cfg, path, "mamba_dt_rank"), ssm_conv_kernel=_int(cfg, path, "mamba_d_conv"),
+                ssm_conv_bias=_flag(cfg, path, "mamba_conv_bias", True))
+
+
 def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSpec:
     """Return the ModelSpec of a parsed Hugging Face config dict; raise DseError (one line
     naming ``path`` and the key) on a missing, mistyped or out-of-range field, or a model_type
@@ -923,6 +959,8 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
     elif mt == "nemotron_h":
         kw.update(_nemotron_h(cfg, path, layers, hidden, heads))
         head_dim = _int(cfg, path, "attention_head_dim", "head_dim", default=None)
+    elif mt == "jamba":
+        kw.update(_jamba(cfg, path, layers, hidden))
     elif mt == "dbrx":      # nested attn_config / ffn_config; every layer a GLU MoE; LayerNorm without bias
         kv_cfg, kv_key = _section(cfg, path, "attn_config"), "kv_n_heads"
         ffn = _section(cfg, path, "ffn_config")

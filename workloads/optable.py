@@ -71,7 +71,12 @@ Conventions (documented so a reader can check them):
   within its chunk and 4 N P into and out of the chunk states (Gated DeltaNet 2 Q N more for its
   keys' Gram matrix), linear in the prompt; the final states are written once per sequence. The
   layers have no KV cache. Mixer-only and FFN-only layers (Nemotron-H) have one norm and residual
-  each.
+  each. Mamba-1 (Jamba; Gu & Dao, arXiv:2312.00752) has d_inner channels (H = d_inner heads of
+  width 1) and a d_inner x N state: ``ssm_in_proj`` to x and z, ``ssm_conv`` over x,
+  ``ssm_x_proj`` to dt's rank R and B, C, ``ssm_dt_bc_norm`` (Jamba's three RMSNorms),
+  ``ssm_dt_proj`` (R -> d_inner), ``ssm_scan`` and ``ssm_gate`` (y x SiLU(z), no norm), then
+  ``ssm_out_proj``. Its selective scan has no chunked form: prefill runs the same SCAN_OPS per
+  state element a token as decode (a parallel scan does the same work), writing the states once.
 - Operator roles (``OpTable.roles``) name what a near-memory unit may run in a decode
   step: 'attention' (the attention core), 'experts' (routed-expert matmuls), 'gemv'
   (other weight matmuls), '' for the rest and for every prefill operator.
@@ -95,7 +100,8 @@ ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh":
 #: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:
 #: S k, the decayed rank-one delta update and S q, 2 + 3 + 2; Mamba-2: the decay, the rank-one
 #: update dt x B^T and y = h C, 1 + 2 + 2), a counting convention as the element-wise ones above
-SCAN_OPS = {"gdn": 7, "mamba2": 5}
+#: Mamba-1: its decay exp(dt A) is per state element (A is d_inner x N), one more than Mamba-2's
+SCAN_OPS = {"gdn": 7, "mamba2": 5, "mamba1": 6}
 SOFTMAX_OPS = 5
 
 #: operator kinds: how an operator is costed
@@ -605,10 +611,13 @@ class _Builder:
         self.add("softmax", "vector", count, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
         self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, act_out=out, uses_kv=True)
 
-    # ---- recurrent layers (Gated DeltaNet, Mamba-2)
+    # ---- recurrent layers (Gated DeltaNet, Mamba-2, Mamba-1)
     def recurrent(self, count):
         """The operators of ``count`` recurrent layers (see the module docstring)."""
         m, h, T, B = self.m, self.m.hidden_size, self.T, self.B
+        if m.recurrent_kind == "mamba1":
+            self.mamba1(count)
+            return
         H = _split(m.ssm_heads, self.tp, "the recurrent layers' heads", m)
         G = _split(m.ssm_groups, self.tp, "the recurrent layers' groups", m)
         P, N, K = m.ssm_head_dim, m.ssm_state_dim, m.ssm_conv_kernel
@@ -636,6 +645,30 @@ class _Builder:
         self.add("ssm_gate_norm", "vector", count, ops=(NORM_OPS["rmsnorm"] + ACT_OPS["silu"] + 1) * T * H * P,
                  weight=norm_w, act_in=2 * T * H * P, act_out=T * H * P)
         self.linear("ssm_out_proj", H * P, h, count)
+
+    def mamba1(self, count):
+        """The operators of ``count`` Mamba-1 layers (see the module docstring)."""
+        m, h, T, B = self.m, self.m.hidden_size, self.T, self.B
+        D = _split(m.ssm_heads, self.tp, "the Mamba layers' inner channels", m)
+        N, K, R = m.ssm_state_dim, m.ssm_conv_kernel, m.ssm_dt_rank
+        model_bytes, kv_bytes = self.sc.activations.bytes, self.sc.kv.bytes      # state in KV-format equivalents
+        scan_state = B * D * N * (m.ssm_state_bytes or model_bytes) / kv_bytes
+        conv_state = B * D * (K - 1) * model_bytes / kv_bytes
+        decode = self.stage == "decode"
+        self.linear("ssm_in_proj", h, 2 * D, count)
+        bias = D if m.ssm_conv_bias else 0
+        state_io = {"kv_in": conv_state, "kv_out": conv_state} if decode else {"kv_out": conv_state}
+        self.add("ssm_conv", "vector", count, ops=2 * K * T * D + T * D * ACT_OPS["silu"], weight=D * K + bias,
+                 act_in=T * D, act_out=T * D, **state_io)
+        self.linear("ssm_x_proj", D, R + 2 * N, count)
+        self.add("ssm_dt_bc_norm", "vector", count, ops=NORM_OPS["rmsnorm"] * T * (R + 2 * N), weight=R + 2 * N,
+                 act_in=T * (R + 2 * N), act_out=T * (R + 2 * N))
+        self.linear("ssm_dt_proj", R, D, count, bias=True)
+        state_io = {"kv_in": scan_state, "kv_out": scan_state} if decode else {"kv_out": scan_state}
+        self.add("ssm_scan", "vector", count, ops=T * D * N * SCAN_OPS["mamba1"] + 2 * T * D,   # and D x
+                 weight=D * N + D, act_in=T * (2 * D + 2 * N), act_out=T * D, **state_io)      # A_log, D
+        self.add("ssm_gate", "vector", count, ops=(ACT_OPS["silu"] + 1) * T * D, act_in=2 * T * D, act_out=T * D)
+        self.linear("ssm_out_proj", D, h, count)
 
     def hybrid_layers(self):
         """The layers of a hybrid model: a norm, its mixer (attention or recurrent), the all-reduce and
