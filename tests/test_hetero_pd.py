@@ -80,9 +80,9 @@ def test_splitwise_token_machines_on_the_older_gpu():
 
 def test_no_link_known_is_refused():
     """H100 -> A100 without pd_link: the A100 platform cites no scale-out NIC, so the KV cache has no
-    known link (reason interconnect, naming pd_link); an MI355X decode engine of 8 devices has no cited
-    Infinity Fabric link (interconnect)."""
-    ev, _ = _rows(decode_hardware=["a100-80gb", "mi355x"], pd_link=["default", "ib-ndr"])
+    known link (reason interconnect, naming pd_link); a GH200 decode engine of 8 devices has no cited
+    scale-up link (interconnect)."""
+    ev, _ = _rows(decode_hardware=["a100-80gb", "gh200"], pd_link=["default", "ib-ndr"])
     assert ev.reason_key(0) == "interconnect" and "pd_link" in ev.reason_text(0)
     assert ev.reason_key(1) == "interconnect"
 
