@@ -76,7 +76,8 @@ def test_every_shipped_config_is_covered_and_cited():
     vlm = {"qwen3-vl-8b-instruct", "qwen2.5-vl-7b-instruct"}       # vision + text count: tests/test_vision_encoder.py
     assert set(available_models()) == (set(SHIPPED) | set(PUBLISHED) | set(PUBLISHED_2026) | set(PUBLISHED_HYBRID) | vlm
                                        | {"deepseek-v3.2"}  # tests/test_sparse_attention.py
-                                       | {"qwen3-next-80b-a3b-instruct", "jamba-1.5-mini"})  # tests/test_hybrid_2026_configs.py
+                                       | {"qwen3-next-80b-a3b-instruct", "jamba-1.5-mini"}  # tests/test_hybrid_2026_configs.py
+                                       | {"glm-5"})  # tests/test_sparse_glm5.py
     sources = (MODELS_DIR / "SOURCES.md").read_text()
     for name in PUBLISHED:
         assert f"`{name}.json`" in sources, name

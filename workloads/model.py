@@ -25,7 +25,7 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   ``vision_config`` (window attention, gated MLP: ``workloads.vision``).
 - aliases (``ALIASES``): a model_type named there is read as the family it names, and only when
   ``architectures`` lists that family's architecture: kimi_k2 (Kimi-K2, DeepseekV3ForCausalLM) is
-  read as deepseek_v3. Any other model_type is refused.
+  read as deepseek_v3; glm_moe_dsa (GLM-5, GlmMoeDsaForCausalLM) as deepseek_v32. Any other model_type is refused.
 - llama4 (Llama 4 Scout / Maverick): the text decoder of ``text_config``, and the vision encoder of
   ``vision_config`` where the config gives one (``workloads.vision``: tiles of 336 px); without one
   the loaded model says in ``notes`` that the tower is not modelled.
@@ -499,7 +499,7 @@ FAMILIES = {
     "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
     "qwen3_next": True, "qwen3_5": False, "qwen3_5_text": False, "qwen3_5_moe": True, "qwen3_5_moe_text": True,
-    "nemotron_h": True, "jamba": True,
+    "nemotron_h": True, "jamba": True, "glm_moe_dsa": True,
 }
 #: hybrid families with Gated DeltaNet layers (``layer_types`` linear_attention) and their text decoders
 _GDN_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -513,7 +513,10 @@ _GDN_CHUNK = 64
 #: model_type -> (the family it is read as, the architecture ``architectures`` must list for it):
 #: configs whose model_type names a model but whose architecture is a family's (Kimi-K2's config
 #: declares DeepseekV3ForCausalLM, the DeepSeek-V3 decoder)
-ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM")}
+ALIASES = {"kimi_k2": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+           # GLM-5: DeepSeek-V3.2's layers (MLA, the lightning indexer and its top-k, MoE with a shared
+           # expert and sigmoid routing, an MTP layer) at its own sizes (GLM-5 technical report, arXiv:2602.15763)
+           "glm_moe_dsa": ("deepseek_v32", "GlmMoeDsaForCausalLM")}
 #: model_type -> why this reader refuses it (a known model whose attention it does not model yet)
 NOT_MODELLED: dict = {}
 SUPPORTED_MODEL_TYPES = tuple(sorted(FAMILIES))
