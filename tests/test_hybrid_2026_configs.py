@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from basis.errors import DseError
+from dse.system.evaluator import evaluate
 from workloads import optable
 from workloads.footprint import (
     active_parameter_count,
@@ -18,7 +20,7 @@ from workloads.footprint import (
     recurrent_parameter_count,
     state_bytes_per_sequence,
 )
-from workloads.model import MODELS_DIR, load_model
+from workloads.model import MODELS_DIR, draft_head_model, load_model, spec_from_config
 from workloads.scenario import Scenario
 
 QWEN3_NEXT = "qwen3-next-80b-a3b-instruct"
@@ -129,3 +131,33 @@ def test_jamba_decode_reads_every_weight_once_and_does_not_grow_in_its_mamba_lay
     for o in short.operators:
         if o.name in ssm:
             assert (o.ops, o.kv_in, o.kv_out) == (by_name[o.name].ops, by_name[o.name].kv_in, by_name[o.name].kv_out)
+
+
+def test_qwen35_mtp_layer_is_a_native_draft_head_of_its_config():
+    """Qwen3.5's ``mtp_num_hidden_layers`` MTP layer, as Qwen3-Next's checkpoint holds one (its weight
+    table, SOURCES.md): fc 2h -> h, the two pre-fc RMSNorms, one gated-attention block (q_proj with
+    its output gate, k, v, o, q/k norms) with the model's MoE (router, routed experts, shared expert and
+    its gate), the block's two norms and a final norm; the embedding and LM head shared."""
+    t = _cfg("qwen3.5-35b-a3b")["text_config"]
+    h, nh, nkv, d = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    e, w, ws = t["num_experts"], t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
+    attention = h * 2 * nh * d + 2 * h * nkv * d + nh * d * h + 2 * d
+    moe = h * e + e * 3 * h * w + 3 * h * ws + h
+    want = 2 * h * h + 2 * h + attention + moe + 2 * h + h
+    m = load_model("qwen3.5-35b-a3b")
+    assert m.mtp_layers == t["mtp_num_hidden_layers"] == 1
+    assert parameter_count(draft_head_model(m, "mtp")) == want                      # 844,640,768
+    with pytest.raises(DseError, match="mtp_use_dedicated_embeddings"):
+        spec_from_config({**_cfg("qwen3.5-27b"), "text_config": {**_cfg("qwen3.5-27b")["text_config"],
+                                                                 "mtp_use_dedicated_embeddings": True}}, "x", "x.json")
+
+
+def test_qwen35_mtp_draft_reaches_the_evaluation():
+    cols = {"model": "qwen3.5-35b-a3b", "hardware": "h200", "weights": "fp8", "kv": "fp8", "prompt_len": 4096,
+            "gen_len": 257, "batch": 1}
+    plain = evaluate(cols)
+    mtp = evaluate({**cols, "spec_draft": "mtp:1@0.8", "spec_tokens": 1})
+    assert mtp["tokens_per_target_step"][0] == pytest.approx(1.8, rel=1e-12)
+    assert mtp["tpot_s"][0] < plain["tpot_s"][0]
+    assert mtp["weights_bytes"][0] - plain["weights_bytes"][0] == pytest.approx(
+        parameter_count(draft_head_model(load_model("qwen3.5-35b-a3b"), "mtp")), rel=1e-9)       # fp8: a byte each

@@ -46,16 +46,18 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   latent) scores every earlier token and each query attends to the ``index_topk`` best
   (``ModelSpec.index_topk``; ``workloads.optable`` prices the indexer and the attention over the
   selected tokens, the KV cache still holds every token).
-- multi-token prediction: ``num_nextn_predict_layers`` (DeepSeek-V3) is read as ``mtp_layers``, the
-  MTP modules a ``--draft mtp:N`` chains (their weights are not in the main model's count).
+- multi-token prediction: ``num_nextn_predict_layers`` (DeepSeek-V3) and ``mtp_num_hidden_layers``
+  (Qwen3.5; its MTP layer a full-attention block with the model's MLP or MoE, sharing the embedding:
+  ``mtp_use_dedicated_embeddings`` false) are read as ``mtp_layers``, the MTP modules a ``--draft mtp:N``
+  chains (their weights are not in the main model's count).
 - gptj (parallel attention+MLP, GeLU), falcon (parallel blocks, MQA/GQA), opt (ReLU MLP, learned
   positions), bloom (GeLU, ALiBi).
 
 - hybrid and linear-attention models (``layer_mixers``, ``layer_ffns``: what each layer holds; the
   recurrent layers' dims in the ``ssm_*`` fields, one recurrent kind a model):
   qwen3_next, qwen3_5 / qwen3_5_text (dense) and qwen3_5_moe / qwen3_5_moe_text (the Qwen3.5 VLM
-  configs are read from their ``text_config``: the vision encoder and the multi-token-prediction
-  layers are not modelled, as ``notes`` say): ``layer_types`` (``linear_attention`` or
+  configs are read from their ``text_config``: the vision encoder is not modelled, as ``notes`` say;
+  the multi-token-prediction layers are ``mtp_layers``): ``layer_types`` (``linear_attention`` or
   ``full_attention``), else every ``full_attention_interval``-th layer full; the linear layers are
   Gated DeltaNet (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta
   Rule", ICLR 2025; Qwen3-Next model card): ``linear_num_key_heads`` x ``linear_key_head_dim``
@@ -328,7 +330,7 @@ def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
     DseError for 'mtp' on a model that ships no MTP module (``num_nextn_predict_layers`` 0)."""
     if kind == "mtp" and not m.mtp_layers:
         raise DseError(f"spec_draft: mtp:N needs the model's multi-token-prediction modules; '{m.name}' ships none "
-                       "(num_nextn_predict_layers 0 or absent); use eagle or a draft model")
+                       "(num_nextn_predict_layers or mtp_num_hidden_layers 0 or absent); use eagle or a draft model")
     experts = {} if kind == "mtp" else dict(num_experts=0, experts_per_token=0, num_shared_experts=0,
                                             shared_expert_intermediate_size=0, shared_expert_gate=False,
                                             router_bias=False)
@@ -765,9 +767,11 @@ def _gated_deltanet(cfg: dict, path, layers: int, kw: dict) -> dict:
         step = _int(cfg, path, "decoder_sparse_step", default=1, hi=layers, hi_name="num_hidden_layers")
         dense = _index_list(cfg, path, "mlp_only_layers", layers)
         ffns = tuple("moe" if i not in dense and (i + 1) % step == 0 else "mlp" for i in range(layers))
-    notes = (*kw["notes"], "multi-token-prediction layers (mtp_num_hidden_layers) are not modelled") \
-        if cfg.get("mtp_num_hidden_layers") else kw["notes"]
-    return dict(layer_mixers=mixers, layer_ffns=ffns, notes=notes,
+    if _flag(cfg, path, "mtp_use_dedicated_embeddings", False):
+        raise _fail(path, _named(cfg, "mtp_use_dedicated_embeddings"), "got true; only false (the MTP layers "
+                    "share the model's embedding) is modelled")
+    return dict(layer_mixers=mixers, layer_ffns=ffns, notes=kw["notes"],
+                mtp_layers=_int(cfg, path, "mtp_num_hidden_layers", default=0, lo=0, hi=MAX_LAYERS),
                 attn_output_gate=_flag(cfg, path, "attn_output_gate", True), ssm_chunk=_GDN_CHUNK,
                 ssm_conv_kernel=_int(cfg, path, "linear_conv_kernel_dim"),
                 ssm_state_bytes=_state_bytes(cfg, path, "mamba_ssm_dtype"),
