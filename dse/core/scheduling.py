@@ -164,3 +164,30 @@ def priority_ttft(ttft, wait_fcfs, rho, high_share) -> tuple[np.ndarray, np.ndar
     base = np.asarray(ttft, dtype=float) - np.where(np.isfinite(w), w, 0.0)
     hi, lo = base + k[..., 0], base + k[..., 1]
     return np.where(np.isfinite(w), hi, np.inf), np.where(np.isfinite(w), lo, np.inf)
+
+
+def class_ttft_mixes(ttft_mix, wait_parts, wait_fcfs, rho, high_share) -> tuple[tuple, tuple]:
+    """(the high class's TTFT mixture, the low class's), each (mean, sd, weight) [A, J] seconds, of
+    non-preemptive priority classes (``high_share`` [A] of the requests high) at load ``rho`` [A]:
+    the FCFS engine's ``ttft_mix`` with the wait behind others in each of its components
+    (``wait_parts``: mean and second moment [A, J], seconds; their landing-weighted mean
+    ``wait_fcfs`` [A]) scaled by the class's W_k / W (``priority_waits``, Cobham): the class waits
+    as FCFS does, stretched or shrunk so that its mean is Cobham's (the shape of an M/G/1 wait is
+    kept, its scale is the class's; each component's wait variance scales by the square)."""
+    mean, sd, weight = (np.asarray(a, dtype=float) for a in ttft_mix)
+    w1, w2 = (np.asarray(a, dtype=float) for a in wait_parts)
+    w = np.asarray(wait_fcfs, dtype=float)
+    share = np.asarray(high_share, dtype=float)
+    rho_c = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+    waits = cobham_waits(np.where(np.isfinite(w), w, 0.0) * (1.0 - rho_c),
+                         np.stack([rho_c * share, rho_c * (1.0 - share)], axis=-1))
+    out = []
+    for c in (0, 1):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(w > 0, waits[:, c] / w, 1.0)[:, None]
+            var_w = np.maximum(w2 - w1 ** 2, 0.0)
+            shift = np.where(w1 > 0, (r - 1.0) * w1, 0.0)
+            spread = np.where(var_w > 0, (r ** 2 - 1.0) * var_w, 0.0)
+        out.append((mean + shift, np.sqrt(np.maximum(sd ** 2 + spread, 0.0)), weight))
+    return out[0], out[1]
+

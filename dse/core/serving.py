@@ -71,6 +71,7 @@ import numpy as np
 
 from dse.core import kv_tiers
 from dse.core.kv_tiers import TierLoad
+from dse.core.scheduling import class_ttft_mixes
 from workloads.lengths import Lengths
 
 #: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences, rows) -> seconds:
@@ -903,7 +904,8 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
             "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
-            "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
+            "ttft_class": (ttft_k, np.sqrt(var_ttft_k)),
+            "ttft_wait": (m.wait, m.wait2)}   # per state: the wait behind others (mean, second moment) in ttft_mix
 
 
 # --------------------------------------------------------------------------- percentiles
@@ -1226,11 +1228,14 @@ def _percentiles(mix: dict, saturated) -> dict[str, np.ndarray]:
     return out
 
 
-def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, percentile) -> np.ndarray:
+def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, percentile, classes=None) -> np.ndarray:
     """The largest Poisson request rate (requests/s, [P]) at which the ``percentile``-th
     TTFT is at most ``slo_ttft`` and the TPOT's at most ``slo_tpot`` (seconds; 0 or NaN: no
     such SLO), below the capacity (requests/s with the running batch at its cap); 0 where
-    even a trickle misses them. Bisection over the rate (precision capacity / 2^12)."""
+    even a trickle misses them. Bisection over the rate (precision capacity / 2^12).
+    ``classes`` (None: one class): (high share [P], the high class's TTFT SLO [P], seconds, 0: its
+    ``slo_ttft`` too) of non-preemptive priority classes (``dse.core.scheduling.class_ttft_mixes``,
+    NaN share: FCFS at that point): each class's TTFT percentile held to its own SLO."""
     n = len(load.kv_block)
     cls = _classes(load)
     cap = np.maximum(running_cap(load), 1.0)
@@ -1248,7 +1253,14 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
         o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx],
                        start=(last[0][idx], last[1][idx]))
         last[0][idx], last[1][idx] = o["solved"]
-        return _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx]) & _row_at_most(o["tpot_mix"], q[idx], tpot_slo[idx])
+        ttft_ok = _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx])
+        if classes is not None and np.isfinite(classes[0][idx]).any():
+            high, low = class_ttft_mixes(o["ttft_mix"], o["ttft_wait"], o["wait"], np.minimum(rate / capacity[idx], 1.0),
+                                         np.nan_to_num(classes[0][idx], nan=0.5))
+            high_slo = np.where(np.nan_to_num(classes[1][idx]) > 0, classes[1][idx], ttft_slo[idx])
+            both = _row_at_most(high, q[idx], high_slo) & _row_at_most(low, q[idx], ttft_slo[idx])
+            ttft_ok = np.where(np.isfinite(classes[0][idx]), both, ttft_ok)
+        return ttft_ok & _row_at_most(o["tpot_mix"], q[idx], tpot_slo[idx])
 
     return largest_rate(meets, capacity, _GOODPUT_STEPS)
 

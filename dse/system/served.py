@@ -132,7 +132,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         good[at] = (disaggregated_goodput if pooled else goodput)(
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
-                           s.slo_tpot[at] * e, s.slo_percentile[at])
+                           s.slo_tpot[at] * e, s.slo_percentile[at], classes=_classes_slo(s, at, late))
     energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
@@ -179,6 +179,17 @@ def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) ->
         cols["ttft_high_s"][hi], cols["ttft_low_s"][hi] = high + late, low + late
         cols["tpot_high_s"][hi] = cols["tpot_low_s"][hi] = out["tpot_s"][hi]   # a running request is never preempted
     return out, cols
+
+
+def _classes_slo(s: ServingInputs, at: np.ndarray, late: float):
+    """``goodput``'s ``classes`` at the points ``at``: (the high class's share [A], NaN where the
+    scheduler is not priority classes; the high class's TTFT SLO [A] less the request overhead
+    ``late``, 0 where unset: the low class's ``slo_ttft`` holds for both); None: no priority point."""
+    if s.scheduler is None or not np.any(s.scheduler[at] == PRIORITY):
+        return None
+    high = np.nan_to_num(s.slo_ttft_high[at], nan=0.0) if s.slo_ttft_high is not None else np.zeros(len(at))
+    return (np.where(s.scheduler[at] == PRIORITY, s.priority_share[at], np.nan),
+            np.where(high > 0, np.maximum(high - late, 1e-300), 0.0))
 
 
 def _decode_unlinked(s: ServingInputs) -> np.ndarray:
@@ -575,7 +586,9 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         routed=routed, tier=tier,
         scheduler=None if w.scheduler is None else np.broadcast_to(w.scheduler[idx], np.shape(rate)).copy(),
         priority_share=None if w.priority_share is None else
-        np.broadcast_to(np.nan_to_num(w.priority_share[idx], nan=0.1), np.shape(rate)).astype(float))
+        np.broadcast_to(np.nan_to_num(w.priority_share[idx], nan=0.1), np.shape(rate)).astype(float),
+        slo_ttft_high=None if w.slo_ttft_high is None else
+        np.broadcast_to(np.nan_to_num(w.slo_ttft_high[idx], nan=0.0), np.shape(rate)).astype(float))
     return serving, blocks * block * per_token * sc.pp
 
 
