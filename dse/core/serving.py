@@ -905,7 +905,10 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
             "ttft_class": (ttft_k, np.sqrt(var_ttft_k)),
-            "ttft_wait": (m.wait, m.wait2)}   # per state: the wait behind others (mean, second moment) in ttft_mix
+            "ttft_wait": (m.wait, m.wait2),   # per state: the wait behind others (mean, second moment) in ttft_mix
+            "admission_mix": (midway * rest + queue[:, None] + m.wait,
+                              np.sqrt(midway * np.maximum(rest_var, 0.0) + np.maximum(m.wait2 - m.wait ** 2, 0.0)),
+                              m.landing)}
 
 
 # --------------------------------------------------------------------------- percentiles
@@ -1174,6 +1177,31 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         "capacity_requests_per_s": capacity,            # the largest rate the engine serves
     }
     out.update(_percentiles(mix, saturated))
+    return out
+
+
+def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> np.ndarray:
+    """P(a request waits more than ``seconds`` [P] from arrival to admission) [P] in each point's FCFS
+    open loop (the mixing regime: the rest of the iteration it lands in, then the prompts ahead; per
+    state a normal of their mean and variance, weighted by the landing probability); 1 where the
+    rate is past the capacity, 0 in a closed loop."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    n = len(load.kv_block)
+    cls = _classes(load)
+    cap = np.maximum(running_cap(load), 1.0)
+    hits = _tier_hits(load)
+    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
+    rate = np.nan_to_num(load.request_rate, nan=0.0)
+    out = np.where(rate >= capacity, 1.0, 0.0)
+    opened = np.flatnonzero(~np.isfinite(load.concurrency) & (rate > 0) & (rate < capacity))
+    if len(opened):
+        o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
+        o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
+        mean, sd, w = o["admission_mix"]
+        x = np.asarray(seconds, dtype=float)[opened][:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            above = np.where(sd > 0, 1.0 - ndtr((x - mean) / sd), (mean > x).astype(float))
+        out[opened] = (w * above).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
     return out
 
 

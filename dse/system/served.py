@@ -5,6 +5,7 @@ one point as the discrete-event simulator runs it (``ServedPoint``, ``served_poi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -129,10 +130,10 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         g_load = _engine_load(s.take(at), g.system.take(at), eff, d_eff)
         if load.session_cached is not None:    # the hits at the point's own load
             g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
-        good[at] = (disaggregated_goodput if pooled else goodput)(
+        good[at] = (disaggregated_goodput if pooled else partial(goodput, classes=_classes_slo(s, at, late)))(
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
-                           s.slo_tpot[at] * e, s.slo_percentile[at], classes=_classes_slo(s, at, late))
+                           s.slo_tpot[at] * e, s.slo_percentile[at])
     energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
