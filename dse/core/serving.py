@@ -1180,11 +1180,12 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     return out
 
 
-def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> np.ndarray:
-    """P(a request waits more than ``seconds`` [P] from arrival to admission) [P] in each point's FCFS
-    open loop (the mixing regime: the rest of the iteration it lands in, then the prompts ahead; per
-    state a normal of their mean and variance, weighted by the landing probability); 1 where the
-    rate is past the capacity, 0 in a closed loop."""
+def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(P(a request waits more than ``seconds`` [P] from arrival to admission), the mean wait behind
+    the prompts ahead (seconds), the mean wait from arrival to admission (seconds)), [P] each, in each
+    point's FCFS open loop (the mixing regime: the rest of the iteration it lands in, then the prompts
+    ahead; per state a normal of their mean and variance, weighted by the landing probability); 1,
+    inf, inf where the rate is past the capacity; 0, 0, 0 in a closed loop."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     n = len(load.kv_block)
     cls = _classes(load)
@@ -1192,8 +1193,9 @@ def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> np.nda
     hits = _tier_hits(load)
     capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
     rate = np.nan_to_num(load.request_rate, nan=0.0)
-    out = np.where(rate >= capacity, 1.0, 0.0)
-    opened = np.flatnonzero(~np.isfinite(load.concurrency) & (rate > 0) & (rate < capacity))
+    over = rate >= capacity
+    tail, wait, admission = np.where(over, 1.0, 0.0), np.where(over, np.inf, 0.0), np.where(over, np.inf, 0.0)
+    opened = np.flatnonzero(~np.isfinite(load.concurrency) & (rate > 0) & ~over)
     if len(opened):
         o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
         o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
@@ -1201,8 +1203,9 @@ def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> np.nda
         x = np.asarray(seconds, dtype=float)[opened][:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
             above = np.where(sd > 0, 1.0 - ndtr((x - mean) / sd), (mean > x).astype(float))
-        out[opened] = (w * above).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
-    return out
+        tail[opened] = (w * above).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
+        wait[opened], admission[opened] = o["wait"], o["admission"]
+    return tail, wait, admission
 
 
 def overhead_in_flight(concurrency, running, x, e2e, overhead) -> tuple[np.ndarray, np.ndarray]:

@@ -378,6 +378,8 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
     owned = np.round(res.x[:nN]).astype(int)
     running = np.round(res.x[nN:nN + nn]).reshape(E, T).astype(int)
     x = res.x[nN + nn:].reshape(E, B, T)
+    total = x.sum(axis=0)                    # [B, T]: the solver may route more than the demand (x >= need)
+    x = x * np.where(total > 0, need.T / np.maximum(total, 1e-300), 0.0)[None, :, :]
     load = (x / np.where(g > 0, g, np.inf)[:, :, None]).sum(axis=1)      # [E, T] replicas' worth busy
     capital = float(owned @ eng.capital_usd_h[keep]) * hours.sum() if objective == "cost" or \
         np.isfinite(eng.capital_usd_h[keep][owned > 0]).all() else math.nan
