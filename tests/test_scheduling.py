@@ -130,7 +130,11 @@ def test_the_classes_split_the_fcfs_wait_and_keep_its_mean():
                                       ({"request_rate": 2.0, "scheduler": "priority", "priority_share": 1.0},
                                        "priority_share"),
                                       ({"request_rate": 2.0, "scheduler": "priority", "priority_share": 0},
-                                       "priority_share")])
+                                       "priority_share"),
+                                      ({"request_rate": 2.0, "scheduler": "priority", "slo_ttft_high": 0.1},
+                                       "slo_ttft_high"),
+                                      ({"request_rate": 2.0, "scheduler": "priority", "slo_ttft": 1.0,
+                                        "slo_ttft_high": -1.0}, "slo_ttft_high")])
 def test_a_scheduler_it_does_not_model_is_refused(bad, key):
     with pytest.raises(DseError, match=key):
         evaluate({"model": "llama-3.1-8b", "hardware": "h100-sxm", **bad})

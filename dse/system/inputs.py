@@ -222,6 +222,9 @@ def _scheduler_columns(cols: Columns, w: dict) -> None:
     w["scheduler"] = per_code(np.array([SCHEDULERS.index(n) for n in names], dtype=np.int64), codes)
     w["priority_share"] = cols.numbers("priority_share")
     w["slo_ttft_high"] = cols.numbers("slo_ttft_high")
+    if anywhere(pointwise(lambda h, t: (h > 0) & ~(t > 0), w["slo_ttft_high"], w["slo_ttft"])):
+        raise DseError(f"{cols.where}: slo_ttft_high: the high class's TTFT SLO goes beside the low class's; give "
+                       f"slo_ttft too")
     other = pointwise(lambda s: s > 0, w["scheduler"])
     if anywhere(pointwise(lambda o, r: o & ~(r > 0), other, w["request_rate"])):
         raise DseError(f"{cols.where}: scheduler: priority and slo-admission are modelled in an open loop; give "
