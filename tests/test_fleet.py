@@ -130,6 +130,8 @@ def test_bad_questions_refused(periods, buckets, objective, words):
     ["--rate-curve", "abc"], ["--rate-curve", "0:5"], ["--rate-curve", "24:nan"], ["--rate-curve", "24:-1"],
     ["--rate-curve", "24:1e300"], ["--buckets", "1:abc:2", "--request-rate", "5"],
     ["--request-rate", "5", "--rate-curve", "24:5"], [],
+    ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:2"], ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:0:2"],
+    ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:x:2"],
 ])
 def test_cli_refuses_in_one_line(argv, capsys):
     code = main(["fleet", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--slo-tpot", "0.04", *argv])
