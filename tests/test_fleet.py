@@ -12,7 +12,7 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.core.economics import economics_defaults
 from dse.core.metrics import SECONDS_PER_YEAR
-from dse.explore.fleet import Bucket, FleetAsk, cheapest_mix, check_fleet, evaluate_engines, fleet
+from dse.explore.fleet import Bucket, FleetAsk, PdPair, cheapest_mix, check_fleet, evaluate_engines, fleet
 from dse.study.cli import main
 
 #: Llama-3.1-8B in FP8 on one device, an interactive SLO (Mélange's tight TPOT SLO, 40 ms: Sec. 6.1)
@@ -130,6 +130,8 @@ def test_bad_questions_refused(periods, buckets, objective, words):
     ["--rate-curve", "abc"], ["--rate-curve", "0:5"], ["--rate-curve", "24:nan"], ["--rate-curve", "24:-1"],
     ["--rate-curve", "24:1e300"], ["--buckets", "1:abc:2", "--request-rate", "5"],
     ["--request-rate", "5", "--rate-curve", "24:5"], [],
+    ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:2"], ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:0:2"],
+    ["--request-rate", "5", "--pd-pairs", "h100-sxm:same:x:2"],
 ])
 def test_cli_refuses_in_one_line(argv, capsys):
     code = main(["fleet", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--slo-tpot", "0.04", *argv])
@@ -159,3 +161,41 @@ fleet: {rate_curve: [[12, 10], [12, 40]], objective: power}
     for f in ("fleet.json", "fleet.csv", "summary.md", "report.html"):
         assert (tmp_path / "run" / f).exists()
     assert "Answer (power)" in capsys.readouterr().out
+
+
+def test_a_fleet_of_one_pd_pair_is_that_pairs_own_evaluation():
+    """A fleet whose only candidate is one disaggregated pair (2 H100 prefill devices and 2 decode, one
+    layout) owns the evaluator's ``replicas`` of that P:D point at the rate, each serving its ``goodput``,
+    at its price: a P/D replica is priced by the disaggregated model, nothing of its own."""
+    rate = 30.0
+    pair = PdPair("h100-sxm", "same", 2, 2)
+    ask = FleetAsk(BASE, ("h100-sxm",), ((24.0, rate),), pairs=(pair,))
+    eng, _ = evaluate_engines(ask)
+    pd = np.array(["disaggregate" in r for r in eng.layout])
+    assert pd.sum() == 1 and eng.hardware[int(np.flatnonzero(pd)[0])] == "h100-sxm"
+    ev = evaluate({**BASE, "hardware": "h100-sxm", "target_rate": rate, "serving": "continuous", "disaggregate": "2:2"})
+    m = cheapest_mix(eng, ((24.0, rate),), [1.0], "cost", pd)
+    (row,) = m.rows
+    assert row["disaggregate"] == "2:2" and row["devices_per_replica"] == ev["devices"][0] == 4
+    assert row["goodput_per_replica"][0] == pytest.approx(ev["goodput"][0], rel=1e-9)
+    assert row["owned"] == ev["replicas"][0] == math.ceil(rate / ev["goodput"][0])
+    assert row["price_usd"] == pytest.approx(ev["cost_usd"][0] * row["owned"])
+
+
+def test_a_pd_pair_of_two_presets_is_its_own_kind():
+    """A pair of two presets (an H100 prefill pool feeding an MI300X decode pool over InfiniBand NDR) is
+    beside each single type as a kind of its own, named 'h100-sxm>mi300x'."""
+    ask = FleetAsk(BASE, ("h100-sxm",), ((24.0, 10.0),), pairs=(PdPair("h100-sxm", "mi300x", 1, 1, "ib-ndr"),))
+    f = fleet(ask)
+    assert set(f.single) == {"h100-sxm", "h100-sxm>mi300x"}
+    alone = f.single["h100-sxm>mi300x"]
+    assert alone is not None and {r["decode_hardware"] for r in alone.rows} == {"mi300x"}
+    assert f.mix.usd_per_day <= min(m.usd_per_day for m in f.single.values() if m is not None) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("pair, key", [(PdPair("h100-sxm", "same", 0, 2), "prefill_devices"),
+                                       (PdPair("h100-sxm", "same", 2, 99), "decode_devices"),
+                                       (PdPair("h100-sxm", "", 2, 2), "decode_hardware")])
+def test_a_bad_pd_pair_is_refused(pair, key):
+    with pytest.raises(DseError, match=f"pd_pairs\\[0\\].{key}"):
+        check_fleet(FleetAsk(BASE, ("h100-sxm",), ((24.0, 10.0),), pairs=(pair,)))

@@ -17,16 +17,24 @@ steady-state model (``dse.core.serving``'s figures turned into per-class ones he
   largest rate the engine serves), each class's rho_k its share of it.
 - **SLO-aware admission** (``SloAdmission``): a request still waiting for admission when its
   wait reaches what its TTFT SLO leaves after its own prefill (``patience_s``) is dropped (it could
-  no longer meet the SLO; dropping it costs no engine time). The model: an M/M/1 queue whose
-  customers leave at a fixed patience tau (M/M/1+D): the share dropped is
-  (1 - rho) rho e^(-theta tau) / (1 - rho^2 e^(-theta tau)), theta = mu - lambda, with theta = rho / W
-  from the FCFS wait W (M/M/1: W = rho / (mu - lambda)).
+  no longer meet the SLO; dropping it costs no engine time). The model (``impatient_share``): the
+  M/G/1+D loss (1 - u) G / (1 - u G) (Boots and Tijms 1999; exact for one server with u = rho), G the
+  FCFS engine's own probability of waiting past tau for admission (its admission-wait mixture:
+  the iteration in progress, then the prompts ahead; ``dse.core.serving.admission_tail``), u the
+  load times the share of that wait which is prompts queued ahead (the part a drop removes: a
+  batch engine's arrival mostly waits for the iteration in progress, which no drop shortens), both
+  at the rate the engine admits, lambda (1 - p) (a reduced-load fixed point: the engine serves only
+  what it admits). M/M/1+D's closed form (``dropped_share``:
+  (1 - rho) rho e^(-theta tau) / (1 - rho^2 e^(-theta tau)), theta = mu - lambda) is its M/M/1 case.
 
 Sources (facts, not code): A. Cobham, "Priority assignment in waiting line problems", J. Operations
 Research Society of America 2(1), 1954 (non-preemptive priority M/G/1); L. Kleinrock, "Queueing
 Systems, vol. II", 1976, sec. 3.4-3.6 (conservation law, Cobham's formula); F. Baccelli, P. Boyer,
 G. Hebuterne, "Single-server queues with impatient customers", Adv. Appl. Prob. 16, 1984 (M/M/1+D,
-the abandonment probability above); vLLM's scheduler (FCFS, and its 'priority' policy: lower
+the abandonment probability above); P. Boots, H. Tijms, "A multiserver queueing system with
+impatient customers", Management Science 45(3), 1999 (the loss (1 - rho) pi(tau) / (1 - rho pi(tau)),
+pi(tau) the delay probability beyond tau without impatience; exact for M/G/1+D); F. Kelly, "Loss
+networks", Ann. Appl. Prob. 1(3), 1991 (the reduced-load fixed point); vLLM's scheduler (FCFS, and its 'priority' policy: lower
 value first, ties by arrival).
 """
 from __future__ import annotations
@@ -141,6 +149,22 @@ def dropped_share(wait_fcfs, rho, patience_s) -> np.ndarray:
     return np.where(rho >= 1.0, np.maximum(1.0 - 1.0 / np.maximum(rho, 1e-300), 0.0), np.clip(share, 0.0, 1.0))
 
 
+def impatient_share(tail, rho, queued_share) -> np.ndarray:
+    """The share [P] of requests dropped at a fixed patience by a queue whose FCFS wait exceeds the
+    patience with probability ``tail`` [P] (G): (1 - u) G / (1 - u G), u = ``rho`` x ``queued_share``
+    [P] (the load times the share of the wait that is work queued ahead, which a dropped request
+    takes away). With u = rho (an M/G/1 queue: every wait is work ahead) this is the exact loss of
+    M/G/1+D (Boots and Tijms 1999, for one server; M/M/1+D's closed form ``dropped_share`` with
+    G = rho e^(-(mu - lambda) tau)); with u = 0 (arrivals wait only for the iteration in progress,
+    which no drop shortens) it is G itself."""
+    g = np.clip(np.asarray(tail, dtype=float), 0.0, 1.0)
+    u = np.clip(np.nan_to_num(np.asarray(rho, dtype=float) * np.asarray(queued_share, dtype=float), nan=0.0,
+                              posinf=0.0), 0.0, 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (1.0 - u) * g / (1.0 - u * g)
+    return np.where(g >= 1.0, 1.0, np.nan_to_num(out, nan=0.0))
+
+
 def policy(code: int, high_share: float = 0.1, patience_s: float = 1.0) -> Fcfs:
     """The policy object of a scheduler ``code`` (``FCFS``, ``PRIORITY``, ``SLO_ADMISSION``)."""
     if code == FCFS:
@@ -164,3 +188,30 @@ def priority_ttft(ttft, wait_fcfs, rho, high_share) -> tuple[np.ndarray, np.ndar
     base = np.asarray(ttft, dtype=float) - np.where(np.isfinite(w), w, 0.0)
     hi, lo = base + k[..., 0], base + k[..., 1]
     return np.where(np.isfinite(w), hi, np.inf), np.where(np.isfinite(w), lo, np.inf)
+
+
+def class_ttft_mixes(ttft_mix, wait_parts, wait_fcfs, rho, high_share) -> tuple[tuple, tuple]:
+    """(the high class's TTFT mixture, the low class's), each (mean, sd, weight) [A, J] seconds, of
+    non-preemptive priority classes (``high_share`` [A] of the requests high) at load ``rho`` [A]:
+    the FCFS engine's ``ttft_mix`` with the wait behind others in each of its components
+    (``wait_parts``: mean and second moment [A, J], seconds; their landing-weighted mean
+    ``wait_fcfs`` [A]) scaled by the class's W_k / W (``priority_waits``, Cobham): the class waits
+    as FCFS does, stretched or shrunk so that its mean is Cobham's (the shape of an M/G/1 wait is
+    kept, its scale is the class's; each component's wait variance scales by the square)."""
+    mean, sd, weight = (np.asarray(a, dtype=float) for a in ttft_mix)
+    w1, w2 = (np.asarray(a, dtype=float) for a in wait_parts)
+    w = np.asarray(wait_fcfs, dtype=float)
+    share = np.asarray(high_share, dtype=float)
+    rho_c = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+    waits = cobham_waits(np.where(np.isfinite(w), w, 0.0) * (1.0 - rho_c),
+                         np.stack([rho_c * share, rho_c * (1.0 - share)], axis=-1))
+    out = []
+    for c in (0, 1):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(w > 0, waits[:, c] / w, 1.0)[:, None]
+            var_w = np.maximum(w2 - w1 ** 2, 0.0)
+            shift = np.where(w1 > 0, (r - 1.0) * w1, 0.0)
+            spread = np.where(var_w > 0, (r ** 2 - 1.0) * var_w, 0.0)
+        out.append((mean + shift, np.sqrt(np.maximum(sd ** 2 + spread, 0.0)), weight))
+    return out[0], out[1]
+

@@ -71,6 +71,7 @@ import numpy as np
 
 from dse.core import kv_tiers
 from dse.core.kv_tiers import TierLoad
+from dse.core.scheduling import class_ttft_mixes
 from workloads.lengths import Lengths
 
 #: (decode tokens, decode keys, prompt tokens, prompt keys, prompt sequences, rows) -> seconds:
@@ -903,7 +904,11 @@ def _mixing_mixtures(m: _Mixing, cls: _Classes, queue) -> dict:
             "ttft_mix": (mean_j, np.sqrt(var_j), m.landing),
             "tpot_mix": (tpot_k, tpot_sd, decoding),
             "e2e_mix": (e2e, np.sqrt(var_ttft_k + cls.steps * var_t[:, None] + cls.gen_var * m.tpot[:, None] ** 2), wk),
-            "ttft_class": (ttft_k, np.sqrt(var_ttft_k))}
+            "ttft_class": (ttft_k, np.sqrt(var_ttft_k)),
+            "ttft_wait": (m.wait, m.wait2),   # per state: the wait behind others (mean, second moment) in ttft_mix
+            "admission_mix": (midway * rest + queue[:, None] + m.wait,
+                              np.sqrt(midway * np.maximum(rest_var, 0.0) + np.maximum(m.wait2 - m.wait ** 2, 0.0)),
+                              m.landing)}
 
 
 # --------------------------------------------------------------------------- percentiles
@@ -1175,6 +1180,34 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     return out
 
 
+def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(P(a request waits more than ``seconds`` [P] from arrival to admission), the mean wait behind
+    the prompts ahead (seconds), the mean wait from arrival to admission (seconds)), [P] each, in each
+    point's FCFS open loop (the mixing regime: the rest of the iteration it lands in, then the prompts
+    ahead; per state a normal of their mean and variance, weighted by the landing probability); 1,
+    inf, inf where the rate is past the capacity; 0, 0, 0 in a closed loop."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    n = len(load.kv_block)
+    cls = _classes(load)
+    cap = np.maximum(running_cap(load), 1.0)
+    hits = _tier_hits(load)
+    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
+    rate = np.nan_to_num(load.request_rate, nan=0.0)
+    over = rate >= capacity
+    tail, wait, admission = np.where(over, 1.0, 0.0), np.where(over, np.inf, 0.0), np.where(over, np.inf, 0.0)
+    opened = np.flatnonzero(~np.isfinite(load.concurrency) & (rate > 0) & ~over)
+    if len(opened):
+        o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
+        o = _open_loop(rate[opened], load.take(opened), o_cls.take(opened), o_time, opened, cap[opened])
+        mean, sd, w = o["admission_mix"]
+        x = np.asarray(seconds, dtype=float)[opened][:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            above = np.where(sd > 0, 1.0 - ndtr((x - mean) / sd), (mean > x).astype(float))
+        tail[opened] = (w * above).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
+        wait[opened], admission[opened] = o["wait"], o["admission"]
+    return tail, wait, admission
+
+
 def overhead_in_flight(concurrency, running, x, e2e, overhead) -> tuple[np.ndarray, np.ndarray]:
     """(throughput scale, seconds of queueing replaced) of a fixed ``overhead`` (seconds) every
     request spends before the scheduler sees it, arrays [P], for an engine serving ``x``
@@ -1226,11 +1259,14 @@ def _percentiles(mix: dict, saturated) -> dict[str, np.ndarray]:
     return out
 
 
-def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, percentile) -> np.ndarray:
+def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, percentile, classes=None) -> np.ndarray:
     """The largest Poisson request rate (requests/s, [P]) at which the ``percentile``-th
     TTFT is at most ``slo_ttft`` and the TPOT's at most ``slo_tpot`` (seconds; 0 or NaN: no
     such SLO), below the capacity (requests/s with the running batch at its cap); 0 where
-    even a trickle misses them. Bisection over the rate (precision capacity / 2^12)."""
+    even a trickle misses them. Bisection over the rate (precision capacity / 2^12).
+    ``classes`` (None: one class): (high share [P], the high class's TTFT SLO [P], seconds, 0: its
+    ``slo_ttft`` too) of non-preemptive priority classes (``dse.core.scheduling.class_ttft_mixes``,
+    NaN share: FCFS at that point): each class's TTFT percentile held to its own SLO."""
     n = len(load.kv_block)
     cls = _classes(load)
     cap = np.maximum(running_cap(load), 1.0)
@@ -1248,7 +1284,14 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
         o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx],
                        start=(last[0][idx], last[1][idx]))
         last[0][idx], last[1][idx] = o["solved"]
-        return _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx]) & _row_at_most(o["tpot_mix"], q[idx], tpot_slo[idx])
+        ttft_ok = _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx])
+        if classes is not None and np.isfinite(classes[0][idx]).any():
+            high, low = class_ttft_mixes(o["ttft_mix"], o["ttft_wait"], o["wait"], np.minimum(rate / capacity[idx], 1.0),
+                                         np.nan_to_num(classes[0][idx], nan=0.5))
+            high_slo = np.where(np.nan_to_num(classes[1][idx]) > 0, classes[1][idx], ttft_slo[idx])
+            both = _row_at_most(high, q[idx], high_slo) & _row_at_most(low, q[idx], ttft_slo[idx])
+            ttft_ok = np.where(np.isfinite(classes[0][idx]), both, ttft_ok)
+        return ttft_ok & _row_at_most(o["tpot_mix"], q[idx], tpot_slo[idx])
 
     return largest_rate(meets, capacity, _GOODPUT_STEPS)
 

@@ -242,6 +242,8 @@ class SimulationResult:
             for k, name in enumerate(("high", "low")):
                 c = self.priority[m] == k
                 out[f"ttft_{name}_mean_s"] = float(np.mean(ttft[c])) if c.any() else float("nan")
+                for q in (50, 90, 99):               # each class's TTFT percentiles (per-class SLOs)
+                    out[f"ttft_{name}_p{q}_s"] = float(np.percentile(ttft[c], q)) if c.any() else float("nan")
                 t = tpot[c]
                 out[f"tpot_{name}_mean_s"] = float(np.mean(t[np.isfinite(t)])) if np.isfinite(t).any() else float("nan")
         return out

@@ -55,12 +55,33 @@ class Bucket:
 
 
 @dataclass(frozen=True)
+class PdPair:
+    """A disaggregated replica (DistServe, Splitwise): ``prefill_devices`` of ``hardware`` computing
+    the prompts, ``decode_devices`` of ``decode_hardware`` ("same": the prefill's) decoding, the KV
+    cache sent over ``pd_link`` ("default": the evaluator's choice), priced as the evaluator prices
+    a ``disaggregate P:D`` point (``dse.core.disaggregated``); its engines are the fleet's layouts
+    whose devices divide both pools."""
+
+    hardware: str
+    decode_hardware: str
+    prefill_devices: int
+    decode_devices: int
+    pd_link: str = "default"
+
+    @property
+    def label(self) -> str:
+        """The pair's name as a fleet's hardware: the prefill preset, '>' and the decode's where it differs."""
+        same = self.decode_hardware in ("same", self.hardware)
+        return self.hardware if same else f"{self.hardware}>{self.decode_hardware}"
+
+
+@dataclass(frozen=True)
 class FleetAsk:
     """A fleet question. ``base``: the scalar columns of every candidate (model, SLOs, engine, cost
     columns, ...; no hardware, no load); ``hardware``: the presets to mix; ``periods``: (hours, requests/s)
     of a rate curve (one period: a constant rate); ``buckets``: request sizes (empty: the base's
     lengths, share 1); ``fixed``: {column: values} restricting ``ENUMERATED``; ``objective``: of
-    ``OBJECTIVES``."""
+    ``OBJECTIVES``; ``pairs``: disaggregated (P/D) replicas to try as well (``PdPair``)."""
 
     base: dict
     hardware: tuple[str, ...]
@@ -70,6 +91,7 @@ class FleetAsk:
     objective: str = "cost"
     max_devices: int = MAX_DEVICES
     ideal: bool = False
+    pairs: tuple[PdPair, ...] = ()   # disaggregated candidates beside the colocated engines
 
     @property
     def peak(self) -> float:
@@ -169,6 +191,15 @@ def check_fleet(ask: FleetAsk, where: str = "fleet") -> None:
             v = getattr(b, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 2**24):
                 raise DseError(f"{where}: buckets[{k}].{name}: expected whole tokens from 1 to {2**24}, got {v!r}")
+    for k, pair in enumerate(ask.pairs):
+        for name in ("hardware", "decode_hardware", "pd_link"):
+            if not isinstance(getattr(pair, name), str) or not getattr(pair, name):
+                raise DseError(f"{where}: pd_pairs[{k}].{name}: expected a preset name, got {getattr(pair, name)!r}")
+        for name in ("prefill_devices", "decode_devices"):
+            v = getattr(pair, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= ask.max_devices):
+                raise DseError(f"{where}: pd_pairs[{k}].{name}: expected whole devices from 1 to max_devices "
+                               f"({ask.max_devices}), got {v!r}")
     if ask.buckets and abs(sum(b.share for b in ask.buckets) - 1.0) > 1e-6:
         raise DseError(f"{where}: buckets: their shares sum to {sum(b.share for b in ask.buckets):g}; expected 1")
 
@@ -185,13 +216,21 @@ def candidate_columns(ask: FleetAsk) -> tuple[dict, list[tuple[str, dict]]]:
     fixed = {**{k: [SPEC[k].default] for k in ENGINE_SETTINGS},
              **{k: [v] for k, v in ask.base.items() if k in ENUMERATED}, **ask.fixed}
     rows = layouts(str(ask.base["model"]), ask.max_devices, fixed)
-    engines = [(h, r) for h in ask.hardware for r in rows]
+    engines = [(h, r) for h in ask.hardware for r in rows] + [
+        (p.label, {**r, "disaggregate": f"{p.prefill_devices}:{p.decode_devices}", "decode_hardware": p.decode_hardware,
+                   "pd_link": p.pd_link, "prefill_hardware": p.hardware})
+        for p in ask.pairs for r in rows
+        if p.prefill_devices % (r["tp"] * r["pp"] * r["ep"]) == 0 and p.decode_devices % (r["tp"] * r["pp"] * r["ep"]) == 0]
     buckets = _buckets(ask)
     nb = len(buckets)
     cols = {k: v for k, v in ask.base.items() if k not in ENUMERATED and k not in (
-        "request_rate", "concurrency", "devices", "batch", "prompt_len", "gen_len")}
+        "request_rate", "concurrency", "devices", "batch", "prompt_len", "gen_len")
+        and not (ask.pairs and k in ("disaggregate", "decode_hardware", "pd_link"))}
     cols.update(serving="continuous", target_rate=float(max(ask.peak, 1e-9)))
-    cols["hardware"] = np.repeat(np.array([h for h, _ in engines], dtype=object), nb)
+    cols["hardware"] = np.repeat(np.array([r.get("prefill_hardware", h) for h, r in engines], dtype=object), nb)
+    if ask.pairs:                            # colocated engines beside the pairs: no pools
+        for k, none in (("disaggregate", "none"), ("decode_hardware", "same"), ("pd_link", "default")):
+            cols[k] = np.repeat(np.array([r.get(k, none) for _, r in engines], dtype=object), nb)
     for k in ENUMERATED:
         v = [r[k] for _, r in engines]
         cols[k] = np.repeat(np.array(v, dtype=object if isinstance(v[0], str) else None), nb)
@@ -233,7 +272,7 @@ def evaluate_engines(ask: FleetAsk) -> tuple[Engines, list[str]]:
     energy = usd_per_hour(0.0, power_e, econ)
     notes = []
     hw = np.array([h for h, _ in engines], dtype=object)
-    for h in ask.hardware:
+    for h in dict.fromkeys([*ask.hardware, *(p.label for p in ask.pairs)]):
         on = hw == h
         if not served[on].any():
             notes.append(f"{h}: no layout meets the SLOs on {'every bucket' if nb > 1 else 'the workload'}")
@@ -339,6 +378,8 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
     owned = np.round(res.x[:nN]).astype(int)
     running = np.round(res.x[nN:nN + nn]).reshape(E, T).astype(int)
     x = res.x[nN + nn:].reshape(E, B, T)
+    total = x.sum(axis=0)                    # [B, T]: the solver may route more than the demand (x >= need)
+    x = x * np.where(total > 0, need.T / np.maximum(total, 1e-300), 0.0)[None, :, :]
     load = (x / np.where(g > 0, g, np.inf)[:, :, None]).sum(axis=1)      # [E, T] replicas' worth busy
     capital = float(owned @ eng.capital_usd_h[keep]) * hours.sum() if objective == "cost" or \
         np.isfinite(eng.capital_usd_h[keep][owned > 0]).all() else math.nan
@@ -373,9 +414,10 @@ def fleet(ask: FleetAsk) -> Fleet:
     if best is None:
         raise DseError(f"fleet: no mix of {', '.join(ask.hardware)} serves {ask.peak:g} requests/s within the SLOs"
                        + (f" ({'; '.join(notes)})" if notes else ""))
-    single = {h: cheapest_mix(eng, ask.periods, shares, ask.objective, usable & (hw == h)) for h in ask.hardware}
+    kinds = list(dict.fromkeys([*ask.hardware, *(p.label for p in ask.pairs)]))   # a P/D pair of two presets: its own kind
+    single = {h: cheapest_mix(eng, ask.periods, shares, ask.objective, usable & (hw == h)) for h in kinds}
     return Fleet(best, single, len(eng.hardware), tuple(notes), ask.objective)
 
 
-__all__ = ["FleetAsk", "Bucket", "Fleet", "Mix", "Engines", "fleet", "check_fleet", "evaluate_engines",
+__all__ = ["FleetAsk", "Bucket", "PdPair", "Fleet", "Mix", "Engines", "fleet", "check_fleet", "evaluate_engines",
            "cheapest_mix", "usd_per_hour", "candidate_columns", "OBJECTIVES"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from basis.errors import DseError, kind_of
 from basis.files import atomic_write, output_folder
-from dse.explore.fleet import OBJECTIVES, Bucket, Fleet, FleetAsk, Mix, check_fleet, fleet
+from dse.explore.fleet import OBJECTIVES, Bucket, Fleet, FleetAsk, Mix, PdPair, check_fleet, fleet
 from dse.explore.plan import MAX_DEVICES, space_columns
 from dse.present import display
 from dse.present.document import Bullets, Code, Document, Section, Table, html_page, markdown
@@ -21,7 +21,9 @@ from dse.study.studyfile import has_section, load_section_study, study_path
 #: what ``fleet`` prints (``--format``)
 FORMATS = ("table", "json")
 #: the keys of a study's ``fleet:`` section
-STUDY_KEYS = ("rate_curve", "buckets", "objective", "max_devices")
+STUDY_KEYS = ("rate_curve", "buckets", "objective", "max_devices", "pd_pairs")
+#: the keys of one of a fleet study's ``pd_pairs`` (``pd_link`` optional)
+PAIR_KEYS = ("hardware", "decode_hardware", "prefill_devices", "decode_devices", "pd_link")
 #: the flags of a design point that a fleet sets itself
 _SET_BY_FLEET = {"batch": "--batch", "concurrency": "--concurrency", "devices": "--devices"}
 
@@ -56,6 +58,18 @@ def buckets(text: str) -> tuple[Bucket, ...]:
     return tuple(out)
 
 
+def pd_pairs(text: str) -> tuple[PdPair, ...]:
+    """An argparse type: 'HW:DECODE_HW:P:D[:LINK],...' -> PdPairs (DECODE_HW 'same': the prefill's
+    hardware; LINK the KV cache's, see 'list links', default: the evaluator's)."""
+    out = []
+    for part in text.split(","):
+        bits = part.split(":")
+        if len(bits) not in (4, 5) or not all(b.strip().isdigit() for b in bits[2:4]):
+            raise argparse.ArgumentTypeError(f"expected HW:DECODE_HW:P:D[:LINK] pairs separated by commas, got {part!r}")
+        out.append(PdPair(bits[0], bits[1], int(bits[2]), int(bits[3]), *bits[4:]))
+    return tuple(out)
+
+
 def add_parsers(command, workload_args, point_columns) -> None:
     """Add ``fleet``; ``command(name, text)`` makes a subparser, ``workload_args(parser)`` adds the
     flags ``analyze`` has, ``point_columns(args, hardware)`` reads them back as columns."""
@@ -75,6 +89,10 @@ def add_parsers(command, workload_args, point_columns) -> None:
     p.add_argument("--buckets", type=buckets, default=None, metavar="S:P:G,...",
                    help="request sizes: SHARE of the rate with PROMPT_LEN and GEN_LEN tokens (shares sum to 1; "
                         "default: --prompt-len and --gen-len)")
+    p.add_argument("--pd-pairs", type=pd_pairs, default=None, metavar="HW:DHW:P:D[:LINK],...",
+                   help="disaggregated replicas to try beside the colocated ones: P devices of HW computing "
+                        "prompts, D of DHW ('same': HW) decoding, the KV cache over LINK (see 'list links'; "
+                        "default: the evaluator's) (e.g. h100-sxm:mi300x:4:4:ib-ndr)")
     p.add_argument("--objective", choices=OBJECTIVES, default="cost",
                    help="what to minimise: cost ($ a day: price amortized + electricity) or power (mean W)")
     p.add_argument("--max-devices", type=count_arg, default=MAX_DEVICES,
@@ -105,7 +123,7 @@ def ask_from_args(args) -> FleetAsk:
     base, fixed, hardware = flag_columns(args, "fleet")
     periods = args.rate_curve or ((24.0, float(args.request_rate)),)
     return FleetAsk(base, hardware, periods, args.buckets or (), fixed, args.objective, args.max_devices,
-                    bool(args.ideal))
+                    bool(args.ideal), args.pd_pairs or ())
 
 
 def is_fleet_study(data: dict) -> bool:
@@ -132,10 +150,15 @@ def ask_from_study(data: dict, where: str) -> FleetAsk:
     if not isinstance(raw, list) or not all(isinstance(b, dict) and set(b) == {"share", "prompt_len", "gen_len"}
                                             for b in raw):
         raise DseError(f"{where}: fleet.buckets: expected a list of {{share, prompt_len, gen_len}} mappings")
+    pairs = section.get("pd_pairs") or []
+    if not isinstance(pairs, list) or not all(isinstance(p, dict) and set(PAIR_KEYS[:4]) <= set(p) <= set(PAIR_KEYS)
+                                              for p in pairs):
+        raise DseError(f"{where}: fleet.pd_pairs: expected a list of {{{', '.join(PAIR_KEYS[:4])}}} mappings "
+                       f"(pd_link optional)")
     ask = FleetAsk(base, hardware, tuple((p[0], p[1]) for p in curve),
                    tuple(Bucket(b["share"], b["prompt_len"], b["gen_len"]) for b in raw), fixed,
                    section.get("objective", "cost"), section.get("max_devices", MAX_DEVICES),
-                   bool(data.get("ideal", False)))
+                   bool(data.get("ideal", False)), tuple(PdPair(**p) for p in pairs))
     check_fleet(ask, f"{where}: fleet")
     return ask
 
@@ -168,7 +191,8 @@ def _money(v: float) -> str:
 
 
 def _mix_line(m: Mix) -> str:
-    parts = [f"{r['owned']} x {r['hardware']} (TP{r['tp']} x PP{r['pp']}" + (f" x EP{r['ep']}" if r["ep"] > 1 else "")
+    parts = [f"{r['owned']} x {r['hardware']} (" + (f"P:D {r['disaggregate']}, " if "disaggregate" in r else "")
+             + f"TP{r['tp']} x PP{r['pp']}" + (f" x EP{r['ep']}" if r["ep"] > 1 else "")
              + f", {r['weights']}/{r['activations']}/{r['kv']})" for r in m.rows]
     return " + ".join(parts)
 

@@ -148,6 +148,7 @@ class ServingInputs:
     tier: TierLoad | None = None  # the KV cache's second tier, prefix population and preemption (None: today's)
     scheduler: np.ndarray | None = None       # [P] the scheduling policy's code (``dse.core.scheduling``; None: FCFS)
     priority_share: np.ndarray | None = None  # [P] --scheduler priority: the high class's share of the requests
+    slo_ttft_high: np.ndarray | None = None   # [P] --scheduler priority: the high class's TTFT SLO, s (0: slo_ttft)
     encoder: tuple | None = None  # E:P:D: (encoder instances [P], the encoder's OpArrays for one request,
     #                               bytes of one request's image embeddings) (None: no encoder pool)
 

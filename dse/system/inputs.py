@@ -104,6 +104,7 @@ class WorkloadColumns:
     pd_links: list | None = None                # the prefill-to-decode link of each code (None: the default)
     scheduler: np.ndarray | None = None         # [P] code into ``SCHEDULERS`` (``dse.core.scheduling``)
     priority_share: np.ndarray | None = None    # [P] --scheduler priority: the high class's share of the requests
+    slo_ttft_high: np.ndarray | None = None     # [P] --scheduler priority: the high class's TTFT SLO, s (0: slo_ttft)
     encoder_devices: np.ndarray | None = None   # [P] devices of the vision-encoder pool (0: on the prefill engines)
 
 
@@ -220,6 +221,10 @@ def _scheduler_columns(cols: Columns, w: dict) -> None:
     codes, names = resolved_column(cols, "scheduler", partial(checked_choice, "scheduler"))
     w["scheduler"] = per_code(np.array([SCHEDULERS.index(n) for n in names], dtype=np.int64), codes)
     w["priority_share"] = cols.numbers("priority_share")
+    w["slo_ttft_high"] = cols.numbers("slo_ttft_high")
+    if anywhere(pointwise(lambda h, t: (h > 0) & ~(t > 0), w["slo_ttft_high"], w["slo_ttft"])):
+        raise DseError(f"{cols.where}: slo_ttft_high: the high class's TTFT SLO goes beside the low class's; give "
+                       f"slo_ttft too")
     other = pointwise(lambda s: s > 0, w["scheduler"])
     if anywhere(pointwise(lambda o, r: o & ~(r > 0), other, w["request_rate"])):
         raise DseError(f"{cols.where}: scheduler: priority and slo-admission are modelled in an open loop; give "

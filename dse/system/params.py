@@ -453,6 +453,11 @@ TABLE: tuple[Param, ...] = (
           flag_default=True, noun="a share",
           help="--scheduler priority: the share of the requests in the high-priority class, in (0, 1) "
                "(default: 0.1)"),
+    Param("slo_ttft_high", float, default=0.0, zero_allowed=True, zero_is_unset=True, unit="seconds",
+          flag="--slo-ttft-high", noun="seconds",
+          help="--scheduler priority: the high class's own TTFT SLO, seconds, at --slo-percentile (--slo-ttft "
+               "is then the low class's); goodput is the largest rate at which each class meets its own "
+               "(default: 0, the high class held to --slo-ttft too)"),
     # ---- the KV cache's second tier under load and preemption (``dse.core.kv_tiers``)
     Param("kv_tier", str, default="none", choices=KV_TIERS, flag="--kv-tier",
           help="continuous batching: a second tier for the KV cache, 'host' (the device's host DRAM over its "
