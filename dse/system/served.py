@@ -133,7 +133,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    energy = _serving_energy(g, s, out, load, spec is not None and pooled)
+    energy = _serving_energy(g, s, out, load)
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
@@ -284,7 +284,7 @@ def kv_transfer_j(load: Load, devices, system: SystemArrays, receiver: SystemArr
     return 8.0 * load.pools.kv_token_bytes * load.lengths.mean_prompt * devices * both
 
 
-def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
+def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load) -> dict:
     """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of an
     iteration of ``running_batch`` decoding sequences (over the mean prompt plus half the mean output)
     times the iterations a second (one a TPOT), plus each request's prompt (the energy its prompt
@@ -296,13 +296,11 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     pools' devices; a decode pool of its own layout or hardware (``DecodePool``) priced by its own
     iteration on its own system (``decode_system``: its tp, ep, J/op and J/bit), its engines'
     streams, and its devices at its own floor. Speculative: each iteration a round of the target's
-    verification and the draft's g steps (on the draft's tp devices), once a TPOT x E. Speculative
-    pools are left out (NaN)."""
+    verification and the draft's g steps (on the draft's tp devices), once a TPOT x E; on pools, the
+    rounds the requests ask (their steps are rounds) and each prompt the round the prefill engine
+    runs for it (the target's and the draft's prefill); a decode pool of its own layout is priced
+    without a draft, as its time is."""
     n = len(out["tpot_s"])
-    if unmodelled:
-        nan = np.full(n, np.nan)
-        return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
-                "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
     ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
 
     spec = s.speculation
