@@ -45,3 +45,36 @@ def test_disaggregating_at_low_load_costs_energy_every_decode_engine_reads_the_w
     one = evaluate({**COMMON, "gen_len": GEN, "serving": "continuous", "request_rate": 2.0})
     pooled = evaluate({**COMMON, "gen_len": GEN, "serving": "continuous", "request_rate": 2.0, "disaggregate": "1:3"})
     assert float(pooled["energy_per_token_j"][0]) > 1.5 * float(one["energy_per_token_j"][0])
+
+
+def _decode_step_j(hardware: str, b: float, tp: int = 1) -> float:
+    """Dynamic J of a decode iteration of ``b`` sequences at the mean context on ``hardware`` at
+    ``tp``: affine in b, from the decode steps of static batches of one and two."""
+    def run(batch, gen):
+        ev = evaluate({**COMMON, "hardware": hardware, "tp": tp, "devices": tp, "batch": batch, "gen_len": gen})
+        return float(ev["energy_per_token_j"][0]) * batch * gen
+    step = {n: (run(n, GEN) - run(n, 1)) / (GEN - 1) for n in (1, 2)}
+    return step[1] + (b - 1) * (step[2] - step[1])
+
+
+@pytest.mark.parametrize("extra, decode_hw, tp", [({"decode_hardware": "a100-80gb", "pd_link": "ib-ndr"}, "a100-80gb", 1),
+                                                  ({"disaggregate": "1:2", "decode_tp": 2}, "h100-sxm", 2)])
+def test_a_decode_pool_of_its_own_is_priced_on_its_hardware_and_layout_by_hand(extra, decode_hw, tp):
+    """H100 prefill engines with A100 decode engines (Splitwise's pairing) over InfiniBand NDR, and
+    H100 decode engines at TP2: the prompt on the prefill engine, the decode iterations at the decode
+    pool's running batch on its own hardware and layout, the KV cache read at the H100's J/bit and
+    written at the receiver's, and each pool's devices at their own shipped floor (0.24 x TDP: H100
+    168 W, A100 96 W; a ``static_power_w`` given is the point's hardware's, the prefill pool's)."""
+    point = {k: v for k, v in COMMON.items() if k != "static_power_w"}
+    ev = evaluate({**point, "gen_len": GEN, "serving": "continuous", "request_rate": 2.0, "disaggregate": "1:1", **extra})
+    rps, b = float(ev["requests_per_s"][0]), float(ev["running_batch"][0])
+    prompt_j = _static_j(1, 1)
+    iterations = rps * (GEN - 1) / b
+    tech = load_technology()
+    bit = {hw: sum(tech.profile(p).bit_j[lv] for lv in LEVELS)
+           for hw, p in (("h100-sxm", "gh200-hopper"), ("a100-80gb", "a100-sxm4-40gb"))}
+    kv_j = 8 * KV_TOKEN_BYTES * 512 * (bit["h100-sxm"] + bit[decode_hw])
+    floors = 0.24 * 700 * (1 + tp) if decode_hw == "h100-sxm" else 0.24 * 700 + 0.24 * 400
+    watts = rps * prompt_j + iterations * _decode_step_j(decode_hw, b, tp) + rps * kv_j + floors
+    assert float(ev["power_w"][0]) == pytest.approx(watts, rel=1e-3)
+    assert float(ev["energy_per_token_j"][0]) == pytest.approx(watts / (rps * GEN), rel=1e-3)

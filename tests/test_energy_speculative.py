@@ -52,3 +52,23 @@ def test_accepted_drafts_save_energy_a_token_and_rejected_ones_cost_it():
     good = float(evaluate({**common, **SPEC, "spec_acceptance": 0.7})["energy_per_token_j"][0])
     bad = float(evaluate({**common, **SPEC, "spec_acceptance": 0.0})["energy_per_token_j"][0])
     assert good < plain < bad
+
+
+def test_a_speculative_disaggregated_engine_is_its_rounds_on_pools_by_hand():
+    """1:1 pools at 2 requests/s, acceptance 0 (a round one token): the decode engines' rounds
+    (verifying g + 1 tokens of each of b sequences, the draft's g steps) as many a second as the
+    requests' decode steps ask over b, each prompt the round its prefill engine runs for it (the
+    target's and the draft's prefill; the draft's g - 1 steps of no sequence cost nothing), and the
+    KV cache read at one end and written at the other."""
+    ev = evaluate({**HW, **SPEC, "model": "llama-3.1-8b", "gen_len": GEN, "serving": "continuous",
+                   "request_rate": 2.0, "disaggregate": "1:1", "spec_acceptance": 0.0})
+    rps, b = float(ev["requests_per_s"][0]), float(ev["running_batch"][0])
+    target, target_prompt = _decode_step_j("llama-3.1-8b")
+    draft, draft_prompt = _decode_step_j("llama-3.2-1b-instruct")
+    bit_j = sum(load_technology().profile("gh200-hopper").bit_j[lv] for lv in LEVELS)
+    kv_read_j = 8 * KV_TOKEN_BYTES * (512 + GEN / 2) * bit_j
+    round_j = target(b * (DRAFTED + 1)) - b * DRAFTED * kv_read_j + DRAFTED * draft(b)
+    prompt_j = target(0) + target_prompt + draft(0) + draft_prompt
+    kv_j = 2 * 8 * KV_TOKEN_BYTES * 512 * bit_j
+    watts = rps * (GEN - 1) / b * round_j + rps * (prompt_j + kv_j)
+    assert float(ev["power_w"][0]) == pytest.approx(watts, rel=2e-3)

@@ -176,3 +176,27 @@ def test_analyze_prints_the_energy_band_of_the_basis(hardware, basis, steps):
                         hardware, "--batch", "16"], capture_output=True, text=True, check=True)
     line = next(x for x in r.stdout.splitlines() if x.startswith("Energy band:"))
     assert line.startswith(f"Energy band: x{1 - e:.2f} .. x{1 + e:.2f} (power figures: {basis}"), line
+
+
+def test_the_power_missed_at_high_load_is_the_kv_traffic_of_a_longer_context():
+    """At each ML.ENERGY v3 run's measured throughput, floor + dynamic per H100 against the measured
+    power: with a 256-token prompt the missing power grows with load (Llama-3.1-8B, 8 -> 512 in
+    flight: -3 -> +240 W; 70B TP4: -51 -> +118 W), as the KV reads the short context leaves out do;
+    with a 768-token context (LM-Arena's multi-turn histories; their length is not published) the
+    growth is gone (8B: spread 96 W, each run within 10 %; 70B: a flat offset, spread 35 W), so the
+    missing term is the workload's KV traffic, not a device power term (measured 2026-11-28)."""
+    d = pd.read_csv(shipped("data", "gathered", "energy.csv"))
+    e = d[d.metric == "energy_per_token_j"].reset_index(drop=True)
+    spreads = {}
+    for prompt_len in (256, 768):
+        y, dyn, tdp, dev, tps, v3 = _ml_energy(prompt_len)
+        measured_w = y * tps / dev
+        model_w = POWER.floor_fraction * tdp + dyn * tps / dev
+        for model in ("llama-3.1-8b", "llama-3.1-70b"):
+            rows = v3 & (e.model_slug == model).to_numpy()
+            order = np.argsort(e.batch.to_numpy()[rows])
+            missing = (measured_w - model_w)[rows][order]
+            spreads[prompt_len, model] = (missing[-1] - missing[0], np.ptp(missing), model_w[rows] / measured_w[rows] - 1)
+    assert spreads[256, "llama-3.1-8b"][0] > 150 and spreads[256, "llama-3.1-70b"][0] > 100
+    assert spreads[768, "llama-3.1-8b"][1] < 120 and np.all(np.abs(spreads[768, "llama-3.1-8b"][2]) < 0.10)
+    assert spreads[768, "llama-3.1-70b"][1] < 60

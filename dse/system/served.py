@@ -134,7 +134,7 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                            g_load, pricer(s.iteration, g.system.take(at), eff),
                            np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
                            s.slo_tpot[at] * e, s.slo_percentile[at])
-    energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
+    energy = _serving_energy(g, s, out, load)
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
             **{f"{m}_p{q}_s": out[f"{m}_p{q}_s"] + (late if m != "tpot" else 0.0)
@@ -308,16 +308,19 @@ def pooled_shares(cost, out: dict, load: Load, streams) -> tuple[np.ndarray, np.
         return k * dec * iterations, rps * cost(zero, zero, *prompt)
 
 
-def kv_transfer_j(load: Load, devices, system: SystemArrays) -> np.ndarray:
+def kv_transfer_j(load: Load, devices, system: SystemArrays, receiver: SystemArrays | None = None) -> np.ndarray:
     """J of one request's KV cache sent from its prefill engine to its decode engine, [P]: each of the
-    engine's ``devices`` sends ``kv_token_bytes`` a prompt token, read from its memory and written to
-    the receiver's, each at the device-memory J/bit (``step_energy_j``'s rule for transfers; the
-    link's own energy per bit is not published, left out); the mean prompt, none of it cached."""
-    bit_j = np.asarray(system.energy_bit_j, dtype=float) if system.energy_bit_j is not None else np.nan
-    return 2.0 * 8.0 * load.pools.kv_token_bytes * load.lengths.mean_prompt * devices * bit_j
+    engine's ``devices`` sends ``kv_token_bytes`` a prompt token, read from its memory at its J/bit
+    and written to the receiver's at the receiver's (``receiver``: a decode pool's own hardware;
+    None: the same) (``step_energy_j``'s rule for transfers; the link's own energy per bit is not
+    published, left out); the mean prompt, none of it cached."""
+    def bit_j(sys):
+        return np.asarray(sys.energy_bit_j, dtype=float) if sys.energy_bit_j is not None else np.nan
+    both = bit_j(system) + bit_j(receiver if receiver is not None else system)
+    return 8.0 * load.pools.kv_token_bytes * load.lengths.mean_prompt * devices * both
 
 
-def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelled: bool) -> dict:
+def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load) -> dict:
     """Energy figures of one second of a steady state (``power_and_energy``): the dynamic energy of an
     iteration of ``running_batch`` decoding sequences (over the mean prompt plus half the mean output)
     times the iterations a second (one a TPOT), plus each request's prompt (the energy its prompt
@@ -325,25 +328,26 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
     the tp ranks, shared evenly by the engine's streams and ranks (``group_load``: each a tp group's
     iteration of its share). For a dense model, whose amounts are affine in the counts, this is the
     energy of the mean iteration; a mixture's experts are read once a prompt, not every TPOT.
-    Disaggregated (pools on the same hardware and layout): ``pooled_shares`` plus the KV transfers
-    (``kv_transfer_j``), the floor over both pools' devices. Speculative: each iteration a round of
-    the target's verification and the draft's g steps (on the draft's tp devices), once a TPOT x E.
-    Decode pools of their own hardware or layout, and speculative pools, are left out (NaN)."""
+    Disaggregated: ``pooled_shares`` plus the KV transfers (``kv_transfer_j``), the floor over both
+    pools' devices; a decode pool of its own layout or hardware (``DecodePool``) priced by its own
+    iteration on its own system (``decode_system``: its tp, ep, J/op and J/bit), its engines'
+    streams, and its devices at its own floor. Speculative: each iteration a round of the target's
+    verification and the draft's g steps (on the draft's tp devices), once a TPOT x E; on pools, the
+    rounds the requests ask (their steps are rounds) and each prompt the round the prefill engine
+    runs for it (the target's and the draft's prefill); a decode pool of its own layout is priced
+    without a draft, as its time is."""
     n = len(out["tpot_s"])
-    if unmodelled:
-        nan = np.full(n, np.nan)
-        return {"energy_per_token_j": nan, "power_w": nan, "tokens_per_joule": nan, "power_demand_w": nan,
-                "over_tdp": np.zeros(n, dtype=bool), "checked_demand_w": nan}
     ranks = g.tables.scenario.tp * g.tables.scenario.cp        # a stream's tp and context-parallel ranks
 
     spec = s.speculation
     # speculative: an iteration is a round (the target verifying, the draft's g steps), one a TPOT x E
     rounds = out if spec is None else {**out, "tpot_s": out["tpot_s"] * spec.e}
 
-    def watts(system):
+    def watts(system, d_system):
         """J/s: every stream's decoding iteration once a TPOT, and each request's prompt once, as the
         energy it adds to an iteration of its stream's decoders (``serving_shares``); disaggregated,
-        the two pools' and the KV transfers' (``pooled_shares``)."""
+        the two pools' and the KV transfers' (``pooled_shares``), a decode pool of its own hardware on
+        ``d_system``."""
         draft = None if spec is None else system.replaced(tp=np.full(system.size, spec.tp))
 
         def cost(d, dctx, c, pctx, seqs):
@@ -357,12 +361,42 @@ def _serving_energy(g: Group, s: ServingInputs, out: dict, load: Load, unmodelle
                                   * step_energy_j(spec.draft.arrays(d, dctx, zero, zero, zero), draft))
         if load.pools is not None:
             dec, pre = pooled_shares(cost, out, load, s.streams)
-            return dec + pre + kv_transfer_j(load, g.tables.scenario.devices, system) * out["requests_per_s"]
+            receiver = None
+            if pool is not None:      # a decode pool of its own: its iteration, system, ranks and streams
+                receiver = decode_system(pool, system if d_system is None else d_system)
+
+                def d_cost(dc, dctx, c, pctx, seqs):
+                    """J of one decode engine's iteration on all its tp and context-parallel ranks."""
+                    return pool.tp * g.tables.scenario.cp * step_energy_j(pool.iteration.arrays(dc, dctx, c, pctx, seqs), receiver)
+                dec, _ = pooled_shares(d_cost, out, load, s.stages * pool.ep)
+            transfers = kv_transfer_j(load, g.tables.scenario.devices, system, receiver)
+            return dec + pre + transfers * out["requests_per_s"]
         dec, pre = serving_shares(cost, rounds, load, s.streams)
         return dec + pre
-    dynamic, floor = watts(g.system), watts(measured_only(g.system))
+    pool = s.decode
+    own = None if pool is None else pool.system
+    dynamic = watts(g.system, own)
+    floor = watts(measured_only(g.system), None if own is None else measured_only(own))
     one = np.ones(n)
-    return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, g.system, [(floor, one)])
+    return power_and_energy(dynamic, one, out["output_tokens_per_s"], s.devices, _pooled_system(s, g.system),
+                            [(floor, one)])
+
+
+def _pooled_system(s: ServingInputs, system: SystemArrays) -> SystemArrays:
+    """``system`` with the static power and TDP of a device the mean over a disaggregated point's
+    devices ([P], W): the decode pool's on its own hardware (``DecodePool.system``), the others'
+    (prefill and encoder pools) the prefill hardware's; ``system`` itself otherwise."""
+    d = s.decode
+    if d is None or d.system is None or s.pools is None:
+        return system
+    dec = s.pools[1] * d.tp * s.stages * d.ep          # decode engines x their devices
+    rest = s.devices - dec
+
+    def mean(own, other):
+        if own is None or other is None:
+            return None
+        return (rest * np.asarray(own, dtype=float) + dec * np.asarray(other, dtype=float)) / s.devices
+    return system.replaced(static_w=mean(system.static_w, d.system.static_w), tdp_w=mean(system.tdp_w, d.system.tdp_w))
 
 
 def group_load(load: Load, ranks: int, stages: int) -> Load:
