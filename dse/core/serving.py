@@ -338,9 +338,13 @@ def _pipeline_phase(load: Load, t, seqs, c, t_d) -> tuple[np.ndarray, np.ndarray
     q) (p, q: a stage's share of the prompt and of the decode iteration ``t_d``), and its first
     decode iteration after the phase for the stages - 1 - j behind it, so each edge costs a stream
     (fill - 1) x (inside - t_d) on the mean (its TTFT the first, its TPOT the second)."""
+    t = np.asarray(t, dtype=float)
+    if load.stages == 1:
+        return t, np.zeros_like(t)
     f = pipeline_fill(seqs, c, load.stages)
-    inside = np.asarray(t, dtype=float) / f
-    return inside, (f - 1.0) * np.maximum(inside - t_d, 0.0)
+    inside = t / f
+    with np.errstate(invalid="ignore"):
+        return inside, np.where(f > 1.0, (f - 1.0) * np.maximum(inside - t_d, 0.0), 0.0)
 
 
 # --------------------------------------------------------------------------- waves
@@ -376,12 +380,14 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     t_d = _priced(iteration_time, rows, b, b * ctx, zero, zero, zero)
     # pipelined streams: the waves' prompt iterations are one phase a cycle (``_pipeline_phase``):
     # the first wave waits the streams' stagger, the first decode iteration after the last the drain
-    total = size * c * waves                                  # the phase's prompt tokens
-    c_last = total - np.maximum(np.ceil(total / room) - 1.0, 0.0) * room
-    t_last = _priced(iteration_time, rows, d_h, d_h * ctx, c_last, c_last * pair, c_last / c)
     t1, stagger = _pipeline_phase(load, t1, first, c1, t_d)
     t2, _ = _pipeline_phase(load, t2, (size - first) / np.maximum(h2, 1), c2, t_d)
-    _, drain = _pipeline_phase(load, t_last, c_last / c, c_last, t_d)
+    drain = np.zeros_like(stagger)
+    if load.stages > 1:                                       # the phase's last iteration: what is left
+        total = size * c * waves
+        c_last = total - np.maximum(np.ceil(total / room) - 1.0, 0.0) * room
+        t_last = _priced(iteration_time, rows, d_h, d_h * ctx, c_last, c_last * pair, c_last / c)
+        _, drain = _pipeline_phase(load, t_last, c_last / c, c_last, t_d)
     ttft = t1 + late * h2 * t2 + stagger / waves
     n_p = 1.0 + late * h2                                    # iterations to the first token, mean
     hybrid = waves * (1.0 + h2)
