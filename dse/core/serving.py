@@ -71,6 +71,7 @@ import numpy as np
 
 from dse.core import kv_tiers
 from dse.core.kv_tiers import TierLoad
+from dse.core.metrics import pipelined_prefill_s
 from dse.core.scheduling import class_ttft_mixes
 from workloads.lengths import Lengths
 
@@ -153,12 +154,13 @@ class Load:
     session_cached: np.ndarray | None = None  # [P, K] tokens of each class's prompt a session's cache holds (sessions)
     session_spread: np.ndarray | None = None  # [P, K] their variance over the class's requests (hit or not), tokens^2
     tier: TierLoad | None = None             # the KV cache's second tier and preemption (``_tiered``; None: today's)
+    stages: int = 1                          # pipeline stages its streams share (``_pipeline_phase``)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
                                 if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached",
-                                                  "session_spread", "tier")},
+                                                  "session_spread", "tier", "stages")},
                        tier=None if self.tier is None else self.tier.take(idx),
                        pools=None if self.pools is None else self.pools.take(idx),
                        session_cached=None if self.session_cached is None else self.session_cached[idx],
@@ -311,6 +313,41 @@ def _priced(iteration_time: IterationTime, rows: np.ndarray, d, dctx, c, pctx, s
     return iteration_time(*flat, np.broadcast_to(r, shape).ravel()).reshape(shape)
 
 
+# --------------------------------------------------------------------------- pipeline
+
+def pipeline_fill(seqs, c, stages: int):
+    """The factor by which the prompts of an iteration of ``stages`` interleaved streams lengthen it
+    when they are in several streams (``seqs`` prompts, at most one stream each; ``c`` prompt
+    tokens): m streams' prompt passes of ``t`` seconds each take every stage ``t / stages`` in turn,
+    so the j-th ends ``j t / stages`` after the first (the last at ``pipelined_prefill_s``'s (m +
+    stages - 1) stage times); their mean, halfway between the first and the last, is 1 + (m - 1) /
+    (2 stages) times ``t``; 1 without prompt tokens or stages. It is what the first prompt iteration
+    of a phase costs (``_pipeline_phase``)."""
+    if stages == 1:
+        return 1.0
+    m = np.clip(np.asarray(seqs, dtype=float), 1.0, stages)
+    return np.where(np.asarray(c) > 0, (1.0 + pipelined_prefill_s(1.0, m, stages)) / 2.0, 1.0)
+
+
+def _pipeline_phase(load: Load, t, seqs, c, t_d) -> tuple[np.ndarray, np.ndarray]:
+    """(inside, stagger) [A] seconds of a prompt iteration ``t`` (as priced: the first of a phase,
+    ``pipeline_fill`` of its ``seqs`` prompts and ``c`` tokens) of an engine of ``load.stages``
+    streams that run their prompt iterations one after another as a phase (a closed loop's waves,
+    the streams in step, as ``dse.core.simulator._EventLoop`` keeps them): inside the phase the
+    stages stay busy, so an iteration lasts its pass, ``t / fill``; at the phase's edges the streams
+    stagger: stream j's first prompt iteration waits for the j before it on the first stage, j (p -
+    q) (p, q: a stage's share of the prompt and of the decode iteration ``t_d``), and its first
+    decode iteration after the phase for the stages - 1 - j behind it, so each edge costs a stream
+    (fill - 1) x (inside - t_d) on the mean (its TTFT the first, its TPOT the second)."""
+    t = np.asarray(t, dtype=float)
+    if load.stages == 1:
+        return t, np.zeros_like(t)
+    f = pipeline_fill(seqs, c, load.stages)
+    inside = t / f
+    with np.errstate(invalid="ignore"):
+        return inside, np.where(f > 1.0, (f - 1.0) * np.maximum(inside - t_d, 0.0), 0.0)
+
+
 # --------------------------------------------------------------------------- waves
 
 def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dict[str, np.ndarray]:
@@ -342,13 +379,25 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     t1 = _priced(iteration_time, rows, d_h, d_h * ctx, c1, c1 * pair, first)
     t2 = _priced(iteration_time, rows, d_h, d_h * ctx, c2, c2 * pair, (size - first) / np.maximum(h2, 1))
     t_d = _priced(iteration_time, rows, b, b * ctx, zero, zero, zero)
-    ttft = t1 + late * h2 * t2
+    # pipelined streams: the waves' prompt iterations are one phase a cycle (``_pipeline_phase``):
+    # the first wave waits the streams' stagger, the first decode iteration after the last the drain
+    t1, stagger = _pipeline_phase(load, t1, first, c1, t_d)
+    t2, _ = _pipeline_phase(load, t2, (size - first) / np.maximum(h2, 1), c2, t_d)
+    drain = np.zeros_like(stagger)
+    if load.stages > 1:                                       # the phase's last iteration: what is left
+        total = size * c * waves
+        c_last = total - np.maximum(np.ceil(total / room) - 1.0, 0.0) * room
+        t_last = _priced(iteration_time, rows, d_h, d_h * ctx, c_last, c_last * pair, c_last / c)
+        _, drain = _pipeline_phase(load, t_last, c_last / c, c_last, t_d)
+    ttft = t1 + late * h2 * t2 + stagger / waves
     n_p = 1.0 + late * h2                                    # iterations to the first token, mean
     hybrid = waves * (1.0 + h2)
     cycle = np.maximum(steps + n_p, hybrid)                  # iterations per cycle
-    t_cycle = waves * (t1 + h2 * t2) + (cycle - hybrid) * t_d
+    t_cycle = waves * (t1 + h2 * t2) + (cycle - hybrid) * t_d + stagger + drain
     tpot = np.where(steps > 0, (t_cycle - ttft) / np.maximum(steps, 1), t_d)
-    ttft_mix = (np.stack([t1, t1 + h2 * t2], 1), np.zeros((len(b), 2)), np.stack([1 - late, late], 1))
+    first_wave = stagger / waves
+    ttft_mix = (np.stack([t1 + first_wave, t1 + h2 * t2 + first_wave], 1), np.zeros((len(b), 2)),
+                np.stack([1 - late, late], 1))
     tpot_sd = np.zeros_like(b)
     # prefill-first: while prompts wait nothing decodes, so the requests stay one cohort, as a
     # static batch: its prompts in W iterations of as many as the budget holds, then G - 1
@@ -357,14 +406,15 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     waves_pf = np.ceil(b / per_wave)
     size_pf = b / waves_pf
     t_p = _priced(iteration_time, rows, zero, zero, size_pf * c, size_pf * c * pair, size_pf)
+    t_p, edge = _pipeline_phase(load, t_p, size_pf, size_pf * c, t_d)   # every wave staggered, one drain
     ch = load.chunked
-    t_cycle = np.where(ch, t_cycle, waves_pf * t_p + steps * t_d)
+    t_cycle = np.where(ch, t_cycle, waves_pf * t_p + steps * t_d + 2.0 * edge)
     cycle = np.where(ch, cycle, waves_pf + steps)
     # the i-th wave's first token comes W - i prompt iterations before the cohort decodes
     spread = t_p * np.sqrt((waves_pf ** 2 - 1.0) / 12.0)      # sd of a uniform choice of i
-    tpot = np.where(ch, tpot, t_d + t_p * (waves_pf - 1) / (2.0 * np.maximum(steps, 1)))
+    tpot = np.where(ch, tpot, t_d + (t_p * (waves_pf - 1) / 2.0 + edge) / np.maximum(steps, 1))
     tpot_sd = np.where(ch, tpot_sd, spread / np.maximum(steps, 1))
-    pf_ttft = t_p * (waves_pf + 1) / 2.0
+    pf_ttft = t_p * (waves_pf + 1) / 2.0 + edge
     mean = np.where(ch[:, None], ttft_mix[0], np.stack([pf_ttft, pf_ttft], 1))
     sd = np.where(ch[:, None], 0.0, np.stack([spread, spread], 1))
     weight = np.where(ch[:, None], ttft_mix[2], np.array([[1.0, 0.0]]))
@@ -388,7 +438,11 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
         sizes = np.stack([kp, rest], 1)
         t_k = _priced(iteration_time, r, bp[:, None] - sizes, (bp[:, None] - sizes) * ctx[packed, None],
                       sizes * c[packed, None], sizes * (c * pair)[packed, None], sizes)
-        t_c = (gp - 1.0) * t_k[:, 0] + t_k[:, 1] + (sp + 1.0 - gp) * t_d[packed]
+        # pipelined streams: the groups' prompt iterations one phase (``_pipeline_phase``), the
+        # first group waits the stagger, the decode iteration after the last (``rest``) the drain
+        t_k, edges = _pipeline_phase(load, t_k, sizes, sizes * c[packed, None], t_d[packed, None])
+        t_c = (gp - 1.0) * t_k[:, 0] + t_k[:, 1] + (sp + 1.0 - gp) * t_d[packed] + edges.sum(axis=1)
+        t_k = t_k + np.stack([edges[:, 0] / (gp - 1.0), np.zeros_like(gp)], 1)   # the first group's TTFT
         share = np.stack([(gp - 1.0) * kp, rest], 1) / bp[:, None]
         t_cycle, cycle = t_cycle.copy(), cycle.copy()
         t_cycle[packed], cycle[packed] = t_c, sp + 1.0

@@ -15,12 +15,21 @@ from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.engines import reserve_bytes
 from dse.core.kv_tiers import TierLoad
-from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
+from dse.core.metrics import rates_per_user_and_device
 from dse.core.overlap import step_s
 from dse.core.roofline import OpArrays, SystemArrays, step_energy_j, transfer_time
 from dse.core.router import PREFIX_AFFINITY, Routed, prefix_routed_hits, replica_dispersion, with_sessions
 from dse.core.scheduling import PRIORITY, SLO_ADMISSION, impatient_share, policy, priority_ttft
-from dse.core.serving import PERCENTILES, Load, Pools, admission_tail, goodput, steady_state, with_request_overhead
+from dse.core.serving import (
+    PERCENTILES,
+    Load,
+    Pools,
+    admission_tail,
+    goodput,
+    pipeline_fill,
+    steady_state,
+    with_request_overhead,
+)
 from dse.core.sessions import session_lengths
 from dse.core.simulator import EngineConfig
 from dse.system.columns import Columns
@@ -410,7 +419,7 @@ def group_load(load: Load, ranks: int, stages: int) -> Load:
     if k == 1:
         return load
     return replace(load, kv_blocks=load.kv_blocks * k, max_running=load.max_running * k,
-                   token_budget=load.token_budget * k)
+                   token_budget=load.token_budget * k, stages=stages)
 
 
 def group_pricer(pricer, ranks: int, stages: int):
@@ -445,19 +454,6 @@ def group_pricer(pricer, ranks: int, stages: int):
                 * pipeline_fill(seqs, c, stages)
         return iteration_time
     return make
-
-
-def pipeline_fill(seqs, c, stages: int):
-    """The factor by which the prompts of an iteration of ``stages`` interleaved streams lengthen it
-    when they are in several streams (``seqs`` prompts, at most one stream each; ``c`` prompt
-    tokens): m streams' prompt passes of ``t`` seconds each take every stage ``t / stages`` in turn,
-    so the j-th ends ``j t / stages`` after the first (the last at ``pipelined_prefill_s``'s (m +
-    stages - 1) stage times); their mean, halfway between the first and the last, is 1 + (m - 1) /
-    (2 stages) times ``t``; 1 without prompt tokens or stages."""
-    if stages == 1:
-        return 1.0
-    m = np.clip(np.asarray(seqs, dtype=float), 1.0, stages)
-    return np.where(np.asarray(c) > 0, (1.0 + pipelined_prefill_s(1.0, m, stages)) / 2.0, 1.0)
 
 
 def _replicas(target_rate, good) -> np.ndarray:
