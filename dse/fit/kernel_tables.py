@@ -278,7 +278,7 @@ SPECS = {
 #: have the SM's terms (``kernel_model._hardware_terms``); a format not quantized first has no pass
 FIXED = {"collective": {**{op: {"hop_links": 0.0} for op in COLLECTIVES}, "link_terms": True},
          "gemm": {"quant": {f: 0.0 for f in GEMM_FORMATS if f not in QUANTIZED}},
-         "generation_attention": {"hardware_terms": True}, "context_attention": {"hardware_terms": True}}
+         "generation_attention": {"hardware_terms": True, "floor_hinge": True}, "context_attention": {"hardware_terms": True}}
 
 
 def _nest(spec, x, fixed) -> dict:
