@@ -397,6 +397,18 @@ def leave_one_engine_version_out(kind: str, root, hw: pd.DataFrame, fit_rows: in
     return leave_one_out(kind, df, hw, "engine_version", fit_rows=fit_rows, start=start, band_of=False)
 
 
+def record_transfer(path: str | Path, figures: dict) -> None:
+    """Write ``figures`` ({'<kind> leave one engine version out': figures, ...}) into the model
+    file ``path``'s ``transfer`` section beside the leave-one-GPU-out figures (the file's header
+    comment kept, every other key as it was)."""
+    p = Path(path)
+    text = p.read_text()
+    head = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+    doc = yaml.safe_load(text)
+    doc.setdefault("transfer", {}).update(figures)
+    p.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=110))
+
+
 def band(ratios: np.ndarray, coverage: float = 0.9) -> dict:
     """The band {n, low, high} (factors on a prediction, ``dse.core.bands``' layout) holding the
     central ``coverage`` of measured / predicted ``ratios``."""
