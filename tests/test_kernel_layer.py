@@ -257,3 +257,17 @@ def test_decode_floor_follows_the_sm_size_above_hoppers_only():
     small = km.hardware_of(hopper.peak_16 / 3, hopper.peak_8 / 3, hopper.peak_4 / 3, hopper.bandwidth, sms=hopper.sms)
     prm = {**PRM["generation_attention"], "correction": None}
     assert km._floor(prm["t0"], small, prm) == pytest.approx(km._floor(prm["t0"], hopper, prm), rel=1e-12)
+
+
+def test_recorded_transfer_figures_sit_beside_the_others(tmp_path):
+    """record_transfer adds the engine-version figures to the model file's transfer section and
+    keeps its header comment and every other key (the copy loads as the shipped one does)."""
+    path = tmp_path / "kernel_model.yaml"
+    path.write_text(km.KERNEL_MODEL_FILE.read_text())
+    figures = {"gemm leave one engine version out": {"all": {"rows": 3, "median_ape_pct": 1.0, "p90_ape_pct": 2.0}}}
+    kt.record_transfer(path, figures)
+    after = km.load_kernel_model(path)
+    assert path.read_text().startswith("# The kernel layer's fitted coefficients")
+    assert after["transfer"]["gemm leave one engine version out"] == figures["gemm leave one engine version out"]
+    assert after["parameters"] == MODEL["parameters"]
+    assert set(MODEL["transfer"]) <= set(after["transfer"])
