@@ -238,3 +238,36 @@ def test_decode_attention_beyond_the_grouped_kernel_follows_the_tables():
     t32, t64 = km.generation_attention_time(64.0, 8192.0, np.array([32.0, 64.0]), 1.0, 128.0, 2.0, hw,
                                             PRM["generation_attention"])
     assert t64 / t32 > 2.0
+
+
+def test_decode_floor_follows_the_sm_size_above_hoppers_only():
+    """The decode-attention kernel's fixed floor (rows of <= 64 cached tokens, b h <= 256, a grouped
+    kernel: tests/data/kernel_generation_attention.csv) is 8.5-9.2 us on H100, H200, L40S and RTX PRO
+    6000 (SMs of 0.33-1.0 x Hopper's dense ops/s) and 10.9-11.4 us on the Blackwell HBM GPUs
+    (1.9-2.3 x): the shipped model's median predicted / measured on those rows is within 0.9-1.2 on
+    every GPU (the power law in the SM's size before the hinge: H100 1.24, H200 1.23), and its floor
+    is Hopper's for an SM smaller than Hopper's."""
+    d = _rows("generation_attention")
+    d = d[(d.length <= 64) & (d.batch * d.heads <= 256) & (d.heads / d.kv_heads <= km.GROUPED_HEADS_MAX)]
+    ratio = kt.predict_rows("generation_attention", d, HW_TABLE, PRM["generation_attention"]) / d.seconds
+    per_gpu = ratio.groupby(d.gpu).median()
+    assert set(per_gpu.index) == set(GPUS)
+    assert per_gpu.between(0.9, 1.2).all(), per_gpu.round(3).to_dict()
+    hopper = km.measured_hardware("h100_sxm", MODEL)
+    small = km.hardware_of(hopper.peak_16 / 3, hopper.peak_8 / 3, hopper.peak_4 / 3, hopper.bandwidth, sms=hopper.sms)
+    prm = {**PRM["generation_attention"], "correction": None}
+    assert km._floor(prm["t0"], small, prm) == pytest.approx(km._floor(prm["t0"], hopper, prm), rel=1e-12)
+
+
+def test_recorded_transfer_figures_sit_beside_the_others(tmp_path):
+    """record_transfer adds the engine-version figures to the model file's transfer section and
+    keeps its header comment and every other key (the copy loads as the shipped one does)."""
+    path = tmp_path / "kernel_model.yaml"
+    path.write_text(km.KERNEL_MODEL_FILE.read_text())
+    figures = {"gemm leave one engine version out": {"all": {"rows": 3, "median_ape_pct": 1.0, "p90_ape_pct": 2.0}}}
+    kt.record_transfer(path, figures)
+    after = km.load_kernel_model(path)
+    assert path.read_text().startswith("# The kernel layer's fitted coefficients")
+    assert after["transfer"]["gemm leave one engine version out"] == figures["gemm leave one engine version out"]
+    assert after["parameters"] == MODEL["parameters"]
+    assert set(MODEL["transfer"]) <= set(after["transfer"])

@@ -50,6 +50,10 @@ Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of
     compute  = 4 b h s d / (peak_16 top)
     floor    = t0 (peak_16 / sms / OPS_PER_SM)^t0_exp             (the SM's size: a bigger SM's kernel
                                                                    has a longer fixed part)
+               with ``floor_hinge``: t0 max(peak_16 / sms / OPS_PER_SM, 1)^t0_exp (the tables' decode floor,
+               rows of <= 64 cached tokens and b h <= 256: H100 8.6 us, H200 8.5, L40S 9.2, RTX PRO 6000
+               8.7 with SMs of 0.33-1.0 x Hopper's ops/s; B200 11.1, GB200 11.4, B300 10.9, GB300 11.2 at
+               1.9-2.3 x: a smaller SM does not shorten it, a bigger one lengthens it)
     time     = (compute^p + memory^p)^(1/p) + floor + ceil(units) t_cta  (each wave of work items' fixed cost)
 
   A head group larger than GROUPED_HEADS_MAX (h / hk > 32 query heads per K/V head) leaves the
@@ -323,7 +327,12 @@ def _floor(t0, hw: Hardware, prm: dict) -> np.ndarray:
     """A kernel's fixed floor (s): ``t0`` on an SM of OPS_PER_SM dense 16-bit ops/s, scaled by the
     SM's size to the power ``t0_exp``; ``t0`` itself without ``t0_exp``."""
     e = prm.get("t0_exp")
-    return t0 if e is None else t0 * (hw.peak_16 / hw.sms / OPS_PER_SM) ** e
+    if e is None:
+        return t0
+    size = hw.peak_16 / hw.sms / OPS_PER_SM
+    if prm.get("floor_hinge"):           # an SM no bigger than Hopper's keeps Hopper's floor (module docstring)
+        size = np.maximum(size, 1.0)
+    return t0 * size ** e
 
 
 def _hardware_terms(hw: Hardware) -> list:

@@ -278,7 +278,7 @@ SPECS = {
 #: have the SM's terms (``kernel_model._hardware_terms``); a format not quantized first has no pass
 FIXED = {"collective": {**{op: {"hop_links": 0.0} for op in COLLECTIVES}, "link_terms": True},
          "gemm": {"quant": {f: 0.0 for f in GEMM_FORMATS if f not in QUANTIZED}},
-         "generation_attention": {"hardware_terms": True}, "context_attention": {"hardware_terms": True}}
+         "generation_attention": {"hardware_terms": True, "floor_hinge": True}, "context_attention": {"hardware_terms": True}}
 
 
 def _nest(spec, x, fixed) -> dict:
@@ -395,6 +395,18 @@ def leave_one_engine_version_out(kind: str, root, hw: pd.DataFrame, fit_rows: in
         frames.append(d.assign(engine_version=f"{ev[0]} {ev[1]}"))
     df = pd.concat(frames, ignore_index=True)
     return leave_one_out(kind, df, hw, "engine_version", fit_rows=fit_rows, start=start, band_of=False)
+
+
+def record_transfer(path: str | Path, figures: dict) -> None:
+    """Write ``figures`` ({'<kind> leave one engine version out': figures, ...}) into the model
+    file ``path``'s ``transfer`` section beside the leave-one-GPU-out figures (the file's header
+    comment kept, every other key as it was)."""
+    p = Path(path)
+    text = p.read_text()
+    head = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+    doc = yaml.safe_load(text)
+    doc.setdefault("transfer", {}).update(figures)
+    p.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=110))
 
 
 def band(ratios: np.ndarray, coverage: float = 0.9) -> dict:
