@@ -117,12 +117,14 @@ def test_bad_cp_is_one_line_exit_2(bad, capsys):
 
 #: one CP point under continuous batching: 32k-token prompts on 4 context-parallel H100s, the
 #: steady-state model against the simulator (one engine: every cp rank runs every iteration).
-#: Measured (model / simulator - 1; 2026-11-28, this commit), cp 4 beside cp 1 on one H100:
-#:   concurrency 4:         throughput +0.4 %, TTFT  -9.5 %, TPOT  +2.1 %   (cp 1: +0.1, -8.8, +2.7)
-#:   concurrency 16:        throughput +0.1 %, TTFT -14.8 %, TPOT  +1.1 %   (cp 1: +0.0, -14.5, +1.1)
-#:   rate 0.4 x capacity:   throughput +1.8 %, TTFT -20.4 %, TPOT -44.9 %   (cp 1: +2.1, -20.6, -67.7)
-#: The TTFT at the running cap and under an open loop, and the open loop's TPOT, miss 10 % as much
-#: or more at cp 1:
+#: Measured (model / simulator - 1; 2026-11-28, 600 and 200 requests), cp 4 beside cp 1 on one H100:
+#:   concurrency 4:         throughput +0.4 %, TTFT  -9.2 %, TPOT  +2.1 %   (cp 1: +0.1, -8.8, +2.7)
+#:   concurrency 16:        throughput +1.2 %, TTFT -15.8 %, TPOT  -0.1 %   (cp 1: +0.0, -14.5, +1.1)
+#:   rate 0.4 x capacity:   throughput +1.8 %, TTFT  +9.9 %, TPOT  +9.8 %   (cp 1: +2.1, +8.4, +22.8;
+#:                          TPOT -44.9 and -67.7 % before the decode iterations after one's prompt
+#:                          started from the chunks left waiting, serving._Chain._after_own)
+#: The TTFT at the running cap, and the open loop's TPOT at cp 1 (600 requests: the simulator's own
+#: spread there, tests/test_serving_chunked.py), miss 10 % as much or more at cp 1:
 #: the serving model's prefill-heavy regime (32k-token prompts), not context parallelism, which
 #: adds nothing to the disagreement (within 1 point of cp 1's on throughput and TTFT).
 CP4 = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "cp": 4, "tp": 1, "prompt_len": 32768, "gen_len": 64,

@@ -642,6 +642,7 @@ class _Chain:
         self.n = np.where(self.chunked[:, None], np.maximum(np.ceil(cls.work / budget), 1.0), 1.0)
         self.en, self.es = _dot(self.n, w), _dot(cls.steps, w)
         self.batched = _dot(self.n ** 2, w) / self.en      # chunks' index of dispersion: n each prompt brings
+        self.most_n = np.where(w > 0, self.n, 0.0).max(axis=1)   # the most chunks one prompt brings
         # the chain counts chunks, a class's n of them each: a chunk's means weigh a class by w n
         per_chunk = w * self.n / self.en[:, None]
         chunk = cls.work / self.n
@@ -669,7 +670,10 @@ class _Chain:
         no waiting, variances or first decode iteration)."""
         most = x * self.en[at] * longest          # chunks arriving in the longest iteration
         wide = 1.0 if self.dispersion is None or closed else np.maximum(self.dispersion[at], 1.0)
-        need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6), _MOST_STATES)
+        if not closed:      # an open loop's prompt brings its n chunks at once: room for the largest
+            wide = wide * self.batched[at]
+        need = np.minimum(np.ceil(most + 6 * np.sqrt(most * wide) + 6 + (0.0 if closed else self.most_n[at])),
+                          _MOST_STATES)
         size = 2 ** np.ceil(np.log2(np.maximum(need, 8)))
         parts = [(np.flatnonzero(size == v), int(v)) for v in np.unique(size)]
         if len(parts) == 1:
@@ -820,22 +824,49 @@ class _Chain:
         # prompts differ in size: an iteration of k of them varies by k chunk variances at the slope
         tau_var = k[:, :-2] * self.chunk_var[at][:, None] * slope[:, None] ** 2
         t2 = (pi * (tau ** 2 + tau_var)).sum(axis=1)
-        # an open loop's first decode iteration follows one's own prompt iteration, and carries the
-        # prompts that arrived during it (many when that iteration was long: a short output's one
-        # decode step is mostly such an iteration)
-        after = (arrivals(x * mean_own) * tau).sum(axis=1)
-        first_decode = np.where(pf | closed, tpot, after)
-        # ... and the next ones relax to the mean: an iteration of length L gathers Poisson(X L)
-        # prompts for the next, so each carries the ratio r of the last one's excess over the mean
-        # (r = (f(first) - f(t1)) / (first - t1), f(L) the mean iteration after one of length L)
-        relax = np.zeros(a)
+        first_decode, relax = tpot, np.zeros(a)
         if not closed:
-            f_first, f_mean = ((arrivals(x * v) * tau).sum(axis=1) for v in (after, t1))
-            with np.errstate(invalid="ignore", divide="ignore"):
-                relax = np.where(pf, 0.0, np.clip(np.nan_to_num((f_first - f_mean) / (after - t1)), 0.0, 0.95))
+            first_decode, relax = self._after_own(x, landing, tau, wait, mean_own, t1, tpot, pi, trans, (low, part),
+                                                  arrivals, at)
+        first_decode = np.where(pf, tpot, first_decode)
+        relax = np.where(pf, 0.0, relax)
         return {"t1": t1, "t2": t2, "tpot": tpot, "first_decode": first_decode, "relax": relax, "own": mean_own, "landing": landing, "tau": tau, "tau_var": tau_var,
                 "own_k": own, "own2_k": own2, "wait": wait, "wait2": wait2, "slope": slope,
                 "longest": tau.max(axis=1)}
+
+    def _after_own(self, x, landing, tau, wait, mean_own, t1, tpot, pi, trans, carried, arrivals, at) -> tuple:
+        """An open loop's decode iterations after one's own last prompt iteration: (the mean
+        length of the first [A'], seconds; ``relax`` [A']: the share of its excess over ``tpot``
+        each next one keeps). One's last prompt iteration holds one's own chunk and the chunks
+        that arrived behind it (FCFS: during the rest of the iteration one landed in, the full
+        iterations one waited for and one's earlier chunks; ``x`` in chunks/s) as far as its
+        budget goes; the first decode iteration starts with the rest (``carried``: the chain's
+        carry-over, (whole, share) by state) and the chunks that arrived during one's own
+        iteration (``mean_own`` long): a long prompt that arrived meanwhile keeps the next
+        iterations long for as many as it has chunks. From that state q the chain's
+        iterations are q P^i tau: the first q P tau, their excess over the stationary ones in all
+        (q P - pi) Z tau (Z = (I - P + 1 pi)^-1, the fundamental matrix; Kemeny and Snell,
+        'Finite Markov Chains', 1960, sec. 4.3), spread geometrically: the first's excess e,
+        then e r^(i - 1), r = 1 - e / total."""
+        a, jj = pi.shape
+        behind = (landing * (tau / 2.0 + wait)).sum(axis=1) + np.maximum(self.en[at] - 1.0, 0.0) * mean_own
+        came = arrivals(x * behind)
+        q = np.concatenate([np.zeros((a, 1)), came[:, :-1]], axis=1)       # one's own chunk and those behind
+        q[:, -1] += came[:, -1]
+        low, part = carried
+        during = arrivals(x * mean_own)
+        shifted = _shifted_rows(np.repeat(during[:, None, :], jj, axis=1))
+        onward = (1.0 - part)[:, :, None] * shifted(low) + part[:, :, None] * shifted(np.minimum(low + 1, jj))
+        onward[:, :, -1] += np.maximum(1.0 - onward.sum(axis=2), 0.0)
+        start = np.einsum("aj,ajk->ak", q, onward)                            # the first decode iteration's state
+        fundamental = np.eye(jj) - trans + pi[:, None, :]
+        excess_of = np.linalg.solve(fundamental, (tau - t1[:, None])[:, :, None])[..., 0]
+        first = (start * tau).sum(axis=1) - t1
+        total = ((start - pi) * excess_of).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            relax = np.where((first * total > 0) & (np.abs(total) > np.abs(first)), 1.0 - first / total, 0.0)
+        scale = np.where(t1 > 0, tpot / np.maximum(t1, 1e-300), 1.0)
+        return tpot + first * scale, np.clip(np.nan_to_num(relax), 0.0, 0.999)
 
 
 def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, *, rate=None,
