@@ -4,7 +4,10 @@ iteration by iteration (``price_served``, ``dse.core.serving``), replicas for a 
 one point as the discrete-event simulator runs it (``ServedPoint``, ``served_point``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -129,10 +132,15 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         g_load = _engine_load(s.take(at), g.system.take(at), eff, d_eff)
         if load.session_cached is not None:    # the hits at the point's own load
             g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
-        good[at] = (disaggregated_goodput if pooled else goodput)(
-                           g_load, pricer(s.iteration, g.system.take(at), eff),
-                           np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
-                           s.slo_tpot[at] * e, s.slo_percentile[at])
+        job = GoodputJob(g_load, pricer(s.iteration, g.system.take(at), eff),
+                         np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
+                         s.slo_tpot[at] * e, s.slo_percentile[at], positions(g.index)[at], s.target_rate[at])
+        jobs = _DEFERRED.get()
+        if jobs is not None and not pooled and _mergeable(g_load):
+            jobs.append(job)           # priced with every other group's (``goodput_of_jobs``); NaN until then
+        else:
+            good[at] = (disaggregated_goodput if pooled else goodput)(job.load, job.pricer, job.slo_ttft,
+                                                                      job.slo_tpot, job.percentile)
     energy = _serving_energy(g, s, out, load, s.decode is not None or (spec is not None and pooled))
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
@@ -147,6 +155,119 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e), "prefill_time_share": share,
             "slo_missed": (s.target_rate > 0) & (good <= 0), **per_class}
+
+
+#: the goodput searches ``price_served`` leaves to ``goodput_of_jobs`` (None: it prices them at once)
+_DEFERRED: ContextVar[list | None] = ContextVar("deferred_goodput", default=None)
+
+
+@dataclass(frozen=True)
+class GoodputJob:
+    """One group's goodput search, left for later (``deferring_goodput``): its points' Load [A], iteration
+    pricer (rows: positions in that Load), SLOs (seconds; 0: none), percentile, the positions of the
+    points in the caller's plan (``points``, the group's index) and their target rates (requests/s)."""
+
+    load: Load
+    pricer: Callable
+    slo_ttft: np.ndarray
+    slo_tpot: np.ndarray
+    percentile: np.ndarray
+    points: np.ndarray
+    target_rate: np.ndarray
+
+
+@contextmanager
+def deferring_goodput():
+    """Within it, ``price_served`` leaves each group's goodput search (of a single engine, without a
+    KV tier or sessions) to the list it yields, its goodput NaN (and ``replicas``, ``slo_missed`` as of
+    NaN) until ``goodput_of_jobs`` prices them all together: the chain's fixed cost paid once for
+    every group's points, not once per group (a study of one point a group paid it per point)."""
+    jobs: list = []
+    token = _DEFERRED.set(jobs)
+    try:
+        yield jobs
+    finally:
+        _DEFERRED.reset(token)
+
+
+@contextmanager
+def goodput_at_once():
+    """Within it, ``price_served`` prices its goodput at once (inside ``deferring_goodput``)."""
+    token = _DEFERRED.set(None)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def _mergeable(load: Load) -> bool:
+    """Whether a Load's points can be stacked with another group's (``_stacked_loads``): one engine,
+    no KV tier, no sessions."""
+    return load.pools is None and load.tier is None and load.session_cached is None
+
+
+def _lengths_key(load: Load) -> tuple:
+    """What two Loads' request lengths are equal by (their class arrays' bytes), and whether they have
+    a dispersion: Loads of one key stack."""
+    ln = load.lengths
+    return (tuple(np.asarray(a, float).tobytes() for a in (ln.prompt, ln.gen, ln.weight, ln.prompt_var, ln.gen_var)),
+            load.dispersion is None)
+
+
+def _stacked_loads(loads: list) -> Load:
+    """The Loads (of one ``_lengths_key``) as one, their points one after another."""
+    first = loads[0]
+    n = [len(ld.kv_block) for ld in loads]
+    skip = ("lengths", "pools", "tier", "session_cached", "session_spread")
+    stacked = {f.name: np.concatenate([np.broadcast_to(getattr(ld, f.name), (k,)) for ld, k in zip(loads, n)])
+               for f in fields(Load) if f.name not in skip and getattr(first, f.name) is not None}
+    return replace(first, **stacked)
+
+
+def _stacked_pricer(pricers: list, starts: np.ndarray):
+    """One iteration pricer over stacked groups: row r is group g's row r - starts[g] (``starts``
+    ascending, from 0), each entry priced by its own group's pricer."""
+    def iteration_time(d, dctx, c, pctx, seqs, rows):
+        args = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (d, dctx, c, pctx, seqs)),
+                                   np.asarray(rows))
+        shape = args[0].shape
+        flat = [a.ravel() for a in args]
+        r = flat[-1].astype(np.int64)
+        owner = np.searchsorted(starts, r, side="right") - 1
+        out = np.empty(len(r))
+        for g in np.unique(owner):
+            at = np.flatnonzero(owner == g)
+            out[at] = pricers[g](*(a[at] for a in flat[:-1]), r[at] - starts[g])
+        return out.reshape(shape)
+    return iteration_time
+
+
+def goodput_of_jobs(jobs: list) -> list:
+    """Each job's goodput (``dse.core.serving.goodput``, requests/s) as (points, goodput [A], replicas
+    [A], slo_missed [A]), the jobs' points stacked ``SERVED_SLICE`` at a time where their lengths agree
+    (every point is priced on its own figures: its goodput is the one its group alone gives)."""
+    buckets: dict = {}
+    for job in jobs:
+        buckets.setdefault(_lengths_key(job.load), []).append(job)
+    out = []
+    for bucket in buckets.values():
+        n = np.array([len(j.points) for j in bucket])
+        starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+        load = _stacked_loads([j.load for j in bucket])
+        pricer = _stacked_pricer([j.pricer for j in bucket], starts)
+        slo_ttft, slo_tpot, q, rate = (np.concatenate([getattr(j, k) for j in bucket])
+                                       for k in ("slo_ttft", "slo_tpot", "percentile", "target_rate"))
+        total = int(n.sum())
+        good = np.empty(total)
+        for lo in range(0, total, SERVED_SLICE):
+            at = np.arange(lo, min(lo + SERVED_SLICE, total))
+            # the slice's rows count from 0: the stacked pricer's from ``lo``
+            good[at] = goodput(load.take(at), lambda *a, _lo=lo: pricer(*a[:-1], np.asarray(a[-1]) + _lo),
+                               slo_ttft[at], slo_tpot[at], q[at])
+        for j, s0, k in zip(bucket, starts, n):
+            g = good[s0:s0 + k]
+            out.append((j.points, g, _replicas(j.target_rate, g), (j.target_rate > 0) & (g <= 0)))
+    return out
 
 
 def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) -> tuple[dict, dict]:
