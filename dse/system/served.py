@@ -132,9 +132,11 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         g_load = _engine_load(s.take(at), g.system.take(at), eff, d_eff)
         if load.session_cached is not None:    # the hits at the point's own load
             g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
-        job = GoodputJob(g_load, pricer(s.iteration, g.system.take(at), eff),
+        g_sys = g.system.take(at)
+        job = GoodputJob(g_load, pricer(s.iteration, g_sys, eff),
                          np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
-                         s.slo_tpot[at] * e, s.slo_percentile[at], positions(g.index)[at], s.target_rate[at])
+                         s.slo_tpot[at] * e, s.slo_percentile[at], positions(g.index)[at], s.target_rate[at],
+                         (s.iteration, g_sys, eff) if spec is None and s.ranks * s.stages == 1 else None)
         jobs = _DEFERRED.get()
         if jobs is not None and not pooled and _mergeable(g_load):
             jobs.append(job)           # priced with every other group's (``goodput_of_jobs``); NaN until then
@@ -174,6 +176,7 @@ class GoodputJob:
     percentile: np.ndarray
     points: np.ndarray
     target_rate: np.ndarray
+    plain: tuple | None = None     # (IterationModel, SystemArrays [A], Efficiency) of ``iteration_pricer``'s
 
 
 @contextmanager
@@ -224,9 +227,52 @@ def _stacked_loads(loads: list) -> Load:
     return replace(first, **stacked)
 
 
-def _stacked_pricer(pricers: list, starts: np.ndarray):
-    """One iteration pricer over stacked groups: row r is group g's row r - starts[g] (``starts``
-    ascending, from 0), each entry priced by its own group's pricer."""
+#: the OpArrays fields an iteration's counts set (``IterationModel.arrays``); the rest describe the operators
+_COUNTED = ("ops", "weight_bytes", "act_bytes", "kv_bytes", "comm_bytes", "p2p_bytes", "vector_ops")
+
+
+def _stack_key(plain: tuple | None):
+    """What the groups whose iterations one roofline call prices share (``_stacked_pricer``): one
+    Efficiency (without a kernel layer of its own), operators described alike (every OpArrays field but
+    the counted ones) and the same system fields given; None: priced alone."""
+    if plain is None:
+        return None
+    model, system, eff = plain
+    if eff.kernel is not None:
+        return None
+    t = model.template
+    ops = tuple(None if (v := getattr(t, f.name)) is None else (np.shape(v), np.asarray(v).tobytes())
+                for f in fields(t) if f.name not in _COUNTED) + (t.vector_ops is None,)
+    return id(eff), ops, tuple(getattr(system, f.name) is None for f in fields(system))
+
+
+def _stacked_system(systems: list) -> SystemArrays:
+    """The SystemArrays (of one ``_stack_key``) as one, their points one after another."""
+    first = systems[0]
+    return replace(first, **{f.name: np.concatenate([getattr(s, f.name) for s in systems])
+                             for f in fields(first) if getattr(first, f.name) is not None})
+
+
+def _stacked_pricer(jobs: list, starts: np.ndarray):
+    """One iteration pricer over stacked groups (``jobs``): row r is group g's row r - starts[g]
+    (``starts`` ascending, from 0), each entry priced on its own group's figures. The groups of one
+    ``_stack_key`` are priced by one roofline call (each group's counts from its own IterationModel,
+    the rows of its system), the others by their own pricers: a study of one point a group makes one
+    call a step of the chain, not one a group."""
+    keys = [_stack_key(j.plain) for j in jobs]
+    stacks: dict = {}
+    for g, key in enumerate(keys):
+        if key is not None:
+            stacks.setdefault(key, []).append(g)
+    member = np.full(len(jobs), -1)
+    offset = np.zeros(len(jobs), dtype=np.int64)
+    systems = []
+    for k, gs in enumerate(stacks.values()):
+        member[gs] = k
+        sizes = [jobs[g].plain[1].size for g in gs]
+        offset[gs] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        systems.append(_stacked_system([jobs[g].plain[1] for g in gs]))
+
     def iteration_time(d, dctx, c, pctx, seqs, rows):
         args = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (d, dctx, c, pctx, seqs)),
                                    np.asarray(rows))
@@ -235,9 +281,22 @@ def _stacked_pricer(pricers: list, starts: np.ndarray):
         r = flat[-1].astype(np.int64)
         owner = np.searchsorted(starts, r, side="right") - 1
         out = np.empty(len(r))
+        stacked: dict = {}
         for g in np.unique(owner):
             at = np.flatnonzero(owner == g)
-            out[at] = pricers[g](*(a[at] for a in flat[:-1]), r[at] - starts[g])
+            local = r[at] - starts[g]
+            if member[g] < 0:
+                out[at] = jobs[g].pricer(*(a[at] for a in flat[:-1]), local)
+            else:
+                stacked.setdefault(member[g], []).append((g, at, local))
+        for k, parts in stacked.items():
+            ops = [jobs[g].plain[0].arrays(*(a[at] for a in flat[:-1])) for g, at, _ in parts]
+            op = replace(ops[0], **{f: np.concatenate([getattr(o, f) for o in ops])
+                                    for f in _COUNTED if getattr(ops[0], f) is not None})
+            sys_rows = np.concatenate([offset[g] + local for g, _, local in parts])
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                t = step_s(op, systems[k].take(sys_rows), jobs[parts[0][0]].plain[2])
+            out[np.concatenate([at for _, at, _ in parts])] = t
         return out.reshape(shape)
     return iteration_time
 
@@ -254,7 +313,7 @@ def goodput_of_jobs(jobs: list) -> list:
         n = np.array([len(j.points) for j in bucket])
         starts = np.concatenate([[0], np.cumsum(n)[:-1]])
         load = _stacked_loads([j.load for j in bucket])
-        pricer = _stacked_pricer([j.pricer for j in bucket], starts)
+        pricer = _stacked_pricer(bucket, starts)
         slo_ttft, slo_tpot, q, rate = (np.concatenate([getattr(j, k) for j in bucket])
                                        for k in ("slo_ttft", "slo_tpot", "percentile", "target_rate"))
         total = int(n.sum())
