@@ -16,6 +16,7 @@ from dse.core import kv_tiers
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.engines import reserve_bytes
+from dse.core.kernel_arrays import SHAPE_FIELDS
 from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import pipelined_prefill_s, rates_per_user_and_device
 from dse.core.overlap import step_s
@@ -229,20 +230,25 @@ def _stacked_loads(loads: list) -> Load:
 
 #: the OpArrays fields an iteration's counts set (``IterationModel.arrays``); the rest describe the operators
 _COUNTED = ("ops", "weight_bytes", "act_bytes", "kv_bytes", "comm_bytes", "p2p_bytes", "vector_ops")
+#: the OpArrays fields of the kernels' shapes (and a grouped GEMM's group), read by the kernel layer alone
+_SHAPES = (*SHAPE_FIELDS, "group_weight_bytes")
 
 
 def _stack_key(plain: tuple | None):
     """What the groups whose iterations one roofline call prices share (``_stacked_pricer``): one
     Efficiency (without a kernel layer of its own), operators described alike (every OpArrays field but
-    the counted ones) and the same system fields given; None: priced alone."""
+    the counted ones, and but the kernels' shapes, which only the kernel layer and two-batch overlap
+    read: ``dse.core.efficiency.kernel_fractions``, ``dse.core.overlap``) and the same system fields
+    given; None: priced alone."""
     if plain is None:
         return None
     model, system, eff = plain
     if eff.kernel is not None:
         return None
     t = model.template
+    unread = _SHAPES if system.two_batch_overlap is None or not np.any(system.two_batch_overlap) else ()
     ops = tuple(None if (v := getattr(t, f.name)) is None else (np.shape(v), np.asarray(v).tobytes())
-                for f in fields(t) if f.name not in _COUNTED) + (t.vector_ops is None,)
+                for f in fields(t) if f.name not in _COUNTED and f.name not in unread) + (t.vector_ops is None,)
     return id(eff), ops, tuple(getattr(system, f.name) is None for f in fields(system))
 
 
