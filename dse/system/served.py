@@ -286,9 +286,13 @@ def _stacked_pricer(jobs: list, starts: np.ndarray):
         flat = [a.ravel() for a in args]
         r = flat[-1].astype(np.int64)
         owner = np.searchsorted(starts, r, side="right") - 1
+        groups = np.unique(owner)
+        if len(groups) == 1:              # one group's entries: its own pricer, as alone
+            g = groups[0]
+            return jobs[g].pricer(*flat[:-1], r - starts[g]).reshape(shape)
         out = np.empty(len(r))
         stacked: dict = {}
-        for g in np.unique(owner):
+        for g in groups:
             at = np.flatnonzero(owner == g)
             local = r[at] - starts[g]
             if member[g] < 0:
