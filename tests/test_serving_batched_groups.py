@@ -6,6 +6,7 @@ same point evaluated alone, every metric to 1e-9 relative (feasibility and reaso
 expectation is independent of the stacking: a point alone is a group of one."""
 import numpy as np
 
+from dse.system import reasons as R
 from dse.system.evaluator import evaluate
 from tests.test_serving_batched import _same
 
@@ -49,3 +50,15 @@ def test_a_group_over_its_power_cap_keeps_its_capped_goodput():
         alone = evaluate({k: (v[i:i + 1] if isinstance(v, np.ndarray) else v) for k, v in cols.items()})
         for k in ("goodput", "replicas", "clock_fraction", "ttft_p99_s"):
             assert _same(alone[k][:1], table[k][i:i + 1]), (i, k, alone[k][0], table[k][i])
+
+
+def test_a_point_without_a_link_keeps_no_goodput():
+    # two MI355X without a scale-up link in the presets are priced on a stand-in link and every timed
+    # figure dropped (reason interconnect): its goodput too, while the H100 pair beside it has one
+    cols = {"hardware": np.array(["mi355x", "h100-sxm"]), "devices": 2, "model": "llama-3.1-8b", "weights": "fp8",
+            "activations": "fp8", "kv": "fp8", "prompt_len": 1024, "gen_len": 256, "slo_ttft": 0.3,
+            "slo_tpot": 0.03, "target_rate": 20.0}
+    table = evaluate(cols)
+    assert int(table["reason"][0]) == R.CODE["interconnect"]
+    assert np.isnan(table["goodput"][0]) and np.isnan(table["replicas"][0]) and np.isnan(table["ttft_p99_s"][0])
+    assert table["goodput"][1] > 0 and table["replicas"][1] >= 1

@@ -97,7 +97,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                                                                             g.system.link_bandwidth)))
         if d_unlinked.any():
             stand = replace(stand, serving=replace(stand.serving, decode=_decode_linked(stand.serving.decode)))
-        out = price_served(stand, eff)
+        with goodput_at_once():    # its timed figures are dropped below: the goodput with them, not after
+            out = price_served(stand, eff)
         for k, v in out.items():      # admission's figures stay (batch, KV use, tokens a step), as a closed
             #                           loop at fixed lengths gave them before; every timed figure is NaN
             if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape[:1] == unlinked.shape \
