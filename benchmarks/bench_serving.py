@@ -35,6 +35,15 @@ Then (side by side with main at a88ef61, CPU seconds): naming 2 x 256 distinct d
 1.53 ms; ``--study capacity-planning`` 10.1 -> 11.0, ``serving-cost`` 3.2 -> 2.8, ``llama70b-slo``
 6.0 -> 5.5 (within this box's noise); ``100000 --memory``: 156 CPU-s (394 s wall at 42 % of a
 core), peak resident memory 314 MiB (``/usr/bin/time -v``), every metric equal to main's.
+Then every served group's goodput searched together (``served.deferring_goodput``; the groups of one
+Efficiency and operator layout priced by one roofline call a step of the chain), whole processes side
+by side with main at b1ab0aa (A B A B, 3 runs each, medians, CPU seconds of the process and its
+children): ``run capacity-planning`` 12.1 -> 5.9 CPU-s (x0.48; wall 31.4 -> 19.6 s on the loaded box),
+``serving-cost`` 3.4 -> 3.2 (no goodput: imports, preparation and the report are its time),
+``llama70b-slo`` 5.5 -> 5.7 (one large group: unchanged within noise); every column of the three
+equal to main's (worst relative difference 0). Left in capacity-planning's 5.9 CPU-s: imports
+(~1.2 s), the 64 iteration models (``iteration_model``, ~1 s), each group's own steady state (~0.6 s),
+the goodput chain's per-group ``IterationModel.arrays`` and roofline calls (~1 s) and the report.
 """
 import os
 

@@ -305,10 +305,11 @@ def die_area_m2(t: AcceleratorTemplate, tech: Technology | None = None) -> float
     return die_area(t, tech).per_die_m2
 
 
-def exceeds_reticle(t: AcceleratorTemplate, tech: Technology | None = None) -> bool:
-    """Whether one die of ``t`` is larger than the reticle field (then it needs more chiplets)."""
+def exceeds_reticle(t: AcceleratorTemplate, tech: Technology | None = None, area: float | None = None) -> bool:
+    """Whether one die of ``t`` is larger than the reticle field (then it needs more chiplets);
+    ``area``: its die's area (m^2, ``die_area_m2``) when already worked out."""
     tc = _tech(tech)
-    return die_area_m2(t, tc) > tc.reticle_area_m2
+    return (die_area_m2(t, tc) if area is None else area) > tc.reticle_area_m2
 
 
 def chiplets_needed(total_area_m2, reticle_area_m2: float):
@@ -349,12 +350,12 @@ def yield_negative_binomial(die_area_m2, defect_density_per_m2, alpha):
 
 
 def die_yield(t: AcceleratorTemplate, tech: Technology | None = None, model: str = "murphy",
-              alpha: float | None = None) -> float:
+              alpha: float | None = None, area: float | None = None) -> float:
     """Yield of one die of ``t`` at its node's defect density (``model``: murphy, poisson or
-    negative_binomial with ``alpha``)."""
+    negative_binomial with ``alpha``); ``area``: its die's area (m^2) when already worked out."""
     tc = _tech(tech)
     d0 = _need(tc.node(t.node).defect_density_per_m2, f"nodes.{t.node}.defect_density_per_m2", tc)
-    A = die_area_m2(t, tc)
+    A = die_area_m2(t, tc) if area is None else area
     if model == "murphy":
         return yield_murphy(A, d0)
     if model == "poisson":
@@ -367,15 +368,17 @@ def die_yield(t: AcceleratorTemplate, tech: Technology | None = None, model: str
 
 
 def die_cost_usd(t: AcceleratorTemplate, tech: Technology | None = None, model: str = "murphy",
-                 alpha: float | None = None) -> float:
+                 alpha: float | None = None, area: float | None = None) -> float:
     """Silicon cost of the package's dies, USD: chiplets x wafer price / (whole dies per wafer x
-    yield). Excludes masks, design, test and packaging (as LLMCompass's per-die cost does)."""
+    yield). Excludes masks, design, test and packaging (as LLMCompass's per-die cost does).
+    ``area``: its die's area (m^2, ``die_area_m2``) when already worked out."""
     tc = _tech(tech)
     price = _need(tc.node(t.node).wafer_price_usd, f"nodes.{t.node}.wafer_price_usd", tc)
-    dpw = math.floor(dies_per_wafer(die_area_m2(t, tc), tc.wafer_diameter_m))
+    area = die_area_m2(t, tc) if area is None else area
+    dpw = math.floor(dies_per_wafer(area, tc.wafer_diameter_m))
     if dpw < 1:
-        raise DseError(f"template {t.name}: a die of {die_area_m2(t, tc) * 1e6:.0f} mm^2 does not fit a wafer")
-    return t.chiplets * price / (dpw * die_yield(t, tc, model, alpha))
+        raise DseError(f"template {t.name}: a die of {area * 1e6:.0f} mm^2 does not fit a wafer")
+    return t.chiplets * price / (dpw * die_yield(t, tc, model, alpha, area))
 
 
 @dataclass(frozen=True)
@@ -660,7 +663,8 @@ def _die(t: AcceleratorTemplate, tc: Technology) -> tuple:
     if die is None:
         if len(_DIES) >= 4096:
             _DIES.clear()
-        die = _DIES[key] = (die_area(t, tc).per_die_m2, float(exceeds_reticle(t, tc)), die_cost_usd(t, tc), tc)
+        area = die_area(t, tc).per_die_m2          # once: the reticle and the cost read it
+        die = _DIES[key] = (area, float(exceeds_reticle(t, tc, area)), die_cost_usd(t, tc, area=area), tc)
     return die
 
 

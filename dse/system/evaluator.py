@@ -75,7 +75,14 @@ from dse.system.moe import moe_figures
 from dse.system.params import SERVING_MODES, checked_choice
 from dse.system.pricing import price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
-from dse.system.served import ServedPoint, price_served_in_slices, served_point
+from dse.system.served import (
+    ServedPoint,
+    deferring_goodput,
+    goodput_at_once,
+    goodput_of_jobs,
+    price_served_in_slices,
+    served_point,
+)
 from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_batch
 from hwmodels.power import clock_fraction, energy_band, load_power, op_energy_factor
 
@@ -142,42 +149,46 @@ class Plan:
         resolved = {}          # the Efficiency of each (family, engine, ...) met: one lookup per run
         learned = self._learned_points()
         source = np.zeros(n, dtype=np.int64)     # kernel_source per point (held order), codes of KERNEL_SOURCES
-        for g in self.groups:
-            if g.tables is None:
-                continue
-            parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
-            if learned is not None and g.family == "gpu" and not ideal and not g.device_class.dataflow:
-                parts = [piece for idx, e in parts for piece in _by_kernel_hardware(g, idx, e, learned, self.hw)]
-            for part in parts:
-                idx, e = part[:2]
-                kernel = part[2] if len(part) > 2 else None
-                key = (g.family, id(g.engine), g.kv_group, id(e), ideal,
-                       decoder_layers(g.tables) if g.device_class.dataflow else 0)   # dataflow: layers' latency
-                eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
-                if kernel is not None:       # (a per-point description is one group's: not kept)
-                    eff = replace(eff, kernel=kernel[0]) if kernel[0].per_point else \
-                        _interned(replace(eff, kernel=kernel[0]))
-                    source[idx] = kernel[1]
-                else:
-                    source[idx] = KERNEL_SOURCES.index("prior" if eff.name.startswith("prior") else
-                                                       "ideal" if eff.name == "ideal" else "calibrated fractions")
-                if eff.name not in eff_names:
-                    eff_names.append(eff.name)
-                eff_code[idx] = eff_names.index(eff.name)
-                sub = g if idx is g.index else subgroup(g, idx)
-                metrics = _priced(sub, eff, e, ideal) if ideal else _capped(sub, eff, e, _priced(sub, eff, e, ideal))
-                saturated[idx] = metrics.pop("saturated", False)
-                slo_missed[idx] = metrics.pop("slo_missed", False)
-                over_tdp[idx] = metrics.pop("over_tdp", False)
-                _write(out, metrics, idx, n)
-                written.append((idx, metrics.keys()))
-                at = positions(idx)
-                for j in np.flatnonzero(np.isin(at, want)) if want is not None else ():
-                    p = int(at[j])
-                    one, k = (one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
-                    one_eff = eff if eff.kernel is None else replace(eff, kernel=eff.kernel.at(j))  # its own hardware
-                    explained[p if self.order is None else int(self.order[p])] = explain_point(one, k, one_eff, e,
-                                                                                        ideal, self.hw, p)
+        with deferring_goodput() as jobs:       # every group's goodput searched together, after the loop
+            for g in self.groups:
+                if g.tables is None:
+                    continue
+                parts = [(g.index, efficiency)] if not per_row else _by_efficiency(g.index, efficiency)
+                if learned is not None and g.family == "gpu" and not ideal and not g.device_class.dataflow:
+                    parts = [piece for idx, e in parts for piece in _by_kernel_hardware(g, idx, e, learned, self.hw)]
+                for part in parts:
+                    idx, e = part[:2]
+                    kernel = part[2] if len(part) > 2 else None
+                    key = (g.family, id(g.engine), g.kv_group, id(e), ideal,
+                           decoder_layers(g.tables) if g.device_class.dataflow else 0)   # dataflow: layers' latency
+                    eff = resolved[key] if key in resolved else resolved.setdefault(key, _interned(g.efficiency(e, ideal)))
+                    if kernel is not None:       # (a per-point description is one group's: not kept)
+                        eff = replace(eff, kernel=kernel[0]) if kernel[0].per_point else \
+                            _interned(replace(eff, kernel=kernel[0]))
+                        source[idx] = kernel[1]
+                    else:
+                        source[idx] = KERNEL_SOURCES.index("prior" if eff.name.startswith("prior") else
+                                                           "ideal" if eff.name == "ideal" else "calibrated fractions")
+                    if eff.name not in eff_names:
+                        eff_names.append(eff.name)
+                    eff_code[idx] = eff_names.index(eff.name)
+                    sub = g if idx is g.index else subgroup(g, idx)
+                    metrics = _priced(sub, eff, e, ideal) if ideal else _capped_now(sub, eff, e, jobs)
+                    saturated[idx] = metrics.pop("saturated", False)
+                    slo_missed[idx] = metrics.pop("slo_missed", False)
+                    over_tdp[idx] = metrics.pop("over_tdp", False)
+                    _write(out, metrics, idx, n)
+                    written.append((idx, metrics.keys()))
+                    at = positions(idx)
+                    for j in np.flatnonzero(np.isin(at, want)) if want is not None else ():
+                        p = int(at[j])
+                        one, k = (one_workload(sub, j), 0) if isinstance(sub.tables, WorkloadBatch) else (sub, j)
+                        one_eff = eff if eff.kernel is None else replace(eff, kernel=eff.kernel.at(j))  # its own hardware
+                        with goodput_at_once():
+                            explained[p if self.order is None else int(self.order[p])] = explain_point(
+                                one, k, one_eff, e, ideal, self.hw, p)
+        for points, good, replicas, missed in goodput_of_jobs(jobs):
+            out["goodput"][points], out["replicas"][points], slo_missed[points] = good, replicas, missed
         _unwritten_nan(out, written, set(base), n)
         _open_loop_kv(out)
         nan = np.full(n, np.nan)
@@ -372,6 +383,23 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
         src = KERNEL_SOURCES.index("measured tables" if uniq[u, -1] > 0 else "learned transfer")
         out.append((pos[on][inv == u], e, (kernel, src)))
     return out
+
+
+def _capped_now(g: Group, eff: Efficiency, given, jobs: list) -> dict:
+    """``_capped`` of ``_priced``'s metrics of a group's points, inside ``served.deferring_goodput``
+    (``jobs``): a group with a point over its power limit has its goodput searched at once (it is
+    priced again at a lower clock, and that pricing's goodput stands), the others' is left to the list."""
+    before = len(jobs)
+    metrics = _priced(g, eff, given, False)
+    if len(jobs) > before and np.any(metrics.get("over_tdp", False)):
+        pos = positions(g.index)
+        order = np.argsort(pos, kind="stable")
+        for points, good, replicas, missed in goodput_of_jobs(jobs[before:]):
+            at = order[np.searchsorted(pos, points, sorter=order)]
+            metrics["goodput"][at], metrics["replicas"][at], metrics["slo_missed"][at] = good, replicas, missed
+        del jobs[before:]
+    with goodput_at_once():
+        return _capped(g, eff, given, metrics)
 
 
 def _priced(g: Group, eff: Efficiency, given, ideal: bool) -> dict:

@@ -237,6 +237,6 @@ def _weight_grid(model: ModelSpec, sc: Scenario, keys: int, buffer: float, into:
         table = optable.decode_step(model, replace(sc, batch=int(t)), keys, buffer)
         where = {name: i for i, name in enumerate(into)}
         row = np.zeros(len(into))
-        row[[where[name] for name in table.names]] = np.asarray(OpArrays.from_table(table).weight_bytes, float)
+        row[[where[name] for name in table.names]] = np.asarray(table.weight_bytes, float)   # (its OpArrays' own)
         rows.append(row)
     return np.stack(rows)

@@ -4,7 +4,10 @@ iteration by iteration (``price_served``, ``dse.core.serving``), replicas for a 
 one point as the discrete-event simulator runs it (``ServedPoint``, ``served_point``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields, replace
 from functools import partial
 
 import numpy as np
@@ -14,6 +17,7 @@ from dse.core import kv_tiers
 from dse.core.disaggregated import disaggregated_goodput, disaggregated_state
 from dse.core.efficiency import Efficiency
 from dse.core.engines import reserve_bytes
+from dse.core.kernel_arrays import SHAPE_FIELDS
 from dse.core.kv_tiers import TierLoad
 from dse.core.metrics import rates_per_user_and_device
 from dse.core.overlap import step_s
@@ -103,7 +107,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
                                                                             g.system.link_bandwidth)))
         if d_unlinked.any():
             stand = replace(stand, serving=replace(stand.serving, decode=_decode_linked(stand.serving.decode)))
-        out = price_served(stand, eff)
+        with goodput_at_once():    # its timed figures are dropped below: the goodput with them, not after
+            out = price_served(stand, eff)
         for k, v in out.items():      # admission's figures stay (batch, KV use, tokens a step), as a closed
             #                           loop at fixed lengths gave them before; every timed figure is NaN
             if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape[:1] == unlinked.shape \
@@ -139,10 +144,18 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         g_load = _engine_load(s.take(at), g.system.take(at), eff, d_eff)
         if load.session_cached is not None:    # the hits at the point's own load
             g_load = replace(g_load, session_cached=load.session_cached[at], session_spread=load.session_spread[at])
-        good[at] = (disaggregated_goodput if pooled else partial(goodput, classes=_classes_slo(s, at, late)))(
-                           g_load, pricer(s.iteration, g.system.take(at), eff),
-                           np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
-                           s.slo_tpot[at] * e, s.slo_percentile[at])
+        g_sys = g.system.take(at)
+        job = GoodputJob(g_load, pricer(s.iteration, g_sys, eff),
+                         np.where(s.slo_ttft[at] > 0, np.maximum(s.slo_ttft[at] - late, 1e-300), 0.0),
+                         s.slo_tpot[at] * e, s.slo_percentile[at], positions(g.index)[at], s.target_rate[at],
+                         (s.iteration, g_sys, eff) if spec is None and s.ranks * s.stages == 1 else None)
+        classes = _classes_slo(s, at, late)
+        jobs = _DEFERRED.get()
+        if jobs is not None and not pooled and classes is None and _mergeable(g_load):
+            jobs.append(job)           # priced with every other group's (``goodput_of_jobs``); NaN until then
+        else:
+            good[at] = (disaggregated_goodput if pooled else partial(goodput, classes=classes))(
+                job.load, job.pricer, job.slo_ttft, job.slo_tpot, job.percentile)
     energy = _serving_energy(g, s, out, load)
     out_tps = out["output_tokens_per_s"]
     return {**energy, "ttft_s": out["ttft_s"] + late, "tpot_s": out["tpot_s"], "e2e_latency_s": out["e2e_latency_s"] + late,
@@ -157,6 +170,185 @@ def price_served(g: Group, eff: Efficiency) -> dict:
             "goodput": good, "replicas": _replicas(s.target_rate, good), "saturated": out["saturated"],
             "tokens_per_target_step": np.full(len(slo), e), "prefill_time_share": share,
             "slo_missed": (s.target_rate > 0) & (good <= 0), **per_class}
+
+
+#: the goodput searches ``price_served`` leaves to ``goodput_of_jobs`` (None: it prices them at once)
+_DEFERRED: ContextVar[list | None] = ContextVar("deferred_goodput", default=None)
+
+
+@dataclass(frozen=True)
+class GoodputJob:
+    """One group's goodput search, left for later (``deferring_goodput``): its points' Load [A], iteration
+    pricer (rows: positions in that Load), SLOs (seconds; 0: none), percentile, the positions of the
+    points in the caller's plan (``points``, the group's index) and their target rates (requests/s)."""
+
+    load: Load
+    pricer: Callable
+    slo_ttft: np.ndarray
+    slo_tpot: np.ndarray
+    percentile: np.ndarray
+    points: np.ndarray
+    target_rate: np.ndarray
+    plain: tuple | None = None     # (IterationModel, SystemArrays [A], Efficiency) of ``iteration_pricer``'s
+
+
+@contextmanager
+def deferring_goodput():
+    """Within it, ``price_served`` leaves each group's goodput search (of a single engine, without a
+    KV tier or sessions) to the list it yields, its goodput NaN (and ``replicas``, ``slo_missed`` as of
+    NaN) until ``goodput_of_jobs`` prices them all together: the chain's fixed cost paid once for
+    every group's points, not once per group (a study of one point a group paid it per point)."""
+    jobs: list = []
+    token = _DEFERRED.set(jobs)
+    try:
+        yield jobs
+    finally:
+        _DEFERRED.reset(token)
+
+
+@contextmanager
+def goodput_at_once():
+    """Within it, ``price_served`` prices its goodput at once (inside ``deferring_goodput``)."""
+    token = _DEFERRED.set(None)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def _mergeable(load: Load) -> bool:
+    """Whether a Load's points can be stacked with another group's (``_stacked_loads``): one engine,
+    no KV tier, no sessions."""
+    return load.pools is None and load.tier is None and load.session_cached is None
+
+
+def _lengths_key(load: Load) -> tuple:
+    """What two Loads' request lengths are equal by (their class arrays' bytes), and whether they have
+    a dispersion: Loads of one key stack."""
+    ln = load.lengths
+    return (tuple(np.asarray(a, float).tobytes() for a in (ln.prompt, ln.gen, ln.weight, ln.prompt_var, ln.gen_var)),
+            load.dispersion is None)
+
+
+def _stacked_loads(loads: list) -> Load:
+    """The Loads (of one ``_lengths_key``) as one, their points one after another."""
+    first = loads[0]
+    n = [len(ld.kv_block) for ld in loads]
+    skip = ("lengths", "pools", "tier", "session_cached", "session_spread")
+    stacked = {f.name: np.concatenate([np.broadcast_to(getattr(ld, f.name), (k,)) for ld, k in zip(loads, n)])
+               for f in fields(Load) if f.name not in skip and getattr(first, f.name) is not None}
+    return replace(first, **stacked)
+
+
+#: the OpArrays fields an iteration's counts set (``IterationModel.arrays``); the rest describe the operators
+_COUNTED = ("ops", "weight_bytes", "act_bytes", "kv_bytes", "comm_bytes", "p2p_bytes", "vector_ops")
+#: the OpArrays fields of the kernels' shapes (and a grouped GEMM's group), read by the kernel layer alone
+_SHAPES = (*SHAPE_FIELDS, "group_weight_bytes")
+
+
+def _stack_key(plain: tuple | None):
+    """What the groups whose iterations one roofline call prices share (``_stacked_pricer``): one
+    Efficiency (without a kernel layer of its own), operators described alike (every OpArrays field but
+    the counted ones, and but the kernels' shapes, which only the kernel layer and two-batch overlap
+    read: ``dse.core.efficiency.kernel_fractions``, ``dse.core.overlap``) and the same system fields
+    given; None: priced alone."""
+    if plain is None:
+        return None
+    model, system, eff = plain
+    if eff.kernel is not None:
+        return None
+    t = model.template
+    unread = _SHAPES if system.two_batch_overlap is None or not np.any(system.two_batch_overlap) else ()
+    ops = tuple(None if (v := getattr(t, f.name)) is None else (np.shape(v), np.asarray(v).tobytes())
+                for f in fields(t) if f.name not in _COUNTED and f.name not in unread) + (t.vector_ops is None,)
+    return id(eff), ops, tuple(getattr(system, f.name) is None for f in fields(system))
+
+
+def _stacked_system(systems: list) -> SystemArrays:
+    """The SystemArrays (of one ``_stack_key``) as one, their points one after another."""
+    first = systems[0]
+    return replace(first, **{f.name: np.concatenate([getattr(s, f.name) for s in systems])
+                             for f in fields(first) if getattr(first, f.name) is not None})
+
+
+def _stacked_pricer(jobs: list, starts: np.ndarray):
+    """One iteration pricer over stacked groups (``jobs``): row r is group g's row r - starts[g]
+    (``starts`` ascending, from 0), each entry priced on its own group's figures. The groups of one
+    ``_stack_key`` are priced by one roofline call (each group's counts from its own IterationModel,
+    the rows of its system), the others by their own pricers: a study of one point a group makes one
+    call a step of the chain, not one a group."""
+    keys = [_stack_key(j.plain) for j in jobs]
+    stacks: dict = {}
+    for g, key in enumerate(keys):
+        if key is not None:
+            stacks.setdefault(key, []).append(g)
+    member = np.full(len(jobs), -1)
+    offset = np.zeros(len(jobs), dtype=np.int64)
+    systems = []
+    for k, gs in enumerate(stacks.values()):
+        member[gs] = k
+        sizes = [jobs[g].plain[1].size for g in gs]
+        offset[gs] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        systems.append(_stacked_system([jobs[g].plain[1] for g in gs]))
+
+    def iteration_time(d, dctx, c, pctx, seqs, rows):
+        args = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (d, dctx, c, pctx, seqs)),
+                                   np.asarray(rows))
+        shape = args[0].shape
+        flat = [a.ravel() for a in args]
+        r = flat[-1].astype(np.int64)
+        owner = np.searchsorted(starts, r, side="right") - 1
+        groups = np.unique(owner)
+        if len(groups) == 1:              # one group's entries: its own pricer, as alone
+            g = groups[0]
+            return jobs[g].pricer(*flat[:-1], r - starts[g]).reshape(shape)
+        out = np.empty(len(r))
+        stacked: dict = {}
+        for g in groups:
+            at = np.flatnonzero(owner == g)
+            local = r[at] - starts[g]
+            if member[g] < 0:
+                out[at] = jobs[g].pricer(*(a[at] for a in flat[:-1]), local)
+            else:
+                stacked.setdefault(member[g], []).append((g, at, local))
+        for k, parts in stacked.items():
+            ops = [jobs[g].plain[0].arrays(*(a[at] for a in flat[:-1])) for g, at, _ in parts]
+            op = replace(ops[0], **{f: np.concatenate([getattr(o, f) for o in ops])
+                                    for f in _COUNTED if getattr(ops[0], f) is not None})
+            sys_rows = np.concatenate([offset[g] + local for g, _, local in parts])
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                t = step_s(op, systems[k].take(sys_rows), jobs[parts[0][0]].plain[2])
+            out[np.concatenate([at for _, at, _ in parts])] = t
+        return out.reshape(shape)
+    return iteration_time
+
+
+def goodput_of_jobs(jobs: list) -> list:
+    """Each job's goodput (``dse.core.serving.goodput``, requests/s) as (points, goodput [A], replicas
+    [A], slo_missed [A]), the jobs' points stacked ``SERVED_SLICE`` at a time where their lengths agree
+    (every point is priced on its own figures: its goodput is the one its group alone gives)."""
+    buckets: dict = {}
+    for job in jobs:
+        buckets.setdefault(_lengths_key(job.load), []).append(job)
+    out = []
+    for bucket in buckets.values():
+        n = np.array([len(j.points) for j in bucket])
+        starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+        load = _stacked_loads([j.load for j in bucket])
+        pricer = _stacked_pricer(bucket, starts)
+        slo_ttft, slo_tpot, q, rate = (np.concatenate([getattr(j, k) for j in bucket])
+                                       for k in ("slo_ttft", "slo_tpot", "percentile", "target_rate"))
+        total = int(n.sum())
+        good = np.empty(total)
+        for lo in range(0, total, SERVED_SLICE):
+            at = np.arange(lo, min(lo + SERVED_SLICE, total))
+            # the slice's rows count from 0: the stacked pricer's from ``lo``
+            good[at] = goodput(load.take(at), lambda *a, _lo=lo: pricer(*a[:-1], np.asarray(a[-1]) + _lo),
+                               slo_ttft[at], slo_tpot[at], q[at])
+        for j, s0, k in zip(bucket, starts, n):
+            g = good[s0:s0 + k]
+            out.append((j.points, g, _replicas(j.target_rate, g), (j.target_rate > 0) & (g <= 0)))
+    return out
 
 
 def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) -> tuple[dict, dict]:
