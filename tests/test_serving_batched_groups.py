@@ -53,9 +53,9 @@ def test_a_group_over_its_power_cap_keeps_its_capped_goodput():
 
 
 def test_a_point_without_a_link_keeps_no_goodput():
-    # two MI355X without a scale-up link in the presets are priced on a stand-in link and every timed
+    # two GH200 without a scale-up link in the presets are priced on a stand-in link and every timed
     # figure dropped (reason interconnect): its goodput too, while the H100 pair beside it has one
-    cols = {"hardware": np.array(["mi355x", "h100-sxm"]), "devices": 2, "model": "llama-3.1-8b", "weights": "fp8",
+    cols = {"hardware": np.array(["gh200", "h100-sxm"]), "devices": 2, "model": "llama-3.1-8b", "weights": "fp8",
             "activations": "fp8", "kv": "fp8", "prompt_len": 1024, "gen_len": 256, "slo_ttft": 0.3,
             "slo_tpot": 0.03, "target_rate": 20.0}
     table = evaluate(cols)

@@ -217,9 +217,9 @@ def goodput_at_once():
 
 
 def _mergeable(load: Load) -> bool:
-    """Whether a Load's points can be stacked with another group's (``_stacked_loads``): one engine,
-    no KV tier, no sessions."""
-    return load.pools is None and load.tier is None and load.session_cached is None
+    """Whether a Load's points can be stacked with another group's (``_stacked_loads``): one engine of
+    one pipeline stage, no KV tier, no sessions."""
+    return load.pools is None and load.tier is None and load.session_cached is None and load.stages == 1
 
 
 def _lengths_key(load: Load) -> tuple:
@@ -234,7 +234,7 @@ def _stacked_loads(loads: list) -> Load:
     """The Loads (of one ``_lengths_key``) as one, their points one after another."""
     first = loads[0]
     n = [len(ld.kv_block) for ld in loads]
-    skip = ("lengths", "pools", "tier", "session_cached", "session_spread")
+    skip = ("lengths", "pools", "tier", "session_cached", "session_spread", "stages")   # stages: 1 (``_mergeable``)
     stacked = {f.name: np.concatenate([np.broadcast_to(getattr(ld, f.name), (k,)) for ld, k in zip(loads, n)])
                for f in fields(Load) if f.name not in skip and getattr(first, f.name) is not None}
     return replace(first, **stacked)
