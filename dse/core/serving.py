@@ -727,9 +727,10 @@ class _Chain:
         # the chain counts chunks: a prompt cut into n comes as n of them (n = 1 unchunked, or fitting)
         x = x * self.en[at]
         room = np.maximum(self.budget[at] - dec, 1.0)
-        chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])
+        chunk = np.minimum(ks * self.tok[at][:, None], room[:, None])    # (the prompts it ends: as many as fit)
         parts = [np.broadcast_to(v, chunk.shape) for v in (dec[:, None], (dec * self.ctx[at])[:, None], chunk,
-                                                            chunk * self.pair[at][:, None], ks * self.ends[at][:, None])]
+                                                            chunk * self.pair[at][:, None],
+                                                            chunk / np.maximum(self.tok[at], 1e-300)[:, None] * self.ends[at][:, None])]
         if not closed:         # and (one call) the decoding iterations ``_crowding`` weighs
             crowd = self._crowded(dec)
             none = np.zeros_like(crowd)
