@@ -170,7 +170,7 @@ def _split_work(s: Schedule, layer_ops, part: int) -> tuple[list, list]:
 def cpu_energy_j(s: Schedule, layer_ops) -> np.ndarray:
     """Dynamic energy (J, [P]) of the host CPU's share of a run under a CPU layer split: its layers'
     work at the CPU preset's J/op and J/bit (``hwmodels.power``: its own TDP's or its class's
-    coefficients), once a step; 0 without a split. The host's floor is not modelled, as elsewhere."""
+    coefficients), once a step; 0 without a split. The host's floor is ``host_power_w``'s (``floor_w``)."""
     if s.cpu is None:
         return np.zeros(1)
     prefill, decode = _split_work(s, layer_ops, 1)
@@ -251,9 +251,18 @@ def measured_only(sys: SystemArrays) -> SystemArrays:
     return sys if sys.energy_op_floor_j is None else sys.replaced(energy_op_j=sys.energy_op_floor_j)
 
 
+def floor_w(sys: SystemArrays) -> np.ndarray:
+    """Power drawn per device whatever the work, W, [P]: the device's static power (NaN where
+    unknown) plus the host server's share beyond the accelerators (``host_w``, ``host_power_w``;
+    0 where not given)."""
+    static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
+    return static if sys.host_w is None else static + sys.host_w
+
+
 def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
     """Energy per token, average power of the system (W), tokens per joule and the power demand
-    of one device (W) of a run (or one second of a steady state) of a group's points, with
+    of one device (W) of a run (or one second of a steady state) of a group's points: the energy
+    the dynamic energy plus ``floor_w`` (static and host power) x devices x seconds, with
     ``over_tdp`` where a device would need more than its limit in some phase (``checked_demand_w``; ``phases``: the
     dynamic energy and seconds of each, the energy counted with ``measured_only``, so the demand
     is one the design cannot avoid; work in a class without a measured J/op of its own, such as
@@ -264,13 +273,14 @@ def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, pha
     and may ask for more power than the chip has. The demand reported is at least the average
     power per device (an average lies below the largest of its phases; where the unmeasured work
     the average is charged for lifts it above the phases counted without it, the average is the
-    most demanding phase known)."""
+    most demanding phase known; the host's power, drawn outside the device, is in neither)."""
     static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
-    out = energy_figures(dynamic_j, seconds, tokens, devices, static)
+    out = energy_figures(dynamic_j, seconds, tokens, devices, floor_w(sys))
     del out["energy_j"]
     demand = np.where(np.isnan(dynamic_j), np.nan, power_demand_w(phases, devices, static))
     with np.errstate(invalid="ignore"):
-        out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, out["power_w"] / devices))
+        own = out["power_w"] / devices - (0.0 if sys.host_w is None else sys.host_w)   # the device's average
+        out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, own))
     tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
     return {**out, "over_tdp": demand > tdp, "checked_demand_w": demand}
 
