@@ -132,7 +132,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s["energy_note"] = note
     s["cost_note"] = cost_items_text("given" if np.isfinite(float(p.get("price_usd", np.nan) or np.nan)) else
                                      "cited" if np.isfinite(m["cost_usd"]) else "missing",
-                                     bool(np.isfinite(m["power_w"])), [k for k in COST_COLUMNS if k in p])
+                                     bool(np.isfinite(m["power_w"])), [k for k in COST_COLUMNS if k in p],
+                                     float(np.nan_to_num(float(p.get("host_power_w", 0.0) or 0.0))))
     if p.get("hardware_note_name"):          # a derived design: why its price, die area or TDP is unknown
         s["hardware_note"] = p["hardware_note_name"]
     if not ev.feasible[i]:
