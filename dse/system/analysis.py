@@ -191,8 +191,7 @@ def unknown_energy_note(m: dict) -> str:
     """Why a point's energy or cost figures are missing ("" when none is): no measured energy
     profile (or a run whose energy is not modelled), an unpublished static power, no price."""
     if np.isnan(m["power_demand_w"]):
-        return ("energy, power and cost per token unknown: the run's energy is not modelled (PIM units, "
-                "speculative decoding with layers on the CPU)")
+        return ("energy, power and cost per token unknown: the run's energy is not modelled (PIM units)")
     if np.isnan(m["energy_per_token_j"]):
         return ("energy per token unknown: the device's static power is not published; give it "
                 "(static_power_w / --static-power-w)")
