@@ -25,7 +25,9 @@ def _pair(**point):
     return off, on, np.asarray(off["devices"], dtype=float)
 
 
-@pytest.mark.parametrize("point", [{}, {"tp": 2}, {"serving": "continuous", "concurrency": 8}])
+@pytest.mark.parametrize("point", [{}, {"tp": 2}, {"serving": "continuous", "concurrency": 8},
+                                   {"serving": "continuous", "request_rate": 2.0, "disaggregate": "1:1"},
+                                   {"spec_draft": "self:4", "spec_tokens": 3, "spec_acceptance": 0.7}])
 def test_energy_per_token_rises_by_host_power_times_devices_over_tokens_per_s(point):
     off, on, devices = _pair(**point)
     tps = np.asarray(off["output_tokens_per_s"], dtype=float)
