@@ -53,17 +53,18 @@ def economics_defaults(path: str | None = None) -> dict[str, float]:
     return out
 
 
-def cost_items_text(price: str, power_known: bool = True, given=()) -> str:
+def cost_items_text(price: str, power_known: bool = True, given=(), host_w: float = 0.0) -> str:
     """Which items of a design point's cost of ownership are cited, given or missing, in words:
     ``price`` is 'cited' (the preset's price_usd), 'given' (a price_usd column) or 'missing';
     ``power_known``: the accelerators' power is known (else their energy is missing); ``given``: the
     ``COST_COLUMNS`` the point gives itself (the others are configs/economics.yaml's cited defaults).
-    The host's own power is never modelled (its capital is)."""
+    ``host_w``: the host server's power per device given (``host_power_w``; 0: not modelled)."""
     given = [k for k in COST_COLUMNS if k in set(given)]
     cited = [_ITEMS[k] for k in COST_COLUMNS if k not in given]
     parts = [f"accelerator price {price}" if price != "missing" else "accelerator price MISSING (no cited price)"]
     parts.append("" if power_known else "accelerator power MISSING (see the energy note)")
     parts.append(f"{', '.join(cited)} cited (configs/economics.yaml)" if cited else "")
     parts.append(f"{', '.join(_ITEMS[k] for k in given)} given" if given else "")
-    parts.append("host power not modelled")
+    parts.append(f"host power {host_w:g} W per device given" if host_w > 0 else
+                 "host power not modelled (give host_power_w)")
     return "; ".join(p for p in parts if p)

@@ -61,6 +61,8 @@ class SystemArrays:
     energy_op_floor_j: as energy_op_j, 0 for work whose class has no measured J/op of its own
              (charged in energy_op_j at a wider class's): what that work costs at least.
     static_w: [P] static (idle) power of one device, W (NaN where unknown).
+    host_w: [P] power of the host server beyond the accelerators, W per device, drawn whenever the
+             system is on (``host_power_w``); None: 0 everywhere.
     tdp_w: [P] power limit (TDP) of one device, W (NaN where unknown).
     scale_up_size: [P] devices per scale-up domain (``hwmodels.topology``; inf: one domain holds
              every device, the one-link system); None: inf everywhere.
@@ -104,6 +106,7 @@ class SystemArrays:
     torus_dims: np.ndarray | None = None
     cp: np.ndarray | None = None
     two_batch_overlap: np.ndarray | None = None
+    host_w: np.ndarray | None = None
 
     def __post_init__(self):
         n = self.bandwidth.shape[0]

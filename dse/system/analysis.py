@@ -132,7 +132,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         s["energy_note"] = note
     s["cost_note"] = cost_items_text("given" if np.isfinite(float(p.get("price_usd", np.nan) or np.nan)) else
                                      "cited" if np.isfinite(m["cost_usd"]) else "missing",
-                                     bool(np.isfinite(m["power_w"])), [k for k in COST_COLUMNS if k in p])
+                                     bool(np.isfinite(m["power_w"])), [k for k in COST_COLUMNS if k in p],
+                                     float(np.nan_to_num(float(p.get("host_power_w", 0.0) or 0.0))))
     if p.get("hardware_note_name"):          # a derived design: why its price, die area or TDP is unknown
         s["hardware_note"] = p["hardware_note_name"]
     if not ev.feasible[i]:
@@ -190,8 +191,7 @@ def unknown_energy_note(m: dict) -> str:
     """Why a point's energy or cost figures are missing ("" when none is): no measured energy
     profile (or a run whose energy is not modelled), an unpublished static power, no price."""
     if np.isnan(m["power_demand_w"]):
-        return ("energy, power and cost per token unknown: the run's energy is not modelled (PIM units, "
-                "speculative decoding with layers on the CPU)")
+        return ("energy, power and cost per token unknown: the run's energy is not modelled (PIM units)")
     if np.isnan(m["energy_per_token_j"]):
         return ("energy per token unknown: the device's static power is not published; give it "
                 "(static_power_w / --static-power-w)")

@@ -73,7 +73,7 @@ from dse.system.inputs import WorkloadColumns, resolved_column, workload_columns
 from dse.system.layout import parallel_layout
 from dse.system.moe import moe_figures
 from dse.system.params import SERVING_MODES, checked_choice
-from dse.system.pricing import price_many, price_static
+from dse.system.pricing import floor_w, price_many, price_static
 from dse.system.result import CHECKS, METRICS, PERCENTILE_METRICS, Evaluation, Reordered
 from dse.system.served import (
     ServedPoint,
@@ -261,11 +261,11 @@ class Plan:
     def _cost_of_serving(self, out: dict) -> None:
         """The cost of ownership of every point (held order): its capital (devices' price, host and
         network shares: ``capital_usd``), its TCO per second (capital over its amortization, and the
-        facility's electricity: ``power_w`` serving, static power idle, x PUE: ``tco_usd_per_s``) and
+        facility's electricity: ``power_w`` serving, static and host power idle, x PUE: ``tco_usd_per_s``) and
         what its tokens cost (``token_costs``: $ per million output tokens, split into input and
         output by ``prefill_time_share``, tokens per $, TCO per hour; ``dse.core.metrics``)."""
         e = self.economics
-        idle = self.hw.system.static_w * out["devices"] if self.hw.system.static_w is not None else np.nan
+        idle = floor_w(self.hw.system) * out["devices"]         # static and host power, drawn idle too
         out["capital_usd"] = capital_usd(out["cost_usd"], e["host_cost_share"], e["network_cost_share"])
         per_s = tco_usd_per_s(out["capital_usd"], out["power_w"], idle, e["electricity_usd_per_kwh"],
                               e["amortization_years"], e["utilization"], e["pue"])

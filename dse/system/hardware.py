@@ -615,7 +615,7 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
     (and the same counting only classes measured themselves: ``energy_op_floor_j``), J per bit of
     device-memory traffic and static W (the serving floor); the basis of each base device's
     figures), from ``hwmodels.power.power_of``: its measured profile, its TDP, or its class's. The
-    static power is the ``static_power_w`` column where given."""
+    static power is the ``static_power_w`` column where given; the host's, ``host_power_w`` (None: not given)."""
     n_cols = len(PEAK_COLUMNS)
     op_dev = np.full((len(devices), _C + 1), np.nan)          # [D, classes + vector]
     floor_dev = np.full((len(devices), _C + 1), np.nan)
@@ -648,8 +648,9 @@ def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, use
     if cols.has("static_power_w"):
         given = cols.numbers("static_power_w")
         static = np.where(np.isnan(given), static, given)
+    host = np.nan_to_num(cols.numbers("host_power_w"), nan=0.0) if cols.has("host_power_w") else None
     return {"energy_op_j": per_column(op_dev), "energy_op_floor_j": per_column(floor_dev), "energy_bit_j": per_code(bit_dev, inv),
-            "static_w": static}, basis
+            "static_w": static, "host_w": host}, basis
 
 
 def _off_hbm_access_j(memory: str, profile: str) -> float:

@@ -220,6 +220,11 @@ TABLE: tuple[Param, ...] = (
     _hardware("static_power_w", float, "static (idle) power of one device in W (default: the preset's cited figure "
               "or its measured energy profile's; energy per token is unknown without one)", zero_allowed=True,
               unit="watts", flag="--static-power-w", noun="a power in W"),
+    _hardware("host_power_w", float, "power of the host server beyond the accelerators (CPUs, memory, NICs, "
+              "fans, power conversion) in W per device, drawn whenever the system is on: added to energy per "
+              "token, power and $ per million tokens (default: 0, the accelerators alone, as ML.ENERGY "
+              "measures them; a DGX H100's rated maximum leaves 575 W per GPU, README 'Energy')",
+              zero_allowed=True, unit="watts", flag="--host-power-w", noun="a power in W"),
     _hardware("power_cap_w", float, "operator's power cap of one device in W (nvidia-smi -pl; default: none, "
               "the TDP is the limit): a design whose demand exceeds its limit runs at lower clocks, slower and "
               "cooler (configs/power.yaml dvfs), instead of being refused", unit="watts", flag="--power-cap-w",

@@ -64,38 +64,44 @@ class Schedule:
     steps: np.ndarray             # [P] decode steps after the first token (``steps_after_first``)
     tokens_per_step: np.ndarray   # [P] tokens a target step yields (1, or E under speculative decoding)
     draft_tp: float | None = None  # tensor parallelism of the draft's devices
-    cpu: CpuSplit | None = None   # layers on the host CPU: each step split between device and CPU
+    cpu: CpuSplit | None = None   # layers on the host CPU: each target step split between device and CPU
+    #                               (a draft's and heads' steps stay on the device)
     rounds: bool = False          # speculative rounds: the decode's energy sums each phase's ranks x its
     #                               pieces; else (one kind of step on the target) its ranks x their sum
-    energy_unknown: bool = False  # work the energy model does not place (a speculative run's layers on
-    #                               the host CPU, whose time leaves the split out): the energy is NaN
+
+    def split(self, ph: Phase) -> bool:
+        """True where phase ``ph``'s per-layer work is shared with the host CPU: the target's, under a
+        CPU layer split."""
+        return self.cpu is not None and not ph.draft
 
 
 def schedule(g: Group) -> Schedule:
     """The Schedule of a static batch of the group's points: its prefill, then the gen_len - 1
     decode steps after the first token (``steps_after_first``), as ``speculative_schedule`` under
-    speculative decoding."""
+    speculative decoding; under a CPU layer split each target step shared with the host CPU."""
     t, sc, size = g.tables, g.tables.scenario, g.system.size
     n_steps = steps_after_first(sc.gen_len)
-    if g.spec is not None:              # (its time leaves a CPU layer split out; its energy is NaN)
-        return replace(speculative_schedule(t, g.spec, n_steps, size), energy_unknown=g.cpu is not None)
+    if g.spec is not None:
+        return speculative_schedule(t, g.spec, n_steps, size, g.cpu)
     ranks = sc.tp * sc.cp               # every context-parallel rank runs its own share of each step
     decode = tuple(Phase(d0, slope, np.asarray(n, dtype=float), ranks=ranks) for d0, slope, n in t.decode_steps(n_steps))
     return Schedule((Phase(t.prefill, ranks=ranks, pipelined=g.cpu is None),), decode, sc.micro_batches, sc.pp,
                     np.full(size, n_steps, dtype=float), np.ones(size), cpu=g.cpu)
 
 
-def speculative_schedule(t, spec: Speculation, n_steps, size: int) -> Schedule:
+def speculative_schedule(t, spec: Speculation, n_steps, size: int, cpu: CpuSplit | None = None) -> Schedule:
     """The Schedule of a static batch under speculative decoding. Each round drafts g tokens (g
     steps of the draft) and verifies g + 1 in one target step (the target's decode tables carry
     g + 1 query tokens per sequence), yielding E = (1 - a^(g+1)) / (1 - a) tokens
     (``tokens_per_target_step``); the gen_len - 1 decoded tokens take (gen_len - 1) / E rounds, the
     context growing by E tokens a round (each affine piece of the decode priced over its rounds in
     closed form). A draft model prefills the prompts too; Medusa heads draft their g tokens in one
-    pass a round, the target verifying ``spec_tokens`` + 1 candidates (a tree)."""
+    pass a round, the target verifying ``spec_tokens`` + 1 candidates (a tree). Under a CPU layer split
+    (``cpu``) the target's steps are shared with the host CPU (its prefill then not pipelined), the
+    draft's run on the device."""
     sc = t.scenario
     e = tokens_per_target_step(spec.acceptance, spec.drafted)
-    prefill = [Phase(t.prefill, ranks=sc.tp, pipelined=True)]
+    prefill = [Phase(t.prefill, ranks=sc.tp, pipelined=cpu is None)]
     parts = [(t, False, 1, sc.tp)]
     if spec.tables is not None:
         prefill.append(Phase(spec.tables.prefill, draft=True, ranks=spec.tp))
@@ -105,7 +111,7 @@ def speculative_schedule(t, spec: Speculation, n_steps, size: int) -> Schedule:
     if spec.heads is not None:
         decode.append(Phase(spec.heads, steps=n_steps / e, draft=True, ranks=spec.tp))
     return Schedule(tuple(prefill), tuple(decode), sc.micro_batches, sc.pp, np.full(size, n_steps, dtype=float),
-                    np.full(size, e), spec.tp, rounds=True)
+                    np.full(size, e), spec.tp, cpu=cpu, rounds=True)
 
 
 def cpu_efficiency(given, ideal: bool) -> Efficiency:
@@ -117,15 +123,16 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
     """(prefill, whole decode) seconds, [P], of the run ``s`` on ``sys`` (the draft's phases on its
     own tp ranks): the first prefill pipelined over micro-batches and stages; under a CPU layer
     split (``cpu_eff``: the CPU's efficiency; ``layer_ops``: which operators are per layer) each
-    step's per-layer operators shared between device and CPU, the CPU's fixed step overhead counted
-    once, and the activations crossing the host link both ways a step. Under two-batch overlap
+    target step's per-layer operators shared between device and CPU (a draft's steps on the device),
+    the CPU's fixed step overhead counted once, and the activations crossing the host link both ways
+    a target step (a decode step; under speculative decoding, a round). Under two-batch overlap
     (``sys.two_batch_overlap``) each device step runs as two overlapped half batches
     (``dse.core.overlap``; not under a CPU layer split)."""
     on = (sys, sys if s.draft_tp is None else sys.replaced(tp=np.full(sys.size, s.draft_tp)))
     c = s.cpu
     prefill = None
     for ph in s.prefill:
-        if c is None:
+        if not s.split(ph):
             x = step_s(ph.op, on[ph.draft], eff)
         else:
             dev, cpu = split_counts(ph.op, layer_ops, c.share)
@@ -137,7 +144,7 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
     for ph in s.decode:
         if ph.slope is None:
             x = step_s(ph.op, on[ph.draft], eff) * ph.steps
-        elif c is None:
+        elif not s.split(ph):
             x = decode_s(ph.op, ph.slope, ph.steps, on[ph.draft], eff)
         else:
             dev, cpu = split_counts(ph.op, layer_ops, c.share)
@@ -150,31 +157,33 @@ def run_time(s: Schedule, sys: SystemArrays, eff: Efficiency, cpu_eff: Efficienc
         frac = c.host_frac if eff.host_links_measured else 1.0
         hop = [2 * (link_transfer_s(b, c.host_bw, frac, c.host_lat) + (eff.collective_latency_s if b > 0 else 0.0))
                for b in (c.hop_prefill, c.hop_decode)]
+        target_steps = s.steps / s.tokens_per_step        # decode steps, or speculative rounds
         prefill = prefill - cpu_eff.step_overhead_s + hop[0]
-        decode = decode - cpu_eff.step_overhead_s * s.steps + hop[1] * s.steps
+        decode = decode - cpu_eff.step_overhead_s * target_steps + hop[1] * target_steps
     return prefill, decode
 
 
 def _split_work(s: Schedule, layer_ops, part: int) -> tuple[list, list]:
     """What the energy counts (``step_work``) of each prefill and decode phase of ``s``: the whole
-    step, or under a CPU layer split its device's (``part`` 0) or its CPU's (1) share
-    (``split_counts``, as ``run_time`` prices them)."""
-    def share(op):
-        return op if s.cpu is None or op is None else split_counts(op, layer_ops, s.cpu.share)[part]
-    prefill = [step_work(share(ph.op)) for ph in s.prefill]
-    decode = [step_work(share(ph.op)) if ph.slope is None else decode_total_work(share(ph.op), share(ph.slope), ph.steps)
-              for ph in s.decode]
+    step, or where the phase is split with the host CPU (``Schedule.split``) its device's (``part``
+    0) or its CPU's (1) share (``split_counts``, as ``run_time`` prices them); a phase not split is
+    the device's whole (``cpu_energy_j`` leaves it out)."""
+    def share(ph, op):
+        return op if op is None or not s.split(ph) else split_counts(op, layer_ops, s.cpu.share)[part]
+    prefill = [step_work(share(ph, ph.op)) for ph in s.prefill]
+    decode = [step_work(share(ph, ph.op)) if ph.slope is None
+              else decode_total_work(share(ph, ph.op), share(ph, ph.slope), ph.steps) for ph in s.decode]
     return prefill, decode
 
 
 def cpu_energy_j(s: Schedule, layer_ops) -> np.ndarray:
     """Dynamic energy (J, [P]) of the host CPU's share of a run under a CPU layer split: its layers'
     work at the CPU preset's J/op and J/bit (``hwmodels.power``: its own TDP's or its class's
-    coefficients), once a step; 0 without a split. The host's floor is not modelled, as elsewhere."""
+    coefficients), once a step; 0 without a split. The host's floor is ``host_power_w``'s (``floor_w``)."""
     if s.cpu is None:
         return np.zeros(1)
     prefill, decode = _split_work(s, layer_ops, 1)
-    return sum(energy_j(w, s.cpu.system) for w in prefill + decode)
+    return sum(energy_j(w, s.cpu.system) for ph, w in zip(s.prefill + s.decode, prefill + decode) if s.split(ph))
 
 
 def run_energy(s: Schedule, *systems: SystemArrays, layer_ops=None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -183,10 +192,7 @@ def run_energy(s: Schedule, *systems: SystemArrays, layer_ops=None) -> list[tupl
     phase counted once for all): the tables are one tp rank's share of the whole model for one
     micro-batch, so each step counts its ranks x (micro-batches for a pipelined prefill) times;
     under a CPU layer split (``layer_ops``: which operators are per layer) the device's share only
-    (the CPU's: ``cpu_energy_j``); NaN where ``s.energy_unknown``."""
-    if s.energy_unknown:
-        nan = np.full(systems[0].size, np.nan)
-        return [(nan, nan) for _ in systems]
+    (the CPU's: ``cpu_energy_j``)."""
     prefill, decode = _split_work(s, layer_ops, 0)
     out = []
     for sys in systems:
@@ -251,9 +257,18 @@ def measured_only(sys: SystemArrays) -> SystemArrays:
     return sys if sys.energy_op_floor_j is None else sys.replaced(energy_op_j=sys.energy_op_floor_j)
 
 
+def floor_w(sys: SystemArrays) -> np.ndarray:
+    """Power drawn per device whatever the work, W, [P]: the device's static power (NaN where
+    unknown) plus the host server's share beyond the accelerators (``host_w``, ``host_power_w``;
+    0 where not given)."""
+    static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
+    return static if sys.host_w is None else static + sys.host_w
+
+
 def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, phases) -> dict:
     """Energy per token, average power of the system (W), tokens per joule and the power demand
-    of one device (W) of a run (or one second of a steady state) of a group's points, with
+    of one device (W) of a run (or one second of a steady state) of a group's points: the energy
+    the dynamic energy plus ``floor_w`` (static and host power) x devices x seconds, with
     ``over_tdp`` where a device would need more than its limit in some phase (``checked_demand_w``; ``phases``: the
     dynamic energy and seconds of each, the energy counted with ``measured_only``, so the demand
     is one the design cannot avoid; work in a class without a measured J/op of its own, such as
@@ -264,13 +279,14 @@ def power_and_energy(dynamic_j, seconds, tokens, devices, sys: SystemArrays, pha
     and may ask for more power than the chip has. The demand reported is at least the average
     power per device (an average lies below the largest of its phases; where the unmeasured work
     the average is charged for lifts it above the phases counted without it, the average is the
-    most demanding phase known)."""
+    most demanding phase known; the host's power, drawn outside the device, is in neither)."""
     static = sys.static_w if sys.static_w is not None else np.full(sys.size, np.nan)
-    out = energy_figures(dynamic_j, seconds, tokens, devices, static)
+    out = energy_figures(dynamic_j, seconds, tokens, devices, floor_w(sys))
     del out["energy_j"]
     demand = np.where(np.isnan(dynamic_j), np.nan, power_demand_w(phases, devices, static))
     with np.errstate(invalid="ignore"):
-        out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, out["power_w"] / devices))
+        own = out["power_w"] / devices - (0.0 if sys.host_w is None else sys.host_w)   # the device's average
+        out["power_demand_w"] = np.where(np.isnan(demand), np.nan, np.fmax(demand, own))
     tdp = sys.tdp_w if sys.tdp_w is not None else np.full(sys.size, np.nan)
     return {**out, "over_tdp": demand > tdp, "checked_demand_w": demand}
 
