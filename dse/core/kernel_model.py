@@ -73,8 +73,8 @@ Prefill attention (causal over s tokens, window w: 0 for none)::
     pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
     tiles    = b h ceil(s / rows);  waste = ceil(tiles / sms) sms / tiles
     compute  = 4 b h pairs d / (peak[fmt] top[fmt]) waste^alpha (1 + d_fill / d) (1 + s_fill / s)
-               (1 + r_fill / rows)        (a smaller tile: fewer FLOPs per byte the tensor cores
-                                           read from shared memory)
+               (1 + r_fill (1 / rows - 1 / 128))   (a tile smaller than 128 rows: fewer FLOPs per
+                                                    byte the tensor cores read from shared memory)
     memory   = b s (2 h + 2 hk) d e / (fm device)
     time     = (compute^p + memory^p)^(1/p) + floor                (floor as for decode)
 
@@ -411,13 +411,13 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
     pairs = s * wc - wc * wc / 2.0
     tiled = "r_fill" in prm                 # a model fitted before the shared-memory tile: 128 rows
     rows = attention_tile_rows(d, np.floor(e), hw.smem_bytes) if tiled else float(ATTN_TILE)
-    tiles = b * h * np.ceil(s / rows)
+    tiles = b * h * np.ceil(s / ATTN_TILE)
     waste = np.ceil(tiles / hw.sms) * hw.sms / tiles
     top = _per_format(prm["top"], codes)
     compute = (4.0 * b * h * pairs * d / (peak * top) * waste ** prm["alpha"]
                * (1.0 + prm["d_fill"] / d) * (1.0 + prm["s_fill"] / s))
     if tiled:
-        compute = compute * (1.0 + prm["r_fill"] / rows)
+        compute = compute * (1.0 + prm["r_fill"] * (1.0 / rows - 1.0 / ATTN_TILE))
     memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * _device_bandwidth(hw, prm))
     base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm)
     ideal = np.maximum(4.0 * b * h * pairs * d / peak, b * s * (2.0 * h + 2.0 * hk) * d * e / hw.bandwidth)
@@ -426,7 +426,7 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
              (_log2(wc / s), -7, 0, 1)]
     if prm.get("hardware_terms"):
         terms += _hardware_terms(hw)
-    if tiled:                               # the tile's rows, 16 to 128
+    if prm.get("tile_terms"):               # the tile's rows, 16 to 128
         terms += [(_log2(rows), 4, 7, 1)]
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
