@@ -140,6 +140,7 @@ def test_shipped_model_cites_its_hardware_and_source():
     assert "aiconfigurator-core" in MODEL["source"] and MODEL["date"] and MODEL["conditions"]
     for name, h in MODEL["hardware"].items():
         assert h["source"] and h["sms"] > 0 and h["bandwidth"] > 0, name
+        assert h["smem_bytes"] in (100 * 1024, 164 * 1024, 228 * 1024) and "Compute Capabilities" in h["source"], name
 
 
 def test_preset_with_tables_says_so():

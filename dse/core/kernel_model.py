@@ -71,7 +71,8 @@ Prefill attention (causal over s tokens, window w: 0 for none)::
                KV_STAGES buffers of K and V tiles (rows x d each, e bytes an element) fit the SM's
                shared memory: rows d e (1 + 2 KV_STAGES) <= smem_bytes   (FlashAttention's tiling)
     pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
-    tiles    = b h ceil(s / rows);  waste = ceil(tiles / sms) sms / tiles
+    tiles    = b h ceil(s / 128);  waste = ceil(tiles / sms) sms / tiles   (the waves: 128-row tiles; the
+               rows that fit in the wave count too transferred worse, leaving one GPU out 15.1 % / 50.8 %)
     compute  = 4 b h pairs d / (peak[fmt] top[fmt]) waste^alpha (1 + d_fill / d) (1 + s_fill / s)
                (1 + r_fill (1 / rows - 1 / 128))   (a tile smaller than 128 rows: fewer FLOPs per
                                                     byte the tensor cores read from shared memory)
@@ -426,8 +427,6 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
              (_log2(wc / s), -7, 0, 1)]
     if prm.get("hardware_terms"):
         terms += _hardware_terms(hw)
-    if prm.get("tile_terms"):               # the tile's rows, 16 to 128
-        terms += [(_log2(rows), 4, 7, 1)]
     return _corrected(base, terms, codes, len(GEMM_FORMATS), prm)
 
 
