@@ -327,3 +327,13 @@ def test_gddr_cards_large_head_prefill_within_the_stated_band():
     assert r.size >= 40
     assert 1.0 <= np.median(r) <= 1.45 and np.median(100 * np.abs(1 / r - 1)) <= 30, np.median(r)
     assert np.median(100 * np.abs(1 / ratio[~gddr & (rows.head_dim >= 192).to_numpy()] - 1)) <= 10
+
+
+def test_refit_of_one_kind_needs_the_model_it_refits_in(tmp_path, capsys):
+    """``--kind`` refits one operator kind inside the model file ``--out``: without that file, one
+    line naming it and exit 2, nothing written."""
+    out = tmp_path / "missing.yaml"
+    assert kt.main([str(tmp_path), "--out", str(out), "--kind", "context_attention"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "missing.yaml" in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
