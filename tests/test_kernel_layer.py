@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from dse.core import kernel_model as km
+from dse.core.efficiency import KernelHardware
 from dse.fit import kernel_tables as kt
 
 DATA = Path(__file__).parent / "data"
@@ -337,3 +338,14 @@ def test_refit_of_one_kind_needs_the_model_it_refits_in(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "missing.yaml" in err and "\n" not in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_evaluators_hardware_carries_the_shared_memory():
+    """``efficiency.KernelHardware`` (what ``evaluate`` hands the kernel layer) keeps each point's
+    shared memory through ``at``, ``take`` and ``model_hardware``, and defaults to SMEM_DEFAULT."""
+    peaks = np.full((2, 9), 989e12)                          # one peak a compute class (COMPUTE_CLASSES)
+    k = KernelHardware(peaks, np.array([3.35e12, 0.864e12]), np.array([132.0, 142.0]), np.array([5e7, 5e7]),
+                       np.array([228.0, 100.0]) * 1024)
+    assert k.at(1).smem_bytes == 100 * 1024 and list(k.take([1, 0]).smem_bytes) == [100 * 1024, 228 * 1024]
+    assert np.ravel(k.model_hardware().smem_bytes).tolist() == [228 * 1024, 100 * 1024]
+    assert KernelHardware((989e12,) * 9, 3.35e12, 132.0, 5e7).model_hardware().smem_bytes == km.SMEM_DEFAULT
