@@ -57,7 +57,10 @@ GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp
 #: (bytes, by compute capability: ``kernel_model.SMEM_SOURCE``), each with its source.
 #: (peaks, bandwidth and link bandwidth come from aiconfigurator's ``systems/<gpu>.yaml``; the compute
 #: capability from its ``sm_version``: 80 A100, 89 L40S, 90 H100/H200, 100 B200/GB200, 103 B300/GB300,
-#: 120 RTX PRO 6000.)
+#: 120 RTX PRO 6000.) The per-block maxima NVIDIA's CUTLASS builds against agree, each 1 KiB less than
+#: the SM's: sm90_smem_capacity_bytes = 232448 (include/cutlass/gemm/collective/builders/sm90_common.inl),
+#: sm100 232448 and sm120 101376 (include/cutlass/arch/arch.h), and the CUTLASS Python DSL's
+#: SmemCapacity: SM80 (164 - 1) KiB, SM86 and SM89 (100 - 1) KiB.
 SMEM_KB = {80: 164, 89: 100, 90: 228, 100: 228, 103: 228, 120: 100}
 GPU_FEATURES = {
     "a100_sxm": dict(sms=108, l2_bytes=40 * 2**20, smem_bytes=SMEM_KB[80] * 1024,
