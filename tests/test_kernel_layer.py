@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from dse.core import kernel_model as km
+from dse.core.efficiency import KernelHardware
 from dse.fit import kernel_tables as kt
 
 DATA = Path(__file__).parent / "data"
@@ -140,6 +141,7 @@ def test_shipped_model_cites_its_hardware_and_source():
     assert "aiconfigurator-core" in MODEL["source"] and MODEL["date"] and MODEL["conditions"]
     for name, h in MODEL["hardware"].items():
         assert h["source"] and h["sms"] > 0 and h["bandwidth"] > 0, name
+        assert h["smem_bytes"] in (100 * 1024, 164 * 1024, 228 * 1024) and "Compute Capabilities" in h["source"], name
 
 
 def test_preset_with_tables_says_so():
@@ -271,3 +273,79 @@ def test_recorded_transfer_figures_sit_beside_the_others(tmp_path):
     assert after["transfer"]["gemm leave one engine version out"] == figures["gemm leave one engine version out"]
     assert after["parameters"] == MODEL["parameters"]
     assert set(MODEL["transfer"]) <= set(after["transfer"])
+
+
+def test_prefill_tile_rows_are_what_fits_the_shared_memory():
+    """The tile's query rows: the largest power of two in [16, 128] with rows x d x e x (1 + 2 x 2)
+    bytes (a Q tile and two stages of K and V tiles) within the SM's shared memory (CUDA C++
+    Programming Guide: 100 KB per SM at compute capability 8.9 and 12.0, 228 KB at 9.0 and 10.0)."""
+    small, large = 100 * 1024, 228 * 1024
+    # 100 KB / (256 x 2 x 5) = 40 rows -> 32; 228 KB / 2560 = 91 -> 64; FP8 halves the bytes: twice the rows
+    assert km.attention_tile_rows(256, 2, small) == 32 and km.attention_tile_rows(256, 2, large) == 64
+    assert km.attention_tile_rows(256, 1, small) == 64 and km.attention_tile_rows(128, 2, small) == 64
+    assert km.attention_tile_rows(128, 2, large) == 128 and km.attention_tile_rows(64, 2, small) == 128
+    assert km.attention_tile_rows(4096, 2, 1024) == 16                      # never below the smallest tile
+    # the measured GPUs' shared memory by compute capability (kernel_tables.GPU_FEATURES)
+    assert {g: f["smem_bytes"] // 1024 for g, f in kt.GPU_FEATURES.items() if g in ("l40s", "rtx_pro_6000_server",
+            "h100_sxm", "b200_sxm", "a100_sxm")} == {"l40s": 100, "rtx_pro_6000_server": 100, "h100_sxm": 228,
+                                                      "b200_sxm": 228, "a100_sxm": 164}
+
+
+def test_a_template_design_defaults_to_hoppers_shared_memory():
+    """hardware_of without a shared-memory figure takes SMEM_DEFAULT, 228 KB (compute capability 9.0
+    and 10.0); a given figure is kept."""
+    assert km.hardware_of(989e12, 1979e12, 1979e12, 3.35e12).smem_bytes == 228 * 1024
+    assert km.hardware_of(989e12, 1979e12, 1979e12, 3.35e12, smem_bytes=100 * 1024).smem_bytes == 100 * 1024
+
+
+def test_large_heads_on_small_shared_memory_run_slower_and_small_heads_do_not():
+    """Two GPUs alike but for the shared memory (100 KB against 228 KB a SM): a head size of 256
+    prefills slower on the smaller one (smaller tiles), a head size of 64 (128-row tiles on both)
+    takes the same time; a model fitted before the feature (no r_fill) reads no shared memory."""
+    prm = PRM["context_attention"]
+    if "r_fill" not in prm:
+        pytest.skip("the shipped model has no shared-memory tile")
+    hw = {kb: km.hardware_of(989e12, 1979e12, 1979e12, 3.35e12, sms=132, l2_bytes=50 * 2**20,
+                             smem_bytes=kb * 1024) for kb in (100, 228)}
+    t = {kb: km.context_attention_time(16, 8192, 32, 8, np.array([64.0, 256.0]), "bf16", h, prm) for kb, h in hw.items()}
+    assert t[100][0] == pytest.approx(t[228][0], rel=1e-12)
+    assert t[100][1] > 1.1 * t[228][1]
+    old = {k: v for k, v in prm.items() if k != "r_fill"}
+    assert km.context_attention_time(16, 8192, 32, 8, 256, "bf16", hw[100], {**old, "correction": None}) == \
+        pytest.approx(km.context_attention_time(16, 8192, 32, 8, 256, "bf16", hw[228], {**old, "correction": None}))
+
+
+def test_gddr_cards_large_head_prefill_within_the_stated_band():
+    """L40S and RTX PRO 6000 (100 KB of shared memory a SM) prefilling with head sizes 192-256 at
+    batch x length >= 4096 (41 rows of the sample): the tables measure them at a median 1.36x the
+    shipped model (1.73x before the shared-memory tile), median APE at most 30 % (42 % before);
+    the HBM GPUs' rows of the same head sizes stay at a median APE under 10 %."""
+    rows = _rows("context_attention")
+    ratio = rows.seconds.to_numpy() / kt.predict_rows("context_attention", rows, HW_TABLE, PRM["context_attention"])
+    gddr = rows.gpu.isin(["l40s", "rtx_pro_6000_server"]).to_numpy()
+    large = ((rows.head_dim >= 192) & (rows.batch * rows.length >= 4096)).to_numpy()
+    r = ratio[gddr & large]
+    assert r.size >= 40
+    assert 1.0 <= np.median(r) <= 1.45 and np.median(100 * np.abs(1 / r - 1)) <= 30, np.median(r)
+    assert np.median(100 * np.abs(1 / ratio[~gddr & (rows.head_dim >= 192).to_numpy()] - 1)) <= 10
+
+
+def test_refit_of_one_kind_needs_the_model_it_refits_in(tmp_path, capsys):
+    """``--kind`` refits one operator kind inside the model file ``--out``: without that file, one
+    line naming it and exit 2, nothing written."""
+    out = tmp_path / "missing.yaml"
+    assert kt.main([str(tmp_path), "--out", str(out), "--kind", "context_attention"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "missing.yaml" in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_the_evaluators_hardware_carries_the_shared_memory():
+    """``efficiency.KernelHardware`` (what ``evaluate`` hands the kernel layer) keeps each point's
+    shared memory through ``at``, ``take`` and ``model_hardware``, and defaults to SMEM_DEFAULT."""
+    peaks = np.full((2, 9), 989e12)                          # one peak a compute class (COMPUTE_CLASSES)
+    k = KernelHardware(peaks, np.array([3.35e12, 0.864e12]), np.array([132.0, 142.0]), np.array([5e7, 5e7]),
+                       np.array([228.0, 100.0]) * 1024)
+    assert k.at(1).smem_bytes == 100 * 1024 and list(k.take([1, 0]).smem_bytes) == [100 * 1024, 228 * 1024]
+    assert np.ravel(k.model_hardware().smem_bytes).tolist() == [228 * 1024, 100 * 1024]
+    assert KernelHardware((989e12,) * 9, 3.35e12, 132.0, 5e7).model_hardware().smem_bytes == km.SMEM_DEFAULT

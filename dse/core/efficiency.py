@@ -102,6 +102,7 @@ from basis.yamlfile import load_yaml
 from dse.core.kernel_model import (
     GEMM_FORMATS,
     OUT_BYTES,
+    SMEM_DEFAULT,
     Hardware,
     achieved_fractions,
     context_attention_time,
@@ -261,6 +262,7 @@ class KernelHardware:
     bandwidth: float | np.ndarray
     sms: float | np.ndarray
     l2_bytes: float | np.ndarray
+    smem_bytes: float | np.ndarray = float(SMEM_DEFAULT)     # shared memory per SM (the prefill tile)
 
     @property
     def per_point(self) -> bool:
@@ -268,7 +270,7 @@ class KernelHardware:
         return np.ndim(self.bandwidth) > 0
 
     def _key(self):
-        return id(self) if self.per_point else (self.peaks, self.bandwidth, self.sms, self.l2_bytes)
+        return id(self) if self.per_point else (self.peaks, self.bandwidth, self.sms, self.l2_bytes, self.smem_bytes)
 
     def __eq__(self, other):
         return isinstance(other, KernelHardware) and self._key() == other._key()
@@ -281,14 +283,15 @@ class KernelHardware:
         if not self.per_point:
             return self
         return KernelHardware(tuple(float(x) for x in self.peaks[j]), float(self.bandwidth[j]), float(self.sms[j]),
-                              float(self.l2_bytes[j]))
+                              float(self.l2_bytes[j]), float(np.broadcast_to(self.smem_bytes, np.shape(self.sms))[j]))
 
     def take(self, idx) -> KernelHardware:
         """The hardware of points ``idx`` (of a per-point description; this one otherwise)."""
         if not self.per_point:
             return self
         return KernelHardware(np.asarray(self.peaks)[idx], np.asarray(self.bandwidth)[idx],
-                              np.asarray(self.sms)[idx], np.asarray(self.l2_bytes)[idx])
+                              np.asarray(self.sms)[idx], np.asarray(self.l2_bytes)[idx],
+                              np.broadcast_to(self.smem_bytes, np.shape(self.sms))[idx])
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(peaks [C] or [P, 1, C], bandwidth a number or [P, 1]): shaped to broadcast over operators."""
@@ -300,10 +303,11 @@ class KernelHardware:
         fp4 columns (per point: [P, 1] arrays)."""
         p, bw = self.arrays()
         sms, l2 = (np.asarray(x, dtype=float) for x in (self.sms, self.l2_bytes))
+        smem = np.broadcast_to(np.asarray(self.smem_bytes, dtype=float), sms.shape)
         if self.per_point:
-            sms, l2 = sms[:, None], l2[:, None]
+            sms, l2, smem = sms[:, None], l2[:, None], smem[:, None]
         return hardware_of(p[..., _COLUMN_OF["bf16"]], p[..., _COLUMN_OF["fp8"]], p[..., _COLUMN_OF["fp4"]], bw,
-                           sms=sms, l2_bytes=l2)
+                           sms=sms, l2_bytes=l2, smem_bytes=smem)
 
 
 #: index of each compute class among the peak columns
@@ -352,7 +356,7 @@ def kernel_fractions(op, eff: Efficiency) -> tuple[np.ndarray, np.ndarray]:
 
     def hw(mask):                               # the hardware of the entries ``mask`` selects
         return Hardware.of(**{f: np.broadcast_to(getattr(hw_all, f), shape)[mask]
-                              for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes")})
+                              for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes", "smem_bytes")})
     prm = load_kernel_model()["parameters"]
     time = nan.copy()
     ideal = nan.copy()

@@ -13,6 +13,7 @@ measured (a template design) is priced through its features alone:
     l2_bytes                  on-chip last-level cache, bytes
     link_bandwidth            scale-up link per direction, bytes/s
     link_latency              link latency of one hop, s
+    smem_bytes                shared memory one SM can give a kernel, bytes (the prefill-attention tile)
 
 GEMM (m x k by k x n, format ``fmt``)::
 
@@ -66,9 +67,15 @@ Decode attention (b sequences, s cached tokens each, h query and hk K/V heads of
 
 Prefill attention (causal over s tokens, window w: 0 for none)::
 
+    rows     = the query rows of one tile: the largest power of two in [16, 128] whose Q tile and
+               KV_STAGES buffers of K and V tiles (rows x d each, e bytes an element) fit the SM's
+               shared memory: rows d e (1 + 2 KV_STAGES) <= smem_bytes   (FlashAttention's tiling)
     pairs    = s^2 / 2 (causal; s w - w^2 / 2 with a window below s)
-    tiles    = b h ceil(s / 128);  waste = ceil(tiles / sms) sms / tiles
+    tiles    = b h ceil(s / 128);  waste = ceil(tiles / sms) sms / tiles   (the waves: 128-row tiles; the
+               rows that fit in the wave count too transferred worse, leaving one GPU out 15.1 % / 50.8 %)
     compute  = 4 b h pairs d / (peak[fmt] top[fmt]) waste^alpha (1 + d_fill / d) (1 + s_fill / s)
+               (1 + r_fill (1 / rows - 1 / 128))   (a tile smaller than 128 rows: fewer FLOPs per
+                                                    byte the tensor cores read from shared memory)
     memory   = b s (2 h + 2 hk) d e / (fm device)
     time     = (compute^p + memory^p)^(1/p) + floor                (floor as for decode)
 
@@ -85,8 +92,8 @@ so that the correction is flat beyond it (a huge GEMM keeps the base's closed fo
 kinds' corrections also have the SM's terms (dense 16-bit ops/s and memory bytes/s per SM), the
 collectives' the link's (its bandwidth, and log2 n x its slowness: GPUs on a host-bridged bus
 share it). A parameter a model lacks (a model fitted before it: ``bw_sm``, ``t0_exp``, ``l2_sm``,
-``quant``) drops its term: ``device`` is the bandwidth, the floor ``t0``, the cache's bandwidth
-``l2_ratio`` x peak_16, no quantization pass.
+``quant``, ``r_fill``) drops its term: ``device`` is the bandwidth, the floor ``t0``, the cache's
+bandwidth ``l2_ratio`` x peak_16, no quantization pass, every prefill tile 128 rows.
 """
 from __future__ import annotations
 
@@ -113,8 +120,24 @@ OUT_BYTES = 2.0
 TILE_N, TILE_M_MAX, TILE_M_MIN = 128, 128, 16
 #: the least depth (k) of one split of a split-K GEMM
 K_SPLIT = 512
-#: query rows per prefill-attention tile
-ATTN_TILE = 128
+#: the most and fewest query rows of one prefill-attention tile
+ATTN_TILE, ATTN_TILE_MIN = 128, 16
+#: K/V tile buffers a prefill-attention kernel keeps in shared memory besides its Q tile (double
+#: buffering: one pair loading while the other is used, as FlashAttention-2/3's pipelines do)
+KV_STAGES = 2
+#: shared memory per SM of a design that gives none, bytes: 228 KB, the largest configurable shared
+#: memory per SM of compute capabilities 9.0 (H100, H200) and 10.0 (B200, GB200, B300, GB300)
+#: (SMEM_SOURCE). Chosen because every HBM datacenter GPU of the last two generations has it, the class
+#: a template design is drawn from; with it a template's prefill tiles are as Hopper's / Blackwell's
+#: (128 rows up to head size 128). A GDDR-class design (100 KB) should say so.
+SMEM_DEFAULT = 228 * 1024
+SMEM_SOURCE = ("NVIDIA CUDA C++ Programming Guide, 'Compute Capabilities' "
+               "(docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/compute-capabilities.html), "
+               "technical specifications: maximum shared memory per SM 164 KB (8.0), 100 KB (8.6, 8.9, 12.0), "
+               "228 KB (9.0, 10.0, 10.3); per-architecture tuning guides (Ampere, section 'Unified Shared "
+               "Memory/L1/Texture Cache': A100 up to 164 KB, 8.6 up to 100 KB); CUTLASS "
+               "include/cutlass/arch/arch.h: sm100_smem_capacity_bytes = 232448 (227 KiB a block, 228 KiB per "
+               "SM less 1 KiB reserved), sm120_smem_capacity_bytes = 101376 (99 KiB, 100 KiB less 1)")
 #: the most query heads per K/V head the grouped decode-attention kernel takes (beyond: the per-head
 #: fallback, ``generation_attention_time``); the cliff in the measured tables lies between 32 and 48
 GROUPED_HEADS_MAX = 32
@@ -138,6 +161,7 @@ class Hardware:
     l2_bytes: np.ndarray
     link_bandwidth: np.ndarray | float = np.nan
     link_latency: np.ndarray | float = np.nan
+    smem_bytes: np.ndarray | float = float(SMEM_DEFAULT)
 
     @classmethod
     def of(cls, **values) -> Hardware:
@@ -366,6 +390,15 @@ def generation_attention_time(batch, kv_len, heads, kv_heads, head_dim, kv_bytes
     return _corrected(base, terms, (e < 2).astype(int), 2, prm)
 
 
+def attention_tile_rows(head_dim, elem_bytes, smem_bytes) -> np.ndarray:
+    """Query rows of one prefill-attention tile (module docstring): the largest power of two in
+    [ATTN_TILE_MIN, ATTN_TILE] whose Q tile and KV_STAGES K and V tiles of ``head_dim`` elements of
+    ``elem_bytes`` each fit ``smem_bytes`` of shared memory."""
+    per_row = np.asarray(head_dim, dtype=float) * np.asarray(elem_bytes, dtype=float) * (1.0 + 2.0 * KV_STAGES)
+    fit = np.floor(np.log2(np.maximum(np.asarray(smem_bytes, dtype=float) / per_row, 1.0)))
+    return np.clip(2.0 ** fit, ATTN_TILE_MIN, ATTN_TILE)
+
+
 def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: Hardware, prm: dict,
                            window=0) -> np.ndarray:
     """Seconds of one causal prefill-attention kernel over ``seq_len`` tokens of each of ``batch``
@@ -377,11 +410,15 @@ def context_attention_time(batch, seq_len, heads, kv_heads, head_dim, fmt, hw: H
     e = np.array([b_ for _, b_ in GEMM_FORMATS.values()])[codes]
     wc = np.where((w > 0) & (w < s), w, s)
     pairs = s * wc - wc * wc / 2.0
+    tiled = "r_fill" in prm                 # a model fitted before the shared-memory tile: 128 rows
+    rows = attention_tile_rows(d, np.floor(e), hw.smem_bytes) if tiled else float(ATTN_TILE)
     tiles = b * h * np.ceil(s / ATTN_TILE)
     waste = np.ceil(tiles / hw.sms) * hw.sms / tiles
     top = _per_format(prm["top"], codes)
     compute = (4.0 * b * h * pairs * d / (peak * top) * waste ** prm["alpha"]
                * (1.0 + prm["d_fill"] / d) * (1.0 + prm["s_fill"] / s))
+    if tiled:
+        compute = compute * (1.0 + prm["r_fill"] * (1.0 / rows - 1.0 / ATTN_TILE))
     memory = b * s * (2.0 * h + 2.0 * hk) * d * e / (prm["fm"] * _device_bandwidth(hw, prm))
     base = _softmax(compute, memory, prm["p"]) + _floor(prm["t0"], hw, prm)
     ideal = np.maximum(4.0 * b * h * pairs * d / peak, b * s * (2.0 * h + 2.0 * hk) * d * e / hw.bandwidth)
@@ -462,7 +499,8 @@ def measured_hardware(name: str, model: dict | None = None) -> Hardware:
         raise DseError(f"kernel model: no measured GPU '{name}'; known: {', '.join(table)}")
     h = table[name]
     return Hardware.of(**{f: h[f] for f in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes",
-                                          "link_bandwidth", "link_latency")})
+                                          "link_bandwidth", "link_latency")},
+                       smem_bytes=h.get("smem_bytes", SMEM_DEFAULT))
 
 
 # ---- for the evaluator ----------------------------------------------------------------------------
@@ -477,14 +515,16 @@ OPS_PER_SM = 989.4e12 / 132
 
 
 def hardware_of(peak_16, peak_8, peak_4, bandwidth, sms=None, l2_bytes=0.0, link_bandwidth=np.nan,
-                link_latency=np.nan) -> Hardware:
+                link_latency=np.nan, smem_bytes=SMEM_DEFAULT) -> Hardware:
     """A Hardware for design points (arrays over points): ``sms`` None estimates the SM count as
-    peak_16 / OPS_PER_SM; ``l2_bytes`` 0 (unknown) gives no cache hits (the conservative side)."""
+    peak_16 / OPS_PER_SM; ``l2_bytes`` 0 (unknown) gives no cache hits (the conservative side);
+    ``smem_bytes`` (shared memory per SM, bytes) defaults to SMEM_DEFAULT, Hopper's and datacenter
+    Blackwell's 228 KB."""
     p16 = np.asarray(peak_16, dtype=float)
     sms = np.maximum(np.round(p16 / OPS_PER_SM), 1.0) if sms is None else sms
     return Hardware.of(peak_16=p16, peak_8=peak_8, peak_4=peak_4, bandwidth=bandwidth, sms=sms,
                        l2_bytes=np.maximum(np.asarray(l2_bytes, dtype=float), 1.0), link_bandwidth=link_bandwidth,
-                       link_latency=link_latency)
+                       link_latency=link_latency, smem_bytes=smem_bytes)
 
 
 def source_of(preset: str | None, model: dict | None = None) -> str:

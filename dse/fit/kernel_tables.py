@@ -31,6 +31,8 @@ from dse.core.kernel_model import (
     COLLECTIVES,
     GEMM_FORMATS,
     KERNEL_MODEL_FILE,
+    SMEM_DEFAULT,
+    SMEM_SOURCE,
     Hardware,
     collective_time,
     context_attention_time,
@@ -51,27 +53,48 @@ EVAL_ROWS = 5000
 #: aiconfigurator's gemm_dtype -> our GEMM format
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 
-#: What the tables' system YAML does not give: SM count and L2 size (bytes), each with its source.
-#: (peaks, bandwidth and link bandwidth come from aiconfigurator's ``systems/<gpu>.yaml``.)
+#: What the tables' system YAML does not give: SM count, L2 size (bytes) and shared memory per SM
+#: (bytes, by compute capability: ``kernel_model.SMEM_SOURCE``), each with its source.
+#: (peaks, bandwidth and link bandwidth come from aiconfigurator's ``systems/<gpu>.yaml``; the compute
+#: capability from its ``sm_version``: 80 A100, 89 L40S, 90 H100/H200, 100 B200/GB200, 103 B300/GB300,
+#: 120 RTX PRO 6000.) The per-block maxima NVIDIA's CUTLASS builds against agree, each 1 KiB less than
+#: the SM's: sm90_smem_capacity_bytes = 232448 (include/cutlass/gemm/collective/builders/sm90_common.inl),
+#: sm100 232448 and sm120 101376 (include/cutlass/arch/arch.h), and the CUTLASS Python DSL's
+#: SmemCapacity: SM80 (164 - 1) KiB, SM86 and SM89 (100 - 1) KiB.
+SMEM_KB = {80: 164, 89: 100, 90: 228, 100: 228, 103: 228, 120: 100}
 GPU_FEATURES = {
-    "a100_sxm": dict(sms=108, l2_bytes=40 * 2**20, source="NVIDIA A100 Tensor Core GPU Architecture whitepaper "
-                     "(2020): A100 SXM4, 108 SMs, 40 MB L2"),
-    "h100_sxm": dict(sms=132, l2_bytes=50 * 2**20, source="NVIDIA H100 Tensor Core GPU Architecture whitepaper "
-                     "(2022): H100 SXM5, 132 SMs, 50 MB L2"),
-    "h200_sxm": dict(sms=132, l2_bytes=50 * 2**20, source="the H100 SXM5 configuration of the GH100 die (132 SMs, "
-                     "50 MB L2; H100 whitepaper), which H200 keeps with HBM3e memory"),
-    "b200_sxm": dict(sms=148, l2_bytes=126 * 2**20, source="Chips and Cheese, 'Nvidia's B200: Keeping the CUDA "
-                     "Juggernaut Rolling' (2025): 74 of 80 SMs per die enabled, 148 SMs; L2 126 MB"),
-    "gb200": dict(sms=148, l2_bytes=126 * 2**20, source="the B200 GPU's configuration (Chips and Cheese 2025); "
-                  "GB200 pairs that GPU with a Grace CPU (assumed the same SM count and L2)"),
-    "b300_sxm": dict(sms=160, l2_bytes=126 * 2**20, source="NVIDIA 'Inside NVIDIA Blackwell Ultra' (Hot Chips "
+    "a100_sxm": dict(sms=108, l2_bytes=40 * 2**20, smem_bytes=SMEM_KB[80] * 1024,
+                     source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): A100 SXM4, 108 SMs, "
+                     "40 MB L2; shared memory 164 KB per SM (compute capability 8.0)"),
+    "h100_sxm": dict(sms=132, l2_bytes=50 * 2**20, smem_bytes=SMEM_KB[90] * 1024,
+                     source="NVIDIA H100 Tensor Core GPU Architecture whitepaper "
+                     "(2022): H100 SXM5, 132 SMs, 50 MB L2; shared memory 228 KB per SM (compute capability 9.0)"),
+    "h200_sxm": dict(sms=132, l2_bytes=50 * 2**20, smem_bytes=SMEM_KB[90] * 1024,
+                     source="the H100 SXM5 configuration of the GH100 die (132 SMs, "
+                     "50 MB L2; H100 whitepaper), which H200 keeps with HBM3e memory; 228 KB shared memory per SM "
+                     "(compute capability 9.0)"),
+    "b200_sxm": dict(sms=148, l2_bytes=126 * 2**20, smem_bytes=SMEM_KB[100] * 1024,
+                     source="Chips and Cheese, 'Nvidia's B200: Keeping the CUDA "
+                     "Juggernaut Rolling' (2025): 74 of 80 SMs per die enabled, 148 SMs; L2 126 MB; 228 KB shared "
+                     "memory per SM (compute capability 10.0)"),
+    "gb200": dict(sms=148, l2_bytes=126 * 2**20, smem_bytes=SMEM_KB[100] * 1024,
+                  source="the B200 GPU's configuration (Chips and Cheese 2025); "
+                  "GB200 pairs that GPU with a Grace CPU (assumed the same SM count and L2); 228 KB shared memory per "
+                  "SM (compute capability 10.0)"),
+    "b300_sxm": dict(sms=160, l2_bytes=126 * 2**20, smem_bytes=SMEM_KB[103] * 1024,
+                     source="NVIDIA 'Inside NVIDIA Blackwell Ultra' (Hot Chips "
                      "2025, reported by TweakTown 2025-08-26): 160 SMs; L2 not published there, taken as "
-                     "B200's 126 MB (assumption)"),
-    "gb300": dict(sms=160, l2_bytes=126 * 2**20, source="as b300_sxm (Blackwell Ultra GPU with a Grace CPU)"),
-    "l40s": dict(sms=142, l2_bytes=48 * 2**20, source="TechPowerUp GPU database entry for L40S (AD102): SM count "
-                 "142, L2 48 MB (as reproduced on computizer.com's L40S product page)"),
-    "rtx_pro_6000_server": dict(sms=188, l2_bytes=128 * 2**20, source="NVIDIA GTC 2025 RTX PRO 6000 Blackwell "
-                                "announcement as reported by topcpu.net (2025-03): 188 of GB202's 192 SMs, 128 MB L2"),
+                     "B200's 126 MB (assumption); 228 KB shared memory per SM (compute capability 10.3)"),
+    "gb300": dict(sms=160, l2_bytes=126 * 2**20, smem_bytes=SMEM_KB[103] * 1024,
+                  source="as b300_sxm (Blackwell Ultra GPU with a Grace CPU)"),
+    "l40s": dict(sms=142, l2_bytes=48 * 2**20, smem_bytes=SMEM_KB[89] * 1024,
+                 source="TechPowerUp GPU database entry for L40S (AD102): SM count "
+                 "142, L2 48 MB (as reproduced on computizer.com's L40S product page); 100 KB shared memory per SM "
+                 "(compute capability 8.9)"),
+    "rtx_pro_6000_server": dict(sms=188, l2_bytes=128 * 2**20, smem_bytes=SMEM_KB[120] * 1024,
+                                source="NVIDIA GTC 2025 RTX PRO 6000 Blackwell "
+                                "announcement as reported by topcpu.net (2025-03): 188 of GB202's 192 SMs, 128 MB L2; "
+                                "100 KB shared memory per SM (compute capability 12.0)"),
 }
 TABLES_SOURCE = ("aiconfigurator-core 0.12.0 (PyPI wheel, Apache-2.0, NVIDIA): "
                  "aiconfigurator_core/systems/data/<gpu>/<op>/<engine>/<version>/*.parquet, "
@@ -209,8 +232,9 @@ def moe_block_time(m, groups, hidden, inter, fmt, hw: Hardware, prm: dict) -> np
 def _hw_rows(df: pd.DataFrame, hw: pd.DataFrame) -> Hardware:
     """The Hardware of each row's GPU (arrays aligned with ``df``)."""
     h = hw.loc[df.gpu.to_numpy()]
+    smem = h["smem_bytes"].to_numpy() if "smem_bytes" in h else SMEM_DEFAULT   # a table written before it
     return Hardware.of(**{c: h[c].to_numpy() for c in ("peak_16", "peak_8", "peak_4", "bandwidth", "sms", "l2_bytes",
-                                                       "link_bandwidth", "link_latency")})
+                                                       "link_bandwidth", "link_latency")}, smem_bytes=smem)
 
 
 def predict_rows(kind: str, df: pd.DataFrame, hw: pd.DataFrame, prm: dict) -> np.ndarray:
@@ -267,7 +291,9 @@ SPECS = {
                              (("v_sm",), 4.5e10, 1e9, 1e12)],
     "context_attention": [(("top", "bf16"), 0.6, 0.1, 1.0), (("top", "fp8"), 0.5, 0.1, 1.0), (("fm",), 0.8, 0.1, 1.0),
                           (("alpha",), 0.5, 0.01, 1.0), (("d_fill",), 32.0, 0.1, 1e3), (("s_fill",), 64.0, 0.1, 1e4),
-                          (("p",), 3.0, 1.0, 20.0), (("t0",), 1e-5, 1e-7, 1e-4), _BW_SM, _T0_EXP],
+                          (("p",), 3.0, 1.0, 20.0), (("t0",), 1e-5, 1e-7, 1e-4), _BW_SM, _T0_EXP,
+                          # the tile's rows its shared memory allows: compute x (1 + r_fill / rows)
+                          (("r_fill",), 16.0, 0.1, 1e3)],
     "collective": [((op, key), start, lo, hi) for op in COLLECTIVES
                    for key, start, lo, hi in (("f", 0.7, 0.05, 1.5), ("lat0", 1e-5, 1e-7, 1e-3),
                                               ("lat_hop", 2e-6, 1e-8, 1e-3))],
@@ -418,13 +444,17 @@ def band(ratios: np.ndarray, coverage: float = 0.9) -> dict:
 
 # ---- the command ------------------------------------------------------------------------------
 
-def read_all(root: Path, engine=ENGINE, gpus=GPUS) -> dict:
-    """Every kind's rows of ``engine`` (collectives: each GPU's newest NCCL) on ``gpus``."""
-    return {"gemm": read_gemm(root, gpus, engine),
-            "generation_attention": read_attention(root, "generation", gpus, engine),
-            "context_attention": read_attention(root, "context", gpus, engine),
-            "collective": read_collectives(root, gpus),
-            "grouped_gemm": read_moe(root, gpus, engine)}
+#: each kind's reader of one engine's rows on some GPUs (collectives: each GPU's newest NCCL)
+READERS = {"gemm": read_gemm,
+           "generation_attention": lambda root, gpus, engine: read_attention(root, "generation", gpus, engine),
+           "context_attention": lambda root, gpus, engine: read_attention(root, "context", gpus, engine),
+           "collective": lambda root, gpus, engine: read_collectives(root, gpus),
+           "grouped_gemm": read_moe}
+
+
+def read_all(root: Path, engine=ENGINE, gpus=GPUS, kinds=tuple(READERS)) -> dict:
+    """Every kind's rows (of ``kinds``) of ``engine`` (collectives: each GPU's newest NCCL) on ``gpus``."""
+    return {kind: READERS[kind](root, gpus, engine) for kind in kinds}
 
 
 def fit_all(tables: dict, hw: pd.DataFrame, fit_rows: int = 6000) -> dict:
@@ -436,6 +466,34 @@ def fit_all(tables: dict, hw: pd.DataFrame, fit_rows: int = 6000) -> dict:
     return out
 
 
+def _hardware_doc(hw: pd.DataFrame) -> dict:
+    return {g: {**{k: float(v) for k, v in row.items()}, "source": GPU_FEATURES[g]["source"]
+                + "; peaks, bandwidth and link bandwidth: aiconfigurator systems/" + g + ".yaml"
+                + "; shared memory per SM: " + SMEM_SOURCE}
+            for g, row in hw.iterrows()}
+
+
+def _write(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# The kernel layer's fitted coefficients (dse.core.kernel_model), written by\n"
+                    "# python -m dse.fit.kernel_tables. Do not edit by hand: refit.\n"
+                    + yaml.safe_dump(doc, sort_keys=False, width=110))
+
+
+def _refit_one(kind: str, out: Path, doc: dict, params: dict, record: dict, transfer: dict, hw: pd.DataFrame) -> None:
+    """Write ``kind``'s refit into the model ``doc`` (read from ``out``): its parameters, fit error,
+    transfer figures and band replaced, the hardware table rewritten, every other kind as it was."""
+    doc["parameters"][kind] = params[kind]
+    doc["hardware"] = _hardware_doc(hw)
+    doc.setdefault("fit_error", {})[kind] = record[kind]
+    doc.setdefault("transfer", {}).update(transfer)
+    for k, v in transfer.items():
+        if "band" in v:
+            doc.setdefault("bands", {})[kind] = dict(v["band"])
+    doc["date"] = _dt.date.today().isoformat()
+    _write(out, doc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dse.fit.kernel_tables", description=__doc__.split("\n\n")[0])
     ap.add_argument("systems", help="aiconfigurator_core/systems folder (the tables and the GPUs' YAML)")
@@ -444,11 +502,22 @@ def main(argv=None) -> int:
                          f"{KERNEL_MODEL_FILE.name} in configs/)")
     ap.add_argument("--transfer", action="store_true", help="also measure leave-one-GPU-out transfer (slow)")
     ap.add_argument("--fit-rows", type=int, default=6000, help="rows per GPU each fit uses (default 6000)")
+    ap.add_argument("--kind", choices=list(READERS),
+                    help="refit this operator kind only, in the model file --out (which must exist), every other "
+                         "kind kept as it is")
     a = ap.parse_args(argv)
     root = Path(a.systems)
     try:
+        if a.kind:
+            out = Path(a.out)
+            try:
+                doc = yaml.safe_load(out.read_text())
+            except (OSError, yaml.YAMLError) as e:
+                raise DseError(f"{out}: cannot read the model to refit '{a.kind}' in ({type(e).__name__})") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("parameters"), dict):
+                raise DseError(f"{out}: expected a kernel model with 'parameters'")
         hw = hardware_table(root)
-        tables = read_all(root)
+        tables = read_all(root, kinds=(a.kind,) if a.kind else tuple(READERS))
         params = fit_all(tables, hw, a.fit_rows)
         print("fitted", file=sys.stderr, flush=True)
         record = {kind: _figures(ape(predict_rows(kind, d, hw, params[kind]), d.seconds.to_numpy()))
@@ -461,34 +530,29 @@ def main(argv=None) -> int:
                 transfer[f"{kind} leave one {'GPU count' if col == 'gpus' else 'GPU'} out"] = leave_one_out(
                     kind, df, hw, col, fit_rows=min(a.fit_rows, 1500), start=params[kind])
             for eng in OTHER_ENGINES:
-                others = {"gemm": read_gemm(root, GPUS, eng),
-                          "generation_attention": read_attention(root, "generation", GPUS, eng),
-                          "context_attention": read_attention(root, "context", GPUS, eng)}
-                for kind, other in others.items():
-                    other = sample(other, EVAL_ROWS, seed=1)
+                for kind in (k for k in ENGINE_KINDS if k in tables):
+                    other = sample(READERS[kind](root, GPUS, eng), EVAL_ROWS, seed=1)
                     e = ape(predict_rows(kind, other, hw, params[kind]), other.seconds.to_numpy())
                     transfer[f"{kind} on {eng[0]} {eng[1]} (fitted on {ENGINE[0]} {ENGINE[1]})"] = _figures(e)
     except DseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    doc = {
-        "source": TABLES_SOURCE,
-        "fitted_on": f"{ENGINE[0]} {ENGINE[1]} tables of {', '.join(GPUS)}; collectives: each GPU's newest NCCL",
-        "date": _dt.date.today().isoformat(),
-        "conditions": f"robust (soft-L1) least squares of log(predicted/measured), at most {a.fit_rows} rows per "
-                      "GPU and kind (fixed seed); beam width 1; 16-bit NCCL messages",
-        "parameters": params,
-        "hardware": {g: {**{k: float(v) for k, v in row.items()}, "source": GPU_FEATURES[g]["source"]
-                         + "; peaks, bandwidth and link bandwidth: aiconfigurator systems/" + g + ".yaml"}
-                     for g, row in hw.iterrows()},
-        "fit_error": record,
-        **({"transfer": transfer} if transfer else {}),
-        **({"bands": {k.split(" ")[0]: dict(v["band"]) for k, v in transfer.items() if "band" in v}} if transfer else {}),
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text("# The kernel layer's fitted coefficients (dse.core.kernel_model), written by\n"
-                           "# python -m dse.fit.kernel_tables. Do not edit by hand: refit.\n"
-                           + yaml.safe_dump(doc, sort_keys=False, width=110))
+    if a.kind:
+        _refit_one(a.kind, Path(a.out), doc, params, record, transfer, hw)
+    else:
+        _write(Path(a.out), {
+            "source": TABLES_SOURCE,
+            "fitted_on": f"{ENGINE[0]} {ENGINE[1]} tables of {', '.join(GPUS)}; collectives: each GPU's newest NCCL",
+            "date": _dt.date.today().isoformat(),
+            "conditions": f"robust (soft-L1) least squares of log(predicted/measured), at most {a.fit_rows} rows per "
+                          "GPU and kind (fixed seed); beam width 1; 16-bit NCCL messages",
+            "parameters": params,
+            "hardware": _hardware_doc(hw),
+            "fit_error": record,
+            **({"transfer": transfer} if transfer else {}),
+            **({"bands": {k.split(" ")[0]: dict(v["band"]) for k, v in transfer.items() if "band" in v}}
+               if transfer else {}),
+        })
     print(yaml.safe_dump({"fit_error": record, **({"transfer": transfer} if transfer else {})}, sort_keys=False))
     return 0
 

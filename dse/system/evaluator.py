@@ -41,7 +41,7 @@ from dse.core.economics import COST_COLUMNS, economics_defaults
 from dse.core.efficiency import Efficiency, KernelHardware
 from dse.core.engines import get_engine, runs_as_prior
 from dse.core.kernel_arrays import PEAK_COLUMNS
-from dse.core.kernel_model import MEASURED_PRESETS, OPS_PER_SM, load_kernel_model
+from dse.core.kernel_model import MEASURED_PRESETS, OPS_PER_SM, SMEM_DEFAULT, load_kernel_model
 from dse.core.metrics import capital_usd, system_figures, tco_usd_per_s, token_costs
 from dse.core.roofline import KEPT
 from dse.system import reasons as R
@@ -340,7 +340,7 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     """The points ``idx`` of group ``g`` split by their kernel-layer hardware: (points, ``e``) for those
     not on the learned layer, and (points, ``e``, (KernelHardware, source code)) for each distinct
     physical description (peak columns, bandwidth, SMs and cache: ``np.unique`` over the points' rows)
-    of the learned ones. SMs and cache are the kernel tables' own for a preset they measured, else
+    of the learned ones. SMs, cache and shared memory are the kernel tables' own for a preset they measured, else
     estimated from the 16-bit peak (``kernel_model.hardware_of``), cache unknown; its source is 'measured
     tables' where the point's peak and bandwidth are the tables' GPU's (``MEASURED_SAME``), else
     'learned transfer'."""
@@ -354,13 +354,15 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     table = model.get("hardware") or {}
     sms = np.array([float(table[t]["sms"]) if t in table else np.nan for t in names])[hw.name[pos]]
     l2 = np.array([float(table[t]["l2_bytes"]) if t in table else 0.0 for t in names])[hw.name[pos]]
+    smem = np.array([float(table[t].get("smem_bytes", SMEM_DEFAULT)) if t in table else SMEM_DEFAULT
+                     for t in names])[hw.name[pos]]
     ref = np.array([[float(table[t][f]) if t in table else np.nan for f in ("peak_16", "bandwidth")]
                     for t in names])[hw.name[pos]]
     own = np.column_stack([g.system.peak[local, _BF16], g.system.bandwidth[local]])
     with np.errstate(invalid="ignore"):       # the tables' GPU as measured: its preset, its figures unchanged
         measured = np.all(np.abs(own / ref - 1.0) <= MEASURED_SAME, axis=1)
     sms = np.where(np.isfinite(sms), sms, np.maximum(np.round(g.system.peak[local, _BF16] / OPS_PER_SM), 1.0))
-    rows = np.column_stack([g.system.peak[local], g.system.bandwidth[local], sms, l2, measured])
+    rows = np.column_stack([g.system.peak[local], g.system.bandwidth[local], sms, l2, smem, measured])
     rows = np.where(np.isfinite(rows), rows, -1.0)
     out = [(pos[~on], e)] if (~on).any() else []
     uniq, inv = np.unique(rows[on], axis=0, return_inverse=True)
@@ -371,7 +373,7 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     if whole and len(uniq) > 1 and len(uniq) * KERNEL_SPLIT_POINTS > len(inv):
         at = local[on]
         kernel = KernelHardware(np.asarray(g.system.peak[at], dtype=float), np.asarray(g.system.bandwidth[at], dtype=float),
-                                sms[on], l2[on])
+                                sms[on], l2[on], smem[on])
         src = np.where(measured[on], KERNEL_SOURCES.index("measured tables"), KERNEL_SOURCES.index("learned transfer"))
         return [*out, (pos[on], e, (kernel, src))]
     peaks = g.system.peak[local[on]]
@@ -379,7 +381,7 @@ def _by_kernel_hardware(g: Group, idx, e, learned: np.ndarray, hw: HardwareArray
     for u in range(len(uniq)):                 # one per distinct hardware, not per point
         p0 = first[u]
         kernel = KernelHardware(tuple(float(x) for x in peaks[p0]), float(g.system.bandwidth[local[on][p0]]),
-                                float(uniq[u, -3]), float(uniq[u, -2]))
+                                float(uniq[u, -4]), float(uniq[u, -3]), float(uniq[u, -2]))
         src = KERNEL_SOURCES.index("measured tables" if uniq[u, -1] > 0 else "learned transfer")
         out.append((pos[on][inv == u], e, (kernel, src)))
     return out
