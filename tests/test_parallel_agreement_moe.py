@@ -10,6 +10,7 @@ import pytest
 from basis.errors import DseError
 from dse.study.cli import main
 from dse.system.evaluator import evaluate
+from dse.system.moe import finite_imbalance
 from workloads.routing import UNIFORM, Routing, expert_load, finite_busiest, zipf_shares
 
 
@@ -90,3 +91,63 @@ def test_bad_expert_load_is_one_line_exit_2(capsys, value):
 def test_bad_expert_load_in_a_study_column_names_the_key():
     with pytest.raises(DseError, match="expert_load: expected one of expected, finite, got 'abc'"):
         evaluate({"model": "mixtral-8x7b", "hardware": "h100-sxm", "ep": 2, "expert_load": "abc"})
+
+
+def _hypergeometric_busiest(tokens: int, experts: int, top_k: int, ranks: int) -> float:
+    """Mean over draws of the busiest rank's routed token-slots over the mean rank's, each token's k
+    distinct picks of E uniform experts (E/ranks a rank) counted per rank as one multivariate
+    hypergeometric draw, the tokens independent: a sampler other than the Gumbel top-k above."""
+    rng, draws = np.random.default_rng(7), max(2000, 20000 // tokens)
+    per_token = rng.multivariate_hypergeometric([experts // ranks] * ranks, top_k, size=(draws, tokens))
+    return float(per_token.sum(axis=1).max(axis=1).mean() / (tokens * top_k / ranks))
+
+
+@pytest.mark.parametrize("model,ep,batch,experts,top_k", [
+    ("mixtral-8x7b", 2, 1, 8, 2),        # exact 1 + 3/7 = 1.43: both picks on one rank with p 3/7
+    ("mixtral-8x7b", 2, 16, 8, 2),
+    ("deepseek-v3", 8, 8, 256, 8),
+    ("deepseek-v3", 8, 64, 256, 8),
+    ("deepseek-v3", 32, 64, 256, 8),
+])
+def test_finite_moe_imbalance_column_is_the_busiest_rank_at_the_batch(model, ep, batch, experts, top_k):
+    point = {"model": model, "hardware": "h200", "ep": ep, "tp": 1, "batch": batch, "prompt_len": 256,
+             "gen_len": 16, "weights": "fp8", "activations": "fp8", "kv": "fp8"}
+    finite = evaluate({**point, "expert_load": "finite"})["moe_imbalance"][0]
+    assert finite == pytest.approx(_hypergeometric_busiest(batch, experts, top_k, ep), rel=0.06)
+    assert evaluate(point)["moe_imbalance"][0] == 1.0      # expected: the uniform popularity's, at any batch
+
+
+def test_mixtral_batch_1_hypergeometric_sampler_finds_the_exact_expectation():
+    assert _hypergeometric_busiest(1, 8, 2, 2) == pytest.approx(1 + 3 / 7, rel=0.01)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,ranks", [(1, 8, 2, 8), (4, 8, 2, 4), (1, 256, 8, 32)])
+def test_finite_imbalance_runs_low_below_a_few_slots_a_rank(tokens, experts, top_k, ranks):
+    # a known limit of the normal counts (``finite_busiest``): with under ~4 routed token-slots a rank
+    # on average the busiest rank's count is a small integer, and the normals' maximum falls under the
+    # sampled one (-13 % at Mixtral EP 8 batch 1, -7 % at EP 4 batch 4, -22 % at DeepSeek-V3 EP 32 batch 1)
+    got = finite_imbalance(expert_load(Routing(finite=True), experts, top_k, ranks), np.array([tokens]), ranks)[0]
+    sampled = _hypergeometric_busiest(tokens, experts, top_k, ranks)
+    assert 0.75 * sampled < got < sampled
+
+
+def test_finite_imbalance_falls_with_the_batch_and_expected_stays_put():
+    point = {"model": "deepseek-v3", "hardware": "h200", "ep": 8, "tp": 1, "prompt_len": 256, "gen_len": 16,
+             "weights": "fp8", "activations": "fp8", "kv": "fp8", "moe_skew": 0.5}
+    batches = [8, 64, 4096]
+    finite = evaluate({**point, "batch": batches, "expert_load": ["finite"] * 3})["moe_imbalance"]
+    expected = evaluate({**point, "batch": batches})["moe_imbalance"]
+    popularity = expert_load(Routing(skew=0.5), 256, 8, 8).imbalance
+    assert np.all(expected == popularity)                   # bit for bit the popularity's factor
+    assert finite[0] > finite[1] > finite[2] >= popularity
+    assert finite[2] == pytest.approx(popularity, rel=0.02)
+
+
+def test_served_finite_imbalance_is_at_the_running_batch():
+    point = {"model": "mixtral-8x7b", "hardware": "h200", "ep": 2, "tp": 1, "prompt_len": 512, "gen_len": 128,
+             "serving": "continuous", "concurrency": 12, "expert_load": "finite"}
+    ev = evaluate(point)
+    running = int(ev["batch_used"][0])
+    assert 1 < running <= 12
+    assert ev["moe_imbalance"][0] == pytest.approx(_hypergeometric_busiest(running, 8, 2, 2), rel=0.06)
+    assert evaluate({**point, "expert_load": "expected"})["moe_imbalance"][0] == 1.0

@@ -1058,6 +1058,9 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     pair = _dot(cls.pairs, w) / c
     ends = p / c
     t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
+    # pipelined streams: every iteration holds prompts, one endless phase (``_pipeline_phase``): the
+    # stages stay busy and an iteration lasts its pass, the fill never paid (no phase edges)
+    t, _ = _pipeline_phase(load, t, ends, p, t)
     return {"x": ends / t, "T": t, "b": d + ends + 1.0, "steps": s}
 
 

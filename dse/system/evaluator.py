@@ -92,12 +92,14 @@ class Plan:
 
     def __init__(self, cols: Columns, hw: HardwareArrays, groups: list[Group], base: dict, fails: dict,
                  memory_violation: np.ndarray, details: list, constraints: dict | None, labels: dict,
-                 order: np.ndarray | None, flash: np.ndarray | None = None, economics: dict | None = None):
+                 order: np.ndarray | None, flash: np.ndarray | None = None, economics: dict | None = None,
+                 moe=None):
         # the points are held sorted by group (``order``: caller position of each sorted one)
         self.columns, self.hw, self.groups, self.labels = cols, hw, groups, labels
         self.order = order
         self.flash = flash            # FlashAttention as run per point (held order)
         self.economics = economics or {}   # the cost-of-serving columns (arrays in held order, or numbers)
+        self.moe = moe                # batch used [P] -> (moe_imbalance, moe_dropped_fraction) (None: expected loads)
         self.inverse = None
         if order is not None:
             self.inverse = np.empty_like(order)
@@ -190,6 +192,8 @@ class Plan:
         for points, good, replicas, missed in goodput_of_jobs(jobs):
             out["goodput"][points], out["replicas"][points], slo_missed[points] = good, replicas, missed
         _unwritten_nan(out, written, set(base), n)
+        if self.moe is not None:      # a finite expert load's imbalance at the batch each point used
+            out["moe_imbalance"] = self.moe(out["batch_used"])[0]
         _open_loop_kv(out)
         nan = np.full(n, np.nan)
         nan.flags.writeable = False            # one read-only array for every metric no group wrote
@@ -633,7 +637,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     base = {"devices": devices, "batch_used": batch, "tp_used": tp, "pp_used": pp, "chips_required": chips,
             "capacity_bytes": hw.system.capacity.copy(), "quality_loss": w.quality_loss,
             **dict(zip(("moe_imbalance", "moe_dropped_fraction"), moe_figures(w.models, w.model, w.ep, w.techniques,
-                                                                                 w.tech))),
+                                                                                 w.tech, batch))),
             **{k: np.full(n, np.nan) for k in (
                 "weights_bytes", "kv_cache_bytes", "activation_bytes", "memory_bytes", "offloaded_bytes",
                 "engine_reserve_bytes", "kv_pool_bytes", "kv_request_bytes", "state_bytes")}}
@@ -647,7 +651,9 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         if memory is not None:
             _hold_memory(base, memory_violation, idx, memory)
     return Plan(original, hw, groups, base, fail.fails, memory_violation,
-                fail.details, constraints, _labels(w, hw), order, w.flash, _economics(cols))
+                fail.details, constraints, _labels(w, hw), order, w.flash, _economics(cols),
+                partial(moe_figures, w.models, w.model, w.ep, w.techniques, w.tech)   # served: their running batch
+                if any(t.routing.finite for t in w.techniques) else None)
 
 
 def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:

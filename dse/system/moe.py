@@ -9,7 +9,7 @@ import numpy as np
 from basis.errors import DseError
 from dse.system.columns import Columns, group
 from dse.system.params import checked_choice
-from workloads.routing import Routing, expert_load, load_histogram
+from workloads.routing import ExpertLoad, Routing, expert_load, load_histogram
 
 #: the columns that set a point's Routing
 ROUTING_COLUMNS = ("moe_skew", "redundant_experts", "capacity_factor", "expert_histogram", "expert_load")
@@ -46,12 +46,16 @@ def _histogram(cols: Columns, path: str) -> tuple:
         raise DseError(f"{cols.where}: {e}") from None
 
 
-def moe_figures(models: list, model: np.ndarray, ep: np.ndarray, techniques: list, tech: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
+def moe_figures(models: list, model: np.ndarray, ep: np.ndarray, techniques: list, tech: np.ndarray,
+                tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(moe_imbalance, moe_dropped_fraction) of every point [P], from its model (codes ``model`` into
     ``models``), expert parallelism ``ep`` and Techniques (codes ``tech`` into ``techniques``, whose
     ``routing`` it reads); NaN for a dense model or experts that do not divide over the ranks (the
-    point is refused for that)."""
+    point is refused for that). ``moe_imbalance`` is the busiest rank's kept token-slots over the mean
+    rank's: the popularity's (``ExpertLoad.imbalance``) under ``expert_load: expected``; under
+    ``finite`` that of the decode step of ``tokens`` [P] sequences (the batch of a static point, the
+    running batch of a served one; at least 1, times the query tokens of a decode step) over every rank
+    (``finite_imbalance``), the popularity's where ``tokens`` is None."""
     n = len(model)
     imbalance, dropped = np.full(n, np.nan), np.full(n, np.nan)
     inv, order, starts = group([model, ep, tech], n)
@@ -61,12 +65,38 @@ def moe_figures(models: list, model: np.ndarray, ep: np.ndarray, techniques: lis
         if not m.is_moe:
             continue
         at = order[starts[g]:starts[g + 1]]
+        t = techniques[tech[i]]
         try:
-            load = expert_load(techniques[tech[i]].routing, m.num_experts, m.experts_per_token, int(ep[i]), m.name)
+            load = expert_load(t.routing, m.num_experts, m.experts_per_token, int(ep[i]), m.name)
         except DseError:
             continue
         imbalance[at], dropped[at] = load.imbalance, load.dropped
+        if t.routing.finite and tokens is not None:
+            steps = np.maximum(np.asarray(tokens, dtype=float)[at], 1.0) * t.query_tokens
+            imbalance[at] = finite_imbalance(load, steps, int(ep[i]))
     return imbalance, dropped
 
 
-__all__ = ["ROUTING_COLUMNS", "routing_columns", "moe_figures"]
+#: token counts ``finite_imbalance`` works out at once (its quadrature holds [counts, ranks, nodes])
+FINITE_CHUNK = 64
+
+
+def finite_imbalance(load: ExpertLoad, tokens: np.ndarray, ep: int) -> np.ndarray:
+    """[P] the busiest of ``ep`` ranks' expected kept token-slots over the mean rank's when ``tokens``
+    [P] tokens (> 0; NaN stays NaN) are routed over every rank: ``ExpertLoad.busiest_tokens(tokens,
+    finite=True)`` / (tokens k (1 - dropped) / ep); worked out once per distinct count (a sweep has
+    few), ``FINITE_CHUNK`` counts at a time."""
+    t = np.asarray(tokens, dtype=float)
+    out = np.full(t.shape, np.nan)
+    ok = np.isfinite(t)
+    counts, where = np.unique(t[ok], return_inverse=True)
+    ratio = np.empty(len(counts))
+    for lo in range(0, len(counts), FINITE_CHUNK):
+        c = counts[lo:lo + FINITE_CHUNK]
+        ratio[lo:lo + FINITE_CHUNK] = np.atleast_1d(load.busiest_tokens(c, finite=True)) / (
+            c * load.top_k * (1.0 - load.dropped) / ep)
+    out[ok] = ratio[where]
+    return out
+
+
+__all__ = ["ROUTING_COLUMNS", "routing_columns", "moe_figures", "finite_imbalance", "FINITE_CHUNK"]
