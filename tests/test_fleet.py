@@ -195,7 +195,9 @@ def test_a_pd_pair_of_two_presets_is_its_own_kind():
 
 @pytest.mark.parametrize("pair, key", [(PdPair("h100-sxm", "same", 0, 2), "prefill_devices"),
                                        (PdPair("h100-sxm", "same", 2, 99), "decode_devices"),
-                                       (PdPair("h100-sxm", "", 2, 2), "decode_hardware")])
+                                       (PdPair("h100-sxm", "", 2, 2), "decode_hardware"),
+                                       (PdPair("h100-sxm", "no-such-gpu", 2, 2), "decode_hardware"),
+                                       (PdPair("no-such-gpu", "same", 2, 2), "hardware")])
 def test_a_bad_pd_pair_is_refused(pair, key):
     with pytest.raises(DseError, match=f"pd_pairs\\[0\\].{key}"):
         check_fleet(FleetAsk(BASE, ("h100-sxm",), ((24.0, 10.0),), pairs=(pair,)))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from dse.core.metrics import SECONDS_PER_HOUR, capital_usd, tco_usd_per_s
 from dse.explore.plan import ENUMERATED, MAX_DEVICES, PlanAsk, check_ask, layouts
 from dse.system.evaluator import evaluate
 from dse.system.params import SPEC
+from hwmodels.presets import available_hardware
 
 #: what a fleet may minimise: its cost a day ($: capital amortized + electricity), or its mean power (W)
 OBJECTIVES = ("cost", "power")
@@ -195,6 +197,11 @@ def check_fleet(ask: FleetAsk, where: str = "fleet") -> None:
         for name in ("hardware", "decode_hardware", "pd_link"):
             if not isinstance(getattr(pair, name), str) or not getattr(pair, name):
                 raise DseError(f"{where}: pd_pairs[{k}].{name}: expected a preset name, got {getattr(pair, name)!r}")
+        for name in ("hardware", "decode_hardware"):
+            hw = getattr(pair, name)
+            if hw != "same" and hw not in available_hardware() and not Path(hw).is_file():
+                raise DseError(f"{where}: pd_pairs[{k}].{name}: unknown hardware {hw!r}; expected a preset "
+                               f"(see 'list hardware'), a hardware YAML file or 'same'")
         for name in ("prefill_devices", "decode_devices"):
             v = getattr(pair, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= ask.max_devices):
