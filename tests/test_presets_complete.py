@@ -28,6 +28,7 @@ NO_LINK_LATENCY = {
     "mi250x": "no Infinity Fabric (xGMI) GPU-to-GPU latency",
     "mi300x": "as mi250x",
     "mi325x": "as mi250x",
+    "mi355x": "as mi250x (no Infinity Fabric 4 latency either)",
     "groq-lpu": "only an end-to-end figure across 10,440 chips, no per-hop C2C latency",
     "cerebras-wse3": "no CS-3 system I/O or SwarmX latency",
     "tenstorrent-n300": "no Wormhole Ethernet link latency",

@@ -149,7 +149,9 @@ def test_every_shipped_studys_report_is_interactive_offline_and_answers(name, ch
     if is_fleet_study(data):                # a fleet's answer: the mix, then each single type beside it
         assert chromium.js("document.querySelector('#answer h2').textContent").startswith("The study's answer")
         cells = chromium.js("Array.from(document.querySelectorAll('#answer-table tbody tr'), r => r.cells[0].textContent)")
-        assert cells == ["mixed", *data["space"]["hardware"]]
+        pairs = [f"{p['hardware']}>{p['decode_hardware']}" for p in data.get("fleet", {}).get("pd_pairs") or []
+                 if p["decode_hardware"] not in ("same", p["hardware"])]     # a pair of two presets: its own kind
+        assert cells == ["mixed", *data["space"]["hardware"], *pairs]
         return
 
     # every pareto, sweep and declared figure is a chart with data
