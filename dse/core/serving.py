@@ -1269,6 +1269,17 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     return out
 
 
+def _capacity(load: Load, iteration_time: IterationTime) -> tuple:
+    """(the length classes, the running cap [P], the prefix hits (``_tier_hits``), the capacity [P],
+    requests/s: a closed loop at the running cap) of points served under a Poisson rate: what an
+    open loop's rate is a share of."""
+    cls = _classes(load)
+    cap = np.maximum(running_cap(load), 1.0)
+    hits = _tier_hits(load)
+    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(len(cap)), cap)["x"]
+    return cls, cap, hits, capacity
+
+
 def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(P(a request waits more than ``seconds`` [P] from arrival to admission), the mean wait behind
     the prompts ahead (seconds), the mean wait from arrival to admission (seconds)), [P] each, in each
@@ -1276,11 +1287,7 @@ def admission_tail(load: Load, iteration_time: IterationTime, seconds) -> tuple[
     ahead; per state a normal of their mean and variance, weighted by the landing probability); 1,
     inf, inf where the rate is past the capacity; 0, 0, 0 in a closed loop."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
-    n = len(load.kv_block)
-    cls = _classes(load)
-    cap = np.maximum(running_cap(load), 1.0)
-    hits = _tier_hits(load)
-    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
+    cls, cap, hits, capacity = _capacity(load, iteration_time)
     rate = np.nan_to_num(load.request_rate, nan=0.0)
     over = rate >= capacity
     tail, wait, admission = np.where(over, 1.0, 0.0), np.where(over, np.inf, 0.0), np.where(over, np.inf, 0.0)
@@ -1357,10 +1364,7 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     ``slo_ttft`` too) of non-preemptive priority classes (``dse.core.scheduling.class_ttft_mixes``,
     NaN share: FCFS at that point): each class's TTFT percentile held to its own SLO."""
     n = len(load.kv_block)
-    cls = _classes(load)
-    cap = np.maximum(running_cap(load), 1.0)
-    hits = _tier_hits(load)
-    capacity = _closed_loop(cap, load, *_tiered(load, cls, iteration_time, cap, hits), np.arange(n), cap)["x"]
+    cls, cap, hits, capacity = _capacity(load, iteration_time)
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
