@@ -888,12 +888,15 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
         vision = _vision(cfg, path, "qwen2_5_vl")
         mt = "qwen2"
         notes.append("Qwen2.5-VL: the text decoder read as qwen2 (its multimodal RoPE changes no shape)")
-    elif mt in _TEXT_OF:        # Qwen3.5 VLM: the text decoder's fields; the vision tower is not modelled
+    elif mt in _TEXT_OF:        # Qwen3.5 VLM: the text decoder's fields after Qwen3-VL's tower without DeepStack
+        vision = _vision(cfg, path, "qwen3_vl") if cfg.get("vision_config") is not None else None
         cfg = _section(cfg, path, "text_config")
         if cfg.get("model_type") is not None and _model_type(cfg, path) != _TEXT_OF[mt]:
             raise _fail(path, _named(cfg, "model_type"), f"got {_show(cfg['model_type'])}; expected {_TEXT_OF[mt]}")
         mt = _TEXT_OF[mt]
-        notes.append("text decoder only: the vision encoder (vision_config) and its projector are not modelled")
+        notes.append("text decoder only: the config has no vision_config, so its vision encoder is not modelled"
+                     if vision is None else "Qwen3.5's vision tower: Qwen3-VL's without DeepStack mergers "
+                     "(transformers' Qwen3_5VisionModel drops them), its processor's pixel bounds Qwen3-VL's")
     elif mt in ALIASES:
         family, arch = ALIASES[mt]
         archs = cfg.get("architectures")

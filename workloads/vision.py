@@ -47,6 +47,10 @@ Families (``VisionSpec.family``):
   Gemma3MultiModalProjector; Gemma 3 Technical Report, arXiv 2503.19786, Sec. 2.1: 896 x 896
   images, 256 soft tokens). Pan & Scan (crops of large images) is off by default and not modelled.
 
+Qwen3.5 (``qwen3_5``, ``qwen3_5_moe``) is read as ``qwen3_vl`` with no DeepStack entry: transformers'
+``models/qwen3_5/modular_qwen3_5.py`` builds Qwen3_5VisionModel from Qwen3VLVisionModel and deletes
+its ``deepstack_merger_list``, and its processor is ``processing_qwen3_vl``'s (Qwen3-VL's bounds).
+
 Not read: Gemma 4 (``gemma4_vision``), and Llama 4 Maverick's tower (its shipped config, an older
 aiconfigurator-core copy, carries no ``vision_config``).
 """
