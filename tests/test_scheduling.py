@@ -283,3 +283,22 @@ def test_each_classs_ttft_percentiles_on_an_md1_queue():
     h = mixture_quantiles(*high, qs)[0]
     assert h[0] == pytest.approx(sim["ttft_high_p50_s"], rel=0.10)
     assert sim["ttft_high_p90_s"] <= h[1] <= 1.3 * sim["ttft_high_p90_s"]
+
+
+def test_each_classs_ttft_percentile_columns_against_the_simulator():
+    """``evaluate``'s per-class TTFT percentile columns (``ttft_high_p90_s``, ...; issue 46): Llama-3.1-8B
+    on an H100, 2,048-token prompts, 64 output tokens, prefill-first, 0.8 of its capacity, 20 % high
+    priority, against the simulator's per-class percentiles (3,000 requests). Measured model / simulator
+    - 1 (2026-11-28): high p50 / p90 / p99 -1.7 / -4.8 / -1.9 %, low +0.4 / -11.6 / -12.6 % (the FCFS
+    engine's own p90 / p99 here: -10.6 / -6.6 %); FCFS points and static batches leave them NaN."""
+    point = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "weights": "fp8", "activations": "fp8", "kv": "fp8",
+             "max_running": 64, "prompt_len": 2048, "gen_len": 64, "prefill_chunk": 0}
+    capacity = evaluate({**point, "concurrency": 100000})["requests_per_s"][0]
+    point = {**point, "request_rate": 0.8 * capacity, "scheduler": "priority", "priority_share": 0.2}
+    ev, sim = evaluate(point), simulate_point(point, 3000)
+    for key, tol in (("ttft_high_p50_s", 0.10), ("ttft_high_p90_s", 0.10), ("ttft_high_p99_s", 0.10),
+                     ("ttft_low_p50_s", 0.05), ("ttft_low_p90_s", 0.15), ("ttft_low_p99_s", 0.15)):
+        assert ev[key][0] == pytest.approx(sim[key], rel=tol), key
+    assert ev["ttft_high_p90_s"][0] < ev["ttft_low_p90_s"][0] and ev["ttft_high_p99_s"][0] < ev["ttft_low_p99_s"][0]
+    fcfs = evaluate({**point, "scheduler": "fcfs"})
+    assert np.isnan(fcfs["ttft_high_p90_s"][0]) and np.isnan(fcfs["ttft_low_p99_s"][0])

@@ -92,6 +92,8 @@ _SETTLED = 1e-6
 PERCENTILES = (50, 90, 99)
 #: bisection steps of goodput over (0, capacity]: precision capacity / 2^12
 _GOODPUT_STEPS = 12
+#: each priority class's TTFT percentiles (``steady_state`` with ``high_share``; seconds)
+CLASS_PERCENTILES = tuple(f"ttft_{c}_p{q}_s" for c in ("high", "low") for q in PERCENTILES)
 
 
 @dataclass(frozen=True)
@@ -1210,13 +1212,14 @@ def _assign(mix, idx, part):
     return tuple(out)
 
 
-def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndarray]:
+def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> dict[str, np.ndarray]:
     """Serving metrics of every design point (arrays [P], SI units): ttft_s, tpot_s,
     e2e_latency_s (means) and their percentiles (``ttft_p90_s``, ... for ``PERCENTILES``),
     queue_s (mean wait before admission), requests_per_s, output_tokens_per_s,
     total_tokens_per_s, running_batch (mean sequences running), kv_utilization (share of
     KV blocks held), saturated (bool: the open loop's rate is past what the engine serves;
-    its queue and TTFT grow without bound)."""
+    its queue and TTFT grow without bound). With ``high_share`` ([P], NaN: FCFS) each priority
+    class's TTFT percentiles too (``ttft_high_p90_s``, ``ttft_low_p90_s``, ...: ``_class_percentiles``)."""
     n = len(load.kv_block)
     rows = np.arange(n)
     cls = _classes(load)
@@ -1237,6 +1240,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
     admission = queue.copy()                      # arrival to admission (an open loop: the rest of an iteration too)
     mix = {"ttft_mix": _with_queue(c["ttft_mix"], queue), "tpot_mix": c["tpot_mix"],
            "e2e_mix": _with_queue(c["e2e_mix"], queue)}
+    waits = None                                  # the open loops' waits behind others in ttft_mix's components
     opened = np.flatnonzero(~closed & ~saturated)
     if len(opened):
         o_cls, o_time = _tiered(load, cls, iteration_time, cap * np.minimum(rate / capacity, 1.0), hits)
@@ -1246,6 +1250,7 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         wait[opened], admission[opened] = o["wait"], o["admission"]
         for k in mix:
             mix[k] = _assign(mix[k], opened, o[k])
+        waits = (opened, o["ttft_wait"], o["wait"], np.minimum(rate[opened] / capacity[opened], 1.0))
     ttft[saturated] = np.inf
     queue[saturated] = np.inf
     g_mean, p_mean = cls.mean(cls.gen), cls.mean(cls.prompt)
@@ -1266,6 +1271,32 @@ def steady_state(load: Load, iteration_time: IterationTime) -> dict[str, np.ndar
         "capacity_requests_per_s": capacity,            # the largest rate the engine serves
     }
     out.update(_percentiles(mix, saturated))
+    if high_share is not None:
+        out.update(_class_percentiles(mix["ttft_mix"], waits, np.asarray(high_share, dtype=float), saturated))
+    return out
+
+
+def _class_percentiles(ttft_mix, waits, high_share, saturated) -> dict[str, np.ndarray]:
+    """``ttft_high_p50_s`` ... ``ttft_low_p99_s`` [P], seconds: each non-preemptive priority class's
+    TTFT percentiles (``dse.core.scheduling.class_ttft_mixes``: the FCFS wait in each component of
+    ``ttft_mix`` scaled to the class's Cobham mean, at the load ``goodput`` holds each class's SLO to)
+    at the unsaturated open loops ``waits`` = (their rows, their components' waits (mean, second
+    moment), their mean wait, their rate over capacity), where ``high_share`` is finite; infinite
+    where saturated; NaN elsewhere (FCFS points, closed loops)."""
+    out = {k: np.where(saturated & np.isfinite(high_share), np.inf, np.nan) for k in CLASS_PERCENTILES}
+    if waits is None:
+        return out
+    rows, parts, wait, rho = waits
+    keep = np.isfinite(high_share[rows])
+    if not keep.any():
+        return out
+    at = rows[keep]
+    classes = class_ttft_mixes(tuple(m[at] for m in ttft_mix), tuple(w[keep] for w in parts), wait[keep], rho[keep],
+                               high_share[at])
+    for c, m in zip(("high", "low"), classes):
+        qs = mixture_quantiles(*m, PERCENTILES)
+        for j, q in enumerate(PERCENTILES):
+            out[f"ttft_{c}_p{q}_s"][at] = qs[:, j]
     return out
 
 

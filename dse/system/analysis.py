@@ -44,7 +44,8 @@ ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "pow
                        "cost_per_million_tokens_usd", "capital_usd", "tco_usd_per_hour", "cost_per_mtok_input_usd",
                        "cost_per_mtok_output_usd", "tokens_per_dollar")
 #: the scheduling policy's figures a summary shows where they apply (priority classes, SLO-aware admission)
-SCHEDULER_METRICS = ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")
+SCHEDULER_METRICS = ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share", "ttft_high_p90_s",
+                     "ttft_low_p90_s")
 #: the serving settings a summary names under continuous batching
 SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
                     "router_replicas", "router", "session_turns", "think_time", "scheduler", "priority_share")

@@ -11,7 +11,7 @@ import numpy as np
 
 from basis.units import bytes_text
 from dse.core.bands import FAMILIES as BAND_FAMILIES
-from dse.core.serving import PERCENTILES
+from dse.core.serving import CLASS_PERCENTILES, PERCENTILES
 from dse.system import reasons as R
 from dse.system.columns import Columns
 from dse.system.hardware import design_codes
@@ -34,7 +34,7 @@ METRICS = ("ttft_s", "tpot_s", "e2e_latency_s", "output_tokens_per_s", "output_t
            "quality_loss", "moe_imbalance", "moe_dropped_fraction", "state_bytes",
            "prefill_time_share", "capital_usd", "cost_per_mtok_input_usd", "cost_per_mtok_output_usd",
            "tokens_per_dollar", "tco_usd_per_hour", "clock_fraction", "energy_band_low", "energy_band_high",
-           "ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")
+           "ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share", *CLASS_PERCENTILES)
 #: the latency metrics that have percentiles (``ttft_p90_s``, ...)
 PERCENTILE_METRICS = ("ttft", "tpot", "e2e_latency")
 

@@ -25,6 +25,7 @@ from dse.core.roofline import OpArrays, SystemArrays, step_energy_j, transfer_ti
 from dse.core.router import PREFIX_AFFINITY, Routed, prefix_routed_hits, replica_dispersion, with_sessions
 from dse.core.scheduling import PRIORITY, SLO_ADMISSION, impatient_share, policy, priority_ttft
 from dse.core.serving import (
+    CLASS_PERCENTILES,
     PERCENTILES,
     Load,
     Pools,
@@ -125,8 +126,8 @@ def price_served(g: Group, eff: Efficiency) -> dict:
         load = with_sessions(load, s.routed, lambda ld: steady_state(ld, iteration_time))
     pooled = load.pools is not None
     late = eff.request_overhead_s              # the engine's per-request overhead delays the first token
-    out = with_request_overhead((disaggregated_state if pooled else steady_state)(load, iteration_time),
-                                load.concurrency, late)
+    state = disaggregated_state if pooled else partial(steady_state, high_share=_high_share(s))
+    out = with_request_overhead(state(load, iteration_time), load.concurrency, late)
     out, per_class = _scheduled(s, out, load, iteration_time, late)
     share = prefill_time_share(out, load, iteration_time,
                                s.pools[0] * g.tables.scenario.devices / s.devices if pooled else None)
@@ -353,11 +354,13 @@ def goodput_of_jobs(jobs: list) -> list:
 
 def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) -> tuple[dict, dict]:
     """(``out`` with SLO-aware admission's points at the rate it admits, the scheduler's columns:
-    ttft_high_s, ttft_low_s, tpot_high_s, tpot_low_s (priority classes; request overhead ``late``
+    ttft_high_s, ttft_low_s, tpot_high_s, tpot_low_s and the classes' TTFT percentiles under an open loop
+    (``CLASS_PERCENTILES``) (priority classes; request overhead ``late``
     included) and dropped_share (SLO-aware admission); NaN where they do not apply), [P] each
     (``dse.core.scheduling``)."""
     n = len(load.kv_block)
-    cols = {k: np.full(n, np.nan) for k in ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share")}
+    cols = {k: np.full(n, np.nan) for k in ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share",
+                                            *CLASS_PERCENTILES)}
     if s.scheduler is None or not np.any(s.scheduler > 0):
         return out, cols
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -381,7 +384,18 @@ def _scheduled(s: ServingInputs, out: dict, load: Load, iteration_time, late) ->
         high, low = priority_ttft(out["ttft_s"][hi], out["wait_s"][hi], rho[hi], s.priority_share[hi])
         cols["ttft_high_s"][hi], cols["ttft_low_s"][hi] = high + late, low + late
         cols["tpot_high_s"][hi] = cols["tpot_low_s"][hi] = out["tpot_s"][hi]   # a running request is never preempted
+        for k in CLASS_PERCENTILES:
+            if k in out:                        # (an open loop's; disaggregated pools give none)
+                cols[k][hi] = out[k][hi] + late
     return out, cols
+
+
+def _high_share(s: ServingInputs):
+    """[P] the high class's share where the scheduler is priority classes, NaN elsewhere; None
+    when no point has priority classes (``steady_state``'s ``high_share``)."""
+    if s.scheduler is None or not np.any(s.scheduler == PRIORITY):
+        return None
+    return np.where(s.scheduler == PRIORITY, s.priority_share, np.nan)
 
 
 def _dropped(load: Load, iteration_time, rho, patience_s) -> np.ndarray:
