@@ -12,7 +12,16 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.core.economics import economics_defaults
 from dse.core.metrics import SECONDS_PER_YEAR
-from dse.explore.fleet import Bucket, FleetAsk, PdPair, cheapest_mix, check_fleet, evaluate_engines, fleet
+from dse.explore.fleet import (
+    Bucket,
+    FleetAsk,
+    PdPair,
+    _least_busy,
+    cheapest_mix,
+    check_fleet,
+    evaluate_engines,
+    fleet,
+)
 from dse.study.cli import main
 
 #: Llama-3.1-8B in FP8 on one device, an interactive SLO (Mélange's tight TPOT SLO, 40 ms: Sec. 6.1)
@@ -58,6 +67,16 @@ def test_curve_sized_for_its_peak(mixed_engines):
     hours = sum(h for h, _ in periods)
     assert m.energy_usd_per_day == pytest.approx(sum(h * math.ceil(r / g) for h, r in periods) * e.energy_usd_h[1])
     assert m.utilization == pytest.approx(sum(h * r for h, r in periods) / g / (row["owned"] * hours))
+
+
+def test_utilization_routes_each_bucket_where_it_keeps_the_fewest_replicas_busy():
+    """Two engines, two buckets: engine 0 serves bucket 0 at 10 requests/s a replica and bucket 1 at 2,
+    engine 1 both at 5; 10 and 4 requests/s to serve on 2 + 1 running replicas. By hand: bucket 0 on
+    engine 0 (0.1 replica per request/s against 0.2), bucket 1 on engine 1 (0.2 against 0.5): 1.0 and
+    0.8 replicas busy (1.8 in all; the split 10 + 2 on engine 0 and 2 on engine 1 would also serve
+    it, at 2.4)."""
+    busy = _least_busy(np.array([[10.0, 2.0], [5.0, 5.0]]), np.array([[10.0, 4.0]]), np.array([[2], [1]]))
+    assert busy[:, 0] == pytest.approx([1.0, 0.8])
 
 
 def test_melange_short_requests_cheaper_on_the_small_gpu(mixed_engines):

@@ -123,7 +123,8 @@ class Engines:
 class Mix:
     """A fleet: ``owned`` replicas per engine (only engines with some), ``running`` per period,
     its cost a day ($, capital and energy), mean power (W), and mean utilization (the share of
-    the owned replicas' capacity the rate uses over the day)."""
+    the owned replicas' capacity the rate uses over the day, routed to keep the fewest busy:
+    ``_least_busy``)."""
 
     rows: tuple[dict, ...]        # {hardware, layout, devices, owned, running: [per period], goodput}
     usd_per_day: float
@@ -384,10 +385,7 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
         return None
     owned = np.round(res.x[:nN]).astype(int)
     running = np.round(res.x[nN:nN + nn]).reshape(E, T).astype(int)
-    x = res.x[nN + nn:].reshape(E, B, T)
-    total = x.sum(axis=0)                    # [B, T]: the solver may route more than the demand (x >= need)
-    x = x * np.where(total > 0, need.T / np.maximum(total, 1e-300), 0.0)[None, :, :]
-    load = (x / np.where(g > 0, g, np.inf)[:, :, None]).sum(axis=1)      # [E, T] replicas' worth busy
+    load = _least_busy(g, need, running)      # [E, T] replicas' worth busy
     capital = float(owned @ eng.capital_usd_h[keep]) * hours.sum() if objective == "cost" or \
         np.isfinite(eng.capital_usd_h[keep][owned > 0]).all() else math.nan
     energy = float(((running * eng.energy_usd_h[keep][:, None]) * hours[None, :]).sum())
@@ -405,6 +403,36 @@ def cheapest_mix(eng: Engines, periods, shares, objective: str, use: np.ndarray)
                float(watts @ hours / hours.sum()), float(watts.max()),
                float((load.sum(axis=0) @ hours) / max(owned.sum() * hours.sum(), 1e-300)),
                int(owned @ eng.devices[keep]))
+
+
+def _least_busy(g: np.ndarray, need: np.ndarray, running: np.ndarray) -> np.ndarray:
+    """[E, T] replicas' worth of each engine busy in each period when the demand ``need`` [T, B]
+    (requests/s) is routed over the ``running`` [E, T] replicas (goodput ``g`` [E, B] requests/s a
+    replica) so that it keeps the fewest replicas busy: per period the linear program min sum_e,b
+    x[e, b] / g[e, b] with sum_e x[e, b] = need[b] and sum_b x[e, b] / g[e, b] <= running[e]
+    (``scipy.optimize.linprog``, HiGHS). The cost program leaves the split free where several cost
+    the same (its solution is one vertex of many); this reading is unique, so the fleet's
+    utilization does not depend on which vertex the solver returns."""
+    from scipy.optimize import linprog  # (scipy at call time, as ``cheapest_mix``'s milp)
+    E, B = g.shape
+    inv = np.where(g > 0, 1.0 / np.where(g > 0, g, 1.0), 0.0)          # [E, B]
+    serve = (g > 0).ravel()
+    out = np.zeros(running.shape)
+    for t in range(need.shape[0]):
+        if not need[t].any():
+            continue
+        c = inv.ravel()
+        demand = np.zeros((B, E * B))            # sum_e x[e, b] = need[t, b]
+        capacity = np.zeros((E, E * B))          # sum_b x[e, b] / g[e, b] <= running[e, t]
+        for e in range(E):
+            for b in range(B):
+                demand[b, e * B + b] = 1.0
+                capacity[e, e * B + b] = inv[e, b]
+        res = linprog(c, A_ub=capacity, b_ub=running[:, t], A_eq=demand, b_eq=need[t],
+                      bounds=[(0.0, None if ok else 0.0) for ok in serve], method="highs")
+        x = res.x.reshape(E, B) if res.success else np.zeros((E, B))
+        out[:, t] = (x * inv).sum(axis=1)
+    return out
 
 
 def fleet(ask: FleetAsk) -> Fleet:
