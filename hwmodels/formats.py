@@ -12,6 +12,17 @@ Sources:
   (developer blog, 2025): E2M1 values, one E4M3 scale per 16 values plus one FP32
   per-tensor scale (negligible, not counted).
 - Grouped INT4 (GPTQ/AWQ style, group size 128, one FP16 scale per group).
+- llama.cpp's GGUF quantizations (``q4_0`` ... ``q8_0``): the legacy types store blocks of 32
+  weights with one FP16 scale (Q4_0: 4-bit weights, 4.5 bits a weight; Q8_0: 8.5), the K-quant mixes
+  give most tensors a 256-weight super-block type and a few (attn_v, part of ffn_down, the output) a
+  wider one, so their bits are a model's average: the llama.cpp ``tools/quantize/README.md`` table
+  for meta-llama/Llama-3.1-8B (bits/weight: Q4_K_S 4.6672, Q4_K_M 4.8944, Q5_K_M 5.7036, Q6_K
+  6.5633, Q8_0 8.5008; github.com/ggml-org/llama.cpp, commit 311c2c9f), taken as every model's.
+  Their matrix products run on integer units (llama.cpp's MMQ kernels quantize the activations to
+  8 bits and use int8 dot products), so they compute in the INT8 class, widening from there.
+- MLX's affine quantization (``mlx-4bit``, ``mlx-8bit``): ``mlx.core.quantize`` defaults to groups
+  of 64 weights, each with a scale and a bias in the weights' 16-bit type (MLX documentation,
+  mlx.core.quantize): 4 + 32 / 64 = 4.5 bits a weight at 4 bits.
 - Grouped sub-4-bit integers (INT3, INT2: GPTQ, Frantar et al., arXiv 2210.17323, Sec. 5, quantizes
   to 3 and 2 bits with grouping) and any group size: ``int<b>-g<N>`` (b in 2, 3, 4, 8; N a power of
   two from 16 to 1024) stores b bits per weight and one FP16 scale per N weights. No device
@@ -41,7 +52,7 @@ class DataFormat:
     """
 
     name: str
-    element_bits: int
+    element_bits: float
     compute: str
     block_size: int = 0
     scale_bits: int = 0
@@ -79,6 +90,14 @@ FORMATS: dict[str, DataFormat] = {
         DataFormat("mxfp4", 4, "fp4", 32, 8, "OCP MXFP4 (E2M1), block 32, E8M0 scale"),
         DataFormat("mxint8", 8, "int8", 32, 8, "OCP MXINT8, block 32, E8M0 scale"),
         DataFormat("nvfp4", 4, "fp4", 16, 8, "NVFP4 (E2M1), block 16, FP8 E4M3 scale"),
+        DataFormat("q4_0", 4, "int8", 32, 16, "GGUF Q4_0 (llama.cpp), block 32, FP16 scale"),
+        DataFormat("q4_k_s", 4.6672, "int8", description="GGUF Q4_K_S mix, Llama-3.1-8B's average bits"),
+        DataFormat("q4_k_m", 4.8944, "int8", description="GGUF Q4_K_M mix, Llama-3.1-8B's average bits"),
+        DataFormat("q5_k_m", 5.7036, "int8", description="GGUF Q5_K_M mix, Llama-3.1-8B's average bits"),
+        DataFormat("q6_k", 6.5633, "int8", description="GGUF Q6_K, Llama-3.1-8B's average bits (6.5625 a super-block)"),
+        DataFormat("q8_0", 8, "int8", 32, 16, "GGUF Q8_0 (llama.cpp), block 32, FP16 scale"),
+        DataFormat("mlx-4bit", 4, "int4", 64, 32, "MLX affine 4-bit, group 64, FP16 scale and bias"),
+        DataFormat("mlx-8bit", 8, "int8", 64, 32, "MLX affine 8-bit, group 64, FP16 scale and bias"),
     )
 }
 

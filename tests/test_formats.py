@@ -14,6 +14,14 @@ EXPECTED_BITS = {
     "mxfp4": 4 + 8 / 32,
     "mxint8": 8 + 8 / 32,
     "nvfp4": 4 + 8 / 16,      # E4M3 scale per block of 16
+    "q4_0": 4 + 16 / 32,      # GGUF: FP16 scale per block of 32
+    "q8_0": 8 + 16 / 32,
+    "q4_k_s": 4.6672,         # GGUF K-quant mixes: llama.cpp's Llama-3.1-8B averages (tests/test_formats_gguf.py)
+    "q4_k_m": 4.8944,
+    "q5_k_m": 5.7036,
+    "q6_k": 6.5633,
+    "mlx-4bit": 4 + 32 / 64,  # MLX: FP16 scale and bias per group of 64
+    "mlx-8bit": 8 + 32 / 64,
 }
 
 
