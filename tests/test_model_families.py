@@ -45,6 +45,9 @@ PUBLISHED = {
     "gpt-oss-20b": (20.91e9, 3.61e9, 0.01),              # gpt-oss model card Table 1
     "gpt-oss-120b": (116.83e9, 5.13e9, 0.01),            # gpt-oss model card Table 1
     "deepseek-v2-lite": (15.7e9, 2.4e9, 0.025),          # DeepSeek-V2 paper App. B: 15.7B, 2.4B activated
+    "llama-3-8b-instruct": (8.03e9, None, 0.01),         # Hub's count for Meta-Llama-3-8B(-Instruct): 8.03B
+    "qwen2.5-32b-instruct": (32.5e9, None, 0.01),        # Qwen2.5-32B-Instruct card: 32.5B (31.0B non-embedding)
+    "phi-4": (14.7e9, None, 0.01),                       # Hub's count for microsoft/phi-4: 14.7B
 }
 #: models whose published active count leaves out the input embedding table (it is a lookup of one
 #: row per token): the gpt-oss card counts "Embed + Unembed" apart and its active figure holds the
@@ -55,11 +58,12 @@ ACTIVE_WITHOUT_EMBEDDING = {"gpt-oss-20b", "gpt-oss-120b", "deepseek-v2-lite"}
 #: published non-embedding counts (Qwen cards: "Non-Embedding"; Gemma reports: non-embedding parameters)
 NON_EMBEDDING = {"qwen2.5-7b-instruct": 6.53e9, "qwen3-0.6b": 0.44e9, "qwen3-8b": 6.95e9,
                  "qwen3-30b-a3b": 29.9e9, "qwen3-235b-a22b": 234e9, "gemma-2-9b-it": 8_324_201_984,
-                 "gemma-3-27b-it": 25_600e6}
+                 "gemma-3-27b-it": 25_600e6, "qwen2.5-32b-instruct": 31.0e9}
 FAMILY = {"llama-3.2-1b-instruct": "llama", "llama-3.2-3b-instruct": "llama", "qwen2.5-7b-instruct": "qwen2",
           "qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "qwen3-30b-a3b": "qwen3_moe", "qwen3-235b-a22b": "qwen3_moe",
           "mixtral-8x22b": "mixtral", "gemma-2-9b-it": "gemma2", "gemma-3-27b-it": "gemma3_text",
-          "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "deepseek-v2-lite": "deepseek_v2"}
+          "gpt-oss-20b": "gpt_oss", "gpt-oss-120b": "gpt_oss", "deepseek-v2-lite": "deepseek_v2",
+          "llama-3-8b-instruct": "llama", "qwen2.5-32b-instruct": "qwen2", "phi-4": "phi3"}
 
 
 def cfg_of(name: str) -> dict:
@@ -378,7 +382,8 @@ def test_max_context_sets_a_longer_or_shorter_context():
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_every_new_model_evaluates(name):
     m = load_model(name)
-    ev = evaluate({"model": name, "hardware": "h200", "devices": 4, "batch": 4, "prompt_len": 2048,
+    devices = next(d for d in (4, 2, 1) if m.num_heads % d == 0 and m.num_kv_heads % d == 0)   # phi-4: 10 K/V heads
+    ev = evaluate({"model": name, "hardware": "h200", "devices": devices, "batch": 4, "prompt_len": 2048,
                    "gen_len": 64, "weights": "fp8", "kv": "fp8", "flash_attention": True})
     assert ev.reason_key(0) in ("", "device_memory"), ev.reason_text(0)
     assert np.isfinite(ev["tpot_s"][0]) and ev["tpot_s"][0] > 0
