@@ -753,6 +753,14 @@ def _ssm_dims(cfg: dict, path, heads_key: str, groups_key: str, **kw) -> dict:
     return kw
 
 
+#: Qwen3-Next's MTP modules: its config has no MTP key, but the checkpoint ships one module (the
+#: safetensors weight table of Qwen/Qwen3-Next-80B-A3B-Instruct, printed with the config in the model
+#: report configs/models/SOURCES.md cites: 81,324,862,720 parameters, of which the config's decoder
+#: counts 79,674,391,296; the 1.65 B between is one block of the model's shape with its 2h -> h
+#: projection and norms: tests/test_hybrid_2026_configs.py), which vLLM runs as ``qwen3_next_mtp``
+QWEN3_NEXT_MTP_LAYERS = 1
+
+
 def _gated_deltanet(cfg: dict, path, layers: int, kw: dict) -> dict:
     """Qwen3-Next / Qwen3.5: which layers are Gated DeltaNet (``layer_types``, else all but every
     ``full_attention_interval``-th), each layer's MLP or MoE, the attention's output gate and the
@@ -771,7 +779,8 @@ def _gated_deltanet(cfg: dict, path, layers: int, kw: dict) -> dict:
         raise _fail(path, _named(cfg, "mtp_use_dedicated_embeddings"), "got true; only false (the MTP layers "
                     "share the model's embedding) is modelled")
     return dict(layer_mixers=mixers, layer_ffns=ffns, notes=kw["notes"],
-                mtp_layers=_int(cfg, path, "mtp_num_hidden_layers", default=0, lo=0, hi=MAX_LAYERS),
+                mtp_layers=_int(cfg, path, "mtp_num_hidden_layers", lo=0, hi=MAX_LAYERS,
+                                default=QWEN3_NEXT_MTP_LAYERS if kw.get("model_type") == "qwen3_next" else 0),
                 attn_output_gate=_flag(cfg, path, "attn_output_gate", True), ssm_chunk=_GDN_CHUNK,
                 ssm_conv_kernel=_int(cfg, path, "linear_conv_kernel_dim"),
                 ssm_state_bytes=_state_bytes(cfg, path, "mamba_ssm_dtype"),
