@@ -8,7 +8,11 @@ A serving workload's prompt and output lengths are a distribution, named by a sp
   ``gen_len`` and shape sigma (the standard deviation of the log; default 1.0 each);
 - a CSV file (``path.csv``) with columns ``prompt_len`` and ``gen_len``, one request per
   row (a public trace): its rows as they are, and its means stand for ``prompt_len`` and
-  ``gen_len``.
+  ``gen_len``. An optional column ``arrival_s`` (seconds, non-decreasing) gives each request's
+  arrival: the trace's rate, (rows - 1) / (last - first arrival), and its burstiness, the gamma
+  shape whose squared coefficient of variation is that of the gaps (mean^2 / variance, the
+  moment fit), stand for ``request_rate`` and ``burstiness`` where a point gives none, and the
+  simulator replays the arrivals with their rows (``LengthSpec.replay``).
 
 The steady-state serving model works on a few length classes (``Lengths``): strata of the
 distribution's quantiles, each at its conditional mean, so that the class means add up to
@@ -33,6 +37,9 @@ LOGNORMAL_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 TRACE_STRATA = 8
 #: the default sigma of a lognormal length
 DEFAULT_SIGMA = 1.0
+#: the burstiness a trace's gaps are read at most as (dse.system.params' ``burstiness`` range; a trace
+#: of equal gaps, variance 0, is the most regular arrival process that range holds)
+MAX_BURSTINESS = 100.0
 FIXED = "fixed"
 
 
@@ -72,7 +79,8 @@ class Lengths:
 @dataclass(frozen=True)
 class LengthSpec:
     """A parsed length distribution: kind ``fixed``, ``lognormal`` (prompt_sigma, gen_sigma)
-    or ``trace`` (prompts, gens: the trace's rows; path its file)."""
+    or ``trace`` (prompts, gens: the trace's rows; arrivals: their arrival times, s, or empty;
+    path its file)."""
 
     kind: str
     prompt_sigma: float = 0.0
@@ -80,6 +88,24 @@ class LengthSpec:
     prompts: tuple = ()
     gens: tuple = ()
     path: str = ""
+    arrivals: tuple = ()
+
+    @property
+    def trace_rate(self) -> float:
+        """Requests/s of a trace's arrivals: (rows - 1) / (last - first arrival); NaN without them."""
+        if not self.arrivals:
+            return math.nan
+        return (len(self.arrivals) - 1) / (self.arrivals[-1] - self.arrivals[0])
+
+    @property
+    def trace_burstiness(self) -> float:
+        """The gamma shape of a trace's arrival gaps by moments, mean^2 / variance (1: as regular as a
+        Poisson process's), at most ``MAX_BURSTINESS``; NaN without arrivals."""
+        if not self.arrivals:
+            return math.nan
+        gaps = np.diff(np.asarray(self.arrivals, dtype=float))
+        var = float(np.var(gaps))
+        return MAX_BURSTINESS if var <= 0 else min(float(np.mean(gaps)) ** 2 / var, MAX_BURSTINESS)
 
     @property
     def name(self) -> str:
@@ -143,6 +169,21 @@ class LengthSpec:
         g = np.maximum(np.round(g), 1)
         p = np.maximum(np.minimum(np.round(p), max_tokens - g), 1)
         return p.astype(np.int64), g.astype(np.int64)
+
+
+    def replay(self, n: int, max_tokens: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(arrival times s, prompts, gens) of ``n`` requests replaying a trace's rows in order with
+        their arrivals (from 0), the trace repeated as often as ``n`` needs, each repeat one mean gap
+        after the last; prompts cut as ``sample`` cuts them. DseError for a trace without arrivals."""
+        if not self.arrivals:
+            raise DseError(f"{self.path}: a replay needs the trace's arrival_s column")
+        t = np.asarray(self.arrivals, dtype=float) - self.arrivals[0]
+        span = t[-1] + 1.0 / self.trace_rate
+        rows = np.arange(n) % len(t)
+        times = t[rows] + (np.arange(n) // len(t)) * span
+        g = np.asarray(self.gens, float)[rows]
+        p = np.maximum(np.minimum(np.asarray(self.prompts, float)[rows], max_tokens - g), 1)
+        return times, p.astype(np.int64), g.astype(np.int64)
 
 
 def _lognormal_strata(mean: float, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -250,8 +291,11 @@ def _read_trace(path: str) -> LengthSpec:
     header, reader = read_csv(p, "length trace")
     if "prompt_len" not in header or "gen_len" not in header:
         raise DseError(f"{p}: a length trace needs columns prompt_len and gen_len, found {', '.join(header) or 'none'}")
-    prompts, gens = [], []
+    prompts, gens, arrivals = [], [], []
+    timed = "arrival_s" in header
     for line, row in enumerate(reader, start=2):
+        if timed:
+            arrivals.append(_arrival(p, line, row.get("arrival_s"), arrivals[-1] if arrivals else 0.0))
         for key, out in (("prompt_len", prompts), ("gen_len", gens)):
             raw = (row.get(key) or "").strip()
             try:        # ASCII only: float() also reads other scripts' digits ('١٠٠')
@@ -264,7 +308,27 @@ def _read_trace(path: str) -> LengthSpec:
             out.append(int(v))
     if not prompts:
         raise DseError(f"{p}: a length trace needs at least one row")
-    return LengthSpec("trace", prompts=tuple(prompts), gens=tuple(gens), path=str(path))
+    if timed and (len(arrivals) < 2 or arrivals[-1] <= arrivals[0]):
+        raise DseError(f"{p}: arrival_s: a trace's arrivals need at least two rows and a last arrival after the "
+                       f"first (its rate is rows - 1 over that span)")
+    return LengthSpec("trace", prompts=tuple(prompts), gens=tuple(gens), path=str(path), arrivals=tuple(arrivals))
+
+
+def _arrival(path: Path, line: int, raw, last: float) -> float:
+    """The arrival time (s) of a trace row: finite, at least 0 and at least the row before's; DseError
+    naming the file and line otherwise."""
+    raw = (raw or "").strip()
+    try:
+        v = float(raw) if raw.isascii() else math.nan
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and 0 <= v <= 1e9):
+        raise DseError(f"{path}: line {line}: arrival_s must be a number of seconds from 0 to 1e9, got "
+                       f"{'empty' if not raw else _cut(raw)}")
+    if v < last:
+        raise DseError(f"{path}: line {line}: arrival_s must not decrease (got {v:g} after {last:g}); give the rows "
+                       f"in arrival order")
+    return v
 
 
 __all__ = ["Lengths", "LengthSpec", "parse_lengths", "FIXED", "LOGNORMAL_EDGES"]

@@ -216,7 +216,8 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     """The serving metrics of the design point ``columns`` (continuous batching) from the
     discrete-event simulator (``dse.core.simulator``): ``requests`` requests, their lengths
     drawn from the point's length distribution and, for an open loop, Poisson (or gamma: burstiness) arrivals (their
-    gaps scaled to the rate's mean exactly), both with ``seed``; every iteration priced as
+    gaps scaled to the rate's mean exactly), both with ``seed`` (a trace with arrival times at its own rate:
+    its rows replayed in order at their arrivals, ``LengthSpec.replay``); every iteration priced as
     ``evaluate`` prices it. ``progress`` (optional, e.g. a tqdm bar's ``update``) is called
     with the number of requests each simulated iteration finishes (``requests`` in all),
     ``tokens`` (optional) with the output tokens it produces and those of all the requests.
@@ -228,11 +229,15 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
     point = serving_engine(prepare(columns), 0, efficiency=efficiency, ideal=ideal)
     rng = np.random.default_rng(seed)
     arrivals = None
-    if point.request_rate is not None:   # Poisson (gamma: burstiness) gaps, scaled to a mean of exactly 1 / rate
-        k = point.burstiness
-        gaps = rng.exponential(1.0, requests) if k == 1.0 else rng.gamma(k, 1.0 / k, requests)
-        arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
-    prompts, gens = point.lengths.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
+    spec = point.lengths
+    if point.request_rate is not None and spec.arrivals and point.request_rate == spec.trace_rate:
+        arrivals, prompts, gens = spec.replay(requests, point.max_tokens)     # the trace's own arrivals and rows
+    else:
+        if point.request_rate is not None:   # Poisson (gamma: burstiness) gaps, scaled to a mean of exactly 1 / rate
+            k = point.burstiness
+            gaps = rng.exponential(1.0, requests) if k == 1.0 else rng.gamma(k, 1.0 / k, requests)
+            arrivals = np.cumsum(gaps / (gaps.mean() * point.request_rate))
+        prompts, gens = spec.sample(requests, point.prompt_len, point.gen_len, rng, point.max_tokens)
     routed = point.replicas > 1 or point.session_turns > 1
     if routed:                           # replicas behind a router; sessions of turns: their first turns' starts
         res, hits = routed_run(point, prompts, gens, arrivals, rng)

@@ -142,7 +142,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["kv_block"], w["max_running"] = cols.numbers("kv_block"), cols.numbers("max_running")
     w["prefill_chunk"] = cols.numbers("prefill_chunk")
     w["lengths"], w["length_specs"] = resolved_column(cols, "lengths", parse_lengths)
-    _trace_lengths(w)
+    _trace_lengths(w, cols.has("burstiness"))
     image_columns(cols, w)
     for k in ("prefix_hit", "slo_ttft", "slo_tpot", "slo_percentile", "target_rate"):
         w[k] = cols.numbers(k)
@@ -275,13 +275,25 @@ def _decode_hardware(value) -> str:
     return str(value)
 
 
-def _trace_lengths(w: dict) -> None:
-    """Points whose lengths are a trace take its mean prompt and output lengths."""
+def _trace_lengths(w: dict, burstiness_given: bool) -> None:
+    """Points whose lengths are a trace take its mean prompt and output lengths; a trace with arrival
+    times gives the points without a load its rate (an open loop) and, where the burstiness column is
+    not given, its gaps' burstiness (``LengthSpec.trace_rate``, ``trace_burstiness``)."""
     for code, spec in enumerate(w["length_specs"]):
         if spec.kind == "trace":
             at = w["lengths"] == code
             w["prompt"], w["gen"] = w["prompt"].copy(), w["gen"].copy()
             w["prompt"][at], w["gen"][at] = spec.trace_means()
+            if spec.arrivals:
+                rate, conc = (np.array(np.broadcast_to(w[k], at.shape), dtype=float)
+                              for k in ("request_rate", "concurrency"))
+                free = at & ~(rate > 0) & ~(conc > 0)
+                rate[free] = spec.trace_rate
+                w["request_rate"] = rate
+                if not burstiness_given:
+                    k = np.array(np.broadcast_to(w["burstiness"], at.shape), dtype=float)
+                    k[at] = spec.trace_burstiness
+                    w["burstiness"] = k
 
 
 def resolved_column(cols: Columns, key: str, resolve) -> tuple[np.ndarray, list]:
