@@ -96,6 +96,9 @@ from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
 
 NORM_OPS = {"rmsnorm": 4, "layernorm": 7}
+#: the norms on the residual stream between a layer's blocks: with sequence-parallel activations each
+#: device runs them on its 1/tp of the tokens (the norms inside a block, q/k and MLA's, see them all)
+RESIDUAL_NORMS = frozenset({"attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"})
 ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1, "relu2": 2}
 #: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:
 #: S k, the decayed rank-one delta update and S q, 2 + 3 + 2; Mamba-2: the decay, the rank-one
@@ -360,6 +363,9 @@ class _Builder:
         self.cp = sc.cp
         self.S = _counted(-(-sc.prompt_len // sc.cp)) if stage == "prefill" else self.tech.query_tokens
         self.T = self.B * self.S                           # tokens in this step
+        # the residual stream's tokens a device holds between the attention and MLP blocks: all of them,
+        # or 1/tp with sequence-parallel activations (the all-reduce a reduce-scatter and an all-gather)
+        self.T_res = self.T / sc.tp if sc.techniques.sequence_parallel and sc.tp > 1 else self.T
         self.L = _counted(kv_len)                          # keys a query attends (prefill: its prompt)
         self.buffer_bytes = buffer_bytes
         self.ops: list[Operator] = []
@@ -383,7 +389,7 @@ class _Builder:
                                      uses_kv=bool(kw.get("uses_kv", False))))
 
     def norm(self, name, width, count, tokens=None):
-        t = self.T if tokens is None else tokens
+        t = (self.T_res if name in RESIDUAL_NORMS else self.T) if tokens is None else tokens
         per = NORM_OPS.get(self.m.norm_type, 7)
         params = width * self.m.norm_weights_per_element
         self.add(name, "vector", count, ops=per * t * width, weight=params, act_in=t * width, act_out=t * width)
@@ -397,9 +403,8 @@ class _Builder:
         self.add(name, "matmul", count, **kw)
 
     def add_residual(self, name, operands, count):
-        h = self.m.hidden_size
-        self.add(name, "vector", count, ops=(operands - 1) * self.T * h, act_in=operands * self.T * h,
-                 act_out=self.T * h)
+        h, t = self.m.hidden_size, self.T_res
+        self.add(name, "vector", count, ops=(operands - 1) * t * h, act_in=operands * t * h, act_out=t * h)
 
     def allreduce(self, name, count):
         if self.tp > 1:

@@ -68,6 +68,7 @@ class Techniques:
     query_tokens: int = 1
     edge_bits: float = 0.0
     routing: Routing = UNIFORM
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         for name in ("weight_density", "activation_density", "layers_used"):

@@ -275,6 +275,12 @@ TABLE: tuple[Param, ...] = (
           flag="--offload", flag_default=True),
     Param("overlap", bool, help="host-tier transfers overlap compute (--no-overlap: add to it)", default=True,
           flag="--overlap", flag_default=True),
+    Param("sequence_parallel", bool, default=False, flag="--sequence-parallel", flag_default=True,
+          help="sequence-parallel activations (Korthikanti et al., 'Reducing Activation Recomputation in Large "
+               "Transformer Models', MLSys 2023, Sec. 4.2.2; vLLM's sequence-parallelism pass): under tensor "
+               "parallelism each all-reduce becomes a reduce-scatter and an all-gather (the ring all-reduce's "
+               "own two halves: the same bytes and hops) and the norms and residual adds between them run on "
+               "1/tp of the tokens a device (default: off)"),
     Param("two_batch_overlap", bool, default=False, flag="--two-batch-overlap", flag_default=True,
           help="two-batch overlap (DeepSeek-V3 report Sec. 3.4, SGLang's TBO): each step runs as two "
                "micro-batches of half the sequences, one's collectives (all-reduces, expert dispatch and "

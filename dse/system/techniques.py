@@ -46,7 +46,7 @@ from workloads.techniques import Techniques, parse_sparsity, sparsity_text
 
 #: columns that set a point's Techniques
 TECHNIQUE_COLUMNS = ("sparse", "sparsity", "weight_density", "activation_sparsity", "layers_used", "kv_budget",
-                     "spec_tokens", "spec_draft", "weights_edge", *ROUTING_COLUMNS)
+                     "spec_tokens", "spec_draft", "weights_edge", "sequence_parallel", *ROUTING_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,8 @@ def technique_columns(cols: Columns, w: dict) -> None:
     except DseError as e:
         raise DseError(f"{cols.where}: weights_edge: {e}") from None
     rcodes, routings = routing_columns(cols)
-    keys = [sparsity, *numbers.values(), query, edge, rcodes]
+    seq = np.broadcast_to(np.asarray(cols.flags("sequence_parallel"), dtype=bool), (cols.n,))
+    keys = [sparsity, *numbers.values(), query, edge, rcodes, seq]
     inv, order, starts = group(keys, cols.n)
     techniques = []
     for g in range(len(starts) - 1):
@@ -219,7 +220,8 @@ def technique_columns(cols: Columns, w: dict) -> None:
                 sparsity=pairs[sparsity[i]], weight_density=float(numbers["weight_density"][i]),
                 activation_density=float(numbers["activation_sparsity"][i]),
                 layers_used=float(numbers["layers_used"][i]), kv_budget=int(numbers["kv_budget"][i]),
-                query_tokens=int(query[i]), edge_bits=float(edge[i]), routing=routings[rcodes[i]]))
+                query_tokens=int(query[i]), edge_bits=float(edge[i]), routing=routings[rcodes[i]],
+                sequence_parallel=bool(seq[i])))
         except DseError as e:
             raise DseError(f"{cols.where}: {e}") from None
     w["tech"], w["techniques"] = inv, techniques
@@ -249,6 +251,8 @@ def settings_text(point: dict) -> dict[str, str]:
         v = point.get(key, DEFAULTS[key])
         if v != DEFAULTS[key]:
             out[key] = text.format(float(v))
+    if point.get("sequence_parallel"):
+        out["sequence_parallel"] = "sequence-parallel activations (norms and adds on 1/tp of the tokens)"
     if str(point.get("weights_edge", "none")) != "none":
         out["weights_edge"] = f"first and last layers' weights {point['weights_edge']}"
     if str(point.get("prune", "none")) != "none":
