@@ -1,10 +1,10 @@
-"""NVIDIA L4 and GeForce RTX 5090 presets: a batch-1 FP8 decode of Llama-3.1-8B reads every weight once
-a token, so its TPOT is at least the weight bytes over the cited bandwidth (300 and 1,792 GB/s)."""
+"""NVIDIA L4, GeForce RTX 5090 and RTX 3090 presets: a batch-1 FP8 decode of Llama-3.1-8B reads every weight once
+a token, so its TPOT is at least the weight bytes over the cited bandwidth (300, 1,792 and 936 GB/s)."""
 import pytest
 
 from dse import evaluate
 
-CITED_BANDWIDTH = {"l4": 300e9, "rtx-5090": 1792e9}
+CITED_BANDWIDTH = {"l4": 300e9, "rtx-5090": 1792e9, "rtx-3090": 936e9}
 
 
 @pytest.mark.parametrize("hw", sorted(CITED_BANDWIDTH))
