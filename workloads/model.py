@@ -56,7 +56,7 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
 - hybrid and linear-attention models (``layer_mixers``, ``layer_ffns``: what each layer holds; the
   recurrent layers' dims in the ``ssm_*`` fields, one recurrent kind a model):
   qwen3_next, qwen3_5 / qwen3_5_text (dense) and qwen3_5_moe / qwen3_5_moe_text (the Qwen3.5 VLM
-  configs are read from their ``text_config``: the vision encoder is not modelled, as ``notes`` say;
+  configs are read from their ``text_config``, the vision tower from ``vision_config`` as Qwen3-VL's;
   the multi-token-prediction layers are ``mtp_layers``): ``layer_types`` (``linear_attention`` or
   ``full_attention``), else every ``full_attention_interval``-th layer full; the linear layers are
   Gated DeltaNet (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta
