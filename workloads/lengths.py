@@ -170,7 +170,6 @@ class LengthSpec:
         p = np.maximum(np.minimum(np.round(p), max_tokens - g), 1)
         return p.astype(np.int64), g.astype(np.int64)
 
-
     def replay(self, n: int, max_tokens: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(arrival times s, prompts, gens) of ``n`` requests replaying a trace's rows in order with
         their arrivals (from 0), the trace repeated as often as ``n`` needs, each repeat one mean gap
@@ -298,10 +297,7 @@ def _read_trace(path: str) -> LengthSpec:
             arrivals.append(_arrival(p, line, row.get("arrival_s"), arrivals[-1] if arrivals else 0.0))
         for key, out in (("prompt_len", prompts), ("gen_len", gens)):
             raw = (row.get(key) or "").strip()
-            try:        # ASCII only: float() also reads other scripts' digits ('١٠٠')
-                v = float(raw) if raw.isascii() else math.nan
-            except ValueError:
-                v = math.nan
+            v = _number(raw)
             if not (math.isfinite(v) and v >= 1 and v == int(v) and v <= 2**40):
                 raise DseError(f"{p}: line {line}: {key} must be a positive integer (at most 2**40), got "
                                f"{f'{v:g}' if math.isfinite(v) else 'empty' if not raw else 'text that is not a number'}")
@@ -314,14 +310,20 @@ def _read_trace(path: str) -> LengthSpec:
     return LengthSpec("trace", prompts=tuple(prompts), gens=tuple(gens), path=str(path), arrivals=tuple(arrivals))
 
 
+def _number(raw: str) -> float:
+    """A trace cell as a float; NaN where it is not an ASCII number (float() also reads other
+    scripts' digits, '١٠٠')."""
+    try:
+        return float(raw) if raw.isascii() else math.nan
+    except ValueError:
+        return math.nan
+
+
 def _arrival(path: Path, line: int, raw, last: float) -> float:
     """The arrival time (s) of a trace row: finite, at least 0 and at least the row before's; DseError
     naming the file and line otherwise."""
     raw = (raw or "").strip()
-    try:
-        v = float(raw) if raw.isascii() else math.nan
-    except ValueError:
-        v = math.nan
+    v = _number(raw)
     if not (math.isfinite(v) and 0 <= v <= 1e9):
         raise DseError(f"{path}: line {line}: arrival_s must be a number of seconds from 0 to 1e9, got "
                        f"{'empty' if not raw else _cut(raw)}")

@@ -416,20 +416,15 @@ def _least_busy(g: np.ndarray, need: np.ndarray, running: np.ndarray) -> np.ndar
     from scipy.optimize import linprog  # (scipy at call time, as ``cheapest_mix``'s milp)
     E, B = g.shape
     inv = np.where(g > 0, 1.0 / np.where(g > 0, g, 1.0), 0.0)          # [E, B]
-    serve = (g > 0).ravel()
+    c = inv.ravel()                                                     # x[e, b] at e * B + b
+    demand = np.tile(np.eye(B), E)                                      # sum_e x[e, b] = need[t, b]
+    capacity = np.kron(np.eye(E), np.ones(B)) * c                       # sum_b x[e, b] / g[e, b] <= running[e, t]
+    bounds = [(0.0, None if ok else 0.0) for ok in (g > 0).ravel()]
     out = np.zeros(running.shape)
     for t in range(need.shape[0]):
         if not need[t].any():
             continue
-        c = inv.ravel()
-        demand = np.zeros((B, E * B))            # sum_e x[e, b] = need[t, b]
-        capacity = np.zeros((E, E * B))          # sum_b x[e, b] / g[e, b] <= running[e, t]
-        for e in range(E):
-            for b in range(B):
-                demand[b, e * B + b] = 1.0
-                capacity[e, e * B + b] = inv[e, b]
-        res = linprog(c, A_ub=capacity, b_ub=running[:, t], A_eq=demand, b_eq=need[t],
-                      bounds=[(0.0, None if ok else 0.0) for ok in serve], method="highs")
+        res = linprog(c, A_ub=capacity, b_ub=running[:, t], A_eq=demand, b_eq=need[t], bounds=bounds, method="highs")
         x = res.x.reshape(E, B) if res.success else np.zeros((E, B))
         out[:, t] = (x * inv).sum(axis=1)
     return out

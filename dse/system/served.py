@@ -425,11 +425,11 @@ def _classes_slo(s: ServingInputs, at: np.ndarray, late: float):
     """``goodput``'s ``classes`` at the points ``at``: (the high class's share [A], NaN where the
     scheduler is not priority classes; the high class's TTFT SLO [A] less the request overhead
     ``late``, 0 where unset: the low class's ``slo_ttft`` holds for both); None: no priority point."""
-    if s.scheduler is None or not np.any(s.scheduler[at] == PRIORITY):
+    share = _high_share(s)
+    if share is None or not np.isfinite(share[at]).any():
         return None
     high = np.nan_to_num(s.slo_ttft_high[at], nan=0.0) if s.slo_ttft_high is not None else np.zeros(len(at))
-    return (np.where(s.scheduler[at] == PRIORITY, s.priority_share[at], np.nan),
-            np.where(high > 0, np.maximum(high - late, 1e-300), 0.0))
+    return share[at], np.where(high > 0, np.maximum(high - late, 1e-300), 0.0)
 
 
 def _decode_unlinked(s: ServingInputs) -> np.ndarray:
