@@ -99,6 +99,9 @@ class Device:
     energy_profile: the measured energy profile (``configs/technology.yaml`` energy.devices) the
         device's energy per op and per bit come from; "" where none was measured for its chip.
     static_power_w: cited static (idle) power, W; None: the energy profile's measured constant power.
+    shard_cores: the cores one device's share of a tensor-parallel model is split over, where an
+        engine shards over cores rather than chips (AWS Neuron's tp_degree counts NeuronCores, two a
+        Inferentia2 or Trainium1 chip; ``workloads.head_padding``); 1 elsewhere.
     family: the efficiency family (one of FAMILIES) whose achievable fractions the device shares.
         Presets always set it (``hwmodels.presets`` fills in the class when a YAML omits it). A
         Device built in code may leave it "": ``efficiency_family`` then is the device class
@@ -128,6 +131,7 @@ class Device:
     family: str = ""
     energy_profile: str = ""
     static_power_w: float | None = None
+    shard_cores: int = 1
 
     def __post_init__(self):
         if not isinstance(self.vendor, str):

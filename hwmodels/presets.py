@@ -36,7 +36,8 @@ HARDWARE_DIR = shipped("configs", "hardware")
 
 TOP_KEYS = {"name", "description", "class", "vendor", "family", "sources", "peak_ops_per_s", "vector_ops_per_s",
             "memory_tiers", "onchip_buffer_bytes", "interconnect", "host_link", "host_memory", "tdp_w",
-            "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu", "energy_profile", "static_power_w"}
+            "price_usd", "notes", "sparse_peak_ops_per_s", "pim", "host_cpu", "energy_profile", "static_power_w",
+            "shard_cores"}
 PIM_KEYS = {"peak_ops_per_s", "internal_bandwidth_multiple", "operators", "concurrent", "notes", "units",
             "unit_bandwidth_bytes_per_s", "mode_switch_s", "mode_switches", "coordination_s"}
 
@@ -105,7 +106,18 @@ def device_from_dict(d: dict, path: str) -> Device:
         host_link=_link(d.get("host_link"), f"{path}: host_link", sources), host_memory=host_memory,
         tdp_w=opt("tdp_w"), price_usd=opt("price_usd"), sources={str(k): str(v) for k, v in sources.items()},
         sparse_peak_ops_per_s=sparse, pim=pim, host_cpu=host_cpu, vendor=vendor, family=family,
-        energy_profile=_energy_profile(d, path), static_power_w=opt("static_power_w"))
+        energy_profile=_energy_profile(d, path), static_power_w=opt("static_power_w"),
+        shard_cores=_shard_cores(d, path, sources))
+
+
+def _shard_cores(d: dict, path: str, sources: dict) -> int:
+    """The preset's cited ``shard_cores`` (1 where absent); DseError unless a whole number >= 1."""
+    if "shard_cores" not in d:
+        return 1
+    v = _cited(d["shard_cores"], f"{path}: shard_cores", sources)
+    if v != int(v) or v > 1024:
+        raise DseError(f"{path}: shard_cores: expected a whole number of cores from 1 to 1024, got {v!r}")
+    return int(v)
 
 
 def _energy_profile(d: dict, path: str) -> str:

@@ -68,7 +68,8 @@ NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0, "step_overhead_s": 0.0, "r
            "prefill_decode_overlap": 0.0}
 #: the words an Efficiency's name uses for the engine layer's two kinds of values
 CALIBRATED, PRIOR = "calibrated engine", "prior engine"
-_KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources"}
+_KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources",
+         "head_padding"}
 #: what a share of device memory is a share of: all of it, or what the weights and activations leave
 SHARE_OF = ("device", "free")
 _MEMORY_KEYS = {"utilization", "share_of", "reserve_holds_activations", "prefill_chunk", "profiles_chunk"}
@@ -111,6 +112,7 @@ class Engine:
     allreduce: str = "one-shot"
     sources: tuple = ()
     memory: EngineMemory = GENERIC_MEMORY
+    head_padding: bool = False     # pads attention heads to the cores it shards over (``workloads.head_padding``)
 
     @property
     def flash_attention(self) -> bool:
@@ -137,6 +139,8 @@ def _profiles(path: str) -> tuple[dict, str]:
         for key, allowed in (("batching", BATCHING), ("attention", ATTENTION), ("allreduce", ALLREDUCE)):
             if node.get(key) not in allowed:
                 raise DseError(f"{where}.{key}: expected one of {', '.join(allowed)}, got {node.get(key)!r}")
+        if not isinstance(node.get("head_padding", False), bool):
+            raise DseError(f"{where}.head_padding: expected true or false, got {node.get('head_padding')!r}")
         for key in ("graphs", "gqa_kv_sharing"):
             if not isinstance(node.get(key), bool):
                 raise DseError(f"{where}.{key}: expected true or false, got {node.get(key)!r}")
@@ -146,7 +150,7 @@ def _profiles(path: str) -> tuple[dict, str]:
             raise DseError(f"{where}.match: not a regular expression: {e}") from None
         sources = node.get("sources") or {}
         memory = _memory(node.get("memory"), f"{where}.memory")
-        cited = ("batching", "graphs", "attention", "allreduce",
+        cited = ("batching", "graphs", "attention", "allreduce", *(("head_padding",) if node.get("head_padding") else ()),
                  *(k for k in ("utilization", "prefill_chunk", "profiles_chunk")
                    if (node.get("memory") or {}).get(k) is not None))
         missing = [k for k in cited if not sources.get(k)]
@@ -154,7 +158,8 @@ def _profiles(path: str) -> tuple[dict, str]:
             raise DseError(f"{where}.sources: every attribute needs a source; missing: {', '.join(missing)}")
         out[str(name)] = Engine(str(name), str(node.get("label", name)), str(node.get("match", "")),
                                 node["batching"], node["graphs"], node["attention"], node["gqa_kv_sharing"],
-                                node["allreduce"], tuple(sorted(sources.items())), memory)
+                                node["allreduce"], tuple(sorted(sources.items())), memory,
+                                node.get("head_padding", False))
     default = data.get("default_engine")
     if default not in out:
         raise DseError(f"{path}: default_engine: expected one of {', '.join(out)}, got {default!r}")

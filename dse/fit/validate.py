@@ -86,6 +86,7 @@ from dse.system.params import DEFAULTS, WORKLOAD_PARAMS
 from dse.system.reasons import MEMORY_CODES
 from hwmodels.formats import get_format
 from hwmodels.presets import load_device
+from workloads.head_padding import padded_model
 from workloads.model import load_model
 from workloads.optable import kv_heads_per_device
 
@@ -791,9 +792,11 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
         if i in why:
             skipped.append((r, why[i]))
             continue
-        model = load_model(r.model)
+        model, device = load_model(r.model), load_device(r.hardware)
+        if e.head_padding:               # the heads the engine runs (AWS Neuron pads them to its cores)
+            model = padded_model(model, r.tp * device.shard_cores)
         group = 1.0 if model.is_mla else (model.num_heads / r.tp) / kv_heads_per_device(model, r.tp)
-        cases.append(Case(r, model, load_device(r.hardware), p, e, group, burst_columns(r, p)))
+        cases.append(Case(r, model, device, p, e, group, burst_columns(r, p)))
     return cases, skipped
 
 

@@ -546,7 +546,8 @@ def _table_report(res, display, asked_flash=None) -> str:
             f"generate {s['gen_len']}, weights {s['weights']} / activations {s['activations']} / KV {s['kv']}, "
             f"{flash_note(s, asked_flash)}, {s['efficiency']} roofline")
     words = ("place", "compute_format", "bound")
-    out = [head, *([f"Collectives: {s['collectives']}"] if s.get("collectives") else []), "",
+    out = [head, *([f"Heads: {s['heads']}"] if s.get("heads") else []),
+           *([f"Collectives: {s['collectives']}"] if s.get("collectives") else []), "",
            "Prefill (per device; rows are one instance, 'x' instances per step)",
            display.text_table(res.prefill, cols, left=words), "",
            f"Decode step attending to {s['prompt_len']} cached tokens",

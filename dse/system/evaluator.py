@@ -52,6 +52,7 @@ from dse.system.feasibility import (
     check_group,
     max_batch,
     open_loop_kv_bytes,
+    padded_models,
     pool_layout,
     size_chips,
     speculation,
@@ -614,7 +615,7 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
     hw = assemble(cols)
     w = workload_columns(cols, hw)
     fail = _Failures()
-    tp, pp, chips, batch, devices = _layout(w, hw, fail)
+    w, tp, pp, chips, batch, devices = _layout(w, hw, fail)
     key = _workload_key(w, hw, batch, tp, pp)
     inv, order, starts = group(key, n)
     workload = inv                      # each point's workload (the points of a group of many each read theirs)
@@ -628,8 +629,8 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
         inverse[order] = np.arange(n)
         cols = cols.take(order)
         hw = assemble(cols)
-        w = workload_columns(cols, hw)
         tp, pp, batch, chips, devices = tp[order], pp[order], batch[order], chips[order], devices[order]
+        w = padded_models(workload_columns(cols, hw), hw, tp)
         many, workload = many[order], workload[order]
         fail.moved(inverse)
         order = order if held is None else held[order]
@@ -657,12 +658,14 @@ def prepare(columns: Mapping, *, constraints: dict | None = None, where: str = "
 
 
 def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
-    """(tp, pp, chips, batch, devices) of every point, [P]: the parallel layout (given, or of a
-    disaggregated point's instance), the chip count of classes sized by capacity (NaN elsewhere),
-    the batch (the largest that fits where asked) and the devices in all."""
+    """(w, tp, pp, chips, batch, devices) of every point, [P]: the workload columns with models padded
+    where the engine pads attention heads for the layout (``padded_models``), the parallel layout
+    (given, or of a disaggregated point's instance), the chip count of classes sized by capacity (NaN
+    elsewhere), the batch (the largest that fits where asked) and the devices in all."""
     lay_devices, lay_tp, pooled = pool_layout(w, fail)
     tp, pp, valid = parallel_layout(lay_devices, lay_tp, w.pp, w.ep * w.cp)     # cp rings of tp x pp x ep
     fail("layout", np.flatnonzero(~valid))
+    w = padded_models(w, hw, tp)
     sized = hw.sized_by_capacity & np.isnan(w.devices) & np.isnan(w.tp) & np.isnan(w.pp)
     chips = np.full(len(sized), np.nan)
     if sized.any():
@@ -671,7 +674,7 @@ def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
     batch = w.batch.copy()
     if w.batch_max.any():
         max_batch(w, hw, tp, pp, batch, fail)
-    return tp, pp, chips, batch, np.where(w.disaggregated, pooled, tp * pp * w.ep * w.cp)
+    return w, tp, pp, chips, batch, np.where(w.disaggregated, pooled, tp * pp * w.ep * w.cp)
 
 
 def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list:

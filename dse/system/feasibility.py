@@ -24,9 +24,32 @@ from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
 from workloads.footprint import chunk_activation_bytes, peak_activation_bytes, state_bytes_per_sequence
+from workloads.head_padding import padded_model
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
 from workloads.optable import kv_heads_per_device
+
+
+def padded_models(w: WorkloadColumns, hw: HardwareArrays, tp) -> WorkloadColumns:
+    """``w`` with each point whose engine pads attention heads (``Engine.head_padding``, AWS Neuron)
+    given its model padded for the cores its ``tp`` devices shard it over (tp x ``shard_cores``,
+    ``workloads.head_padding``); ``w`` itself where no point's engine pads or nothing needs it."""
+    pads = per_code([e.head_padding for e in w.engines], w.engine)
+    if not np.any(pads):
+        return w
+    shards = np.where(pads, np.nan_to_num(np.asarray(tp, dtype=float), nan=1.0) * hw.shard_cores, 1.0)
+    codes = np.array(np.broadcast_to(w.model, np.shape(pads)), dtype=np.int64)
+    models = list(w.models)
+    pairs, inv = np.unique(np.stack([codes, shards.astype(np.int64)], 1), axis=0, return_inverse=True)
+    new = np.empty(len(pairs), dtype=np.int64)
+    for k, (code, s) in enumerate(pairs):
+        m = padded_model(models[code], int(s))
+        new[k] = code if m is models[code] else len(models)
+        if m is not models[code]:
+            models.append(m)
+    if len(models) == len(w.models):
+        return w
+    return replace(w, model=new[inv.ravel()], models=models)
 
 
 def pool_layout(w: WorkloadColumns, fail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -112,6 +112,7 @@ class HardwareArrays:
     designs: list | None = None
     notes: list | None = None
     energy_basis: list | None = None      # per device of ``names``: where its power figures come from (hwmodels.power.BASES)
+    shard_cores: np.ndarray | None = None  # [P] cores a device's tensor-parallel share is split over (Device.shard_cores)
 
     def used(self, i: int) -> np.ndarray:
         """[C] the class that runs each class's work at point ``i``."""
@@ -607,7 +608,8 @@ def assemble(cols: Columns) -> HardwareArrays:
         host_cpu=cpu_idx, cpus=cpus, energy_basis=energy_basis,
         design=inv if designs is None else designs.code,
         designs=[d.name for d in devices] if designs is None else designs.names,
-        notes=[""] * len(devices) if designs is None else designs.notes)
+        notes=[""] * len(devices) if designs is None else designs.notes,
+        shard_cores=_per_device(devices, inv, lambda d: d.shard_cores, 1.0))
 
 
 def _energy_coefficients(cols: Columns, devices: list[Device], inv, pattern, used_by_pattern) -> tuple[dict, list]:
