@@ -90,7 +90,7 @@ import numpy as np
 from basis.errors import DseError
 from hwmodels.formats import DataFormat, matmul_compute_class
 from workloads import context_parallel as cpar
-from workloads.model import ModelSpec
+from workloads.model import ModelSpec, qk_norm_weights
 from workloads.routing import check_expert_parallel, expert_load
 from workloads.scenario import Scenario
 from workloads.techniques import PREDICTOR_RANK
@@ -141,6 +141,11 @@ class Operator:
     groups: float = 0.0
 
 
+#: the numeric fields of an Operator (``OpTable.total`` reads them as columns of one matrix)
+_NUMERIC = {f: i for i, f in enumerate(("count", "ops", "weight", "act_in", "act_out", "kv_in", "kv_out", "comm", "p2p",
+                                        "dequant", "shape_m", "shape_n", "shape_k", "heads", "kv_heads", "groups"))}
+
+
 @dataclass(frozen=True)
 class OpTable:
     """The operators of one step on one device and the formats that price them."""
@@ -167,13 +172,41 @@ class OpTable:
     def total(self, *attrs: str) -> np.ndarray:
         """Per-operator array of the sum of Operator attributes (one instance): [O], or [W, O] for
         a table of many workloads."""
+        numbers = self._numbers()
+        if numbers is not None:          # one workload: every attribute read once into a matrix
+            out = numbers[:, _NUMERIC[attrs[0]]].copy()
+            for a in attrs[1:]:
+                out += numbers[:, _NUMERIC[a]]
+            return out
         first, rest = attrs[0], attrs[1:]
         values = [sum((getattr(op, a) for a in rest), getattr(op, first)) for op in self.operators]
-        if not any(np.ndim(v) for v in values):
+        shapes = {getattr(v, "shape", ()) for v in values} - {()}
+        if not shapes:
             return np.array(values, dtype=float)
-        # stacked operator by operator (contiguous rows) and read as [W, O]: stacking on the last
-        # axis writes every operator's column with a stride, several times slower for many workloads
-        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
+        if len(shapes) > 1 or len(shape := shapes.pop()) != 1:
+            return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
+        # written operator by operator (contiguous rows) and read as [W, O]: writing on the last
+        # axis would write every operator's column with a stride, several times slower
+        out = np.empty((len(values), shape[0]))
+        for i, v in enumerate(values):
+            out[i] = v
+        return out.T
+
+    def _numbers(self) -> np.ndarray | None:
+        """[O, F] the numeric Operator fields (``_NUMERIC``) of a table of one workload, read once
+        and kept (keyed by its operators: a table replaced with other operators reads its own);
+        None for a table of many workloads (its amounts are arrays)."""
+        held = self.arrays.get("numbers")
+        if held is not None and held[0] is self.operators:
+            return held[1]
+        try:
+            numbers = np.array([[getattr(op, f) for f in _NUMERIC] for op in self.operators], dtype=float)
+        except (TypeError, ValueError):  # an amount that is an array of workloads
+            numbers = None
+        if numbers is not None and numbers.ndim != 2:
+            numbers = np.zeros((0, len(_NUMERIC)))
+        self.arrays["numbers"] = (self.operators, numbers)
+        return numbers
 
     @property
     def counts(self) -> np.ndarray:
@@ -286,6 +319,8 @@ def expected_experts_touched(num_experts: int, top_k: int, tokens: float) -> flo
 
 def _amount(v):
     """An operator's amount as a float, or a float array (one entry per workload)."""
+    if isinstance(v, np.ndarray):
+        return float(v) if v.ndim == 0 else (v if v.dtype == np.float64 else v.astype(float))
     return float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=float)
 
 
@@ -506,8 +541,8 @@ class _Builder:
         self.linear("v_proj", h, nkv * d, count, bias=m.attention_bias, kv_out=True)
         if m.qk_norm:
             heads = self.T * (nh + nkv) * d
-            self.add("qk_norm", "vector", count, ops=NORM_OPS["rmsnorm"] * heads, weight=2 * d, act_in=heads,
-                     act_out=heads)
+            self.add("qk_norm", "vector", count, ops=NORM_OPS["rmsnorm"] * heads, weight=qk_norm_weights(m, nh, nkv),
+                     act_in=heads, act_out=heads)
         self.attention_core(count - m.num_sliding_layers, nh, nkv, d, d)       # count: every layer
         self.attention_core(m.num_sliding_layers, nh, nkv, d, d, window=m.sliding_window)
         if m.attn_output_gate:      # sigmoid(gate) x output: 4 + 1 ops an element
