@@ -81,7 +81,8 @@ def test_every_shipped_config_is_covered_and_cited():
     assert set(available_models()) == (set(SHIPPED) | set(PUBLISHED) | set(PUBLISHED_2026) | set(PUBLISHED_HYBRID) | vlm
                                        | {"deepseek-v3.2"}  # tests/test_sparse_attention.py
                                        | {"qwen3-next-80b-a3b-instruct", "jamba-1.5-mini"}  # tests/test_hybrid_2026_configs.py
-                                       | {"glm-5"})  # tests/test_sparse_glm5.py
+                                       | {"glm-5"}  # tests/test_sparse_glm5.py
+                                       | {"minimax-m2.7"})  # tests/test_minimax_m2.py
     sources = (MODELS_DIR / "SOURCES.md").read_text()
     for name in PUBLISHED:
         assert f"`{name}.json`" in sources, name

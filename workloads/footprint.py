@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from workloads.model import RECURRENT_KINDS, ModelSpec
+from workloads.model import RECURRENT_KINDS, ModelSpec, qk_norm_weights
 from workloads.optable import (
     OpTable,
     kv_elems_per_token_per_layer,
@@ -38,7 +38,7 @@ def parameter_count(m: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> floa
     else:
         nkv = kv_heads_per_device(m, tp)
         qkv = h * (nh + 2 * nkv) * d + ((nh + 2 * nkv) * d if m.attention_bias else 0)
-        attn = qkv + nh * d * h + (h if m.o_proj_bias else 0) + (2 * d if m.qk_norm else 0)
+        attn = qkv + nh * d * h + (h if m.o_proj_bias else 0) + qk_norm_weights(m, nh, nkv)
         attn += h * nh * d if m.attn_output_gate else 0     # the output gate's half of q_proj
         attn += nh if m.attention_sinks else 0              # one sink logit a head (gpt-oss)
     mats = 3 if m.mlp_gated else 2

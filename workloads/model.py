@@ -17,7 +17,11 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   softmax denominator: counted as parameters and as one more softmax element per query and head,
   ``ModelSpec.attention_sinks``; gpt-oss model card, arXiv:2508.10925 sec. 2.1), dbrx (nested ``attn_config`` and
   ``ffn_config``, LayerNorm without bias), deepseek_v2 / deepseek_v3 (MLA + MoE with shared
-  experts), llama4 (read from its ``text_config``, or llama4_text: see below).
+  experts), llama4 (read from its ``text_config``, or llama4_text: see below), minimax_m2
+  (MiniMax-M2/M2.5/M2.7: full attention in every layer, ``attn_type_list`` all 1, with q and k
+  RMSNorms over all heads, ``qk_norm_type`` per_layer, ``ModelSpec.qk_norm_per_layer``; every layer
+  an MoE of ``num_local_experts`` experts of ``intermediate_size``, sigmoid scores with a bias per
+  expert; its MTP modules not read: ``_minimax_m2``).
 - qwen3_vl (Qwen3-VL): the Qwen3 decoder of ``text_config`` (model_type qwen3_vl_text) and the
   vision tower of ``vision_config`` (``workloads.vision``); ``ModelSpec.vision`` holds the tower,
   which runs only where a point's requests carry images (``images``).
@@ -70,8 +74,7 @@ Supported families (by ``model_type``; any other is refused, never read as anoth
   ``n_groups`` x ``ssm_state_size``, a conv of ``conv_kernel`` (bias ``use_conv_bias``), the scan
   in chunks of ``chunk_size``; MLP and experts ungated (``mlp_hidden_act`` relu2). The state's
   element is 4 bytes where the config fixes float32 (``mamba_ssm_dtype``,
-  ``mamba_ssm_cache_dtype``), else the activations' (the model's dtype). minimax_m2
-  (MiniMax-M2/M2.5) is full attention in every layer (no lightning attention in its config) and is not read (not a known family).
+  ``mamba_ssm_cache_dtype``), else the activations' (the model's dtype).
   jamba (Jamba, Jamba-1.5): attention in layer i where i % ``attn_layer_period`` ==
   ``attn_layer_offset``, Mamba-1 in the others (Gu & Dao, "Mamba: Linear-Time Sequence Modeling with
   Selective State Spaces", arXiv:2312.00752; transformers' JambaMambaMixer): in_proj to x and z of
@@ -147,6 +150,7 @@ class ModelSpec:
     norm_type: str = "rmsnorm"        # rmsnorm | layernorm
     norm_bias: bool = True            # a LayerNorm has a bias (DBRX's have none)
     qk_norm: bool = False             # RMSNorm of every query and key head (Qwen3, Gemma 3)
+    qk_norm_per_layer: bool = False   # ... over all heads at once, a weight per element (MiniMax-M2's per_layer)
     attention_bias: bool = False      # q/k/v projections have a bias
     o_proj_bias: bool = False
     mlp_bias: bool = False            # MLP and expert projections have biases (gpt-oss experts)
@@ -339,6 +343,15 @@ def draft_head_model(m: ModelSpec, kind: str) -> ModelSpec:
                                draft_head=kind, vision=None, notes=(), layer_mixers=(), layer_ffns=())
 
 
+def qk_norm_weights(m: ModelSpec, heads, kv_heads) -> float:
+    """Weights of one layer's query and key norms on a device holding ``heads`` query and
+    ``kv_heads`` key heads: one RMSNorm of head_dim each (Qwen3, Gemma 3), or one over all heads
+    with a weight per element (MiniMax-M2's ``per_layer``); 0 without them."""
+    if not m.qk_norm:
+        return 0.0
+    return (heads + kv_heads) * m.head_dim if m.qk_norm_per_layer else 2.0 * m.head_dim
+
+
 def context_limit(m: ModelSpec, max_context: int = 0) -> int:
     """Tokens a sequence may hold: ``max_context`` when given (> 0), else the model's
     ``max_position_embeddings`` (0: the config gives none, nothing is checked)."""
@@ -501,7 +514,7 @@ FAMILIES = {
     "deepseek_v2": True, "deepseek_v3": True, "deepseek_v32": True, "llama4": True, "llama4_text": True,
     "kimi_k2": True, "qwen3_vl": False, "qwen2_5_vl": False,
     "qwen3_next": True, "qwen3_5": False, "qwen3_5_text": False, "qwen3_5_moe": True, "qwen3_5_moe_text": True,
-    "nemotron_h": True, "jamba": True, "glm_moe_dsa": True,
+    "nemotron_h": True, "jamba": True, "glm_moe_dsa": True, "minimax_m2": True,
 }
 #: hybrid families with Gated DeltaNet layers (``layer_types`` linear_attention) and their text decoders
 _GDN_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -570,6 +583,37 @@ def _section(cfg: dict, path, key: str, defaults: dict | None = None) -> _Sectio
                 "got null" if v is None else f"got {_show(v)}")
         raise _fail(path, _named(cfg, key), f"{what}; expected an object {{...}} of the model's fields")
     return _Section({**(defaults or {}), **v}, _named(cfg, key) + ".")
+
+
+def _minimax_m2(cfg: dict, path, layers: int, inter: int) -> dict:
+    """MiniMax-M2's fields (MiniMaxM2ForCausalLM, MiniMax-M2 / M2.5 / M2.7): every layer full attention
+    (``attn_type_list`` all 1; 0 would be a lightning-attention layer, MiniMax-Text-01's, not read) with
+    q and k RMSNorms over all heads (``qk_norm_type`` per_layer) or per head, and an MoE of
+    ``num_local_experts`` experts of ``intermediate_size`` (top ``num_experts_per_tok``, sigmoid scores
+    with a bias per expert: ``use_routing_bias``), no shared expert (``shared_intermediate_size`` 0).
+    Its MTP modules (``use_mtp``, ``num_mtp_modules``) are not read: the config gives their number, not
+    their structure."""
+    kinds = cfg.get("attn_type_list")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != layers or any(k not in (0, 1) or isinstance(k, bool) for k in kinds):
+            raise _fail(path, _named(cfg, "attn_type_list"), f"expected a list of {layers} entries, each 1 (full "
+                        "attention) or 0 (lightning attention)")
+        if 0 in kinds:
+            raise _fail(path, _named(cfg, "attn_type_list"), f"{kinds.count(0)} lightning-attention layers (0); "
+                        "only full-attention layers (1) are read for minimax_m2")
+    shared = _int(cfg, path, "shared_intermediate_size", default=0, lo=0)
+    if shared:
+        raise _fail(path, _named(cfg, "shared_intermediate_size"), f"got {shared}; only 0 (no shared expert) is "
+                    "read for minimax_m2")
+    experts = _int(cfg, path, "num_local_experts")
+    norm = _flag(cfg, path, "use_qk_norm", False)
+    kind = _text(cfg, path, "qk_norm_type", "per_layer")
+    if norm and kind not in ("per_layer", "per_head"):
+        raise _fail(path, _named(cfg, "qk_norm_type"), f"got {_show(kind)}; expected per_layer or per_head")
+    return dict(num_experts=experts, moe_intermediate_size=inter,
+                experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_local_experts"),
+                router_bias=_flag(cfg, path, "use_routing_bias", False), qk_norm=norm,
+                qk_norm_per_layer=norm and kind == "per_layer")
 
 
 def _index_list(cfg: dict, path, key: str, layers: int) -> set:
@@ -1022,6 +1066,8 @@ def spec_from_config(cfg: dict, name: str, path: str = "config.json") -> ModelSp
                       experts_per_token=_int(cfg, path, "num_experts_per_tok", hi=experts, hi_name="num_experts"),
                       num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared,
                       shared_expert_gate=bool(shared), first_dense_layers=layers - moe_layers)
+        elif mt == "minimax_m2":
+            kw.update(_minimax_m2(cfg, path, layers, inter))
         elif mt == "llama4_text":   # MoE layers with a shared expert, between dense layers of their own width
             experts = _int(cfg, path, "num_local_experts")
             step = _int(cfg, path, "interleave_moe_layer_step", hi=layers, hi_name="num_hidden_layers")
