@@ -7,6 +7,7 @@ from basis.errors import DseError
 from dse import evaluate
 from dse.system.analysis import analyze_point
 from dse.system.evaluator import METRICS, prepare
+from dse.system.params import DEFAULTS, MAY_BE_MISSING, SPEC
 from hwmodels.classes import device_class
 from hwmodels.presets import available_hardware, load_device
 
@@ -295,3 +296,15 @@ def test_a_plan_after_its_last_run_refuses_another():
     plan.run(last=True)
     with pytest.raises(DseError, match="last run"):
         plan.run()
+
+
+def test_every_numeric_default_is_in_its_own_range():
+    """``Columns.numbers`` checks only the columns given: every default it skips must be allowed."""
+    for name, p in SPEC.items():
+        if not p.numeric or DEFAULTS.get(name) is None or isinstance(DEFAULTS[name], str):
+            continue
+        a = np.atleast_1d(np.asarray(DEFAULTS[name], dtype=float))
+        bad, _ = p.out_of_range(a)
+        if name in MAY_BE_MISSING:
+            bad &= ~np.isnan(a)
+        assert not bad.any(), (name, DEFAULTS[name])

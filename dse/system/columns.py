@@ -116,7 +116,7 @@ class Columns:
             a = np.asarray(v, dtype=float)
         except (TypeError, ValueError):
             raise DseError(f"{self.where}: {name}: expected numbers, got {_sample(v)!r}") from None
-        if name not in self._checked:                        # each column is checked once
+        if name not in self._checked and name in self.given:   # each given column checked once (defaults are valid)
             bad, allowed = out_of_range(name, a.reshape(-1))      # a fixed value is checked once
             if name in MAY_BE_MISSING:
                 bad &= ~np.isnan(a.reshape(-1))
