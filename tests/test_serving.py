@@ -10,7 +10,7 @@ from dse import evaluate
 from dse.core.efficiency import DEFAULT
 from dse.core.roofline import OpArrays
 from dse.core.simulator import EngineConfig, simulate
-from dse.system.iteration import iteration_model
+from dse.system.iteration import _interp_columns, iteration_model
 from workloads import optable
 from workloads.footprint import kv_cache_bytes_per_token
 from workloads.model import load_model
@@ -51,6 +51,18 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
         ref = OpArrays.from_table(optable.decode_step(m, sc, 513, 228 * 1024.0)).weight_bytes
         np.testing.assert_allclose(it.arrays(b, b * 513, 0, 0, 0).weight_bytes[0], ref, rtol=1e-9)
     assert it.arrays(1, 513, 0, 0, 0).weight_bytes.sum() < it.arrays(64, 64 * 513, 0, 0, 0).weight_bytes.sum()
+
+
+def test_weight_interpolation_is_numpys_to_the_bit():
+    """The iteration model interpolates every growing operator's weight bytes at once
+    (``_interp_columns``): the same numbers as ``np.interp`` column by column, at the knots, between
+    them and outside them."""
+    rng = np.random.default_rng(3)
+    xp = np.array([2.0 ** k for k in range(15)])
+    fp = np.cumsum(rng.random((15, 9)) * 1e6, axis=0)
+    x = np.concatenate([rng.random(400) * 3e4, xp, [0.0, 0.5, 1e9]])
+    want = np.stack([np.interp(x, xp, fp[:, k]) for k in range(fp.shape[1])], axis=1)
+    assert np.array_equal(_interp_columns(x, xp, fp), want)
 
 
 # ------------------------------------------------------------------ the simulator's bookkeeping

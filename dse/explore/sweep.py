@@ -53,7 +53,7 @@ from dse.explore.runio import (
     write_atomic,
 )
 from dse.explore.spec import SweepSpec
-from dse.system.evaluator import METRICS, evaluate
+from dse.system.evaluator import METRICS, evaluate, prepare
 from dse.system.hardware import design_codes
 
 #: metrics that are whole numbers of devices or sequences (stored as integers)
@@ -72,8 +72,9 @@ def _evaluate(spec: SweepSpec, cols: dict):
 def check_values(spec: SweepSpec) -> None:
     """DseError, one line naming the study and the key, when a value of ``spec``'s space is refused by
     the evaluator (an unknown engine, choice or pool hardware: what parsing the space cannot check):
-    its probe points (``DesignSpace.probe_chunk``, every listed name once) evaluated at once."""
-    _evaluate(spec, spec.space.probe_chunk())
+    its probe points (``DesignSpace.probe_chunk``, every listed name once) prepared at once: every name is
+    resolved and every check made there, nothing priced (a served study's goodput searches are its run's)."""
+    prepare(spec.space.probe_chunk(), constraints=spec.constraints, where=f"{spec.where}: space")
 
 
 def evaluate_columns(spec: SweepSpec, cols: dict, ids: np.ndarray, id_name: str = "point") -> pd.DataFrame:

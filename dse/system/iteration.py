@@ -43,7 +43,7 @@ import numpy as np
 from dse.core.roofline import OpArrays
 from workloads import encoder, optable
 from workloads.model import ModelSpec
-from workloads.scenario import Scenario
+from workloads.scenario import WORKLOAD_DIMS, Scenario
 from workloads.techniques import NONE, Techniques
 
 #: token counts at which a mixture of experts' weight traffic is read off the decode step
@@ -90,13 +90,12 @@ class IterationModel:
         fields = {f: amounts[:, i * o:(i + 1) * o] for i, f in enumerate(_AMOUNTS)}
         tokens = d + c if len(d) == n and len(c) == n else np.broadcast_to(d + c, (n,))
         weight = np.broadcast_to(self.weight_bytes[0], (n, o)).copy()
-        for k in self._growing:             # embedding rows, experts touched
-            weight[:, k] = np.interp(tokens, self.weight_tokens, self.weight_bytes[:, k])
+        if len(self._growing):              # embedding rows, experts touched
+            weight[:, self._growing] = _interp_columns(tokens, self.weight_tokens, self.weight_bytes[:, self._growing])
         if self.dense_weight_bytes is not None:     # prompt tokens run dense: every layer's weights
             prompt = np.broadcast_to(c, (n,)) > 0
             if prompt.any():
-                weight[prompt] = np.stack([np.interp(tokens[prompt], self.weight_tokens, self.dense_weight_bytes[:, k])
-                                           for k in range(o)], axis=1)
+                weight[prompt] = _interp_columns(tokens[prompt], self.weight_tokens, self.dense_weight_bytes)
         weight[tokens <= 0] = 0.0
         vector = self.template.vector_ops               # dequantization: once an iteration that has work
         if vector is not None:
@@ -140,6 +139,19 @@ class IterationModel:
     def _growing(self) -> np.ndarray:
         """Operators whose weight bytes grow with the iteration's tokens."""
         return np.flatnonzero(np.ptp(self.weight_bytes, axis=0))
+
+
+def _interp_columns(x, xp, fp) -> np.ndarray:
+    """[n, K]: ``np.interp(x, xp, fp[:, k])`` for every column k of ``fp`` [T, K] at once, by numpy's
+    own arithmetic (the segment's slope times the distance from its left knot, plus its left value;
+    the end values outside ``xp``), so the results are numpy's to the bit."""
+    x = np.asarray(x, dtype=float)
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])[:, None]
+        out = slope[j] * (x - xp[j])[:, None] + fp[j]
+    out = np.where((x < xp[0])[:, None], fp[0], out)
+    return np.where((x >= xp[-1])[:, None], fp[-1], out)
 
 
 def busiest_rank_counts(d, dctx, c, pctx, s, ranks: int) -> tuple:
@@ -232,11 +244,11 @@ def iteration_model(model: ModelSpec, prompt_len: int, weights: str, activations
 def _weight_grid(model: ModelSpec, sc: Scenario, keys: int, buffer: float, into: list[str]) -> np.ndarray:
     """[T, O]: the weight bytes a decode step of ``sc`` reads at each of ``WEIGHT_TOKENS`` tokens,
     on the operators ``into`` (zero for one the step lacks)."""
-    rows = []
-    for t in WEIGHT_TOKENS:
-        table = optable.decode_step(model, replace(sc, batch=int(t)), keys, buffer)
-        where = {name: i for i, name in enumerate(into)}
-        row = np.zeros(len(into))
-        row[[where[name] for name in table.names]] = np.asarray(table.weight_bytes, float)   # (its OpArrays' own)
-        rows.append(row)
-    return np.stack(rows)
+    tokens = np.asarray(WEIGHT_TOKENS, dtype=np.int64)      # one table of as many workloads, one a token count
+    many = replace(sc, **{k: (tokens if k == "batch" else np.full(len(tokens), getattr(sc, k), dtype=np.int64))
+                          for k in WORKLOAD_DIMS})
+    table = optable.decode_step(model, many, keys, buffer)
+    where = {name: i for i, name in enumerate(into)}
+    grid = np.zeros((len(tokens), len(into)))
+    grid[:, [where[name] for name in table.names]] = np.asarray(table.weight_bytes, float)   # (its OpArrays' own)
+    return grid
