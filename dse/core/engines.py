@@ -409,4 +409,5 @@ def describe(engine: Engine) -> str:
     return (f"{engine.name}: {engine.label} — {engine.batching} batching, "
             f"{'graph-replayed' if engine.graphs else 'eager'} kernels, {engine.attention} attention, "
             f"{'GQA-shared' if engine.gqa_kv_sharing else 'per-head'} K/V reads, all-reduce {engine.allreduce}, "
+            f"{'attention heads padded to the cores it shards over, ' if engine.head_padding else ''}"
             f"uses {uses}{chunks}")

@@ -826,12 +826,13 @@ LISTS = {
     "engines": (lambda: [{"name": e.name, "label": e.label, "batching": e.batching,
                           "launch": "graphs" if e.graphs else "eager", "attention": e.attention,
                           "kv_reads": "per GQA group" if e.gqa_kv_sharing else "per query head",
-                          "allreduce": e.allreduce, "default": "yes" if e.name == default_engine() else ""}
+                          "allreduce": e.allreduce, "heads": "padded to its cores" if e.head_padding else "",
+                          "default": "yes" if e.name == default_engine() else ""}
                          for e in engines().values()],
                 [("name", "engine", str), ("batching", "batching", str), ("launch", "kernels", str),
                  ("attention", "attention", str), ("kv_reads", "K/V reads", str), ("allreduce", "all-reduce", str),
-                 ("default", "default", str), ("label", "what", str)],
-                ("name", "batching", "launch", "attention", "kv_reads", "allreduce", "default", "label")),
+                 ("heads", "heads (TP not dividing)", str), ("default", "default", str), ("label", "what", str)],
+                ("name", "batching", "launch", "attention", "kv_reads", "allreduce", "heads", "default", "label")),
     "studies": (lambda: [{"name": n, "description": _first_sentence(str(load_study(n)[0].get("description", "")))}
                          for n in available_studies()],
                 [("name", "study", str), ("description", "question", str)], ("name", "description")),
