@@ -68,9 +68,15 @@ def test_engines_that_do_not_pad_refuse_the_layout():
     assert r.feasible[0] and np.isfinite(r["tpot_s"][0])
 
 
-def test_trainium2_shards_over_chips():
-    """No cited core count for Trainium2's logical NeuronCores in its preset: it pads to its chips."""
-    assert load_device("trainium2").shard_cores == 1
+def test_trainium2_shards_over_its_four_logical_cores():
+    """Trainium2: 8 NeuronCore-v3 grouped in pairs by default (LNC=2): 4 ranks a chip. Llama-3.1-405B's
+    128 query heads divide 16 chips x 4 = 64 ranks; its 8 K/V heads are replicated to one a rank, 4 a
+    chip (against 1 a chip where the chips themselves were the ranks)."""
+    assert load_device("trainium2").shard_cores == 4
+    assert padded_heads(128, 8, 64) == (128, 64)
+    r = evaluate({"model": "llama-3.1-405b", "hardware": "trainium2", "devices": 16, "batch": 1, "prompt_len": 128,
+                  "gen_len": 2, "weights": "bf16", "activations": "bf16", "kv": "bf16", "engine": "neuron"})
+    assert r["kv_cache_bytes"][0] == pytest.approx(130 * 126 * 2 * 4 * 128 * 2, rel=1e-9)
 
 
 def test_the_inf2_benchmark_rows_are_predicted(tmp_path):
