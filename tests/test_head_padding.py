@@ -4,10 +4,14 @@ padded model holds against a hand count from the published parameter count, the 
 that do not pad, and the Inferentia2 rows of the Neuron benchmark tables (data/gathered) predicted."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from basis.errors import DseError
+from dse.core.engines import _profiles
 from dse.fit.validate import default_measured, validate
 from dse.system.evaluator import evaluate
 from hwmodels.presets import load_device
@@ -91,3 +95,30 @@ def test_the_inf2_benchmark_rows_are_predicted(tmp_path):
     ape = np.array([r["ape"] for r in val.rows])
     assert len(val.rows) == len(rows) == 30 and not val.unpredictable
     assert np.median(ape) <= 0.25
+
+
+def test_an_engine_s_head_padding_is_a_cited_switch(tmp_path):
+    """``head_padding`` in an engine profile: true or false, and cited where true (one line naming the key)."""
+    body = """default_engine: e
+engines:
+  e:
+    label: e
+    match: 'e'
+    batching: static
+    graphs: true
+    attention: fused
+    gqa_kv_sharing: true
+    allreduce: one-shot
+    head_padding: {PAD}
+    sources: {batching: b, graphs: g, attention: a, allreduce: r{MORE}}
+"""
+    for i, (pad, more, said) in enumerate([("1", ", head_padding: h", "engines.e.head_padding: expected true or false"),
+                                            ("true", "", "every attribute needs a source; missing: head_padding")]):
+        path = tmp_path / f"engines{i}.yaml"
+        path.write_text(body.replace("{PAD}", pad).replace("{MORE}", more))
+        with pytest.raises(DseError, match=re.escape(said)) as e:
+            _profiles(str(path))
+        assert "\n" not in str(e.value)
+    path = tmp_path / "ok.yaml"
+    path.write_text(body.replace("{PAD}", "true").replace("{MORE}", ", head_padding: h"))
+    assert _profiles(str(path))[0]["e"].head_padding
