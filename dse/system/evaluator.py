@@ -88,6 +88,20 @@ from dse.system.workload import WorkloadBatch, WorkloadTables, tables, workload_
 from hwmodels.power import clock_fraction, energy_band, load_power, op_energy_factor
 
 
+def _learned_points(cols: Columns, order: np.ndarray | None) -> np.ndarray | None:
+    """[n] bool, held order (``order``: caller position of each held point, None: as given): the
+    points whose ``kernel_layer`` is 'learned' (None: none is); DseError naming the column and what
+    it allows for any other value."""
+    if not cols.has("kernel_layer"):
+        return None
+    codes, names = resolved_column(cols, "kernel_layer", partial(checked_choice, "kernel_layer"))
+    want = np.array([v == "learned" for v in names])[np.asarray(codes)]
+    want = np.broadcast_to(want, (cols.n,)) if want.ndim == 0 else want
+    if not want.any():
+        return None
+    return want if order is None else want[order]
+
+
 class Plan:
     """Design points prepared for pricing: ``run(efficiency)`` evaluates them."""
 
@@ -116,6 +130,7 @@ class Plan:
                     mask[p] = True
             self.fails[code] = mask
         self.constraints = constraints or {}
+        self.learned = _learned_points(cols, order)     # checked here: a bad name is refused before pricing
 
     @property
     def size(self) -> int:
@@ -150,7 +165,7 @@ class Plan:
             want = self.inverse[want]
         explained = {}
         resolved = {}          # the Efficiency of each (family, engine, ...) met: one lookup per run
-        learned = self._learned_points()
+        learned = self.learned
         source = np.zeros(n, dtype=np.int64)     # kernel_source per point (held order), codes of KERNEL_SOURCES
         with deferring_goodput() as jobs:       # every group's goodput searched together, after the loop
             for g in self.groups:
@@ -229,18 +244,6 @@ class Plan:
             flash = None if flash is None else flash[back]
         return Evaluation(self.columns, out, reason == 0, reason, violations, tuple(keys), eff_code,
                           eff_names or ["ideal" if ideal else "default"], fails, labels, details, explained, flash)
-
-    def _learned_points(self) -> np.ndarray | None:
-        """[n] bool, held order: the points whose ``kernel_layer`` is 'learned' (None: none is);
-        DseError naming the column and what it allows for any other value."""
-        if not self.columns.has("kernel_layer"):
-            return None
-        codes, names = resolved_column(self.columns, "kernel_layer", partial(checked_choice, "kernel_layer"))
-        want = np.array([v == "learned" for v in names])[np.asarray(codes)]
-        want = np.broadcast_to(want, (self.size,)) if want.ndim == 0 else want
-        if not want.any():
-            return None
-        return want if self.order is None else want[self.order]
 
     def _violations(self, out: dict, fails: dict) -> tuple[dict, list]:
         """(the violations of every point, held order: memory, support and each constraint, <= 0
