@@ -45,7 +45,8 @@ def padded_heads(heads: int, kv_heads: int, shards: int) -> tuple[int, int]:
 
 
 def padded_model(m: ModelSpec, shards: int) -> ModelSpec:
-    """``m`` with its attention heads padded for ``shards`` cores (``padded_heads``); ``m`` itself
+    """``m`` with its attention heads padded for ``shards`` cores (``padded_heads``; ``padding_note`` says
+    so in words); ``m`` itself
     where nothing is padded or its attention is not plain multi-/grouped-query attention (MLA,
     linear attention: no padding rule is published for them)."""
     if m.is_mla or m.num_heads <= 0 or m.num_kv_heads <= 0:
@@ -53,4 +54,5 @@ def padded_model(m: ModelSpec, shards: int) -> ModelSpec:
     q, kv = padded_heads(m.num_heads, m.num_kv_heads, shards)
     if (q, kv) == (m.num_heads, m.num_kv_heads):
         return m
-    return replace(m, num_heads=q, num_kv_heads=kv)
+    return replace(m, num_heads=q, num_kv_heads=kv, padding_note=f"attention heads padded for {shards} cores: "
+                   f"{m.num_heads} -> {q} query, {m.num_kv_heads} -> {kv} key/value")

@@ -151,6 +151,7 @@ class ModelSpec:
     norm_bias: bool = True            # a LayerNorm has a bias (DBRX's have none)
     qk_norm: bool = False             # RMSNorm of every query and key head (Qwen3, Gemma 3)
     qk_norm_per_layer: bool = False   # ... over all heads at once, a weight per element (MiniMax-M2's per_layer)
+    padding_note: str = ""            # the heads an engine padded this model to, in words (``workloads.head_padding``)
     attention_bias: bool = False      # q/k/v projections have a bias
     o_proj_bias: bool = False
     mlp_bias: bool = False            # MLP and expert projections have biases (gpt-oss experts)

@@ -178,12 +178,10 @@ class OpTable:
             for a in attrs[1:]:
                 out += numbers[:, _NUMERIC[a]]
             return out
-        first, rest = attrs[0], attrs[1:]
+        first, rest = attrs[0], attrs[1:]       # many workloads: some amounts are arrays [W]
         values = [sum((getattr(op, a) for a in rest), getattr(op, first)) for op in self.operators]
         shapes = {getattr(v, "shape", ()) for v in values} - {()}
-        if not shapes:
-            return np.array(values, dtype=float)
-        if len(shapes) > 1 or len(shape := shapes.pop()) != 1:
+        if len(shapes) != 1 or len(shape := shapes.pop()) != 1:
             return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
         # written operator by operator (contiguous rows) and read as [W, O]: writing on the last
         # axis would write every operator's column with a stride, several times slower

@@ -869,7 +869,7 @@ def cmd_show(args) -> int:
             "host_cpu": d.host_cpu, "sparse_peak_ops_per_s": d.sparse_peak_ops_per_s or None,
             "pim": None if d.pim is None else vars(d.pim),
             "tdp_w": d.tdp_w, "price_usd": d.price_usd, "energy_profile": d.energy_profile or None,
-            "static_power_w": d.static_power_w, "sources": d.sources,
+            "static_power_w": d.static_power_w, "shard_cores": d.shard_cores, "sources": d.sources,
         }
         made = template_figures(d.name)          # the chip's template, where one is built (hwmodels.template)
         if made:
@@ -879,7 +879,8 @@ def cmd_show(args) -> int:
         obj = {**data, "points": spec.points, "chunks": spec.chunks}
     else:
         m = load_model(args.name)
-        obj = {**asdict(m), "attention": m.attention_kind, "parameters": parameter_count(m),
+        obj = {**{k: v for k, v in asdict(m).items() if k != "padding_note"},   # (a model as read: never padded)
+               "attention": m.attention_kind, "parameters": parameter_count(m),
                "active_parameters": active_parameter_count(m),
                "vision_parameters": vision_parameter_count(m.vision) if m.vision else 0}
     if args.format == "json":

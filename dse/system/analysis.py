@@ -17,7 +17,7 @@ from basis.errors import DseError
 from dse.core.bands import FAMILIES as BAND_FAMILIES
 from dse.core.bands import band_source, is_dataflow
 from dse.core.economics import COST_COLUMNS, cost_items_text
-from dse.core.engines import efficiency_source, get_engine, without_message_notes
+from dse.core.engines import efficiency_source, without_message_notes
 from dse.core.kernel_model import band_of
 from dse.core.router import simulate_routed
 from dse.core.serving import PERCENTILES, overhead_in_flight
@@ -29,8 +29,6 @@ from dse.system.techniques import settings_text
 from hwmodels.placement import parse_policy, policy_name
 from hwmodels.presets import load_device
 from hwmodels.topology import system_topology, tiers_label
-from workloads.head_padding import padded_heads
-from workloads.model import load_model
 
 ROW_KEYS = EXPLAIN_KEYS
 
@@ -66,25 +64,6 @@ class Analysis:
     memory_bandwidth: float = float("nan")
 
 
-def padding_text(p: dict, tp: int) -> str:
-    """In words, the attention heads the engine of point ``p`` pads for its ``tp`` devices' cores
-    (``workloads.head_padding``: AWS Neuron), or '' where it pads none (or the model or hardware is
-    not a shipped one by that name)."""
-    try:
-        if not get_engine(str(p.get("engine_name") or "")).head_padding:
-            return ""
-        m, cores = load_model(str(p["model_name"])), tp * load_device(str(p["hardware_name"])).shard_cores
-    except DseError:
-        return ""
-    if m.is_mla:
-        return ""
-    q, kv = padded_heads(m.num_heads, m.num_kv_heads, cores)
-    if (q, kv) == (m.num_heads, m.num_kv_heads):
-        return ""
-    return (f"attention heads padded for {cores} cores: {m.num_heads} -> {q} query, "
-            f"{m.num_kv_heads} -> {kv} key/value")
-
-
 def summary_of(ev: Evaluation, i: int) -> dict:
     """The summary of point ``i`` of an evaluation: parameters, layout, metrics, footprint,
     placement, fit and (when infeasible) why."""
@@ -111,9 +90,8 @@ def summary_of(ev: Evaluation, i: int) -> dict:
         **{k: m[k] for k in ("moe_imbalance", "moe_dropped_fraction") if np.isfinite(m[k])},   # MoE models
     }
     s["layout"] = layout_text(s)
-    padded = padding_text(p, s["tp"])
-    if padded:
-        s["heads"] = padded
+    if p.get("heads_note_name"):             # the heads the engine padded the model to (AWS Neuron)
+        s["heads"] = p["heads_note_name"]
     if s["tp"] * s["pp"] * s["ep"] * s["cp"] == 1 and str(p.get("disaggregate") or "none") == "none":   # no message
         s["efficiency"] = without_message_notes(s["efficiency"])
     line = collectives_line(p, s, (ev.explained.get(i) or {}).get("collectives"))

@@ -723,6 +723,7 @@ def _labels(w: WorkloadColumns, hw: HardwareArrays) -> dict:
     """The names of the categorical inputs: {key: (code per point, the name of each code)}."""
     return {"model": (w.model, [m.name for m in w.models]), "hardware": (hw.design, hw.designs),
             "hardware_note": (hw.design, hw.notes),
+            "heads_note": (w.model, [m.padding_note for m in w.models]),
             "energy_basis": (hw.name, hw.energy_basis or [""]),
             "host_cpu": (np.maximum(hw.host_cpu, 0), [c.name for c in hw.cpus] or [""]),
             "serving": (w.continuous.astype(np.int64), list(SERVING_MODES)),

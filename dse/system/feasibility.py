@@ -41,11 +41,11 @@ def padded_models(w: WorkloadColumns, hw: HardwareArrays, tp) -> WorkloadColumns
     codes = np.array(np.broadcast_to(w.model, np.shape(pads)), dtype=np.int64)
     models = list(w.models)
     pairs, inv = np.unique(np.stack([codes, shards.astype(np.int64)], 1), axis=0, return_inverse=True)
-    new = np.empty(len(pairs), dtype=np.int64)
+    new = pairs[:, 0].copy()                    # each (model, cores): its model, or the padded one appended
     for k, (code, s) in enumerate(pairs):
         m = padded_model(models[code], int(s))
-        new[k] = code if m is models[code] else len(models)
         if m is not models[code]:
+            new[k] = len(models)
             models.append(m)
     if len(models) == len(w.models):
         return w
