@@ -117,16 +117,18 @@ def test_bad_cp_is_one_line_exit_2(bad, capsys):
 
 #: one CP point under continuous batching: 32k-token prompts on 4 context-parallel H100s, the
 #: steady-state model against the simulator (one engine: every cp rank runs every iteration).
-#: Measured (model / simulator - 1; 2026-11-28, 600 and 200 requests), cp 4 beside cp 1 on one H100:
-#:   concurrency 4:         throughput +0.4 %, TTFT  -9.2 %, TPOT  +2.1 %   (cp 1: +0.1, -8.8, +2.7)
-#:   concurrency 16:        throughput +1.2 %, TTFT -15.8 %, TPOT  -0.1 %   (cp 1: +0.0, -14.5, +1.1)
-#:   rate 0.4 x capacity:   throughput +1.8 %, TTFT  +9.9 %, TPOT  +9.8 %   (cp 1: +2.1, +8.4, +22.8;
+#: Measured (model / simulator - 1; 2026-11-29, 600 and 200 requests), cp 4 beside cp 1 on one H100:
+#:   concurrency 4:         throughput -0.1 %, TTFT  -7.4 %, TPOT  +2.1 %   (cp 1: -0.1, -8.1, +2.8)
+#:   concurrency 16:        throughput +1.0 %, TTFT  +0.6 %, TPOT  -1.2 %   (cp 1: -0.1, +1.9, -0.0)
+#:   rate 0.4 x capacity:   throughput +2.1 %, TTFT  +9.9 %, TPOT  +9.8 %   (cp 1: +2.1, +8.4, +22.8;
 #:                          TPOT -44.9 and -67.7 % before the decode iterations after one's prompt
 #:                          started from the chunks left waiting, serving._Chain._after_own)
-#: The TTFT at the running cap, and the open loop's TPOT at cp 1 (600 requests: the simulator's own
-#: spread there, tests/test_serving_chunked.py), miss 10 % as much or more at cp 1:
-#: the serving model's prefill-heavy regime (32k-token prompts), not context parallelism, which
-#: adds nothing to the disagreement (within 1 point of cp 1's on throughput and TTFT).
+#: Concurrency 16 (the running cap) was at TTFT -15.8 % (cp 1: -14.5 %) before a wave of prompts
+#: longer than an iteration's budget counted the iteration holding its last chunk whole
+#: (serving._waves, 2026-11-29). The open loop's TPOT at cp 1 (600 requests: the simulator's own
+#: spread there, tests/test_serving_chunked.py) misses 10 %: the serving model's prefill-heavy
+#: regime (32k-token prompts), not context parallelism, which adds nothing to the disagreement
+#: (within 2 points of cp 1's on throughput and TTFT).
 CP4 = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "cp": 4, "tp": 1, "prompt_len": 32768, "gen_len": 64,
        "max_running": 16, "weights": "fp8", "activations": "fp8", "kv": "fp8"}
 
@@ -149,7 +151,7 @@ def _errors(cols) -> list[tuple[float, float, float]]:
 def test_served_cp_point_agrees_with_the_simulator():
     cp4, cp1 = _errors(CP4), _errors({**CP4, "cp": 1})
     assert all(abs(x) <= 0.05 for x, _, _ in cp4), cp4                 # throughput within 5 % at every load
-    assert all(abs(e) <= 0.10 for e in cp4[0]), cp4[0]                 # all three within 10 % at concurrency 4
+    assert all(abs(e) <= 0.10 for e in cp4[0] + cp4[1]), cp4[:2]       # all three within 10 % in closed loops
     for (x4, t4, _), (x1, t1, _) in zip(cp4, cp1):                     # CP adds nothing to the disagreement
         assert abs(x4 - x1) <= 0.02 and abs(t4 - t1) <= 0.02, (cp4, cp1)
 

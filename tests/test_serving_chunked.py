@@ -43,3 +43,29 @@ def test_long_prompts_decode_behind_the_next_prompts_chunks():
     capacity = evaluate({**LONG, "concurrency": 100000})["requests_per_s"][0]
     x, ttft, tpot = model_vs_simulator({**LONG, "request_rate": 0.5 * capacity}, 3000)
     assert abs(x) < 0.05 and abs(ttft) < 0.10 and abs(tpot) < 0.10, (x, ttft, tpot)
+
+
+#: prompts 2.5 budgets long in a closed loop with room to spare: a prompt's first token comes as the
+#: iteration holding its last, half-budget chunk ends, an iteration of that chunk alone (nothing waits
+#: to fill the rest of its budget), after two full ones; the cycle holds those three and the decode
+#: iterations. The model charged that iteration as half a full one (at 1, 3 and 6 requests TTFT
+#: -0.19 %, throughput +0.1 to -0.4 %, TPOT up to +0.5 %; at the running cap, where the next prompt
+#: fills the rest, TTFT -15 %: tests/test_parallel_agreement.py's cp2-32k-closed-cap); the simulator
+#: prices the same iterations one by one, its steady state past a few cycles.
+@pytest.mark.parametrize("concurrency,requests", [(1, 10), (3, 120), (6, 200)])
+def test_a_prompt_past_the_budget_waits_for_its_last_chunks_iteration(concurrency, requests):
+    point = {**LONG, "prompt_len": 20480, "gen_len": 32, "prefill_chunk": 8192, "concurrency": concurrency}
+    errors = model_vs_simulator(point, requests)
+    assert max(abs(e) for e in errors) < 1e-6, errors
+
+
+#: prompts of 0.6 budgets at the running cap: the model packs one whole prompt an iteration (the
+#: greedy packing of ``serving._waves``, which holds for 1,024-token prompts), TTFT 0.157 s; the
+#: simulator keeps pairs of prompts that arrived together, the second cut across two iterations
+#: (TTFT 0.25 and 0.47 s), cycle after cycle: the cut prompt's first token comes with the next
+#: one's, so both come back together. Measured 2026-11-29: throughput +1.0 %, TTFT -39.5 %, TPOT +3.1 %.
+@pytest.mark.xfail(strict=True, reason="measured +1.0 % / -39.5 % / +3.1 %: the simulator's prompts stay paired")
+def test_prompts_of_most_of_a_budget_at_the_running_cap():
+    point = {**LONG, "prompt_len": 5000, "gen_len": 32, "prefill_chunk": 8192, "concurrency": 16}
+    x, ttft, tpot = model_vs_simulator(point, 200)
+    assert abs(x) < 0.05 and abs(ttft) < 0.10 and abs(tpot) < 0.10, (x, ttft, tpot)

@@ -379,26 +379,41 @@ def _waves(b, load: Load, cls: _Classes, iteration_time: IterationTime, rows) ->
     first = np.minimum(size, np.floor(room / c))            # prompts done in the first iteration
     late = (size - first) / size                             # share of the wave that waits for the rest
     t1 = _priced(iteration_time, rows, d_h, d_h * ctx, c1, c1 * pair, first)
-    t2 = _priced(iteration_time, rows, d_h, d_h * ctx, c2, c2 * pair, (size - first) / np.maximum(h2, 1))
+    ending = (size - first) / np.maximum(h2, 1)              # prompts ending in one of the late iterations
+    t2 = _priced(iteration_time, rows, d_h, d_h * ctx, c2, c2 * pair, ending)
     t_d = _priced(iteration_time, rows, b, b * ctx, zero, zero, zero)
     # pipelined streams: the waves' prompt iterations are one phase a cycle (``_pipeline_phase``):
     # the first wave waits the streams' stagger, the first decode iteration after the last the drain
     t1, stagger = _pipeline_phase(load, t1, first, c1, t_d)
-    t2, _ = _pipeline_phase(load, t2, (size - first) / np.maximum(h2, 1), c2, t_d)
+    t2, _ = _pipeline_phase(load, t2, ending, c2, t_d)
     drain = np.zeros_like(stagger)
     if load.stages > 1:                                       # the phase's last iteration: what is left
         total = size * c * waves
         c_last = total - np.maximum(np.ceil(total / room) - 1.0, 0.0) * room
         t_last = _priced(iteration_time, rows, d_h, d_h * ctx, c_last, c_last * pair, c_last / c)
         _, drain = _pipeline_phase(load, t_last, c_last / c, c_last, t_d)
-    ttft = t1 + late * h2 * t2 + stagger / waves
-    n_p = 1.0 + late * h2                                    # iterations to the first token, mean
-    hybrid = waves * (1.0 + h2)
+    # a late prompt's first token comes as the iteration holding its last chunk ends: that one
+    # counts whole. Its budget's rest is the next wave's if that wave is waiting as it starts (a
+    # full iteration, the wave's share ``frac`` of it in the cycle), else it holds the tail and the
+    # decoders alone (one iteration of the cycle, priced so): each of the cycle's iterations without
+    # prompts (its spare ones, were every tail shared) breaks the run of waves once, at most, so a
+    # share min(W, spare) / W of the waves' tails are alone
+    whole = np.ceil(h2 - 1e-9)
+    frac = h2 - np.maximum(whole - 1.0, 0.0)                 # the tail's share of a full iteration
+    n_p = 1.0 + late * whole                                 # iterations to the first token, mean
+    spare = np.maximum(steps + n_p - waves * (1.0 + h2), 0.0)
+    alone = np.where(whole > 0, np.minimum(waves, spare) / waves, 0.0)
+    c_tail = frac * room
+    t_tail = _priced(iteration_time, rows, d_h, d_h * ctx, c_tail, c_tail * pair, ending)
+    t_tail, _ = _pipeline_phase(load, t_tail, ending, c_tail, t_d)
+    hybrid = waves * (1.0 + h2 + alone * (1.0 - frac))
     cycle = np.maximum(steps + n_p, hybrid)                  # iterations per cycle
-    t_cycle = waves * (t1 + h2 * t2) + (cycle - hybrid) * t_d + stagger + drain
+    t_cycle = waves * (t1 + (h2 - alone * frac) * t2 + alone * t_tail) + (cycle - hybrid) * t_d + stagger + drain
+    to_first = np.where(whole > 0, (whole - 1.0) * t2 + (1.0 - alone) * t2 + alone * t_tail, 0.0)
+    ttft = t1 + late * to_first + stagger / waves
     tpot = np.where(steps > 0, (t_cycle - ttft) / np.maximum(steps, 1), t_d)
     first_wave = stagger / waves
-    ttft_mix = (np.stack([t1 + first_wave, t1 + h2 * t2 + first_wave], 1), np.zeros((len(b), 2)),
+    ttft_mix = (np.stack([t1 + first_wave, t1 + to_first + first_wave], 1), np.zeros((len(b), 2)),
                 np.stack([1 - late, late], 1))
     tpot_sd = np.zeros_like(b)
     # prefill-first: while prompts wait nothing decodes, so the requests stay one cohort, as a
