@@ -1405,7 +1405,9 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     """The largest Poisson request rate (requests/s, [P]) at which the ``percentile``-th
     TTFT is at most ``slo_ttft`` and the TPOT's at most ``slo_tpot`` (seconds; 0 or NaN: no
     such SLO), below the capacity (requests/s with the running batch at its cap); 0 where
-    even a trickle misses them. Bisection over the rate (precision capacity / 2^12).
+    even a trickle misses them. Bisection over the rate (precision capacity / 2^12), each rate's
+    open loop solved from the secant through the two rates tried before it (the answer is the
+    bisection's, whatever the start: only the fixed point's path to it is shorter).
     ``classes`` (None: one class): (high share [P], the high class's TTFT SLO [P], seconds, 0: its
     ``slo_ttft`` too) of non-preemptive priority classes (``dse.core.scheduling.class_ttft_mixes``,
     NaN share: FCFS at that point): each class's TTFT percentile held to its own SLO."""
@@ -1414,15 +1416,34 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     ttft_slo = np.where(np.nan_to_num(slo_ttft) > 0, slo_ttft, np.inf)
     tpot_slo = np.where(np.nan_to_num(slo_tpot) > 0, slo_tpot, np.inf)
     q = np.asarray(percentile, float)
-    last = (np.full(n, np.nan), np.full(n, np.nan))      # each point's open loop at the rate tried last
+    # each point's open loop at the two rates tried last (rate, mean iteration, running batch), the
+    # next solved from their secant; the first tried is the capacity, where the running batch is the
+    # cap and an iteration gives each of them a step: the mean iteration cap / (x (E[n] + E[s]))
+    chain = _Chain(load, cls, iteration_time, np.arange(n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tried = [np.full((3, n), np.nan), np.stack([capacity, cap / (capacity * (chain.en + chain.es)), cap])]
+    trickle = capacity * 2.0 ** -_GOODPUT_STEPS           # the least rate ``largest_rate`` tries
+
+    def start(rate, idx):
+        """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (an
+        idle engine) for a trickle, else on the secant through the two rates tried last (the last
+        alone where only one is known or the secant's value is not positive)."""
+        (r1, t1, b1), (r2, t2, b2) = (v[:, idx] for v in tried)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = (rate - r2) / (r2 - r1)
+            t, b = t2 + f * (t2 - t1), np.minimum(b2 + f * (b2 - b1), cap[idx])
+        line = np.isfinite(t) & np.isfinite(b) & (t > 0) & (b > 0)
+        t, b = np.where(line, t, t2), np.where(line, b, b2)
+        idle = rate <= trickle[idx]
+        return np.where(idle, np.nan, t), np.where(idle, np.nan, b)
 
     def meets(rate, idx):
         running = cap.copy()
         running[idx] = cap[idx] * np.minimum(rate / capacity[idx], 1.0)
         o_cls, o_time = _tiered(load, cls, iteration_time, running, hits)
-        o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx],
-                       start=(last[0][idx], last[1][idx]))
-        last[0][idx], last[1][idx] = o["solved"]
+        o = _open_loop(rate, load.take(idx), o_cls.take(idx), o_time, idx, cap[idx], start=start(rate, idx))
+        tried[0][:, idx] = tried[1][:, idx]
+        tried[1][:, idx] = np.stack([rate, *o["solved"]])
         ttft_ok = _row_at_most(o["ttft_mix"], q[idx], ttft_slo[idx])
         if classes is not None and np.isfinite(classes[0][idx]).any():
             high, low = class_ttft_mixes(o["ttft_mix"], o["ttft_wait"], o["wait"], np.minimum(rate / capacity[idx], 1.0),
