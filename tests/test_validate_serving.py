@@ -47,13 +47,13 @@ ROWS = [
     f"C5,{BASE},vllm,0.8,continuous,,inf,2000,random,1024,256,bf16,bf16,,requests_per_s,20",
     f"C6,{BASE},vllm,0.8,continuous,,1000,64,random,1024,256,bf16,bf16,,output_tokens_per_s,3000",
     f"S1,{BASE},sglang,0.4,static,1,,,random,1024,256,bf16,bf16,,output_tokens_per_s,120",
-    # not predictable: prefill only, unknown model, no preset, unknown format, a burst's TTFT, a saturated run's TTFT
+    f"C7,{BASE},vllm,0.8,continuous,,inf,2000,random,1024,256,bf16,bf16,,ttft_mean_s,30",
+    f"C8,{BASE},vllm,0.8,continuous,,1000,64,random,1024,256,bf16,bf16,,ttft_mean_s,2",
+    # not predictable: prefill only, unknown model, no preset, unknown format, text for a value
     f"U1,{BASE},sglang,0.4,continuous,8,,,random,2048,,bf16,bf16,,total_tokens_per_s,50000",
     "U2,Llama-9,llama-9,H100,h100-sxm,1,1,1,vllm,0.8,continuous,4,,,random,1024,256,bf16,bf16,,ttft_mean_s,0.1",
     "U3,Llama-3.1-8B,llama-3.1-8b,AMD MI350,,1,1,1,vllm,0.8,continuous,4,,,random,1024,256,bf16,bf16,,ttft_mean_s,1",
     f"U4,{BASE},vllm,0.8,continuous,4,,,random,1024,256,gptq-int4,fp16,,ttft_mean_s,0.1",
-    f"U5,{BASE},vllm,0.8,continuous,,inf,2000,random,1024,256,bf16,bf16,,ttft_mean_s,30",
-    f"U6,{BASE},vllm,0.8,continuous,,1000,64,random,1024,256,bf16,bf16,,ttft_mean_s,2",
     f"U7,{BASE},vllm,0.8,continuous,,4,400,sharegpt,,,bf16,bf16,,output_tokens_per_s,700",
     f"U8,{BASE},vllm,0.8,continuous,,4,400,random,1024,256,bf16,bf16,,ttft_mean_s,fast",
 ]
@@ -76,13 +76,21 @@ def test_continuous_rows_equal_the_evaluator(serving):
     # an open loop (activations and KV left empty: the BF16 checkpoint's own format)
     assert rows["C3"]["predicted"] == pytest.approx(_expect("ttft_s", request_rate=4.0, engine="vllm"), rel=1e-12)
     assert rows["C4"]["predicted"] == pytest.approx(_expect("e2e_latency_s", request_rate=4.0, engine="vllm"), rel=1e-12)
-    # all 2,000 requests sent at once: a closed loop at 2,000
-    assert rows["C5"]["predicted"] == pytest.approx(_expect("requests_per_s", concurrency=2000, engine="vllm"), rel=1e-12)
-    assert rows["C5"]["load"] == "all 2000 at once"
-    # 1,000 req/s saturates the design; its 64 prompts are predicted as a closed loop at 64
+    # all 2,000 requests sent at once: a finite run at 10^12 requests/s, queued and drained; its
+    # engine the closed loop at its running cap
+    at_once = {"request_rate": V.ALL_AT_ONCE, "num_prompts": 2000, "engine": "vllm"}
+    assert rows["C5"]["predicted"] == pytest.approx(_expect("requests_per_s", **at_once), rel=1e-12)
+    cap = evaluate(_point(concurrency=10**5, engine="vllm"))
+    assert rows["C5"]["predicted"] == pytest.approx(cap["requests_per_s"][0], rel=1e-12)
+    assert rows["C5"]["load"] == "all 2000 at once (past the capacity: queued and drained)"
+    assert rows["C7"]["predicted"] == pytest.approx(_expect("ttft_s", **at_once), rel=1e-12)
+    assert rows["C7"]["predicted"] > 10 * _expect("ttft_s", concurrency=int(cap["running_batch"][0]), engine="vllm")
+    # 1,000 req/s saturates the design; its 64 prompts run as a closed loop at 64, queued for the prefill
     assert not evaluate(_point(request_rate=1000.0, engine="vllm")).feasible[0]
     assert rows["C6"]["predicted"] == pytest.approx(_expect("output_tokens_per_s", concurrency=64, engine="vllm"), rel=1e-12)
-    assert "saturated" in rows["C6"]["load"] and rows["C6"]["batch"] == 64
+    assert "queued and drained" in rows["C6"]["load"] and rows["C6"]["batch"] == 64
+    assert rows["C8"]["predicted"] == pytest.approx(
+        _expect("ttft_s", request_rate=1000.0, num_prompts=64, engine="vllm"), rel=1e-12)
     assert {rows[k]["serving"] for k in ("C1", "C3", "C5")} == {"continuous"} and rows["S1"]["serving"] == "static"
     assert rows["C1"]["family"] == "throughput" and rows["C3"]["family"] == "TTFT" and rows["C2"]["family"] == "TPOT"
 
@@ -104,13 +112,11 @@ def test_static_row_is_predicted_as_before(serving, tmp_path):
 def test_unpredictable_rows_are_listed_with_their_reason(serving):
     why = {r.id: str(reason) for r, reason in serving.unpredictable}
     means = "lengths" in V.WORKLOAD_PARAMS       # ShareGPT's published means stand in for unstated lengths
-    assert set(why) == {"U1", "U2", "U3", "U4", "U5", "U6", "U8"} | (set() if means else {"U7"})
+    assert set(why) == {"U1", "U2", "U3", "U4", "U8"} | (set() if means else {"U7"})
     assert "lengths not stated (gen_len)" in why["U1"]
     assert "model_slug: no model of that name" in why["U2"] and "llama-9" not in why["U2"]
     assert "no hardware preset for the hardware named" in why["U3"] and "MI350" not in why["U3"]
     assert "weights: unknown format" in why["U4"] and "gptq" not in why["U4"]
-    assert "sent at once" in why["U5"] and "TTFT" in why["U5"]
-    assert why["U6"].startswith("saturated:") and "64 prompts" in why["U6"]
     assert "value: expected a positive number, got text that is not a number" in why["U8"]
     if means:
         u7 = next(r for r in serving.rows if r["id"] == "U7")
@@ -118,7 +124,7 @@ def test_unpredictable_rows_are_listed_with_their_reason(serving):
     else:
         assert why["U7"] == "lengths not stated"
     text = V.report_text(serving)
-    assert f"Unpredictable rows ({len(why)})" in text and "U1 (line 9) llama-3.1-8b on 1x h100-sxm, continuous concurrency 8" \
+    assert f"Unpredictable rows ({len(why)})" in text and "U1 (line 11) llama-3.1-8b on 1x h100-sxm, continuous concurrency 8" \
         in text
     assert "by reason" in text and "family TTFT" in text and "family throughput" in text
     assert "concurrency 16" in text and "all 2000 at once" in text and "4 req/s x 400" in text

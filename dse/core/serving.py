@@ -157,12 +157,14 @@ class Load:
     session_spread: np.ndarray | None = None  # [P, K] their variance over the class's requests (hit or not), tokens^2
     tier: TierLoad | None = None             # the KV cache's second tier and preemption (``_tiered``; None: today's)
     stages: int = 1                          # pipeline stages its streams share (``_pipeline_phase``)
+    prompts: np.ndarray | None = None        # an open loop's requests in all (a finite run; 0 or None: endless)
 
     def take(self, idx) -> "Load":
         """The design points ``idx``."""
         return replace(self, **{f.name: getattr(self, f.name)[idx] for f in fields(self)
                                 if f.name not in ("lengths", "pools", "dispersion", "state_blocks", "session_cached",
-                                                  "session_spread", "tier", "stages")},
+                                                  "session_spread", "tier", "stages", "prompts")},
+                       prompts=None if self.prompts is None else self.prompts[idx],
                        tier=None if self.tier is None else self.tier.take(idx),
                        pools=None if self.pools is None else self.pools.take(idx),
                        session_cached=None if self.session_cached is None else self.session_cached[idx],
@@ -1227,13 +1229,58 @@ def _assign(mix, idx, part):
     return tuple(out)
 
 
+#: the requests of a finite run whose waits are priced (``burst_waits``), evenly spread over its arrivals
+_BURST_SAMPLES = 64
+
+
+def burst_waits(prompts, running, x, rate, prefill) -> tuple[np.ndarray, np.ndarray]:
+    """The waits of a finite run of ``prompts`` requests [P] arriving at ``rate`` requests/s [P] (at
+    or past what the engine serves; 10^12: all at once) at an engine that runs ``running`` [P] of
+    them at once, completes ``x`` requests/s [P] so and prefills a prompt in ``prefill`` seconds [P]
+    when nothing but prompts runs. The first ``running`` are admitted as they come, but their prompts
+    queue for the prefill one after another: the j-th (from 0) waits j (prefill - 1 / rate) more than
+    in the steady state (none where they come slower than that). Each of the ``running`` places then
+    serves the queue in arrival order, a request every E = running / x seconds (Little's law): the
+    i-th request, its place's k-th (k = floor(i / running), j = i mod running), starts k (E - running
+    / rate) after its own arrival, and later by its place's first's prefill wait. Returns (wait,
+    weight, last, rest) [P, S] (seconds, shares of the requests, whether in the last turn, when no
+    prompt comes to take a place it frees, and the seconds of prefill the requests after it bring)
+    of ``_BURST_SAMPLES`` requests spread evenly over the arrivals (every one of a smaller run, zero
+    weight past its end)."""
+    n = np.maximum(np.floor(np.asarray(prompts, dtype=float)), 1.0)[:, None]
+    per = np.maximum(np.floor(np.asarray(running, dtype=float)), 1.0)[:, None]
+    m = np.arange(_BURST_SAMPLES, dtype=float)[None, :]
+    many = n > _BURST_SAMPLES
+    i = np.where(many, np.floor((m + 0.5) * n / _BURST_SAMPLES), m)
+    weight = np.where(many, 1.0 / _BURST_SAMPLES, np.where(m < n, 1.0 / n, 0.0))
+    with np.errstate(divide="ignore"):
+        gap = 1.0 / np.asarray(rate, dtype=float)[:, None]
+    turn = np.maximum(per / np.asarray(x, dtype=float)[:, None] - per * gap, 0.0)
+    rush = np.maximum(np.asarray(prefill, dtype=float)[:, None] - gap, 0.0)
+    k = np.floor(i / per)
+    last = k >= np.ceil(n / per) - 1.0
+    return k * turn + (i - k * per) * rush, weight, last, (n - 1.0 - i) * np.asarray(prefill, dtype=float)[:, None]
+
+
+def _delayed(mix, wait, weight) -> tuple:
+    """A latency mixture (mean, sd, weight) [A, C] whose requests wait as ``burst_waits`` says
+    (wait, weight) [A, S]: [A, C x S]."""
+    m, sd, w = (np.asarray(a, dtype=float) for a in mix)
+    a = len(m)
+    return ((m[:, :, None] + wait[:, None, :]).reshape(a, -1),
+            np.broadcast_to(sd[:, :, None], (a, sd.shape[1], wait.shape[1])).reshape(a, -1),
+            (w[:, :, None] * weight[:, None, :]).reshape(a, -1))
+
+
 def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> dict[str, np.ndarray]:
     """Serving metrics of every design point (arrays [P], SI units): ttft_s, tpot_s,
     e2e_latency_s (means) and their percentiles (``ttft_p90_s``, ... for ``PERCENTILES``),
     queue_s (mean wait before admission), requests_per_s, output_tokens_per_s,
     total_tokens_per_s, running_batch (mean sequences running), kv_utilization (share of
     KV blocks held), saturated (bool: the open loop's rate is past what the engine serves;
-    its queue and TTFT grow without bound). With ``high_share`` ([P], NaN: FCFS) each priority
+    its queue and TTFT grow without bound; a finite run, ``load.prompts`` requests, is not: its
+    requests queue and drain, ``burst_waits``, the engine at min(prompts, its running cap) meanwhile,
+    as a closed loop there). With ``high_share`` ([P], NaN: FCFS) each priority
     class's TTFT percentiles too (``ttft_high_p90_s``, ``ttft_low_p90_s``, ...: ``_class_percentiles``)."""
     n = len(load.kv_block)
     rows = np.arange(n)
@@ -1266,6 +1313,38 @@ def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> 
         for k in mix:
             mix[k] = _assign(mix[k], opened, o[k])
         waits = (opened, o["ttft_wait"], o["wait"], np.minimum(rate[opened] / capacity[opened], 1.0))
+    finite = np.flatnonzero(saturated & (np.nan_to_num(load.prompts if load.prompts is not None else np.zeros(n)) > 0))
+    if len(finite):          # a finite run past the capacity: its requests queue and drain (``burst_waits``)
+        run = np.minimum(load.prompts[finite], cap[finite])
+        running = b.copy()
+        running[finite] = run
+        f_cls, f_time = _tiered(load, cls, iteration_time, running, hits)
+        f = _closed_loop(run, load.take(finite), f_cls.take(finite), f_time, finite, cap[finite])
+        c_mean = cls.mean(cls.work)[finite]          # a prompt's computed tokens; the prefill of a budget of them
+        budget = np.minimum(load.token_budget[finite], np.maximum(c_mean * run, 1.0))
+        zero = np.zeros(len(finite))
+        t_budget = _priced(f_time, finite, zero, zero, budget, budget * cls.mean(cls.pairs)[finite] / c_mean,
+                           budget / c_mean)
+        wait_w, weight_w, last, rest = burst_waits(load.prompts[finite], run, f["x"], rate[finite],
+                                                   t_budget * c_mean / budget)
+        # the last turn decodes with no prompt coming to take a place it frees: iterations of its
+        # sequences alone, longer by the prefill of the prompts still to come (as much of it as
+        # its decode iterations hold, a budget of prompt tokens each)
+        steps = cls.mean(cls.steps)[finite]
+        ctx = np.where(steps > 0, cls.mean(cls.steps * cls.keys)[finite] / np.maximum(steps, 1e-300),
+                       cls.mean(cls.keys)[finite])
+        alone = _priced(f_time, finite, run, run * ctx, zero, zero, zero)
+        held = np.minimum(rest, steps[:, None] * np.maximum(t_budget - alone, 0.0)[:, None])
+        faster = np.where(last, alone[:, None] + held / np.maximum(steps, 1.0)[:, None] - f["tpot"][:, None], 0.0)
+        delay = (weight_w * wait_w).sum(axis=1)
+        x[finite], b[finite], ttft[finite] = f["x"], run, f["ttft"] + delay
+        tpot[finite] = f["tpot"] + (weight_w * faster).sum(axis=1)
+        queue[finite] = wait[finite] = admission[finite] = delay
+        shift = {"ttft_mix": wait_w, "tpot_mix": faster, "e2e_mix": wait_w + steps[:, None] * faster}
+        for k in mix:
+            mix[k] = _assign(mix[k], finite, _delayed(f[k], shift[k], weight_w))
+        saturated = saturated.copy()
+        saturated[finite] = False
     ttft[saturated] = np.inf
     queue[saturated] = np.inf
     g_mean, p_mean = cls.mean(cls.gen), cls.mean(cls.prompt)

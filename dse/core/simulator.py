@@ -200,6 +200,7 @@ class SimulationResult:
     concurrency: int | None = None
     priority: np.ndarray | None = None     # per request: its class (``dse.core.scheduling``; None: one class)
     dropped: np.ndarray | None = None      # per request: refused before admission (None: none)
+    whole: bool = False                    # a finite run measured whole (no warm-up left out)
 
     @property
     def completed(self) -> int:
@@ -209,7 +210,9 @@ class SimulationResult:
         """Serving metrics over the measured requests (SI units): TTFT, TPOT and end-to-end
         latency as mean, p50, p90, p99; queueing delay (arrival to admission); output,
         total and request throughput (closed loop: the concurrency over the mean end-to-end
-        latency, Little's law; open loop: completions while the measured requests arrive)."""
+        latency, Little's law; open loop: completions while the measured requests arrive; a finite
+        run measured whole: its requests over its duration, first arrival to last token, as benchmark
+        clients report it)."""
         m = self.measured & np.isfinite(self.finish)
         if not m.any():
             raise DseError("simulator: no request finished in the measured window")
@@ -226,6 +229,8 @@ class SimulationResult:
         out["queue_mean_s"] = float(np.mean(self.admitted[m] - self.arrival[m]))
         if self.concurrency is not None:             # closed loop: Little's law, N in the system
             x = self.concurrency / float(np.mean(e2e))
+        elif self.whole:                             # a finite run measured whole: over its duration
+            x = int(m.sum()) / float(np.max(self.finish[m]) - np.min(self.arrival))
         else:                                        # open loop: completions while the measured ones arrive
             lo, hi = float(self.arrival[m].min()), float(self.arrival[m].max())
             done = np.isfinite(self.finish) & (self.finish >= lo) & (self.finish <= hi)
@@ -249,9 +254,12 @@ class SimulationResult:
         return out
 
 
+#: the share of the first requests (by arrival) a run leaves out of its metrics: the engine filling up
+WARMUP = 0.2
+
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-             warmup: float = 0.2, progress: Callable[[int], None] | None = None,
+             warmup: float = WARMUP, progress: Callable[[int], None] | None = None,
              request_overhead_s: float = 0.0, tokens: Callable[[int, int], None] | None = None,
              stages: int = 1, ranks: int = 1) -> SimulationResult:
     """Run ``len(prompts)`` requests (prompt and output lengths per request, tokens) through
@@ -292,7 +300,7 @@ def simulate_disaggregated(prefill_step: StepTime, decode_step: StepTime, prefil
                            decode_engine: EngineConfig, prefill_instances: int, decode_instances: int,
                            transfer_s: Callable[[int], float], prompts: Sequence[int], gens: Sequence[int], *,
                            concurrency: int | None = None, arrivals: Sequence[float] | None = None,
-                           warmup: float = 0.2, progress: Callable[[int], None] | None = None,
+                           warmup: float = WARMUP, progress: Callable[[int], None] | None = None,
                            request_overhead_s: float = 0.0,
                            tokens: Callable[[int, int], None] | None = None, stages: int = 1,
                            ranks: int = 1, decode_ranks: int | None = None, encoders: int = 0,
@@ -537,7 +545,8 @@ def _result(reqs: list[_Request], loop: _EventLoop, figures: list[_Instance], wa
                             kv_used, sum(inst.engine.preemptions for inst in loop.instances), measured,
                             None if concurrency is None else int(concurrency),
                             np.array([r.priority for r in reqs]) if any(r.priority != HIGH for r in reqs) else None,
-                            np.array([r.dropped for r in reqs]) if any(r.dropped for r in reqs) else None)
+                            np.array([r.dropped for r in reqs]) if any(r.dropped for r in reqs) else None,
+                            whole=warmup == 0.0)
 
 
 def _counts(decode_now: list[_Request], chunks: list[tuple[_Request, int]]) -> tuple[int, int, int, int, int]:

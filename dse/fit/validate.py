@@ -38,11 +38,10 @@ How a row is predicted:
   grown into host memory); a row whose model does not fit on its devices is predicted with
   greedy overflow to the host tier (``analyze --offload greedy``).
 - Continuous: through the evaluator's in-flight batching model with the row's load (offload is
-  not modelled there). ``request_rate inf`` with ``num_prompts`` N (all N sent at once) and a
-  finite open loop of N prompts that the steady state finds saturated (the requests arrive
-  faster than they are served, so the run is governed by the N requests queued) are predicted
-  as a closed loop at concurrency N, for throughput and TPOT only: their TTFT and end-to-end
-  latency are the wait in a draining queue, which no steady state gives.
+  not modelled there). A row's ``num_prompts`` N is the evaluator's ``num_prompts``: a finite open
+  loop of N requests arriving faster than the design serves them (``request_rate inf``: all N sent
+  at once, a rate of ``ALL_AT_ONCE``) queues and drains (``dse.core.serving.burst_waits``), its
+  TTFT and end-to-end latency the wait.
 - A row that does not fit even so, or that the model cannot express, is unpredictable, with
   the reason.
 - Engine profile (``dse.core.engines``, ``configs/engines.yaml``, matched on the ``framework``
@@ -119,8 +118,8 @@ MEDIAN_METRICS = {"ttft_median_s": "ttft_p50_s", "tpot_median_s": "tpot_p50_s", 
 _PERCENTILE = re.compile(r"(ttft|tpot|e2e_latency)_p\d+_s")
 #: metric families the report gives errors for (the metric name's prefix); the rest are throughputs
 FAMILIES = (("TTFT", "ttft_"), ("TPOT", "tpot_"), ("E2E", "e2e_latency_"))
-#: families a closed loop at N predicts for N requests sent at once (a draining queue's TTFT is not a steady state's)
-BURST_FAMILIES = ("throughput", "TPOT")
+#: the request rate of N requests sent at once (requests/s): their waits within 10^-12 s of an instant burst's
+ALL_AT_ONCE = 1e12
 #: published mean lengths (prompt, output tokens) of benchmark datasets, for rows that name a dataset
 #: but not their lengths; used only when the evaluator has a ``lengths`` column. The means are of the
 #: paper's own sample (OPT tokenizer); benchmark clients sample and tokenize differently (SGLang's
@@ -179,11 +178,10 @@ class MeasuredRow:
         return load_text(self.serving, self.concurrency, self.request_rate, self.num_prompts)
 
     def load_columns(self) -> dict:
-        """The evaluator's load columns of a continuous row (requests sent all at once: a closed
-        loop at their number)."""
-        if self.request_rate == math.inf:
-            return {"concurrency": self.num_prompts, "request_rate": 0.0}
-        return {"concurrency": self.concurrency, "request_rate": float(self.request_rate)}
+        """The evaluator's load columns of a continuous row (requests sent all at once: at
+        ``ALL_AT_ONCE`` requests/s)."""
+        rate = ALL_AT_ONCE if self.request_rate == math.inf else float(self.request_rate)
+        return {"concurrency": self.concurrency, "request_rate": rate, "num_prompts": self.num_prompts}
 
 
 @dataclass(frozen=True)
@@ -228,10 +226,7 @@ def reason(clauses: list[str], kinds: list[str] | None = None) -> Reason:
 
 @dataclass
 class Case:
-    """A measured row made ready to predict: resolved batch, offload policy and engine.
-
-    ``burst_columns``: the row as a closed loop at its ``num_prompts`` (a finite open loop,
-    predicted so where the steady state finds it saturated), else None."""
+    """A measured row made ready to predict: resolved batch, offload policy and engine."""
 
     row: MeasuredRow
     model: object
@@ -239,7 +234,6 @@ class Case:
     columns: dict         # the design point (scalars), batch resolved and offload chosen
     engine: Engine
     kv_group: float       # query heads per K/V head on one device
-    burst_columns: dict | None = None
 
     @property
     def batch(self) -> int:
@@ -539,9 +533,6 @@ class _Reader:
                 gaps.append("continuous serving with no load stated (concurrency, request_rate or batch)")
         if rate == math.inf and not prompts:
             gaps.append("request_rate inf (all requests at once) without num_prompts")
-        if rate == math.inf and family_of(target_metric(r["metric"])) not in BURST_FAMILIES:
-            gaps.append(f"all {prompts or 'the'} requests sent at once: their TTFT and end-to-end latency are the "
-                        f"wait in a draining queue, which the steady state does not give")
         if mode == "static" and batch is None:
             gaps.append("batch not stated")
         return {"serving": mode, "concurrency": conc if mode == "continuous" else 0, "request_rate": rate,
@@ -708,13 +699,6 @@ def row_columns(row: MeasuredRow, engine: Engine) -> dict:
     return cols
 
 
-def burst_columns(row: MeasuredRow, columns: dict) -> dict | None:
-    """A finite open loop's design point as a closed loop at its number of prompts, else None."""
-    if row.serving != "continuous" or not row.num_prompts or not 0 < row.request_rate < math.inf:
-        return None
-    return {**columns, "concurrency": row.num_prompts, "request_rate": 0.0}
-
-
 def table_of(points: list[dict]) -> dict:
     """Columns of a list of design points (dicts of scalars); a key some points lack takes its
     default there (``dse.system.params.DEFAULTS``)."""
@@ -764,8 +748,8 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
     """(cases, unpredictable rows with the reason): every static row's batch resolved (``max``:
     the largest that fits in the devices' memory, never grown into host memory) and, for a
     static row that does not fit, greedy overflow to the host tier; a continuous row as given
-    (a finite open loop that saturates even on the ideal bound is kept when its number of
-    prompts is known: ``Predictions`` runs it as a closed loop). One evaluation of all rows."""
+    (a finite open loop past what the design serves queues and drains: its number of prompts is
+    the evaluator's ``num_prompts``). One evaluation of all rows."""
 
     engines = [engine_of(r) for r in rows]
     points = [row_columns(r, e) for r, e in zip(rows, engines)]
@@ -776,7 +760,7 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
         why.update(failed)
         for j, i in enumerate(good):
             if rows[i].serving == "continuous":
-                if not ev.feasible[j] and not (ev.reason_key(j) == "saturated" and burst_columns(rows[i], points[i])):
+                if not ev.feasible[j]:
                     why[i] = reason([f"{ev.reason_key(j)}: {ev.reason_text(j)}"], [ev.reason_key(j)])
                 continue
             points[i]["batch"] = int(ev["batch_used"][j])
@@ -796,7 +780,7 @@ def prepare_all(rows: list[MeasuredRow]) -> tuple[list[Case], list[tuple[Measure
         if e.head_padding:               # the heads the engine runs (AWS Neuron pads them to its cores)
             model = padded_model(model, r.tp * device.shard_cores)
         group = 1.0 if model.is_mla else (model.num_heads / r.tp) / kv_heads_per_device(model, r.tp)
-        cases.append(Case(r, model, device, p, e, group, burst_columns(r, p)))
+        cases.append(Case(r, model, device, p, e, group))
     return cases, skipped
 
 
@@ -805,7 +789,7 @@ class Predicted:
     """Predictions of a plan's rows under one efficiency (arrays in case order).
 
     values: the predicted metric of each row (NaN where ``why`` says why there is none);
-    burst: predicted as a closed loop at its number of prompts (a saturated finite open loop);
+    burst: a finite open loop past what the design serves (its requests queued and drained);
     running: the running batch of a continuous row (NaN for a static batch); efficiency: names."""
 
     values: np.ndarray
@@ -824,8 +808,6 @@ class Predictions:
         self.cases = cases
         self.plan = prepare(table_of([c.columns for c in cases]))
         self.metric = [c.row.metric for c in cases]
-        self.spare = [i for i, c in enumerate(cases) if c.burst_columns]
-        self.spare_plan = prepare(table_of([cases[i].burst_columns for i in self.spare])) if self.spare else None
 
     def efficiencies(self, eff: Efficiency | list | None, calibration: Path | None = None) -> list[Efficiency]:
         """Each row's efficiency: a list of them is taken as it is (one per row, engines already
@@ -856,45 +838,22 @@ class Predictions:
     def predict(self, eff: Efficiency | list | None = None, ideal: bool = False,
                 calibration: Path | None = None) -> Predicted:
         """Every row's prediction under ``eff`` (as ``evaluation``); a row the design does not run
-        under it (a saturated open loop) gets NaN and a reason, or, for a finite open loop of
-        known size, its closed loop at that size (throughput and TPOT only)."""
+        under it (a saturated endless open loop) gets NaN and a reason."""
         effs = None if ideal else self.efficiencies(eff, calibration)
         ev = self.plan.run(ideal=True) if ideal else self.plan.run(efficiency=effs)
         n = len(self.cases)
         values = np.array([ev[m][i] for i, m in enumerate(self.metric)], dtype=float)
         running = np.array([ev["running_batch"][i] if c.row.serving == "continuous" else np.nan
                             for i, c in enumerate(self.cases)], dtype=float)
-        burst, why = np.zeros(n, dtype=bool), {}
-        spare_ev = None
+        queue = np.asarray(ev["queue_s"], dtype=float)       # an open loop queues only as a finite run's burst
+        burst = np.array([c.row.serving == "continuous" and c.row.num_prompts > 0 and not c.row.concurrency
+                          and queue[i] > 0 for i, c in enumerate(self.cases)], dtype=bool)
+        why = {}
         for i in np.flatnonzero(~np.asarray(ev.feasible, dtype=bool)):
             i = int(i)
             values[i] = np.nan
-            key, text = ev.reason_key(i), f"{ev.reason_key(i)}: {ev.reason_text(i)}"
-            why[i] = reason([text], [key])
-            if key != "saturated" or i not in self.spare:
-                continue
-            n_prompts = self.cases[i].row.num_prompts
-            if family_of(self.metric[i]) not in BURST_FAMILIES:
-                why[i] = reason([text, f"the run sent {n_prompts} prompts, a finite burst whose TTFT and end-to-end "
-                                       f"latency are the wait in a draining queue, which the steady state does not "
-                                       f"give"], ["saturated finite run: TTFT / E2E not modelled"])
-                continue
-            if spare_ev is None:
-                spare_ev = self._run_spare(effs, ideal)
-            j = self.spare.index(i)
-            if spare_ev.feasible[j]:
-                values[i], burst[i], running[i] = spare_ev[self.metric[i]][j], True, spare_ev["running_batch"][j]
-                del why[i]
-            else:
-                why[i] = reason([text, f"as a closed loop at its {n_prompts} prompts: {spare_ev.reason_text(j)}"],
-                                [key, spare_ev.reason_key(j)])
+            why[i] = reason([f"{ev.reason_key(i)}: {ev.reason_text(i)}"], [ev.reason_key(i)])
         return Predicted(values, why, burst, running, [ev.efficiency_name(i) for i in range(n)])
-
-    def _run_spare(self, effs, ideal: bool):
-        """The Evaluation of the finite open loops as closed loops at their number of prompts."""
-        if ideal:
-            return self.spare_plan.run(ideal=True)
-        return self.spare_plan.run(efficiency=[effs[i] for i in self.spare])
 
     def values(self, eff: Efficiency | list | None = None, ideal: bool = False) -> np.ndarray:
         """Each row's predicted metric (``predict``; NaN where the design does not run it)."""
@@ -919,10 +878,9 @@ VALIDATE_STEPS = 2
 
 
 def with_kernel_layer(case: Case, layer: str) -> Case:
-    """``case`` with its design point (and its closed-loop twin) priced by the kernel layer
+    """``case`` with its design point priced by the kernel layer
     ``layer`` (``kernel_layer``: 'fitted' or 'learned')."""
-    burst = None if case.burst_columns is None else {**case.burst_columns, "kernel_layer": layer}
-    return replace(case, columns={**case.columns, "kernel_layer": layer}, burst_columns=burst)
+    return replace(case, columns={**case.columns, "kernel_layer": layer})
 
 
 def validate(path=None, *, ideal: bool = False, efficiency: Efficiency | None = None,
@@ -974,7 +932,7 @@ def result_row(case: Case, predicted: float, eff_name: str = "", *, running: flo
                              family_of_metric(r.metric))
                     if band_source(eff_name) else (math.nan, math.nan, ""))
     low, high = band_on(r.metric, low, high)          # a band on TPOT is one on 1 / tokens per second per user
-    load = r.load + (f" (saturated: as a closed loop at {r.num_prompts})" if burst else "")
+    load = r.load + (" (past the capacity: queued and drained)" if burst else "")
     return {
         "id": r.id, "line": r.line, "model": r.model, "hardware": r.hardware, "devices": r.devices,
         "batch": int(round(running)) if continuous and math.isfinite(running) else case.batch,
@@ -983,7 +941,7 @@ def result_row(case: Case, predicted: float, eff_name: str = "", *, running: flo
         "measured": r.value, "predicted": predicted, "error": err, "ape": abs(err),
         "optimistic": (err < 0) if is_latency(r.metric) else (err > 0), "offload": case.offload,
         "engine": case.engine.name + (f" ({UNFUSED_FALLBACK})" if _fell_back(case) else ""), "efficiency": eff_name,
-        "serving": r.serving, "load": load, "family": family_of(r.metric), "measured_as": r.metric_given or r.metric,
+        "serving": r.serving, "load": load, "queued": burst, "family": family_of(r.metric), "measured_as": r.metric_given or r.metric,
         "framework": r.framework, "lengths_from": r.lengths_from, "vendor": vendor, "source": r.source,
         "request_rate": r.request_rate, "num_prompts": r.num_prompts, "band_low": predicted * low, "band_high": predicted * high,
         "in_band": bool(covered(r.value, predicted, low, high)) if low == low else "",
@@ -1053,12 +1011,15 @@ def bound_violations(rows: list[dict]) -> list[dict]:
     """Rows of an ideal run whose measurement beats the bound (throughput above it, latency below
     it), beyond a 1e-9 relative tolerance. An open loop's throughput is its offered load, which a
     finite run of N Poisson arrivals realises only within sampling error (relative standard
-    deviation 1 / sqrt(N)): its throughput may exceed the ideal by three such deviations."""
+    deviation 1 / sqrt(N)): its throughput may exceed the ideal by three such deviations. The
+    latencies of a finite run past the capacity (``queued``) are not checked: they are the wait in
+    its queue, set by how many requests the engine admits at once (its running cap, a software
+    setting the ideal roofline does not bound)."""
     def slack(r: dict) -> float:
         open_loop = 0 < r.get("request_rate", 0) < math.inf and r.get("num_prompts")
         return 3.0 / math.sqrt(r["num_prompts"]) if open_loop and not is_latency(r["metric"]) else 0.0
     return [r for r in rows if (r["measured"] > r["predicted"] * (1 + 1e-9 + slack(r)) if not is_latency(r["metric"])
-                                else r["measured"] < r["predicted"] * (1 - 1e-9))]
+                                else not r.get("queued") and r["measured"] < r["predicted"] * (1 - 1e-9))]
 
 
 # --------------------------------------------------------------------------- reporting

@@ -531,6 +531,7 @@ def _table_report(res, display, asked_flash=None) -> str:
     if s.get("serving") == "continuous":
         load = ("continuous batching at " + (f"{s['request_rate']:g} requests/s (Poisson)" if s.get("request_rate")
                                              else f"concurrency {s['concurrency'] or s['batch']}"))
+        load += f", {s['num_prompts']:,} requests in all" if s.get("request_rate") and s.get("num_prompts") else ""
         load += f", lengths {s['lengths']}" if s["lengths"] != "fixed" else ""
         load += f", prefix hit {100 * s['prefix_hit']:g} %" if s["prefix_hit"] else ""
         load += f", disaggregated {s['disaggregate']} (prefill:decode devices)" if s["disaggregate"] != "none" else ""

@@ -21,7 +21,7 @@ from dse.core.engines import efficiency_source, without_message_notes
 from dse.core.kernel_model import band_of
 from dse.core.router import simulate_routed
 from dse.core.serving import PERCENTILES, overhead_in_flight
-from dse.core.simulator import simulate, simulate_disaggregated
+from dse.core.simulator import WARMUP, simulate, simulate_disaggregated
 from dse.system import reasons as R
 from dse.system.evaluator import EXPLAIN_KEYS, PERCENTILE_METRICS, Evaluation, evaluate, prepare, serving_engine
 from dse.system.params import DEFAULTS
@@ -47,7 +47,7 @@ ENERGY_COST_METRICS = ("energy_per_token_j", "tokens_per_joule", "power_w", "pow
 SCHEDULER_METRICS = ("ttft_high_s", "ttft_low_s", "tpot_high_s", "tpot_low_s", "dropped_share", "ttft_high_p90_s",
                      "ttft_low_p90_s")
 #: the serving settings a summary names under continuous batching
-SERVING_SETTINGS = ("lengths", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
+SERVING_SETTINGS = ("lengths", "num_prompts", "prefix_hit", "disaggregate", "slo_ttft", "slo_tpot", "slo_percentile",
                     "router_replicas", "router", "session_turns", "think_time", "scheduler", "priority_share")
 
 #: the operator kinds the kernel layer prices in a prediction, whose bands ``analyze`` shows
@@ -245,7 +245,8 @@ def simulate_point(columns: dict, requests: int, *, seed: int = 0, ideal: bool =
         res, hits = routed_run(point, prompts, gens, arrivals, rng)
     elif point.pools is None:
         res = simulate(point.step, point.engine, prompts, gens, concurrency=point.concurrency, arrivals=arrivals,
-                       progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks)
+                       progress=progress, tokens=tokens, stages=point.stages, ranks=point.ranks,
+                       warmup=0.0 if point.num_prompts else WARMUP)
     else:
         res = simulate_disaggregated(point.step, point.decode_step or point.step, point.engine,
                                      point.decode_engine or point.engine, *point.pools,

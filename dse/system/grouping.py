@@ -134,6 +134,7 @@ class ServingInputs:
     concurrency: np.ndarray       # closed-loop concurrency (NaN: an open loop)
     request_rate: np.ndarray      # open-loop arrival rate, requests/s (NaN: a closed loop)
     dispersion: np.ndarray        # open loop: the arrival gaps' squared coefficient of variation (1: Poisson)
+    prompts: np.ndarray           # open loop: requests the run sends in all (0: an endless run)
     devices: np.ndarray           # devices of one engine (both pools when disaggregated)
     lengths: Lengths              # the request length classes (under speculation: in rounds of E tokens)
     length_spec: LengthSpec       # the length distribution requests are drawn from

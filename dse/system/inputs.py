@@ -72,6 +72,7 @@ class WorkloadColumns:
     concurrency: np.ndarray       # [P] closed-loop concurrency (0: none)
     request_rate: np.ndarray      # [P] open-loop arrival rate, requests/s (0: none)
     burstiness: np.ndarray        # [P] open loop: the gamma shape of the arrival gaps (1: Poisson)
+    num_prompts: np.ndarray       # [P] open loop: requests the run sends in all (0: an endless run)
     kv_block: np.ndarray          # [P] tokens a KV block holds
     max_running: np.ndarray       # [P] sequences an iteration may run
     prefill_chunk: np.ndarray     # [P] tokens an iteration may hold (0: prefill first)
@@ -134,7 +135,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
-    w["burstiness"] = cols.numbers("burstiness")
+    w["burstiness"], w["num_prompts"] = cols.numbers("burstiness"), cols.numbers("num_prompts")
     w["router_replicas"], w["session_turns"] = cols.numbers("router_replicas"), cols.numbers("session_turns")
     w["think_time"] = cols.numbers("think_time")
     codes, routers = resolved_column(cols, "router", partial(checked_choice, "router"))

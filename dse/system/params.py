@@ -302,6 +302,11 @@ TABLE: tuple[Param, ...] = (
     Param("request_rate", float, help="continuous batching, open loop: requests/s arriving as a Poisson process",
           default=0.0, zero_allowed=True, zero_is_unset=True, unit="requests_per_s", flag="--request-rate",
           noun="requests per second"),
+    Param("num_prompts", int, default=0, zero_allowed=True, zero_is_unset=True, flag="--num-prompts",
+          help="continuous batching, open loop: the run sends this many requests in all (vLLM's and SGLang's "
+               "benchmark_serving --num-prompts); at a request rate past what the design serves they queue and "
+               "drain instead of the steady state's saturation, their TTFT and end-to-end latency the wait "
+               "(default: none, an endless run)"),
     Param("burstiness", float, default=1.0, flag="--burstiness", at_most=100.0,
           help="continuous batching, open loop: arrival gaps drawn from a gamma distribution of this shape "
                "(vLLM's benchmark_serving --burstiness: 1 a Poisson process, below 1 burstier, above 1 more "

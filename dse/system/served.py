@@ -745,7 +745,7 @@ def _load(s: ServingInputs, pools: Pools | None) -> Load:
     return Load(s.lengths, s.kv_blocks, s.kv_block, s.budget, s.max_running, s.concurrency,
                 s.request_rate, s.chunked, s.prefix_tokens, pools,
                 None if np.all(s.dispersion == 1.0) else np.asarray(s.dispersion, dtype=float), s.state_blocks,
-                tier=s.tier)
+                tier=s.tier, prompts=np.asarray(s.prompts, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -781,6 +781,7 @@ class ServedPoint:
     session_turns: int = 1        # turns of a session (1: plain requests)
     think_s: float = 0.0          # sessions: seconds from a turn's last token to the next turn
     encoder: tuple | None = None  # E:P:D: (encoder instances, seconds each takes a request: encode + send)
+    num_prompts: int = 0          # an open loop's requests in all (a finite run: every one measured; 0: endless)
 
 
 def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int, cap, fp, act, lengths: Lengths,
@@ -839,7 +840,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
         budget=np.where(budget > 0, budget, np.maximum(float(sc.prompt_len), UNCHUNKED_BUDGET)),
         chunked=budget > 0, max_running=w.max_running[idx],
         concurrency=np.where(rate > 0, np.nan, conc), request_rate=np.where(rate > 0, rate, np.nan),
-        dispersion=dispersion,
+        dispersion=dispersion, prompts=np.nan_to_num(w.num_prompts[idx]) / replicas,
         devices=np.where(w.disaggregated[idx], w.prefill_devices[idx] + w.decode_devices[idx] + enc_devices,
                          float(sc.devices)), encoder=encoder,
         lengths=lengths, length_spec=length_spec, max_tokens=max_tokens, pools=pools, stages=sc.pp, ranks=sc.ep,
@@ -1080,7 +1081,8 @@ def served_point(g: Group, j: int, *, efficiency=None, ideal: bool = False) -> S
                        1.0 / float((s.dispersion if r is None else r.dispersion)[j]), decode_step, decode_engine,
                        None if s.decode is None else int(s.decode.ep), replicas=n,
                        router=0 if r is None else int(r.router[j]), session_turns=1 if r is None else r.turns,
-                       think_s=0.0 if r is None else float(r.think_s[j]), encoder=encoder)
+                       think_s=0.0 if r is None else float(r.think_s[j]), encoder=encoder,
+                       num_prompts=int(round(float(s.prompts[j]) * n)) if rate > 0 else 0)
 
 
 def _scheduler(s: ServingInputs, j: int, late: float):
