@@ -201,6 +201,12 @@ class _Classes:
         """The request-weighted mean over classes of ``x`` [P, K], [P]."""
         return _dot(x, self.weight)
 
+    def decode_keys(self) -> np.ndarray:
+        """The keys a decode iteration's sequence attends to, the mean over every request's decode
+        steps, [P] (where no request decodes: the classes' mean keys)."""
+        s = self.mean(self.steps)
+        return np.where(s > 0, self.mean(self.steps * self.keys) / np.maximum(s, 1e-300), self.mean(self.keys))
+
 
 def _dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``x`` [P, K] weighted by ``w`` [K] and summed over K, [P]: row by row, so that a point's
@@ -670,7 +676,7 @@ class _Chain:
         self.pair = _dot(cls.pairs / self.n, per_chunk) / np.maximum(self.tok, 1e-300)
         self.ends = 1.0 / self.en                                 # prompts a chunk ends
         self.whole, self.whole_pairs = _dot(cls.work, w), _dot(cls.pairs, w)
-        self.ctx = np.where(self.es > 0, _dot(cls.steps * cls.keys, w) / np.maximum(self.es, 1e-300), _dot(cls.keys, w))
+        self.ctx = cls.decode_keys()
 
     def idle(self) -> np.ndarray:
         """Seconds of an iteration decoding one sequence, [A]."""
@@ -1073,7 +1079,7 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     budget = load.token_budget
     p = budget * c / (c + s)
     d = budget - p
-    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    ctx = cls.decode_keys()
     pair = _dot(cls.pairs, w) / c
     ends = p / c
     t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
@@ -1121,7 +1127,7 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
         full = np.where(v > 0, ndtr((mean - room) / np.sqrt(v)), (mean >= room).astype(float))
     full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
     part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
-    ctx = np.where(s > 0, _dot(cls.steps * cls.keys, w) / np.maximum(s, 1e-300), _dot(cls.keys, w))
+    ctx = cls.decode_keys()
     pair = _dot(cls.pairs, w) / c
     toks = np.stack([room, part], 1)
     t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
@@ -1233,7 +1239,7 @@ def _assign(mix, idx, part):
 _BURST_SAMPLES = 64
 
 
-def burst_waits(prompts, running, x, rate, prefill) -> tuple[np.ndarray, np.ndarray]:
+def burst_waits(prompts, running, x, rate, prefill) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The waits of a finite run of ``prompts`` requests [P] arriving at ``rate`` requests/s [P] (at
     or past what the engine serves; 10^12: all at once) at an engine that runs ``running`` [P] of
     them at once, completes ``x`` requests/s [P] so and prefills a prompt in ``prefill`` seconds [P]
@@ -1313,7 +1319,8 @@ def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> 
         for k in mix:
             mix[k] = _assign(mix[k], opened, o[k])
         waits = (opened, o["ttft_wait"], o["wait"], np.minimum(rate[opened] / capacity[opened], 1.0))
-    finite = np.flatnonzero(saturated & (np.nan_to_num(load.prompts if load.prompts is not None else np.zeros(n)) > 0))
+    prompts = np.zeros(n) if load.prompts is None else np.nan_to_num(load.prompts)
+    finite = np.flatnonzero(saturated & (prompts > 0))
     if len(finite):          # a finite run past the capacity: its requests queue and drain (``burst_waits``)
         run = np.minimum(load.prompts[finite], cap[finite])
         running = b.copy()
@@ -1331,8 +1338,7 @@ def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> 
         # sequences alone, longer by the prefill of the prompts still to come (as much of it as
         # its decode iterations hold, a budget of prompt tokens each)
         steps = cls.mean(cls.steps)[finite]
-        ctx = np.where(steps > 0, cls.mean(cls.steps * cls.keys)[finite] / np.maximum(steps, 1e-300),
-                       cls.mean(cls.keys)[finite])
+        ctx = cls.decode_keys()[finite]
         alone = _priced(f_time, finite, run, run * ctx, zero, zero, zero)
         held = np.minimum(rest, steps[:, None] * np.maximum(t_budget - alone, 0.0)[:, None])
         faster = np.where(last, alone[:, None] + held / np.maximum(steps, 1.0)[:, None] - f["tpot"][:, None], 0.0)
