@@ -206,6 +206,7 @@ def test_a_saturated_request_rate_is_a_note_naming_the_flag_the_rate_and_the_mos
     most = ev["requests_per_s"][0]          # what the design serves when saturated
     assert lines[0].startswith("dse.study: note: --request-rate 1e+06 requests/s saturates this design: it serves "
                                f"at most {most:.3g}"), lines[0]
+    assert lines[0].endswith("for a run of N requests that queue and drain (a benchmark's), --num-prompts N")
 
 
 def test_a_saturated_request_rate_on_compare_names_the_flag_and_the_most_each_design_serves(capsys):

@@ -470,7 +470,8 @@ def cmd_analyze(args) -> int:
         most = display.quantity_text("requests_per_s", res.summary["requests_per_s"])
         print(f"dse.study: note: --request-rate {args.request_rate:g} requests/s saturates this design: it serves "
               f"at most {most}, so its queue grows without bound and latencies have no steady state; for one, give "
-              f"--request-rate below {most}, or more --devices, a narrower --weights/--kv format", file=sys.stderr)
+              f"--request-rate below {most}, or more --devices, a narrower --weights/--kv format; for a run of N "
+              f"requests that queue and drain (a benchmark's), --num-prompts N", file=sys.stderr)
         return 3
     if not res.summary["feasible"]:
         where = args.hardware if args.hardware.endswith((".yaml", ".yml")) else f"configs/hardware/{args.hardware}.yaml"
