@@ -207,6 +207,10 @@ class _Classes:
         s = self.mean(self.steps)
         return np.where(s > 0, self.mean(self.steps * self.keys) / np.maximum(s, 1e-300), self.mean(self.keys))
 
+    def pairs_per_token(self) -> np.ndarray:
+        """The keys a computed prompt token attends to, the mean over every request's prompt, [P]."""
+        return self.mean(self.pairs) / np.maximum(self.mean(self.work), 1e-300)
+
 
 def _dot(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``x`` [P, K] weighted by ``w`` [K] and summed over K, [P]: row by row, so that a point's
@@ -678,6 +682,12 @@ class _Chain:
         self.whole, self.whole_pairs = _dot(cls.work, w), _dot(cls.pairs, w)
         self.ctx = cls.decode_keys()
 
+    @property
+    def iterations_per_request(self) -> np.ndarray:
+        """Iterations a request runs in (its prompt chunks and decode steps, means), [A]: with b
+        sequences running, x requests/s and a mean iteration t, x = b / (that t) (Little's law)."""
+        return self.en + self.es
+
     def idle(self) -> np.ndarray:
         """Seconds of an iteration decoding one sequence, [A]."""
         zero = np.zeros(len(self.rows))
@@ -909,7 +919,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
     chain = _Chain(load, cls, iteration_time, rows)
     t = chain.idle()
     given_rate = rate is not None
-    x = np.array(rate, dtype=float) if given_rate else running / ((chain.en + chain.es) * t)
+    x = np.array(rate, dtype=float) if given_rate else running / (chain.iterations_per_request * t)
     b = np.ones(a) if given_rate else np.array(running, dtype=float)
     if start is not None and given_rate:
         near = np.isfinite(start[0]) & np.isfinite(start[1]) & (start[0] > 0) & (start[1] > 0)
@@ -1080,7 +1090,7 @@ def _full(load: Load, cls: _Classes, iteration_time: IterationTime, rows) -> dic
     p = budget * c / (c + s)
     d = budget - p
     ctx = cls.decode_keys()
-    pair = _dot(cls.pairs, w) / c
+    pair = cls.pairs_per_token()
     ends = p / c
     t = _priced(iteration_time, rows, d, d * ctx, p, p * pair, ends)
     # pipelined streams: every iteration holds prompts, one endless phase (``_pipeline_phase``): the
@@ -1128,7 +1138,7 @@ def _busy(running, load: Load, cls: _Classes, iteration_time: IterationTime, row
     full = np.clip(np.where(p >= room * (1 - 1e-9), 1.0, full), 0.0, 1.0)
     part = np.clip(np.where(full < 1, (p - full * room) / np.maximum(1.0 - full, 1e-300), 0.0), 0.0, room)
     ctx = cls.decode_keys()
-    pair = _dot(cls.pairs, w) / c
+    pair = cls.pairs_per_token()
     toks = np.stack([room, part], 1)
     t = _priced(iteration_time, rows, d[:, None], (d * ctx)[:, None], toks, toks * pair[:, None], toks / c[:, None])
     mean = full * t[:, 0] + (1.0 - full) * t[:, 1]
@@ -1322,7 +1332,7 @@ def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> 
     prompts = np.zeros(n) if load.prompts is None else np.nan_to_num(load.prompts)
     finite = np.flatnonzero(saturated & (prompts > 0))
     if len(finite):          # a finite run past the capacity: its requests queue and drain (``burst_waits``)
-        run = np.minimum(load.prompts[finite], cap[finite])
+        run = np.minimum(prompts[finite], cap[finite])
         running = b.copy()
         running[finite] = run
         f_cls, f_time = _tiered(load, cls, iteration_time, running, hits)
@@ -1330,9 +1340,8 @@ def steady_state(load: Load, iteration_time: IterationTime, high_share=None) -> 
         c_mean = cls.mean(cls.work)[finite]          # a prompt's computed tokens; the prefill of a budget of them
         budget = np.minimum(load.token_budget[finite], np.maximum(c_mean * run, 1.0))
         zero = np.zeros(len(finite))
-        t_budget = _priced(f_time, finite, zero, zero, budget, budget * cls.mean(cls.pairs)[finite] / c_mean,
-                           budget / c_mean)
-        wait_w, weight_w, last, rest = burst_waits(load.prompts[finite], run, f["x"], rate[finite],
+        t_budget = _priced(f_time, finite, zero, zero, budget, budget * cls.pairs_per_token()[finite], budget / c_mean)
+        wait_w, weight_w, last, rest = burst_waits(prompts[finite], run, f["x"], rate[finite],
                                                    t_budget * c_mean / budget)
         # the last turn decodes with no prompt coming to take a place it frees: iterations of its
         # sequences alone, longer by the prefill of the prompts still to come (as much of it as
@@ -1506,7 +1515,7 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     # cap and an iteration gives each of them a step: the mean iteration cap / (x (E[n] + E[s]))
     chain = _Chain(load, cls, iteration_time, np.arange(n))
     with np.errstate(divide="ignore", invalid="ignore"):
-        tried = [np.full((3, n), np.nan), np.stack([capacity, cap / (capacity * (chain.en + chain.es)), cap])]
+        tried = [np.full((3, n), np.nan), np.stack([capacity, cap / (capacity * chain.iterations_per_request), cap])]
     trickle = capacity * 2.0 ** -_GOODPUT_STEPS           # the least rate ``largest_rate`` tries
 
     def start(rate, idx):

@@ -257,6 +257,7 @@ class SimulationResult:
 #: the share of the first requests (by arrival) a run leaves out of its metrics: the engine filling up
 WARMUP = 0.2
 
+
 def simulate(step_time: StepTime, engine: EngineConfig, prompts: Sequence[int], gens: Sequence[int], *,
              concurrency: int | None = None, arrivals: Sequence[float] | None = None,
              warmup: float = WARMUP, progress: Callable[[int], None] | None = None,
