@@ -166,6 +166,22 @@ def get_format(name: str, what: str = "format") -> DataFormat:
                    f"{GROUP_SIZES[0]} to {GROUP_SIZES[-1]}, one FP16 scale per N)")
 
 
+#: Bytes per element, at least, of partial sums reduced across devices (a tensor-parallel
+#: all-reduce, an MoE combine): they travel in 16 bits whatever the activations' format, which
+#: quantizes a GEMM's input after the reduction. vLLM's all-reduce fusion pass
+#: (docs.vllm.ai, vllm.compilation.passes.fusion.allreduce_rms_fusion, retrieved 2026-11-29:
+#: "input goes through allreduce first, always 16-bit"; its FP8 pattern is all_reduce ->
+#: fused_add_rms_norm -> group_fp8_quant); DeepEP and DeepSeek's Day-6 post: FP8 dispatch,
+#: "combine transmissions use the BF16 format".
+REDUCED_SUM_MIN_BYTES = 2.0
+
+
+def reduced_sum_bytes(activations: DataFormat) -> float:
+    """Bytes per element of a partial sum reduced across devices when the activations are in
+    ``activations``: its bytes, or ``REDUCED_SUM_MIN_BYTES`` if it is narrower."""
+    return max(activations.bytes, REDUCED_SUM_MIN_BYTES)
+
+
 def matmul_compute_class(a: DataFormat, b: DataFormat) -> str:
     """Compute class of a product of operands in formats ``a`` and ``b``: the wider one
     (ties go to ``a``, the activation side)."""

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from basis.errors import DseError
-from hwmodels.formats import DataFormat, matmul_compute_class
+from hwmodels.formats import DataFormat, matmul_compute_class, reduced_sum_bytes
 from workloads import context_parallel as cpar
 from workloads.model import ModelSpec, qk_norm_weights
 from workloads.routing import check_expert_parallel, expert_load
@@ -124,9 +124,8 @@ class Operator:
     act_out: float = 0.0
     kv_in: float = 0.0
     kv_out: float = 0.0
-    comm: float = 0.0      # elements (activation format) in a ring all-reduce
+    comm: float = 0.0      # elements in a ring all-reduce (partial sums: ``reduced_sum_bytes`` each)
     p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
-    uses_kv: bool = False  # attention: second operand is the KV cache (else activations)
     overlaps_link: bool = False  # its link time overlaps its compute and memory (a ring-attention step)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
     # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
@@ -229,7 +228,7 @@ class OpTable:
 
     @property
     def comm_bytes(self) -> np.ndarray:
-        return self.column("comm") * self.activations.bytes
+        return self.column("comm") * reduced_sum_bytes(self.activations)
 
     @property
     def p2p_bytes(self) -> np.ndarray:
@@ -269,8 +268,10 @@ class OpTable:
                 out.append(matmul_compute_class(self.activations, self.weights))
             elif op.name == "indexer_scores":     # DSA's indexer computes in its keys' format (FP8 as served)
                 out.append(matmul_compute_class(self.kv, self.kv))
-            elif op.kind == "attention":
-                out.append(matmul_compute_class(self.activations, self.kv if op.uses_kv else self.activations))
+            elif op.kind == "attention":    # in the wider of the activations' and the KV cache's formats:
+                # an FP8 attention kernel runs only on an FP8 cache, also where K and V come from
+                # activations (MLA's prefill up-projects them from the cached latent)
+                out.append(matmul_compute_class(self.activations, self.kv))
             elif op.kind == "vector":
                 out.append("vector")
             else:
@@ -417,9 +418,7 @@ class _Builder:
 
     def add(self, name, kind, count, **kw):
         if count > 0:
-            self.ops.append(Operator(name, kind, int(count), **{k: _amount(v) for k, v in kw.items()
-                                                                 if k != "uses_kv"},
-                                     uses_kv=bool(kw.get("uses_kv", False))))
+            self.ops.append(Operator(name, kind, int(count), **{k: _amount(v) for k, v in kw.items()}))
 
     def norm(self, name, width, count, tokens=None):
         t = (self.T_res if name in RESIDUAL_NORMS else self.T) if tokens is None else tokens
@@ -478,7 +477,7 @@ class _Builder:
                 kw.update(act_in=q, kv_in=kv_reads)
             else:
                 kw.update(act_in=q + kv_reads)
-            self.add(f"{prefix}flash_attention", "attention", count, uses_kv=kv_from_cache, **kw)
+            self.add(f"{prefix}flash_attention", "attention", count, **kw)
             return
         scores = B * nh * S * L
         q = B * S * nh * d_qk
@@ -487,10 +486,10 @@ class _Builder:
         def reads(first, keys):  # activations read, plus K or V from the cache or from activations
             return {"act_in": first, kvk: keys} if kv_from_cache else {"act_in": first + keys}
         self.add(f"{prefix}qk_matmul", "attention", count, ops=2 * scores * d_qk, act_out=scores,
-                 uses_kv=kv_from_cache, **reads(q, B * L * kv_qk))
+                 **reads(q, B * L * kv_qk))
         self.add(f"{prefix}softmax", "vector", count, ops=SOFTMAX_OPS * (scores + sinks), act_in=scores, act_out=scores,
                  weight=sink_w)
-        self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out, uses_kv=kv_from_cache,
+        self.add(f"{prefix}sv_matmul", "attention", count, ops=2 * scores * d_v, act_out=out,
                  **reads(scores, B * L * kv_sv))
 
     def context_parallel(self, count, heads, v_dim):
@@ -526,7 +525,7 @@ class _Builder:
             self.ops[at] = replace(attn, **{f: _amount(getattr(attn, f) / self.cp) for f in moved})
         if count - sliding > 0:
             self.ops.append(Operator("cp_ring", "attention", int((count - sliding) * steps), p2p=_amount(send),
-                                     uses_kv=True, overlaps_link=True, **step))
+                                     overlaps_link=True, **step))
 
     def attention(self, count):
         m, h = self.m, self.m.hidden_size
@@ -617,7 +616,7 @@ class _Builder:
         act_keys = 0 if self.stage == "decode" else keys
         self.add("indexer_scores", "attention", count, ops=pairs * (hi * (2 * di + 3) + 1),
                  act_in=T * hi * (di + 1) + act_keys, act_out=B * self._selected_pairs(),
-                 uses_kv=self.stage == "decode", **kw)
+                 **kw)
 
     def sparse_attention_core(self, count, nh, d_qk, d_v):
         """MLA's absorbed attention over the tokens the indexer selected: ``_selected_pairs`` per sequence
@@ -640,14 +639,13 @@ class _Builder:
             keys = S
         q, out = B * S * nh * d_qk, B * S * nh * d_v
         if self.sc.flash_attention:
-            self.add("flash_attention", "attention", count, uses_kv=True, ops=2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs,
+            self.add("flash_attention", "attention", count, ops=2 * pairs * (d_qk + d_v) + SOFTMAX_OPS * pairs,
                      act_in=q, kv_in=kv_reads, act_out=out, shape_m=B, shape_n=keys, shape_k=d_qk, heads=nh,
                      kv_heads=1)
             return
-        self.add("qk_matmul", "attention", count, ops=2 * pairs * d_qk, act_in=q, kv_in=kv_reads, act_out=pairs,
-                 uses_kv=True)
+        self.add("qk_matmul", "attention", count, ops=2 * pairs * d_qk, act_in=q, kv_in=kv_reads, act_out=pairs)
         self.add("softmax", "vector", count, ops=SOFTMAX_OPS * pairs, act_in=pairs, act_out=pairs)
-        self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, act_out=out, uses_kv=True)
+        self.add("sv_matmul", "attention", count, ops=2 * pairs * d_v, act_in=pairs, act_out=out)
 
     # ---- recurrent layers (Gated DeltaNet, Mamba-2, Mamba-1)
     def recurrent(self, count):
@@ -772,10 +770,10 @@ class _Builder:
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
                  act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
-            # the combine sends the experts' outputs in BF16 at least, whatever the activations' format
-            # (DeepEP: FP8 dispatch, BF16 combine; DeepSeek's Day-6 post: "combine transmissions use the
-            # BF16 format"): elements counted in the activation format, so scaled to 2 bytes each
-            self.add("moe_combine", "collective", count, p2p=a2a * max(1.0, 2.0 / self.sc.activations.bytes))
+            # the combine sends partial sums (the experts' weighted outputs), in 16 bits at least
+            # (``reduced_sum_bytes``); p2p elements are counted in the activations' format
+            act = self.sc.activations
+            self.add("moe_combine", "collective", count, p2p=a2a * reduced_sum_bytes(act) / act.bytes)
         if m.shared_expert_intermediate_size:
             self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 
