@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from basis.errors import DseError
+from basis.shipped import shipped_file
 from dse import evaluate
 from dse.core import bands as B
 from dse.core.efficiency import FAMILY_PRIORS, Efficiency, efficiency_for, load_calibration
@@ -202,3 +203,45 @@ def test_an_engine_families_entry_that_is_not_a_list_of_known_families_is_refuse
     with pytest.raises(DseError) as e:
         engine_efficiency(efficiency_for("cpu", path), get_engine("vllm"), path=path, family="cpu")
     assert "engine_families.vllm" in str(e.value) and "known: gpu" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_source_weighs_the_same_in_the_fit():
+    """Sources of 6, 3 and 1 rows: each source's weights sum to N / G = 10 / 3, its rows alike, mean 1."""
+    cases = [_case("vllm", source=s) for s in "aaaaaabbbc"]
+    w = C.source_weights(cases)
+    for s in "abc":
+        mine = w[[c.row.source == s for c in cases]]
+        assert np.sum(mine) == pytest.approx(10 / 3, rel=1e-12) and np.ptp(mine) == 0.0
+    assert np.mean(w) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_the_weighted_robust_residuals_minimise_each_rows_soft_l1_loss_times_its_weight():
+    """A constant fitted to log-ratios through ``weighted_robust`` (plain least squares) lands where a
+    scalar minimiser of sum_i w_i rho((r_i / F)^2) F^2 / 2 does, rho scipy's documented soft_l1,
+    2 ((1 + z)^0.5 - 1); and without weights and near zero the residuals are the log-ratios."""
+    from scipy.optimize import least_squares, minimize_scalar
+    r = np.array([0.02, -0.05, 0.08, 0.6, -0.9, 0.01])
+    w = np.array([3.0, 3.0, 0.5, 0.5, 0.5, 1.0])
+    f = C.F_SCALE
+
+    def cost(c):
+        return np.sum(w * 0.5 * f * f * 2 * (np.sqrt(1 + ((r - c) / f) ** 2) - 1))
+    fitted = least_squares(lambda x: C.weighted_robust(r - x[0], w), [0.0], loss="linear", xtol=1e-14,
+                           ftol=1e-14, gtol=1e-14).x[0]
+    assert fitted == pytest.approx(minimize_scalar(cost, bounds=(-1, 1), method="bounded",
+                                                   options={"xatol": 1e-12}).x, abs=1e-7)
+    assert 0.5 * np.sum(C.weighted_robust(r, w) ** 2) == pytest.approx(cost(0.0), rel=1e-12)
+    small = np.array([1e-5, -2e-5])
+    assert C.weighted_robust(small, np.ones(2)) == pytest.approx(small, rel=1e-8)
+
+
+def test_a_finite_run_past_the_capacity_fits_its_throughput_not_its_queued_latencies():
+    """DeepSeek-R1 on 8 H200 (serving_gpu.csv): 50 requests of 10,000 tokens sent at 10 a second queue;
+    the calibration fits their throughput and TPOT and leaves their TTFT and E2E to validation."""
+    cases, skipped, _ = C.read_cases([shipped_file("data", "gathered", "serving_gpu.csv")])
+    left = {r.id: why for r, why in skipped if why == C.QUEUED_NOT_FITTED}
+    fitted = {c.row.id for c in cases}
+    assert {"G106", "G118"} <= set(left)                      # SGLang 10k-token prompts: mean TTFT
+    assert {"G105", "G107", "G117", "G119"} <= fitted         # their throughput and ITL
+    assert "G100" in fitted                                   # 1k-token prompts, served at once: TTFT fitted
+    assert all(C.metric_family(r.metric) in C.QUEUE_FAMILIES for r, why in skipped if why == C.QUEUED_NOT_FITTED)

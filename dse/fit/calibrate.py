@@ -50,7 +50,8 @@ from dse.core.bands import (
 from dse.core.bands import MIN_ROWS as BAND_MIN_ROWS
 from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
 from dse.core.engines import engine_efficiency, engine_parameters, engines
-from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table
+from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table, reason
+from dse.fit.validate import family_of as metric_family
 from dse.present import display
 from dse.system.evaluator import evaluate
 from hwmodels.classes import device_class
@@ -287,13 +288,13 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     lo = np.array([_to_x(s.param, s.param.lo) for s in slots])
     hi = np.array([_to_x(s.param, s.param.hi) for s in slots])
     if not slots:
-        return Fit({}, np.exp(_Residuals(predictors, model, slots, lo, hi)(np.zeros(0))) - 1.0, 0.0, 1, [])
+        return Fit({}, np.exp(_Residuals(predictors, model, slots, lo, hi).log_ratios(np.zeros(0))) - 1.0, 0.0, 1, [])
     resid = _Residuals(predictors, model, slots, lo, hi)
     x0 = np.clip([_to_x(s.param, (warm or {}).get(s.key, s.param.start)) for s in slots], lo, hi)
     best = None
     for start in _starts(x0, lo, hi, 1 if warm else starts):
         r = least_squares(_counted(resid, progress), start, jac=_counted(resid.jacobian, progress), bounds=(lo, hi),
-                          loss=LOSS, f_scale=F_SCALE, max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
+                          loss="linear", max_nfev=(warm_nfev or WARM_NFEV) if warm else None)
         if best is None or r.cost < best.cost:
             best = r
         if progress is not None:
@@ -301,7 +302,7 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
     values = model.values(best.x)
     if base is not None:
         values = {k.split(".")[-1]: val for k, val in values.items()}
-    return Fit(values, np.exp(resid(best.x)) - 1.0, float(best.cost), int(best.nfev), slots)
+    return Fit(values, np.exp(resid.log_ratios(best.x)) - 1.0, float(best.cost), int(best.nfev), slots)
 
 
 #: relative step of the forward differences of the Jacobian (in the fitted, possibly log, space)
@@ -309,6 +310,29 @@ DIFF_STEP = 1e-3
 #: evaluations a warm-started fit (a cross-validation fold, starting at the full fit) may take
 #: (``calibrate --fold-evaluations``)
 WARM_NFEV = 40
+
+
+def weighted_robust(r: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Residuals whose half sum of squares is sum_i w_i F^2 (sqrt(1 + (r_i / F)^2) - 1), scipy's
+    soft_l1 ``LOSS`` of log-ratios ``r`` at ``F_SCALE`` F with each row weighted by ``w``:
+    sign(r) sqrt(2 w F^2 (sqrt(1 + (r / F)^2) - 1)) (so a weight scales a row's loss, not where its
+    loss turns robust; r itself for small r and w = 1). Broadcasts."""
+    f2 = F_SCALE * F_SCALE
+    return np.sign(r) * np.sqrt(2.0 * w * f2 * (np.sqrt(1.0 + r * r / f2) - 1.0))
+
+
+def source_weights(cases: list[Case]) -> np.ndarray:
+    """Each row's weight in the fit: every source (``group_of(case, 'source')``) weighs the same in
+    all, N / (G n_g) a row for a source of n_g of the N rows from G sources (mean 1). A source's rows
+    share its harness, build and settings, so they are one observation of the engine more than
+    n_g independent ones: two documentation tables of 100 rows each would otherwise set every
+    value the engines share (launch and all-reduce costs) alone."""
+    groups = [group_of(c, "source") for c in cases]
+    counts: dict[str, int] = {}
+    for g in groups:
+        counts[g] = counts.get(g, 0) + 1
+    n, k = len(cases), len(counts)
+    return np.array([n / (k * counts[g]) for g in groups], dtype=float)
 
 
 class _Residuals:
@@ -322,6 +346,7 @@ class _Residuals:
         self.lo, self.hi, self.slots = lo, hi, slots
         cases = predictors.cases
         self.measured = np.array([c.row.value for c in cases])
+        self.weights = source_weights(cases)
         mid = 0.5 * (lo + hi)
         here = model.efficiencies(mid)
         uses = np.zeros((len(cases), len(slots)), dtype=bool)
@@ -346,7 +371,8 @@ class _Residuals:
             r = np.log(pred.values(model.efficiencies(x)) / self.measured[idx])
         return np.where(np.isfinite(r), r, 10.0)
 
-    def __call__(self, x) -> np.ndarray:
+    def log_ratios(self, x) -> np.ndarray:
+        """log(predicted / measured) of every row at ``x`` (10 where a row is not predicted)."""
         x = np.asarray(x, dtype=float)
         if self._last[0] is not None and np.array_equal(self._last[0], x):
             return self._last[1].copy()
@@ -355,6 +381,11 @@ class _Residuals:
             r[b[0]] = self._block(b, x)
         self._last = (x.copy(), r)
         return r.copy()
+
+    def __call__(self, x) -> np.ndarray:
+        """The residuals the fit minimises (``weighted_robust``: half their sum of squares is the
+        ``LOSS`` of ``log_ratios`` weighted by ``source_weights``)."""
+        return weighted_robust(self.log_ratios(x), self.weights)
 
     def jacobian(self, x) -> np.ndarray:
         """d residual / d value, forward differences of relative step ``DIFF_STEP`` (backward at an
@@ -370,7 +401,7 @@ class _Residuals:
             moved[k] += h
             for b in self.blocks:
                 if k in b[1]:
-                    jac[b[0], k] = (self._block(b, moved) - r0[b[0]]) / h
+                    jac[b[0], k] = (weighted_robust(self._block(b, moved), self.weights[b[0]]) - r0[b[0]]) / h
         return jac
 
 
@@ -699,6 +730,8 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
             "date": today,
             "rows": {"scored": scored, "predicted": len(cases), "unpredictable": len(skipped)},
             "method": f"scipy.optimize.least_squares, loss {LOSS} (f_scale {F_SCALE}) on log(predicted / measured), "
+                      f"each row's loss weighted so that every source weighs the same (source_weights), a finite "
+                      f"run's queued TTFT and E2E left out (QUEUE_FAMILIES), "
                       f"bounded parameters, best of {starts} starts; the engine layer alone (launch classes, "
                       f"all-reduce algorithms, engines with {MIN_ROWS} rows or more: dse.fit.calibrate.slots_for) "
                       f"with the kernel layer held fixed (kernel_layer)",
@@ -935,13 +968,29 @@ def _slice_stats(cases: list[Case], errors: np.ndarray) -> dict:
     return out
 
 
+#: metric families of a finite run past the capacity that the fit leaves out (``_runnable``): its TTFT and
+#: end-to-end latency are mostly the queue's wait, set by how far the run's rate exceeds the capacity
+#: (a few per cent of capacity error is a wait many times the service) and by the engine's admission
+#: cap, so they would fit the queue, not the engine; they are still validated. Its throughput and
+#: TPOT are fitted.
+QUEUE_FAMILIES = ("TTFT", "E2E")
+QUEUED_NOT_FITTED = ("a finite run past the capacity: its TTFT and end-to-end latency are the queue's wait, "
+                     "validated, not fitted")
+
+
 def _runnable(cases: list[Case]) -> tuple[list[Case], list]:
     """(the cases the kernel layer under neutral engines predicts, the others with the reason): an
     open loop the design does not serve (saturated) has no prediction to fit. The choice does not
-    depend on the calibration in use, so that calibrating again fits the same rows."""
+    depend on the calibration in use, so that calibrating again fits the same rows; a finite run the
+    design does not serve at once (queued, under neutral engines) leaves its latencies out
+    (``QUEUE_FAMILIES``)."""
     if not cases:
         return cases, []
-    why = Predictions(cases).predict(Parameterisation(cases, []).efficiencies(np.zeros(0))).why
+    pr = Predictions(cases).predict(Parameterisation(cases, []).efficiencies(np.zeros(0)))
+    why = dict(pr.why)
+    for i in np.flatnonzero(pr.burst):
+        if metric_family(cases[i].row.metric) in QUEUE_FAMILIES:
+            why[int(i)] = reason([QUEUED_NOT_FITTED], ["queued"])
     return [c for i, c in enumerate(cases) if i not in why], [(cases[i].row, why[i]) for i in sorted(why)]
 
 
