@@ -166,20 +166,22 @@ def get_format(name: str, what: str = "format") -> DataFormat:
                    f"{GROUP_SIZES[0]} to {GROUP_SIZES[-1]}, one FP16 scale per N)")
 
 
-#: Bytes per element, at least, of partial sums reduced across devices (a tensor-parallel
-#: all-reduce, an MoE combine): they travel in 16 bits whatever the activations' format, which
-#: quantizes a GEMM's input after the reduction. vLLM's all-reduce fusion pass
-#: (docs.vllm.ai, vllm.compilation.passes.fusion.allreduce_rms_fusion, retrieved 2026-11-29:
-#: "input goes through allreduce first, always 16-bit"; its FP8 pattern is all_reduce ->
-#: fused_add_rms_norm -> group_fp8_quant); DeepEP and DeepSeek's Day-6 post: FP8 dispatch,
-#: "combine transmissions use the BF16 format".
-REDUCED_SUM_MIN_BYTES = 2.0
+#: Bytes per element, at least, of the tensors an activation format never reaches: partial sums
+#: reduced across devices (a tensor-parallel all-reduce, an MoE combine) and the residual stream a
+#: pipeline stage hands to the next. An FP8 or INT8 model quantizes a GEMM's input inside the layer,
+#: after the reduction; what goes between layers stays in the model's 16-bit dtype. vLLM's all-reduce
+#: fusion pass (docs.vllm.ai, vllm.compilation.passes.fusion.allreduce_rms_fusion, retrieved
+#: 2026-11-29: "input goes through allreduce first, always 16-bit"; its FP8 pattern is all_reduce ->
+#: fused_add_rms_norm -> group_fp8_quant); vLLM's IntermediateTensors (vllm.sequence: "the hidden
+#: states and residuals to be sent to the next stage"); DeepEP and DeepSeek's Day-6 post: FP8
+#: dispatch, "combine transmissions use the BF16 format".
+UNQUANTIZED_MIN_BYTES = 2.0
 
 
-def reduced_sum_bytes(activations: DataFormat) -> float:
-    """Bytes per element of a partial sum reduced across devices when the activations are in
-    ``activations``: its bytes, or ``REDUCED_SUM_MIN_BYTES`` if it is narrower."""
-    return max(activations.bytes, REDUCED_SUM_MIN_BYTES)
+def unquantized_bytes(activations: DataFormat) -> float:
+    """Bytes per element of a partial sum reduced across devices, or of the residual stream, when the
+    activations are in ``activations``: its bytes, or ``UNQUANTIZED_MIN_BYTES`` if it is narrower."""
+    return max(activations.bytes, UNQUANTIZED_MIN_BYTES)
 
 
 def matmul_compute_class(a: DataFormat, b: DataFormat) -> str:

@@ -1,6 +1,7 @@
 """Formats that quantization does not reach (issue 42, hardware physics): partial sums reduced across
 devices (a tensor-parallel all-reduce, an MoE combine) travel in 16 bits whatever the activations'
-format (``hwmodels.formats.reduced_sum_bytes``), and attention runs in FP8 only on an FP8 KV cache,
+format (``hwmodels.formats.unquantized_bytes``), as does the residual stream a pipeline
+stage hands to the next, and attention runs in FP8 only on an FP8 KV cache,
 also where MLA's prefill up-projects K and V from the cached latent. Each figure is computed here
 from the model's config: tokens x hidden size x bytes, and the ideal roofline's ops / peak."""
 from __future__ import annotations
@@ -27,6 +28,12 @@ def test_a_tensor_parallel_all_reduce_sends_16_bit_partial_sums_at_least(activat
     tokens, hidden = 2 * 512, p["m"].hidden_size
     for name in ("attn_all_reduce", "mlp_all_reduce"):
         assert p["table"].comm_bytes[p["ops"][name]] == tokens * hidden * element_bytes
+
+
+@pytest.mark.parametrize("activations,element_bytes", [("fp8", 2), ("int8", 2), ("bf16", 2), ("fp32", 4)])
+def test_a_pipeline_hop_hands_over_the_16_bit_residual_stream_at_least(activations, element_bytes):
+    p = _prefill("llama-3.1-70b", activations, pp=2)
+    assert p["table"].p2p_bytes[p["ops"]["pp_hop"]] == 2 * 512 * p["m"].hidden_size * element_bytes
 
 
 def test_an_moe_combine_sends_what_it_dispatched_in_16_bits():

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from basis.errors import DseError
-from hwmodels.formats import DataFormat, matmul_compute_class, reduced_sum_bytes
+from hwmodels.formats import DataFormat, matmul_compute_class, unquantized_bytes
 from workloads import context_parallel as cpar
 from workloads.model import ModelSpec, qk_norm_weights
 from workloads.routing import check_expert_parallel, expert_load
@@ -124,8 +124,8 @@ class Operator:
     act_out: float = 0.0
     kv_in: float = 0.0
     kv_out: float = 0.0
-    comm: float = 0.0      # elements in a ring all-reduce (partial sums: ``reduced_sum_bytes`` each)
-    p2p: float = 0.0       # elements (activation format) sent point to point (pipeline hop)
+    comm: float = 0.0      # elements in a ring all-reduce (partial sums: ``unquantized_bytes`` each)
+    p2p: float = 0.0       # elements (activation format) sent point to point (a pipeline hop, an all-to-all)
     overlaps_link: bool = False  # its link time overlaps its compute and memory (a ring-attention step)
     dequant: float = 0.0   # vector ops dequantizing its weights (weight-only quantization)
     # the shape the kernel layer (``dse.core.kernel_model``) prices, 0 where not recorded: a matmul's
@@ -228,7 +228,7 @@ class OpTable:
 
     @property
     def comm_bytes(self) -> np.ndarray:
-        return self.column("comm") * reduced_sum_bytes(self.activations)
+        return self.column("comm") * unquantized_bytes(self.activations)
 
     @property
     def p2p_bytes(self) -> np.ndarray:
@@ -771,9 +771,9 @@ class _Builder:
                  act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
             # the combine sends partial sums (the experts' weighted outputs), in 16 bits at least
-            # (``reduced_sum_bytes``); p2p elements are counted in the activations' format
+            # (``unquantized_bytes``); p2p elements are counted in the activations' format
             act = self.sc.activations
-            self.add("moe_combine", "collective", count, p2p=a2a * reduced_sum_bytes(act) / act.bytes)
+            self.add("moe_combine", "collective", count, p2p=a2a * unquantized_bytes(act) / act.bytes)
         if m.shared_expert_intermediate_size:
             self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 
@@ -817,8 +817,9 @@ class _Builder:
             if post:
                 self.norm("post_mlp_norm", h, L)
             self.add_residual("mlp_add", 2, L)
-        if self.sc.pp > 1:
-            self.add("pp_hop", "collective", self.sc.pp - 1, p2p=T * h)
+        if self.sc.pp > 1:    # the residual stream, 16 bits at least (``unquantized_bytes``; p2p elements
+            act = self.sc.activations      # are counted in the activations' format)
+            self.add("pp_hop", "collective", self.sc.pp - 1, p2p=T * h * unquantized_bytes(act) / act.bytes)
         B = self.B if self.stage == "prefill" else self.T   # logits: a prompt's last token, every decoded one
         if m.final_norm:
             self.norm("final_norm", h, 1, tokens=B)
