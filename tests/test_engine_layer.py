@@ -244,4 +244,4 @@ def test_a_finite_run_past_the_capacity_fits_its_throughput_not_its_queued_laten
     assert {"G106", "G118"} <= set(left)                      # SGLang 10k-token prompts: mean TTFT
     assert {"G105", "G107", "G117", "G119"} <= fitted         # their throughput and ITL
     assert "G100" in fitted                                   # 1k-token prompts, served at once: TTFT fitted
-    assert all(C.metric_family(r.metric) in C.QUEUE_FAMILIES for r, why in skipped if why == C.QUEUED_NOT_FITTED)
+    assert all(C.family_of_metric(r.metric) in C.QUEUE_FAMILIES for r, why in skipped if why == C.QUEUED_NOT_FITTED)

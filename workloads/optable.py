@@ -420,6 +420,12 @@ class _Builder:
         if count > 0:
             self.ops.append(Operator(name, kind, int(count), **{k: _amount(v) for k, v in kw.items()}))
 
+    def _unquantized(self, elements):
+        """``elements`` sent in 16 bits at least (``unquantized_bytes``: partial sums, the residual
+        stream), as a count of activation-format elements (what ``p2p`` counts)."""
+        act = self.sc.activations
+        return elements * unquantized_bytes(act) / act.bytes
+
     def norm(self, name, width, count, tokens=None):
         t = (self.T_res if name in RESIDUAL_NORMS else self.T) if tokens is None else tokens
         per = NORM_OPS.get(self.m.norm_type, 7)
@@ -770,10 +776,8 @@ class _Builder:
         self.add("expert_down_proj", "matmul", count, ops=2 * routed * w * h, weight=touched * (w * h + bh),
                  act_in=routed * w, act_out=T * h, **{**up, "shape_n": h, "shape_k": w})
         if self.ep > 1:
-            # the combine sends partial sums (the experts' weighted outputs), in 16 bits at least
-            # (``unquantized_bytes``); p2p elements are counted in the activations' format
-            act = self.sc.activations
-            self.add("moe_combine", "collective", count, p2p=a2a * unquantized_bytes(act) / act.bytes)
+            # the combine sends partial sums (the experts' weighted outputs)
+            self.add("moe_combine", "collective", count, p2p=self._unquantized(a2a))
         if m.shared_expert_intermediate_size:
             self.mlp("shared_", m.shared_expert_intermediate_size / self.tp, count, False)
 
@@ -817,9 +821,8 @@ class _Builder:
             if post:
                 self.norm("post_mlp_norm", h, L)
             self.add_residual("mlp_add", 2, L)
-        if self.sc.pp > 1:    # the residual stream, 16 bits at least (``unquantized_bytes``; p2p elements
-            act = self.sc.activations      # are counted in the activations' format)
-            self.add("pp_hop", "collective", self.sc.pp - 1, p2p=T * h * unquantized_bytes(act) / act.bytes)
+        if self.sc.pp > 1:    # the residual stream
+            self.add("pp_hop", "collective", self.sc.pp - 1, p2p=self._unquantized(T * h))
         B = self.B if self.stage == "prefill" else self.T   # logits: a prompt's last token, every decoded one
         if m.final_norm:
             self.norm("final_norm", h, 1, tokens=B)

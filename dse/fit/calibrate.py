@@ -27,6 +27,7 @@ import csv
 import datetime as _dt
 import hashlib
 import io
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,7 +52,6 @@ from dse.core.bands import MIN_ROWS as BAND_MIN_ROWS
 from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
 from dse.core.engines import engine_efficiency, engine_parameters, engines
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table, reason
-from dse.fit.validate import family_of as metric_family
 from dse.present import display
 from dse.system.evaluator import evaluate
 from hwmodels.classes import device_class
@@ -269,8 +269,8 @@ class Fit:
 
 def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts: int = 3, progress=None,
         slots: list[Slot] | None = None, warm: dict | None = None, warm_nfev: int | None = None) -> Fit:
-    """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured),
-    bounded, best of ``starts`` starting points (the documented start, then low and high corners of
+    """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured), each
+    row's weighted by its source's share (``source_weights``, ``weighted_robust``), bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
     result is keyed by parameter name; else ``slots`` (default ``slots_for``) are fitted per family,
     launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` (optional): told
@@ -328,9 +328,7 @@ def source_weights(cases: list[Case]) -> np.ndarray:
     n_g independent ones: two documentation tables of 100 rows each would otherwise set every
     value the engines share (launch and all-reduce costs) alone."""
     groups = [group_of(c, "source") for c in cases]
-    counts: dict[str, int] = {}
-    for g in groups:
-        counts[g] = counts.get(g, 0) + 1
+    counts = Counter(groups)
     n, k = len(cases), len(counts)
     return np.array([n / (k * counts[g]) for g in groups], dtype=float)
 
@@ -973,7 +971,7 @@ def _slice_stats(cases: list[Case], errors: np.ndarray) -> dict:
 #: (a few per cent of capacity error is a wait many times the service) and by the engine's admission
 #: cap, so they would fit the queue, not the engine; they are still validated. Its throughput and
 #: TPOT are fitted.
-QUEUE_FAMILIES = ("TTFT", "E2E")
+QUEUE_FAMILIES = ("ttft", "e2e")
 QUEUED_NOT_FITTED = ("a finite run past the capacity: its TTFT and end-to-end latency are the queue's wait, "
                      "validated, not fitted")
 
@@ -989,7 +987,7 @@ def _runnable(cases: list[Case]) -> tuple[list[Case], list]:
     pr = Predictions(cases).predict(Parameterisation(cases, []).efficiencies(np.zeros(0)))
     why = dict(pr.why)
     for i in np.flatnonzero(pr.burst):
-        if metric_family(cases[i].row.metric) in QUEUE_FAMILIES:
+        if family_of_metric(cases[i].row.metric) in QUEUE_FAMILIES:
             why[int(i)] = reason([QUEUED_NOT_FITTED], ["queued"])
     return [c for i, c in enumerate(cases) if i not in why], [(cases[i].row, why[i]) for i in sorted(why)]
 
