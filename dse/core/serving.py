@@ -559,23 +559,34 @@ def _at_count(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (1.0 - part) * f0 + part * f1, (1.0 - part) * f1 + part * f2
 
 
-def _windows(first: np.ndarray, length: int):
+def _windows(first: np.ndarray, length: int, more: int = 0):
     """``take(start)``: ``first`` [A, K] (past its end, its last entry) read from ``start`` ([A, J]
-    integers, 0..K) on, [A, J, length]: row (a, j) is first[a, start[a, j]:][:length] (rows
-    copied whole, no gather per entry)."""
+    integers, 0..K) on, [A, J, length + more]: row (a, j) is first[a, start[a, j]:][:length + more]
+    (rows copied whole, no gather per entry); its slices [..., i:i + length] are the windows from
+    start + i, i <= ``more``, one gather for all of them."""
     a, kk = first.shape
-    padded = np.concatenate([first, np.repeat(first[:, -1:], length, axis=1)], axis=1)
-    view = np.lib.stride_tricks.sliding_window_view(padded, length, axis=1)     # [A, K + 1, length]
+    size = length + more
+    padded = np.concatenate([first, np.repeat(first[:, -1:], size, axis=1)], axis=1)
+    view = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1)     # [A, K + 1 + more, size]
     return lambda start: view[np.arange(a)[:, None], start]
 
 
-def _shifted_rows(rows: np.ndarray):
-    """``shift(by)``: the rows [A, J, K] of ``rows`` moved ``by`` ([A, J] integers, 0..K) entries
-    to the right, zeros coming in (what falls off the end dropped), [A, J, K]."""
-    a, jj, kk = rows.shape
-    padded = np.concatenate([np.zeros((a, jj, kk + 1)), rows], axis=2)
-    view = np.lib.stride_tricks.sliding_window_view(padded, kk, axis=2)        # [A, J, K + 2, K]
-    return lambda by: view[np.arange(a)[:, None], np.arange(jj)[None, :], kk + 1 - by]
+def _shifted_pairs(rows: np.ndarray):
+    """``shift(by)``: (the rows [A, J, K] of ``rows`` moved ``by`` ([A, J] integers, 0..K) entries to
+    the right, zeros coming in (what falls off the end dropped), the same moved ``by`` + 1), both
+    [A, J, K] slices of one gather. ``rows`` [A, K]: the same row for every j."""
+    a, kk = rows.shape[0], rows.shape[-1]
+    padded = np.concatenate([np.zeros(rows.shape[:-1] + (kk + 2,)), rows], axis=-1)
+    view = np.lib.stride_tricks.sliding_window_view(padded, kk + 1, axis=-1)     # [A, (J,) K + 2, K + 1]
+    if rows.ndim == 2:
+        def take(by):
+            w = view[np.arange(a)[:, None], kk + 1 - by]
+            return w[..., 1:], w[..., :-1]
+    else:
+        def take(by):
+            w = view[np.arange(a)[:, None], np.arange(rows.shape[1])[None, :], kk + 1 - by]
+            return w[..., 1:], w[..., :-1]
+    return take
 
 
 def _overflow(mean, var, room) -> np.ndarray:
@@ -823,8 +834,8 @@ class _Chain:
             arrive = arrivals((x[:, None] * tau).ravel(), kmax + 1).reshape(a, kmax + 1, kmax + 1)
             low = np.floor(carry).astype(np.int64)
             part = carry - low
-            shifted = _shifted_rows(arrive)
-            trans = (1.0 - part)[:, :, None] * shifted(low) + part[:, :, None] * shifted(low + 1)
+            now, later = _shifted_pairs(arrive)(low)
+            trans = (1.0 - part)[:, :, None] * now + part[:, :, None] * later
             trans[:, :, -1] += np.maximum(1.0 - trans.sum(axis=2), 0.0)
             pi = _stationary(trans)
             t1 = (pi * tau).sum(axis=1)
@@ -834,17 +845,18 @@ class _Chain:
             tpot = np.where(pf, t1 / np.maximum(pi[:, 0], 1e-12), t1) * self._crowding(dec, crowd, crowd_times)
             # one's own iteration: one's prompt beside those still waiting and the others that
             # arrived with it, as many as the budget holds (``_at_count`` at carry + j + 1, capped)
-            window = _windows(first, kmax + 1)
+            windows = _windows(first, kmax + 1, 2)(low + 1)     # from low + 1, + 2 and + 3
+            w1, w2, w3 = (windows[..., i:i + kmax + 1] for i in range(3))
             capped = (carry[:, :, None] + (j + 1.0)[None, None, :]) > most[:, None, None]
-            keep, w2 = (1.0 - part)[:, :, None], window(low + 2)
-            at_count = np.where(capped, at_most[:, None, None], keep * window(low + 1) + part[:, :, None] * w2)
+            keep = (1.0 - part)[:, :, None]
+            at_count = np.where(capped, at_most[:, None, None], keep * w1 + part[:, :, None] * w2)
             company = arrive if disp is None else \
                 arrivals((x[:, None] * tau).ravel(), kmax + 1, since_one=True).reshape(a, kmax + 1, kmax + 1)
             own = (company * at_count).sum(axis=2)
             if not complete:
                 return {"t1": t1, "tpot": tpot, "own": (landing * own).sum(axis=1), "longest": tau.max(axis=1)}
             beyond = _at_count(first, most[:, None])[1][:, 0]
-            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * window(low + 3))
+            one_more = np.where(capped, beyond[:, None, None], keep * w2 + part[:, :, None] * w3)
             own2 = (company * at_count ** 2).sum(axis=2)
             more = (company * one_more).sum(axis=2)          # ... and one more
             # full iterations one waits for first: those ahead of it (still waiting, and half of
@@ -891,8 +903,8 @@ class _Chain:
         q[:, -1] += came[:, -1]
         low, part = carried
         during = arrivals(x * mean_own)
-        shifted = _shifted_rows(np.repeat(during[:, None, :], jj, axis=1))
-        onward = (1.0 - part)[:, :, None] * shifted(low) + part[:, :, None] * shifted(np.minimum(low + 1, jj))
+        now, later = _shifted_pairs(during)(low)         # (low + 1 <= jj: past it every entry falls off)
+        onward = (1.0 - part)[:, :, None] * now + part[:, :, None] * later
         onward[:, :, -1] += np.maximum(1.0 - onward.sum(axis=2), 0.0)
         start = np.einsum("aj,ajk->ak", q, onward)                            # the first decode iteration's state
         fundamental = np.eye(jj) - trans + pi[:, None, :]
