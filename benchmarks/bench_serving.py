@@ -48,6 +48,12 @@ Then (2026-11-29, ``512 --only goodput... --against`` main at f7f60ec, CPU secon
 rate's open loop started from the secant through the two rates tried before it (the capacity's from
 the cap, a trickle from an idle engine): 26 % fewer fixed-point states, goodput 127 -> 170 points/s,
 every answer bit-identical; ``--study capacity-planning`` 3.1 -> 3.0 CPU-s.
+Then (2026-11-29, ``512 --against`` df2871a, CPU seconds on one core) a mixture's percentiles
+bracketed by Newton's method and the 36 halvings replayed against the bracket, goodput's rate
+bracketed by regula falsi (Illinois) on x / p - 1 of the binding percentile and its 12 halvings
+replayed (45 % fewer open loops solved), the chain's shifted rows one gather a pair: goodput 176 ->
+316 points/s, closed lognormal 1,784 -> 2,542, open fixed 2,155 -> 2,411, open lognormal 547 -> 710,
+closed fixed and disaggregated unchanged; every answer bit-identical (38 studies).
 """
 import os
 

@@ -29,6 +29,7 @@ template). This module imports neither ``dse`` nor ``workloads``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -260,6 +261,23 @@ def register_file_area_m2(registers: float, bits: float, ports: float, node: str
     return a90 * a["rf_reference_density_per_m2"] / dens
 
 
+def compute_units_m2(cores_on_die, lanes: Mapping, macs: Mapping, density: float, tc: Technology) -> tuple:
+    """(vector ALUs, matrix units) area of ``cores_on_die`` cores, m^2 (LLMCompass): the vector lanes
+    per core by kind (``lanes``: int32 ALUs, FP32 and FP64 FPUs) and the matrix MACs per cycle per
+    core (``macs``: its FP16/BF16 MACs, else its widest class's, each an FP16 FPU) at ``density``
+    transistors per m^2. The counts may be arrays (one per design: the area of each)."""
+    a = tc.area
+    vec = cores_on_die * ((lanes.get("int32", 0) * a["int32_alu_transistors"]
+                           + lanes.get("fp32", 0) * fpu_transistors("fp32", tc)
+                           + lanes.get("fp64", 0) * fpu_transistors("fp64", tc)) / density)
+    half = [m for c, m in macs.items() if c in ("fp16", "bf16")]
+    most = functools.reduce(np.maximum, half) if half else 0.0
+    if macs:
+        most = np.where(np.equal(most, 0), functools.reduce(np.maximum, macs.values()), most)
+    matrix = cores_on_die * most * (fpu_transistors("fp16", tc) / density)
+    return (vec, matrix) if np.ndim(vec) or np.ndim(matrix) else (float(vec), float(matrix))
+
+
 def die_area(t: AcceleratorTemplate, tech: Technology | None = None) -> AreaBreakdown:
     """Silicon area by component (m^2) of ``t``'s physical resources (``*_on_die``): see the module
     docstring. HBM3/HBM3E interfaces take the HBM2e PHY and controller figures (the only published)."""
@@ -270,13 +288,7 @@ def die_area(t: AcceleratorTemplate, tech: Technology | None = None) -> AreaBrea
     n, lanes = t.cores_on_die, t.lanes_per_core
     tr = lambda count: count / dens  # noqa: E731  (transistors -> m^2)
     control = n * lanes * t.vector_width * tr(a["control_transistors_per_lane_per_vector_width"])
-    v = t.vector_lanes_per_core
-    vec = n * tr(v.get("int32", 0) * a["int32_alu_transistors"] + v.get("fp32", 0) * fpu_transistors("fp32", tc)
-                 + v.get("fp64", 0) * fpu_transistors("fp64", tc))
-    macs = max((m for c, m in t.matrix_macs_per_cycle_per_core.items() if c in ("fp16", "bf16")), default=0.0)
-    if macs == 0 and t.matrix_macs_per_cycle_per_core:
-        macs = max(t.matrix_macs_per_cycle_per_core.values())
-    matrix = n * macs * tr(fpu_transistors("fp16", tc))
+    vec, matrix = compute_units_m2(n, t.vector_lanes_per_core, t.matrix_macs_per_cycle_per_core, dens, tc)
     regs = t.register_file_bytes_per_core * 8 / (32 * lanes)
     rf = n * lanes * register_file_area_m2(regs, 32, t.register_file_ports, t.node, tc)
     local = n * sram_area_m2(t.local_sram_bytes_per_core, t.node, tc)
@@ -354,16 +366,20 @@ def die_yield(t: AcceleratorTemplate, tech: Technology | None = None, model: str
     """Yield of one die of ``t`` at its node's defect density (``model``: murphy, poisson or
     negative_binomial with ``alpha``); ``area``: its die's area (m^2) when already worked out."""
     tc = _tech(tech)
-    d0 = _need(tc.node(t.node).defect_density_per_m2, f"nodes.{t.node}.defect_density_per_m2", tc)
-    A = die_area_m2(t, tc) if area is None else area
+    return _yield_at(die_area_m2(t, tc) if area is None else area, t.node, tc, model, alpha)
+
+
+def _yield_at(area, node: str, tc: Technology, model: str = "murphy", alpha: float | None = None):
+    """Yield of dies of ``area`` m^2 (array or scalar) at ``node``'s defect density (``die_yield``)."""
+    d0 = _need(tc.node(node).defect_density_per_m2, f"nodes.{node}.defect_density_per_m2", tc)
     if model == "murphy":
-        return yield_murphy(A, d0)
+        return yield_murphy(area, d0)
     if model == "poisson":
-        return yield_poisson(A, d0)
+        return yield_poisson(area, d0)
     if model == "negative_binomial":
         if alpha is None or not alpha > 0:
             raise DseError(f"die_yield: model negative_binomial needs a positive alpha, got {alpha!r}")
-        return yield_negative_binomial(A, d0, alpha)
+        return yield_negative_binomial(area, d0, alpha)
     raise DseError(f"die_yield: unknown model '{model}'; allowed: murphy, poisson, negative_binomial")
 
 
@@ -372,13 +388,19 @@ def die_cost_usd(t: AcceleratorTemplate, tech: Technology | None = None, model: 
     """Silicon cost of the package's dies, USD: chiplets x wafer price / (whole dies per wafer x
     yield). Excludes masks, design, test and packaging (as LLMCompass's per-die cost does).
     ``area``: its die's area (m^2, ``die_area_m2``) when already worked out."""
-    tc = _tech(tech)
+    return _dies_cost_usd(area, t, _tech(tech), model, alpha)
+
+
+def _dies_cost_usd(area, t: AcceleratorTemplate, tc: Technology, model: str = "murphy", alpha: float | None = None):
+    """``die_cost_usd`` of ``t``'s package with dies of ``area`` m^2 (array or scalar: one per design;
+    None: ``t``'s own)."""
     price = _need(tc.node(t.node).wafer_price_usd, f"nodes.{t.node}.wafer_price_usd", tc)
     area = die_area_m2(t, tc) if area is None else area
-    dpw = math.floor(dies_per_wafer(area, tc.wafer_diameter_m))
-    if dpw < 1:
-        raise DseError(f"template {t.name}: a die of {area * 1e6:.0f} mm^2 does not fit a wafer")
-    return t.chiplets * price / (dpw * die_yield(t, tc, model, alpha, area))
+    dpw = np.floor(dies_per_wafer(area, tc.wafer_diameter_m))
+    if np.any(dpw < 1):
+        raise DseError(f"template {t.name}: a die of {np.max(area) * 1e6:.0f} mm^2 does not fit a wafer")
+    out = t.chiplets * price / (dpw * _yield_at(area, t.node, tc, model, alpha))
+    return out if np.ndim(out) else float(out)
 
 
 @dataclass(frozen=True)
@@ -695,18 +717,8 @@ def with_figures(t: AcceleratorTemplate, tech: Technology | None = None, **figur
     if not kw:
         return t
     tc = _tech(tech)
-    mclk = t.matrix_clock_hz or t.clock_hz
-    macs = dict(t.matrix_macs_per_cycle_per_core)
-    lanes = dict(t.vector_lanes_per_core)
+    macs, lanes = _units_to(t, kw)
     change = {}
-    for c in COMPUTE_CLASSES:
-        if f"peak_{c}" in kw:
-            macs[c] = kw[f"peak_{c}"] / (2.0 * t.cores * mclk)
-    if "vector_ops_per_s" in kw:
-        lanes["fp32"] = kw["vector_ops_per_s"] / (2.0 * t.cores * t.clock_hz)
-    if "compute_scale" in kw:
-        macs = {c: m * kw["compute_scale"] for c, m in macs.items()}
-        lanes = {k: v * kw["compute_scale"] for k, v in lanes.items()}
     if "memory_bandwidth" in kw:
         width = _need(tc.memory_tech(t.memory_type).width_bits, f"memory.{t.memory_type} width", tc)
         change["memory_pin_rate_bps"] = kw["memory_bandwidth"] * 8.0 / (t.memory_stacks * width)
@@ -719,6 +731,31 @@ def with_figures(t: AcceleratorTemplate, tech: Technology | None = None, **figur
     if "tdp_w" in kw:
         change["power_limit_w"] = kw["tdp_w"]
     return replace(t, name=f"{t.name}*", matrix_macs_per_cycle_per_core=macs, vector_lanes_per_core=lanes, **change)
+
+
+def _units_to(t: AcceleratorTemplate, figures: Mapping) -> tuple[dict, dict]:
+    """(matrix MACs per cycle per core by class, vector lanes per core by kind) of ``t`` built to
+    ``figures`` (``with_figures``: ``peak_<class>`` at the matrix clock, ``vector_ops_per_s`` on
+    the FP32 lanes at the core clock, ``compute_scale`` on all of them after); a figure may be an
+    array of designs, NaN where it is kept."""
+    mclk = t.matrix_clock_hz or t.clock_hz
+
+    def given(key, kept, built):
+        v = figures[key]
+        return np.where(np.isnan(v), kept, built) if np.ndim(v) else built
+    macs = dict(t.matrix_macs_per_cycle_per_core)
+    lanes = dict(t.vector_lanes_per_core)
+    for c in COMPUTE_CLASSES:
+        if f"peak_{c}" in figures:
+            macs[c] = given(f"peak_{c}", macs.get(c, 0), figures[f"peak_{c}"] / (2.0 * t.cores * mclk))
+    if "vector_ops_per_s" in figures:
+        lanes["fp32"] = given("vector_ops_per_s", lanes.get("fp32", 0),
+                              figures["vector_ops_per_s"] / (2.0 * t.cores * t.clock_hz))
+    if "compute_scale" in figures:
+        scale = given("compute_scale", 1.0, figures["compute_scale"])
+        macs = {c: m * scale for c, m in macs.items()}
+        lanes = {k: v * scale for k, v in lanes.items()}
+    return macs, lanes
 
 
 #: the figures of ``FIGURE_PARAMS`` that change the die (``DIE_FIELDS``: MACs and vector lanes);
@@ -741,10 +778,14 @@ def figures_of_many(t: AcceleratorTemplate, tech: Technology | None = None, **fi
         uniq = uniq[:, None]
     else:
         uniq, inv = np.unique(rows, axis=0, return_inverse=True)
-    area, die_usd = np.empty(len(uniq)), np.empty(len(uniq))
-    for u, row in enumerate(uniq):
-        tu = with_figures(t, tc, **{k: (None if v < 0 else float(v)) for k, v in zip(die_keys, row)})
-        area[u], _, die_usd[u], _ = _die(tu, tc)
+    # every distinct die at once: its MACs and lanes (``with_figures``) price its compute units; the
+    # rest of the die is the template's
+    macs, lanes = _units_to(t, {k: np.where(uniq[:, j] < 0, np.nan, uniq[:, j]) for j, k in enumerate(die_keys)})
+    dens = _need(tc.node(t.node).logic_density_per_m2, f"nodes.{t.node}.logic_density_per_m2", tc)
+    vec, matrix = compute_units_m2(t.cores_on_die, lanes, macs, dens, tc)
+    area = replace(die_area(t, tc), vector_alus=np.broadcast_to(vec, len(uniq)),
+                   matrix_units=np.broadcast_to(matrix, len(uniq))).per_die_m2
+    die_usd = _dies_cost_usd(area, t, tc)
     inv = np.ravel(inv)
     price = tc.memory_tech(t.memory_type).price_usd_per_byte
     capacity = arrays.get("memory_capacity", np.full(n, np.nan))

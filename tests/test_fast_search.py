@@ -47,6 +47,20 @@ def test_mixture_percentiles_are_the_bisections_bit_for_bit(seed):
     assert np.array_equal(got, plain_bisection(mean, sd, weight, q))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_point_mass_percentiles_are_the_bisections_bit_for_bit(seed):
+    """Mixtures of point masses only (a closed loop's fixed lengths): their CDF a staircase, means
+    tied and weights equal (cumulative sums landing on a level exactly)."""
+    rng = np.random.default_rng(seed)
+    a, c = 30, int(rng.integers(1, 30))
+    mean = np.round(rng.uniform(0, 1, (a, c)) * 10.0 ** rng.uniform(-3, 3), int(rng.integers(0, 3)))
+    weight = np.ones((a, c)) if seed % 2 else rng.random((a, c)) * (rng.random((a, c)) > 0.3)
+    weight[:, 0] += 1e-3 if seed % 2 == 0 else 0.0
+    q = [50, 90, 99, 100 / 3]
+    sd = np.zeros((a, c))
+    assert np.array_equal(serving.mixture_quantiles(mean, sd, weight, q), plain_bisection(mean, sd, weight, q))
+
+
 def _kinked_margin(root, calls):
     """A margin as ``serving._row_margin`` gives it (x / p - 1 of a latency p and its bound x, at least
     -1), >= 0 below each point's ``root`` only: the lesser of two latencies', one queueing (p

@@ -1078,24 +1078,18 @@ def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
     bracket each quantile tightly by Newton's method (``_bracketed``), then replay the bisection
     against that bracket: a midpoint below it is below the quantile, one above it above (the CDF
     does not decrease), and only a midpoint inside it has its CDF computed. The answer is the
-    bisection's, bit for bit, at about a third of its CDF evaluations."""
+    bisection's, bit for bit, at about a third of its CDF evaluations. Mixtures of point masses
+    only (a CDF of steps) are bracketed by the step that crosses each level (``_stepped``): no
+    midpoint falls inside."""
     from scipy.special import ndtr  # scipy on first use: importing dse stays light
     target = np.asarray(q, float)[None, :] / 100.0                 # [1, Q]
     nq = target.shape[1]
     lo = np.min(np.where(w > 0, mean - 8 * sd, np.inf), axis=1)[:, None] * np.ones((1, nq))
     hi = np.max(np.where(w > 0, mean + 8 * sd, -np.inf), axis=1)[:, None] * np.ones((1, nq))
 
-    if not smooth:                                   # steps: each halving looks at every component
-        m, ww = mean[:, None, :], w[:, None, :]
-        with np.errstate(invalid="ignore"):
-            for _ in range(_HALVINGS):
-                mid = 0.5 * (lo + hi)
-                under = (ww * (mid[:, :, None] >= m)).sum(axis=2) < target
-                lo, hi = np.where(under, mid, lo), np.where(under, hi, mid)
-        return hi
     rows, cols = (v.ravel() for v in np.indices(lo.shape))
     lo, hi = lo.ravel(), hi.ravel()
-    left, right = _bracketed(mean, sd, w, target, lo, hi)
+    left, right = _bracketed(mean, sd, w, target, lo, hi) if smooth else _stepped(mean, w, target)
     with np.errstate(invalid="ignore", divide="ignore"):
         for _ in range(_HALVINGS):
             mid = 0.5 * (lo + hi)
@@ -1107,6 +1101,31 @@ def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
                 under[look] = cdf < target[0, cols[look]]
             lo, hi = np.where(under, mid, lo), np.where(under, hi, mid)
     return hi.reshape(-1, nq)
+
+
+def _stepped(mean, w, target) -> tuple[np.ndarray, np.ndarray]:
+    """``_bracketed`` for mixtures of point masses (means ``mean``, weights ``w`` [A, C]; levels
+    ``target`` [1, Q]), [E] each: the CDF is a step at each mean, so the quantile is the first
+    mean (in order) whose cumulative weight reaches the level; the CDF is below it up to that mean
+    (no step between it and the mean before): checked at both means with the CDF as the
+    bisection sums it (component by component), the bracket then that mean and the float just
+    below it; -inf and inf where a check fails or a mean is not finite (the bisection's own steps
+    decide there)."""
+    a, c = mean.shape
+    nq = target.shape[1]
+    order = np.argsort(mean, axis=1, kind="stable")
+    ms, ws = np.take_along_axis(mean, order, axis=1), np.take_along_axis(w, order, axis=1)
+    cum = np.cumsum(ws, axis=1)
+    at = np.minimum((cum[:, :, None] < target[:, None, :]).sum(axis=1), c - 1)       # [A, Q]
+    right = np.take_along_axis(ms, at, axis=1)
+    below = np.where(ms[:, :, None] < right[:, None, :], ms[:, :, None], -np.inf).max(axis=1)   # [A, Q]
+    with np.errstate(invalid="ignore"):
+        cdf = lambda x: (w[:, None, :] * (x[:, :, None] >= mean[:, None, :])).sum(axis=2)  # noqa: E731
+        ok = np.isfinite(right) & np.all(np.isfinite(mean) | (w == 0), axis=1)[:, None] \
+            & (cdf(right) >= target) & ~(cdf(below) >= target)
+    # below the quantile's mean the CDF is the one at the mean before it (no step between)
+    left = np.where(ok, np.nextafter(right, -np.inf), -np.inf)
+    return left.reshape(a * nq), np.where(ok, right, np.inf).reshape(a * nq)
 
 
 def _bracketed(mean, sd, w, target, lo, hi) -> tuple[np.ndarray, np.ndarray]:
