@@ -218,3 +218,20 @@ def test_formats_and_template_names_mix_with_presets():
     assert ev["cost_usd"][3] == 25000.0 and np.isnan(ev["cost_usd"][1])
     # six HBM3E stacks: more bandwidth than five HBM3 stacks, so a faster memory-bound decode
     assert ev["tpot_s"][1] < ev["tpot_s"][0]
+
+
+def test_names_of_many_designs_are_spelled_when_read():
+    """Designs given as columns are named when their names are read (``dse.system.hardware.DesignNames``),
+    with the names a design given by name has; a pickled evaluation carries them as a list."""
+    import pickle
+    bw = np.array([6.7e12, 4.8e12, 3.35e12, 6.7e12])
+    ev = evaluate({"model": "llama-3.1-8b", "hardware": "h100-sxm", "memory_bandwidth": bw,
+                   "peak_fp8": [989.5e12, np.nan, 989.5e12, 989.5e12], "weights": "fp8"})
+    codes, names = ev.labels["hardware"]
+    assert len(names) == 3 and type(names).__name__ == "DesignNames"
+    expected = ["h100-sxm+bw6.7T+fp8=989.5T", "h100-sxm+bw4.8T", "h100-sxm+fp8=989.5T", "h100-sxm+bw6.7T+fp8=989.5T"]
+    assert [ev.point(i)["hardware_name"] for i in range(4)] == expected
+    assert [names[c] for c in codes] == expected
+    assert pickle.loads(pickle.dumps(names)) == list(names)
+    by_name = evaluate({"model": "llama-3.1-8b", "hardware": expected, "weights": "fp8"})
+    assert [by_name.point(i)["hardware_name"] for i in range(4)] == expected

@@ -19,6 +19,7 @@ changed; its price is unknown unless given (``price_usd``): a derived design is 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -226,6 +227,30 @@ def _key(param: str) -> str:
     return next(k for k, v in BY_KEY.items() if v.param == param)
 
 
+class DesignNames(Sequence):
+    """The canonical names of an evaluation's designs (``hwmodels.derived.design_name``), spelled
+    out when first read: each distinct value's text is Python's work (microseconds), which an
+    evaluation of many distinct designs whose names nobody reads does not pay. Pickled as the
+    list of names."""
+
+    def __init__(self, count: int, spell):
+        self._count, self._spell, self._names = count, spell, None
+
+    def _all(self) -> list[str]:
+        if self._names is None:
+            self._names, self._spell = self._spell(), None
+        return self._names
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __reduce__(self):
+        return list, (self._all(),)
+
+
 @dataclass(frozen=True)
 class _Designs:
     """The design of every point: code [P] into ``names``, and per design whether it is derived,
@@ -276,14 +301,25 @@ def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> 
     first = order[starts[:-1]]                     # one point of each design
     base = hw_codes[first]
     values = {p: distinct[codes[first]] for p, (codes, distinct) in parts.items()}
-    tail = np.full(len(first), "", dtype=object)   # the terms of each design, in the canonical order
-    for p, (codes, distinct) in parts.items():
-        tail = tail + _texts(p, distinct)[codes[first]]
-    if spelled is not None:                        # a derived name as given: its own terms (factors kept)
-        _spelled_terms(tail, np.asarray(spelled[0])[first], spelled[1], values)
-    derived = tail != ""
     labels = np.array([b if isinstance(b, str) else d.name for b, d in zip(hw_names, own)], dtype=object)
-    names = (labels[base] + tail).tolist()
+
+    def terms() -> np.ndarray:
+        """Each design's terms, in the canonical order ("" for none)."""
+        tail = np.full(len(first), "", dtype=object)
+        for p, (codes, distinct) in parts.items():
+            tail = tail + _texts(p, distinct)[codes[first]]
+        if spelled is not None:                    # a derived name as given: its own terms (factors kept)
+            _spelled_terms(tail, np.asarray(spelled[0])[first], spelled[1], values)
+        return tail
+
+    if spelled is None:                            # a parameter given: a term in its name (spelled when read)
+        derived = np.zeros(len(first), dtype=bool)
+        for v in values.values():
+            derived |= (v != "") if v.dtype == object else ~np.isnan(v)
+        names = DesignNames(len(first), lambda: (labels[base] + terms()).tolist())
+    else:
+        tail = terms()
+        derived, names = tail != "", (labels[base] + tail).tolist()
     area, build, tdp, notes = _figures(cols, first, base, hw_names, own, values, derived)
     if spelled is not None:                        # two spellings of one design (a term, a column): one name
         index: dict = {}
