@@ -15,6 +15,11 @@ measured tables (each point a GPU design of its own: 'learned transfer'); defaul
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
 frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
 malloc as it is).
+
+Measured (2026-11-29, one core of this 2-core machine, 10^6 points, median of 5): 13,470 points/s
+at df2871a, where every distinct design's die area and cost went through a Python loop and its
+canonical name was spelled whether read or not; 376,915 points/s once both were array work and
+names are spelled when read, every answer bit-identical.
 """
 import sys
 import time
