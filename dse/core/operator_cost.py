@@ -430,20 +430,21 @@ def op_costs(op: OpArrays, sys: SystemArrays, eff: Efficiency) -> OpCost:
     Host-tier traffic overlaps compute (inside the max, summed with device traffic)
     where ``sys.overlap``, else adds to the operator's time."""
     terms = _priced(op, sys, eff)
+    eligible = pim_eligible(op, sys)
+    if eligible is None:                  # every operator on the host: the terms as they are, [P, O] views
+        shape = np.broadcast_shapes(*(np.shape(t) for t in terms))
+        return OpCost(*(np.broadcast_to(np.asarray(t, dtype=float), shape) for t in terms), None)
     zeros = np.zeros_like(terms[-1])
     terms = [t + zeros for t in terms]
-    eligible = pim_eligible(op, sys)
-    on_pim = None
-    if eligible is not None:
-        sel = np.flatnonzero(eligible.any(axis=0))        # price in memory only what the PIM can run
-        on_pim = np.zeros(zeros.shape, dtype=bool)
-        if sel.size:
-            pim = _priced(subset(op, sel), sys, eff, eligible[:, sel])
-            time = terms[-1].copy()
-            time[:, sel] = pim[-1]
-            on_pim = dispatch(terms[-1] * op.count, time * op.count, eligible, sys.pim_concurrent)
-            for t, b in zip(terms, pim):
-                t[:, sel] = np.where(on_pim[:, sel], b, t[:, sel])
+    sel = np.flatnonzero(eligible.any(axis=0))        # price in memory only what the PIM can run
+    on_pim = np.zeros(zeros.shape, dtype=bool)
+    if sel.size:
+        pim = _priced(subset(op, sel), sys, eff, eligible[:, sel])
+        time = terms[-1].copy()
+        time[:, sel] = pim[-1]
+        on_pim = dispatch(terms[-1] * op.count, time * op.count, eligible, sys.pim_concurrent)
+        for t, b in zip(terms, pim):
+            t[:, sel] = np.where(on_pim[:, sel], b, t[:, sel])
     compute, dev, host, coll, time = terms
     return OpCost(compute, dev, host, coll, time, on_pim)
 
