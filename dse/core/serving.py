@@ -1619,15 +1619,17 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
 
     def start(rate, idx):
         """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (an
-        idle engine) for a trickle, else on the secant through the two rates tried last (the last
-        alone where only one is known or the secant's value is not positive)."""
+        idle engine) for a trickle and for the first rate between the trickle and the capacity (the
+        secant through those two starts far from where the load settles: 15 % more fixed-point
+        steps over goodput's search), else on the secant through the two rates tried last (the
+        last alone where only one is known or the secant's value is not positive)."""
         (r1, t1, b1), (r2, t2, b2) = (v[:, idx] for v in tried)
         with np.errstate(divide="ignore", invalid="ignore"):
             f = (rate - r2) / (r2 - r1)
             t, b = t2 + f * (t2 - t1), np.minimum(b2 + f * (b2 - b1), cap[idx])
         line = np.isfinite(t) & np.isfinite(b) & (t > 0) & (b > 0)
         t, b = np.where(line, t, t2), np.where(line, b, b2)
-        idle = rate <= trickle[idx]
+        idle = (rate <= trickle[idx]) | ((r2 <= trickle[idx]) & (r1 >= capacity[idx] * (1.0 - 1e-6)))
         return np.where(idle, np.nan, t), np.where(idle, np.nan, b)
 
     def margin(rate, idx):
