@@ -1071,6 +1071,24 @@ _NEWTON_STEPS = 12
 _NEWTON_WIDTH = 2.0 ** -40
 
 
+def _mixture_cdf(x, mean, sd, w, density: bool = False):
+    """The CDF at ``x`` [E] of mixtures of normals (sd 0: a point mass; ``sd`` None: every one),
+    row e of ``mean``, ``sd``, ``w`` [E, C] (weights normalized), [E], summed component by
+    component (every search of a percentile reads it so, so that their brackets agree bit for
+    bit); with ``density``, (CDF, its density) [E]."""
+    from scipy.special import ndtr  # scipy on first use: importing dse stays light
+    at = x[:, None]
+    if sd is None:
+        return (w * (at >= mean)).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = (at - mean) / sd
+        normal = sd > 0
+        cdf = (w * np.where(normal, ndtr(z), at >= mean)).sum(axis=1)
+        if not density:
+            return cdf
+        return cdf, (w * np.where(normal, np.exp(-0.5 * z * z) / (np.sqrt(2.0 * np.pi) * sd), 0.0)).sum(axis=1)
+
+
 def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
     """``mixture_quantiles`` of mixtures with normalized weights ``w`` [A, C], [A, Q]; ``smooth``
     False: every component a point mass (its CDF a step). Bisection of the CDF over [the lowest
@@ -1081,7 +1099,6 @@ def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
     bisection's, bit for bit, at about a third of its CDF evaluations. Mixtures of point masses
     only (a CDF of steps) are bracketed by the step that crosses each level (``_stepped``): no
     midpoint falls inside."""
-    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     target = np.asarray(q, float)[None, :] / 100.0                 # [1, Q]
     nq = target.shape[1]
     lo = np.min(np.where(w > 0, mean - 8 * sd, np.inf), axis=1)[:, None] * np.ones((1, nq))
@@ -1096,9 +1113,8 @@ def _bisected(mean, sd, w, q, smooth: bool) -> np.ndarray:
             under = mid <= left                      # the CDF there is below the quantile's level
             look = ~under & ~(mid >= right)          # inside the bracket (or not finite): computed
             if look.any():
-                x, m, s, ww = mid[look], mean[rows[look]], sd[rows[look]], w[rows[look]]
-                cdf = (ww * np.where(s > 0, ndtr((x[:, None] - m) / s), (x[:, None] >= m))).sum(axis=1)
-                under[look] = cdf < target[0, cols[look]]
+                at = rows[look]
+                under[look] = _mixture_cdf(mid[look], mean[at], sd[at], w[at]) < target[0, cols[look]]
             lo, hi = np.where(under, mid, lo), np.where(under, hi, mid)
     return hi.reshape(-1, nq)
 
@@ -1119,8 +1135,9 @@ def _stepped(mean, w, target) -> tuple[np.ndarray, np.ndarray]:
     at = np.minimum((cum[:, :, None] < target[:, None, :]).sum(axis=1), c - 1)       # [A, Q]
     right = np.take_along_axis(ms, at, axis=1)
     below = np.where(ms[:, :, None] < right[:, None, :], ms[:, :, None], -np.inf).max(axis=1)   # [A, Q]
+    def cdf(x):
+        return np.stack([_mixture_cdf(x[:, j], mean, None, w) for j in range(nq)], axis=1)
     with np.errstate(invalid="ignore"):
-        cdf = lambda x: (w[:, None, :] * (x[:, :, None] >= mean[:, None, :])).sum(axis=2)  # noqa: E731
         ok = np.isfinite(right) & np.all(np.isfinite(mean) | (w == 0), axis=1)[:, None] \
             & (cdf(right) >= target) & ~(cdf(below) >= target)
     # below the quantile's mean the CDF is the one at the mean before it (no step between)
@@ -1136,7 +1153,7 @@ def _bracketed(mean, sd, w, target, lo, hi) -> tuple[np.ndarray, np.ndarray]:
     bracket so far (else its middle) and carried half the stopping width past the Newton point
     so that the bracket closes from both sides; -inf and inf where none is found (a bound not
     finite, a level outside the CDF at the ends)."""
-    from scipy.special import ndtr, ndtri  # scipy on first use: importing dse stays light
+    from scipy.special import ndtri  # scipy on first use: importing dse stays light
     nq = target.shape[1]
     rows, cols = np.divmod(np.arange(len(lo)), nq)
     level = target[0, cols]
@@ -1151,16 +1168,12 @@ def _bracketed(mean, sd, w, target, lo, hi) -> tuple[np.ndarray, np.ndarray]:
         guess = mu[rows[live]] + np.sqrt(np.maximum(var, 0.0))[rows[live]] * ndtri(level[live])
     x = np.where(np.isfinite(guess) & (guess > a) & (guess < b), guess, 0.5 * (a + b))
     width = (b - a) * _NEWTON_WIDTH
-    inv_root2pi = 1.0 / np.sqrt(2.0 * np.pi)
     for _ in range(_NEWTON_STEPS):
         if not len(live):
             break
-        m, s, ww = mean[rows[live]], sd[rows[live]], w[rows[live]]
+        at = rows[live]
+        cdf, pdf = _mixture_cdf(x, mean[at], sd[at], w[at], density=True)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            z = (x[:, None] - m) / s
-            normal = s > 0
-            cdf = (ww * np.where(normal, ndtr(z), x[:, None] >= m)).sum(axis=1)
-            pdf = (ww * np.where(normal, np.exp(-0.5 * z * z) * inv_root2pi / s, 0.0)).sum(axis=1)
             under = cdf < level[live]
             a, b = np.where(under, x, a), np.where(under, b, x)
             newton = x - (cdf - level[live]) / pdf
@@ -1664,35 +1677,37 @@ def largest_rate(margin, capacity, steps: int) -> np.ndarray:
         got = np.asarray(margin(rate, idx))
         return got if got.dtype == bool else got.astype(float)
 
+    def holds(got):
+        return got if got.dtype == bool else got >= 0
+
     n = len(capacity)
     rows = np.arange(n)
     lo = np.zeros(n)
     hi = capacity * (1.0 - 1e-9)
     at_top = tried(hi, rows)
-    top = at_top >= 0 if at_top.dtype != bool else at_top
+    top = holds(at_top)
     lo[top] = hi[top]
     trickle = capacity * 2.0 ** -steps
     live = rows[~top]
-    holds, fails = np.full(n, -np.inf), np.full(n, np.inf)     # the bracket: a rate that holds, one that fails
+    met, missed = np.full(n, -np.inf), np.full(n, np.inf)      # the bracket: a rate that holds, one that does not
     if len(live):
         at_trickle = tried(trickle[live], live)
-        ok = at_trickle >= 0 if at_trickle.dtype != bool else at_trickle
+        ok = holds(at_trickle)
         lo[live[ok]] = trickle[live[ok]]
         hi[live[~ok]] = 0.0
         if at_top.dtype != bool and ok.any():
             good = live[ok]
-            holds[good], fails[good] = _bracket_rate(tried, trickle[good], hi[good], at_trickle[ok], at_top[good],
+            met[good], missed[good] = _bracket_rate(tried, trickle[good], hi[good], at_trickle[ok], at_top[good],
                                                      good, capacity[good] * 2.0 ** -(steps + 3), steps)
         live = live[ok]
     for _ in range(steps):
         if not len(live):
             break
         mid = 0.5 * (lo[live] + hi[live])
-        ok = mid <= holds[live]
-        look = ~ok & (mid < fails[live])
+        ok = mid <= met[live]
+        look = ~ok & (mid < missed[live])
         if look.any():
-            got = tried(mid[look], live[look])
-            ok[look] = got >= 0 if got.dtype != bool else got
+            ok[look] = holds(tried(mid[look], live[look]))
         lo[live] = np.where(ok, mid, lo[live])
         hi[live] = np.where(ok, hi[live], mid)
     return lo
@@ -1737,16 +1752,13 @@ def _row_margin(mix, q, x) -> np.ndarray:
     as a queue's does (what ``largest_rate`` interpolates). Rows with no bound (x infinite), a
     component not finite or a percentile within 1e-9 of 0 or 100 (where the bisection stops at
     the edge of its span) take ``_row_quantile``'s answer, +-1."""
-    from scipy.special import ndtr  # scipy on first use: importing dse stays light
     mean, sd, weight = np.broadcast_arrays(*(np.asarray(a, float) for a in mix))
     x, q = np.asarray(x, float), np.asarray(q, float)
     target = q / 100.0
     w = weight / np.maximum(weight.sum(axis=1, keepdims=True), 1e-300)
     plain = np.isfinite(x) & (target > 1e-9) & (target < 1.0 - 1e-9) & (w > 0).any(axis=1) \
         & np.all((w == 0) | (np.isfinite(mean) & np.isfinite(sd)), axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = (x[:, None] - mean) / sd
-        cdf = (w * np.where(sd > 0, ndtr(z), x[:, None] >= mean)).sum(axis=1)
+    cdf = _mixture_cdf(x, mean, sd, w)
     out = np.where(cdf >= target, 1.0, -1.0)
     if plain.any():
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -315,7 +315,7 @@ def _designs(cols: Columns, spelled, inv: np.ndarray, devices: list[Device]) -> 
     if spelled is None:                            # a parameter given: a term in its name (spelled when read)
         derived = np.zeros(len(first), dtype=bool)
         for v in values.values():
-            derived |= (v != "") if v.dtype == object else ~np.isnan(v)
+            derived |= _given(v)
         names = DesignNames(len(first), lambda: (labels[base] + terms()).tolist())
     else:
         tail = terms()
@@ -354,8 +354,11 @@ def _spelled_terms(tail: np.ndarray, spelled: np.ndarray, names: list, values: d
             tail[d] = design_name("", (*mine, *rest))
 
 
-def _given(v) -> bool:
-    """True for a design's value of a parameter that is given (not "" or NaN)."""
+def _given(v):
+    """True for a design's value of a parameter that is given (not "" or NaN); for an array of
+    values, elementwise."""
+    if isinstance(v, np.ndarray):
+        return v != "" if v.dtype == object else v == v
     return bool(v) if isinstance(v, str) else v == v      # NaN: not given
 
 
@@ -386,7 +389,7 @@ def _figures(cols: Columns, first, base, hw_names, own, values: dict, derived) -
             continue
         odd = np.zeros(len(at), dtype=bool)
         for p in unmodelled:
-            odd |= np.array([_given(v) for v in values[p][at]], dtype=bool)
+            odd |= _given(values[p][at])
         for j in np.flatnonzero(odd):
             which = [p for p in unmodelled if _given(values[p][at[j]])]
             notes[at[j]] = (f"price, die area{'' if np.isfinite(tdp[at[j]]) else ' and TDP'} unknown: the template "
