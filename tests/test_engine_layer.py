@@ -106,11 +106,11 @@ def test_every_fold_is_counted_and_a_failed_one_says_why(monkeypatch):
                                    if self.cases[0].row.source == "b" else {})
 
     class FakeModel:
-        def __init__(self, held, slots, covered=None):
-            self.held = held
+        def __init__(self, rows, slots, covered=None, held=None):
+            self.rows = rows
 
         def efficiencies(self, x):
-            return [None] * len(self.held)
+            return [None] * len(self.rows)
     monkeypatch.setattr(C, "fit", fake_fit)
     monkeypatch.setattr(C, "Predictions", FakePredictions)
     monkeypatch.setattr(C, "Parameterisation", FakeModel)

@@ -557,7 +557,7 @@ LAUNCH_CLASSES = ("eager", "graphs")
 ALLREDUCE_ALGORITHMS = ("one-shot", "ring")
 #: the sections ``calibrate`` writes that record how the fit was made (free-form mappings)
 RECORD_SECTIONS = ("fitted", "error", "cross_validation", "band_coverage", "not_fitted", "priors_kept",
-                   "unpredictable", "at_bound", "prior_engines", "kernel_layer", "engine_families")
+                   "unpredictable", "at_bound", "prior_engines", "kernel_layer", "engine_families", "refits")
 #: every top-level section a calibration file may have (``classes``: ``families`` before families)
 SECTIONS = ("families", "classes", *ENGINE_SIDE, "bands", *RECORD_SECTIONS)
 

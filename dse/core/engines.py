@@ -2,11 +2,14 @@
 
 A profile (``configs/engines.yaml``, every attribute with its source) says how an engine batches
 (static or in flight), whether its decode kernels are replayed from a captured graph or compiled
-program (``graphs``: the launch class), whether attention is one fused kernel, whether decode
+program (``graphs``: the launch class; ``compiled``: the whole step one program compiled ahead
+of time, which launches no kernel), whether attention is one fused kernel, whether decode
 attention reads each K/V head once per GQA group, and its all-reduce algorithm. The times these
 cost are fitted parameters of the calibration (``configs/calibration.yaml``):
 
-- ``launch.<graphs|eager>.op_overhead_s``: fixed time per operator instance;
+- ``launch.<graphs|eager>.op_overhead_s``: fixed time per operator instance (an engine of the
+  ``compiled`` class pays none: no kernel is launched, and nothing of it is fitted; fitted on the
+  AWS Neuron rows, 204 of them, its cost went to its 10 ns floor, 2026-11-29);
 - ``allreduce.<one-shot|ring>.collective_latency_s``: software latency of one all-reduce;
 - ``engines.<name>``: the engine's own scheduler cost per step (``step_overhead_s``), per
   request (``request_overhead_s``) and, where its rows show it, the share of the hardware's
@@ -55,7 +58,10 @@ ENGINES_FILE = shipped("configs", "engines.yaml")
 BATCHING = ("static", "inflight")
 ATTENTION = ("fused", "unfused")
 ALLREDUCE = ("one-shot", "ring", "none")
-LAUNCH = ("graphs", "eager")
+LAUNCH = ("graphs", "eager", "compiled")
+#: the launch class of an engine whose whole step is one program compiled ahead of time (XLA,
+#: Neuron, a statically scheduled chip): no kernel launches, so no cost per operator
+COMPILED = "compiled"
 #: parameters an engine fits for itself (``engines`` section of the calibration)
 ENGINE_PARAMS = ("step_overhead_s", "request_overhead_s", "memory_scale", "compute_scale", "prefill_decode_overlap")
 #: the engine's costs that a family Efficiency may also carry (a calibration written before engine
@@ -106,7 +112,7 @@ class Engine:
     label: str
     match: str
     batching: str = "inflight"
-    graphs: bool = True
+    graphs: bool | str = True      # True (captured graphs), False (eager) or ``COMPILED``
     attention: str = "fused"
     gqa_kv_sharing: bool = True
     allreduce: str = "one-shot"
@@ -120,7 +126,7 @@ class Engine:
 
     @property
     def launch(self) -> str:
-        return "graphs" if self.graphs else "eager"
+        return COMPILED if self.graphs == COMPILED else "graphs" if self.graphs else "eager"
 
 
 @lru_cache(maxsize=4)
@@ -141,9 +147,10 @@ def _profiles(path: str) -> tuple[dict, str]:
                 raise DseError(f"{where}.{key}: expected one of {', '.join(allowed)}, got {node.get(key)!r}")
         if not isinstance(node.get("head_padding", False), bool):
             raise DseError(f"{where}.head_padding: expected true or false, got {node.get('head_padding')!r}")
-        for key in ("graphs", "gqa_kv_sharing"):
-            if not isinstance(node.get(key), bool):
-                raise DseError(f"{where}.{key}: expected true or false, got {node.get(key)!r}")
+        if not isinstance(node.get("graphs"), bool) and node.get("graphs") != COMPILED:
+            raise DseError(f"{where}.graphs: expected true, false or {COMPILED}, got {node.get('graphs')!r}")
+        if not isinstance(node.get("gqa_kv_sharing"), bool):
+            raise DseError(f"{where}.gqa_kv_sharing: expected true or false, got {node.get('gqa_kv_sharing')!r}")
         try:
             re.compile(str(node.get("match", "")))
         except re.error as e:
@@ -301,7 +308,9 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
     def value(node):
         return float(node["value"] if isinstance(node, dict) else node)
     launch = (cal.get("launch") or {}).get(engine.launch) or {}
-    if "op_overhead_s" in launch:
+    if engine.launch == COMPILED:          # one compiled program: no kernel launched, no cost per operator
+        out["op_overhead_s"] = 0.0
+    elif "op_overhead_s" in launch:
         out["op_overhead_s"] = value(launch["op_overhead_s"])
     if engine.allreduce != "none":
         algo = (cal.get("allreduce") or {}).get(engine.allreduce) or {}
@@ -400,6 +409,10 @@ def attention_on(engine: Engine, onchip_buffer_bytes: float) -> tuple[Engine, st
     return engine, ""
 
 
+#: how each launch class runs its kernels, in words
+_KERNELS = {"graphs": "graph-replayed", "eager": "eager", COMPILED: "ahead-of-time compiled (no launches)"}
+
+
 def describe(engine: Engine) -> str:
     """One line: the profile's name, label and what it does."""
     mem = engine.memory
@@ -407,7 +420,7 @@ def describe(engine: Engine) -> str:
             f"{mem.utilization:.0%} of {'device' if mem.share_of == 'device' else 'free'} memory")
     chunks = f", prefill in chunks of {mem.prefill_chunk:,} tokens" if mem.prefill_chunk else ""
     return (f"{engine.name}: {engine.label} — {engine.batching} batching, "
-            f"{'graph-replayed' if engine.graphs else 'eager'} kernels, {engine.attention} attention, "
+            f"{_KERNELS[engine.launch]} kernels, {engine.attention} attention, "
             f"{'GQA-shared' if engine.gqa_kv_sharing else 'per-head'} K/V reads, all-reduce {engine.allreduce}, "
             f"{'attention heads padded to the cores it shards over, ' if engine.head_padding else ''}"
             f"uses {uses}{chunks}")

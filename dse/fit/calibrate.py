@@ -50,7 +50,7 @@ from dse.core.bands import (
 )
 from dse.core.bands import MIN_ROWS as BAND_MIN_ROWS
 from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
-from dse.core.engines import engine_efficiency, engine_parameters, engines
+from dse.core.engines import COMPILED, engine_efficiency, engine_parameters, engines
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table, reason
 from dse.present import display
 from dse.system.evaluator import evaluate
@@ -151,22 +151,24 @@ def _from_x(p: Param, x: float) -> float:
     return float(10 ** x) if p.log else float(x)
 
 
-def slots_for(cases: list[Case], params=FIT) -> list[Slot]:
+def slots_for(cases: list[Case], params=FIT, only: tuple | None = None) -> list[Slot]:
     """The engine-layer values the rows of ``cases`` can fit, the kernel layer held fixed: each
-    launch class with at least ``MIN_ROWS`` rows, each all-reduce algorithm with ``MIN_GROUP_ROWS``
+    launch class with at least ``MIN_ROWS`` rows (but ``COMPILED``, which launches nothing and has
+    no value), each all-reduce algorithm with ``MIN_GROUP_ROWS``
     rows over more than one device, and each engine with at least ``MIN_ROWS`` rows its scheduler
     cost per step and its achieved bandwidth and compute relative to the kernel layer
     (``memory_scale``, ``compute_scale``), its per-request cost with ``MIN_ROWS`` TTFT rows (fewer
     let it stand in for the queueing of a few loaded runs) and, for an in-flight engine, its
     prefill/decode overlap with ``MIN_ROWS`` continuous-serving rows. An engine with fewer rows is a
-    prior engine (``dse.core.engines.NEUTRAL``): nothing of it is fitted, nor borrowed."""
+    prior engine (``dse.core.engines.NEUTRAL``): nothing of it is fitted, nor borrowed. ``only``
+    (engine names): those engines' own values alone (``Held``: every other value held)."""
     out = []
     by = {p.name: p for p in params}
 
     def count(pred) -> int:
         return sum(1 for c in cases if pred(c))
     if "op_overhead_s" in by:
-        for launch in sorted({c.engine.launch for c in cases}):
+        for launch in sorted({c.engine.launch for c in cases} - {COMPILED}):
             if count(lambda c: c.engine.launch == launch) >= MIN_ROWS:
                 out.append(Slot(by["op_overhead_s"], "launch", launch))
     if "collective_latency_s" in by:
@@ -185,7 +187,19 @@ def slots_for(cases: list[Case], params=FIT) -> list[Slot]:
         if ("prefill_decode_overlap" in by and mine[0].engine.batching == "inflight"
                 and sum(c.row.serving == "continuous" for c in mine) >= MIN_ROWS):
             out.append(Slot(by["prefill_decode_overlap"], "engines", eng))
+    if only is not None:
+        out = [s for s in out if s.section == "engines" and s.group in only]
     return out
+
+
+@dataclass(frozen=True)
+class Held:
+    """Engine-layer values held fixed while others are fitted (``dse.fit.refit``): ``sections`` in
+    the calibration file's layout ({section: {group: {name: number}}}, ``engine_families`` among
+    them), and the engines whose own values alone are fitted (``slots_for``'s ``only``)."""
+
+    sections: dict
+    engines: tuple
 
 
 def prior_engines(cases: list[Case]) -> dict[str, str]:
@@ -217,11 +231,12 @@ class Parameterisation:
     costs (``engine_efficiency``; an engine without its own scheduler fit takes the default
     engine's, as predictions do). ``base`` (optional) is one family Efficiency for every row;
     ``covered`` (optional, ``engine_families``): the families each engine's values hold on (a
-    row of another family runs its engine as a prior engine; None: every family)."""
+    row of another family runs its engine as a prior engine; None: every family); ``held``
+    (optional, ``Held.sections``): values held fixed, the fitted ones over them."""
 
     def __init__(self, cases: list[Case], slots: list[Slot], base: Efficiency | None = None,
-                 covered: dict | None = None):
-        self.cases, self.slots, self.base, self.covered = cases, list(slots), base, covered
+                 covered: dict | None = None, held: dict | None = None):
+        self.cases, self.slots, self.base, self.covered, self.held = cases, list(slots), base, covered, held
 
     def values(self, x) -> dict[str, float]:
         return {s.key: _from_x(s.param, v) for s, v in zip(self.slots, x)}
@@ -241,7 +256,8 @@ class Parameterisation:
         if self.base is not None:
             base = replace(self.base, **{k.split(".")[-1]: val for k, val in v.items()
                                          if k.startswith("families.")})
-        sections: dict = {}
+        sections: dict = {sec: {g: dict(vals) for g, vals in groups.items()}
+                          for sec, groups in (self.held or {}).items() if sec != "engine_families"}
         for key, val in v.items():                 # 'section.group.name' -> the calibration file's layout
             section, rest = key.split(".", 1)
             group, name = rest.rsplit(".", 1)
@@ -249,8 +265,9 @@ class Parameterisation:
         if self.base is None:
             params, _ = family_parameters(fam, fitted=(sections.get("families") or {}).get(fam, {}))
             base = Efficiency(name=f"fit {fam}", **params)
-        if self.covered is not None:
-            sections["engine_families"] = self.covered
+        covered = self.covered if self.covered is not None else (self.held or {}).get("engine_families")
+        if covered is not None:
+            sections["engine_families"] = covered
         return engine_efficiency(base, engine, kv_group,
                                  parameters=engine_parameters(engine, sections=sections, family=fam)[0])
 
@@ -268,12 +285,14 @@ class Fit:
 
 
 def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts: int = 3, progress=None,
-        slots: list[Slot] | None = None, warm: dict | None = None, warm_nfev: int | None = None) -> Fit:
+        slots: list[Slot] | None = None, warm: dict | None = None, warm_nfev: int | None = None,
+        held: Held | None = None) -> Fit:
     """Least-squares fit to the rows of ``predictors``: robust loss on log(predicted / measured), each
     row's weighted by its source's share (``source_weights``, ``weighted_robust``), bounded, best of ``starts`` starting points (the documented start, then low and high corners of
     the box). With ``base`` (one Efficiency for every row) the ``params`` are its fields and the
     result is keyed by parameter name; else ``slots`` (default ``slots_for``) are fitted per family,
-    launch class, all-reduce algorithm and engine, keyed by slot. ``progress`` (optional): told
+    launch class, all-reduce algorithm and engine, keyed by slot; with ``held`` only the named
+    engines' own values, every other value held at its given one. ``progress`` (optional): told
     of every evaluation (``update(1)``: the residuals or their Jacobian priced once) and of
     every start's end (``run_done(warm)``)."""
     from scipy.optimize import least_squares
@@ -283,8 +302,8 @@ def fit(predictors: Predictions, base: Efficiency | None, params=FIT, *, starts:
         slots = [Slot(p, "families", "all") for p in params]
         model = _Single(cases, slots, base)
     else:
-        slots = slots if slots is not None else slots_for(cases, params)
-        model = Parameterisation(cases, slots)
+        slots = slots if slots is not None else slots_for(cases, params, None if held is None else held.engines)
+        model = Parameterisation(cases, slots, held=None if held is None else held.sections)
     lo = np.array([_to_x(s.param, s.param.lo) for s in slots])
     hi = np.array([_to_x(s.param, s.param.hi) for s in slots])
     if not slots:
@@ -360,7 +379,7 @@ class _Residuals:
             part = [cases[i] for i in idx]
             block = Predictions(part) if len(idx) < len(cases) else predictors
             self.blocks.append((np.array(idx), np.flatnonzero(uses[idx[0]]),
-                                type(model)(part, slots, model.base, model.covered), block))
+                                type(model)(part, slots, model.base, model.covered, model.held), block))
         self._last = (None, None)
 
     def _block(self, b, x) -> np.ndarray:
@@ -482,10 +501,10 @@ def cross_validate(cases: list[Case], params=FIT, *, key: str = "source", starts
 
 def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: int = 3, progress=None,
                        warm: dict | None = None, workers: int = 1,
-                       warm_nfev: int | None = None) -> dict[str, tuple[np.ndarray, dict]]:
+                       warm_nfev: int | None = None, held: Held | None = None) -> dict[str, tuple[np.ndarray, dict]]:
     """``cross_validate`` for each of ``keys``: {key: (errors, fold records)}, every fold of every
     key fitted in one pool of ``workers`` processes when it is more than 1 (forked: each worker
-    reads the rows it was forked with)."""
+    reads the rows it was forked with); ``held``: as ``fit``'s, in every fold."""
     jobs = [(key, g, idx) for key in keys for g, idx in folds_of(cases, key).items()]
     out = {key: (np.full(len(cases), np.nan), {}) for key in keys}
 
@@ -498,7 +517,7 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
 
-        _FOLDS["state"] = (cases, params, starts, warm, warm_nfev)
+        _FOLDS["state"] = (cases, params, starts, warm, warm_nfev, held)
         try:
             with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
                 for (key, g, idx), done in zip(jobs, pool.imap(_fold_job, jobs)):
@@ -507,7 +526,7 @@ def cross_validate_all(cases: list[Case], params=FIT, *, keys=CV_KEYS, starts: i
             _FOLDS.clear()
     else:
         for key, g, idx in jobs:
-            take(key, g, idx, *_fold(cases, idx, params, starts, warm, warm_nfev))
+            take(key, g, idx, *_fold(cases, idx, params, starts, warm, warm_nfev, held))
     for key in keys:                      # folds in their sorted order, as folds_of gives them
         out[key] = (out[key][0], {g: out[key][1][g] for g in folds_of(cases, key)})
     return out
@@ -519,8 +538,8 @@ _FOLDS: dict = {}
 
 def _fold_job(job) -> tuple[np.ndarray, dict, int]:
     """``_fold`` of one (key, group, rows) job in a forked worker."""
-    cases, params, starts, warm, warm_nfev = _FOLDS["state"]
-    return _fold(cases, job[2], params, starts, warm, warm_nfev)
+    cases, params, starts, warm, warm_nfev, held = _FOLDS["state"]
+    return _fold(cases, job[2], params, starts, warm, warm_nfev, held)
 
 
 class _Tally:
@@ -537,10 +556,10 @@ class _Tally:
 
 
 def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | None,
-          warm_nfev: int | None = None) -> tuple[np.ndarray, dict, int]:
+          warm_nfev: int | None = None, kept: Held | None = None) -> tuple[np.ndarray, dict, int]:
     """(errors of the rows ``idx`` predicted by a fit of the other rows, the fold's record: rows,
     predicted, APE statistics and, where rows failed, ``failed`` and ``why``; the evaluations the
-    fold's fit took)."""
+    fold's fit took). ``kept``: values held fixed (``fit``'s ``held``)."""
     held_set = set(idx)
     train = [cases[i] for i in range(len(cases)) if i not in held_set]
     held = [cases[i] for i in idx]
@@ -548,8 +567,12 @@ def _fold(cases: list[Case], idx: list[int], params, starts: int, warm: dict | N
     errors = np.full(len(idx), np.nan)
     tally = _Tally()
     try:
-        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev, progress=tally)
-        model = Parameterisation(held, f.slots, covered=engine_families(train, f.slots))
+        f = fit(Predictions(train), None, params, starts=starts, warm=warm, warm_nfev=warm_nfev, progress=tally,
+                held=kept)
+        covered = engine_families(train, f.slots)
+        if kept is not None:
+            covered = {**(kept.sections.get("engine_families") or {}), **covered}
+        model = Parameterisation(held, f.slots, covered=covered, held=None if kept is None else kept.sections)
         x = [_to_x(s.param, f.params[s.key]) for s in f.slots]
         pr = Predictions(held).predict(model.efficiencies(np.array(x)))
     except (DseError, ValueError, np.linalg.LinAlgError) as e:
@@ -1010,7 +1033,9 @@ HEADER = """\
 # (dse.core.bands); `at_bound` lists every value that ended on its fit's bound; the other sections
 # record how, when and how well they were
 # fitted (every cross-validation fold counted: cross_validation.*.totals).
-# Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout)
+# Regenerate with: python -m dse.study calibrate --out configs/calibration.yaml   (in a checkout);
+# python -m dse.study calibrate --engine NAME --out THIS_FILE refits one engine's own values, every
+# other held (dse.fit.refit; recorded under `refits`).
 # The per-row residuals the bands are made from are in NAME_residuals.csv beside this file (NAME: its
 # name without .yaml); python -m dse.study calibrate --bands-only --out THIS_FILE recomputes `bands`
 # and `band_coverage` from them without a refit.

@@ -65,7 +65,16 @@ from basis.errors import DseError
 from basis.files import output_folder, read_csv, write_text_atomic
 from basis.shipped import shipped_file
 from basis.units import bytes_text
-from dse.core.bands import band_engine, band_for, band_on, band_source, covered, family_of_metric, shipped_bands
+from dse.core.bands import (
+    COVERAGE,
+    band_engine,
+    band_for,
+    band_on,
+    band_source,
+    covered,
+    family_of_metric,
+    shipped_bands,
+)
 from dse.core.efficiency import IDEAL, Efficiency, efficiency_for
 from dse.core.engines import (
     GENERIC_MEMORY,
@@ -1072,8 +1081,8 @@ def report_text(v: Validation, stats: dict | None = None) -> str:
     if banded:
         inside = sum(bool(r["in_band"]) for r in banded)
         out += ["", f"Error bands: {inside} of {len(banded)} measured rows ({100 * inside / len(banded):.0f} %) lie "
-                    f"within the band of their prediction (bands cover 80 % of cross-validated rows; "
-                    f"configs/calibration.yaml)"]
+                    f"within the band of their prediction (bands are made to cover {100 * COVERAGE:.0f} % of rows they "
+                    f"did not see: dse.core.bands)"]
     out += ["", "Absolute percentage error (APE)"]
     rows = [{"group": "all rows", **stats["overall"]}]
     for key in [k for k in stats if k != "overall"]:

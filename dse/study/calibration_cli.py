@@ -15,6 +15,7 @@ from basis.errors import DseError, shown_path
 from basis.files import exists, is_regular_file, output_file
 from dse.core.efficiency import CALIBRATION_ENV, calibration_file
 from dse.fit import calibrate as C
+from dse.fit import refit as R
 from dse.fit import validate as V
 from dse.present import display
 from dse.system.params import SPEC
@@ -78,6 +79,11 @@ def add_parsers(command) -> None:
                    help=f"no fit: recompute the error bands and their coverage of the calibration file (--out, "
                         f"default {C.DEFAULT_OUT}) from the residuals calibrate stored beside it "
                         f"(NAME_residuals.csv), and write both files back")
+    c.add_argument("--engine", nargs="+", default=None, metavar="NAME",
+                   help="refit only these engines' own values (scheduler cost, scales, request cost, overlap) on "
+                        "their rows, every other value held at the calibration in use (the shipped file, or "
+                        f"{CALIBRATION_ENV}); their residuals replace theirs beside it and the bands are recomputed "
+                        "(default: fit every engine and class at once)")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="skip the cross-validation fits that leave out sources, vendors and engines (and the error bands they give; default: run them)")
     _progress_args(c)
@@ -187,6 +193,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    if args.bands_only and args.engine:
+        raise DseError("calibrate: --bands-only recomputes bands without a fit; --engine refits engines: give one")
     if args.bands_only:
         out = Path(args.out) if args.out is not None else C.DEFAULT_OUT
         data = C.recompute_bands(out)
@@ -198,6 +206,8 @@ def cmd_calibrate(args) -> int:
         if exists(out) and not is_regular_file(out):
             raise DseError(f"--out {shown_path(out)}: not a regular file (a device, a FIFO); give the name of a "
                            f"calibration file to write")
+    if args.engine:
+        return _refit(args)
     with progress_bar(args, "calibrate", None, unit="evaluation") as bar:
         progress = FitProgress(bar)
         cal = C.calibrate(args.measured, args.out, cross_validation=not args.no_cross_validation, progress=progress,
@@ -213,6 +223,25 @@ def cmd_calibrate(args) -> int:
           f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
     if cal.out.resolve() != calibration_file().resolve():
         print(f"use it: {CALIBRATION_ENV}={cal.out} dse analyze ...   (or any other command)")
+    return 0
+
+
+def _refit(args) -> int:
+    """``calibrate --engine NAME ...``: the named engines' own values refitted (``dse.fit.refit``)."""
+    with progress_bar(args, "calibrate --engine", None, unit="evaluation") as bar:
+        progress = FitProgress(bar)
+        r = R.refit(args.engine, args.measured, args.out, progress=progress, starts=args.starts, workers=args.workers,
+                    cross_validation=not args.no_cross_validation and "source" in args.leave_out,
+                    fold_evaluations=args.fold_evaluations)
+        progress.close()
+        bar.set_description_str("calibrate (validating the new calibration)")
+        rows = [row for f in r.files for row in V.validate(f, calibration=r.out).rows]
+    print(R.refit_text(r))
+    s = V.summarize(rows)["overall"]
+    print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
+          f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
+    if r.out.resolve() != calibration_file().resolve():
+        print(f"use it: {CALIBRATION_ENV}={r.out} dse analyze ...   (or any other command)")
     return 0
 
 

@@ -826,7 +826,7 @@ LISTS = {
                ("bandwidth_bytes_per_s", "bandwidth", lambda v: display.fixed_text(v, 1e9, "GB/s")),
                ("latency_s", "latency", lambda v: display.quantity_text("latency_s", v))], ("name",)),
     "engines": (lambda: [{"name": e.name, "label": e.label, "batching": e.batching,
-                          "launch": "graphs" if e.graphs else "eager", "attention": e.attention,
+                          "launch": e.launch, "attention": e.attention,
                           "kv_reads": "per GQA group" if e.gqa_kv_sharing else "per query head",
                           "allreduce": e.allreduce, "heads": "padded to its cores" if e.head_padding else "",
                           "default": "yes" if e.name == default_engine() else ""}
