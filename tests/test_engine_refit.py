@@ -158,3 +158,13 @@ def test_calibrate_engine_and_bands_only_together_are_refused(cli, tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].endswith("--engine refits engines: give one")
     assert "Traceback" not in r.stderr
+
+
+def test_a_refit_of_an_engine_the_calibration_never_fitted_holds_on_its_rows_families(tmp_path):
+    """mlx-lm is a prior engine of the shipped calibration (listed in no engine_families): refitted on
+    its 8 Apple rows, its values act on them and hold on the Apple family."""
+    assert "mlx-lm" not in yaml.safe_load(SHIPPED.read_text())["engine_families"]
+    r = refit(["mlx-lm"], MEASURED, tmp_path / "c.yaml", starts=1, cross_validation=False)
+    assert r.data["engine_families"]["mlx-lm"] == ["apple"]
+    assert not np.allclose(r.errors["in_sample"], r.errors["before"])
+    assert np.array_equal(r.errors["before"], r.errors["leave_engines_out"])      # both: a prior engine

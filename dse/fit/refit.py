@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from basis.errors import DseError
-from dse.core.efficiency import CALIBRATION_FILE, calibration_file, load_calibration
+from dse.core.efficiency import CALIBRATION_FILE, calibration_file, family_of, load_calibration
 from dse.core.engines import engines
 from dse.fit.calibrate import (
     DEFAULT_OUT,
@@ -140,7 +140,10 @@ def refit(names, measured=None, out=None, *, cross_validation: bool = True, star
         if have < MIN_ROWS:
             raise DseError(f"calibrate --engine {n}: {have} predictable rows of {n} in "
                            f"{', '.join(_display_path(p) for p in files)}; a refit needs {MIN_ROWS} or more")
-    held = Held(held_sections(current, names), names)
+    sections = held_sections(current, names)
+    sections["engine_families"].update(      # the named engines' values hold on their rows' families
+        {n: sorted({family_of(c.device) for c in cases if c.engine.name == n}) for n in names})
+    held = Held(sections, names)
     if progress is not None:
         progress.plan(max(starts, 1), len(folds_of(cases, "source")) if cross_validation else 0)
     f = fit(Predictions(cases), None, FIT, starts=starts, progress=progress, held=held)
