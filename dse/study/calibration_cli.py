@@ -218,12 +218,7 @@ def cmd_calibrate(args) -> int:
         files = cal.measured if isinstance(cal.measured, list) else [cal.measured]
         rows = [r for f in files for r in V.validate(f, calibration=cal.out).rows]
     print(C.report_text(cal))
-    s = V.summarize(rows)["overall"]
-    print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
-          f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
-    if cal.out.resolve() != calibration_file().resolve():
-        print(f"use it: {CALIBRATION_ENV}={cal.out} dse analyze ...   (or any other command)")
-    return 0
+    return _validated(rows, cal.out)
 
 
 def _refit(args) -> int:
@@ -237,11 +232,17 @@ def _refit(args) -> int:
         bar.set_description_str("calibrate (validating the new calibration)")
         rows = [row for f in r.files for row in V.validate(f, calibration=r.out).rows]
     print(R.refit_text(r))
+    return _validated(rows, r.out)
+
+
+def _validated(rows: list, out: Path) -> int:
+    """Print the new calibration ``out``'s error on the measured ``rows`` (validated through the
+    evaluator) and how to use it; 0."""
     s = V.summarize(rows)["overall"]
     print(f"\nvalidated through the one evaluator with the new calibration: median APE {100 * s['median_ape']:.1f} %, "
           f"p90 {100 * s['p90_ape']:.1f} % over {s['n']} rows")
-    if r.out.resolve() != calibration_file().resolve():
-        print(f"use it: {CALIBRATION_ENV}={r.out} dse analyze ...   (or any other command)")
+    if out.resolve() != calibration_file().resolve():
+        print(f"use it: {CALIBRATION_ENV}={out} dse analyze ...   (or any other command)")
     return 0
 
 
