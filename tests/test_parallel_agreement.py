@@ -55,7 +55,11 @@ GAPS = {
     ("pp4", "closed-cap"): "+5.6 % / +2.8 % / -6.9 % (the full engine's pass without the fill, ``serving._full``: "
                            "+4.7 % / +8.0 % / -6.9 % with the fill charged to every iteration)",
     ("pp4", "open-0.5"): "+1.6 % / -14.3 % / -5.7 % (2,000 requests; seeds 1 and 2: TTFT -12.3 %; at 600 requests "
-                         "+12.7 % / -18.8 % / -12.9 %, the simulator's window too short)",
+                         "+12.7 % / -18.8 % / -12.9 %, the simulator's window too short). The gap is the simulator's "
+                         "dispatch: a request joins the least-loaded stream (vLLM V0's virtual engines, ties to the "
+                         "first), most often the one whose iteration just ended with a completion, so it waits "
+                         "nearly a whole cycle (admission 103 ms, the model 83 ms); the simulator dispatching round "
+                         "robin gives -0.5 % / +2.3 % / +8.7 %, at random +1.0 % / -41.1 % / -26.2 % (2026-11-29)",
     ("cp4-128k", "open-0.5"): "-2.7 % / +2.1 % / +24.8 % (2,000 requests; -76.1 % TPOT before the decode iterations after one's own prompt started from the chunks left waiting)",
 }
 
