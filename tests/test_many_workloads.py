@@ -45,6 +45,18 @@ CASES = {
     "shared workloads, near-memory units": dict(hardware=RNG.choice(["h200", "hbm-pim"], N), model="llama-2-7b",
                                                 batch=RNG.choice([1, 8, 32], N), prompt_len=RNG.choice([256, 1024], N),
                                                 gen_len=128),
+    # a decode that fills one limit: two affine pieces split at a step of each workload's own (some
+    # start past the limit, some fill it during the generation, some never reach it)
+    "sliding window filling": dict(hardware=RNG.choice(["h100-sxm", "l40s"], N), model="mistral-7b",
+                                   batch=RNG.integers(1, 33, N), prompt_len=RNG.integers(16, 6000, N),
+                                   gen_len=RNG.integers(1, 3000, N)),
+    "sliding windows of two sizes' layers": dict(hardware="h200", model="gpt-oss-20b", **_lengths(N, 32, 600, 400)),
+    "sparse attention's top-k filling": dict(hardware="b200", model="deepseek-v3.2", devices=8, weights="fp8",
+                                             activations="fp8", kv="fp8", **_lengths(N, 8, 4000, 3000)),
+    "KV budget filling": dict(hardware="h100-sxm", model="llama-3.1-8b", kv_budget=1024, **_lengths(N, 32, 3000, 1500)),
+    "shared workloads, sliding window": dict(hardware="h100-sxm", model="gemma-2-9b-it", batch=RNG.choice([1, 8], N),
+                                             prompt_len=RNG.choice([1000, 4000, 5000], N), gen_len=RNG.choice([64, 600], N),
+                                             memory_bandwidth=RNG.uniform(1e12, 8e12, N)),
 }
 
 
@@ -138,6 +150,19 @@ def test_tables_of_many_follow_the_closed_forms():
             np.testing.assert_allclose(getattr(t.decode_slope, f)[i], getattr(alone.decode_slope, f), rtol=1e-13)
         assert wb.footprint.kv_cache_bytes[i] == pytest.approx(alone.footprint.kv_cache_bytes, rel=1e-13)
         assert wb.footprint.activation_bytes[i] == pytest.approx(alone.footprint.activation_bytes, rel=1e-13)
+
+
+def test_a_decode_filling_one_limit_is_priced_with_the_others_and_two_limits_alone():
+    """A sliding window, a sparse attention's top-k or a KV budget: many workloads priced together
+    (their decode pieces split at each one's own step); a model with a sliding window under a KV
+    budget as well fills two limits, priced one workload at a time."""
+    many = dict(batch=np.arange(1, 9), prompt_len=np.arange(1, 9) * 700, gen_len=900)
+    for extra in ({"model": "mistral-7b"}, {"model": "deepseek-v3.2", "devices": 8},
+                  {"model": "llama-2-7b", "kv_budget": 1024}):
+        plan = E.prepare({"hardware": "b200", **extra, **many})
+        assert [type(g.tables) for g in plan.groups] == [E.WorkloadBatch], extra
+    plan = E.prepare({"hardware": "b200", "model": "mistral-7b", "kv_budget": 1024, **many})
+    assert {type(g.tables) for g in plan.groups} == {E.WorkloadTables}
 
 
 def test_too_long_workloads_among_many_say_their_own_lengths():

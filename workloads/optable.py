@@ -939,12 +939,26 @@ def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     table + (j - j_k) x slope. Every count is affine in the context except the attention of a
     sliding-window layer, which stops growing once its window is full, and every layer's under a
     KV token budget once the budget is full: a new piece starts at the first step attending to
-    more keys than each such limit above ``kv_len``."""
+    more keys than each such limit above ``kv_len``. Of many workloads (``kv_len`` an array, one
+    per workload) one limit at the most: its piece's first step is one per workload, infinite
+    where the workload starts past the limit (the piece never runs; ``decode_piece_steps``)."""
     limits = sorted({w for w in (model.sliding_window if model.num_sliding_layers else 0,
                                  scenario.techniques.kv_budget, model.index_topk) if w and np.any(w > kv_len)})
-    if limits and np.ndim(kv_len):
-        raise DseError("a decode whose sliding window or KV budget fills is priced one workload at a time")
+    if len(limits) > 1 and np.ndim(kv_len):
+        raise DseError("a decode whose sliding window and KV budget both fill is priced one workload at a time")
     pieces = [(0, *decode_linear(model, scenario, kv_len, buffer_bytes))]
     for w in limits:
-        pieces.append((w - kv_len + 1, *decode_linear(model, scenario, w + 1, buffer_bytes)))
+        first = w - kv_len + 1 if not np.ndim(kv_len) else np.where(w > kv_len, w - kv_len + 1.0, np.inf)
+        pieces.append((first, *decode_linear(model, scenario, w + 1, buffer_bytes)))
     return tuple(pieces)
+
+
+def decode_piece_steps(firsts, steps) -> list:
+    """The decode steps each affine piece (``decode_pieces``, whose first steps are ``firsts``) runs
+    of ``steps`` steps: from its first step to the next piece's, or to the end. Numbers: the
+    pieces that run (a list of (index, steps)); arrays (one entry per workload): every piece, with
+    0 steps where it does not run."""
+    ends = list(firsts[1:]) + [steps]
+    if not any(np.ndim(x) for x in (*firsts, steps)):
+        return [(k, min(end, steps) - j) for k, (j, end) in enumerate(zip(firsts, ends)) if min(end, steps) > j]
+    return [(k, np.maximum(np.minimum(end, steps) - j, 0.0)) for k, (j, end) in enumerate(zip(firsts, ends))]

@@ -272,13 +272,15 @@ def together(key: list, many: np.ndarray, workloads: tuple) -> tuple[np.ndarray,
 def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarray) -> np.ndarray:
     """[n] bool: the points priced as one group with every point that differs from them only in
     batch, prompt and generated lengths (``dse.system.workload.WorkloadBatch``): static batches
-    without speculative decoding or a CPU layer split, whose decode has one affine piece (no
-    sliding window, no KV budget), and whose own workload has fewer than ``MANY_BELOW`` points (``shared``: [n], how many points
-    share each point's workload; a workload shared by many points is cheaper priced once for them all)."""
-    sliding = per_code([m.num_sliding_layers > 0 or m.is_sparse_attention for m in w.models], w.model)
+    without speculative decoding or a CPU layer split, whose decode fills at most one limit (a
+    sliding window, a sparse attention's top-k or a KV budget: each workload's decode then two
+    affine pieces split at a step of its own, ``optable.decode_pieces``), and whose own workload has
+    fewer than ``MANY_BELOW`` points (``shared``: [n], how many points share each point's workload; a
+    workload shared by many points is cheaper priced once for them all)."""
+    limits = per_code([int(m.num_sliding_layers > 0) + int(m.is_sparse_attention) for m in w.models], w.model)
     budget = per_code([t.kv_budget > 0 for t in w.techniques], w.tech)
     draft = per_code([d is not None for d in w.drafts], w.draft)
-    ok = ~w.continuous & ~draft & (cpu_layers == 0) & ~sliding & ~budget
+    ok = ~w.continuous & ~draft & (cpu_layers == 0) & (limits + budget <= 1)
     return ok & (shared < MANY_BELOW)
 
 

@@ -55,12 +55,12 @@ class WorkloadTables:
     def decode_steps(self, steps) -> list:
         """(first step's OpArrays, slope, number of steps) of each piece of ``steps`` decode steps
         (one piece, or two when a sliding window fills during the generation; ``steps`` one per
-        workload for tables of many, which have one piece)."""
+        workload for tables of many, whose pieces start at a step of each workload's own, 0 steps
+        where a piece does not run: ``optable.decode_piece_steps``)."""
         pieces = self.decode_pieces or ((0, self.decode_first, self.decode_slope),)
         if len(pieces) == 1:
             return [(pieces[0][1], pieces[0][2], steps)]
-        ends = [j for j, _, _ in pieces[1:]] + [steps]
-        return [(d0, slope, min(end, steps) - j) for (j, d0, slope), end in zip(pieces, ends) if min(end, steps) > j]
+        return [(pieces[k][1], pieces[k][2], n) for k, n in optable.decode_piece_steps([j for j, _, _ in pieces], steps)]
 
 
 @lru_cache(maxsize=4096)
@@ -178,7 +178,7 @@ class WorkloadBatch:
         if self.stacked:
             pre, pieces = self._distinct
             at = self.workload[rows]
-            pieces = tuple((j, Stacked(d0, at), Stacked(slope, at)) for j, d0, slope in pieces)
+            pieces = tuple((j[at] if np.ndim(j) else j, Stacked(d0, at), Stacked(slope, at)) for j, d0, slope in pieces)
             return WorkloadTables(sc, Stacked(pre, at), None, pieces[0][1], pieces[0][2], None, None,
                                   self._footprint(rows), None, self.layer_weight_bytes, pieces)
         micro = _micro(sc)
