@@ -245,3 +245,21 @@ def test_a_finite_run_past_the_capacity_fits_its_throughput_not_its_queued_laten
     assert {"G105", "G107", "G117", "G119"} <= fitted         # their throughput and ITL
     assert "G100" in fitted                                   # 1k-token prompts, served at once: TTFT fitted
     assert all(C.family_of_metric(r.metric) in C.QUEUE_FAMILIES for r, why in skipped if why == C.QUEUED_NOT_FITTED)
+
+
+def test_a_prior_engine_takes_the_unseen_band_of_its_own_hardware_vendor():
+    """Leave-engines-out residuals of two vendors, one much wider: a prior engine on the narrow
+    vendor's hardware takes that vendor's band (its own rows' conformal order statistics), on a
+    vendor with too few rows the family's band of every vendor."""
+    rng = np.random.default_rng(3)
+    nvidia, aws = rng.normal(0.0, 0.1, 100), rng.normal(1.0, 0.6, 100)
+    few = rng.normal(0.0, 0.1, B.MIN_ROWS - 1)
+    res = np.concatenate([nvidia, aws, few])
+    vendors = ["nvidia"] * 100 + ["aws"] * 100 + ["amd"] * (B.MIN_ROWS - 1)
+    bands = B.unseen_bands(res, ["tpot"] * len(res), vendors)
+    lo, hi, where = B.band_for(bands, B.UNSEEN, "nvidia", "tpot")
+    assert where == "engine=unseen vendor=nvidia family=tpot"
+    k = int(np.ceil(101 * 0.95))
+    assert (lo, hi) == pytest.approx((np.exp(np.sort(nvidia)[100 - k]), np.exp(np.sort(nvidia)[k - 1])), rel=1e-3)
+    assert B.band_for(bands, B.UNSEEN, "amd", "tpot")[2] == "engine=unseen family=tpot"
+    assert B.band_for(bands, B.PRIOR_LABEL, "aws", "tpot")[2] == "engine=unseen vendor=aws family=tpot"

@@ -18,7 +18,9 @@ before, covered 82 % of held-out rows instead of 90 %).
 A prior engine (one without enough rows to be fitted, ``dse.core.engines``) has no slice of its
 own: it takes the band of unseen engines (``UNSEEN``), the residuals of leave-engines-out
 cross-validation, where every engine is predicted as a prior engine is: wide, because it is
-(its metric family's, else every family's unseen residuals).
+(its hardware vendor's and metric family's, else its metric family's, else every family's unseen
+residuals: a prior engine on NVIDIA GPUs takes the band of engines left out on NVIDIA GPUs, not
+one widened by another vendor's engine predicted without its own values).
 
 A spatial machine (Groq, Cerebras, SambaNova: ``dse.core.dataflow``) never takes a GPU engine's
 band: its band is the dataflow layer's (``DATAFLOW``), from the residuals its per-layer latency
@@ -67,11 +69,12 @@ def family_of_metric(metric: str) -> str:
 
 def slice_key(level: tuple | None, engine: str, vendor: str, family: str) -> str:
     """The name of a slice: 'engine=vllm vendor=amd family=ttft' ('all' for every row; level
-    ``UNSEEN``: 'engine=unseen family=ttft', ``DATAFLOW``: 'layer=dataflow vendor=groq family=tpot')."""
+    ``UNSEEN``: 'engine=unseen vendor=nvidia family=ttft' with a vendor, 'engine=unseen family=ttft'
+    without, ``DATAFLOW``: 'layer=dataflow vendor=groq family=tpot')."""
     if level is None:
         return "all"
     if level == UNSEEN:
-        return f"engine={UNSEEN} family={family}"
+        return f"engine={UNSEEN}" + (f" vendor={vendor}" if vendor else "") + f" family={family}"
     if level == DATAFLOW:
         return f"layer={DATAFLOW} vendor={vendor} family={family}"
     parts = [f"{k}={v}" for k, v in (("engine", engine), ("vendor", vendor)) if k in level]
@@ -82,11 +85,13 @@ def chain(engine: str, vendor: str, family: str) -> list[str]:
     """The slices a prediction's band may come from, narrowest first: for a fitted engine its
     engine and vendor, its engine, its vendor, its metric family, every row (leave-sources-out
     residuals of fitted engines); for ``UNSEEN`` (or a prior engine's rows, ``PRIOR_LABEL``) the
-    unseen engines' slice of its family, then of every family; for ``DATAFLOW`` the dataflow
+    unseen engines' slice of its hardware vendor and family (a prior engine on NVIDIA GPUs never
+    takes the band AWS Neuron's rows make, predicted as a prior engine there), of its family, then
+    of every family; for ``DATAFLOW`` the dataflow
     layer's slice of its vendor and family, and nothing wider (never a GPU engine's, nor another
     spatial vendor's whose layer latency was fitted when its own was not)."""
     if engine in (UNSEEN, PRIOR_LABEL):
-        return [slice_key(UNSEEN, "", "", family), f"engine={UNSEEN}"]
+        return [slice_key(UNSEEN, "", vendor, family), slice_key(UNSEEN, "", "", family), f"engine={UNSEEN}"]
     if engine == DATAFLOW:
         return [slice_key(DATAFLOW, "", vendor, family)]
     return [slice_key(level, engine, vendor, family) for level in LEVELS] + ["all"]
@@ -165,14 +170,22 @@ def bands_from(residuals, engines, vendors, families) -> dict:
     return out
 
 
-def unseen_bands(residuals, families) -> dict:
-    """{slice: {n, low, high}} of the unseen engines' slices per metric family and over every
-    family (``chain(UNSEEN, ...)``), conformal bands of leave-engines-out log residuals (NaN rows
-    skipped; a slice with fewer than ``MIN_ROWS`` rows left out)."""
+def unseen_bands(residuals, families, vendors=None) -> dict:
+    """{slice: {n, low, high}} of the unseen engines' slices per hardware vendor and metric family
+    (with ``vendors``), per metric family and over every family (``chain(UNSEEN, ...)``), conformal
+    bands of leave-engines-out log residuals (NaN rows skipped; a slice with fewer than
+    ``MIN_ROWS`` rows left out)."""
     r = np.asarray(residuals, dtype=float)
     fams = np.asarray(families, dtype=object)
     ok = np.isfinite(r)
     out = {}
+    if vendors is not None:
+        vend = np.asarray(vendors, dtype=object)
+        for vendor, fam in sorted(set(zip(vendors, families))):
+            rows = ok & (fams == fam) & (vend == vendor)
+            band = conformal_band(r[rows])
+            if band is not None:
+                out[slice_key(UNSEEN, "", vendor, fam)] = _entry(int(rows.sum()), band)
     for fam in sorted(set(families)):
         band = conformal_band(r[ok & (fams == fam)])
         if band is not None:
@@ -213,7 +226,7 @@ def held_out_coverage(lso, leo, labels, vendors, families, extra: dict | None = 
     for i in range(n):
         keep = np.arange(n) != i
         bands = bands_from(lso[keep], labels[keep], vendors[keep], families[keep])
-        bands.update(unseen_bands(np.where(engine_rows, leo, np.nan)[keep], families[keep]))
+        bands.update(unseen_bands(np.where(engine_rows, leo, np.nan)[keep], families[keep], vendors[keep]))
         bands.update(extra or {})
         lo, hi, _ = band_for(bands, labels[i], vendors[i], families[i])
         own[i] = bool(covered(np.exp(lso[i]), 1.0, lo, hi)) if np.isfinite(lso[i]) else False

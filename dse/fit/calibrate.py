@@ -883,7 +883,7 @@ def band_sections(rows: list[dict]) -> tuple[dict, dict]:
     labels, vendors, fams = ([r[k] for r in eng] for k in ("band_engine", "vendor", "family"))
     flow = dataflow_bands(rows)
     bands = bands_from(lso, labels, vendors, fams)
-    bands.update(unseen_bands(np.where(np.array(labels) == DATAFLOW, np.nan, leo), fams))
+    bands.update(unseen_bands(np.where(np.array(labels) == DATAFLOW, np.nan, leo), fams, vendors))
     bands.update(flow)
     cover = held_out_coverage(lso, leo, labels, vendors, fams, extra=flow)
     unseen = cover.pop("unseen_engines", None)
