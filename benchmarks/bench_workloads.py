@@ -5,8 +5,12 @@ per point, the batch from 1 to 256, prompts of 128-4,096 tokens and 64-1,024 gen
 drawn per point, so (almost) no two points share a workload. Per point: prefill, the exact decode
 total, footprint, feasibility, serving metrics and energy (``from dse import evaluate``).
 
-    python benchmarks/bench_workloads.py [points] [--llm-analysis PYTHON] [--default-malloc]
+    python benchmarks/bench_workloads.py [points] [--model MODEL] [--llm-analysis PYTHON] [--default-malloc]
     python benchmarks/bench_workloads.py --shared [MODEL]
+
+``--model`` prices another shipped model on the same points (default Llama-2-70B): one whose
+decode fills a sliding window (mistral-7b, gemma-2-9b-it), a sparse attention's top-k
+(deepseek-v3.2, on 8 devices) or none.
 
 ``--shared`` measures where sharing a workload starts to pay: 65,536 points whose workloads
 (batch and lengths drawn per workload) are each shared by 16 to 8,192 points (the bandwidth varies
@@ -70,10 +74,10 @@ def points(n: int, seed: int = 0) -> dict:
                 gen_len=rng.integers(64, 1025, n), memory_bandwidth=rng.uniform(1e12, 1.6e13, n))
 
 
-def dse_rate(n: int, chunk: int = 100_000, repeats: int = 3) -> tuple[float, int]:
+def dse_rate(n: int, chunk: int = 100_000, repeats: int = 3, model: str = "llama-2-70b") -> tuple[float, int]:
     """(best evaluations per second over ``repeats`` runs, distinct workloads among the points)."""
     cols = points(n)
-    fixed = dict(hardware="h100-sxm", model="llama-2-70b", weights="fp8", activations="fp8", kv="fp8",
+    fixed = dict(hardware="h100-sxm", model=model, weights="fp8", activations="fp8", kv="fp8",
                  flash_attention=True)
     evaluate({**fixed, **{k: v[:1000] for k, v in cols.items()}})          # imports and presets loaded
     best = np.inf
@@ -128,6 +132,11 @@ def main(argv: list[str]) -> None:
         k = argv.index("--llm-analysis")
         python = argv[k + 1]
         argv = argv[:k] + argv[k + 2:]
+    model = "llama-2-70b"
+    if "--model" in argv:
+        k = argv.index("--model")
+        model = argv[k + 1]
+        argv = argv[:k] + argv[k + 2:]
     plain = "--default-malloc" in argv
     argv = [a for a in argv if a != "--default-malloc"]
     if not plain:
@@ -140,8 +149,11 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"bench_workloads.py --shared: {e}") from None
         return
     n = int(argv[0]) if argv else 200_000
-    rate, distinct = dse_rate(n)
-    print(f"dse: {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core"
+    try:
+        rate, distinct = dse_rate(n, model=model)
+    except DseError as e:                 # an unknown model: one line, exit 1
+        raise SystemExit(f"bench_workloads.py --model: {e}") from None
+    print(f"dse: {model}, {n:,} design points ({distinct:,} distinct workloads), {rate:,.0f} evaluations/s on one core"
           f"{' (malloc as it is)' if plain else ''}")
     if python:
         other = llm_analysis_rate(python)
