@@ -628,6 +628,23 @@ def at_bound(f: "Fit") -> dict[str, dict]:
     return out
 
 
+def at_bound_section(bounded: dict) -> dict:
+    """The calibration's ``at_bound`` entries of the values ``at_bound`` found on a bound, each with
+    its note."""
+    return {k: {**v, "note": f"{k.split('.', 1)[1]} ended on its {v['bound']} bound {v['limit']:g}: "
+                             f"the rows ask for a value beyond the range the fit allows; predictions "
+                             f"using it are likely off by more than their band"}
+            for k, v in bounded.items()}
+
+
+def residual_logs(lso, leo, in_sample) -> dict:
+    """{residual column: log(measured / predicted) per row} of the errors (predicted / measured - 1)
+    leaving sources out, leaving engines out and in sample (None: not computed, column left out)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {col: -np.log1p(e) for col, e in (("log_lso", lso), ("log_leo", leo), ("log_in_sample", in_sample))
+                if e is not None}
+
+
 def _round(v, digits: int = 4):
     if isinstance(v, (int, np.integer)):
         return int(v)
@@ -738,9 +755,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
                     + (f" (AT ITS {side['bound'].upper()} BOUND {side['limit']:g})" if side else "")
                     + f"; {note_err}"}
     priors = prior_engines(cases)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = {key: -np.log1p(e) for key, e in (("log_lso", res.get("source")), ("log_leo", res.get("engine")),
-                                                  ("log_in_sample", f.errors)) if e is not None}
+    logs = residual_logs(res.get("source"), res.get("engine"), f.errors)
     table = residual_rows(cases, priors, logs) + dataflow_residual_rows()
     write_residuals(residuals_path(dest), table)
     bands, coverage = band_sections(table)
@@ -764,10 +779,7 @@ def calibrate(measured=None, out=None, *, cross_validation: bool = True, starts:
         "cross_validation": cv,
         "bands": bands,
         "band_coverage": coverage,
-        "at_bound": {k: {**v, "note": f"{k.split('.', 1)[1]} ended on its {v['bound']} bound {v['limit']:g}: "
-                                      f"the rows ask for a value beyond the range the fit allows; predictions "
-                                      f"using it are likely off by more than their band"}
-                     for k, v in bounded.items()},
+        "at_bound": at_bound_section(bounded),
         "prior_engines": priors,
         "kernel_layer": {
             "held_fixed": list(KERNEL_LAYER),

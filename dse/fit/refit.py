@@ -44,6 +44,7 @@ from dse.fit.calibrate import (
     _slice_stats,
     _value_text,
     at_bound,
+    at_bound_section,
     band_sections,
     bands_text,
     cross_validate_all,
@@ -54,6 +55,7 @@ from dse.fit.calibrate import (
     folds_of,
     read_cases,
     read_residuals,
+    residual_logs,
     residual_rows,
     residuals_path,
     write_calibration,
@@ -140,6 +142,8 @@ def refit(names, measured=None, out=None, *, cross_validation: bool = True, star
         if have < MIN_ROWS:
             raise DseError(f"calibrate --engine {n}: {have} predictable rows of {n} in "
                            f"{', '.join(_display_path(p) for p in files)}; a refit needs {MIN_ROWS} or more")
+    kept = [r for r in read_residuals(residuals_path(source))      # read before the fit, not after it
+            if r["layer"] == "engine" and r["engine"] not in names]
     sections = held_sections(current, names)
     sections["engine_families"].update(      # the named engines' values hold on their rows' families
         {n: sorted({family_of(c.device) for c in cases if c.engine.name == n}) for n in names})
@@ -147,7 +151,8 @@ def refit(names, measured=None, out=None, *, cross_validation: bool = True, star
     if progress is not None:
         progress.plan(max(starts, 1), len(folds_of(cases, "source")) if cross_validation else 0)
     f = fit(Predictions(cases), None, FIT, starts=starts, progress=progress, held=held)
-    errors = {"before": _errors(cases, held_sections(current)), "in_sample": f.errors}
+    in_use = held_sections(current)
+    errors = {"before": _errors(cases, in_use), "in_sample": f.errors}
     folds: dict = {}
     if cross_validation:
         e, folds = cross_validate_all(cases, FIT, keys=("source",), starts=starts, progress=progress,
@@ -155,20 +160,17 @@ def refit(names, measured=None, out=None, *, cross_validation: bool = True, star
                                       held=held)["source"]
         errors["leave_sources_out"] = e
     errors["leave_engines_out"] = _errors(cases, held.sections)     # each engine a prior engine
-    data = _written(current, source, files, cases, f, errors, folds, names, dest)
-    before = {n: {k: float(v["value"] if isinstance(v, dict) else v)
-                  for k, v in ((current.get("engines") or {}).get(n) or {}).items()} for n in names}
+    data = _written(current, source, files, cases, f, errors, folds, names, dest, kept)
+    before = {n: in_use.get("engines", {}).get(n, {}) for n in names}
     return Refit(names, files, Path(source), dest, cases, f, before, errors, data)
 
 
-def _written(current: dict, source, files, cases, f, errors: dict, folds: dict, names: tuple, dest: Path) -> dict:
-    """The calibration mapping ``refit`` writes (and writes it, its residual file beside it)."""
+def _written(current: dict, source, files, cases, f, errors: dict, folds: dict, names: tuple, dest: Path,
+             kept: list) -> dict:
+    """The calibration mapping ``refit`` writes (and writes it, its residual file beside it, the
+    other engines' residual rows ``kept`` as they were)."""
     today = _dt.date.today().isoformat()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = {col: -np.log1p(errors[key]) for col, key in (("log_lso", "leave_sources_out"),
-                                                            ("log_leo", "leave_engines_out"),
-                                                            ("log_in_sample", "in_sample")) if key in errors}
-    kept = [r for r in read_residuals(residuals_path(source)) if r["layer"] == "engine" and r["engine"] not in names]
+    logs = residual_logs(errors.get("leave_sources_out"), errors["leave_engines_out"], errors["in_sample"])
     table = kept + residual_rows(cases, {}, logs) + dataflow_residual_rows()
     bands, coverage = band_sections(table)
     coverage["residuals"] = residuals_path(dest).name
@@ -195,10 +197,7 @@ def _written(current: dict, source, files, cases, f, errors: dict, folds: dict, 
     data["engine_families"] = {**(data.get("engine_families") or {}), **engine_families(cases, f.slots)}
     data["at_bound"] = {**{k: v for k, v in (data.get("at_bound") or {}).items()
                            if not (k.startswith("engines.") and k.split(".")[1] in names)},
-                        **{k: {**v, "note": f"{k.split('.', 1)[1]} ended on its {v['bound']} bound {v['limit']:g}: "
-                                            f"the rows ask for a value beyond the range the fit allows; predictions "
-                                            f"using it are likely off by more than their band"}
-                           for k, v in bounded.items()}}
+                        **at_bound_section(bounded)}
     data["bands"], data["band_coverage"] = bands, coverage
     record = {
         "date": today, "by": f"python -m dse.study calibrate --engine {' '.join(names)}",
