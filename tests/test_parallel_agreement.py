@@ -14,9 +14,10 @@ at the running cap went from TTFT +16/+30 %, throughput -8/-11 % to inside when 
 to the phase's first iteration and the drain after its last instead of to every prompt iteration;
 the full engine, ``serving._full``, one endless phase whose iterations all hold prompts, pays no fill:
 PP 4 at the cap +4.7 -> +5.6 % throughput, TTFT +8.0 -> +2.8 %; PP 2 unchanged),
-and 128k-token prompts under an open loop at half the capacity (TPOT +25 %: a decoder waits out the
-next prompts' chunks; the same at cp 1, tests/test_context_parallel.py: the serving model's
-prefill-heavy regime, not context parallelism). CP 2 at the cap came inside (TTFT -15.0 -> +1.4 %,
+and 128k-token prompts under an open loop at half the capacity (TPOT +14.5 %, +24.8 % before the first
+decode iterations after one's own prompt were followed through the chain one by one, ``serving.chain_excess``:
+a decoder waits out the next prompts' chunks; the same at cp 1, tests/test_context_parallel.py: the serving
+model's prefill-heavy regime, not context parallelism). CP 2 at the cap came inside (TTFT -15.0 -> +1.4 %,
 2026-11-29) when a closed loop's wave of prompts longer than an iteration's budget counted the
 iteration holding its last chunk whole, a full one where the next wave fills the rest of its budget
 (``serving._waves``)."""
@@ -60,7 +61,10 @@ GAPS = {
                          "first), most often the one whose iteration just ended with a completion, so it waits "
                          "nearly a whole cycle (admission 103 ms, the model 83 ms); the simulator dispatching round "
                          "robin gives -0.5 % / +2.3 % / +8.7 %, at random +1.0 % / -41.1 % / -26.2 % (2026-11-29)",
-    ("cp4-128k", "open-0.5"): "-2.7 % / +2.1 % / +24.8 % (2,000 requests; -76.1 % TPOT before the decode iterations after one's own prompt started from the chunks left waiting)",
+    ("cp4-128k", "open-0.5"): "-2.7 % / +2.1 % / +14.5 % (2,000 requests; seeds 1 and 2: TPOT +19.2 %, +16.2 %; "
+                              "-76.1 % TPOT before the decode iterations after one's own prompt started from the "
+                              "chunks left waiting, +24.8 % while their excess decayed geometrically from the first "
+                              "one's, not as the chain runs, ``serving.chain_excess``, 2026-11-29)",
 }
 
 
