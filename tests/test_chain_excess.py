@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dse.core.serving import chain_excess
+from dse.core.serving import _decode_excess, _Mixing, chain_excess
 
 
 def _chains(a: int, j: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -56,3 +56,14 @@ def test_a_chain_that_starts_stationary_has_no_excess():
     _, trans, tau, pi = _chains(3, 7, seed=3)
     summed, after, _ = chain_excess(pi, trans, tau, pi, 12)
     assert np.abs(summed).max() < 1e-12 and np.abs(after).max() < 1e-12
+
+
+def test_a_requests_decode_reads_the_sums_then_the_tail():
+    """``_decode_excess`` at s steps: the chain's sums up to K = 3, linear between whole steps, then
+    the geometric tail e r^i (here e = 1/8 and 1/4, r = 1/2: 1/4 and 1/2 in all); NaN steps give NaN."""
+    m = _Mixing(*([np.zeros(2)] * 16), excess=np.array([[0, 1, 1.5, 1.75], [0, 2, 3, 3.5]]),
+                after=np.array([0.125, 0.25]), relax=np.array([0.5, 0.5]))
+    got = _decode_excess(m, np.array([[2.5, 10.0, np.nan], [3.0, 3.5, 1e6]]))
+    np.testing.assert_allclose(got[0, :2], [1.5 + 0.5 * 0.25, 1.75 + 0.25 * (1 - 0.5 ** 7)], rtol=1e-15)
+    assert np.isnan(got[0, 2])
+    np.testing.assert_allclose(got[1], [3.5, 3.5 + 0.5 * 0.25, 3.5 + 0.5], rtol=1e-15)

@@ -1016,7 +1016,7 @@ def _decode_excess(m: _Mixing, steps: np.ndarray) -> np.ndarray:
         return np.zeros(np.shape(steps))
     k = m.excess.shape[1] - 1
     whole = np.floor(steps)
-    inside = np.minimum(whole, k).astype(np.int64)
+    inside = np.clip(np.nan_to_num(whole), 0, k).astype(np.int64)      # (NaN steps: a NaN excess below)
     summed = np.take_along_axis(m.excess, inside, axis=1)
     nxt = np.take_along_axis(m.excess, np.minimum(inside + 1, k), axis=1) - summed   # the next one's excess
     r, e = m.relax[:, None], m.after[:, None]
