@@ -646,8 +646,9 @@ class _Mixing:
     ``chunk_var`` (variance of an arrival's chunk, tokens^2), iterations per prompt n [A, K];
     ``excess`` [A, K + 1]: a request's first 0 .. K decode iterations' lengths over t1, summed
     (an open loop's follow its own prompt iteration and carry the prompts that arrived during
-    it; else None: none), ``after`` [A] the next one's excess and ``relax`` [A] the share of it
-    each next one keeps (``_Chain._after_own``)."""
+    it; zeros for a closed loop or prefill-first, None where no chain was solved), ``after`` [A]
+    the next one's excess and ``relax`` [A] the share of it each next one keeps
+    (``_Chain._after_own``, ``_decode_excess``)."""
 
     x: np.ndarray
     b: np.ndarray
@@ -688,7 +689,9 @@ class _Chain:
         self.en, self.es = _dot(self.n, w), _dot(cls.steps, w)
         self.batched = _dot(self.n ** 2, w) / self.en      # chunks' index of dispersion: n each prompt brings
         self.most_n = np.where(w > 0, self.n, 0.0).max(axis=1)   # the most chunks one prompt brings
-        # the decode iterations after one's own prompt followed one by one (``_after_own``)
+        # the decode iterations after one's own prompt followed one by one (``_after_own``): as many
+        # as the longest answer decodes, 64 at most; a point reads its own steps' sums, the same
+        # whatever the other points' (past 64 its tail starts at 64 whatever they are)
         steps = np.where(w > 0, cls.steps, 0.0).max(initial=0.0)
         self.exact_steps = int(min(_EXACT_STEPS, np.ceil(steps))) if np.isfinite(steps) else _EXACT_STEPS
         # the chain counts chunks, a class's n of them each: a chunk's means weigh a class by w n
