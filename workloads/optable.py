@@ -933,6 +933,14 @@ def decode_linear(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     return a, replace(a, operators=slope_ops)
 
 
+def decode_limits(model: ModelSpec, kv_budget: int = 0) -> tuple[int, ...]:
+    """The numbers of keys past which a decode step of ``model`` stops growing with the context
+    (``decode_pieces`` splits the decode there): its sliding-window layers' window, a KV token
+    budget (``kv_budget``, 0: none) and a sparse attention's top-k, those it has."""
+    return tuple(w for w in (model.sliding_window if model.num_sliding_layers else 0, kv_budget, model.index_topk)
+                 if w)
+
+
 def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0):
     """The decode steps from ``kv_len`` keys on as affine pieces ((first step, table, slope), ...):
     step j (attending to kv_len + j keys) of the piece starting at step j_k is
@@ -942,8 +950,7 @@ def decode_pieces(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_byte
     more keys than each such limit above ``kv_len``. Of many workloads (``kv_len`` an array, one
     per workload) one limit at the most: its piece's first step is one per workload, infinite
     where the workload starts past the limit (the piece never runs; ``decode_piece_steps``)."""
-    limits = sorted({w for w in (model.sliding_window if model.num_sliding_layers else 0,
-                                 scenario.techniques.kv_budget, model.index_topk) if w and np.any(w > kv_len)})
+    limits = sorted({w for w in decode_limits(model, scenario.techniques.kv_budget) if np.any(w > kv_len)})
     if len(limits) > 1 and np.ndim(kv_len):
         raise DseError("a decode whose sliding window and KV budget both fill is priced one workload at a time")
     pieces = [(0, *decode_linear(model, scenario, kv_len, buffer_bytes))]

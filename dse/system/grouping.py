@@ -24,6 +24,7 @@ from hwmodels.classes import DeviceClass
 from workloads.footprint import Footprint
 from workloads.lengths import Lengths, LengthSpec
 from workloads.model import ModelSpec
+from workloads.optable import decode_limits
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def many_workloads(shared: np.ndarray, w: WorkloadColumns, cpu_layers: np.ndarra
     affine pieces split at a step of its own, ``optable.decode_pieces``), and whose own workload has
     fewer than ``MANY_BELOW`` points (``shared``: [n], how many points share each point's workload; a
     workload shared by many points is cheaper priced once for them all)."""
-    limits = per_code([int(m.num_sliding_layers > 0) + int(m.is_sparse_attention) for m in w.models], w.model)
+    limits = per_code([len(set(decode_limits(m))) for m in w.models], w.model)
     budget = per_code([t.kv_budget > 0 for t in w.techniques], w.tech)
     draft = per_code([d is not None for d in w.drafts], w.draft)
     ok = ~w.continuous & ~draft & (cpu_layers == 0) & (limits + budget <= 1)
