@@ -7,6 +7,7 @@ total, footprint, feasibility, serving metrics and energy (``from dse import eva
 
     python benchmarks/bench_workloads.py [points] [--model MODEL] [--llm-analysis PYTHON] [--default-malloc]
     python benchmarks/bench_workloads.py --shared [MODEL]
+    python benchmarks/bench_workloads.py --small [ROWS] [--llm-analysis PYTHON] [--against DIR]
 
 ``--model`` prices another shipped model on the same points (default Llama-2-70B): one whose
 decode fills a sliding window (mistral-7b, gemma-2-9b-it), a sparse attention's top-k
@@ -17,6 +18,14 @@ decode fills a sliding window (mistral-7b, gemma-2-9b-it), a sparse attention's 
 per point), priced with the workloads that differ only in batch and lengths (one operator table per
 distinct workload), and priced one workload at a time; ``dse.system.grouping.MANY_BELOW`` is set
 from the crossover.
+
+``--small`` measures a small call (what a search's trial, ``analyze``, ``compare`` and the explorer
+pay): one ``evaluate`` of ROWS rows (default 256), each its own workload (batch 1-256, prompts of
+128-4,096 and 64-1,024 generated tokens) of one of five shipped models (Llama-3.1-8B and 70B,
+Llama-2-70B, Mistral-7B, Qwen3-30B-A3B) on one of five GPUs (H100 SXM, A100 80GB, H200, L40S,
+B200), models and GPUs given as text arrays, FP8, TP 8: the median CPU time of 20 calls and the
+evaluations per second it gives. ``--against DIR`` runs it with checkout DIR's ``dse`` and this
+one's alternately, three times each, in child processes.
 
 The process is set up as ``dse run`` sets up its evaluating processes: malloc keeps what it
 frees for the next arrays (``dse.keep_freed_memory``, glibc; ``--default-malloc`` leaves
@@ -114,6 +123,43 @@ def shared_rates(model: str = "llama-2-70b", total: int = 65_536, repeats: int =
               f"{best['together'] * 1e3:,.0f} ms, each workload alone {best['alone'] * 1e3:,.0f} ms", flush=True)
 
 
+#: the small call's models and GPUs (``--small``)
+SMALL_MODELS = ("llama-3.1-8b", "llama-2-70b", "mistral-7b", "qwen3-30b-a3b", "llama-3.1-70b")
+SMALL_GPUS = ("h100-sxm", "a100-80gb", "h200", "l40s", "b200")
+
+
+def small_columns(rows: int, seed: int = 0) -> dict:
+    """The small call's columns (``--small``): every row its own workload, model and GPU as text."""
+    rng = np.random.default_rng(seed)
+    return {"model": np.array(SMALL_MODELS)[rng.integers(0, len(SMALL_MODELS), rows)],
+            "hardware": np.array(SMALL_GPUS)[rng.integers(0, len(SMALL_GPUS), rows)],
+            "batch": rng.integers(1, 257, rows), "prompt_len": rng.integers(128, 4097, rows),
+            "gen_len": rng.integers(64, 1025, rows), "weights": "fp8", "activations": "fp8", "kv": "fp8", "tp": 8}
+
+
+def small_call(rows: int = 256, calls: int = 20) -> float:
+    """Median CPU seconds of one ``evaluate`` of the small call's ``rows`` rows (after one to warm)."""
+    cols = small_columns(rows)
+    evaluate(cols)
+    times = []
+    for _ in range(calls):
+        t = time.process_time()
+        evaluate(cols)
+        times.append(time.process_time() - t)
+    return float(np.median(times))
+
+
+def small_against(other: str, rows: int, repeats: int = 3) -> None:
+    """The small call with checkout ``other``'s dse and this one's, alternately, in child processes."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _ in range(repeats):
+        for label, root in (("before", os.path.abspath(other)), ("after ", here)):
+            env = {**os.environ, "PYTHONPATH": root}
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--small", str(rows)], cwd=root, env=env,
+                                  capture_output=True, text=True)
+            print(f"{label} {done.stdout.strip() or (done.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
+
+
 def llm_analysis_rate(python: str, n: int = 2000) -> float:
     """Evaluations per second of llm-analysis on the first ``n`` of the same points."""
     cols = {k: v[:n].tolist() for k, v in points(n).items()}
@@ -137,10 +183,28 @@ def main(argv: list[str]) -> None:
         k = argv.index("--model")
         model = argv[k + 1]
         argv = argv[:k] + argv[k + 2:]
+    against = None
+    if "--against" in argv:
+        k = argv.index("--against")
+        against = argv[k + 1]
+        argv = argv[:k] + argv[k + 2:]
     plain = "--default-malloc" in argv
     argv = [a for a in argv if a != "--default-malloc"]
     if not plain:
         keep_freed_memory()
+    if "--small" in argv:
+        argv.remove("--small")
+        rows = int(argv[0]) if argv else 256
+        if against:
+            small_against(against, rows)
+            return
+        per_call = small_call(rows)
+        print(f"dse: {rows} rows, each its own workload, {len(SMALL_MODELS)} models x {len(SMALL_GPUS)} GPUs as text: "
+              f"{per_call * 1e3:.1f} ms a call (median CPU), {rows / per_call:,.0f} evaluations/s on one core")
+        if python:
+            other = llm_analysis_rate(python)
+            print(f"llm-analysis: {other:,.0f} evaluations/s on one core; dse is {rows / per_call / other:,.1f}x faster")
+        return
     if "--shared" in argv:
         argv.remove("--shared")
         try:

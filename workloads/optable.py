@@ -177,6 +177,19 @@ class OpTable:
             for a in attrs[1:]:
                 out += numbers[:, _NUMERIC[a]]
             return out
+        many = self._many_numbers()
+        if many is not None:             # many workloads, every amount a number or an array [W]
+            fields, arrays = many
+            cols = [_NUMERIC[a] for a in attrs]
+            if not any(arrays[c] for c in cols):        # a number for every operator: [O]
+                out = fields[cols[0], :, 0].copy()
+                for c in cols[1:]:
+                    out += fields[c, :, 0]
+                return out
+            out = fields[cols[0]].copy()                # [O, W], read as [W, O] (see below)
+            for c in cols[1:]:
+                out += fields[c]
+            return out.T
         first, rest = attrs[0], attrs[1:]       # many workloads: some amounts are arrays [W]
         values = [sum((getattr(op, a) for a in rest), getattr(op, first)) for op in self.operators]
         shapes = {getattr(v, "shape", ()) for v in values} - {()}
@@ -204,6 +217,35 @@ class OpTable:
             numbers = np.zeros((0, len(_NUMERIC)))
         self.arrays["numbers"] = (self.operators, numbers)
         return numbers
+
+    def _many_numbers(self) -> tuple[np.ndarray, list[bool]] | None:
+        """([F, O, W] the numeric Operator fields (``_NUMERIC``) of a table of many workloads, each
+        operator's row its amount for every workload (a number repeated), [F] whether some operator
+        holds that field as an array), read once in one pass and kept as ``_numbers`` keeps its own;
+        None where an amount is an array of another shape than [W] (``total`` reads those one by one)."""
+        held = self.arrays.get("many")
+        if held is not None and held[0] is self.operators:
+            return held[1]
+        width = next((len(v) for op in self.operators for f in _NUMERIC
+                      if isinstance(v := getattr(op, f), np.ndarray) and v.ndim == 1), None)
+        many = None
+        if width is not None:
+            fields = np.empty((len(_NUMERIC), len(self.operators), width))
+            arrays = [False] * len(_NUMERIC)
+            many = (fields, arrays)
+            for i, op in enumerate(self.operators):
+                for f, c in _NUMERIC.items():
+                    v = getattr(op, f)
+                    if isinstance(v, np.ndarray) and v.ndim:
+                        if v.shape != (width,):
+                            many = None
+                            break
+                        arrays[c] = True
+                    fields[c, i] = v
+                if many is None:
+                    break
+        self.arrays["many"] = (self.operators, many)
+        return many
 
     @property
     def counts(self) -> np.ndarray:
@@ -374,6 +416,34 @@ def _flash_keys_read(seq, row_blocks, window: int = 0):
     b = seq / row_blocks
     full = np.minimum(row_blocks, np.floor(1 + (window - 1) / b))   # blocks whose rows all see every earlier key
     return np.where(window >= seq, whole, b * full * (full + 1) / 2 + (row_blocks - full) * (b + window - 1))
+
+
+def flash_head_sizes(m: ModelSpec) -> tuple[int, ...]:
+    """The query/key head sizes (elements) FlashAttention tiles in a prefill of ``m``: ``head_dim``;
+    MLA's decompressed heads (``qk_nope + qk_rope``), or its latent (``kv_lora_rank + qk_rope``)
+    under sparse attention; none without attention layers. (``_Builder.attention`` and
+    ``mla_attention`` pass these to ``_flash_row_blocks``.)"""
+    if not m.num_attention_layers:
+        return ()
+    if m.is_mla:
+        rope = m.qk_rope_head_dim
+        return (m.kv_lora_rank + rope,) if m.is_sparse_attention else (m.qk_nope_head_dim + rope,)
+    return (m.head_dim,)
+
+
+#: a buffer this much above the size at which every row block is full counts as full (the tiling
+#: rule divides bytes by an element size that need not be a power of two)
+_FULL_MARGIN = 1e-9
+
+
+def full_tile_buffer(m: ModelSpec, elem_bytes=1.0):
+    """The on-chip buffer, bytes, at which every row block FlashAttention tiles ``m``'s prefill into
+    is its head size: 4 d^2 elements of ``elem_bytes`` (the widest element the attention reads, the
+    KV cache's or the activations'; a number or an array), d the widest head (``flash_head_sizes``),
+    Br = min(M / (4 d), d) for M elements. Every buffer at least this large gives the same operator
+    tables, so designs that differ only there can share them."""
+    d = max(flash_head_sizes(m), default=1)
+    return 4.0 * d * d * np.asarray(elem_bytes, dtype=float) * (1.0 + _FULL_MARGIN)
 
 
 def _flash_row_blocks(seq, head_dim: int, buffer_bytes: float, elem_bytes: float):

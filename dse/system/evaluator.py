@@ -683,8 +683,9 @@ def _layout(w: WorkloadColumns, hw: HardwareArrays, fail) -> tuple:
 def _workload_key(w: WorkloadColumns, hw: HardwareArrays, batch, tp, pp) -> list:
     """The arrays whose values together decide which points share a workload (one kernel call)."""
     return [w.model, batch, w.prompt, w.gen, w.weights, w.activations, w.kv, tp, pp, w.ep, w.cp,
-            w.flash, pointwise(np.where, w.flash, hw.buffer, 0.0), w.policy, w.overlap, w.sparse, w.cpu_layers,
-            w.max_context, hw.host_cpu, hw.device_class, hw.family, w.engine, w.continuous,
+            w.flash, w.buffer, w.policy, w.overlap, w.sparse, w.cpu_layers,
+            w.max_context, pointwise(lambda c, h: np.where(c > 0, h, -1), w.cpu_layers, hw.host_cpu),
+            hw.device_class, hw.family, w.engine, w.continuous,
             pointwise(np.where, w.continuous, w.prefill_chunk, 0.0), w.lengths, w.disaggregated,
             w.tech, w.draft, w.spec_acceptance, w.decode_tp, w.decode_ep, w.decode_hardware, w.pd_link,
             w.session_turns, pointwise(lambda e: e > 0, w.encoder_devices)]
@@ -705,14 +706,14 @@ def _prepared_group(idx: slice, w: WorkloadColumns, hw: HardwareArrays, tp, pp, 
         return unpriced(), None
     tech = w.techniques[w.tech[i0]]
     layout = (names["weights"], names["activations"], names["kv"], int(tp[i0]), int(pp[i0]), int(w.ep[i0]),
-              bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0, tech, int(w.cp[i0]))
+              bool(w.flash[i0]), float(w.buffer[i0]), tech, int(w.cp[i0]))
     try:
         if many[i0]:
             t, spec = workload_batch(model, batch[idx], w.prompt[idx], w.gen[idx], *layout,
                                      workload=workload[idx]), None
         else:
             t = tables(model, int(batch[i0]), int(w.prompt[i0]), int(w.gen[i0]), *layout)
-            spec = speculation(t, model, w, i0, float(hw.buffer[i0]) if w.flash[i0] else 0.0)
+            spec = speculation(t, model, w, i0, float(w.buffer[i0]))
     except DseError as e:
         fail("model_split", positions(idx), str(e))
         return unpriced(), None

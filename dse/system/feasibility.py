@@ -122,7 +122,7 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
     """Chip count and (tp, pp) of the spatial points ``sized`` (in place)."""
     idx_all = np.flatnonzero(sized)
     key = [getattr(w, k)[idx_all] for k in ("model", "batch", "prompt", "gen", "weights", "activations", "kv", "ep",
-                                   "flash", "tech", "engine")] + [np.where(w.flash, hw.buffer, 0.0)[idx_all]]
+                                   "flash", "tech", "engine")] + [w.buffer[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
         idx = idx_all[order[starts[g]:starts[g + 1]]]
@@ -130,7 +130,7 @@ def size_chips(w: WorkloadColumns, hw: HardwareArrays, sized: np.ndarray, tp, pp
         model = w.models[w.model[i0]]
         args = (int(w.batch[i0]), int(w.prompt[i0]), int(w.gen[i0]),
                 *(getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")))
-        flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
+        flash, buf = bool(w.flash[i0]), float(w.buffer[i0])
         tech = w.techniques[w.tech[i0]]
         cap = hw.system.capacity[idx]
         memory_use = engine_memory(w, hw, i0)
@@ -169,14 +169,14 @@ def max_batch(w: WorkloadColumns, hw: HardwareArrays, tp, pp, batch, fail) -> No
     idx_all = np.flatnonzero(w.batch_max)
     key = [getattr(w, k)[idx_all] for k in ("model", "prompt", "gen", "weights", "activations", "kv", "ep", "cp",
                                    "flash", "policy", "cpu_layers", "tech", "engine")] + [tp[idx_all], pp[idx_all],
-                                                               np.where(w.flash, hw.buffer, 0.0)[idx_all]]
+                                                               w.buffer[idx_all]]
     inv, order, starts = group(key, len(idx_all))
     for g in range(len(starts) - 1):
         idx = idx_all[order[starts[g]:starts[g + 1]]]
         i0 = idx[0]
         model = w.models[w.model[i0]]
         t_, p_, e_ = int(tp[i0]), int(pp[i0]), int(w.ep[i0])
-        flash, buf = bool(w.flash[i0]), float(hw.buffer[i0]) if w.flash[i0] else 0.0
+        flash, buf = bool(w.flash[i0]), float(w.buffer[i0])
         names = [getattr(w, k + "_names")[getattr(w, k)[i0]] for k in ("weights", "activations", "kv")]
         tech = w.techniques[w.tech[i0]]
         try:
@@ -248,7 +248,7 @@ def check_group(idx, t: WorkloadTables, model, w: WorkloadColumns, hw: HardwareA
         if policy != "none" or share else 0.0
     continuous = bool(w.continuous[i0])
     memory_use = engine_memory(w, hw, i0)
-    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    buffer = float(w.buffer[i0])
     act = fp.activation_bytes
     if continuous:
         _check_serving(mark, sc, policy, cpu_layers, spec, bool(w.disaggregated[i0]), sys, size)
@@ -500,7 +500,7 @@ def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i
     ``longest`` prompt (``chunk_activation_bytes``), or one decode step."""
     budget = int(w.prefill_chunk[i0])
     tokens = longest if budget == 0 else budget if profiled else min(longest, budget)
-    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    buffer = float(w.buffer[i0])
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
                  sc.ep, sc.flash_attention, buffer, sc.techniques, sc.cp)
     return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),

@@ -21,6 +21,7 @@ from hwmodels.links import load_link
 from hwmodels.placement import parse_policy
 from hwmodels.presets import load_device
 from workloads.lengths import FIXED, parse_lengths
+from workloads.optable import full_tile_buffer
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class WorkloadColumns:
     tp: np.ndarray                # [P] tensor parallelism given (NaN: laid out)
     pp: np.ndarray                # [P] pipeline parallelism given (NaN: laid out)
     flash: np.ndarray             # [P] bool: FlashAttention as run
+    buffer: np.ndarray            # [P] on-chip buffer its tables are built for, bytes (0: no FlashAttention)
     sparse: np.ndarray            # [P] bool: weights at the sparse peak
     overlap: np.ndarray           # [P] bool: compute and memory traffic overlap
     two_batch_overlap: np.ndarray  # [P] bool: two micro-batches, one's communication under the other's compute
@@ -132,6 +134,7 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
     if not cols.has("flash_attention"):     # the default: the engine's kernel, fused where the hardware can tile
         fuses = per_code([e.flash_attention for e in w["engines"]], w["engine"])
         w["flash"] = pointwise(lambda f, b, u: f & (b > 0) & u, w["flash"], hw.buffer, fuses)
+    w["buffer"] = _tiling_buffer(w, hw)
     w["batch"], w["batch_max"] = cols.batch()
     w["serving"], modes = resolved_column(cols, "serving", partial(checked_choice, "serving"))
     w["concurrency"], w["request_rate"] = cols.numbers("concurrency"), cols.numbers("request_rate")
@@ -213,6 +216,19 @@ def workload_columns(cols: Columns, hw: HardwareArrays) -> WorkloadColumns:
         raise DseError(f"{cols.where}: kv_tier: 'host' needs a device with host memory and a host link; give cxl or "
                        f"ssd, or a preset with a host")
     return WorkloadColumns(**w)
+
+
+def _tiling_buffer(w: dict, hw: HardwareArrays) -> np.ndarray:
+    """[P] the on-chip buffer each point's operator tables are built for, bytes: the device's as
+    FlashAttention's tiling of its model sees it, no more than fills every row block
+    (``optable.full_tile_buffer``: devices differing only above it share tables); the device's own
+    where a draft model is priced with it; 0 without FlashAttention."""
+    full = per_code([float(full_tile_buffer(m)) for m in w["models"]], w["model"])     # per element byte
+    elem = pointwise(np.maximum, *(per_code([get_format(n).bytes for n in w[k + "_names"]], w[k])
+                                   for k in ("activations", "kv")))
+    drafted = per_code([d is not None for d in w["drafts"]], w["draft"])
+    return pointwise(lambda f, b, full_, e, d: np.where(f, np.where(d, b, np.minimum(b, full_ * e)), 0.0),
+                     w["flash"], hw.buffer, full, elem, drafted)
 
 
 def _scheduler_columns(cols: Columns, w: dict) -> None:

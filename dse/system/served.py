@@ -798,7 +798,7 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
     if np.any(per_token <= 0):
         raise DseError(f"model '{model.name}' has no attention layers (no KV cache): continuous batching of a "
                        "purely recurrent model is not modelled; give a hybrid or an attention model")
-    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    buffer = float(w.buffer[i0])
     enc_devices = np.zeros(np.shape(idx)) if w.encoder_devices is None else \
         np.broadcast_to(np.asarray(w.encoder_devices, dtype=float), np.shape(w.disaggregated))[idx]
     encoder = None
@@ -922,7 +922,7 @@ def decode_pool(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: int,
     d_sys = None if d_hw is None else d_hw.system
     if (d_tp, d_ep) == (sc.tp, sc.ep) and d_sys is None and link is None:
         return None
-    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    buffer = float(w.buffer[i0])
     fp = tables(model, 1, sc.prompt_len, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, d_tp, sc.pp,
                 d_ep, sc.flash_attention, buffer, sc.techniques).footprint
     figures = {}
@@ -1019,7 +1019,7 @@ def speculative_serving(serving: ServingInputs, spec: Speculation, sc, hw: Hardw
     steps = replace(real, gen=1.0 + (real.gen - 1.0) / e, gen_var=real.gen_var / e**2)
     held = (real.mean_prompt + real.mean_gen) / (steps.mean_prompt + steps.mean_gen)
     tp = int(spec.tp)
-    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0
+    buffer = float(hw.buffer[i0]) if sc.flash_attention else 0.0       # (a draft's: the device's own)
     draft = iteration_model(spec.model, sc.prompt_len, sc.weights.name, sc.activations.name, sc.kv.name, tp,
                             sc.flash_attention, buffer)
     return replace(serving, kv_blocks=np.floor(serving.kv_blocks * held), lengths=steps,
