@@ -177,30 +177,22 @@ class OpTable:
             for a in attrs[1:]:
                 out += numbers[:, _NUMERIC[a]]
             return out
-        many = self._many_numbers()
-        if many is not None:             # many workloads, every amount a number or an array [W]
-            fields, arrays = many
-            cols = [_NUMERIC[a] for a in attrs]
-            if not any(arrays[c] for c in cols):        # a number for every operator: [O]
-                out = fields[cols[0], :, 0].copy()
-                for c in cols[1:]:
-                    out += fields[c, :, 0]
+        fields = [self._many_field(a) for a in attrs]
+        if all(f is not None for f in fields):      # many workloads, every amount a number or an array [W]
+            if all(f.ndim == 1 for f in fields):    # a number for every operator: [O]
+                out = fields[0].copy()
+                for f in fields[1:]:
+                    out += f
                 return out
-            out = fields[cols[0]].copy()                # [O, W], read as [W, O] (see below)
-            for c in cols[1:]:
-                out += fields[c]
+            out = np.array(np.broadcast_to(fields[0] if fields[0].ndim == 2 else fields[0][:, None],
+                                           np.broadcast_shapes(*(f.shape if f.ndim == 2 else f.shape + (1,)
+                                                                 for f in fields))))
+            for f in fields[1:]:                    # [O, W], read as [W, O] (see below)
+                out += f if f.ndim == 2 else f[:, None]
             return out.T
-        first, rest = attrs[0], attrs[1:]       # many workloads: some amounts are arrays [W]
-        values = [sum((getattr(op, a) for a in rest), getattr(op, first)) for op in self.operators]
-        shapes = {getattr(v, "shape", ()) for v in values} - {()}
-        if len(shapes) != 1 or len(shape := shapes.pop()) != 1:
-            return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
-        # written operator by operator (contiguous rows) and read as [W, O]: writing on the last
-        # axis would write every operator's column with a stride, several times slower
-        out = np.empty((len(values), shape[0]))
-        for i, v in enumerate(values):
-            out[i] = v
-        return out.T
+        # amounts of other shapes: each operator's sum, broadcast together
+        values = [sum((getattr(op, a) for a in attrs[1:]), getattr(op, attrs[0])) for op in self.operators]
+        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in values))).T
 
     def _numbers(self) -> np.ndarray | None:
         """[O, F] the numeric Operator fields (``_NUMERIC``) of a table of one workload, read once
@@ -218,34 +210,31 @@ class OpTable:
         self.arrays["numbers"] = (self.operators, numbers)
         return numbers
 
-    def _many_numbers(self) -> tuple[np.ndarray, list[bool]] | None:
-        """([F, O, W] the numeric Operator fields (``_NUMERIC``) of a table of many workloads, each
-        operator's row its amount for every workload (a number repeated), [F] whether some operator
-        holds that field as an array), read once in one pass and kept as ``_numbers`` keeps its own;
-        None where an amount is an array of another shape than [W] (``total`` reads those one by one)."""
+    def _many_field(self, attr: str) -> np.ndarray | None:
+        """The Operator field ``attr`` of a table of many workloads as an array: [O, W] where some
+        operator holds it as an array of the W workloads' (a number repeated for the others), [O]
+        where every operator holds a number; read once and kept (as ``_numbers`` keeps its own);
+        None where an amount is an array of another shape (``total`` reads those one by one)."""
         held = self.arrays.get("many")
-        if held is not None and held[0] is self.operators:
-            return held[1]
-        width = next((len(v) for op in self.operators for f in _NUMERIC
-                      if isinstance(v := getattr(op, f), np.ndarray) and v.ndim == 1), None)
-        many = None
-        if width is not None:
-            fields = np.empty((len(_NUMERIC), len(self.operators), width))
-            arrays = [False] * len(_NUMERIC)
-            many = (fields, arrays)
-            for i, op in enumerate(self.operators):
-                for f, c in _NUMERIC.items():
-                    v = getattr(op, f)
-                    if isinstance(v, np.ndarray) and v.ndim:
-                        if v.shape != (width,):
-                            many = None
-                            break
-                        arrays[c] = True
-                    fields[c, i] = v
-                if many is None:
-                    break
-        self.arrays["many"] = (self.operators, many)
-        return many
+        if held is None or held[0] is not self.operators:
+            held = self.arrays["many"] = (self.operators, {})
+        kept = held[1]
+        if attr in kept:
+            return kept[attr]
+        values = [getattr(op, attr) for op in self.operators]
+        shapes = {v.shape for v in values if isinstance(v, np.ndarray) and v.ndim}
+        if not shapes:
+            out = np.array(values, dtype=float)
+        elif len(shapes) == 1 and len(shape := shapes.pop()) == 1:
+            # written operator by operator (contiguous rows): writing on the last axis of [W, O]
+            # would write every operator's column with a stride, several times slower
+            out = np.empty((len(values), shape[0]))
+            for i, v in enumerate(values):
+                out[i] = v
+        else:
+            out = None
+        kept[attr] = out
+        return out
 
     @property
     def counts(self) -> np.ndarray:
