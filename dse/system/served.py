@@ -75,7 +75,12 @@ STAND_IN_LINK = 1e12
 def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
     """``price_served`` of a group's points, ``SERVED_SLICE`` points at a time so that the memory
     held is bounded whatever the group's size; the metrics ([P] arrays) of one call, to rounding
-    (every served point is priced on its own figures)."""
+    (every served point is priced on its own figures). Points whose every figure the pricing reads
+    is the same (``repeated_points``: a sweep of a price, a cost or another column no served figure
+    depends on) are priced once, and each reads its own copy."""
+    repeated = repeated_points(g, eff)
+    if repeated is not None:
+        return _priced_once(g, eff, *repeated)
     n = len(positions(g.index))
     if n <= SERVED_SLICE:
         return price_served(g, eff)
@@ -86,6 +91,54 @@ def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
             if k not in out:
                 out[k] = np.empty(n, dtype=np.asarray(v).dtype)
             out[k][pos] = v
+    return out
+
+
+def repeated_points(g: Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one position of each distinct point in the group, ascending; each point's distinct one [P])
+    where some of a served group's points are equal in every per-point figure its pricing reads (the
+    hardware's ``SystemArrays`` and the serving inputs' arrays, byte for byte); None where they are
+    all distinct, or where the group carries per-point figures elsewhere (a CPU layer split,
+    disaggregated pools, a decode pool of its own, a router, a KV tier, an encoder pool, a kernel
+    layer per point), which are then priced point by point."""
+    s, n = g.serving, len(positions(g.index))
+    if n < 2 or g.cpu is not None or eff.kernel is not None and eff.kernel.per_point or any(
+            x is not None for x in (s.pools, s.decode, s.routed, s.tier, s.encoder)):
+        return None
+    figures = [v for v in g.system.__dict__.values() if isinstance(v, np.ndarray)]
+    figures += [v for f in fields(s) if isinstance(v := getattr(s, f.name), np.ndarray)]
+    if any(v.dtype.hasobject or v.shape[:1] != (n,) for v in figures):
+        return None
+    rows = np.ascontiguousarray(np.hstack([np.asarray(v, dtype=float).reshape(n, -1) for v in figures]))
+    keys = rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel()
+    _, first, back = np.unique(keys, return_index=True, return_inverse=True)
+    if len(first) == n:
+        return None
+    order = np.argsort(first)                          # the distinct points in the group's order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[np.ravel(back)]
+
+
+def _priced_once(g: Group, eff: Efficiency, first: np.ndarray, back: np.ndarray) -> dict:
+    """``price_served_in_slices`` of the distinct points ``first`` of a group (``repeated_points``),
+    each point's metrics its distinct one's (``back``); a goodput search left for later
+    (``deferring_goodput``) carries the repeated points' positions (``GoodputJob.copies``)."""
+    jobs = _DEFERRED.get()
+    before = 0 if jobs is None else len(jobs)
+    out = price_served_in_slices(_served_slice(g, first), eff)
+    m = len(first)
+    out = {k: v[back] if isinstance(v, np.ndarray) and v.ndim and len(v) == m else v for k, v in out.items()}
+    if jobs is not None and len(jobs) > before:
+        pos = positions(g.index)
+        copy = np.flatnonzero(first[back] != np.arange(len(back)))     # the points priced as another
+        for k in range(before, len(jobs)):
+            job = jobs[k]
+            sorter = np.argsort(job.points)
+            at = np.minimum(np.searchsorted(job.points, pos[first[back[copy]]], sorter=sorter), len(sorter) - 1)
+            rows = sorter[at]
+            hit = job.points[rows] == pos[first[back[copy]]]
+            jobs[k] = replace(job, copies=(pos[copy[hit]], rows[hit]))
     return out
 
 
@@ -191,6 +244,7 @@ class GoodputJob:
     points: np.ndarray
     target_rate: np.ndarray
     plain: tuple | None = None     # (IterationModel, SystemArrays [A], Efficiency) of ``iteration_pricer``'s
+    copies: tuple | None = None    # (positions of points equal to one of ``points``, the row of each): same goodput
 
 
 @contextmanager
@@ -347,8 +401,11 @@ def goodput_of_jobs(jobs: list) -> list:
             good[at] = goodput(load.take(at), lambda *a, _lo=lo: pricer(*a[:-1], np.asarray(a[-1]) + _lo),
                                slo_ttft[at], slo_tpot[at], q[at])
         for j, s0, k in zip(bucket, starts, n):
-            g = good[s0:s0 + k]
-            out.append((j.points, g, _replicas(j.target_rate, g), (j.target_rate > 0) & (g <= 0)))
+            points, g, target = j.points, good[s0:s0 + k], j.target_rate
+            if j.copies is not None:               # points priced as one of these: the same goodput
+                points, g, target = (np.concatenate([x, x[j.copies[1]]]) for x in (points, g, target))
+                points[len(j.points):] = j.copies[0]
+            out.append((points, g, _replicas(target, g), (target > 0) & (g <= 0)))
     return out
 
 
