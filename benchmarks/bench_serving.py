@@ -89,6 +89,8 @@ CASES = {
     "open, lognormal lengths": {"request_rate": "open", "lengths": "lognormal:sigma=0.8"},
     "goodput (TTFT 200 ms, TPOT 30 ms at p90)": {"concurrency": "closed", "slo_ttft": 0.2, "slo_tpot": 0.03},
     "disaggregated 1:1, open": {"request_rate": "open", "disaggregate": "1:1"},
+    "goodput, 1 design in 64 (prices swept)": {"concurrency": "closed", "slo_ttft": 0.2, "slo_tpot": 0.03,
+                                               "repeated": 64},
 }
 #: the case ``--memory`` runs
 MEMORY_CASE = "open, lognormal lengths"
@@ -99,11 +101,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def columns(points: int, case: dict) -> dict:
     """The evaluate columns of ``points`` points of a CASES entry (seeded: the same every run)."""
     rng = np.random.default_rng(0)
-    hw = dict(memory_bandwidth=rng.uniform(2e12, 8e12, points), peak_fp8=rng.uniform(1e15, 4e15, points))
-    load = {"closed": rng.integers(1, 513, points), "open": rng.uniform(0.5, 15.0, points)}
+    case = dict(case)
+    k = case.pop("repeated", 1)             # each design and load repeated k times, at prices of their own
+    n = -(-points // k)
+    hw = dict(memory_bandwidth=rng.uniform(2e12, 8e12, n), peak_fp8=rng.uniform(1e15, 4e15, n))
+    load = {"closed": rng.integers(1, 513, n), "open": rng.uniform(0.5, 15.0, n)}
     fixed = dict(hardware="h100-sxm", model="llama-3.1-8b", weights="fp8", activations="fp8", kv="fp8",
                  prompt_len=1024, gen_len=256)
-    return {**fixed, **hw, **{k: (load[v] if isinstance(v, str) and v in load else v) for k, v in case.items()}}
+    cols = {**hw, **{c: (load[v] if isinstance(v, str) and v in load else v) for c, v in case.items()}}
+    cols = {c: (np.repeat(v, k)[:points] if isinstance(v, np.ndarray) else v) for c, v in cols.items()}
+    return {**fixed, **cols, **({"price_usd": rng.uniform(2e4, 4e4, points)} if k > 1 else {})}
 
 
 def memory(points: int, case: str = MEMORY_CASE) -> None:
