@@ -47,6 +47,7 @@ def _priced(monkeypatch, cols: dict, slice_size: int):
         calls.append(len(g.serving.kv_blocks))
         return PRICE_SERVED(g, eff)
     monkeypatch.setattr(served, "SERVED_SLICE", slice_size)
+    monkeypatch.setattr(served, "WAVE_SLICE", slice_size)
     monkeypatch.setattr(served, "price_served", counted)
     return evaluate(cols), calls
 
@@ -95,3 +96,21 @@ def test_an_efficiency_per_point_on_disaggregated_pools(monkeypatch):
         assert alone[name]["feasible"][rows].all()
         for k in ("ttft_s", "tpot_s", "output_tokens_per_s"):
             np.testing.assert_allclose(mixed[k][rows], alone[name][k][rows], rtol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("case,calls", [("closed, fixed lengths", [9, 9]), ("open, lognormal lengths", [5, 5, 5, 3]),
+                                        ("closed, SLOs (goodput) and a target rate", [5, 5, 5, 3])])
+def test_closed_loops_at_one_length_take_larger_slices(monkeypatch, case, calls):
+    """A closed loop at one request length without SLOs (the wave model's vectors, no chain, no goodput
+    search) is priced ``WAVE_SLICE`` points at a time; open loops, spread lengths and SLOs
+    ``SERVED_SLICE``."""
+    seen = []
+
+    def counted(g, eff):
+        seen.append(len(g.serving.kv_blocks))
+        return PRICE_SERVED(g, eff)
+    monkeypatch.setattr(served, "SERVED_SLICE", 5)
+    monkeypatch.setattr(served, "WAVE_SLICE", 9)
+    monkeypatch.setattr(served, "price_served", counted)
+    evaluate({**BASE, **CASES[case]})
+    assert seen == calls

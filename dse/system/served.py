@@ -66,6 +66,12 @@ UNCHUNKED_BUDGET = float(DEFAULTS["prefill_chunk"])
 #: N --memory [--case C] --slice S``, 2 loaded cores). Patchable: tests force small slices
 #: (``tests/test_served_slices.py``: one call's results).
 SERVED_SLICE = 256
+#: served points priced at once where every one is a closed loop at one request length without SLOs
+#: (``_slice_size``): their steady state is the wave model's vectors (``dse.core.serving._waves``),
+#: a few kB a point with its iteration's operator arrays, so the pricer's fixed cost is paid once for
+#: this many: 16,384 such points 0.48 s in slices of 256 -> 0.27 s in slices of 4,096 (0.26 s in one
+#: call; ``benchmarks/bench_serving.py 16384 --only "closed, fixed lengths" --slice N``, one core)
+WAVE_SLICE = 4096
 
 #: bytes/s of the link an engine without a known one is priced on before its timed figures are dropped
 #: (``price_served``; the point is infeasible for ``interconnect``)
@@ -81,17 +87,28 @@ def price_served_in_slices(g: Group, eff: Efficiency) -> dict:
     repeated = repeated_points(g, eff)
     if repeated is not None:
         return _priced_once(g, eff, *repeated)
-    n = len(positions(g.index))
-    if n <= SERVED_SLICE:
+    n, size = len(positions(g.index)), _slice_size(g)
+    if n <= size:
         return price_served(g, eff)
     out = {}
-    for lo in range(0, n, SERVED_SLICE):
-        pos = np.arange(lo, min(lo + SERVED_SLICE, n))
+    for lo in range(0, n, size):
+        pos = np.arange(lo, min(lo + size, n))
         for k, v in price_served(_served_slice(g, pos), eff).items():
             if k not in out:
                 out[k] = np.empty(n, dtype=np.asarray(v).dtype)
             out[k][pos] = v
     return out
+
+
+def _slice_size(g: Group) -> int:
+    """The points of a served group priced at once: ``WAVE_SLICE`` (at least ``SERVED_SLICE``) where
+    every point is a closed loop of one engine at one request length without SLOs (no Markov chain
+    of iterations, no goodput search in the slice), else ``SERVED_SLICE``."""
+    s = g.serving
+    waves = all(x is None for x in (s.pools, s.decode, s.routed, s.tier, s.encoder)) and \
+        len(np.atleast_1d(s.lengths.weight)) == 1 and bool(np.all(np.isfinite(s.concurrency))) and \
+        not np.any((s.slo_ttft > 0) | (s.slo_tpot > 0))
+    return max(WAVE_SLICE, SERVED_SLICE) if waves else SERVED_SLICE
 
 
 def repeated_points(g: Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray] | None:
