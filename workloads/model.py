@@ -109,6 +109,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from basis.errors import DseError, shown_key
@@ -1231,4 +1232,16 @@ def load_model(name_or_path: str) -> ModelSpec:
     except (OSError, ValueError) as e:
         shown = name_or_path if len(name_or_path) <= 80 else name_or_path[:77] + "..."
         raise _one_line(f"{shown}: cannot open model config: {getattr(e, 'strerror', None) or e}") from None
-    return spec_from_config(_read_config(p), name, str(p))
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise _one_line(f"{p}: cannot open model config: {e.strerror or e}") from None
+    return _spec_of(str(p), name, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _spec_of(path: str, name: str, mtime_ns: int, size: int) -> ModelSpec:
+    """The ModelSpec of the config.json at ``path`` as it is on disk (its modification time and size
+    in the key: a config edited since is read again), read once: every design point and call that
+    names a model reads the same (immutable) spec."""
+    return spec_from_config(_read_config(Path(path)), name, path)

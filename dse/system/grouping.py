@@ -256,6 +256,8 @@ def together(key: list, many: np.ndarray, workloads: tuple) -> tuple[np.ndarray,
     workload. ``workloads``: the points grouped by the whole ``key`` (``group``'s answer): the
     groups are worked out on one point of each workload, and each point reads its workload's."""
     inv, order, starts = workloads
+    if len(starts) - 1 < MANY_WORKLOADS:                   # too few workloads for any to be priced together
+        return np.zeros(len(inv), dtype=bool), workloads
     first = order[starts[:-1]]                             # one point of each workload
     own = [k[first] if np.ndim(k) else k for k in key]     # each workload's key
     many = many[first]
