@@ -336,3 +336,19 @@ def test_a_table_of_links_or_tiers_is_checked_entry_by_entry(tmp_path):
                         (f"links:\n  nv: {MARKER}\n", "links.nv: expected a mapping, got text")):
         p.write_text(body)
         refused(lambda: load_named_table(p, "links", _link), "links.yaml", where)
+
+
+def test_a_model_config_edited_between_calls_is_read_again(tmp_path):
+    """A config.json is read once while it is unchanged (``model._spec_of``), and again once it is
+    edited: the spec follows the file."""
+    cfg = json.loads((MODELS_DIR / "llama-3.1-8b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    first = load_model(str(path))
+    assert load_model(str(path)) is first                       # read once
+    cfg["num_hidden_layers"] = 16
+    path.write_text(json.dumps(cfg, indent=1))
+    assert load_model(str(path)).num_layers == 16 != first.num_layers
+    path.unlink()
+    with pytest.raises(DseError, match="not found"):
+        load_model(str(path))
