@@ -349,6 +349,8 @@ def expected_experts_touched(num_experts: int, top_k: int, tokens: float) -> flo
 
 def _amount(v):
     """An operator's amount as a float, or a float array (one entry per workload)."""
+    if isinstance(v, (int, float)):           # a Python number (numpy's float64 is a float): no array look
+        return float(v)
     if isinstance(v, np.ndarray):
         return float(v) if v.ndim == 0 else (v if v.dtype == np.float64 else v.astype(float))
     return float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=float)
