@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from agreement import model_vs_simulator
-from scipy.stats import gamma, poisson
+from scipy.stats import gamma, nbinom, poisson
 
 from dse.core.serving import arrival_counts
 from dse.system.evaluator import evaluate
@@ -36,6 +36,26 @@ def test_counts_keep_the_mean_and_take_the_dispersion():
         at_least = 1.0 - np.cumsum(follow, axis=1)[:, :-1]                  # P(N >= n), n = 1..60
         shape = 1.0 / d
         assert np.allclose(at_least, gamma.cdf(m[:, None], k[None, 1:] * shape, scale=1.0 / shape), atol=1e-9)
+
+
+def test_bursty_counts_are_scipys_negative_binomial():
+    """Above dispersion 1 the counts are the negative binomial of size m / (d - 1) and success 1 / d
+    (scipy.stats.nbinom as the reference), the tail beyond kmax folded into its last entry; rows of
+    other dispersions (Poisson, binomial) beside them are theirs."""
+    rng = np.random.default_rng(5)
+    m = np.concatenate([rng.uniform(0.0, 40.0, 200), [1e-6, 0.0, 350.0]])
+    d = rng.choice([1.0001, 1.7, 3.0, 12.0, 80.0], len(m))
+    d[-3:] = (2.0, 5.0, 1.5)
+    for kmax in (8, 64, 512):
+        got = arrival_counts(m, kmax, d)
+        k = np.arange(kmax + 1)
+        want = nbinom.pmf(k, (m / (d - 1))[:, None], 1 / d[:, None])
+        want[:, -1] += 1.0 - want.sum(axis=1)
+        want[m == 0] = np.eye(kmax + 1)[0]
+        assert np.allclose(got, want, rtol=1e-9, atol=1e-13)
+        mixed = arrival_counts(m, kmax, np.where(np.arange(len(m)) % 2, d, 1.0))
+        assert np.allclose(mixed[1::2], got[1::2], rtol=0, atol=0)
+        assert np.allclose(mixed[0::2], arrival_counts(m[0::2], kmax), rtol=0, atol=1e-14)
 
 
 def test_poisson_burstiness_changes_nothing_and_bursts_delay_the_first_token():

@@ -505,6 +505,22 @@ def _poisson(mean, kmax: int) -> np.ndarray:
     return pmf
 
 
+def _negative_binomial(mean, dispersion, kmax: int) -> np.ndarray:
+    """P(k) for k = 0..kmax of a negative binomial count of each ``mean`` and variance ``dispersion``
+    x mean (``dispersion`` > 1, ``mean`` > 0; [P]), [P, kmax + 1], the tail not folded: size
+    r = mean / (dispersion - 1), success probability 1 / dispersion, P(0) = dispersion^-r and
+    P(k) / P(k - 1) = (k - 1 + r) / k x (1 - 1 / dispersion), summed in logs (a cumulative sum:
+    no gamma function per entry)."""
+    r = mean / (dispersion - 1.0)
+    k = np.arange(1, kmax + 1)
+    log_p = np.empty((len(mean), kmax + 1))
+    log_p[:, 0] = -r * np.log(dispersion)
+    np.cumsum(np.log(k[None, :] - 1.0 + r[:, None]) - np.log(k)[None, :]
+              + np.log((dispersion - 1.0) / dispersion)[:, None], axis=1, out=log_p[:, 1:])
+    log_p[:, 1:] += log_p[:, :1]
+    return np.exp(log_p)
+
+
 def arrival_counts(mean, kmax: int, dispersion=None, since_one: bool = False) -> np.ndarray:
     """P(k) for k = 0..kmax of the arrivals of an open loop during intervals of ``mean`` expected
     arrivals ([P]), [P, kmax + 1], the tail folded into kmax. Poisson where ``dispersion`` is None
@@ -523,7 +539,7 @@ def arrival_counts(mean, kmax: int, dispersion=None, since_one: bool = False) ->
     if np.all(d == 1.0):
         return _poisson(mean, kmax)
     from scipy.special import gammainc
-    from scipy.stats import binom, nbinom  # scipy on first use: importing dse stays light
+    from scipy.stats import binom  # scipy on first use: importing dse stays light
     k = np.arange(kmax + 1)[None, :]
     if since_one:            # P(N >= n) = P(Gamma(n shape, unit mean gaps) <= t), shape = 1 / dispersion
         shape = 1.0 / d[:, None]
@@ -536,12 +552,13 @@ def arrival_counts(mean, kmax: int, dispersion=None, since_one: bool = False) ->
         return np.clip(pmf, 0.0, 1.0)
     m = np.maximum(mean, 0.0)[:, None]
     dd = d[:, None]
-    pmf = _poisson(mean, kmax)
+    burst = (d > 1.0) & (m[:, 0] > 0)
+    pmf = np.empty((len(mean), kmax + 1))
+    if (~burst).any():
+        pmf[~burst] = _poisson(mean[~burst], kmax)
+    if burst.any():
+        pmf[burst] = _negative_binomial(m[burst, 0], d[burst], kmax)
     with np.errstate(divide="ignore", invalid="ignore"):
-        burst = (dd > 1.0) & (m > 0)
-        if burst.any():
-            r = m / np.maximum(dd - 1.0, 1e-300)
-            pmf = np.where(burst, nbinom.pmf(k, np.maximum(r, 1e-300), 1.0 / dd), pmf)
         calm = (dd < 1.0) & (m > 0)
         if calm.any():
             n = np.ceil(m / np.maximum(1.0 - dd, 1e-300))
