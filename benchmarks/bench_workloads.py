@@ -172,6 +172,23 @@ def llm_analysis_rate(python: str, n: int = 2000) -> float:
     return out["points"] / out["seconds"]
 
 
+#: the most design points a run of this benchmark takes (bounds its memory)
+MOST_POINTS = 10**7
+
+
+def _count(text: str, what: str) -> int:
+    """``text`` as a count of design points, 1 .. ``MOST_POINTS``; else exit with one line (status 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MOST_POINTS:
+        print(f"bench_workloads.py: {what}: expected a whole number of design points from 1 to {MOST_POINTS:,}, "
+              f"got {text!r}", file=sys.stderr)
+        raise SystemExit(2)
+    return n
+
+
 def main(argv: list[str]) -> None:
     python = None
     if "--llm-analysis" in argv:
@@ -194,7 +211,7 @@ def main(argv: list[str]) -> None:
         keep_freed_memory()
     if "--small" in argv:
         argv.remove("--small")
-        rows = int(argv[0]) if argv else 256
+        rows = _count(argv[0], "--small ROWS") if argv else 256
         if against:
             small_against(against, rows)
             return
@@ -212,7 +229,7 @@ def main(argv: list[str]) -> None:
         except DseError as e:             # an unknown model: one line, exit 1
             raise SystemExit(f"bench_workloads.py --shared: {e}") from None
         return
-    n = int(argv[0]) if argv else 200_000
+    n = _count(argv[0], "points") if argv else 200_000
     try:
         rate, distinct = dse_rate(n, model=model)
     except DseError as e:                 # an unknown model: one line, exit 1

@@ -184,10 +184,9 @@ class OpTable:
                 for f in fields[1:]:
                     out += f
                 return out
-            out = np.array(np.broadcast_to(fields[0] if fields[0].ndim == 2 else fields[0][:, None],
-                                           np.broadcast_shapes(*(f.shape if f.ndim == 2 else f.shape + (1,)
-                                                                 for f in fields))))
-            for f in fields[1:]:                    # [O, W], read as [W, O] (see below)
+            out = np.empty(next(f.shape for f in fields if f.ndim == 2))    # [O, W], read as [W, O]
+            out[...] = fields[0] if fields[0].ndim == 2 else fields[0][:, None]
+            for f in fields[1:]:
                 out += f if f.ndim == 2 else f[:, None]
             return out.T
         # amounts of other shapes: each operator's sum, broadcast together

@@ -155,6 +155,12 @@ class ServingInputs:
     #                               bytes of one request's image embeddings) (None: no encoder pool)
 
     @property
+    def plain(self) -> bool:
+        """One engine whose per-point figures are all in this object's arrays: no disaggregated
+        pools, no decode pool of its own, no router, no KV tier and no encoder pool."""
+        return all(x is None for x in (self.pools, self.decode, self.routed, self.tier, self.encoder))
+
+    @property
     def streams(self) -> int:
         """Batches the engine runs side by side, each with its own scheduler, running batch and
         share of the load: ``stages`` x ``ranks``."""

@@ -105,8 +105,7 @@ def _slice_size(g: Group) -> int:
     every point is a closed loop of one engine at one request length without SLOs (no Markov chain
     of iterations, no goodput search in the slice), else ``SERVED_SLICE``."""
     s = g.serving
-    waves = all(x is None for x in (s.pools, s.decode, s.routed, s.tier, s.encoder)) and \
-        len(np.atleast_1d(s.lengths.weight)) == 1 and bool(np.all(np.isfinite(s.concurrency))) and \
+    waves = s.plain and len(np.atleast_1d(s.lengths.weight)) == 1 and bool(np.all(np.isfinite(s.concurrency))) and \
         not np.any((s.slo_ttft > 0) | (s.slo_tpot > 0))
     return max(WAVE_SLICE, SERVED_SLICE) if waves else SERVED_SLICE
 
@@ -119,8 +118,7 @@ def repeated_points(g: Group, eff: Efficiency) -> tuple[np.ndarray, np.ndarray] 
     disaggregated pools, a decode pool of its own, a router, a KV tier, an encoder pool, a kernel
     layer per point), which are then priced point by point."""
     s, n = g.serving, len(positions(g.index))
-    if n < 2 or g.cpu is not None or eff.kernel is not None and eff.kernel.per_point or any(
-            x is not None for x in (s.pools, s.decode, s.routed, s.tier, s.encoder)):
+    if n < 2 or g.cpu is not None or not s.plain or eff.kernel is not None and eff.kernel.per_point:
         return None
     figures = [v for v in g.system.__dict__.values() if isinstance(v, np.ndarray)]
     figures += [v for f in fields(s) if isinstance(v := getattr(s, f.name), np.ndarray)]
@@ -149,12 +147,12 @@ def _priced_once(g: Group, eff: Efficiency, first: np.ndarray, back: np.ndarray)
     if jobs is not None and len(jobs) > before:
         pos = positions(g.index)
         copy = np.flatnonzero(first[back] != np.arange(len(back)))     # the points priced as another
+        priced_as = pos[first[back[copy]]]                              # ... the position of that one
         for k in range(before, len(jobs)):
             job = jobs[k]
             sorter = np.argsort(job.points)
-            at = np.minimum(np.searchsorted(job.points, pos[first[back[copy]]], sorter=sorter), len(sorter) - 1)
-            rows = sorter[at]
-            hit = job.points[rows] == pos[first[back[copy]]]
+            rows = sorter[np.minimum(np.searchsorted(job.points, priced_as, sorter=sorter), len(sorter) - 1)]
+            hit = job.points[rows] == priced_as
             jobs[k] = replace(job, copies=(pos[copy[hit]], rows[hit]))
     return out
 
