@@ -92,6 +92,8 @@ _EXACT_STEPS = 64
 #: fixed-point steps of the mixing model at most, and the relative change it settles at
 _FIXED_POINT = 80
 _SETTLED = 1e-6
+#: mean-value rounds an open loop's fixed point starts from where no nearby solution is known
+_MEAN_VALUE_ROUNDS = 2
 #: the percentiles reported
 PERCENTILES = (50, 90, 99)
 #: bisection steps of goodput over (0, capacity]: precision capacity / 2^12
@@ -732,6 +734,37 @@ class _Chain:
         zero = np.zeros(len(self.rows))
         return _priced(self.it, self.rows, np.ones(len(self.rows)), self.ctx, zero, zero, zero)
 
+    def mean_value(self, running) -> np.ndarray:
+        """Seconds of the mean iteration of a closed loop at ``running`` sequences [A] by mean values
+        (no chain): a request runs E[n] prompt chunks and E[s] decode steps, so an iteration holds
+        ``running`` E[s] / (E[n] + E[s]) decoders and ``running`` E[n] / (E[n] + E[s]) chunks: where
+        ``_mixed``'s fixed point starts, nearer its answer than an idle engine."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(self.es > 0, self.es / (self.en + self.es), 0.0)
+        return self._mean_iteration(np.arange(len(self.rows)), running * share, running * (1.0 - share))
+
+    def mean_value_open(self, at, rate, cap, rounds: int = _MEAN_VALUE_ROUNDS) -> tuple[np.ndarray, np.ndarray]:
+        """(mean iteration, running batch) [A'] of points ``at`` in an open loop at ``rate``
+        requests/s [A'] by mean values (no chain): from an idle engine, ``rounds`` times round
+        t <- T(rate E[s] t decoders, rate E[n] t chunks), the running batch rate (E[n] + E[s]) t (at
+        most ``cap`` [A']): where ``_mixed``'s fixed point starts when no nearby solution is known."""
+        zero = np.zeros(len(at))
+        t = _priced(self.it, self.rows[at], np.ones(len(at)), self.ctx[at], zero, zero, zero)    # idle
+        en, es = self.en[at], self.es[at]
+        for _ in range(rounds):
+            b = np.minimum(rate * (en + es) * t, cap)
+            dec = np.where(es > 0, np.maximum(b - rate * en * t, 0.0), 0.0)
+            t = self._mean_iteration(at, dec, np.minimum(rate * en * t, b))
+        return t, np.minimum(rate * (en + es) * t, cap)
+
+    def _mean_iteration(self, at, dec, chunks) -> np.ndarray:
+        """Seconds of an iteration of points ``at`` with ``dec`` decoders and ``chunks`` mean chunks
+        [A'] (as many as the budget has room for beside the decoders)."""
+        room = np.maximum(self.budget[at] - dec, 1.0)
+        k = np.minimum(chunks, room / np.maximum(self.tok[at], 1e-300))
+        c = k * self.tok[at]
+        return _priced(self.it, self.rows[at], dec, dec * self.ctx[at], c, c * self.pair[at], k * self.ends[at])
+
     def state(self, at, x, b, t, longest, closed: bool = False, complete: bool = True) -> dict:
         """The chain of points ``at`` at throughput ``x``, running batch ``b`` and mean
         iteration ``t`` ([A']; ``longest``: the longest iteration expected): stationary
@@ -976,16 +1009,25 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
     iteration gathers more arrivals for the next, ``_Chain``); solved for its stationary
     distribution with the running batch or the throughput, each point until it settles.
     ``start``: (mean iteration, running batch) [A] to start from (an open loop's solution at a
-    nearby rate; NaN: from an idle engine)."""
+    nearby rate; NaN: by mean values, ``_Chain.mean_value_open``; a closed loop starts from
+    ``_Chain.mean_value``)."""
     a = len(rows)
     chain = _Chain(load, cls, iteration_time, rows)
-    t = chain.idle()
     given_rate = rate is not None
-    x = np.array(rate, dtype=float) if given_rate else running / (chain.iterations_per_request * t)
-    b = np.ones(a) if given_rate else np.array(running, dtype=float)
-    if start is not None and given_rate:
-        near = np.isfinite(start[0]) & np.isfinite(start[1]) & (start[0] > 0) & (start[1] > 0)
-        t, b = np.where(near, start[0], t), np.where(near, np.minimum(start[1], cap), b)
+    if given_rate:        # from a nearby rate's solution where one is given, else by mean values
+        x = np.array(rate, dtype=float)
+        near = np.zeros(a, dtype=bool) if start is None else \
+            np.isfinite(start[0]) & np.isfinite(start[1]) & (start[0] > 0) & (start[1] > 0)
+        t, b = np.zeros(a), np.zeros(a)
+        if near.any():
+            t[near], b[near] = start[0][near], np.minimum(start[1], cap)[near]
+        far = np.flatnonzero(~near)
+        if len(far):
+            t[far], b[far] = chain.mean_value_open(far, x[far], np.broadcast_to(cap, (a,))[far])
+    else:                 # the running batch's iteration by mean values
+        b = np.array(running, dtype=float)
+        t = chain.mean_value(b)
+        x = b / (chain.iterations_per_request * t)
     longest = t.copy()
     # the unknowns u = (mean iteration, running batch or throughput), solved by Anderson
     # acceleration of depth 1 (a secant step on the residual g(u) - u), damped where it strays
@@ -1006,7 +1048,7 @@ def _mixed(load: Load, cls: _Classes, iteration_time: IterationTime, rows, cap, 
         df = f - last_f[live]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             theta = (f * df).sum(axis=1) / (df * df).sum(axis=1)
-        theta = np.where(started[live] & np.isfinite(theta), theta, 0.5)
+        theta = np.where(started[live] & np.isfinite(theta), theta, 0.0)    # first: the residual's own step
         step = g - theta[:, None] * (g - np.where(started[live][:, None], last_g[live], u[live]))
         bad = ~np.all(np.isfinite(step) & (step > 0), axis=1)
         step[bad] = 0.5 * (u[live][bad] + g[bad])
@@ -1693,8 +1735,8 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
     trickle = capacity * 2.0 ** -_GOODPUT_STEPS           # the least rate ``largest_rate`` tries
 
     def start(rate, idx):
-        """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (an
-        idle engine) for a trickle and for the first rate between the trickle and the capacity (the
+        """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (by
+        mean values, ``_Chain.mean_value_open``) for a trickle and for the first rate between the trickle and the capacity (the
         secant through those two starts far from where the load settles: 15 % more fixed-point
         steps over goodput's search), else on the secant through the two rates tried last (the
         last alone where only one is known or the secant's value is not positive)."""

@@ -1,0 +1,105 @@
+"""Where the mixing regime's fixed point starts (``serving._mixed``): a closed loop from the mean-value
+iteration of its running batch (``_Chain.mean_value``), an open loop without a nearby solution from a few
+mean-value rounds at its rate (``_Chain.mean_value_open``), not from an idle engine. The start moves
+only the path to the fixed point: the steady state is the one an idle start reaches, within the fixed
+point's own tolerance (``serving._SETTLED``, 1e-6 relative on its unknowns). Checked with an iteration
+cost linear in its tokens, whose mean-value iteration is a closed form."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dse.core import serving
+from dse.core.serving import Load, steady_state
+from workloads.lengths import Lengths, parse_lengths
+
+#: a linear iteration cost (seconds): fixed, per decode token, per prompt token
+A, B, C = 2e-3, 1e-4, 1e-5
+
+
+def _cost(d, dctx, p, pctx, ends, rows=None):
+    """A + B x decode tokens + C x prompt tokens (s)."""
+    return A + B * np.asarray(d, float) + C * np.asarray(p, float)
+
+
+def _load(lengths: Lengths, *, concurrency=(np.nan,), rate=(np.nan,), budget=8192.0) -> Load:
+    """Points of these lengths, a cache far larger than the load, chunked prefill."""
+    n = max(len(concurrency), len(rate))
+
+    def col(v):
+        return np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy()
+    return Load(lengths, kv_blocks=col(1e6), kv_block=col(16), token_budget=col(budget), max_running=col(1024),
+                concurrency=col(concurrency), request_rate=col(rate), chunked=np.ones(n, dtype=bool),
+                prefix_tokens=col(0))
+
+
+def _chain(load: Load) -> serving._Chain:
+    return serving._Chain(load, serving._classes(load), _cost, np.arange(len(load.kv_block)))
+
+
+LOGNORMAL = parse_lengths("lognormal:sigma=0.8").classes(1024, 256)
+
+
+def test_a_closed_loops_start_is_its_mean_value_iteration():
+    """n running sequences, each E[n] chunks and E[s] decode steps: an iteration holds n E[s] / (E[n] +
+    E[s]) decoders and n E[n] / (E[n] + E[s]) chunks of the mean chunk's tokens."""
+    running = np.array([1.0, 8.0, 64.0, 256.0])
+    chain = _chain(_load(LOGNORMAL, concurrency=running))
+    en, es, tok = chain.en, chain.es, chain.tok
+    expected = A + B * running * es / (en + es) + C * tok * running * en / (en + es)
+    np.testing.assert_allclose(chain.mean_value(running), expected, rtol=1e-12)
+    # a budget with no room beside the decoders: one chunk's worth of a token (the budget's floor)
+    tight = _chain(_load(LOGNORMAL, concurrency=running, budget=16.0))
+    dec = running * tight.es / (tight.en + tight.es)
+    chunks = np.minimum(running - dec, np.maximum(16.0 - dec, 1.0) / tight.tok)
+    np.testing.assert_allclose(tight.mean_value(running), A + B * dec + C * chunks * tight.tok, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 60])
+def test_an_open_loops_start_is_the_mean_value_iteration_after_so_many_rounds(rounds):
+    """t <- A + x (B E[s] + C E[n] tok) t from an idle engine (A + B: one decoder): after r rounds t* +
+    alpha^r (t0 - t*), t* = A / (1 - alpha), alpha = x (B E[s] + C E[n] tok); the running batch x (E[n] +
+    E[s]) t."""
+    rate = np.array([0.5, 5.0, 20.0])
+    chain = _chain(_load(LOGNORMAL, rate=rate))
+    at = np.arange(len(rate))
+    t, b = chain.mean_value_open(at, rate, np.full(len(rate), 1e9), rounds=rounds)
+    alpha = rate * (B * chain.es + C * chain.en * chain.tok)
+    star = A / (1.0 - alpha)
+    expected = star + alpha ** rounds * (A + B - star)
+    np.testing.assert_allclose(t, expected, rtol=1e-12)
+    np.testing.assert_allclose(b, rate * (chain.en + chain.es) * expected, rtol=1e-12)
+    # the running batch held to its cap
+    _, capped = chain.mean_value_open(at, rate, np.full(len(rate), 3.0), rounds=rounds)
+    assert np.all(capped <= 3.0)
+
+
+def _from_idle(monkeypatch):
+    """The fixed point started from an idle engine, as before the mean-value start."""
+    monkeypatch.setattr(serving._Chain, "mean_value", lambda self, running: self.idle())
+
+    def idle_open(self, at, rate, cap, rounds=0):
+        zero = np.zeros(len(at))
+        return self.it(np.ones(len(at)), self.ctx[at], zero, zero, zero, self.rows[at]), np.minimum(np.ones(len(at)), cap)
+    monkeypatch.setattr(serving._Chain, "mean_value_open", idle_open)
+
+
+@pytest.mark.parametrize("loop", ["closed", "open"])
+@pytest.mark.parametrize("lengths", ["lognormal:sigma=0.8", "lognormal:sigma=1.5"])
+def test_the_steady_state_does_not_depend_on_where_the_fixed_point_starts(monkeypatch, loop, lengths):
+    """Every metric from the mean-value start equals the idle start's within the fixed point's tolerance,
+    closed loops at 1 to 512 sequences, open loops from a trickle to near capacity (a nanosecond apart
+    where a wait is next to nothing: 1.7e-7 s at 95 % of the capacity)."""
+    spread = parse_lengths(lengths).classes(1024, 256)
+    if loop == "closed":
+        load = _load(spread, concurrency=[1.0, 4.0, 32.0, 128.0, 512.0])
+    else:
+        capacity = steady_state(_load(spread, concurrency=[1e6]), _cost)["requests_per_s"][0]
+        load = _load(spread, rate=capacity * np.array([0.01, 0.2, 0.5, 0.8, 0.95]))
+    mean_value = steady_state(load, _cost)
+    with monkeypatch.context() as m:
+        _from_idle(m)
+        idle = steady_state(load, _cost)
+    for key, v in mean_value.items():
+        v, w = np.asarray(v, dtype=float), np.asarray(idle[key], dtype=float)
+        np.testing.assert_allclose(v, w, rtol=2e-5, atol=1e-9, err_msg=key)
