@@ -62,6 +62,15 @@ goodput 149 -> 257, disaggregated 2,306 -> 2,943; ``--study capacity-planning`` 
 tried between the trickle and the capacity started from an idle engine, not the secant through those
 two (15 % fewer chain states): goodput ``512 --against`` 7af087d 262-266 -> 313-317 points/s, ``4096
 --against`` df2871a 133 -> 281 (the same answers, 38 studies identical).
+Then (2026-11-29, ``2048 --against`` 7dd6708, CPU seconds on one core) the mixing regime's fixed point
+started from the mean-value iteration, its first step the residual's own (chain states a point: closed
+lognormal 11.1 -> 5.1, open lognormal 17.3 -> 10.2, goodput 43 -> 38), and each chain first given the
+next half power of two of the states its arrivals need (the next power of two, as before, where more than
+1e-6 of its iterations spill past the last): closed lognormal 1,890 -> 2,957, open fixed 1,919 -> 2,530,
+open lognormal 695 -> 1,085, goodput 252 -> 270, disaggregated 2,127 -> 2,749, closed fixed and the
+repeated goodput unchanged (44.7k, 11.9k at 4,096); ``--study capacity-planning`` 3.7 -> 3.7 CPU-s.
+Every metric within 7e-6 on the benchmark's points; 38 studies within 1.8e-7 but two goodputs,
+one bisection step apart (disaggregation -0.19 %, kv-tier-cxl +0.09 %).
 """
 import os
 
