@@ -82,14 +82,17 @@ def test_an_open_loops_start_is_the_mean_value_iteration_after_so_many_rounds(ro
     assert np.all(capped <= 3.0)
 
 
-def _from_idle(monkeypatch):
-    """The fixed point started from an idle engine, as before the mean-value start."""
-    monkeypatch.setattr(serving._Chain, "mean_value", lambda self, running: self.idle())
+def _idle(chain: serving._Chain, at) -> np.ndarray:
+    """Seconds of an iteration of one decoder, points ``at``."""
+    zero = np.zeros(len(at))
+    return chain.it(np.ones(len(at)), chain.ctx[at], zero, zero, zero, chain.rows[at])
 
-    def idle_open(self, at, rate, cap, rounds=0):
-        zero = np.zeros(len(at))
-        return self.it(np.ones(len(at)), self.ctx[at], zero, zero, zero, self.rows[at]), np.minimum(np.ones(len(at)), cap)
-    monkeypatch.setattr(serving._Chain, "mean_value_open", idle_open)
+
+def _from_idle(monkeypatch):
+    """The fixed point started from an engine of one decoder, as before the mean-value start."""
+    monkeypatch.setattr(serving._Chain, "mean_value", lambda self, running: _idle(self, np.arange(len(self.rows))))
+    monkeypatch.setattr(serving._Chain, "mean_value_open",
+                        lambda self, at, rate, cap, rounds=0: (_idle(self, at), np.minimum(np.ones(len(at)), cap)))
 
 
 @pytest.mark.parametrize("loop", ["closed", "open"])

@@ -752,11 +752,6 @@ class _Chain:
         sequences running, x requests/s and a mean iteration t, x = b / (that t) (Little's law)."""
         return self.en + self.es
 
-    def idle(self) -> np.ndarray:
-        """Seconds of an iteration decoding one sequence, [A]."""
-        zero = np.zeros(len(self.rows))
-        return _priced(self.it, self.rows, np.ones(len(self.rows)), self.ctx, zero, zero, zero)
-
     def mean_value(self, running) -> np.ndarray:
         """Seconds of the mean iteration of a closed loop at ``running`` sequences [A] by mean values
         (no chain): a request runs E[n] prompt chunks and E[s] decode steps, so an iteration holds
@@ -772,7 +767,7 @@ class _Chain:
         t <- T(rate E[s] t decoders, rate E[n] t chunks), the running batch rate (E[n] + E[s]) t (at
         most ``cap`` [A']): where ``_mixed``'s fixed point starts when no nearby solution is known."""
         zero = np.zeros(len(at))
-        t = _priced(self.it, self.rows[at], np.ones(len(at)), self.ctx[at], zero, zero, zero)    # idle
+        t = _priced(self.it, self.rows[at], np.ones(len(at)), self.ctx[at], zero, zero, zero)    # one decoder
         en, es = self.en[at], self.es[at]
         for _ in range(rounds):
             b = np.minimum(rate * (en + es) * t, cap)
@@ -1787,9 +1782,9 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
 
     def start(rate, idx):
         """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (by
-        mean values, ``_Chain.mean_value_open``) for a trickle and for the first rate between the trickle and the capacity (the
-        secant through those two starts far from where the load settles: 15 % more fixed-point
-        steps over goodput's search), else on the secant through the two rates tried last (the
+        mean values, ``_Chain.mean_value_open``) for a trickle and for the first rate between the
+        trickle and the capacity (the secant through those two starts far from where the load
+        settles: 15 % more fixed-point steps over goodput's search), else on the secant through the two rates tried last (the
         last alone where only one is known or the secant's value is not positive)."""
         (r1, t1, b1), (r2, t2, b2) = (v[:, idx] for v in tried)
         with np.errstate(divide="ignore", invalid="ignore"):
