@@ -1,7 +1,9 @@
 """Formats that quantization does not reach (issue 42, hardware physics): partial sums reduced across
 devices (a tensor-parallel all-reduce, an MoE combine) travel in 16 bits whatever the activations'
-format (``hwmodels.formats.unquantized_bytes``), as does the residual stream a pipeline
-stage hands to the next, and attention runs in FP8 only on an FP8 KV cache,
+format (``hwmodels.formats.unquantized_bytes``), as does the residual stream: a pipeline
+stage hands it to the next, the norms read it and the residual adds read and write it in 16 bits
+(the norm writes its matmul's input in the activations' format), and it is what a footprint keeps
+alive beside a step's operators; attention runs in FP8 only on an FP8 KV cache,
 also where MLA's prefill up-projects K and V from the cached latent. Each figure is computed here
 from the model's config: tokens x hidden size x bytes, and the ideal roofline's ops / peak."""
 from __future__ import annotations
@@ -11,6 +13,7 @@ import pytest
 from dse.system.evaluator import evaluate
 from hwmodels.presets import load_device
 from workloads import optable
+from workloads.footprint import chunk_activation_bytes, peak_activation_bytes
 from workloads.model import load_model
 from workloads.scenario import Scenario
 
@@ -34,6 +37,61 @@ def test_a_tensor_parallel_all_reduce_sends_16_bit_partial_sums_at_least(activat
 def test_a_pipeline_hop_hands_over_the_16_bit_residual_stream_at_least(activations, element_bytes):
     p = _prefill("llama-3.1-70b", activations, pp=2)
     assert p["table"].p2p_bytes[p["ops"]["pp_hop"]] == 2 * 512 * p["m"].hidden_size * element_bytes
+
+
+@pytest.mark.parametrize("activations,stream_bytes,act_bytes", [("fp8", 2, 1), ("int8", 2, 1), ("bf16", 2, 2),
+                                                              ("fp32", 4, 4)])
+def test_norms_and_residual_adds_keep_the_residual_stream_in_16_bits_at_least(activations, stream_bytes, act_bytes):
+    """Per token and layer: a pre-norm reads the stream (h elements) and writes its matmul's input; a
+    residual add reads the stream and the block's output and writes the stream (3h); the embedding
+    writes the stream; the final norm reads it."""
+    p = _prefill("llama-3.1-70b", activations, tp=4)
+    tokens, h = 2 * 512, p["m"].hidden_size
+    act = p["table"].act_bytes
+    for name in ("attn_norm", "mlp_norm"):
+        assert act[p["ops"][name]] == tokens * h * (stream_bytes + act_bytes)
+    for name in ("attn_add", "mlp_add"):
+        assert act[p["ops"][name]] == tokens * 3 * h * stream_bytes
+    assert act[p["ops"]["embedding"]] == tokens * h * stream_bytes
+    assert act[p["ops"]["final_norm"]] == 2 * h * (stream_bytes + act_bytes)      # a prompt's last token
+    assert p["table"].operators[p["ops"]["attn_norm"]].count == 80          # config.json: num_hidden_layers
+
+
+def test_gemmas_after_block_norms_write_the_residual_stream_in_16_bits():
+    """Gemma's norms after attention and after the MLP read the block's output and write what is added
+    to the stream: 16 bits both ways under FP8 activations; its norms before each block read 16 and
+    write 8."""
+    p = _prefill("gemma-2-9b-it", "fp8")
+    tokens, h = 2 * 512, p["m"].hidden_size
+    act = p["table"].act_bytes
+    for name in ("post_attn_norm", "post_mlp_norm"):
+        assert act[p["ops"][name]] == tokens * h * (2 + 2)
+    assert act[p["ops"]["attn_norm"]] == tokens * h * (2 + 1)
+
+
+@pytest.mark.parametrize("activations,act_bytes,stream_bytes", [("fp8", 1, 2), ("bf16", 2, 2), ("fp32", 4, 4)])
+def test_a_chunks_live_activations_keep_its_16_bit_residual_stream(activations, act_bytes, stream_bytes):
+    """Llama-3.1-8B (hidden 4,096, intermediate 14,336), fused attention, a chunk of 1,024 tokens: the
+    largest live set is the gated activation's (its two inputs and its output, 3 x intermediate, in
+    the activations' format) with the chunk's residual stream beside it, h in 16 bits at least."""
+    m = load_model("llama-3.1-8b")
+    sc = Scenario.make(batch=1, prompt_len=2048, weights="fp8", activations=activations, kv="fp8",
+                       flash_attention=True)
+    t, h, inter = 1024, 4096, 14336
+    assert chunk_activation_bytes(m, sc, t, buffer=50e6) == t * 3 * inter * act_bytes + t * h * stream_bytes
+
+
+def test_a_residual_adds_live_set_holds_the_stream_once():
+    """Llama-3.1-70B FP8 on TP 4, fused attention, 8 x 4,096 tokens: the residual add is the largest live
+    set, the stream, the block's output and the new stream, 3 x tokens x hidden x 2 bytes (1.5 GiB); the
+    stream is not counted a fourth time beside it (the gated activation with the stream beside it:
+    tokens x 3 x 28,672 / 4 x 1 + tokens x 8,192 x 2 bytes, 1.16 GiB)."""
+    m = load_model("llama-3.1-70b")
+    sc = Scenario.make(batch=8, prompt_len=4096, weights="fp8", activations="fp8", kv="fp8", tp=4,
+                       flash_attention=True)
+    table = optable.prefill(m, sc, 50e6)                     # a 50 MB on-chip buffer for the attention's tiles
+    tokens, h = 8 * 4096, 8192
+    assert peak_activation_bytes(table, tokens * h * 2) == 3 * tokens * h * 2
 
 
 def test_an_moe_combine_sends_what_it_dispatched_in_16_bits():

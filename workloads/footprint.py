@@ -8,11 +8,13 @@ import numpy as np
 
 from workloads.model import RECURRENT_KINDS, ModelSpec, qk_norm_weights
 from workloads.optable import (
+    STREAM_OPS,
     OpTable,
     kv_elems_per_token_per_layer,
     kv_heads_per_device,
     predictor_parameter_count,
     prefill,
+    residual_bytes_per_token,
 )
 from workloads.scenario import Scenario
 from workloads.vision import parameter_count as vision_parameter_count
@@ -198,15 +200,17 @@ class Footprint:
         return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes + self.state_bytes
 
 
-def peak_activation_bytes(table: OpTable):
-    """Largest live activation set of a step: over operators, its inputs and outputs
-    plus the residual stream kept alive beside them (bytes, one instance); one per workload
-    for a table of many (``Scenario.many``)."""
+def peak_activation_bytes(table: OpTable, residual=0.0):
+    """Largest live activation set of a step (bytes, one instance): over operators, its inputs and
+    outputs, plus ``residual`` (bytes of the residual stream kept alive beside it: a number, or one
+    per workload) for every operator but those that read or write the stream themselves
+    (``optable.STREAM_OPS``); one per workload for a table of many (``Scenario.many``)."""
     if not table.operators:
         return 0.0
     m_act = table.activations.bytes
     # the running maximum over operators: no [W, O] table of many workloads' live sets is stacked
-    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act for op in table.operators))
+    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act
+                                         + (0.0 if op.name in STREAM_OPS else residual) for op in table.operators))
     return float(peak) if np.ndim(peak) == 0 else peak
 
 
@@ -214,21 +218,22 @@ def chunk_activation_bytes(m: ModelSpec, sc: Scenario, chunk: int, buffer: float
     """Peak live activation bytes per device of one prefill iteration of ``chunk`` prompt tokens
     (an engine that prefills in chunks: a long prompt, or a batch of prompts, a chunk at a time),
     its queries attending ``keys`` keys each (default ``chunk``: the prefix of a chunk of a longer
-    prompt; an array gives one figure per workload): the largest live set of its operators plus
-    the chunk's residual stream, ``chunk x hidden_size x activation bytes``. An unfused score
+    prompt; an array gives one figure per workload): the largest live set of its operators, the
+    chunk's residual stream (``chunk x residual_bytes_per_token``) beside those that do not read or
+    write it themselves (``peak_activation_bytes``). An unfused score
     matrix is chunk x keys per head; fused attention streams the prefix's K/V through the on-chip
     buffer, so its live set is the chunk's own whatever ``keys``."""
     one = replace(sc, batch=1, prompt_len=int(chunk), gen_len=1)
-    live = peak_activation_bytes(prefill(m, one, buffer, keys=None if sc.flash_attention else keys))
-    return live + chunk * m.hidden_size * sc.activations.bytes
+    return peak_activation_bytes(prefill(m, one, buffer, keys=None if sc.flash_attention else keys),
+                                 chunk * residual_bytes_per_token(m, sc.activations))
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
     """Footprint of serving ``sc`` on one device: weights, KV cache for its group's batch
     x (prompt + generated) tokens, the recurrent layers' state of its sequences, and the peak live activations of the prefill or decode step
     (the tables are of one micro-batch)."""
-    residual = prefill_table.tokens * m.hidden_size * sc.activations.bytes
-    act = np.maximum(peak_activation_bytes(prefill_table) + residual, peak_activation_bytes(decode_table))
+    residual = prefill_table.tokens * residual_bytes_per_token(m, sc.activations)
+    act = np.maximum(peak_activation_bytes(prefill_table, residual), peak_activation_bytes(decode_table))
     act = float(act) if np.ndim(act) == 0 else act
     kv = sc.group_batch * kv_cache_bytes_per_sequence(m, sc)
     return Footprint(weight_bytes(m, sc), kv, act, sc.group_batch * state_bytes_per_sequence(m, sc))

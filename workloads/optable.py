@@ -99,6 +99,16 @@ NORM_OPS = {"rmsnorm": 4, "layernorm": 7}
 #: the norms on the residual stream between a layer's blocks: with sequence-parallel activations each
 #: device runs them on its 1/tp of the tokens (the norms inside a block, q/k and MLA's, see them all)
 RESIDUAL_NORMS = frozenset({"attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"})
+#: norms that write the residual stream in 16 bits at least (``unquantized_bytes``): Gemma's after-block
+#: norms, whose output is added to it (they read a block's output, as the residual add does)
+STREAM_OUT_NORMS = frozenset({"post_attn_norm", "post_mlp_norm"})
+#: norms that read the residual stream in 16 bits at least; those not in ``STREAM_OUT_NORMS`` write a
+#: matmul's input in the activations' format (the quantization fused into the norm's kernel)
+STREAM_IN_NORMS = frozenset({"embedding_norm", "mtp_norms", "attn_norm", "mlp_norm", "final_norm"}) | STREAM_OUT_NORMS
+#: operators whose own inputs or outputs are the residual stream (the embedding that writes it, the adds,
+#: the norms that read it): a step's live set counts the stream beside every other operator, not again
+#: beside these (``workloads.footprint.peak_activation_bytes``)
+STREAM_OPS = frozenset({"embedding", "attn_add", "mlp_add", "residual_add"}) | (STREAM_IN_NORMS - STREAM_OUT_NORMS)
 ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1, "relu2": 2}
 #: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:
 #: S k, the decayed rank-one delta update and S q, 2 + 3 + 2; Mamba-2: the decay, the rank-one
@@ -370,6 +380,13 @@ def _split(value: int, tp: int, what: str, model: ModelSpec) -> int:
     return value // tp
 
 
+def residual_bytes_per_token(m: ModelSpec, activations: DataFormat) -> float:
+    """Bytes of one token's residual stream (``hidden_size`` elements in 16 bits at least,
+    ``unquantized_bytes``: engines keep it, and every hidden state sent between devices, pools or
+    the host, unquantized under FP8 activations)."""
+    return m.hidden_size * unquantized_bytes(activations)
+
+
 def kv_heads_per_device(m: ModelSpec, tp: int) -> int:
     """KV heads each device holds: split when there are enough, else replicated."""
     if m.num_kv_heads >= tp:
@@ -490,7 +507,9 @@ class _Builder:
         t = (self.T_res if name in RESIDUAL_NORMS else self.T) if tokens is None else tokens
         per = NORM_OPS.get(self.m.norm_type, 7)
         params = width * self.m.norm_weights_per_element
-        self.add(name, "vector", count, ops=per * t * width, weight=params, act_in=t * width, act_out=t * width)
+        read = self._unquantized(t * width) if name in STREAM_IN_NORMS else t * width
+        written = self._unquantized(t * width) if name in STREAM_OUT_NORMS else t * width
+        self.add(name, "vector", count, ops=per * t * width, weight=params, act_in=read, act_out=written)
 
     def linear(self, name, d_in, d_out, count, bias=False, kv_out=False, tokens=None, weight_rows=None):
         t = self.T if tokens is None else tokens
@@ -502,7 +521,8 @@ class _Builder:
 
     def add_residual(self, name, operands, count):
         h, t = self.m.hidden_size, self.T_res
-        self.add(name, "vector", count, ops=(operands - 1) * t * h, act_in=operands * t * h, act_out=t * h)
+        self.add(name, "vector", count, ops=(operands - 1) * t * h, act_in=self._unquantized(operands * t * h),
+                 act_out=self._unquantized(t * h))
 
     def allreduce(self, name, count):
         if self.tp > 1:
@@ -846,7 +866,7 @@ class _Builder:
         m, h, T = self.m, self.m.hidden_size, self.T
         L = m.num_layers  # layers (self.L is the context length)
         emb = T * h * (2 if m.position_embeddings else 1)
-        self.add("embedding", "embedding", 1, weight=emb, act_out=T * h)
+        self.add("embedding", "embedding", 1, weight=emb, act_out=self._unquantized(T * h))
         if m.embedding_norm:
             self.norm("embedding_norm", h, 1)
         if m.draft_head:                   # MTP / EAGLE: fuse the token's embedding with the target's feature

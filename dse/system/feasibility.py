@@ -27,7 +27,7 @@ from workloads.footprint import chunk_activation_bytes, peak_activation_bytes, s
 from workloads.head_padding import padded_model
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
-from workloads.optable import kv_heads_per_device
+from workloads.optable import kv_heads_per_device, residual_bytes_per_token
 
 
 def padded_models(w: WorkloadColumns, hw: HardwareArrays, tp) -> WorkloadColumns:
@@ -409,7 +409,7 @@ def _cpu_split(mark, model, t: WorkloadTables, wanted: list, hw: HardwareArrays,
     cpu_sys, cpu_used = cpu_hw.system.take(np.zeros(size, dtype=np.int64)), cpu_hw.used(0)
     for c in wanted:
         mark("format", ~(cpu_sys.peak[:, _COL[c]] > 0))
-    per_token = model.hidden_size * sc.activations.bytes
+    per_token = residual_bytes_per_token(model, sc.activations)
     cpu = CpuSplit(share, cpu_sys, cpu_used, t.prefill_table.tokens * per_token, t.decode_table.tokens * per_token,
                    hw.host_link_bandwidth[idx], hw.host_link_latency[idx], hw.system.host_fraction[idx])
     no_link = ~(np.isfinite(cpu.host_bw) & (cpu.host_bw > 0))

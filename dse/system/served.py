@@ -50,6 +50,7 @@ from hwmodels.tiers import load_tier, tier_fraction
 from workloads import encoder as vision_encoder
 from workloads.footprint import state_bytes_per_sequence
 from workloads.lengths import Lengths, LengthSpec
+from workloads.optable import residual_bytes_per_token
 from workloads.techniques import tokens_per_target_step
 from workloads.vision import request_image_tokens
 
@@ -928,13 +929,13 @@ def serving_inputs(model, sc, w: WorkloadColumns, hw: HardwareArrays, idx, i0: i
 
 def encoder_request(model, sc, buffer: float) -> tuple:
     """(the vision encoder's OpArrays for one request on one engine of ``sc``'s layout, bytes of that
-    request's image embeddings: its image tokens x hidden_size in the activations format), as an
+    request's image embeddings: its image tokens x ``residual_bytes_per_token``), as an
     encoder pool runs it and sends it to the prefill pool (E:P:D)."""
     one = replace(sc, batch=1)
     table = vision_encoder.prefill(model, one, buffer)
     ops = tuple(o for o in table.operators if o.name.startswith(vision_encoder.PREFIX))
     arrays = OpArrays.from_table(replace(table, operators=ops, arrays={}))
-    return arrays, request_image_tokens(model.vision) * model.hidden_size * sc.activations.bytes
+    return arrays, request_image_tokens(model.vision) * residual_bytes_per_token(model, sc.activations)
 
 
 #: the tier presets ``kv_tier`` names (configs/tiers.yaml): a CXL memory box, an NVMe drive

@@ -26,7 +26,7 @@ from workloads.footprint import (
     weight_bytes,
 )
 from workloads.model import ModelSpec, load_model
-from workloads.optable import NON_LAYER_OPS
+from workloads.optable import NON_LAYER_OPS, STREAM_OPS, residual_bytes_per_token
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
 
@@ -273,9 +273,10 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
     ``sc.batch`` sequences per micro-batch (the terms ``footprint`` takes the max of)."""
     pre = encoder.prefill(model, sc, buffer)
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
-    residual = pre.tokens * model.hidden_size * sc.activations.bytes
+    residual = pre.tokens * residual_bytes_per_token(model, sc.activations)
     m = pre.activations.bytes
-    live_pre = (pre.column("act_in") + pre.column("act_out")) * m + residual
+    beside = np.array([name not in STREAM_OPS for name in pre.names])        # the stream kept alive beside
+    live_pre = (pre.column("act_in") + pre.column("act_out")) * m + residual * beside
     live_dec = (dec.column("act_in") + dec.column("act_out")) * dec.activations.bytes
     return np.concatenate([live_pre, live_dec])
 
