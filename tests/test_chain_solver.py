@@ -82,6 +82,19 @@ def test_an_open_loops_start_is_the_mean_value_iteration_after_so_many_rounds(ro
     assert np.all(capped <= 3.0)
 
 
+def test_an_open_loop_held_at_its_cap_starts_as_a_closed_loop_of_the_cap():
+    """Past the capacity the running batch is the cap b and the engine serves b / ((E[n] + E[s]) t)
+    requests/s, not the offered rate: b E[s] / (E[n] + E[s]) decoders and b E[n] / (E[n] + E[s]) chunks,
+    the closed loop's mean iteration at b (A + B b E[s] / (E[n] + E[s]) + C tok b E[n] / (E[n] + E[s]))."""
+    rate = np.array([1e3, 1e4, 1e5])                  # every round's batch past the cap of 3
+    chain = _chain(_load(LOGNORMAL, rate=rate))
+    at = np.arange(len(rate))
+    t, b = chain.mean_value_open(at, rate, np.full(len(rate), 3.0), rounds=2)
+    en, es, tok = chain.en, chain.es, chain.tok
+    np.testing.assert_allclose(t, A + B * 3.0 * es / (en + es) + C * tok * 3.0 * en / (en + es), rtol=1e-12)
+    np.testing.assert_array_equal(b, 3.0)
+
+
 def _idle(chain: serving._Chain, at) -> np.ndarray:
     """Seconds of an iteration of one decoder, points ``at``."""
     zero = np.zeros(len(at))

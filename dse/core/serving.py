@@ -754,30 +754,32 @@ class _Chain:
 
     def mean_value(self, running) -> np.ndarray:
         """Seconds of the mean iteration of a closed loop at ``running`` sequences [A] by mean values
-        (no chain): a request runs E[n] prompt chunks and E[s] decode steps, so an iteration holds
-        ``running`` E[s] / (E[n] + E[s]) decoders and ``running`` E[n] / (E[n] + E[s]) chunks: where
-        ``_mixed``'s fixed point starts, nearer its answer than an idle engine."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(self.es > 0, self.es / (self.en + self.es), 0.0)
-        return self._mean_iteration(np.arange(len(self.rows)), running * share, running * (1.0 - share))
+        (no chain, ``_mean_iteration``): where ``_mixed``'s fixed point starts, nearer its answer than
+        an idle engine."""
+        return self._mean_iteration(np.arange(len(self.rows)), running)
 
     def mean_value_open(self, at, rate, cap, rounds: int = _MEAN_VALUE_ROUNDS) -> tuple[np.ndarray, np.ndarray]:
         """(mean iteration, running batch) [A'] of points ``at`` in an open loop at ``rate``
         requests/s [A'] by mean values (no chain): from an idle engine, ``rounds`` times round
-        t <- T(rate E[s] t decoders, rate E[n] t chunks), the running batch rate (E[n] + E[s]) t (at
-        most ``cap`` [A']): where ``_mixed``'s fixed point starts when no nearby solution is known."""
+        t <- T(b) of the running batch b = rate (E[n] + E[s]) t (at most ``cap`` [A']; below it, rate
+        E[s] t decoders and rate E[n] t chunks): where ``_mixed``'s fixed point starts when no nearby
+        solution is known."""
         zero = np.zeros(len(at))
         t = _priced(self.it, self.rows[at], np.ones(len(at)), self.ctx[at], zero, zero, zero)    # one decoder
         en, es = self.en[at], self.es[at]
         for _ in range(rounds):
-            b = np.minimum(rate * (en + es) * t, cap)
-            dec = np.where(es > 0, np.maximum(b - rate * en * t, 0.0), 0.0)
-            t = self._mean_iteration(at, dec, np.minimum(rate * en * t, b))
+            t = self._mean_iteration(at, np.minimum(rate * (en + es) * t, cap))
         return t, np.minimum(rate * (en + es) * t, cap)
 
-    def _mean_iteration(self, at, dec, chunks) -> np.ndarray:
-        """Seconds of an iteration of points ``at`` with ``dec`` decoders and ``chunks`` mean chunks
-        [A'] (as many as the budget has room for beside the decoders)."""
+    def _mean_iteration(self, at, running) -> np.ndarray:
+        """Seconds of the mean iteration of points ``at`` at ``running`` sequences [A']: a request runs
+        E[n] prompt chunks and E[s] decode steps, so ``running`` E[s] / (E[n] + E[s]) decoders and
+        ``running`` E[n] / (E[n] + E[s]) mean chunks (as many as the budget has room for beside the
+        decoders)."""
+        en, es = self.en[at], self.es[at]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(es > 0, es / (en + es), 0.0)
+        dec, chunks = running * share, running * (1.0 - share)
         room = np.maximum(self.budget[at] - dec, 1.0)
         k = np.minimum(chunks, room / np.maximum(self.tok[at], 1e-300))
         c = k * self.tok[at]
