@@ -200,17 +200,23 @@ class Footprint:
         return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes + self.state_bytes
 
 
+def beside_stream(table: OpTable) -> np.ndarray:
+    """[O] bools: whether the residual stream is live beside each operator of ``table`` as well as its
+    own inputs and outputs (every operator but those that read or write it, ``optable.STREAM_OPS``)."""
+    return np.array([op.name not in STREAM_OPS for op in table.operators], dtype=bool)
+
+
 def peak_activation_bytes(table: OpTable, residual=0.0):
     """Largest live activation set of a step (bytes, one instance): over operators, its inputs and
     outputs, plus ``residual`` (bytes of the residual stream kept alive beside it: a number, or one
-    per workload) for every operator but those that read or write the stream themselves
-    (``optable.STREAM_OPS``); one per workload for a table of many (``Scenario.many``)."""
+    per workload) beside every operator it is not one of the operands of (``beside_stream``); one per
+    workload for a table of many (``Scenario.many``)."""
     if not table.operators:
         return 0.0
     m_act = table.activations.bytes
     # the running maximum over operators: no [W, O] table of many workloads' live sets is stacked
-    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act
-                                         + (0.0 if op.name in STREAM_OPS else residual) for op in table.operators))
+    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act + (residual if beside else 0.0)
+                                         for op, beside in zip(table.operators, beside_stream(table))))
     return float(peak) if np.ndim(peak) == 0 else peak
 
 

@@ -1786,8 +1786,9 @@ def goodput(load: Load, iteration_time: IterationTime, slo_ttft, slo_tpot, perce
         """(mean iteration, running batch) [A'] to start the open loop at ``rate`` from: NaN (by
         mean values, ``_Chain.mean_value_open``) for a trickle and for the first rate between the
         trickle and the capacity (the secant through those two starts far from where the load
-        settles: 15 % more fixed-point steps over goodput's search), else on the secant through the two rates tried last (the
-        last alone where only one is known or the secant's value is not positive)."""
+        settles: 15 % more fixed-point steps over goodput's search), else on the secant through the
+        two rates tried last (the last alone where only one is known or the secant's value is not
+        positive)."""
         (r1, t1, b1), (r2, t2, b2) = (v[:, idx] for v in tried)
         with np.errstate(divide="ignore", invalid="ignore"):
             f = (rate - r2) / (r2 - r1)

@@ -19,6 +19,7 @@ from dse.core.roofline import OpArrays, Stacked
 from workloads import encoder, optable
 from workloads.footprint import (
     Footprint,
+    beside_stream,
     footprint,
     kv_cache_bytes_per_sequence,
     layer_parameter_count,
@@ -26,7 +27,7 @@ from workloads.footprint import (
     weight_bytes,
 )
 from workloads.model import ModelSpec, load_model
-from workloads.optable import NON_LAYER_OPS, STREAM_OPS, residual_bytes_per_token
+from workloads.optable import NON_LAYER_OPS, residual_bytes_per_token
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
 
@@ -275,8 +276,7 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
     residual = pre.tokens * residual_bytes_per_token(model, sc.activations)
     m = pre.activations.bytes
-    beside = np.array([name not in STREAM_OPS for name in pre.names])        # the stream kept alive beside
-    live_pre = (pre.column("act_in") + pre.column("act_out")) * m + residual * beside
+    live_pre = (pre.column("act_in") + pre.column("act_out")) * m + residual * beside_stream(pre)
     live_dec = (dec.column("act_in") + dec.column("act_out")) * dec.activations.bytes
     return np.concatenate([live_pre, live_dec])
 
