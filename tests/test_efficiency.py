@@ -138,7 +138,8 @@ def test_family_defaults_never_borrow_another_familys_fit():
     acc = efficiency_for("accelerator")               # its own prior, not the gpu fit
     assert acc.name == "prior accelerator" and (acc.compute, acc.memory) == (0.70, 0.90)
     assert efficiency_for("cpu").name == "prior cpu" and efficiency_for("cpu").memory == 0.70
-    assert efficiency_for("soc").memory == 0.55
+    soc, apple = efficiency_for("soc"), efficiency_for("apple")     # the class of Apple's SoCs: the family's figures
+    assert soc.name == "prior soc" and (soc.compute, soc.memory) == (apple.compute, apple.memory)
     assert E.DEFAULT == efficiency_for("gpu")
     with pytest.raises(DseError, match="hardware family 'fpga'"):
         efficiency_for("fpga")

@@ -473,9 +473,13 @@ IDEAL = Efficiency(1.0, 1.0, 0.0, 0.0, 1.0, name="ideal", host_links_measured=Fa
 #: - gaudi compute 0.969 (BF16) and 0.955 (FP8): measured MAMF 418.7 of 432 TFLOPS BF16 and 826.5 of
 #:   865 TFLOPS FP8 on Gaudi 2 (ml-engineering MAMF table, as cited in configs/hardware/gaudi2.yaml);
 #:   memory 0.90 first-order (no cited Gaudi bandwidth measurement).
-#: - apple memory 0.55: llama.cpp decode on Apple M2 Ultra moves ~444 GB/s of 800 GB/s and on M2 Max
-#:   ~236 GB/s of 400 GB/s (data/measured_calibration.csv context rows M198 and M201: weight bytes x
-#:   tokens/s); compute 0.60 first-order.
+#: - apple memory 0.90: MLX's batch-1 decode of a 70B model reads its weights at 0.83 of peak on an M2
+#:   Ultra (Llama-3-70B BF16, 4.7 tokens/s of 800 GB/s) and 0.92-0.95 on an M3 Max (Llama-3.3-70B
+#:   4-bit, 8.5-9.4 tokens/s of 400 GB/s): data/gathered/other_vendors.csv rows V086, V094 and V096,
+#:   weight bytes as dse prices them x tokens/s; 0.90 is their mean (and the GPU prior's first-order
+#:   figure). Achieved bandwidth depends on the kernel library: llama.cpp's Metal kernels of 2023
+#:   reached 0.55-0.59 (rows M198 and M201), the llama.cpp profile's ``kernel_scales`` on Apple
+#:   (configs/engines.yaml, ``dse.core.engines``), not this family's. compute 0.60 first-order.
 #: - cpu memory 0.70: STREAM-like bandwidth on server DDR5 is ~70-80 % of the channel peak; compute
 #:   0.50 for AMX/AVX-512 GEMMs (first-order, not fitted).
 #: - groq, cerebras, sambanova: SRAM-resident, statically scheduled dataflow: 0.90 / 0.90
@@ -500,13 +504,13 @@ FAMILY_PRIORS: dict[str, dict] = {
     "neuron": dict(compute=0.70, memory=0.90, collective=0.80),
     "tenstorrent": dict(compute=0.70, memory=0.90, collective=0.80),
     "pim": dict(compute=0.70, memory=0.90, collective=0.80),
-    "apple": dict(compute=0.60, memory=0.55, collective=0.80),
+    "apple": dict(compute=0.60, memory=0.90, collective=0.80),
     "cpu": dict(compute=0.50, memory=0.70, collective=0.80),
     "groq": dict(compute=0.90, memory=0.90, collective=0.80),
     "cerebras": dict(compute=0.90, memory=0.90, collective=0.80),
     "sambanova": dict(compute=0.90, memory=0.90, collective=0.80),
     "accelerator": dict(compute=0.70, memory=0.90, collective=0.80),
-    "soc": dict(compute=0.60, memory=0.55, collective=0.80),
+    "soc": dict(compute=0.60, memory=0.90, collective=0.80),
     "spatial": dict(compute=0.90, memory=0.90, collective=0.80),
 }
 #: Achieved fraction of narrow formats relative to the family's 16-bit ``compute`` where a format's

@@ -34,6 +34,14 @@ engines predicted without rows of their own (``dse.core.bands``). It never takes
 fit. The Efficiency's name says which ("prior gpu + calibrated engine vllm", "prior gpu + prior
 engine tgi"), and names an engine value that ended on its fit's bound (``at_bound`` section).
 
+A prior engine's kernels may reach a cited share of what a hardware family's kernel layer says
+(``kernel_scales``: ``{family: {memory_scale | compute_scale: value}}``, each with its source):
+achieved bandwidth depends on the kernel library, and a family's fraction is what its best library
+reaches. llama.cpp's Metal kernels read weights at 0.55-0.59 of an Apple GPU's bandwidth where MLX's
+reach 0.83-0.95 of it: the Apple family says 0.90, llama.cpp's profile 0.61 of that on Apple. The
+name says so ("prior apple + prior engine llama.cpp (memory_scale 0.61 cited on apple)"); a fit of
+the engine's own on the family's rows replaces it.
+
 An engine's fitted values hold only on the hardware families its calibration rows covered (the
 calibration's ``engine_families`` section, ``{engine: [family, ...]}``, written by ``calibrate``):
 on any other family the engine is a prior engine there ("prior cpu + prior engine vllm (fitted on
@@ -75,7 +83,11 @@ NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0, "step_overhead_s": 0.0, "r
 #: the words an Efficiency's name uses for the engine layer's two kinds of values
 CALIBRATED, PRIOR = "calibrated engine", "prior engine"
 _KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources",
-         "head_padding"}
+         "head_padding", "kernel_scales"}
+#: the engine values a profile may cite per hardware family (``kernel_scales``), and the range a fit
+#: allows them (``dse.fit.calibrate``'s bounds of the same parameters)
+KERNEL_SCALES = ("memory_scale", "compute_scale")
+SCALE_RANGE = (0.2, 1.25)
 #: what a share of device memory is a share of: all of it, or what the weights and activations leave
 SHARE_OF = ("device", "free")
 _MEMORY_KEYS = {"utilization", "share_of", "reserve_holds_activations", "prefill_chunk", "profiles_chunk"}
@@ -119,6 +131,7 @@ class Engine:
     sources: tuple = ()
     memory: EngineMemory = GENERIC_MEMORY
     head_padding: bool = False     # pads attention heads to the cores it shards over (``workloads.head_padding``)
+    kernel_scales: tuple = ()      # ((family, parameter, value), ...): cited shares of a family's fractions
 
     @property
     def flash_attention(self) -> bool:
@@ -159,18 +172,43 @@ def _profiles(path: str) -> tuple[dict, str]:
         memory = _memory(node.get("memory"), f"{where}.memory")
         cited = ("batching", "graphs", "attention", "allreduce", *(("head_padding",) if node.get("head_padding") else ()),
                  *(k for k in ("utilization", "prefill_chunk", "profiles_chunk")
-                   if (node.get("memory") or {}).get(k) is not None))
+                   if (node.get("memory") or {}).get(k) is not None),
+                 *(("kernel_scales",) if node.get("kernel_scales") else ()))
         missing = [k for k in cited if not sources.get(k)]
         if missing:
             raise DseError(f"{where}.sources: every attribute needs a source; missing: {', '.join(missing)}")
         out[str(name)] = Engine(str(name), str(node.get("label", name)), str(node.get("match", "")),
                                 node["batching"], node["graphs"], node["attention"], node["gqa_kv_sharing"],
                                 node["allreduce"], tuple(sorted(sources.items())), memory,
-                                node.get("head_padding", False))
+                                node.get("head_padding", False),
+                                _kernel_scales(node.get("kernel_scales"), f"{where}.kernel_scales"))
     default = data.get("default_engine")
     if default not in out:
         raise DseError(f"{path}: default_engine: expected one of {', '.join(out)}, got {default!r}")
     return out, default
+
+
+def _kernel_scales(node, where: str) -> tuple:
+    """((family, parameter, value), ...) of a profile's ``kernel_scales`` mapping (absent: none);
+    DseError naming the key and what is allowed."""
+    if node is None:
+        return ()
+    if not isinstance(node, dict):
+        raise DseError(f"{where}: expected a mapping of hardware families to {{{' | '.join(KERNEL_SCALES)}: value}}")
+    out = []
+    for family, scales in node.items():
+        if family not in FAMILY_PRIORS:
+            raise DseError(f"{where}: unknown hardware family {family!r}; known: {', '.join(FAMILY_PRIORS)}")
+        if not isinstance(scales, dict) or not scales:
+            raise DseError(f"{where}.{family}: expected a mapping of {' or '.join(KERNEL_SCALES)} to a value")
+        for name, v in scales.items():
+            if name not in KERNEL_SCALES:
+                raise DseError(f"{where}.{family}: unknown key {name!r}; allowed: {', '.join(KERNEL_SCALES)}")
+            lo, hi = SCALE_RANGE
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise DseError(f"{where}.{family}.{name}: expected a number from {lo} to {hi}, got {v!r}")
+            out.append((str(family), str(name), float(v)))
+    return tuple(out)
 
 
 def _memory(node, where: str) -> EngineMemory:
@@ -299,8 +337,9 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
     calibration ``path``: default the one in use). An engine without fitted values of its own gets
     none here (``engine_efficiency`` gives it ``NEUTRAL``), never another engine's; nor does one
     whose rows did not cover the hardware ``family`` (``covered_families``; None: any family), and
-    a note says on which families it was fitted. Notes name each of its values that ended on its
-    fit's bound (the calibration's ``at_bound`` section)."""
+    a note says on which families it was fitted; such a prior engine gets its profile's
+    ``kernel_scales`` cited for ``family``, a note naming each. Notes name each of its values that
+    ended on its fit's bound (the calibration's ``at_bound`` section)."""
     cal = sections if sections is not None else load_calibration(path)
     out, notes = {}, []
     foreign = _foreign(engine, family, path, cal)
@@ -322,6 +361,11 @@ def engine_parameters(engine: Engine, path: str | None = None, sections: dict | 
             out[k] = value(v)
     if foreign and (cal.get("engines") or {}).get(engine.name):
         notes.append(f"fitted on {', '.join(covered_families(engine, path, cal)) or 'no family'} only")
+    if not any(k in out for k in ENGINE_PARAMS):      # a prior engine on ``family``: its cited kernel scales
+        for fam, k, v in engine.kernel_scales:
+            if fam == family:
+                out[k] = v
+                notes.append(f"{k} {v:g} cited on {fam}")
     used = {f"launch.{engine.launch}", f"allreduce.{engine.allreduce}"} | (set() if foreign else {f"engines.{engine.name}"})
     for key, node in (cal.get("at_bound") or {}).items():
         if key.rsplit(".", 1)[0] in used and isinstance(node, dict):
@@ -376,7 +420,7 @@ def engine_efficiency(base: Efficiency, engine: Engine, kv_group: float = 1.0, *
     notes, kind = [], ""
     if parameters is None:
         parameters, notes = engine_parameters(engine, path, family=family)
-        kind = (CALIBRATED if any(k in parameters for k in ENGINE_PARAMS) else PRIOR) + " "
+        kind = (PRIOR if runs_as_prior(engine, family, path) else CALIBRATED) + " "
     p = {**NEUTRAL, **{k: getattr(base, k) for k in (*COSTS, "prefill_decode_overlap")}, **parameters}
     name = f"{base.name} + {kind}{engine.name}" + (f" ({'; '.join(notes)})" if notes else "")
     try:

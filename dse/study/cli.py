@@ -829,12 +829,15 @@ LISTS = {
                           "launch": e.launch, "attention": e.attention,
                           "kv_reads": "per GQA group" if e.gqa_kv_sharing else "per query head",
                           "allreduce": e.allreduce, "heads": "padded to its cores" if e.head_padding else "",
+                          "kernel_scales": ", ".join(f"{k} {v:g} on {fam}" for fam, k, v in e.kernel_scales),
                           "default": "yes" if e.name == default_engine() else ""}
                          for e in engines().values()],
                 [("name", "engine", str), ("batching", "batching", str), ("launch", "kernels", str),
                  ("attention", "attention", str), ("kv_reads", "K/V reads", str), ("allreduce", "all-reduce", str),
-                 ("heads", "heads (TP not dividing)", str), ("default", "default", str), ("label", "what", str)],
-                ("name", "batching", "launch", "attention", "kv_reads", "allreduce", "heads", "default", "label")),
+                 ("heads", "heads (TP not dividing)", str), ("kernel_scales", "cited kernel scales", str),
+                 ("default", "default", str), ("label", "what", str)],
+                ("name", "batching", "launch", "attention", "kv_reads", "allreduce", "heads", "kernel_scales", "default",
+                 "label")),
     "studies": (lambda: [{"name": n, "description": _first_sentence(str(load_study(n)[0].get("description", "")))}
                          for n in available_studies()],
                 [("name", "study", str), ("description", "question", str)], ("name", "description")),
