@@ -84,8 +84,8 @@ NEUTRAL = {"memory_scale": 1.0, "compute_scale": 1.0, "step_overhead_s": 0.0, "r
 CALIBRATED, PRIOR = "calibrated engine", "prior engine"
 _KEYS = {"label", "match", "batching", "graphs", "attention", "gqa_kv_sharing", "allreduce", "memory", "sources",
          "head_padding", "kernel_scales"}
-#: the engine values a profile may cite per hardware family (``kernel_scales``), and the range a fit
-#: allows them (``dse.fit.calibrate``'s bounds of the same parameters)
+#: the engine values a profile may cite per hardware family (``kernel_scales``), and the range they
+#: may take, cited or fitted (``dse.fit.calibrate``'s bounds of the same parameters)
 KERNEL_SCALES = ("memory_scale", "compute_scale")
 SCALE_RANGE = (0.2, 1.25)
 #: what a share of device memory is a share of: all of it, or what the weights and activations leave

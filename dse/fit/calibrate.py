@@ -50,7 +50,7 @@ from dse.core.bands import (
 )
 from dse.core.bands import MIN_ROWS as BAND_MIN_ROWS
 from dse.core.efficiency import Efficiency, family_of, family_parameters, load_calibration
-from dse.core.engines import COMPILED, engine_efficiency, engine_parameters, engines
+from dse.core.engines import COMPILED, SCALE_RANGE, engine_efficiency, engine_parameters, engines
 from dse.fit.validate import Case, Predictions, ape_stats, measured_files, prepare_all, read_table, reason
 from dse.present import display
 from dse.system.evaluator import evaluate
@@ -83,9 +83,9 @@ FIT = (
     Param("step_overhead_s", 1e-7, 5e-2, True, 1e-3, "scheduler and sampling time per step"),
     Param("request_overhead_s", 1e-6, 5e-2, True, 1e-3, "fixed time per request (in TTFT)"),
     Param("collective_latency_s", 1e-8, 1e-3, True, 1e-5, "software latency per collective (one launch per all-reduce or hop)"),
-    Param("memory_scale", 0.2, 1.25, False, 0.8,
+    Param("memory_scale", *SCALE_RANGE, False, 0.8,
           "an engine's achieved bandwidth relative to the kernel layer's (hardware family prior)"),
-    Param("compute_scale", 0.2, 1.25, False, 0.8,
+    Param("compute_scale", *SCALE_RANGE, False, 0.8,
           "an engine's achieved compute relative to the kernel layer's (hardware family prior)"),
     Param("prefill_decode_overlap", 0.0, 1.0, False, 0.3,
           "share of the shorter of prefill and decode an in-flight engine hides under the other"),
