@@ -94,6 +94,33 @@ def test_a_residual_adds_live_set_holds_the_stream_once():
     assert peak_activation_bytes(table, tokens * h * 2) == 3 * tokens * h * 2
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_prefill_keeps_its_devices_share_of_the_stream_beside_its_scores(sequence_parallel):
+    """Llama-3.1-70B on TP 8, one 4,096-token prompt in BF16, attention unfused: the largest live set
+    is the softmax's (reading and writing 64/8 heads x 4,096^2 scores), with the residual stream
+    beside it: all 4,096 x 8,192 of it, or 1/8 with sequence-parallel activations (each rank holds
+    its share of the stream between the blocks; the all-gather feeds the matmuls, not the stream)."""
+    m = load_model("llama-3.1-70b")
+    tp, p, h = 8, 4096, m.hidden_size
+    ev = evaluate({"model": "llama-3.1-70b", "hardware": "h100-sxm", "tp": tp, "batch": 1, "prompt_len": p,
+                   "gen_len": 16, "flash_attention": False, "sequence_parallel": sequence_parallel})
+    scores = m.num_heads / tp * p * p
+    stream = p * h / (tp if sequence_parallel else 1)
+    assert ev["activation_bytes"][0] == 2 * (2 * scores) + 2 * stream
+
+
+def test_a_verifying_decode_step_keeps_its_stream_beside_its_logits():
+    """Llama-3.1-8B, 64 one-token prompts, speculative decoding with 4 draft tokens: a decode step
+    verifies 64 x 5 tokens, so its largest live set (the LM head's hidden states and logits,
+    tokens x (hidden + vocabulary)) exceeds the prefill's; the step's 64 x 5 x hidden stream is live
+    beside it, in 16 bits."""
+    m = load_model("llama-3.1-8b")
+    tokens, h, v = 64 * 5, m.hidden_size, m.vocab_size
+    ev = evaluate({"model": "llama-3.1-8b", "hardware": "h100-sxm", "batch": 64, "prompt_len": 1, "gen_len": 16,
+                   "spec_draft": "self:8", "spec_tokens": 4})
+    assert ev["activation_bytes"][0] == 2 * tokens * (h + v) + 2 * tokens * h
+
+
 def test_an_moe_combine_sends_what_it_dispatched_in_16_bits():
     p = _prefill("mixtral-8x7b", "fp8", ep=2, tp=1)
     dispatched = p["table"].p2p_bytes[p["ops"]["moe_dispatch"]]

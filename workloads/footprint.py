@@ -220,26 +220,32 @@ def peak_activation_bytes(table: OpTable, residual=0.0):
     return float(peak) if np.ndim(peak) == 0 else peak
 
 
+def step_activation_bytes(m: ModelSpec, table: OpTable):
+    """Largest live activation set of one step of ``m`` (bytes per device, one instance; one per
+    workload for a table of many): ``peak_activation_bytes`` with the step's residual stream, the
+    tokens a device holds of it (``OpTable.residual_tokens``: 1/tp of them with sequence-parallel
+    activations) x ``residual_bytes_per_token``, beside every operator that is not one of its operands."""
+    return peak_activation_bytes(table, table.residual_tokens * residual_bytes_per_token(m, table.activations))
+
+
 def chunk_activation_bytes(m: ModelSpec, sc: Scenario, chunk: int, buffer: float = 0.0, keys=None):
     """Peak live activation bytes per device of one prefill iteration of ``chunk`` prompt tokens
     (an engine that prefills in chunks: a long prompt, or a batch of prompts, a chunk at a time),
     its queries attending ``keys`` keys each (default ``chunk``: the prefix of a chunk of a longer
     prompt; an array gives one figure per workload): the largest live set of its operators, the
-    chunk's residual stream (``chunk x residual_bytes_per_token``) beside those that do not read or
-    write it themselves (``peak_activation_bytes``). An unfused score
+    chunk's residual stream beside those that do not read or write it themselves
+    (``step_activation_bytes``). An unfused score
     matrix is chunk x keys per head; fused attention streams the prefix's K/V through the on-chip
     buffer, so its live set is the chunk's own whatever ``keys``."""
     one = replace(sc, batch=1, prompt_len=int(chunk), gen_len=1)
-    return peak_activation_bytes(prefill(m, one, buffer, keys=None if sc.flash_attention else keys),
-                                 chunk * residual_bytes_per_token(m, sc.activations))
+    return step_activation_bytes(m, prefill(m, one, buffer, keys=None if sc.flash_attention else keys))
 
 
 def footprint(m: ModelSpec, sc: Scenario, prefill_table: OpTable, decode_table: OpTable) -> Footprint:
     """Footprint of serving ``sc`` on one device: weights, KV cache for its group's batch
     x (prompt + generated) tokens, the recurrent layers' state of its sequences, and the peak live activations of the prefill or decode step
     (the tables are of one micro-batch)."""
-    residual = prefill_table.tokens * residual_bytes_per_token(m, sc.activations)
-    act = np.maximum(peak_activation_bytes(prefill_table, residual), peak_activation_bytes(decode_table))
+    act = np.maximum(step_activation_bytes(m, prefill_table), step_activation_bytes(m, decode_table))
     act = float(act) if np.ndim(act) == 0 else act
     kv = sc.group_batch * kv_cache_bytes_per_sequence(m, sc)
     return Footprint(weight_bytes(m, sc), kv, act, sc.group_batch * state_bytes_per_sequence(m, sc))

@@ -168,6 +168,13 @@ class OpTable:
     tokens: int = 0            # tokens processed in this step (all sequences)
     kv_len: int = 0            # keys attended (decode)
     arrays: dict = field(default_factory=dict, compare=False, repr=False)
+    stream_tokens: object = None   # the residual stream's tokens a device holds (None: ``tokens``)
+
+    @property
+    def residual_tokens(self):
+        """Tokens of the residual stream one device holds through this step: every token of it, or
+        1/tp of them with sequence-parallel activations (the builder's ``T_res``)."""
+        return self.tokens if self.stream_tokens is None else self.stream_tokens
 
     @property
     def names(self) -> list[str]:
@@ -972,9 +979,11 @@ def prefill(model: ModelSpec, scenario: Scenario, buffer_bytes: float = 0.0, key
     per device. ``buffer_bytes`` is the on-chip buffer FlashAttention tiles into. ``keys``: the
     keys each query attends (default ``prompt_len``); a chunk of a longer prompt attends its
     prefix too, which sizes its live activations (an unfused score matrix of chunk x keys)."""
-    ops = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes).build()
+    builder = _Builder(model, scenario, "prefill", scenario.prompt_len if keys is None else keys, buffer_bytes)
+    ops = builder.build()
     return OpTable("prefill", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
-                   scenario.tp, scenario.batch * -(-scenario.prompt_len // scenario.cp), scenario.prompt_len)
+                   scenario.tp, scenario.batch * -(-scenario.prompt_len // scenario.cp), scenario.prompt_len,
+                   stream_tokens=builder.T_res)
 
 
 def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes: float = 0.0) -> OpTable:
@@ -982,9 +991,10 @@ def decode_step(model: ModelSpec, scenario: Scenario, kv_len: int, buffer_bytes:
     to ``kv_len`` keys, per device."""
     if np.any(np.asarray(kv_len) <= 0):
         raise DseError(f"decode context length must be positive, got {kv_len}")
-    ops = _Builder(model, scenario, "decode", kv_len, buffer_bytes).build()
+    builder = _Builder(model, scenario, "decode", kv_len, buffer_bytes)
+    ops = builder.build()
     return OpTable("decode", tuple(ops), scenario.weights, scenario.activations, scenario.kv,
-                   scenario.tp, scenario.batch, kv_len)
+                   scenario.tp, scenario.batch, kv_len, stream_tokens=builder.T_res)
 
 
 def medusa_heads(model: ModelSpec, scenario: Scenario, heads: int) -> OpTable:

@@ -23,7 +23,7 @@ from dse.system.workload import WorkloadBatch, WorkloadTables, footprint_in_batc
 from hwmodels.formats import matmul_compute_class
 from hwmodels.placement import fits_within, place
 from workloads import optable
-from workloads.footprint import chunk_activation_bytes, peak_activation_bytes, state_bytes_per_sequence
+from workloads.footprint import chunk_activation_bytes, state_bytes_per_sequence, step_activation_bytes
 from workloads.head_padding import padded_model
 from workloads.lengths import LengthSpec
 from workloads.model import context_error, context_limit
@@ -504,7 +504,7 @@ def _chunk_activation_bytes(model, sc, w: WorkloadColumns, hw: HardwareArrays, i
     one = tables(model, 1, tokens, sc.gen_len, sc.weights.name, sc.activations.name, sc.kv.name, sc.tp, sc.pp,
                  sc.ep, sc.flash_attention, buffer, sc.techniques, sc.cp)
     return float(max(chunk_activation_bytes(model, one.scenario, tokens, buffer, keys=max(longest, tokens)),
-                     peak_activation_bytes(one.decode_table)))
+                     step_activation_bytes(model, one.decode_table)))
 
 
 def static_activation_bytes(model, t, memory: EngineMemory, buffer: float):
@@ -548,8 +548,8 @@ def _chunked(model, sc, memory: EngineMemory, buffer: float):
     floor = chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer) if profiled else 0.0
     if not np.any(chunked):
         return chunked, floor, floor
-    decode = peak_activation_bytes(optable.decode_step(model, replace(sc, batch=sc.micro_batch), sc.prompt_len,
-                                                       buffer))
+    decode = step_activation_bytes(model, optable.decode_step(model, replace(sc, batch=sc.micro_batch), sc.prompt_len,
+                                                              buffer))
     return chunked, np.maximum(chunk_activation_bytes(model, sc, memory.prefill_chunk, buffer, keys=sc.prompt_len),
                                decode), floor
 

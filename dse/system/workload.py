@@ -274,11 +274,9 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
     ``sc.batch`` sequences per micro-batch (the terms ``footprint`` takes the max of)."""
     pre = encoder.prefill(model, sc, buffer)
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
-    residual = pre.tokens * residual_bytes_per_token(model, sc.activations)
-    m = pre.activations.bytes
-    live_pre = (pre.column("act_in") + pre.column("act_out")) * m + residual * beside_stream(pre)
-    live_dec = (dec.column("act_in") + dec.column("act_out")) * dec.activations.bytes
-    return np.concatenate([live_pre, live_dec])
+    live = [(t.column("act_in") + t.column("act_out")) * t.activations.bytes
+            + t.residual_tokens * residual_bytes_per_token(model, sc.activations) * beside_stream(t) for t in (pre, dec)]
+    return np.concatenate(live)
 
 
 @lru_cache(maxsize=1024)
