@@ -206,26 +206,38 @@ def beside_stream(table: OpTable) -> np.ndarray:
     return np.array([op.name not in STREAM_OPS for op in table.operators], dtype=bool)
 
 
+def live_bytes(table: OpTable, residual=0.0):
+    """The live activation bytes of each operator of a step, in order (an iterator: bytes, one
+    instance): its inputs and outputs, plus ``residual`` (bytes of the residual stream kept alive
+    beside it: a number, or one per workload) where it is not one of the stream's operands
+    (``beside_stream``); one per workload for a table of many (``Scenario.many``)."""
+    m_act = table.activations.bytes
+    return ((op.act_in + op.act_out) * m_act + (residual if beside else 0.0)
+            for op, beside in zip(table.operators, beside_stream(table)))
+
+
 def peak_activation_bytes(table: OpTable, residual=0.0):
-    """Largest live activation set of a step (bytes, one instance): over operators, its inputs and
-    outputs, plus ``residual`` (bytes of the residual stream kept alive beside it: a number, or one
-    per workload) beside every operator it is not one of the operands of (``beside_stream``); one per
-    workload for a table of many (``Scenario.many``)."""
+    """Largest live activation set of a step (bytes, one instance): the largest of ``live_bytes``;
+    one per workload for a table of many (``Scenario.many``)."""
     if not table.operators:
         return 0.0
-    m_act = table.activations.bytes
     # the running maximum over operators: no [W, O] table of many workloads' live sets is stacked
-    peak = functools.reduce(np.maximum, ((op.act_in + op.act_out) * m_act + (residual if beside else 0.0)
-                                         for op, beside in zip(table.operators, beside_stream(table))))
+    peak = functools.reduce(np.maximum, live_bytes(table, residual))
     return float(peak) if np.ndim(peak) == 0 else peak
+
+
+def stream_bytes(m: ModelSpec, table: OpTable):
+    """Bytes of the residual stream one device holds through a step of ``m``: the tokens it holds of
+    it (``OpTable.residual_tokens``: 1/tp of them with sequence-parallel activations) x
+    ``residual_bytes_per_token``."""
+    return table.residual_tokens * residual_bytes_per_token(m, table.activations)
 
 
 def step_activation_bytes(m: ModelSpec, table: OpTable):
     """Largest live activation set of one step of ``m`` (bytes per device, one instance; one per
-    workload for a table of many): ``peak_activation_bytes`` with the step's residual stream, the
-    tokens a device holds of it (``OpTable.residual_tokens``: 1/tp of them with sequence-parallel
-    activations) x ``residual_bytes_per_token``, beside every operator that is not one of its operands."""
-    return peak_activation_bytes(table, table.residual_tokens * residual_bytes_per_token(m, table.activations))
+    workload for a table of many): ``peak_activation_bytes`` with the step's ``stream_bytes`` beside
+    every operator that is not one of its operands."""
+    return peak_activation_bytes(table, stream_bytes(m, table))
 
 
 def chunk_activation_bytes(m: ModelSpec, sc: Scenario, chunk: int, buffer: float = 0.0, keys=None):

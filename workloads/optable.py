@@ -107,7 +107,7 @@ STREAM_OUT_NORMS = frozenset({"post_attn_norm", "post_mlp_norm"})
 STREAM_IN_NORMS = frozenset({"embedding_norm", "mtp_norms", "attn_norm", "mlp_norm", "final_norm"}) | STREAM_OUT_NORMS
 #: operators whose own inputs or outputs are the residual stream (the embedding that writes it, the adds,
 #: the norms that read it): a step's live set counts the stream beside every other operator, not again
-#: beside these (``workloads.footprint.peak_activation_bytes``)
+#: beside these (``workloads.footprint.live_bytes``)
 STREAM_OPS = frozenset({"embedding", "attn_add", "mlp_add", "residual_add"}) | (STREAM_IN_NORMS - STREAM_OUT_NORMS)
 ACT_OPS = {"silu": 5, "swish": 5, "gelu": 8, "gelu_new": 8, "gelu_pytorch_tanh": 8, "relu": 1, "relu2": 2}
 #: recurrent layers: ops per state element per token of the decode recurrence (Gated DeltaNet:

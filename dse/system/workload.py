@@ -19,15 +19,16 @@ from dse.core.roofline import OpArrays, Stacked
 from workloads import encoder, optable
 from workloads.footprint import (
     Footprint,
-    beside_stream,
     footprint,
     kv_cache_bytes_per_sequence,
     layer_parameter_count,
+    live_bytes,
     peak_activation_bytes,
+    stream_bytes,
     weight_bytes,
 )
 from workloads.model import ModelSpec, load_model
-from workloads.optable import NON_LAYER_OPS, residual_bytes_per_token
+from workloads.optable import NON_LAYER_OPS
 from workloads.scenario import Scenario
 from workloads.techniques import NONE, Techniques
 
@@ -274,9 +275,7 @@ def _live_activations(model: ModelSpec, sc: Scenario, buffer: float) -> np.ndarr
     ``sc.batch`` sequences per micro-batch (the terms ``footprint`` takes the max of)."""
     pre = encoder.prefill(model, sc, buffer)
     dec = optable.decode_step(model, sc, sc.prompt_len, buffer)
-    live = [(t.column("act_in") + t.column("act_out")) * t.activations.bytes
-            + t.residual_tokens * residual_bytes_per_token(model, sc.activations) * beside_stream(t) for t in (pre, dec)]
-    return np.concatenate(live)
+    return np.array([b for t in (pre, dec) for b in live_bytes(t, stream_bytes(model, t))], dtype=float)
 
 
 @lru_cache(maxsize=1024)
